@@ -1,0 +1,399 @@
+//! Secrets must never show up in `Debug` output, and every secret-bearing message must be
+//! covered by a test here.
+
+use std::collections::{BTreeSet, HashMap};
+
+use csi_proto::csi::v1 as csi;
+use csi_proto::{SECRET_BEARING_MESSAGES, SECRET_FIELDS};
+use prost::Message;
+
+const SECRET_KEY: &str = "password";
+const SECRET_VALUE: &str = "s3cr3t";
+
+fn secrets() -> HashMap<String, String> {
+    HashMap::from([(SECRET_KEY.to_owned(), SECRET_VALUE.to_owned())])
+}
+
+/// One test case: the message's full protobuf name, a non-secret marker its `Debug` must still
+/// show, and the two `Debug` renderings.
+struct Case {
+    name: &'static str,
+    marker: &'static str,
+    compact: String,
+    pretty: String,
+}
+
+/// `case!(Type { non_secret_field: value, ... }, "marker")` builds `Type` with
+/// `secrets = {"password": "s3cr3t"}` plus the given fields.
+macro_rules! case {
+    ($ty:ident { $($field:ident : $value:expr),* $(,)? }, $marker:expr) => {{
+        // Some messages have no fields besides the given ones and `secrets`.
+        #[allow(clippy::needless_update)]
+        let message = csi::$ty {
+            $($field: $value,)*
+            secrets: secrets(),
+            ..Default::default()
+        };
+        Case {
+            name: concat!("csi.v1.", stringify!($ty)),
+            marker: $marker,
+            compact: format!("{message:?}"),
+            pretty: format!("{message:#?}"),
+        }
+    }};
+}
+
+fn cases() -> Vec<Case> {
+    let vol = || "vol-1".to_owned();
+    let snap = || "snap-1".to_owned();
+    let group = || "group-1".to_owned();
+    vec![
+        case!(CreateVolumeRequest { name: vol() }, "vol-1"),
+        case!(DeleteVolumeRequest { volume_id: vol() }, "vol-1"),
+        case!(
+            ControllerPublishVolumeRequest {
+                volume_id: vol(),
+                node_id: "node-1".to_owned(),
+            },
+            "vol-1"
+        ),
+        case!(
+            ControllerUnpublishVolumeRequest { volume_id: vol() },
+            "vol-1"
+        ),
+        case!(
+            ValidateVolumeCapabilitiesRequest { volume_id: vol() },
+            "vol-1"
+        ),
+        case!(
+            CreateSnapshotRequest {
+                source_volume_id: vol(),
+                name: snap(),
+            },
+            "vol-1"
+        ),
+        case!(
+            DeleteSnapshotRequest {
+                snapshot_id: snap()
+            },
+            "snap-1"
+        ),
+        case!(
+            ListSnapshotsRequest {
+                source_volume_id: vol()
+            },
+            "vol-1"
+        ),
+        case!(
+            GetSnapshotRequest {
+                snapshot_id: snap()
+            },
+            "snap-1"
+        ),
+        case!(ControllerExpandVolumeRequest { volume_id: vol() }, "vol-1"),
+        case!(ControllerModifyVolumeRequest { volume_id: vol() }, "vol-1"),
+        case!(
+            NodeStageVolumeRequest {
+                volume_id: vol(),
+                staging_target_path: "/staging".to_owned(),
+            },
+            "vol-1"
+        ),
+        case!(
+            NodePublishVolumeRequest {
+                volume_id: vol(),
+                target_path: "/target".to_owned(),
+            },
+            "vol-1"
+        ),
+        case!(NodeExpandVolumeRequest { volume_id: vol() }, "vol-1"),
+        case!(
+            CreateVolumeGroupSnapshotRequest {
+                name: group(),
+                source_volume_ids: vec![vol()],
+            },
+            "vol-1"
+        ),
+        case!(
+            DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: group(),
+            },
+            "group-1"
+        ),
+        case!(
+            GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: group(),
+            },
+            "group-1"
+        ),
+        case!(
+            GetMetadataAllocatedRequest {
+                snapshot_id: snap()
+            },
+            "snap-1"
+        ),
+        case!(
+            GetMetadataDeltaRequest {
+                base_snapshot_id: snap(),
+                target_snapshot_id: "snap-2".to_owned(),
+            },
+            "snap-1"
+        ),
+    ]
+}
+
+#[test]
+fn secrets_are_redacted_in_debug() {
+    for case in cases() {
+        for rendered in [&case.compact, &case.pretty] {
+            assert!(
+                !rendered.contains(SECRET_VALUE),
+                "{}: secret value leaked: {rendered}",
+                case.name
+            );
+            assert!(
+                !rendered.contains(SECRET_KEY),
+                "{}: secret key leaked: {rendered}",
+                case.name
+            );
+            assert!(
+                rendered.contains(case.marker),
+                "{}: non-secret field {:?} missing: {rendered}",
+                case.name,
+                case.marker
+            );
+            assert!(
+                rendered.contains("secrets: <redacted 1 key>"),
+                "{}: no redaction marker: {rendered}",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn every_secret_bearing_message_has_a_case() {
+    let covered: BTreeSet<&str> = cases().iter().map(|case| case.name).collect();
+    let declared: BTreeSet<&str> = SECRET_BEARING_MESSAGES.iter().copied().collect();
+    assert_eq!(
+        covered, declared,
+        "update cases() when a message gains or loses a csi_secret field"
+    );
+    assert_eq!(covered.len(), cases().len(), "duplicate case");
+}
+
+/// Cross-check the build script's reading of the `csi_secret` option: in CSI every secret is a
+/// `secrets` map, and every `secrets` field is a secret.
+#[test]
+fn secret_bearing_messages_match_the_descriptor() {
+    let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET)
+        .expect("FILE_DESCRIPTOR_SET decodes");
+    let csi_file = fds
+        .file
+        .iter()
+        .find(|f| f.name() == "csi/v1/csi.proto")
+        .expect("csi.proto in FILE_DESCRIPTOR_SET");
+
+    let mut with_secrets_field = BTreeSet::new();
+    fn walk(prefix: &str, messages: &[prost_types::DescriptorProto], out: &mut BTreeSet<String>) {
+        for message in messages {
+            let name = format!("{prefix}.{}", message.name());
+            if message.field.iter().any(|f| f.name() == "secrets") {
+                out.insert(name.clone());
+            }
+            walk(&name, &message.nested_type, out);
+        }
+    }
+    walk("csi.v1", &csi_file.message_type, &mut with_secrets_field);
+
+    let declared: BTreeSet<String> = SECRET_BEARING_MESSAGES
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(with_secrets_field, declared);
+
+    let fields: BTreeSet<String> = SECRET_FIELDS.iter().map(|s| (*s).to_owned()).collect();
+    let expected: BTreeSet<String> = declared.iter().map(|m| format!("{m}.secrets")).collect();
+    assert_eq!(fields, expected);
+
+    // The option itself: FieldOptions extension 1059.
+    let option = csi_file
+        .extension
+        .iter()
+        .find(|e| e.name() == "csi_secret")
+        .expect("csi_secret extension");
+    assert_eq!(option.number(), 1059);
+    assert_eq!(option.extendee(), ".google.protobuf.FieldOptions");
+}
+
+#[test]
+fn non_secret_maps_still_print() {
+    let request = csi::CreateVolumeRequest {
+        name: "vol-1".to_owned(),
+        parameters: HashMap::from([("fsType".to_owned(), "ext4".to_owned())]),
+        secrets: HashMap::from([
+            ("a".to_owned(), "1".to_owned()),
+            ("b".to_owned(), "2".to_owned()),
+        ]),
+        ..Default::default()
+    };
+    let rendered = format!("{request:?}");
+    assert!(
+        rendered.contains(r#"parameters: {"fsType": "ext4"}"#),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("secrets: <redacted 2 keys>"),
+        "{rendered}"
+    );
+
+    let empty = csi::DeleteVolumeRequest::default();
+    assert_eq!(
+        format!("{empty:?}"),
+        r#"DeleteVolumeRequest { volume_id: "", secrets: <redacted 0 keys> }"#
+    );
+}
+
+#[test]
+fn create_volume_request_round_trips() {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    let request = csi::CreateVolumeRequest {
+        name: "pvc-1234".to_owned(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 1 << 30,
+            limit_bytes: 2 << 30,
+        }),
+        volume_capabilities: vec![csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: "xfs".to_owned(),
+                mount_flags: vec!["noatime".to_owned()],
+                volume_mount_group: "1000".to_owned(),
+            })),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeMultiWriter as i32,
+            }),
+        }],
+        parameters: HashMap::from([("type".to_owned(), "fast".to_owned())]),
+        secrets: secrets(),
+        volume_content_source: Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: "snap-1".to_owned(),
+                },
+            )),
+        }),
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![csi::Topology {
+                segments: HashMap::from([("zone".to_owned(), "a".to_owned())]),
+            }],
+            preferred: vec![],
+        }),
+        mutable_parameters: HashMap::from([("iops".to_owned(), "3000".to_owned())]),
+    };
+    let bytes = request.encode_to_vec();
+    let decoded = csi::CreateVolumeRequest::decode(bytes.as_slice()).expect("decodes");
+    assert_eq!(decoded, request);
+    assert_eq!(
+        decoded.secrets[SECRET_KEY], SECRET_VALUE,
+        "encoding keeps secrets"
+    );
+}
+
+/// Pins a few field numbers and enum values on the wire. Changing any of these breaks
+/// compatibility with real COs, drivers and kubelets.
+#[test]
+fn wire_facts() {
+    // CreateVolumeRequest.secrets = 5 (length-delimited: tag byte 5<<3|2 = 0x2a), map entry
+    // key = 1, value = 2.
+    let request = csi::CreateVolumeRequest {
+        secrets: HashMap::from([("k".to_owned(), "v".to_owned())]),
+        ..Default::default()
+    };
+    assert_eq!(
+        request.encode_to_vec(),
+        [0x2a, 6, 0x0a, 1, b'k', 0x12, 1, b'v']
+    );
+    // CreateVolumeRequest.mutable_parameters = 8.
+    let request = csi::CreateVolumeRequest {
+        mutable_parameters: HashMap::from([("k".to_owned(), "v".to_owned())]),
+        ..Default::default()
+    };
+    assert_eq!(request.encode_to_vec()[0], 8 << 3 | 2);
+
+    // NodePublishVolumeRequest.target_path = 4, .secrets = 7.
+    let request = csi::NodePublishVolumeRequest {
+        target_path: "/t".to_owned(),
+        ..Default::default()
+    };
+    assert_eq!(request.encode_to_vec(), [4 << 3 | 2, 2, b'/', b't']);
+    let request = csi::NodePublishVolumeRequest {
+        secrets: HashMap::from([("k".to_owned(), "v".to_owned())]),
+        ..Default::default()
+    };
+    assert_eq!(request.encode_to_vec()[0], 7 << 3 | 2);
+
+    // PluginInfo.supported_versions = 4.
+    let info = csi_proto::pluginregistration::PluginInfo {
+        supported_versions: vec!["1.0.0".to_owned()],
+        ..Default::default()
+    };
+    assert_eq!(
+        info.encode_to_vec(),
+        [4 << 3 | 2, 5, b'1', b'.', b'0', b'.', b'0']
+    );
+
+    // podmon: array_id = 4, io_sample_time_seconds = 3 (varint).
+    let podmon = csi_proto::podmon::v1::ValidateVolumeHostConnectivityRequest {
+        array_id: "a".to_owned(),
+        io_sample_time_seconds: 7,
+        ..Default::default()
+    };
+    assert_eq!(podmon.encode_to_vec(), [3 << 3, 7, 4 << 3 | 2, 1, b'a']);
+
+    // A few enum values.
+    use csi::controller_service_capability::rpc::Type as ControllerRpc;
+    use csi::node_service_capability::rpc::Type as NodeRpc;
+    use csi::volume_capability::access_mode::Mode;
+    assert_eq!(Mode::SingleNodeMultiWriter as i32, 7);
+    assert_eq!(ControllerRpc::ModifyVolume as i32, 14);
+    assert_eq!(ControllerRpc::GetSnapshot as i32, 15);
+    assert_eq!(NodeRpc::VolumeMountGroup as i32, 6);
+    assert_eq!(
+        csi::plugin_capability::service::Type::GroupControllerService as i32,
+        3
+    );
+}
+
+#[test]
+fn service_paths() {
+    // gRPC method paths are derived from package + service + method names.
+    let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let mut services = BTreeSet::new();
+    for file in &fds.file {
+        for service in &file.service {
+            services.insert(format!("{}.{}", file.package(), service.name()));
+        }
+    }
+    for expected in [
+        "csi.v1.Identity",
+        "csi.v1.Controller",
+        "csi.v1.Node",
+        "csi.v1.GroupController",
+        "csi.v1.SnapshotMetadata",
+        "pluginregistration.Registration",
+        "podmon.v1.Podmon",
+    ] {
+        assert!(
+            services.contains(expected),
+            "missing {expected}: {services:?}"
+        );
+    }
+    assert_eq!(
+        csi_proto::csi::v1::identity_server::SERVICE_NAME,
+        "csi.v1.Identity"
+    );
+    assert_eq!(
+        csi_proto::pluginregistration::registration_server::SERVICE_NAME,
+        "pluginregistration.Registration"
+    );
+}
