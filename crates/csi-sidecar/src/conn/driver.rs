@@ -1,0 +1,181 @@
+//! What a driver is and can do, discovered once at startup: GetPluginInfo, then plugin,
+//! controller and node capabilities.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi::node_service_capability::rpc::Type as NodeCapability;
+use csi::plugin_capability::service::Type as ServiceType;
+use csi::plugin_capability::volume_expansion::Type as ExpansionType;
+use csi_proto::csi::v1 as csi;
+
+use super::{ConnError, CsiConnection};
+
+/// Which services to ask for capabilities beyond Identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Services {
+    /// Ask ControllerGetCapabilities when the plugin advertises CONTROLLER_SERVICE.
+    pub controller: bool,
+    /// Ask NodeGetCapabilities (node sidecars only: controller-only drivers need not serve it).
+    pub node: bool,
+}
+
+/// Plugin capabilities from GetPluginCapabilities.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginCapabilities {
+    pub controller_service: bool,
+    pub volume_accessibility_constraints: bool,
+    pub group_controller_service: bool,
+    pub snapshot_metadata_service: bool,
+    pub online_expansion: bool,
+    pub offline_expansion: bool,
+}
+
+/// A driver's identity and capabilities.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverInfo {
+    pub name: String,
+    pub vendor_version: String,
+    pub manifest: BTreeMap<String, String>,
+    pub plugin: PluginCapabilities,
+    pub controller: BTreeSet<ControllerCapability>,
+    pub node: BTreeSet<NodeCapability>,
+}
+
+impl DriverInfo {
+    /// Asks the driver. Every call uses `timeout`; any failure is final (upstream exits: these
+    /// quick calls are not retried).
+    pub async fn discover(
+        connection: &CsiConnection,
+        timeout: Duration,
+        services: Services,
+    ) -> Result<Self, ConnError> {
+        let failed = |method| move |status| ConnError::Call { method, status };
+        let info = connection
+            .get_plugin_info(csi::GetPluginInfoRequest {}, timeout)
+            .await
+            .map_err(failed("GetPluginInfo"))?;
+        if info.name.is_empty() {
+            return Err(ConnError::EmptyDriverName);
+        }
+        connection.metrics().set_driver_name(&info.name);
+        let plugin_capabilities = connection
+            .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}, timeout)
+            .await
+            .map_err(failed("GetPluginCapabilities"))?;
+        let plugin = PluginCapabilities::from_response(&plugin_capabilities);
+        let mut driver = Self {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            manifest: info.manifest.into_iter().collect(),
+            plugin,
+            ..Self::default()
+        };
+        if services.controller && driver.plugin.controller_service {
+            let response = connection
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}, timeout)
+                .await
+                .map_err(failed("ControllerGetCapabilities"))?;
+            driver.controller = controller_capabilities(&response);
+        }
+        if services.node {
+            let response = connection
+                .node_get_capabilities(csi::NodeGetCapabilitiesRequest {}, timeout)
+                .await
+                .map_err(failed("NodeGetCapabilities"))?;
+            driver.node = node_capabilities(&response);
+        }
+        tracing::info!(
+            driver = %driver.name,
+            version = %driver.vendor_version,
+            plugin = ?driver.plugin,
+            controller = ?driver.controller,
+            node = ?driver.node,
+            "discovered CSI driver"
+        );
+        Ok(driver)
+    }
+
+    pub fn has_controller(&self, capability: ControllerCapability) -> bool {
+        self.controller.contains(&capability)
+    }
+
+    pub fn has_node(&self, capability: NodeCapability) -> bool {
+        self.node.contains(&capability)
+    }
+}
+
+impl PluginCapabilities {
+    pub fn from_response(response: &csi::GetPluginCapabilitiesResponse) -> Self {
+        use csi::plugin_capability::Type;
+        let mut capabilities = Self::default();
+        for capability in &response.capabilities {
+            match &capability.r#type {
+                Some(Type::Service(service)) => match ServiceType::try_from(service.r#type) {
+                    Ok(ServiceType::ControllerService) => capabilities.controller_service = true,
+                    Ok(ServiceType::VolumeAccessibilityConstraints) => {
+                        capabilities.volume_accessibility_constraints = true;
+                    }
+                    Ok(ServiceType::GroupControllerService) => {
+                        capabilities.group_controller_service = true;
+                    }
+                    Ok(ServiceType::SnapshotMetadataService) => {
+                        capabilities.snapshot_metadata_service = true;
+                    }
+                    Ok(ServiceType::Unknown) | Err(_) => {
+                        tracing::debug!(
+                            value = service.r#type,
+                            "ignoring unknown plugin service capability"
+                        );
+                    }
+                },
+                Some(Type::VolumeExpansion(expansion)) => {
+                    match ExpansionType::try_from(expansion.r#type) {
+                        Ok(ExpansionType::Online) => capabilities.online_expansion = true,
+                        Ok(ExpansionType::Offline) => capabilities.offline_expansion = true,
+                        Ok(ExpansionType::Unknown) | Err(_) => {
+                            tracing::debug!(
+                                value = expansion.r#type,
+                                "ignoring unknown volume expansion capability"
+                            );
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+        capabilities
+    }
+}
+
+/// The known controller capabilities in a response (unknown values are skipped: a newer
+/// driver may advertise RPCs this build does not know).
+pub fn controller_capabilities(
+    response: &csi::ControllerGetCapabilitiesResponse,
+) -> BTreeSet<ControllerCapability> {
+    use csi::controller_service_capability::Type;
+    response
+        .capabilities
+        .iter()
+        .filter_map(|capability| match &capability.r#type {
+            Some(Type::Rpc(rpc)) => ControllerCapability::try_from(rpc.r#type).ok(),
+            None => None,
+        })
+        .filter(|capability| *capability != ControllerCapability::Unknown)
+        .collect()
+}
+
+/// The known node capabilities in a response.
+pub fn node_capabilities(response: &csi::NodeGetCapabilitiesResponse) -> BTreeSet<NodeCapability> {
+    use csi::node_service_capability::Type;
+    response
+        .capabilities
+        .iter()
+        .filter_map(|capability| match &capability.r#type {
+            Some(Type::Rpc(rpc)) => NodeCapability::try_from(rpc.r#type).ok(),
+            None => None,
+        })
+        .filter(|capability| *capability != NodeCapability::Unknown)
+        .collect()
+}

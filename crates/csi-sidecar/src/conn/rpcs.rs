@@ -1,0 +1,75 @@
+//! One typed method per unary RPC, each going through `CsiConnection::unary`, so no call can
+//! skip the timeout, the metrics or the redacted logging.
+
+use std::time::Duration;
+
+use csi_proto::csi::v1 as csi;
+use csi_proto::podmon::v1 as podmon;
+use tonic::Status;
+
+use super::CsiConnection;
+use csi::controller_client::ControllerClient;
+use csi::group_controller_client::GroupControllerClient;
+use csi::identity_client::IdentityClient;
+use csi::node_client::NodeClient;
+use podmon::podmon_client::PodmonClient;
+
+macro_rules! unary_rpcs {
+    ($( $client:ident $service:literal { $( $method:ident $name:literal ($request:ty) -> $response:ty; )* } )*) => {
+        impl CsiConnection {
+            $( $(
+                #[doc = concat!("`", $service, "/", $name, "` with the given timeout.")]
+                pub async fn $method(&self, request: $request, timeout: Duration) -> Result<$response, Status> {
+                    self.unary(concat!("/", $service, "/", $name), request, timeout, |channel, request| async move {
+                        $client::new(channel).$method(request).await
+                    })
+                    .await
+                }
+            )* )*
+        }
+    };
+}
+
+unary_rpcs! {
+    IdentityClient "csi.v1.Identity" {
+        get_plugin_info "GetPluginInfo" (csi::GetPluginInfoRequest) -> csi::GetPluginInfoResponse;
+        get_plugin_capabilities "GetPluginCapabilities" (csi::GetPluginCapabilitiesRequest) -> csi::GetPluginCapabilitiesResponse;
+        probe "Probe" (csi::ProbeRequest) -> csi::ProbeResponse;
+    }
+    ControllerClient "csi.v1.Controller" {
+        create_volume "CreateVolume" (csi::CreateVolumeRequest) -> csi::CreateVolumeResponse;
+        delete_volume "DeleteVolume" (csi::DeleteVolumeRequest) -> csi::DeleteVolumeResponse;
+        controller_publish_volume "ControllerPublishVolume" (csi::ControllerPublishVolumeRequest) -> csi::ControllerPublishVolumeResponse;
+        controller_unpublish_volume "ControllerUnpublishVolume" (csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse;
+        validate_volume_capabilities "ValidateVolumeCapabilities" (csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse;
+        list_volumes "ListVolumes" (csi::ListVolumesRequest) -> csi::ListVolumesResponse;
+        get_capacity "GetCapacity" (csi::GetCapacityRequest) -> csi::GetCapacityResponse;
+        controller_get_capabilities "ControllerGetCapabilities" (csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse;
+        create_snapshot "CreateSnapshot" (csi::CreateSnapshotRequest) -> csi::CreateSnapshotResponse;
+        delete_snapshot "DeleteSnapshot" (csi::DeleteSnapshotRequest) -> csi::DeleteSnapshotResponse;
+        list_snapshots "ListSnapshots" (csi::ListSnapshotsRequest) -> csi::ListSnapshotsResponse;
+        get_snapshot "GetSnapshot" (csi::GetSnapshotRequest) -> csi::GetSnapshotResponse;
+        controller_expand_volume "ControllerExpandVolume" (csi::ControllerExpandVolumeRequest) -> csi::ControllerExpandVolumeResponse;
+        controller_get_volume "ControllerGetVolume" (csi::ControllerGetVolumeRequest) -> csi::ControllerGetVolumeResponse;
+        controller_modify_volume "ControllerModifyVolume" (csi::ControllerModifyVolumeRequest) -> csi::ControllerModifyVolumeResponse;
+    }
+    GroupControllerClient "csi.v1.GroupController" {
+        group_controller_get_capabilities "GroupControllerGetCapabilities" (csi::GroupControllerGetCapabilitiesRequest) -> csi::GroupControllerGetCapabilitiesResponse;
+        create_volume_group_snapshot "CreateVolumeGroupSnapshot" (csi::CreateVolumeGroupSnapshotRequest) -> csi::CreateVolumeGroupSnapshotResponse;
+        delete_volume_group_snapshot "DeleteVolumeGroupSnapshot" (csi::DeleteVolumeGroupSnapshotRequest) -> csi::DeleteVolumeGroupSnapshotResponse;
+        get_volume_group_snapshot "GetVolumeGroupSnapshot" (csi::GetVolumeGroupSnapshotRequest) -> csi::GetVolumeGroupSnapshotResponse;
+    }
+    NodeClient "csi.v1.Node" {
+        node_stage_volume "NodeStageVolume" (csi::NodeStageVolumeRequest) -> csi::NodeStageVolumeResponse;
+        node_unstage_volume "NodeUnstageVolume" (csi::NodeUnstageVolumeRequest) -> csi::NodeUnstageVolumeResponse;
+        node_publish_volume "NodePublishVolume" (csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeResponse;
+        node_unpublish_volume "NodeUnpublishVolume" (csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse;
+        node_get_volume_stats "NodeGetVolumeStats" (csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse;
+        node_expand_volume "NodeExpandVolume" (csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse;
+        node_get_capabilities "NodeGetCapabilities" (csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse;
+        node_get_info "NodeGetInfo" (csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse;
+    }
+    PodmonClient "podmon.v1.Podmon" {
+        validate_volume_host_connectivity "ValidateVolumeHostConnectivity" (podmon::ValidateVolumeHostConnectivityRequest) -> podmon::ValidateVolumeHostConnectivityResponse;
+    }
+}

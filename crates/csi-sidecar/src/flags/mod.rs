@@ -1,0 +1,362 @@
+//! The upstream standard flags (csi-lib-utils `standardflags`, component-base logging), as clap
+//! argument groups each binary flattens into its own `Args`.
+//!
+//! Compatibility rules carried over from Go's flag parsing: durations use Go syntax, booleans
+//! accept `--flag`, `--flag=true` and `--flag=false`, and single-dash long flags
+//! (`-csi-address=/x`) are accepted like double-dash ones.
+
+mod values;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, error::ErrorKind};
+
+pub use values::{
+    format_go_duration, parse_colon_map, parse_feature_gate_map, parse_go_bool, parse_go_duration,
+};
+
+use crate::conn::Endpoint;
+
+/// Logging and process flags every binary of the suite accepts (component-base's set).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct CommonArgs {
+    /// Log verbosity as klog levels: 0 error, 1 warn, 2 info, 3-4 debug, 5+ trace. Unset: info.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
+
+    /// Accepted for compatibility; Go source-file patterns have no meaning here, so it is ignored
+    /// with a warning.
+    #[arg(long, value_name = "PATTERN=N,...")]
+    pub vmodule: Option<String>,
+
+    /// Log format: text or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub logging_format: String,
+
+    /// Accepted for compatibility; logs are written unbuffered, so there is nothing to flush.
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
+    pub log_flush_frequency: Duration,
+
+    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub log_json_split_stream: bool,
+
+    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub log_text_split_stream: bool,
+
+    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    #[arg(long, value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: Option<String>,
+
+    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    #[arg(long, value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: Option<String>,
+
+    /// Accepted for compatibility: the Go runtime's GOMAXPROCS tuning has no Rust equivalent;
+    /// the Tokio runtime already sizes itself from the CPU quota.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub automaxprocs: bool,
+}
+
+/// How to reach the CSI driver.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct CsiArgs {
+    /// CSI endpoint: unix:///abs/path or /abs/path.
+    #[arg(long, default_value = "/run/csi/socket")]
+    pub csi_address: String,
+
+    /// Timeout of every CSI call (Go duration). The default differs per sidecar, as upstream.
+    #[arg(long, default_value = "15s", value_parser = parse_go_duration)]
+    pub timeout: Duration,
+}
+
+impl CsiArgs {
+    /// The parsed `--csi-address`.
+    pub fn endpoint(&self) -> Result<Endpoint, crate::conn::ConnError> {
+        Endpoint::parse(&self.csi_address)
+    }
+}
+
+/// How to reach the Kubernetes API.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct KubeArgs {
+    /// Path to a kubeconfig; empty means the KUBECONFIG variable, then in-cluster configuration.
+    #[arg(long, env = "KUBECONFIG", default_value = "")]
+    pub kubeconfig: String,
+
+    /// Client-side QPS limit toward the API server. Upstream's default is 5; unlike upstream we
+    /// set no client-side limit unless this or --kube-api-burst is given (API Priority and
+    /// Fairness protects the server, and 429 + Retry-After is always honoured).
+    #[arg(long, value_name = "QPS")]
+    pub kube_api_qps: Option<f32>,
+
+    /// Client-side burst toward the API server (upstream default 10; see --kube-api-qps).
+    #[arg(long, value_name = "BURST")]
+    pub kube_api_burst: Option<u32>,
+}
+
+/// Lease-based leader election (csi-lib-utils `leaderelection`).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct LeaderElectionArgs {
+    /// Enable leader election.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub leader_election: bool,
+
+    /// Namespace of the Lease; empty means POD_NAMESPACE, then the service account's
+    /// namespace, then "default".
+    #[arg(long, default_value = "")]
+    pub leader_election_namespace: String,
+
+    /// How long non-leaders wait after observing a renewal before trying to take over.
+    #[arg(long, default_value = "15s", value_parser = parse_go_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader keeps retrying a failed renewal before giving up leadership.
+    #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
+    pub leader_election_renew_deadline: Duration,
+
+    /// How often candidates try to acquire or renew.
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
+    pub leader_election_retry_period: Duration,
+
+    /// Labels to put on the Lease, as key:value,key2:value2.
+    #[arg(long, default_value = "", value_parser = parse_colon_map)]
+    pub leader_election_labels: BTreeMap<String, String>,
+}
+
+/// The diagnostics HTTP server.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct HttpArgs {
+    /// Address (e.g. :8080) for metrics and health checks; empty disables the server.
+    #[arg(long, default_value = "")]
+    pub http_endpoint: String,
+
+    /// Deprecated: address that serves metrics only. Exclusive with --http-endpoint.
+    #[arg(long, default_value = "")]
+    pub metrics_address: String,
+
+    /// Path of the Prometheus metrics.
+    #[arg(long, default_value = "/metrics")]
+    pub metrics_path: String,
+}
+
+/// Where and what the diagnostics server serves, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpServing {
+    Disabled,
+    /// `--metrics-address`: metrics only.
+    MetricsOnly(String),
+    /// `--http-endpoint`: metrics and health checks.
+    MetricsAndHealth(String),
+}
+
+impl HttpArgs {
+    pub fn serving(&self) -> HttpServing {
+        match (self.http_endpoint.as_str(), self.metrics_address.as_str()) {
+            ("", "") => HttpServing::Disabled,
+            ("", metrics) => HttpServing::MetricsOnly(metrics.to_string()),
+            (endpoint, _) => HttpServing::MetricsAndHealth(endpoint.to_string()),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.http_endpoint.is_empty() && !self.metrics_address.is_empty() {
+            return Err(
+                "only one of --metrics-address and --http-endpoint can be set (--metrics-address is deprecated)"
+                    .into(),
+            );
+        }
+        if !self.metrics_path.starts_with('/') {
+            return Err(format!(
+                "--metrics-path {:?} must start with /",
+                self.metrics_path
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Worker pool and per-object retry backoff.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct WorkerArgs {
+    /// Number of concurrent workers. The default differs per sidecar, as upstream.
+    #[arg(long, default_value = "10")]
+    pub worker_threads: u32,
+
+    /// First retry delay of a failed object; doubles per failure.
+    #[arg(long, default_value = "1s", value_parser = parse_go_duration)]
+    pub retry_interval_start: Duration,
+
+    /// Cap of the per-object retry delay.
+    #[arg(long, default_value = "5m", value_parser = parse_go_duration)]
+    pub retry_interval_max: Duration,
+}
+
+impl WorkerArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.worker_threads == 0 {
+            return Err("--worker-threads must be greater than zero".into());
+        }
+        if self.retry_interval_start.is_zero() {
+            return Err("--retry-interval-start must be greater than zero".into());
+        }
+        if self.retry_interval_start > self.retry_interval_max {
+            return Err("--retry-interval-start must not exceed --retry-interval-max".into());
+        }
+        Ok(())
+    }
+}
+
+/// The standard flag set of the controller sidecars (provisioner, attacher): upstream's
+/// `standardflags` plus `--timeout`, workers, retries and feature gates.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct SidecarArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub csi: CsiArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub leader_election: LeaderElectionArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+
+    /// Feature gates as Name=true,Name2=false.
+    #[arg(long, default_value = "", value_parser = parse_feature_gate_map)]
+    pub feature_gates: BTreeMap<String, bool>,
+}
+
+impl SidecarArgs {
+    /// Checks the combinations clap cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        self.csi.endpoint().map_err(|e| e.to_string())?;
+        self.http.validate()?;
+        self.workers.validate()?;
+        crate::leader::LeaderElectionTimings::from_args(&self.leader_election).validate()
+    }
+}
+
+/// Per-binary defaults that differ between the upstream sidecars (e.g. `--timeout` is 15s in
+/// the attacher, 10s in the provisioner, 1s in the registrar). Keys are clap argument ids
+/// (field names, e.g. `"timeout"`, `"worker_threads"`).
+pub type DefaultOverrides<'a> = &'a [(&'static str, &'static str)];
+
+/// A binary's argument struct: clap-parsable plus its cross-flag checks.
+pub trait SidecarCli: Parser {
+    /// Per-binary default overrides of shared flags.
+    const DEFAULTS: DefaultOverrides<'static> = &[];
+
+    /// Checks the combinations clap cannot express; the message is shown with exit code 2.
+    fn validate(&self) -> Result<(), String>;
+}
+
+/// Parses the process arguments; exits with clap's usage error (code 2) on unknown flags, bad
+/// values or invalid combinations, exactly as for any other usage error.
+pub fn parse<A: SidecarCli>() -> A {
+    match try_parse_from::<A, _, _>(std::env::args_os()) {
+        Ok(args) => args,
+        Err(error) => error.exit(),
+    }
+}
+
+/// [`parse`] on explicit arguments (the first is the program name), returning the error.
+pub fn try_parse_from<A, I, T>(args: I) -> Result<A, clap::Error>
+where
+    A: SidecarCli,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let mut command = A::command();
+    for (id, default) in A::DEFAULTS {
+        command = command.mut_arg(*id, |arg| arg.default_value(*default));
+    }
+    let args = normalize_single_dash_long_flags(args.into_iter().map(Into::into), &command);
+    let matches = command.try_get_matches_from_mut(args)?;
+    let parsed = A::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    parsed
+        .validate()
+        .map_err(|reason| command.error(ErrorKind::ArgumentConflict, reason))?;
+    Ok(parsed)
+}
+
+/// Go's `flag` package accepts `-name=value` for long flags; manifests written for the Go
+/// sidecars sometimes use it. Rewrites `-name…` to `--name…` when `name` is one of the command's
+/// long flags (so `-v=5` and negative numbers are left alone).
+fn normalize_single_dash_long_flags(
+    args: impl Iterator<Item = OsString>,
+    command: &clap::Command,
+) -> Vec<OsString> {
+    let long_names: Vec<&str> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_long())
+        .filter(|long| long.len() > 1)
+        .collect();
+    let mut after_separator = false;
+    args.map(|arg| {
+        let Some(text) = arg.to_str() else {
+            return arg;
+        };
+        if after_separator || text == "--" {
+            after_separator = true;
+            return arg;
+        }
+        match text.strip_prefix('-') {
+            Some(rest) if !rest.starts_with('-') => {
+                let name = rest.split('=').next().unwrap_or(rest);
+                if long_names.contains(&name) {
+                    OsString::from(format!("-{text}"))
+                } else {
+                    arg
+                }
+            }
+            _ => arg,
+        }
+    })
+    .collect()
+}
+
+/// One entry of a component's feature-gate table (component-base `featuregate` semantics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeatureGate {
+    pub name: &'static str,
+    pub default: bool,
+    /// GA features locked to their default reject a different value.
+    pub locked: bool,
+}
+
+/// Resolves `--feature-gates` against a component's table: unknown names and changes to locked
+/// gates are errors, as in component-base.
+pub fn resolve_feature_gates(
+    given: &BTreeMap<String, bool>,
+    table: &[FeatureGate],
+) -> Result<BTreeMap<&'static str, bool>, String> {
+    let mut resolved: BTreeMap<&'static str, bool> =
+        table.iter().map(|gate| (gate.name, gate.default)).collect();
+    for (name, value) in given {
+        let gate = table
+            .iter()
+            .find(|gate| gate.name == name)
+            .ok_or_else(|| format!("unrecognized feature gate: {name}"))?;
+        if gate.locked && *value != gate.default {
+            return Err(format!(
+                "cannot set feature gate {name} to {value}, feature is locked to {}",
+                gate.default
+            ));
+        }
+        resolved.insert(gate.name, *value);
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,531 @@
+//! Lease-based leader election with client-go's semantics (`tools/leaderelection`), so our
+//! sidecars and the Go ones agree on a shared Lease: holder identity, lease duration, acquire
+//! and renew times, transitions. The decisions are pure functions ([`Candidate::plan`],
+//! [`renewal_expired`], [`LeaderStatus::check_at`]); [`run`] is the thin API loop around them.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::kube::Client;
+use ::kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::{FeatureGate, LeaderElectionArgs, format_go_duration};
+
+/// Feature gate shared by the controller sidecars: on SIGTERM, drain and release the Lease.
+pub const RELEASE_ON_EXIT_GATE: FeatureGate = FeatureGate {
+    name: "ReleaseLeaderElectionOnExit",
+    default: false,
+    locked: false,
+};
+
+/// client-go's `JitterFactor`: acquisition attempts wait retry_period * [1, 1.2).
+const JITTER_FACTOR: f64 = 1.2;
+
+/// How long past lease expiry `/healthz/leader-election` still reports healthy
+/// (csi-lib-utils' healthz adaptor timeout).
+pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderElectionError {
+    #[error("lost leadership of lease {namespace}/{name}")]
+    Lost { namespace: String, name: String },
+}
+
+/// The three timings of leader election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderElectionTimings {
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl LeaderElectionTimings {
+    pub fn from_args(args: &LeaderElectionArgs) -> Self {
+        Self {
+            lease_duration: args.leader_election_lease_duration,
+            renew_deadline: args.leader_election_renew_deadline,
+            retry_period: args.leader_election_retry_period,
+        }
+    }
+
+    /// client-go's `NewLeaderElector` checks.
+    pub fn validate(&self) -> Result<(), String> {
+        let show = |d: Duration| format_go_duration(d);
+        if self.retry_period.is_zero() || self.renew_deadline.is_zero() {
+            return Err(
+                "leader election retry period and renew deadline must be greater than zero".into(),
+            );
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "leader election lease duration ({}) must be greater than the renew deadline ({})",
+                show(self.lease_duration),
+                show(self.renew_deadline)
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
+            return Err(format!(
+                "leader election renew deadline ({}) must be greater than {JITTER_FACTOR} x the retry period ({})",
+                show(self.renew_deadline),
+                show(self.retry_period)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything [`run`] needs.
+#[derive(Debug, Clone)]
+pub struct LeaderElectionConfig {
+    pub lease_name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub labels: BTreeMap<String, String>,
+    pub timings: LeaderElectionTimings,
+    /// Release the Lease when the work ends or on shutdown (`ReleaseLeaderElectionOnExit`).
+    pub release_on_exit: bool,
+}
+
+impl LeaderElectionConfig {
+    /// The configuration upstream derives from the flags for a given lock name.
+    pub fn from_args(args: &LeaderElectionArgs, lock_name: &str, release_on_exit: bool) -> Self {
+        Self {
+            lease_name: sanitize_lease_name(lock_name),
+            namespace: resolve_namespace(
+                &args.leader_election_namespace,
+                std::env::var("POD_NAMESPACE").ok(),
+                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE).ok(),
+            ),
+            identity: hostname(),
+            labels: args.leader_election_labels.clone(),
+            timings: LeaderElectionTimings::from_args(args),
+            release_on_exit,
+        }
+    }
+}
+
+/// csi-lib-utils' lock-name rule: every character outside `[A-Za-z0-9-]` becomes `-`, and a
+/// trailing `-` gets an `X` appended.
+pub fn sanitize_lease_name(name: &str) -> String {
+    let mut sanitized: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if sanitized.is_empty() || sanitized.ends_with('-') {
+        sanitized.push('X');
+    }
+    sanitized
+}
+
+/// The Lease namespace: the flag, else `POD_NAMESPACE`, else the service account's namespace,
+/// else `default`.
+pub fn resolve_namespace(
+    flag: &str,
+    pod_namespace: Option<String>,
+    service_account_namespace: Option<String>,
+) -> String {
+    [
+        Some(flag.to_string()),
+        pod_namespace,
+        service_account_namespace,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|ns| ns.trim().to_string())
+    .find(|ns| !ns.is_empty())
+    .unwrap_or_else(|| "default".to_string())
+}
+
+/// The host name, the identity upstream uses for the Lease holder.
+pub fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// What to do with the Lease in one acquire-or-renew attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attempt {
+    /// No Lease exists: create it with this spec.
+    Create(LeaseSpec),
+    /// Take or keep the Lease: write this spec over the observed version.
+    Update(LeaseSpec),
+    /// Another candidate holds an unexpired Lease.
+    HeldBy(String),
+}
+
+/// One candidate's view of the Lease. The expiry of someone else's lease is measured on our
+/// own monotonic clock from when we last saw the record change, never from the timestamps in
+/// it, so clock skew between hosts does not matter (as client-go).
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    identity: String,
+    lease_duration: Duration,
+    observed: Option<(LeaseSpec, Instant)>,
+}
+
+impl Candidate {
+    pub fn new(identity: impl Into<String>, lease_duration: Duration) -> Self {
+        Self {
+            identity: identity.into(),
+            lease_duration,
+            observed: None,
+        }
+    }
+
+    /// Decides the next write given the Lease as just read (`None`: it does not exist).
+    pub fn plan(&mut self, current: Option<&LeaseSpec>, now: Instant, wall: Timestamp) -> Attempt {
+        let lease_seconds = i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let Some(current) = current else {
+            return Attempt::Create(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(lease_seconds),
+                acquire_time: Some(MicroTime(wall)),
+                renew_time: Some(MicroTime(wall)),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            });
+        };
+        if self
+            .observed
+            .as_ref()
+            .is_none_or(|(seen, _)| seen != current)
+        {
+            self.observed = Some((current.clone(), now));
+        }
+        let observed_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
+        let holder = current.holder_identity.clone().unwrap_or_default();
+        let held_by_me = holder == self.identity;
+        if !holder.is_empty() && !held_by_me && observed_at + self.lease_duration > now {
+            return Attempt::HeldBy(holder);
+        }
+        let transitions = current.lease_transitions.unwrap_or(0);
+        Attempt::Update(LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(lease_seconds),
+            acquire_time: if held_by_me {
+                current.acquire_time.clone()
+            } else {
+                Some(MicroTime(wall))
+            },
+            renew_time: Some(MicroTime(wall)),
+            lease_transitions: Some(if held_by_me {
+                transitions
+            } else {
+                transitions + 1
+            }),
+            ..LeaseSpec::default()
+        })
+    }
+
+    /// Records our own successful write, so the next plan compares against it.
+    pub fn wrote(&mut self, spec: LeaseSpec, now: Instant) {
+        self.observed = Some((spec, now));
+    }
+
+    /// The spec that gives the Lease up (client-go's release: no holder, 1s duration), if we
+    /// hold it.
+    pub fn release(&self, wall: Timestamp) -> Option<LeaseSpec> {
+        let (current, _) = self.observed.as_ref()?;
+        (current.holder_identity.as_deref() == Some(self.identity.as_str())).then(|| LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            acquire_time: Some(MicroTime(wall)),
+            renew_time: Some(MicroTime(wall)),
+            lease_transitions: current.lease_transitions,
+            ..LeaseSpec::default()
+        })
+    }
+}
+
+/// A leader whose renewal attempts started at `renewal_started` and have not succeeded by
+/// `now` has lost leadership once the renew deadline has passed.
+pub fn renewal_expired(renewal_started: Instant, now: Instant, renew_deadline: Duration) -> bool {
+    now >= renewal_started + renew_deadline
+}
+
+/// Shared leadership state, for `/healthz/leader-election` and logs.
+#[derive(Debug)]
+pub struct LeaderStatus {
+    lease_duration: Duration,
+    state: Mutex<LeadState>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LeadState {
+    leading: bool,
+    renewed_at: Option<Instant>,
+}
+
+impl LeaderStatus {
+    pub fn new(lease_duration: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            lease_duration,
+            state: Mutex::new(LeadState::default()),
+        })
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.lock().leading
+    }
+
+    fn set(&self, leading: bool, renewed_at: Option<Instant>) {
+        *self.lock() = LeadState {
+            leading,
+            renewed_at,
+        };
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LeadState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The health check: a non-leader is healthy; a leader is unhealthy once its last renewal
+    /// is older than the lease duration plus [`HEALTH_TOLERANCE`].
+    pub fn check_at(&self, now: Instant) -> Result<(), String> {
+        let state = *self.lock();
+        match state.renewed_at {
+            Some(renewed)
+                if state.leading && now > renewed + self.lease_duration + HEALTH_TOLERANCE =>
+            {
+                Err(format!(
+                    "failed to renew leadership: last renewal {} ago",
+                    format_go_duration(Duration::from_secs(now.duration_since(renewed).as_secs()))
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        self.check_at(Instant::now())
+    }
+}
+
+/// Runs `work` only while this process holds the Lease. Returns `Ok` when the work ends or
+/// `shutdown` fires, and [`LeaderElectionError::Lost`] when renewal fails past the deadline
+/// (the caller exits non-zero, as upstream). `work` gets a token cancelled when leadership or
+/// the process ends.
+pub async fn run<W, F>(
+    client: Client,
+    config: LeaderElectionConfig,
+    status: Arc<LeaderStatus>,
+    shutdown: CancellationToken,
+    work: W,
+) -> Result<(), LeaderElectionError>
+where
+    W: FnOnce(CancellationToken) -> F,
+    F: Future<Output = ()>,
+{
+    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let timings = config.timings;
+    let mut candidate = Candidate::new(config.identity.clone(), timings.lease_duration);
+    let lease = format!("{}/{}", config.namespace, config.lease_name);
+    tracing::info!(%lease, identity = %config.identity, "attempting to acquire leader lease");
+
+    loop {
+        let attempt = tokio::time::timeout(
+            timings.renew_deadline,
+            try_acquire_or_renew(&api, &config, &mut candidate),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(true)) => break,
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => tracing::warn!(%lease, %error, "error acquiring leader lease"),
+            Err(_) => tracing::warn!(%lease, "timed out acquiring leader lease"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(jittered(timings.retry_period)) => {}
+        }
+    }
+    tracing::info!(%lease, "successfully acquired lease, started leading");
+    status.set(true, Some(Instant::now()));
+
+    let work_token = shutdown.child_token();
+    let work = work(work_token.clone());
+    tokio::pin!(work);
+    let ended = {
+        let renewing = keep_renewing(&api, &config, &mut candidate, &status);
+        tokio::pin!(renewing);
+        tokio::select! {
+            () = &mut work => Ended::WorkDone,
+            lost = &mut renewing => Ended::Lost(lost),
+            _ = shutdown.cancelled() => Ended::Shutdown,
+        }
+    };
+    work_token.cancel();
+    if matches!(ended, Ended::Shutdown) {
+        // Let the work drain, bounded, before giving up the Lease.
+        let _ = tokio::time::timeout(crate::shutdown::GRACE_PERIOD, &mut work).await;
+    }
+    status.set(false, None);
+    match ended {
+        Ended::Lost(error) => {
+            tracing::error!(%error, "leader election lost");
+            Err(error)
+        }
+        Ended::WorkDone | Ended::Shutdown => {
+            if config.release_on_exit {
+                release(&api, &config, &candidate).await;
+            }
+            Ok(())
+        }
+    }
+}
+
+enum Ended {
+    WorkDone,
+    Lost(LeaderElectionError),
+    Shutdown,
+}
+
+/// The leader's renew loop: every retry period, renew; a renewal that has not succeeded within
+/// the renew deadline (retrying every retry period) means leadership is lost.
+async fn keep_renewing(
+    api: &Api<Lease>,
+    config: &LeaderElectionConfig,
+    candidate: &mut Candidate,
+    status: &LeaderStatus,
+) -> LeaderElectionError {
+    let timings = config.timings;
+    loop {
+        tokio::time::sleep(timings.retry_period).await;
+        let started = Instant::now();
+        loop {
+            let deadline = started + timings.renew_deadline;
+            match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, config, candidate))
+                .await
+            {
+                Ok(Ok(true)) => {
+                    status.set(true, Some(Instant::now()));
+                    break;
+                }
+                Ok(Ok(false)) => {
+                    tracing::warn!(lease = %config.lease_name, "lease was taken by another candidate")
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(lease = %config.lease_name, %error, "failed to renew lease")
+                }
+                Err(_) => tracing::warn!(lease = %config.lease_name, "timed out renewing lease"),
+            }
+            let now = Instant::now();
+            if renewal_expired(started, now, timings.renew_deadline) {
+                return LeaderElectionError::Lost {
+                    namespace: config.namespace.clone(),
+                    name: config.lease_name.clone(),
+                };
+            }
+            tokio::time::sleep_until((now + timings.retry_period).min(deadline)).await;
+        }
+    }
+}
+
+/// One client-go `tryAcquireOrRenew`: true when we hold the Lease afterwards. Conflicts
+/// (someone else wrote first) are "not acquired", not errors.
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    config: &LeaderElectionConfig,
+    candidate: &mut Candidate,
+) -> Result<bool, ::kube::Error> {
+    let existing = api.get_opt(&config.lease_name).await?;
+    let plan = candidate.plan(
+        existing.as_ref().and_then(|lease| lease.spec.as_ref()),
+        Instant::now(),
+        Timestamp::now(),
+    );
+    let result = match plan {
+        Attempt::HeldBy(holder) => {
+            tracing::debug!(lease = %config.lease_name, %holder, "lease is held by another candidate");
+            return Ok(false);
+        }
+        Attempt::Create(spec) => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(config.lease_name.clone()),
+                    namespace: Some(config.namespace.clone()),
+                    labels: (!config.labels.is_empty()).then(|| config.labels.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec),
+            };
+            api.create(&PostParams::default(), &lease).await
+        }
+        Attempt::Update(spec) => {
+            let mut lease = existing.unwrap_or_default();
+            lease.spec = Some(spec);
+            api.replace(&config.lease_name, &PostParams::default(), &lease)
+                .await
+        }
+    };
+    match result {
+        Ok(written) => {
+            candidate.wrote(written.spec.unwrap_or_default(), Instant::now());
+            Ok(true)
+        }
+        Err(::kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+async fn release(api: &Api<Lease>, config: &LeaderElectionConfig, candidate: &Candidate) {
+    let Some(spec) = candidate.release(Timestamp::now()) else {
+        return;
+    };
+    let result = async {
+        let mut lease = api.get(&config.lease_name).await?;
+        if lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            != Some(config.identity.as_str())
+        {
+            return Ok(());
+        }
+        lease.spec = Some(spec);
+        api.replace(&config.lease_name, &PostParams::default(), &lease)
+            .await
+            .map(drop)
+    };
+    match tokio::time::timeout(config.timings.renew_deadline, result).await {
+        Ok(Ok(())) => tracing::info!(lease = %config.lease_name, "released leader lease"),
+        Ok(Err(error)) => {
+            tracing::warn!(lease = %config.lease_name, %error, "failed to release leader lease")
+        }
+        Err(_) => tracing::warn!(lease = %config.lease_name, "timed out releasing leader lease"),
+    }
+}
+
+/// `period * [1, JITTER_FACTOR)`, so standby candidates do not retry in lockstep.
+fn jittered(period: Duration) -> Duration {
+    let random = RandomState::new().hash_one(Instant::now());
+    let fraction = (random % 1_000_000) as f64 / 1_000_000.0;
+    period.mul_f64(1.0 + (JITTER_FACTOR - 1.0) * fraction)
+}
+
+#[cfg(test)]
+mod tests;

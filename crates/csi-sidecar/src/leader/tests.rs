@@ -1,0 +1,272 @@
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::Instant;
+
+use super::*;
+
+const LEASE: Duration = Duration::from_secs(15);
+
+fn wall(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+}
+
+fn held_by(holder: &str, transitions: i32, acquired: i64) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(holder.into()),
+        lease_duration_seconds: Some(15),
+        acquire_time: Some(MicroTime(wall(acquired))),
+        renew_time: Some(MicroTime(wall(acquired))),
+        lease_transitions: Some(transitions),
+        ..LeaseSpec::default()
+    }
+}
+
+#[test]
+fn creates_a_missing_lease() {
+    let now = Instant::now();
+    let mut me = Candidate::new("me", LEASE);
+    let Attempt::Create(spec) = me.plan(None, now, wall(0)) else {
+        panic!("expected Create");
+    };
+    assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+    assert_eq!(spec.lease_duration_seconds, Some(15));
+    assert_eq!(spec.lease_transitions, Some(0));
+    assert_eq!(spec.acquire_time, Some(MicroTime(wall(0))));
+    assert_eq!(spec.renew_time, Some(MicroTime(wall(0))));
+}
+
+#[test]
+fn acquire_and_renew_table() {
+    struct Case {
+        name: &'static str,
+        current: LeaseSpec,
+        /// Seconds since we first saw `current` unchanged.
+        observed_for: u64,
+        want_held_by: Option<&'static str>,
+        want_transitions: i32,
+        want_acquired: i64,
+    }
+    let cases = [
+        Case {
+            name: "someone else's fresh lease is respected",
+            current: held_by("other", 3, -5),
+            observed_for: 5,
+            want_held_by: Some("other"),
+            want_transitions: 0,
+            want_acquired: 0,
+        },
+        Case {
+            name: "someone else's lease unchanged for a full duration is taken over",
+            current: held_by("other", 3, -20),
+            observed_for: 15,
+            want_held_by: None,
+            want_transitions: 4,
+            want_acquired: 100,
+        },
+        Case {
+            name: "our own lease is renewed, keeping acquire time and transitions",
+            current: held_by("me", 7, -60),
+            observed_for: 5,
+            want_held_by: None,
+            want_transitions: 7,
+            want_acquired: -60,
+        },
+        Case {
+            name: "a released lease (no holder) is taken at once",
+            current: LeaseSpec {
+                holder_identity: None,
+                lease_duration_seconds: Some(1),
+                lease_transitions: Some(2),
+                ..LeaseSpec::default()
+            },
+            observed_for: 0,
+            want_held_by: None,
+            want_transitions: 3,
+            want_acquired: 100,
+        },
+    ];
+    for case in cases {
+        let start = Instant::now();
+        let mut me = Candidate::new("me", LEASE);
+        // First observation starts the expiry clock; the decision happens `observed_for` later.
+        let _ = me.plan(Some(&case.current), start, wall(100));
+        let attempt = me.plan(
+            Some(&case.current),
+            start + Duration::from_secs(case.observed_for),
+            wall(100),
+        );
+        match (attempt, case.want_held_by) {
+            (Attempt::HeldBy(holder), Some(want)) => assert_eq!(holder, want, "{}", case.name),
+            (Attempt::Update(spec), None) => {
+                assert_eq!(spec.holder_identity.as_deref(), Some("me"), "{}", case.name);
+                assert_eq!(
+                    spec.lease_transitions,
+                    Some(case.want_transitions),
+                    "{}",
+                    case.name
+                );
+                assert_eq!(
+                    spec.acquire_time,
+                    Some(MicroTime(wall(case.want_acquired))),
+                    "{}",
+                    case.name
+                );
+                assert_eq!(spec.renew_time, Some(MicroTime(wall(100))), "{}", case.name);
+                assert_eq!(spec.lease_duration_seconds, Some(15), "{}", case.name);
+            }
+            (other, want) => panic!("{}: got {other:?}, want held by {want:?}", case.name),
+        }
+    }
+}
+
+#[test]
+fn a_renewing_holder_is_never_taken_over() {
+    // The record keeps changing (the holder renews), so our expiry clock keeps restarting,
+    // whatever the wall-clock timestamps in it say (clock skew does not matter).
+    let start = Instant::now();
+    let mut me = Candidate::new("me", LEASE);
+    for step in 0..10u64 {
+        let current = held_by("other", 1, -1000 + step as i64);
+        let now = start + Duration::from_secs(step * 10);
+        assert_eq!(
+            me.plan(Some(&current), now, wall(0)),
+            Attempt::HeldBy("other".into())
+        );
+    }
+}
+
+#[test]
+fn release_only_what_we_hold() {
+    let now = Instant::now();
+    let mut me = Candidate::new("me", LEASE);
+    assert_eq!(me.release(wall(0)), None);
+    me.wrote(held_by("me", 4, 0), now);
+    let released = me.release(wall(9)).unwrap();
+    assert_eq!(released.holder_identity, None);
+    assert_eq!(released.lease_duration_seconds, Some(1));
+    assert_eq!(released.lease_transitions, Some(4));
+    me.wrote(held_by("other", 5, 0), now);
+    assert_eq!(me.release(wall(9)), None);
+}
+
+#[test]
+fn renewal_deadline() {
+    let start = Instant::now();
+    let deadline = Duration::from_secs(10);
+    assert!(!renewal_expired(start, start, deadline));
+    assert!(!renewal_expired(
+        start,
+        start + Duration::from_secs(9),
+        deadline
+    ));
+    assert!(renewal_expired(
+        start,
+        start + Duration::from_secs(10),
+        deadline
+    ));
+}
+
+#[test]
+fn health_check_fails_only_for_a_stale_leader() {
+    let status = LeaderStatus::new(LEASE);
+    let start = Instant::now();
+    assert!(
+        status.check_at(start + Duration::from_secs(3600)).is_ok(),
+        "not leading is healthy"
+    );
+    status.set(true, Some(start));
+    assert!(status.is_leader());
+    assert!(
+        status.check_at(start + Duration::from_secs(35)).is_ok(),
+        "15s lease + 20s tolerance"
+    );
+    let error = status
+        .check_at(start + Duration::from_secs(36))
+        .unwrap_err();
+    assert!(error.contains("failed to renew leadership"), "{error}");
+    status.set(false, None);
+    assert!(status.check_at(start + Duration::from_secs(36)).is_ok());
+}
+
+#[test]
+fn lease_names_are_sanitized_like_csi_lib_utils() {
+    let table = [
+        ("hostpath.csi.k8s.io", "hostpath-csi-k8s-io"),
+        (
+            "external-attacher-leader-csi.example.com",
+            "external-attacher-leader-csi-example-com",
+        ),
+        ("vendor/driver", "vendor-driver"),
+        ("driver.", "driver-X"),
+        ("Mixed_Case", "Mixed-Case"),
+    ];
+    for (input, want) in table {
+        assert_eq!(sanitize_lease_name(input), want);
+    }
+}
+
+#[test]
+fn namespace_resolution_order() {
+    let table = [
+        (("ns-flag", Some("ns-env"), Some("ns-sa\n")), "ns-flag"),
+        (("", Some("ns-env"), Some("ns-sa\n")), "ns-env"),
+        (("", None, Some("ns-sa\n")), "ns-sa"),
+        (("", Some(""), None), "default"),
+        (("", None, None), "default"),
+    ];
+    for ((flag, env, sa), want) in table {
+        assert_eq!(
+            resolve_namespace(flag, env.map(String::from), sa.map(String::from)),
+            want
+        );
+    }
+}
+
+#[test]
+fn timings_are_checked_like_client_go() {
+    let ok = LeaderElectionTimings {
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(5),
+    };
+    assert!(ok.validate().is_ok());
+    let short_lease = LeaderElectionTimings {
+        lease_duration: Duration::from_secs(10),
+        ..ok
+    };
+    assert!(
+        short_lease
+            .validate()
+            .unwrap_err()
+            .contains("lease duration (10s)")
+    );
+    let slow_retry = LeaderElectionTimings {
+        retry_period: Duration::from_secs(9),
+        ..ok
+    };
+    assert!(
+        slow_retry
+            .validate()
+            .unwrap_err()
+            .contains("1.2 x the retry period (9s)")
+    );
+    let zero = LeaderElectionTimings {
+        retry_period: Duration::ZERO,
+        ..ok
+    };
+    assert!(zero.validate().is_err());
+}
+
+#[test]
+fn jitter_stays_within_client_go_bounds() {
+    for _ in 0..100 {
+        let jittered = jittered(Duration::from_secs(5));
+        assert!(
+            jittered >= Duration::from_secs(5) && jittered < Duration::from_secs(6),
+            "{jittered:?}"
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! The shared runtime of the CSI sidecars: everything the provisioner, attacher, registrar,
+//! livenessprobe and podmon have in common, so no binary carries its own copy.
+//!
+//! - [`conn`] the CSI driver connection (bounded wait, Probe, discovery, per-call timeouts,
+//!   metrics, redacted logging, exit on connection loss);
+//! - [`flags`] upstream's standard flags with upstream names and defaults;
+//! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
+//!   Retry-After);
+//! - [`leader`] Lease-based leader election with client-go semantics;
+//! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
+//! - [`backoff`] per-object exponential retry delays;
+//! - [`events`] core/v1 Event recording;
+//! - [`shutdown`] one cancellation token for every task;
+//! - [`logging`] tracing from `-v` and `--logging-format`;
+//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram.
+
+pub mod backoff;
+pub mod conn;
+pub mod events;
+pub mod flags;
+pub mod http;
+pub mod kube;
+pub mod leader;
+pub mod logging;
+pub mod metrics;
+pub mod shutdown;
