@@ -1,0 +1,979 @@
+//! The CSI Controller service.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use csi::controller_server::Controller;
+use csi::controller_service_capability::rpc::Type as Rpc;
+use csi::volume_content_source::Type as SourceType;
+use csi_proto::csi::v1 as csi;
+use tonic::{Request, Response, Status};
+
+use crate::data;
+use crate::driver::{Driver, io_failed, to_btree};
+use crate::rules::{self, required};
+use crate::state::{
+    AccessType, ContentSource, Phase, Publication, Snapshot, State, Volume, now_nanos,
+};
+
+/// Size of a volume whose request gives no capacity.
+pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
+
+/// The Controller service over a shared [`Driver`].
+#[derive(Debug, Clone)]
+pub struct ControllerService {
+    driver: Arc<Driver>,
+}
+
+impl ControllerService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
+    }
+}
+
+/// The size a capacity range asks for: the required bytes, else the default capped by the
+/// limit. `OUT_OF_RANGE` when the range is contradictory or beyond the largest volume.
+pub fn requested_size(range: Option<&csi::CapacityRange>, max: u64) -> Result<(u64, u64), Status> {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    if required < 0 || limit < 0 {
+        return Err(Status::invalid_argument(
+            "capacity_range bytes must not be negative",
+        ));
+    }
+    let (required, limit) = (required.unsigned_abs(), limit.unsigned_abs());
+    if limit > 0 && required > limit {
+        return Err(Status::out_of_range(format!(
+            "required_bytes {required} exceeds limit_bytes {limit}"
+        )));
+    }
+    let size = match (required, limit) {
+        (0, 0) => DEFAULT_VOLUME_SIZE,
+        (0, limit) => DEFAULT_VOLUME_SIZE.min(limit),
+        (required, _) => required,
+    };
+    if size > max {
+        return Err(Status::out_of_range(format!(
+            "requested {size} bytes exceeds the maximum volume size {max}"
+        )));
+    }
+    Ok((size, limit))
+}
+
+impl Driver {
+    /// Bytes per node available in pool `kind` (None: unlimited pools).
+    fn pool_capacity(&self, kind: &str) -> Result<Option<u64>, Status> {
+        if self.config.capacity.is_empty() {
+            return Ok(None);
+        }
+        self.config
+            .capacity
+            .get(kind)
+            .copied()
+            .map(Some)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "parameter kind={kind:?} names no configured capacity pool"
+                ))
+            })
+    }
+
+    fn available_bytes(&self, state: &State, node: &str, kind: &str) -> Result<u64, Status> {
+        match self.pool_capacity(kind)? {
+            Some(capacity) => Ok(capacity.saturating_sub(state.used_bytes(node, kind))),
+            None => {
+                let stats = rustix::fs::statvfs(self.store.dir())
+                    .map_err(|e| io_failed("statvfs of the state directory", e.into()))?;
+                Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+            }
+        }
+    }
+
+    /// Picks the home node of a new volume from the topology requirement (preferred first)
+    /// and the nodes it is accessible from.
+    fn place(
+        &self,
+        state: &State,
+        requirement: Option<&csi::TopologyRequirement>,
+        kind: &str,
+        size: u64,
+    ) -> Result<(String, Vec<String>), Status> {
+        let key = self.config.topology_key();
+        let Some(requirement) =
+            requirement.filter(|r| !r.requisite.is_empty() || !r.preferred.is_empty())
+        else {
+            let node = self.config.node_id.clone();
+            if self.available_bytes(state, &node, kind)? < size {
+                return Err(Status::resource_exhausted(format!(
+                    "not enough capacity on node {node} for {size} bytes"
+                )));
+            }
+            return Ok((node, Vec::new()));
+        };
+        let mut candidates: Vec<String> = Vec::new();
+        for topology in requirement.preferred.iter().chain(&requirement.requisite) {
+            let only_ours = topology.segments.keys().all(|k| *k == key);
+            if let (true, Some(node)) = (only_ours, topology.segments.get(&key))
+                && !candidates.contains(node)
+                && self.is_known_node(node)
+            {
+                candidates.push(node.clone());
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Status::resource_exhausted(format!(
+                "no node in the accessibility requirements is served by this driver (key {key})"
+            )));
+        }
+        let mut home = None;
+        for node in &candidates {
+            if self.available_bytes(state, node, kind)? >= size {
+                home = Some(node.clone());
+                break;
+            }
+        }
+        let home = home.ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "not enough capacity for {size} bytes on any of {candidates:?}"
+            ))
+        })?;
+        candidates.retain(|n| *n != home);
+        candidates.insert(0, home.clone());
+        Ok((home, candidates))
+    }
+
+    fn create_volume(
+        &self,
+        request: csi::CreateVolumeRequest,
+    ) -> Result<csi::CreateVolumeResponse, Status> {
+        let name = required(&request.name, "name")?;
+        let access_type = rules::capabilities(&request.volume_capabilities)?;
+        let (size, limit) =
+            requested_size(request.capacity_range.as_ref(), self.config.max_volume_size)?;
+        self.check_mutable_names(request.mutable_parameters.keys())?;
+        let source = match request
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            None => None,
+            Some(SourceType::Snapshot(s)) => Some(ContentSource::Snapshot(
+                required(&s.snapshot_id, "snapshot_id")?.to_string(),
+            )),
+            Some(SourceType::Volume(v)) => Some(ContentSource::Volume(
+                required(&v.volume_id, "volume_id")?.to_string(),
+            )),
+        };
+        let kind = request.parameters.get("kind").cloned().unwrap_or_default();
+        let source_key = match &source {
+            Some(ContentSource::Snapshot(id) | ContentSource::Volume(id)) => id.clone(),
+            None => String::new(),
+        };
+        let _guard = self
+            .locks
+            .acquire(&[&format!("name/{name}"), &source_key])?;
+
+        let volume = self.store.update(|state| {
+            if let Some(existing) = state.volume_by_name(name) {
+                let fits = existing.capacity_bytes >= size
+                    && (limit == 0 || existing.capacity_bytes <= limit);
+                if existing.access_type != access_type || !fits || existing.source != source {
+                    return Err(Status::already_exists(format!(
+                        "volume {name} exists with different capacity, access type or source"
+                    )));
+                }
+                if existing.phase == Phase::Deleting {
+                    return Err(Status::aborted(format!("volume {name} is being deleted")));
+                }
+                return Ok(existing.clone());
+            }
+            match &source {
+                Some(ContentSource::Snapshot(id)) => {
+                    let snapshot = state
+                        .snapshots
+                        .get(id)
+                        .filter(|s| s.phase == Phase::Ready)
+                        .ok_or_else(|| {
+                            Status::not_found(format!("source snapshot {id} not found"))
+                        })?;
+                    if snapshot.access_type != access_type {
+                        return Err(Status::invalid_argument(
+                            "snapshot and volume access types differ",
+                        ));
+                    }
+                    if snapshot.size_bytes > size {
+                        return Err(Status::out_of_range(format!(
+                            "volume smaller than source snapshot ({} bytes)",
+                            snapshot.size_bytes
+                        )));
+                    }
+                }
+                Some(ContentSource::Volume(id)) => {
+                    let parent = state
+                        .volumes
+                        .get(id)
+                        .filter(|v| v.phase == Phase::Ready)
+                        .ok_or_else(|| {
+                            Status::not_found(format!("source volume {id} not found"))
+                        })?;
+                    if parent.access_type != access_type {
+                        return Err(Status::invalid_argument(
+                            "source and new volume access types differ",
+                        ));
+                    }
+                    if parent.capacity_bytes > size {
+                        return Err(Status::out_of_range(format!(
+                            "volume smaller than source volume ({} bytes)",
+                            parent.capacity_bytes
+                        )));
+                    }
+                }
+                None => {}
+            }
+            let (home_node, accessible_nodes) = self.place(
+                state,
+                request.accessibility_requirements.as_ref(),
+                &kind,
+                size,
+            )?;
+            let volume = Volume {
+                id: rules::new_id(),
+                name: name.to_string(),
+                capacity_bytes: size,
+                access_type,
+                phase: Phase::Creating,
+                home_node,
+                kind: kind.clone(),
+                accessible_nodes,
+                parameters: to_btree(request.parameters.clone()),
+                mutable_parameters: to_btree(request.mutable_parameters.clone()),
+                source: source.clone(),
+                published: BTreeMap::new(),
+                nodes: BTreeMap::new(),
+                fenced: BTreeMap::new(),
+            };
+            state.volumes.insert(volume.id.clone(), volume.clone());
+            Ok(volume)
+        })?;
+
+        if volume.phase == Phase::Creating {
+            let path = self.store.volume_data(&volume.id, access_type);
+            let made = match &volume.source {
+                None => data::create_empty(&path, access_type, size),
+                Some(ContentSource::Snapshot(id)) => data::restore(
+                    &self.store.snapshot_data(id, access_type),
+                    &path,
+                    access_type,
+                    size,
+                ),
+                Some(ContentSource::Volume(id)) => data::clone_volume(
+                    &self.store.volume_data(id, access_type),
+                    &path,
+                    access_type,
+                    size,
+                ),
+            };
+            made.map_err(|e| io_failed(&format!("creating data of volume {name}"), e))?;
+            self.store.update(|state| {
+                if let Some(v) = state.volumes.get_mut(&volume.id) {
+                    v.phase = Phase::Ready;
+                }
+                Ok::<_, Status>(())
+            })?;
+        }
+        Ok(csi::CreateVolumeResponse {
+            volume: Some(self.csi_volume(&volume)),
+        })
+    }
+
+    fn check_mutable_names<'a>(
+        &self,
+        names: impl Iterator<Item = &'a String>,
+    ) -> Result<(), Status> {
+        let accepted = &self.config.accepted_mutable_parameters;
+        for name in names {
+            if !accepted.is_empty() && !accepted.contains(name) {
+                return Err(Status::invalid_argument(format!(
+                    "mutable parameter {name:?} is not accepted (accepted: {accepted:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_volume(&self, request: &csi::DeleteVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let _guard = self.locks.acquire(&[id])?;
+        let found = self.store.update(|state| {
+            let Some(volume) = state.volumes.get_mut(id) else {
+                return Ok(None);
+            };
+            let in_use = volume
+                .nodes
+                .values()
+                .any(|u| u.staged.is_some() || !u.targets.is_empty());
+            if !volume.published.is_empty() || in_use {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is still published to {:?}",
+                    volume
+                        .published
+                        .keys()
+                        .chain(volume.nodes.keys())
+                        .collect::<Vec<_>>()
+                )));
+            }
+            volume.phase = Phase::Deleting;
+            Ok(Some(volume.access_type))
+        })?;
+        let Some(access_type) = found else {
+            return Ok(());
+        };
+        data::remove(&self.store.volume_data(id, access_type))
+            .map_err(|e| io_failed(&format!("removing data of volume {id}"), e))?;
+        self.store.update(|state| {
+            state.volumes.remove(id);
+            Ok::<_, Status>(())
+        })
+    }
+
+    fn controller_publish(
+        &self,
+        request: &csi::ControllerPublishVolumeRequest,
+    ) -> Result<csi::ControllerPublishVolumeResponse, Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let node = required(&request.node_id, "node_id")?;
+        let capability = request
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+        let (access_type, mode) = rules::capability(capability)?;
+        let readonly = request.readonly && self.config.enable_attach;
+        let _guard = self.locks.acquire(&[id])?;
+        self.store.update(|state| {
+            let max = self.config.max_volumes_per_node;
+            let count = state.published_count(node);
+            let volume = state
+                .volumes
+                .get_mut(id)
+                .filter(|v| v.phase == Phase::Ready)
+                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            if !self.is_known_node(node) {
+                return Err(Status::not_found(format!("node {node} not found")));
+            }
+            if volume.access_type != access_type {
+                return Err(Status::invalid_argument(
+                    "volume_capability access type does not match the volume",
+                ));
+            }
+            if let Some(existing) = volume.published.get(node) {
+                return if existing.readonly == readonly {
+                    Ok(())
+                } else {
+                    Err(Status::already_exists(format!(
+                        "volume {id} is already published to node {node} with readonly={}",
+                        existing.readonly
+                    )))
+                };
+            }
+            if rules::single_node(mode)
+                && let Some(other) = volume.published.keys().next()
+            {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is single-node and already published to node {other}"
+                )));
+            }
+            if max > 0 && i64::try_from(count).unwrap_or(i64::MAX) >= max {
+                return Err(Status::resource_exhausted(format!(
+                    "node {node} already has the maximum of {max} volumes published"
+                )));
+            }
+            volume
+                .published
+                .insert(node.to_string(), Publication { readonly });
+            volume.fenced.remove(node);
+            Ok(())
+        })?;
+        Ok(csi::ControllerPublishVolumeResponse {
+            publish_context: [("readonly".to_string(), readonly.to_string())].into(),
+        })
+    }
+
+    fn controller_unpublish(
+        &self,
+        request: &csi::ControllerUnpublishVolumeRequest,
+    ) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let _guard = self.locks.acquire(&[id])?;
+        self.store.update(|state| {
+            if let Some(volume) = state.volumes.get_mut(id) {
+                if request.node_id.is_empty() {
+                    volume.published.clear();
+                } else {
+                    volume.published.remove(&request.node_id);
+                }
+            }
+            Ok::<_, Status>(())
+        })
+    }
+
+    fn validate(
+        &self,
+        request: &csi::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let access_type = rules::capabilities(&request.volume_capabilities)?;
+        let state = self.store.read()?;
+        let volume = state
+            .volumes
+            .get(id)
+            .filter(|v| v.phase == Phase::Ready)
+            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+        if volume.access_type != access_type {
+            return Ok(csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: format!("volume {id} is a {:?} volume", volume.access_type),
+            });
+        }
+        Ok(csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: request.volume_context.clone(),
+                volume_capabilities: request.volume_capabilities.clone(),
+                parameters: request.parameters.clone(),
+                mutable_parameters: request.mutable_parameters.clone(),
+            }),
+            message: String::new(),
+        })
+    }
+
+    fn list_volumes(
+        &self,
+        request: &csi::ListVolumesRequest,
+    ) -> Result<csi::ListVolumesResponse, Status> {
+        let max = page_size(request.max_entries)?;
+        let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
+        let state = self.store.read()?;
+        let ready = state.volumes.values().filter(|v| v.phase == Phase::Ready);
+        let (page, next_token) = paginate(ready, |v| &v.id, start.as_deref(), max);
+        let entries = page
+            .into_iter()
+            .map(|volume| csi::list_volumes_response::Entry {
+                volume: Some(self.csi_volume(volume)),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: volume.published.keys().cloned().collect(),
+                    volume_condition: Some(self.condition(volume)),
+                }),
+            })
+            .collect();
+        Ok(csi::ListVolumesResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    fn get_capacity(
+        &self,
+        request: &csi::GetCapacityRequest,
+    ) -> Result<csi::GetCapacityResponse, Status> {
+        if !request.volume_capabilities.is_empty() {
+            rules::capabilities(&request.volume_capabilities)?;
+        }
+        let kind = request.parameters.get("kind").cloned().unwrap_or_default();
+        let key = self.config.topology_key();
+        let node = match &request.accessible_topology {
+            None => Some(self.config.node_id.clone()),
+            Some(topology) if topology.segments.keys().all(|k| *k == key) => {
+                topology.segments.get(&key).cloned()
+            }
+            Some(_) => None,
+        };
+        let state = self.store.read()?;
+        let available = match node.filter(|n| self.is_known_node(n)) {
+            Some(node) => match self.pool_capacity(&kind) {
+                Err(_) => 0,
+                Ok(_) => self.available_bytes(&state, &node, &kind)?,
+            },
+            None => 0,
+        };
+        let maximum = available.min(self.config.max_volume_size);
+        Ok(csi::GetCapacityResponse {
+            available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
+            maximum_volume_size: Some(i64::try_from(maximum).unwrap_or(i64::MAX)),
+            minimum_volume_size: None,
+        })
+    }
+
+    fn capabilities(&self) -> csi::ControllerGetCapabilitiesResponse {
+        let mut rpcs = vec![
+            Rpc::CreateDeleteVolume,
+            Rpc::ListVolumes,
+            Rpc::GetCapacity,
+            Rpc::CreateDeleteSnapshot,
+            Rpc::ListSnapshots,
+            Rpc::CloneVolume,
+            Rpc::ExpandVolume,
+            Rpc::ListVolumesPublishedNodes,
+            Rpc::VolumeCondition,
+            Rpc::GetVolume,
+            Rpc::SingleNodeMultiWriter,
+            Rpc::ModifyVolume,
+        ];
+        if self.config.enable_attach {
+            rpcs.extend([Rpc::PublishUnpublishVolume, Rpc::PublishReadonly]);
+        }
+        csi::ControllerGetCapabilitiesResponse {
+            capabilities: rpcs
+                .into_iter()
+                .map(|rpc| csi::ControllerServiceCapability {
+                    r#type: Some(csi::controller_service_capability::Type::Rpc(
+                        csi::controller_service_capability::Rpc { r#type: rpc as i32 },
+                    )),
+                })
+                .collect(),
+        }
+    }
+
+    fn create_snapshot(
+        &self,
+        request: &csi::CreateSnapshotRequest,
+    ) -> Result<csi::CreateSnapshotResponse, Status> {
+        let name = required(&request.name, "name")?;
+        let source = required(&request.source_volume_id, "source_volume_id")?;
+        let _guard = self.locks.acquire(&[&format!("snapshot/{name}"), source])?;
+        let snapshot = self.store.update(|state| {
+            if let Some(existing) = state.snapshot_by_name(name) {
+                if existing.source_volume_id != source {
+                    return Err(Status::already_exists(format!(
+                        "snapshot {name} exists for another source volume"
+                    )));
+                }
+                return Ok(existing.clone());
+            }
+            let volume = state
+                .volumes
+                .get(source)
+                .filter(|v| v.phase == Phase::Ready)
+                .ok_or_else(|| Status::not_found(format!("source volume {source} not found")))?;
+            let snapshot = Snapshot {
+                id: rules::new_id(),
+                name: name.to_string(),
+                source_volume_id: source.to_string(),
+                size_bytes: volume.capacity_bytes,
+                access_type: volume.access_type,
+                phase: Phase::Creating,
+                created_unix_nanos: now_nanos(),
+            };
+            state
+                .snapshots
+                .insert(snapshot.id.clone(), snapshot.clone());
+            Ok(snapshot)
+        })?;
+        let snapshot = if snapshot.phase == Phase::Creating {
+            data::snapshot(
+                &self.store.volume_data(source, snapshot.access_type),
+                &self.store.snapshot_data(&snapshot.id, snapshot.access_type),
+                snapshot.access_type,
+            )
+            .map_err(|e| io_failed(&format!("taking snapshot {name}"), e))?;
+            self.store.update(|state| {
+                let s = state.snapshots.get_mut(&snapshot.id).ok_or_else(|| {
+                    Status::aborted(format!("snapshot {name} was deleted meanwhile"))
+                })?;
+                s.phase = Phase::Ready;
+                Ok::<_, Status>(s.clone())
+            })?
+        } else {
+            snapshot
+        };
+        Ok(csi::CreateSnapshotResponse {
+            snapshot: Some(self.csi_snapshot(&snapshot)),
+        })
+    }
+
+    fn delete_snapshot(&self, request: &csi::DeleteSnapshotRequest) -> Result<(), Status> {
+        let id = required(&request.snapshot_id, "snapshot_id")?;
+        let _guard = self.locks.acquire(&[id])?;
+        let found = self.store.update(|state| {
+            Ok::<_, Status>(state.snapshots.get_mut(id).map(|s| {
+                s.phase = Phase::Deleting;
+                s.access_type
+            }))
+        })?;
+        if let Some(access_type) = found {
+            data::remove(&self.store.snapshot_data(id, access_type))
+                .map_err(|e| io_failed(&format!("removing snapshot {id}"), e))?;
+            self.store.update(|state| {
+                state.snapshots.remove(id);
+                Ok::<_, Status>(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn list_snapshots(
+        &self,
+        request: &csi::ListSnapshotsRequest,
+    ) -> Result<csi::ListSnapshotsResponse, Status> {
+        let max = page_size(request.max_entries)?;
+        let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
+        let state = self.store.read()?;
+        let matching = state.snapshots.values().filter(|s| {
+            s.phase == Phase::Ready
+                && (request.snapshot_id.is_empty() || s.id == request.snapshot_id)
+                && (request.source_volume_id.is_empty()
+                    || s.source_volume_id == request.source_volume_id)
+        });
+        let (page, next_token) = paginate(matching, |s| &s.id, start.as_deref(), max);
+        Ok(csi::ListSnapshotsResponse {
+            entries: page
+                .into_iter()
+                .map(|s| csi::list_snapshots_response::Entry {
+                    snapshot: Some(self.csi_snapshot(s)),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
+    fn get_snapshot(
+        &self,
+        request: &csi::GetSnapshotRequest,
+    ) -> Result<csi::GetSnapshotResponse, Status> {
+        let id = required(&request.snapshot_id, "snapshot_id")?;
+        let state = self.store.read()?;
+        let snapshot = state
+            .snapshots
+            .get(id)
+            .filter(|s| s.phase == Phase::Ready)
+            .ok_or_else(|| Status::not_found(format!("snapshot {id} not found")))?;
+        Ok(csi::GetSnapshotResponse {
+            snapshot: Some(self.csi_snapshot(snapshot)),
+        })
+    }
+
+    fn expand(
+        &self,
+        request: &csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let range = request
+            .capacity_range
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
+        if let Some(capability) = &request.volume_capability {
+            rules::capability(capability)?;
+        }
+        let (size, _) = requested_size(Some(range), self.config.max_volume_size)?;
+        let _guard = self.locks.acquire(&[id])?;
+        let volume = self.store.update(|state| {
+            let volume = state
+                .volumes
+                .get(id)
+                .filter(|v| v.phase == Phase::Ready)
+                .cloned()
+                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            if size > volume.capacity_bytes {
+                let growth = size - volume.capacity_bytes;
+                if self.available_bytes(state, &volume.home_node, &volume.kind)? < growth {
+                    return Err(Status::resource_exhausted(format!(
+                        "not enough capacity on node {} to grow volume {id} to {size} bytes",
+                        volume.home_node
+                    )));
+                }
+            }
+            Ok(volume)
+        })?;
+        let new_size = size.max(volume.capacity_bytes);
+        data::expand(
+            &self.store.volume_data(id, volume.access_type),
+            volume.access_type,
+            new_size,
+        )
+        .map_err(|e| io_failed(&format!("expanding volume {id}"), e))?;
+        self.store.update(|state| {
+            if let Some(v) = state.volumes.get_mut(id) {
+                v.capacity_bytes = new_size;
+            }
+            Ok::<_, Status>(())
+        })?;
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(new_size).unwrap_or(i64::MAX),
+            node_expansion_required: volume.access_type == AccessType::Block,
+        })
+    }
+
+    fn get_volume(
+        &self,
+        request: &csi::ControllerGetVolumeRequest,
+    ) -> Result<csi::ControllerGetVolumeResponse, Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let state = self.store.read()?;
+        let volume = state
+            .volumes
+            .get(id)
+            .filter(|v| v.phase == Phase::Ready)
+            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(self.csi_volume(volume)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: volume.published.keys().cloned().collect(),
+                volume_condition: Some(self.condition(volume)),
+            }),
+        })
+    }
+
+    fn modify(&self, request: &csi::ControllerModifyVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        self.check_mutable_names(request.mutable_parameters.keys())?;
+        let _guard = self.locks.acquire(&[id])?;
+        self.store.update(|state| {
+            let volume = state
+                .volumes
+                .get_mut(id)
+                .filter(|v| v.phase == Phase::Ready)
+                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            volume
+                .mutable_parameters
+                .extend(to_btree(request.mutable_parameters.clone()));
+            Ok(())
+        })
+    }
+}
+
+/// `max_entries` must not be negative; 0 means no limit.
+fn page_size(max_entries: i32) -> Result<usize, Status> {
+    usize::try_from(max_entries)
+        .map_err(|_| Status::invalid_argument("max_entries must not be negative"))
+}
+
+/// Items after `start` (by ID order), at most `max` (0: all), and the next token.
+fn paginate<'a, T>(
+    items: impl Iterator<Item = &'a T>,
+    id: impl Fn(&T) -> &String,
+    start: Option<&str>,
+    max: usize,
+) -> (Vec<&'a T>, String) {
+    let mut after: Vec<&T> = items
+        .filter(|item| start.is_none_or(|s| id(item).as_str() > s))
+        .collect();
+    if max > 0 && after.len() > max {
+        after.truncate(max);
+        let token = after
+            .last()
+            .map(|item| id(item).clone())
+            .unwrap_or_default();
+        return (after, token);
+    }
+    (after, String::new())
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.create_volume(request))
+            .await
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.delete_volume(&request)
+                    .map(|()| csi::DeleteVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        if !self.driver.config.enable_attach {
+            return Err(Status::unimplemented(
+                "ControllerPublishVolume is disabled (--enable-attach=false)",
+            ));
+        }
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.controller_publish(&request))
+            .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        if !self.driver.config.enable_attach {
+            return Err(Status::unimplemented(
+                "ControllerUnpublishVolume is disabled (--enable-attach=false)",
+            ));
+        }
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.controller_unpublish(&request)
+                    .map(|()| csi::ControllerUnpublishVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.validate(&request)).await
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.list_volumes(&request))
+            .await
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.get_capacity(&request))
+            .await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(self.driver.capabilities()))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.create_snapshot(&request))
+            .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.delete_snapshot(&request)
+                    .map(|()| csi::DeleteSnapshotResponse {})
+            })
+            .await
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.list_snapshots(&request))
+            .await
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.get_snapshot(&request))
+            .await
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.expand(&request)).await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.get_volume(&request)).await
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.modify(&request)
+                    .map(|()| csi::ControllerModifyVolumeResponse {})
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn capacity_ranges() {
+        let range = |required, limit| csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        };
+        let max = 10 << 30;
+        let table = [
+            (None, Ok((DEFAULT_VOLUME_SIZE, 0))),
+            (Some(range(5, 0)), Ok((5, 0))),
+            (Some(range(0, 1 << 20)), Ok((1 << 20, 1 << 20))),
+            (Some(range(5, 10)), Ok((5, 10))),
+            (Some(range(10, 5)), Err(Code::OutOfRange)),
+            (Some(range(11 << 30, 0)), Err(Code::OutOfRange)),
+            (Some(range(-1, 0)), Err(Code::InvalidArgument)),
+        ];
+        for (input, want) in table {
+            assert_eq!(
+                requested_size(input.as_ref(), max).map_err(|s| s.code()),
+                want,
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pagination_by_id() {
+        let ids: Vec<String> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (page, next) = paginate(ids.iter(), |s| s, None, 2);
+        assert_eq!((page, next.as_str()), (vec![&ids[0], &ids[1]], "b"));
+        let (page, next) = paginate(ids.iter(), |s| s, Some("b"), 2);
+        assert_eq!((page, next.as_str()), (vec![&ids[2], &ids[3]], "d"));
+        let (page, next) = paginate(ids.iter(), |s| s, Some("d"), 2);
+        assert_eq!((page, next.as_str()), (vec![&ids[4]], ""));
+        let (page, next) = paginate(ids.iter(), |s| s, None, 0);
+        assert_eq!((page.len(), next.as_str()), (5, ""));
+    }
+}

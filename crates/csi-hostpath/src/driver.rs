@@ -1,0 +1,193 @@
+//! The driver shared by the three services: configuration, the state store, per-volume
+//! operation locks, and the conversion of internal records to CSI messages.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use csi_proto::csi::v1 as csi;
+use tonic::Status;
+
+use crate::config::Config;
+use crate::state::{ContentSource, Phase, Snapshot, Store, StoreError, Volume};
+
+impl From<StoreError> for Status {
+    fn from(error: StoreError) -> Self {
+        Status::internal(error.to_string())
+    }
+}
+
+/// `INTERNAL` for an I/O failure, naming what was being done.
+pub fn io_failed(what: &str, error: std::io::Error) -> Status {
+    Status::internal(format!("{what}: {error}"))
+}
+
+/// Names and IDs with an operation in flight. A second operation on the same key is refused
+/// with `ABORTED` (the CSI spec's "operation pending"), and unrelated volumes never wait.
+#[derive(Debug, Default)]
+pub struct OperationLocks {
+    busy: Mutex<HashSet<String>>,
+}
+
+/// Releases its keys when dropped.
+#[derive(Debug)]
+pub struct OperationGuard<'a> {
+    locks: &'a OperationLocks,
+    keys: Vec<String>,
+}
+
+impl OperationLocks {
+    pub fn acquire(&self, keys: &[&str]) -> Result<OperationGuard<'_>, Status> {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(key) = keys.iter().find(|k| busy.contains(**k)) {
+            return Err(Status::aborted(format!(
+                "an operation on {key} is already in progress"
+            )));
+        }
+        for key in keys {
+            busy.insert((*key).to_string());
+        }
+        Ok(OperationGuard {
+            locks: self,
+            keys: keys.iter().map(|k| (*k).to_string()).collect(),
+        })
+    }
+}
+
+impl Drop for OperationGuard<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.locks.busy.lock().unwrap_or_else(|p| p.into_inner());
+        for key in &self.keys {
+            busy.remove(key);
+        }
+    }
+}
+
+/// Everything the services share.
+#[derive(Debug)]
+pub struct Driver {
+    pub config: Config,
+    pub store: Store,
+    pub locks: OperationLocks,
+}
+
+impl Driver {
+    pub fn new(config: Config, store: Store) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            store,
+            locks: OperationLocks::default(),
+        })
+    }
+
+    /// Runs blocking work (files, mounts, the state lock) off the async executor.
+    pub async fn blocking<T, F>(self: &Arc<Self>, work: F) -> Result<tonic::Response<T>, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Driver) -> Result<T, Status> + Send + 'static,
+    {
+        let driver = self.clone();
+        tokio::task::spawn_blocking(move || work(&driver))
+            .await
+            .map_err(|e| Status::internal(format!("driver task failed: {e}")))?
+            .map(tonic::Response::new)
+    }
+
+    /// Nodes a volume can be placed on or published to: the ones whose instances registered,
+    /// plus this instance's own node.
+    pub fn is_known_node(&self, node: &str) -> bool {
+        node == self.config.node_id || self.store.heartbeat_age_ms(node).is_some()
+    }
+
+    pub fn topology(&self, node: &str) -> csi::Topology {
+        csi::Topology {
+            segments: [(self.config.topology_key(), node.to_string())].into(),
+        }
+    }
+
+    /// A volume's health: its data must exist.
+    pub fn condition(&self, volume: &Volume) -> csi::VolumeCondition {
+        let path = self.store.volume_data(&volume.id, volume.access_type);
+        if path.exists() {
+            csi::VolumeCondition {
+                abnormal: false,
+                message: "volume data is present".into(),
+            }
+        } else {
+            csi::VolumeCondition {
+                abnormal: true,
+                message: format!("volume data is missing at {}", path.display()),
+            }
+        }
+    }
+
+    pub fn csi_volume(&self, volume: &Volume) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: i64::try_from(volume.capacity_bytes).unwrap_or(i64::MAX),
+            volume_id: volume.id.clone(),
+            volume_context: volume.parameters.clone().into_iter().collect(),
+            content_source: volume
+                .source
+                .as_ref()
+                .map(|source| csi::VolumeContentSource {
+                    r#type: Some(match source {
+                        ContentSource::Snapshot(id) => csi::volume_content_source::Type::Snapshot(
+                            csi::volume_content_source::SnapshotSource {
+                                snapshot_id: id.clone(),
+                            },
+                        ),
+                        ContentSource::Volume(id) => csi::volume_content_source::Type::Volume(
+                            csi::volume_content_source::VolumeSource {
+                                volume_id: id.clone(),
+                            },
+                        ),
+                    }),
+                }),
+            accessible_topology: volume
+                .accessible_nodes
+                .iter()
+                .map(|node| self.topology(node))
+                .collect(),
+        }
+    }
+
+    pub fn csi_snapshot(&self, snapshot: &Snapshot) -> csi::Snapshot {
+        let nanos = snapshot.created_unix_nanos;
+        csi::Snapshot {
+            size_bytes: i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX),
+            snapshot_id: snapshot.id.clone(),
+            source_volume_id: snapshot.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+                nanos: i32::try_from(nanos % 1_000_000_000).unwrap_or(0),
+            }),
+            ready_to_use: snapshot.phase == Phase::Ready,
+            group_snapshot_id: String::new(),
+        }
+    }
+}
+
+/// Converts the proto map type to ours.
+pub fn to_btree(map: std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
+    map.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn operation_locks_refuse_concurrent_work_on_the_same_key_only() {
+        let locks = OperationLocks::default();
+        let first = locks.acquire(&["vol-1"]).unwrap();
+        assert_eq!(locks.acquire(&["vol-1"]).unwrap_err().code(), Code::Aborted);
+        assert_eq!(
+            locks.acquire(&["vol-2", "vol-1"]).unwrap_err().code(),
+            Code::Aborted
+        );
+        let other = locks.acquire(&["vol-2"]).unwrap();
+        drop(first);
+        let again = locks.acquire(&["vol-1"]).unwrap();
+        drop((other, again));
+    }
+}

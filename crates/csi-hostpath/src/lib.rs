@@ -1,0 +1,17 @@
+//! `csi-hostpath`: the suite's reference CSI driver. A complete CSI v1 plugin (Identity,
+//! Controller, Node) on a state directory shared by every instance on a machine: filesystem
+//! volumes are directories bind-mounted on nodes, block volumes are images on loop devices,
+//! snapshots are archives or copies. State changes are crash-safe transactions; operations on
+//! one volume never wait for another; a node ControllerUnpublished from a volume it still uses
+//! is fenced (its writers stopped). It also serves the podmon connectivity extension.
+
+pub mod config;
+pub mod controller;
+pub mod data;
+pub mod driver;
+pub mod identity;
+pub mod mounts;
+pub mod node;
+pub mod rules;
+pub mod server;
+pub mod state;

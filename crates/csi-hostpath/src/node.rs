@@ -1,0 +1,535 @@
+//! The CSI Node service of one (simulated) node, and its fencing: once a volume is
+//! ControllerUnpublished from this node while the node still has it staged or published, the
+//! node's writers to it are killed and its mounts remounted read-only.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi::node_server::Node;
+use csi::node_service_capability::rpc::Type as Rpc;
+use csi_proto::csi::v1 as csi;
+use tonic::{Request, Response, Status};
+
+use crate::data;
+use crate::driver::{Driver, io_failed};
+use crate::mounts;
+use crate::rules::{self, required};
+use crate::state::{AccessType, Phase, Staging, Target, Volume, now_millis};
+
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    driver: Arc<Driver>,
+}
+
+impl NodeService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
+    }
+}
+
+fn need_mounts() -> Result<(), Status> {
+    if mounts::can_mount() {
+        Ok(())
+    } else {
+        Err(Status::failed_precondition(
+            "mounting needs root privileges (CAP_SYS_ADMIN)",
+        ))
+    }
+}
+
+impl Driver {
+    fn allowed(&self, path: &str, field: &str) -> Result<PathBuf, Status> {
+        rules::allowed_path(
+            path,
+            field,
+            &self.config.allowed_path_roots,
+            &self.config.state_dir,
+        )
+    }
+
+    fn ready_volume(&self, id: &str) -> Result<Volume, Status> {
+        self.store
+            .read()?
+            .volumes
+            .get(id)
+            .filter(|v| v.phase == Phase::Ready)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
+    }
+
+    fn record_node_use(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut crate::state::NodeUse),
+    ) -> Result<(), Status> {
+        let node = self.config.node_id.clone();
+        self.store.update(|state| {
+            if let Some(volume) = state.volumes.get_mut(id) {
+                let usage = volume.nodes.entry(node.clone()).or_default();
+                change(usage);
+                if usage.staged.is_none() && usage.targets.is_empty() {
+                    volume.nodes.remove(&node);
+                }
+            }
+            Ok::<_, Status>(())
+        })
+    }
+
+    fn node_stage(&self, request: &csi::NodeStageVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let capability = request
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+        let (access_type, _) = rules::capability(capability)?;
+        let _guard = self.locks.acquire(&[id])?;
+        let volume = self.ready_volume(id)?;
+        let node = &self.config.node_id;
+        if volume.access_type != access_type {
+            return Err(Status::invalid_argument(
+                "volume_capability access type does not match the volume",
+            ));
+        }
+        let publication = volume.published.get(node);
+        if self.config.enable_attach && publication.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is not published to node {node}"
+            )));
+        }
+        if let Some(staged) = volume.nodes.get(node).and_then(|u| u.staged.as_ref()) {
+            return if Path::new(&staged.path) == staging {
+                Ok(())
+            } else {
+                Err(Status::already_exists(format!(
+                    "volume {id} is already staged at {}",
+                    staged.path
+                )))
+            };
+        }
+        need_mounts()?;
+        let data = self.store.volume_data(id, access_type);
+        let device = match access_type {
+            AccessType::Mount => {
+                fs::create_dir_all(&staging)
+                    .map_err(|e| io_failed("creating the staging path", e))?;
+                if !mounts::is_mount_point(&staging).map_err(|e| io_failed("reading mounts", e))? {
+                    let readonly = publication.is_some_and(|p| p.readonly);
+                    mounts::bind(&data, &staging, readonly)
+                        .map_err(|e| io_failed("bind-mounting the volume", e))?;
+                }
+                None
+            }
+            AccessType::Block => Some(
+                mounts::loop_attach(&data).map_err(|e| io_failed("attaching a loop device", e))?,
+            ),
+        };
+        self.record_node_use(id, |usage| {
+            usage.staged = Some(Staging {
+                path: staging.display().to_string(),
+                device,
+            });
+        })
+    }
+
+    fn node_unstage(&self, request: &csi::NodeUnstageVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let _guard = self.locks.acquire(&[id])?;
+        let volume = self.ready_volume(id)?;
+        let Some(staged) = volume
+            .nodes
+            .get(&self.config.node_id)
+            .and_then(|u| u.staged.clone())
+        else {
+            return Ok(());
+        };
+        if Path::new(&staged.path) != staging {
+            return Ok(());
+        }
+        need_mounts()?;
+        mounts::unmount_all(&staging).map_err(|e| io_failed("unmounting the staging path", e))?;
+        if let Some(device) = &staged.device {
+            mounts::loop_detach(device).map_err(|e| io_failed("detaching the loop device", e))?;
+        }
+        self.record_node_use(id, |usage| usage.staged = None)
+    }
+
+    fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let target = self.allowed(&request.target_path, "target_path")?;
+        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let capability = request
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+        let (access_type, mode) = rules::capability(capability)?;
+        let readonly = request.readonly || rules::read_only_mode(mode);
+        let _guard = self.locks.acquire(&[id])?;
+        let volume = self.ready_volume(id)?;
+        if volume.access_type != access_type {
+            return Err(Status::invalid_argument(
+                "volume_capability access type does not match the volume",
+            ));
+        }
+        let usage = volume
+            .nodes
+            .get(&self.config.node_id)
+            .cloned()
+            .unwrap_or_default();
+        let Some(staged) = usage
+            .staged
+            .as_ref()
+            .filter(|s| Path::new(&s.path) == staging)
+        else {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is not staged at {}",
+                staging.display()
+            )));
+        };
+        let target_key = target.display().to_string();
+        if let Some(existing) = usage.targets.get(&target_key) {
+            return if existing.readonly == readonly && existing.access_mode == mode as i32 {
+                Ok(())
+            } else {
+                Err(Status::already_exists(format!(
+                    "volume {id} is already published at {target_key} with other options"
+                )))
+            };
+        }
+        if rules::single_writer(mode) && !usage.targets.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is single-writer and already published at another target"
+            )));
+        }
+        need_mounts()?;
+        if !mounts::is_mount_point(&target).map_err(|e| io_failed("reading mounts", e))? {
+            let source = match (access_type, &staged.device) {
+                (AccessType::Mount, _) => {
+                    fs::create_dir_all(&target)
+                        .map_err(|e| io_failed("creating the target path", e))?;
+                    staging.clone()
+                }
+                (AccessType::Block, Some(device)) => {
+                    fs::File::create(&target)
+                        .map_err(|e| io_failed("creating the target file", e))?;
+                    PathBuf::from(device)
+                }
+                (AccessType::Block, None) => {
+                    return Err(Status::internal(format!(
+                        "block volume {id} has no loop device"
+                    )));
+                }
+            };
+            mounts::bind(&source, &target, readonly)
+                .map_err(|e| io_failed("bind-mounting the target", e))?;
+        }
+        self.record_node_use(id, |usage| {
+            usage.targets.insert(
+                target_key,
+                Target {
+                    readonly,
+                    access_mode: mode as i32,
+                },
+            );
+        })
+    }
+
+    fn node_unpublish(&self, request: &csi::NodeUnpublishVolumeRequest) -> Result<(), Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let target = self.allowed(&request.target_path, "target_path")?;
+        let _guard = self.locks.acquire(&[id])?;
+        self.ready_volume(id)?;
+        if mounts::is_mount_point(&target).map_err(|e| io_failed("reading mounts", e))? {
+            need_mounts()?;
+            mounts::unmount_all(&target).map_err(|e| io_failed("unmounting the target", e))?;
+        }
+        // Only an empty directory or our placeholder file: never delete data recursively.
+        let removed = match fs::symlink_metadata(&target) {
+            Ok(meta) if meta.is_dir() => fs::remove_dir(&target),
+            Ok(_) => fs::remove_file(&target),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(error),
+        };
+        removed.map_err(|e| io_failed(&format!("removing target path {}", target.display()), e))?;
+        let key = target.display().to_string();
+        self.record_node_use(id, |usage| {
+            usage.targets.remove(&key);
+        })
+    }
+
+    /// The volume, if `path` is one of its staging or target paths on this node.
+    fn volume_at(&self, id: &str, path: &str) -> Result<Volume, Status> {
+        let volume = self.ready_volume(id)?;
+        let usage = volume.nodes.get(&self.config.node_id);
+        let known = usage.is_some_and(|u| {
+            u.targets.contains_key(path) || u.staged.as_ref().is_some_and(|s| s.path == path)
+        });
+        if known {
+            Ok(volume)
+        } else {
+            Err(Status::not_found(format!(
+                "volume {id} is not staged or published at {path}"
+            )))
+        }
+    }
+
+    fn stats(
+        &self,
+        request: &csi::NodeGetVolumeStatsRequest,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+        use csi::volume_usage::Unit;
+        let id = required(&request.volume_id, "volume_id")?;
+        let path = required(&request.volume_path, "volume_path")?;
+        let volume = self.volume_at(id, path)?;
+        let data = self.store.volume_data(id, volume.access_type);
+        let total = i64::try_from(volume.capacity_bytes).unwrap_or(i64::MAX);
+        let mut usage = vec![];
+        match volume.access_type {
+            AccessType::Block => usage.push(csi::VolumeUsage {
+                available: 0,
+                total,
+                used: 0,
+                unit: Unit::Bytes as i32,
+            }),
+            AccessType::Mount => {
+                let (bytes, inodes) =
+                    data::usage(&data).map_err(|e| io_failed("measuring usage", e))?;
+                let used = i64::try_from(bytes).unwrap_or(i64::MAX);
+                usage.push(csi::VolumeUsage {
+                    available: (total - used).max(0),
+                    total,
+                    used,
+                    unit: Unit::Bytes as i32,
+                });
+                let fs = rustix::fs::statvfs(&data).map_err(|e| io_failed("statvfs", e.into()))?;
+                let used_inodes = i64::try_from(inodes).unwrap_or(i64::MAX);
+                let free_inodes = i64::try_from(fs.f_ffree).unwrap_or(i64::MAX);
+                usage.push(csi::VolumeUsage {
+                    available: free_inodes,
+                    total: used_inodes.saturating_add(free_inodes),
+                    used: used_inodes,
+                    unit: Unit::Inodes as i32,
+                });
+            }
+        }
+        let mounted = volume.access_type == AccessType::Block
+            || mounts::is_mount_point(Path::new(path)).unwrap_or(false);
+        let condition = if !data.exists() {
+            csi::VolumeCondition {
+                abnormal: true,
+                message: format!("volume data missing at {}", data.display()),
+            }
+        } else if !mounted {
+            csi::VolumeCondition {
+                abnormal: true,
+                message: format!("{path} is not mounted"),
+            }
+        } else if volume.fenced.contains_key(&self.config.node_id) {
+            csi::VolumeCondition {
+                abnormal: true,
+                message: "this node is fenced from the volume".into(),
+            }
+        } else {
+            csi::VolumeCondition {
+                abnormal: false,
+                message: "volume is healthy".into(),
+            }
+        };
+        Ok(csi::NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: Some(condition),
+        })
+    }
+
+    fn node_expand(
+        &self,
+        request: &csi::NodeExpandVolumeRequest,
+    ) -> Result<csi::NodeExpandVolumeResponse, Status> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let path = required(&request.volume_path, "volume_path")?;
+        if let Some(capability) = &request.volume_capability {
+            rules::capability(capability)?;
+        }
+        let volume = self.volume_at(id, path)?;
+        if let Some(device) = volume
+            .nodes
+            .get(&self.config.node_id)
+            .and_then(|u| u.staged.as_ref()?.device.clone())
+        {
+            mounts::loop_refresh(&device)
+                .map_err(|e| io_failed("refreshing the loop device size", e))?;
+        }
+        let required_bytes = request
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| r.required_bytes);
+        let capacity = i64::try_from(volume.capacity_bytes)
+            .unwrap_or(i64::MAX)
+            .max(required_bytes);
+        Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: capacity,
+        })
+    }
+
+    /// Fences this node from every volume ControllerUnpublished from it while still staged or
+    /// published here: kill its writers, remount its mounts read-only, record it. Returns the
+    /// fenced volume IDs.
+    pub fn fence_unpublished(&self) -> Result<Vec<String>, Status> {
+        if !self.config.enable_attach {
+            return Ok(Vec::new());
+        }
+        let node = &self.config.node_id;
+        let state = self.store.read()?;
+        let mut fenced = Vec::new();
+        for volume in state.volumes.values() {
+            let Some(usage) = volume.nodes.get(node) else {
+                continue;
+            };
+            if volume.published.contains_key(node) || volume.fenced.contains_key(node) {
+                continue;
+            }
+            let paths: Vec<PathBuf> = usage
+                .targets
+                .keys()
+                .map(PathBuf::from)
+                .chain(usage.staged.iter().map(|s| PathBuf::from(&s.path)))
+                .collect();
+            let mut killed = 0;
+            // Kill, remount read-only, and kill again whatever opened a file in between.
+            for _ in 0..2 {
+                for pid in mounts::writers_under(&paths) {
+                    mounts::kill(pid);
+                    killed += 1;
+                }
+                for path in &paths {
+                    if mounts::is_mount_point(path).unwrap_or(false)
+                        && let Err(error) = mounts::remount_read_only(path)
+                    {
+                        tracing::debug!(path = %path.display(), %error, "read-only remount failed, retrying after kill");
+                    }
+                }
+            }
+            tracing::warn!(volume = %volume.id, node = %node, writers_killed = killed, ?paths, "fenced node from unpublished volume");
+            self.store.update(|state| {
+                if let Some(v) = state.volumes.get_mut(&volume.id) {
+                    v.fenced.insert(node.clone(), now_millis());
+                }
+                Ok::<_, Status>(())
+            })?;
+            fenced.push(volume.id.clone());
+        }
+        Ok(fenced)
+    }
+
+    fn node_capabilities() -> csi::NodeGetCapabilitiesResponse {
+        let rpcs = [
+            Rpc::StageUnstageVolume,
+            Rpc::GetVolumeStats,
+            Rpc::ExpandVolume,
+            Rpc::VolumeCondition,
+            Rpc::SingleNodeMultiWriter,
+        ];
+        csi::NodeGetCapabilitiesResponse {
+            capabilities: rpcs
+                .into_iter()
+                .map(|rpc| csi::NodeServiceCapability {
+                    r#type: Some(csi::node_service_capability::Type::Rpc(
+                        csi::node_service_capability::Rpc { r#type: rpc as i32 },
+                    )),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.node_stage(&request)
+                    .map(|()| csi::NodeStageVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.node_unstage(&request)
+                    .map(|()| csi::NodeUnstageVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.node_publish(&request)
+                    .map(|()| csi::NodePublishVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.node_unpublish(&request)
+                    .map(|()| csi::NodeUnpublishVolumeResponse {})
+            })
+            .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.stats(&request)).await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.node_expand(&request)).await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(Driver::node_capabilities()))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let config = &self.driver.config;
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: config.node_id.clone(),
+            max_volumes_per_node: config.max_volumes_per_node,
+            accessible_topology: Some(self.driver.topology(&config.node_id)),
+        }))
+    }
+}

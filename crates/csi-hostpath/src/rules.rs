@@ -1,0 +1,236 @@
+//! Pure request checks shared by the services: required fields, capabilities, paths.
+
+use std::path::{Component, Path, PathBuf};
+
+use csi_proto::csi::v1::VolumeCapability;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType as CapabilityAccess};
+use tonic::Status;
+
+use crate::state::AccessType;
+
+/// `INVALID_ARGUMENT` unless `value` is non-empty.
+pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{field} is required")))
+    } else {
+        Ok(value)
+    }
+}
+
+/// The access type and mode of one capability; both are required.
+pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), Status> {
+    let access_type = match &capability.access_type {
+        Some(CapabilityAccess::Mount(_)) => AccessType::Mount,
+        Some(CapabilityAccess::Block(_)) => AccessType::Block,
+        None => {
+            return Err(Status::invalid_argument(
+                "volume capability access_type is required",
+            ));
+        }
+    };
+    let mode = capability
+        .access_mode
+        .as_ref()
+        .map(AccessMode::mode)
+        .filter(|mode| *mode != Mode::Unknown)
+        .ok_or_else(|| Status::invalid_argument("volume capability access_mode is required"))?;
+    Ok((access_type, mode))
+}
+
+/// The one access type a list of capabilities asks for (mixing block and mount is invalid).
+pub fn capabilities(list: &[VolumeCapability]) -> Result<AccessType, Status> {
+    let mut found = None;
+    for cap in list {
+        let (access_type, _) = capability(cap)?;
+        match found {
+            None => found = Some(access_type),
+            Some(previous) if previous != access_type => {
+                return Err(Status::invalid_argument(
+                    "volume capabilities mix block and mount access types",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    found.ok_or_else(|| Status::invalid_argument("volume_capabilities are required"))
+}
+
+/// Modes that allow the volume on one node at a time.
+pub fn single_node(mode: Mode) -> bool {
+    matches!(
+        mode,
+        Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter
+    )
+}
+
+/// Modes that allow one publication (target path) at a time.
+pub fn single_writer(mode: Mode) -> bool {
+    matches!(mode, Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter)
+}
+
+/// Modes that never write.
+pub fn read_only_mode(mode: Mode) -> bool {
+    matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+}
+
+/// Checks that a staging or target path is absolute, has no `..`, lies under one of the
+/// allowed roots and not inside the state directory: the driver never mounts or deletes
+/// anywhere else.
+pub fn allowed_path(
+    path: &str,
+    field: &str,
+    roots: &[PathBuf],
+    state_dir: &Path,
+) -> Result<PathBuf, Status> {
+    let path = PathBuf::from(required(path, field)?);
+    if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Status::invalid_argument(format!(
+            "{field} {} must be an absolute path without ..",
+            path.display()
+        )));
+    }
+    if path.starts_with(state_dir) || state_dir.starts_with(&path) {
+        return Err(Status::invalid_argument(format!(
+            "{field} {} overlaps the driver's state directory",
+            path.display()
+        )));
+    }
+    if !roots.iter().any(|root| path.starts_with(root)) {
+        return Err(Status::invalid_argument(format!(
+            "{field} {} is outside the allowed roots {:?}",
+            path.display(),
+            roots
+        )));
+    }
+    Ok(path)
+}
+
+/// Paging tokens are the last returned ID; anything else is a bad token (`ABORTED`).
+pub fn page_start(token: &str, valid_id: impl Fn(&str) -> bool) -> Result<Option<String>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if valid_id(token) {
+        Ok(Some(token.to_string()))
+    } else {
+        Err(Status::aborted(format!("invalid starting_token {token:?}")))
+    }
+}
+
+/// Volume and snapshot IDs are UUIDs.
+pub fn looks_like_id(id: &str) -> bool {
+    uuid::Uuid::parse_str(id).is_ok()
+}
+
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_proto::csi::v1::volume_capability::{BlockVolume, MountVolume};
+    use tonic::Code;
+
+    fn cap(access: Option<CapabilityAccess>, mode: Option<Mode>) -> VolumeCapability {
+        VolumeCapability {
+            access_type: access,
+            access_mode: mode.map(|m| AccessMode { mode: m as i32 }),
+        }
+    }
+
+    fn mount() -> Option<CapabilityAccess> {
+        Some(CapabilityAccess::Mount(MountVolume::default()))
+    }
+
+    fn block() -> Option<CapabilityAccess> {
+        Some(CapabilityAccess::Block(BlockVolume::default()))
+    }
+
+    #[test]
+    fn capability_table() {
+        let table = [
+            (
+                cap(mount(), Some(Mode::SingleNodeWriter)),
+                Ok(AccessType::Mount),
+            ),
+            (
+                cap(block(), Some(Mode::MultiNodeMultiWriter)),
+                Ok(AccessType::Block),
+            ),
+            (
+                cap(None, Some(Mode::SingleNodeWriter)),
+                Err(Code::InvalidArgument),
+            ),
+            (cap(mount(), None), Err(Code::InvalidArgument)),
+            (
+                cap(mount(), Some(Mode::Unknown)),
+                Err(Code::InvalidArgument),
+            ),
+        ];
+        for (input, want) in table {
+            let got = capability(&input).map(|(t, _)| t).map_err(|s| s.code());
+            assert_eq!(got, want, "{input:?}");
+        }
+        assert_eq!(capabilities(&[]).unwrap_err().code(), Code::InvalidArgument);
+        let mixed = [
+            cap(mount(), Some(Mode::SingleNodeWriter)),
+            cap(block(), Some(Mode::SingleNodeWriter)),
+        ];
+        assert_eq!(
+            capabilities(&mixed).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn mode_classes() {
+        assert!(single_node(Mode::SingleNodeMultiWriter));
+        assert!(!single_node(Mode::MultiNodeReaderOnly));
+        assert!(single_writer(Mode::SingleNodeSingleWriter));
+        assert!(!single_writer(Mode::SingleNodeMultiWriter));
+        assert!(read_only_mode(Mode::MultiNodeReaderOnly));
+    }
+
+    #[test]
+    fn paths_are_confined() {
+        let roots = [PathBuf::from("/var/lib/kubelet"), PathBuf::from("/tmp")];
+        let state = Path::new("/tmp/state");
+        let ok = allowed_path(
+            "/var/lib/kubelet/pods/x/volumes/v",
+            "target_path",
+            &roots,
+            state,
+        );
+        assert_eq!(
+            ok.unwrap(),
+            PathBuf::from("/var/lib/kubelet/pods/x/volumes/v")
+        );
+        for bad in [
+            "",
+            "relative/path",
+            "/etc/passwd",
+            "/var/lib/kubelet/../../etc",
+            "/tmp/state/volumes/x",
+            "/tmp",
+        ] {
+            let error = allowed_path(bad, "target_path", &roots, state).unwrap_err();
+            assert_eq!(error.code(), Code::InvalidArgument, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paging_tokens() {
+        let id = new_id();
+        assert_eq!(page_start("", looks_like_id).unwrap(), None);
+        assert_eq!(page_start(&id, looks_like_id).unwrap(), Some(id));
+        assert_eq!(
+            page_start("garbage", looks_like_id).unwrap_err().code(),
+            Code::Aborted
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Serving the driver: load the state (refusing a corrupt one), finish deletions a crash
+//! interrupted, bind the Unix socket, serve the services the mode selects, and on node
+//! instances keep a heartbeat and the fencing watch running.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_proto::csi::v1::controller_server::ControllerServer;
+use csi_proto::csi::v1::identity_server::IdentityServer;
+use csi_proto::csi::v1::node_server::NodeServer;
+use csi_proto::podmon::v1::podmon_server::PodmonServer;
+use csi_sidecar::conn::{ConnError, Endpoint};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::controller::ControllerService;
+use crate::data;
+use crate::driver::Driver;
+use crate::identity::{IdentityService, PodmonService};
+use crate::node::NodeService;
+use crate::state::{Phase, Store, StoreError};
+
+/// How often node instances beat and look for volumes to fence (fencing must take < 1 s).
+pub const NODE_LOOP_PERIOD: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    State(#[from] StoreError),
+    #[error(transparent)]
+    Endpoint(#[from] ConnError),
+    #[error("cannot listen on {endpoint}: {source}")]
+    Listen {
+        endpoint: Endpoint,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Serves until `shutdown` is cancelled.
+pub async fn run(
+    config: Config,
+    endpoint: Endpoint,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let store = Store::open(&config.state_dir)?;
+    let driver = Driver::new(config, store);
+    if driver.config.mode.controller() {
+        let recovering = driver.clone();
+        tokio::task::spawn_blocking(move || finish_interrupted_deletions(&recovering))
+            .await
+            .map_err(|e| StoreError::Io {
+                path: driver.store.state_file(),
+                source: std::io::Error::other(e),
+            })??;
+    }
+    let listener = listen(&endpoint)?;
+    if driver.config.mode.node() {
+        driver.store.beat(&driver.config.node_id)?;
+        tokio::spawn(node_loop(driver.clone(), shutdown.clone()));
+    }
+    let mode = driver.config.mode;
+    let mut router = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
+        .add_service(PodmonServer::new(PodmonService::new(driver.clone())));
+    if mode.controller() {
+        router = router.add_service(ControllerServer::new(ControllerService::new(
+            driver.clone(),
+        )));
+    }
+    if mode.node() {
+        router = router.add_service(NodeServer::new(NodeService::new(driver.clone())));
+    }
+    tracing::info!(%endpoint, driver = %driver.config.driver_name, node = %driver.config.node_id, ?mode, "serving CSI");
+    let served = router
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.cancelled())
+        .await;
+    let _ = std::fs::remove_file(endpoint.path());
+    served.map_err(ServeError::from)
+}
+
+/// Binds the socket, replacing a stale one left by a previous run.
+fn listen(endpoint: &Endpoint) -> Result<UnixListener, ServeError> {
+    let listen_error = |source| ServeError::Listen {
+        endpoint: endpoint.clone(),
+        source,
+    };
+    match std::fs::remove_file(endpoint.path()) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            return Err(listen_error(error));
+        }
+        _ => {}
+    }
+    if let Some(parent) = endpoint.path().parent() {
+        std::fs::create_dir_all(parent).map_err(listen_error)?;
+    }
+    UnixListener::bind(endpoint.path()).map_err(listen_error)
+}
+
+/// Removes the data and records of volumes and snapshots whose deletion a crash interrupted.
+fn finish_interrupted_deletions(driver: &Driver) -> Result<(), StoreError> {
+    let state = driver.store.read()?;
+    for volume in state
+        .volumes
+        .values()
+        .filter(|v| v.phase == Phase::Deleting)
+    {
+        if let Err(error) = data::remove(&driver.store.volume_data(&volume.id, volume.access_type))
+        {
+            tracing::warn!(volume = %volume.id, %error, "cannot finish deleting volume data");
+            continue;
+        }
+        driver.store.update(|s| {
+            s.volumes.remove(&volume.id);
+            Ok::<_, StoreError>(())
+        })?;
+        tracing::info!(volume = %volume.id, "finished an interrupted deletion");
+    }
+    for snapshot in state
+        .snapshots
+        .values()
+        .filter(|s| s.phase == Phase::Deleting)
+    {
+        if data::remove(
+            &driver
+                .store
+                .snapshot_data(&snapshot.id, snapshot.access_type),
+        )
+        .is_ok()
+        {
+            driver.store.update(|s| {
+                s.snapshots.remove(&snapshot.id);
+                Ok::<_, StoreError>(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Heartbeat and fencing watch of a node instance.
+async fn node_loop(driver: Arc<Driver>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(NODE_LOOP_PERIOD) => {}
+        }
+        let working = driver.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            working.store.beat(&working.config.node_id)?;
+            working
+                .fence_unpublished()
+                .map_err(|status| StoreError::Io {
+                    path: working.store.state_file(),
+                    source: std::io::Error::other(status.message().to_string()),
+                })
+        })
+        .await;
+        match result {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "node heartbeat or fencing failed"),
+            Err(error) => tracing::warn!(%error, "node loop task failed"),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The driver's persistent state, shared by every instance on the machine through the state
+//! directory. Each change is a transaction: take an exclusive `flock` on `state.lock`, read
+//! `state.json` afresh (another instance may have changed it), apply the change, and write the
+//! whole file atomically (temp file, fsync, rename, fsync of the directory). A crash at any
+//! point leaves either the old or the new state on disk, never a torn one. A file that does not
+//! parse is never overwritten: the driver refuses to work with it and names it.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+const STATE_FILE: &str = "state.json";
+const LOCK_FILE: &str = "state.lock";
+const STATE_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state file {path} is corrupt ({reason}); refusing to use or overwrite it")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("state file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessType {
+    Mount,
+    Block,
+}
+
+/// Where a volume is in its life; only `Ready` volumes are visible to the CO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Recorded before its data exists; a repeated CreateVolume finishes it.
+    Creating,
+    Ready,
+    /// Data removal started; a repeated DeleteVolume (or restart) finishes it.
+    Deleting,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind", content = "id")]
+pub enum ContentSource {
+    Snapshot(String),
+    Volume(String),
+}
+
+/// A ControllerPublishVolume to one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publication {
+    pub readonly: bool,
+}
+
+/// What one node instance has done with a volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUse {
+    /// Staging path, and the loop device of a block volume.
+    pub staged: Option<Staging>,
+    /// Target path → publication details.
+    pub targets: BTreeMap<String, Target>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staging {
+    pub path: String,
+    pub device: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub readonly: bool,
+    /// Access mode of the NodePublishVolume (prost enum value).
+    pub access_mode: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub access_type: AccessType,
+    pub phase: Phase,
+    /// Node whose capacity the volume uses.
+    pub home_node: String,
+    /// Capacity pool (StorageClass parameter `kind`).
+    pub kind: String,
+    /// Nodes the volume is accessible from (empty: every node).
+    pub accessible_nodes: Vec<String>,
+    pub parameters: BTreeMap<String, String>,
+    pub mutable_parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+    /// ControllerPublishVolume state by node.
+    pub published: BTreeMap<String, Publication>,
+    /// Node-side state by node.
+    pub nodes: BTreeMap<String, NodeUse>,
+    /// Nodes whose access was fenced after ControllerUnpublishVolume, with the time (ms).
+    pub fenced: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: u64,
+    pub access_type: AccessType,
+    pub phase: Phase,
+    pub created_unix_nanos: u128,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    pub volumes: BTreeMap<String, Volume>,
+    pub snapshots: BTreeMap<String, Snapshot>,
+}
+
+impl State {
+    pub fn volume_by_name(&self, name: &str) -> Option<&Volume> {
+        self.volumes.values().find(|v| v.name == name)
+    }
+
+    pub fn snapshot_by_name(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.values().find(|s| s.name == name)
+    }
+
+    /// Bytes used on `node` in pool `kind`.
+    pub fn used_bytes(&self, node: &str, kind: &str) -> u64 {
+        self.volumes
+            .values()
+            .filter(|v| v.home_node == node && v.kind == kind)
+            .map(|v| v.capacity_bytes)
+            .sum()
+    }
+
+    /// Volumes published to `node`.
+    pub fn published_count(&self, node: &str) -> usize {
+        self.volumes
+            .values()
+            .filter(|v| v.published.contains_key(node))
+            .count()
+    }
+}
+
+/// The state directory: data of volumes and snapshots, state.json, heartbeats.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the state directory and checks the state file loads.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        for sub in ["", "volumes", "snapshots", "nodes"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path).map_err(io_error(&path))?;
+        }
+        let store = Self {
+            dir: dir.to_path_buf(),
+        };
+        store.read()?;
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn state_file(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Where a volume's data lives: a directory (mount) or an image file (block).
+    pub fn volume_data(&self, id: &str, access_type: AccessType) -> PathBuf {
+        match access_type {
+            AccessType::Mount => self.dir.join("volumes").join(id),
+            AccessType::Block => self.dir.join("volumes").join(format!("{id}.img")),
+        }
+    }
+
+    /// Where a snapshot's data lives: a tar archive (mount) or an image copy (block).
+    pub fn snapshot_data(&self, id: &str, access_type: AccessType) -> PathBuf {
+        match access_type {
+            AccessType::Mount => self.dir.join("snapshots").join(format!("{id}.tar")),
+            AccessType::Block => self.dir.join("snapshots").join(format!("{id}.img")),
+        }
+    }
+
+    /// The heartbeat file of a node instance.
+    pub fn heartbeat(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
+    }
+
+    /// Reads the current state under a shared lock.
+    pub fn read(&self) -> Result<State, StoreError> {
+        let lock = self.lock_file()?;
+        lock.lock_shared()
+            .map_err(io_error(&self.dir.join(LOCK_FILE)))?;
+        self.load()
+    }
+
+    /// Runs `change` on the current state under the exclusive lock and persists the result if
+    /// it changed. An error from `change` leaves the state untouched.
+    pub fn update<T, E>(&self, change: impl FnOnce(&mut State) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let lock = self.lock_file()?;
+        lock.lock().map_err(io_error(&self.dir.join(LOCK_FILE)))?;
+        let before = self.load()?;
+        let mut after = before.clone();
+        let output = change(&mut after)?;
+        if after != before {
+            self.persist(&after)?;
+        }
+        Ok(output)
+    }
+
+    fn lock_file(&self) -> Result<File, StoreError> {
+        let path = self.dir.join(LOCK_FILE);
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_error(&path))
+    }
+
+    fn load(&self) -> Result<State, StoreError> {
+        let path = self.state_file();
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(State {
+                    version: STATE_VERSION,
+                    ..State::default()
+                });
+            }
+            Err(error) => return Err(io_error(&path)(error)),
+        };
+        let state: State = serde_json::from_slice(&text).map_err(|e| StoreError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if state.version != STATE_VERSION {
+            return Err(StoreError::Corrupt {
+                path,
+                reason: format!("unsupported version {}", state.version),
+            });
+        }
+        Ok(state)
+    }
+
+    fn persist(&self, state: &State) -> Result<(), StoreError> {
+        let path = self.state_file();
+        let temp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let text = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut file = File::create(&temp).map_err(io_error(&temp))?;
+        file.write_all(&text).map_err(io_error(&temp))?;
+        file.sync_all().map_err(io_error(&temp))?;
+        fs::rename(&temp, &path).map_err(io_error(&path))?;
+        File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io_error(&self.dir))
+    }
+
+    /// Records that `node`'s instance is alive now.
+    pub fn beat(&self, node: &str) -> Result<(), StoreError> {
+        let path = self.heartbeat(node);
+        fs::write(&path, now_millis().to_string()).map_err(io_error(&path))
+    }
+
+    /// Milliseconds since `node` last beat, or `None` if it never did.
+    pub fn heartbeat_age_ms(&self, node: &str) -> Option<u64> {
+        let text = fs::read_to_string(self.heartbeat(node)).ok()?;
+        let beat: u64 = text.trim().parse().ok()?;
+        Some(now_millis().saturating_sub(beat))
+    }
+
+    /// Nodes that ever registered a heartbeat.
+    pub fn known_nodes(&self) -> Vec<String> {
+        fs::read_dir(self.dir.join("nodes"))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+pub fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+pub fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(id: &str) -> Volume {
+        Volume {
+            id: id.into(),
+            name: format!("name-{id}"),
+            capacity_bytes: 10,
+            access_type: AccessType::Mount,
+            phase: Phase::Ready,
+            home_node: "n1".into(),
+            kind: String::new(),
+            accessible_nodes: vec![],
+            parameters: BTreeMap::new(),
+            mutable_parameters: BTreeMap::new(),
+            source: None,
+            published: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            fenced: BTreeMap::new(),
+        }
+    }
+
+    #[derive(Debug)]
+    enum TestError {
+        Store,
+        Refused,
+    }
+    impl From<StoreError> for TestError {
+        fn from(_: StoreError) -> Self {
+            Self::Store
+        }
+    }
+
+    #[test]
+    fn updates_persist_and_failed_updates_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .update(|s| {
+                s.volumes.insert("a".into(), volume("a"));
+                Ok::<_, TestError>(())
+            })
+            .unwrap();
+        let result = store.update(|s| {
+            s.volumes.insert("b".into(), volume("b"));
+            Err::<(), _>(TestError::Refused)
+        });
+        assert!(matches!(result, Err(TestError::Refused)));
+        let reopened = Store::open(dir.path()).unwrap().read().unwrap();
+        assert_eq!(reopened.volumes.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(reopened.used_bytes("n1", ""), 10);
+        assert!(!dir.path().join("state.json.tmp").exists());
+    }
+
+    #[test]
+    fn corrupt_state_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("state.json"), b"{ not json").unwrap();
+        let error = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("state.json"), "{error}");
+        assert!(error.contains("corrupt"), "{error}");
+        assert_eq!(
+            fs::read(dir.path().join("state.json")).unwrap(),
+            b"{ not json"
+        );
+    }
+
+    #[test]
+    fn concurrent_writers_lose_no_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let store = store.clone();
+                scope.spawn(move || {
+                    for i in 0..25 {
+                        let id = format!("{t}-{i}");
+                        store
+                            .update(|s| {
+                                s.volumes.insert(id.clone(), volume(&id));
+                                Ok::<_, TestError>(())
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(store.read().unwrap().volumes.len(), 100);
+    }
+
+    #[test]
+    fn heartbeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.heartbeat_age_ms("n1"), None);
+        store.beat("n1").unwrap();
+        assert!(store.heartbeat_age_ms("n1").unwrap() < 5_000);
+        assert_eq!(store.known_nodes(), ["n1"]);
+    }
+}
