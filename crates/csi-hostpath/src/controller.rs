@@ -560,6 +560,7 @@ impl Driver {
                 access_type: volume.access_type,
                 phase: Phase::Creating,
                 created_unix_nanos: now_nanos(),
+                group_snapshot_id: None,
             };
             state
                 .snapshots
@@ -592,10 +593,16 @@ impl Driver {
         let id = required(&request.snapshot_id, "snapshot_id")?;
         let _guard = self.locks.acquire(&[id])?;
         let found = self.store.update(|state| {
-            Ok::<_, Status>(state.snapshots.get_mut(id).map(|s| {
-                s.phase = Phase::Deleting;
-                s.access_type
-            }))
+            let Some(snapshot) = state.snapshots.get_mut(id) else {
+                return Ok(None);
+            };
+            if let Some(group) = &snapshot.group_snapshot_id {
+                return Err(Status::failed_precondition(format!(
+                    "snapshot {id} belongs to group snapshot {group}; delete the group instead"
+                )));
+            }
+            snapshot.phase = Phase::Deleting;
+            Ok(Some(snapshot.access_type))
         })?;
         if let Some(access_type) = found {
             data::remove(&self.store.snapshot_data(id, access_type))

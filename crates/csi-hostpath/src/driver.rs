@@ -151,18 +151,22 @@ impl Driver {
     }
 
     pub fn csi_snapshot(&self, snapshot: &Snapshot) -> csi::Snapshot {
-        let nanos = snapshot.created_unix_nanos;
         csi::Snapshot {
             size_bytes: i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX),
             snapshot_id: snapshot.id.clone(),
             source_volume_id: snapshot.source_volume_id.clone(),
-            creation_time: Some(prost_types::Timestamp {
-                seconds: i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
-                nanos: i32::try_from(nanos % 1_000_000_000).unwrap_or(0),
-            }),
+            creation_time: Some(timestamp(snapshot.created_unix_nanos)),
             ready_to_use: snapshot.phase == Phase::Ready,
-            group_snapshot_id: String::new(),
+            group_snapshot_id: snapshot.group_snapshot_id.clone().unwrap_or_default(),
         }
+    }
+}
+
+/// A protobuf timestamp from nanoseconds since the epoch.
+pub fn timestamp(nanos: u128) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(nanos % 1_000_000_000).unwrap_or(0),
     }
 }
 

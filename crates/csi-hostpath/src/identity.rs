@@ -54,6 +54,7 @@ impl Identity for IdentityService {
         let mut capabilities = vec![service(service::Type::VolumeAccessibilityConstraints)];
         if self.driver.config.mode.controller() {
             capabilities.push(service(service::Type::ControllerService));
+            capabilities.push(service(service::Type::GroupControllerService));
         }
         capabilities.push(csi::PluginCapability {
             r#type: Some(Type::VolumeExpansion(VolumeExpansion {

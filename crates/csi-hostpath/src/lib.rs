@@ -9,6 +9,7 @@ pub mod config;
 pub mod controller;
 pub mod data;
 pub mod driver;
+pub mod group;
 pub mod identity;
 pub mod mounts;
 pub mod node;

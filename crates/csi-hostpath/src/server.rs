@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::csi::v1::controller_server::ControllerServer;
+use csi_proto::csi::v1::group_controller_server::GroupControllerServer;
 use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
@@ -18,6 +19,7 @@ use crate::config::Config;
 use crate::controller::ControllerService;
 use crate::data;
 use crate::driver::Driver;
+use crate::group::GroupControllerService;
 use crate::identity::{IdentityService, PodmonService};
 use crate::node::NodeService;
 use crate::state::{Phase, Store, StoreError};
@@ -68,9 +70,13 @@ pub async fn run(
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_service(PodmonServer::new(PodmonService::new(driver.clone())));
     if mode.controller() {
-        router = router.add_service(ControllerServer::new(ControllerService::new(
-            driver.clone(),
-        )));
+        router = router
+            .add_service(ControllerServer::new(ControllerService::new(
+                driver.clone(),
+            )))
+            .add_service(GroupControllerServer::new(GroupControllerService::new(
+                driver.clone(),
+            )));
     }
     if mode.node() {
         router = router.add_service(NodeServer::new(NodeService::new(driver.clone())));

@@ -122,6 +122,20 @@ pub struct Snapshot {
     pub access_type: AccessType,
     pub phase: Phase,
     pub created_unix_nanos: u128,
+    /// The group snapshot this snapshot belongs to, if any.
+    #[serde(default)]
+    pub group_snapshot_id: Option<String>,
+}
+
+/// A VolumeGroupSnapshot: member snapshots taken together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_ids: Vec<String>,
+    pub snapshot_ids: Vec<String>,
+    pub phase: Phase,
+    pub created_unix_nanos: u128,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +143,8 @@ pub struct State {
     pub version: u32,
     pub volumes: BTreeMap<String, Volume>,
     pub snapshots: BTreeMap<String, Snapshot>,
+    #[serde(default)]
+    pub groups: BTreeMap<String, GroupSnapshot>,
 }
 
 impl State {

@@ -1,0 +1,256 @@
+//! The CSI GroupController service: snapshots of several volumes taken together.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use csi::group_controller_server::GroupController;
+use csi::group_controller_service_capability::rpc::Type as Rpc;
+use csi_proto::csi::v1 as csi;
+use tonic::{Request, Response, Status};
+
+use crate::data;
+use crate::driver::{Driver, io_failed, timestamp};
+use crate::rules::{self, required};
+use crate::state::{GroupSnapshot, Phase, Snapshot, State, now_nanos};
+
+#[derive(Debug, Clone)]
+pub struct GroupControllerService {
+    driver: Arc<Driver>,
+}
+
+impl GroupControllerService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
+    }
+}
+
+impl Driver {
+    fn csi_group(&self, state: &State, group: &GroupSnapshot) -> csi::VolumeGroupSnapshot {
+        csi::VolumeGroupSnapshot {
+            group_snapshot_id: group.id.clone(),
+            snapshots: group
+                .snapshot_ids
+                .iter()
+                .filter_map(|id| state.snapshots.get(id))
+                .map(|s| self.csi_snapshot(s))
+                .collect(),
+            creation_time: Some(timestamp(group.created_unix_nanos)),
+            ready_to_use: group.phase == Phase::Ready,
+        }
+    }
+
+    fn create_group(
+        &self,
+        request: &csi::CreateVolumeGroupSnapshotRequest,
+    ) -> Result<csi::CreateVolumeGroupSnapshotResponse, Status> {
+        let name = required(&request.name, "name")?;
+        if request.source_volume_ids.is_empty() {
+            return Err(Status::invalid_argument("source_volume_ids are required"));
+        }
+        let sources: BTreeSet<&String> = request.source_volume_ids.iter().collect();
+        let mut keys: Vec<&str> = request
+            .source_volume_ids
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let name_key = format!("group/{name}");
+        keys.push(&name_key);
+        let _guard = self.locks.acquire(&keys)?;
+        let group = self.store.update(|state| {
+            if let Some(existing) = state.groups.values().find(|g| g.name == name) {
+                if existing.source_volume_ids.iter().collect::<BTreeSet<_>>() != sources {
+                    return Err(Status::already_exists(format!(
+                        "group snapshot {name} exists with other source volumes"
+                    )));
+                }
+                return Ok(existing.clone());
+            }
+            let group_id = rules::new_id();
+            let created = now_nanos();
+            let mut snapshot_ids = Vec::new();
+            for source in &request.source_volume_ids {
+                let volume = state
+                    .volumes
+                    .get(source)
+                    .filter(|v| v.phase == Phase::Ready)
+                    .ok_or_else(|| {
+                        Status::not_found(format!("source volume {source} not found"))
+                    })?;
+                let snapshot = Snapshot {
+                    id: rules::new_id(),
+                    name: format!("{name}-{source}"),
+                    source_volume_id: source.clone(),
+                    size_bytes: volume.capacity_bytes,
+                    access_type: volume.access_type,
+                    phase: Phase::Creating,
+                    created_unix_nanos: created,
+                    group_snapshot_id: Some(group_id.clone()),
+                };
+                snapshot_ids.push(snapshot.id.clone());
+                state.snapshots.insert(snapshot.id.clone(), snapshot);
+            }
+            let group = GroupSnapshot {
+                id: group_id,
+                name: name.to_string(),
+                source_volume_ids: request.source_volume_ids.clone(),
+                snapshot_ids,
+                phase: Phase::Creating,
+                created_unix_nanos: created,
+            };
+            state.groups.insert(group.id.clone(), group.clone());
+            Ok(group)
+        })?;
+        if group.phase == Phase::Creating {
+            let state = self.store.read()?;
+            for id in &group.snapshot_ids {
+                let snapshot = state
+                    .snapshots
+                    .get(id)
+                    .ok_or_else(|| Status::aborted(format!("member snapshot {id} disappeared")))?;
+                data::snapshot(
+                    &self
+                        .store
+                        .volume_data(&snapshot.source_volume_id, snapshot.access_type),
+                    &self.store.snapshot_data(id, snapshot.access_type),
+                    snapshot.access_type,
+                )
+                .map_err(|e| io_failed(&format!("taking member snapshot {id}"), e))?;
+            }
+            self.store.update(|state| {
+                for id in &group.snapshot_ids {
+                    if let Some(s) = state.snapshots.get_mut(id) {
+                        s.phase = Phase::Ready;
+                    }
+                }
+                if let Some(g) = state.groups.get_mut(&group.id) {
+                    g.phase = Phase::Ready;
+                }
+                Ok::<_, Status>(())
+            })?;
+        }
+        let state = self.store.read()?;
+        let group = state.groups.get(&group.id).ok_or_else(|| {
+            Status::aborted(format!("group snapshot {name} was deleted meanwhile"))
+        })?;
+        Ok(csi::CreateVolumeGroupSnapshotResponse {
+            group_snapshot: Some(self.csi_group(&state, group)),
+        })
+    }
+
+    /// The group, checking that `snapshot_ids` (when given) are exactly its members.
+    fn group_with_members(
+        state: &State,
+        id: &str,
+        snapshot_ids: &[String],
+    ) -> Result<Option<GroupSnapshot>, Status> {
+        let Some(group) = state.groups.get(id) else {
+            return Ok(None);
+        };
+        let given: BTreeSet<&String> = snapshot_ids.iter().collect();
+        if !given.is_empty() && given != group.snapshot_ids.iter().collect() {
+            return Err(Status::invalid_argument(format!(
+                "snapshot_ids do not match the members of group snapshot {id}"
+            )));
+        }
+        Ok(Some(group.clone()))
+    }
+
+    fn delete_group(&self, request: &csi::DeleteVolumeGroupSnapshotRequest) -> Result<(), Status> {
+        let id = required(&request.group_snapshot_id, "group_snapshot_id")?;
+        let _guard = self.locks.acquire(&[id])?;
+        let group = self.store.update(|state| {
+            let group = Self::group_with_members(state, id, &request.snapshot_ids)?;
+            if let Some(group) = &group {
+                for member in &group.snapshot_ids {
+                    if let Some(s) = state.snapshots.get_mut(member) {
+                        s.phase = Phase::Deleting;
+                    }
+                }
+                if let Some(g) = state.groups.get_mut(id) {
+                    g.phase = Phase::Deleting;
+                }
+            }
+            Ok::<_, Status>(group)
+        })?;
+        let Some(group) = group else {
+            return Ok(());
+        };
+        let state = self.store.read()?;
+        for member in &group.snapshot_ids {
+            if let Some(snapshot) = state.snapshots.get(member) {
+                data::remove(&self.store.snapshot_data(member, snapshot.access_type))
+                    .map_err(|e| io_failed(&format!("removing member snapshot {member}"), e))?;
+            }
+        }
+        self.store.update(|state| {
+            for member in &group.snapshot_ids {
+                state.snapshots.remove(member);
+            }
+            state.groups.remove(id);
+            Ok(())
+        })
+    }
+
+    fn get_group(
+        &self,
+        request: &csi::GetVolumeGroupSnapshotRequest,
+    ) -> Result<csi::GetVolumeGroupSnapshotResponse, Status> {
+        let id = required(&request.group_snapshot_id, "group_snapshot_id")?;
+        let state = self.store.read()?;
+        let group = Self::group_with_members(&state, id, &request.snapshot_ids)?
+            .filter(|g| g.phase == Phase::Ready)
+            .ok_or_else(|| Status::not_found(format!("group snapshot {id} not found")))?;
+        Ok(csi::GetVolumeGroupSnapshotResponse {
+            group_snapshot: Some(self.csi_group(&state, &group)),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl GroupController for GroupControllerService {
+    async fn group_controller_get_capabilities(
+        &self,
+        _: Request<csi::GroupControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::GroupControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GroupControllerGetCapabilitiesResponse {
+            capabilities: vec![csi::GroupControllerServiceCapability {
+                r#type: Some(csi::group_controller_service_capability::Type::Rpc(
+                    csi::group_controller_service_capability::Rpc {
+                        r#type: Rpc::CreateDeleteGetVolumeGroupSnapshot as i32,
+                    },
+                )),
+            }],
+        }))
+    }
+
+    async fn create_volume_group_snapshot(
+        &self,
+        request: Request<csi::CreateVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::CreateVolumeGroupSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| d.create_group(&request))
+            .await
+    }
+
+    async fn delete_volume_group_snapshot(
+        &self,
+        request: Request<csi::DeleteVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteVolumeGroupSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver
+            .blocking(move |d| {
+                d.delete_group(&request)
+                    .map(|()| csi::DeleteVolumeGroupSnapshotResponse {})
+            })
+            .await
+    }
+
+    async fn get_volume_group_snapshot(
+        &self,
+        request: Request<csi::GetVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::GetVolumeGroupSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        self.driver.blocking(move |d| d.get_group(&request)).await
+    }
+}
