@@ -11,6 +11,7 @@ pub mod data;
 pub mod driver;
 pub mod group;
 pub mod identity;
+pub mod local;
 pub mod mounts;
 pub mod node;
 pub mod rules;
