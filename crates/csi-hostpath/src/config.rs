@@ -90,8 +90,11 @@ pub struct DriverArgs {
 impl SidecarCli for DriverArgs {
     fn validate(&self) -> Result<(), String> {
         Endpoint::parse(&self.endpoint).map_err(|e| e.to_string())?;
-        if self.nodeid.trim().is_empty() {
-            return Err("--nodeid must not be empty".into());
+        if self.nodeid.trim().is_empty()
+            || self.nodeid.contains('/')
+            || self.nodeid.starts_with('.')
+        {
+            return Err("--nodeid must be non-empty, without '/' and not start with '.'".into());
         }
         if self.drivername.is_empty() || self.drivername.len() > 63 {
             return Err("--drivername must be 1 to 63 characters".into());
@@ -268,6 +271,7 @@ mod tests {
         for argv in [
             &[][..],
             &["--nodeid="][..],
+            &["--nodeid=a/b"][..],
             &["--nodeid=n", "--endpoint=tcp://x:1"][..],
             &["--nodeid=n", "--statedir=relative"][..],
             &["--nodeid=n", "--capacity=1Gi", "--capacity=2Gi"][..],

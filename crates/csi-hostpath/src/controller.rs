@@ -164,13 +164,13 @@ impl Driver {
             )),
         };
         let kind = request.parameters.get("kind").cloned().unwrap_or_default();
-        let source_key = match &source {
-            Some(ContentSource::Snapshot(id) | ContentSource::Volume(id)) => id.clone(),
-            None => String::new(),
-        };
-        let _guard = self
-            .locks
-            .acquire(&[&format!("name/{name}"), &source_key])?;
+        // The source is locked too, so it cannot be deleted while it is being copied.
+        let name_key = format!("name/{name}");
+        let mut keys = vec![name_key.as_str()];
+        if let Some(ContentSource::Snapshot(id) | ContentSource::Volume(id)) = &source {
+            keys.push(id);
+        }
+        let _guard = self.locks.acquire(&keys)?;
 
         let volume = self.store.update(|state| {
             if let Some(existing) = state.volume_by_name(name) {

@@ -115,13 +115,13 @@ impl LocalCluster {
         let csi = match connected {
             Ok(csi) => csi,
             Err(error) => {
-                if task.is_finished() {
-                    if let Ok(Err(source)) = task.await {
-                        return Err(LocalError::Stopped {
-                            name: node_id,
-                            source,
-                        });
-                    }
+                if task.is_finished()
+                    && let Ok(Err(source)) = task.await
+                {
+                    return Err(LocalError::Stopped {
+                        name: node_id,
+                        source,
+                    });
                 }
                 return Err(error.into());
             }

@@ -396,20 +396,10 @@ impl Driver {
                 .map(PathBuf::from)
                 .chain(usage.staged.iter().map(|s| PathBuf::from(&s.path)))
                 .collect();
-            let mut killed = 0;
-            // Kill, remount read-only, and kill again whatever opened a file in between.
-            for _ in 0..2 {
-                for pid in mounts::writers_under(&paths) {
-                    mounts::kill(pid);
-                    killed += 1;
-                }
-                for path in &paths {
-                    if mounts::is_mount_point(path).unwrap_or(false)
-                        && let Err(error) = mounts::remount_read_only(path)
-                    {
-                        tracing::debug!(path = %path.display(), %error, "read-only remount failed, retrying after kill");
-                    }
-                }
+            let (killed, stuck) = fence_paths(&paths);
+            if !stuck.is_empty() {
+                tracing::warn!(volume = %volume.id, node = %node, ?stuck, "fencing incomplete, retrying");
+                continue;
             }
             tracing::warn!(volume = %volume.id, node = %node, writers_killed = killed, ?paths, "fenced node from unpublished volume");
             self.store.update(|state| {
@@ -442,6 +432,33 @@ impl Driver {
                 .collect(),
         }
     }
+}
+
+/// Stops writes under `paths`: kill the processes writing there, wait (bounded) until they
+/// have let go of their files, and remount the mounts read-only so nothing can start writing
+/// again. Returns how many writers were killed and the mounts that could not be made
+/// read-only (still busy: the caller retries).
+fn fence_paths(paths: &[PathBuf]) -> (usize, Vec<PathBuf>) {
+    let mut killed = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    loop {
+        let writers = mounts::writers_under(paths);
+        if writers.is_empty() || std::time::Instant::now() >= deadline {
+            break;
+        }
+        for pid in writers {
+            mounts::kill(pid);
+            killed += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let stuck = paths
+        .iter()
+        .filter(|path| mounts::is_mount_point(path).unwrap_or(false))
+        .filter(|path| mounts::remount_read_only(path).is_err())
+        .cloned()
+        .collect();
+    (killed, stuck)
 }
 
 #[tonic::async_trait]

@@ -301,8 +301,11 @@ impl Store {
 
     /// Records that `node`'s instance is alive now.
     pub fn beat(&self, node: &str) -> Result<(), StoreError> {
+        // Replaced by rename, so readers never see a half-written beat.
         let path = self.heartbeat(node);
-        fs::write(&path, now_millis().to_string()).map_err(io_error(&path))
+        let temp = self.dir.join("nodes").join(format!(".{node}.beat"));
+        fs::write(&temp, now_millis().to_string()).map_err(io_error(&temp))?;
+        fs::rename(&temp, &path).map_err(io_error(&path))
     }
 
     /// Milliseconds since `node` last beat, or `None` if it never did.
@@ -319,6 +322,7 @@ impl Store {
                 entries
                     .filter_map(Result::ok)
                     .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|name| !name.starts_with('.'))
                     .collect()
             })
             .unwrap_or_default()

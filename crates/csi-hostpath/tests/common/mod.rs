@@ -1,0 +1,95 @@
+//! Shared helpers of the driver's integration tests.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use csi::volume_capability::access_mode::Mode;
+use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_hostpath::local::LocalCluster;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::CsiConnection;
+use tonic::{Code, Status};
+
+pub const T: Duration = Duration::from_secs(30);
+pub const GI: i64 = 1 << 30;
+
+pub fn mount(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn block(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume::default())),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn code<T>(result: Result<T, Status>) -> Code {
+    match result {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+pub fn create_request(
+    name: &str,
+    bytes: i64,
+    capability: csi::VolumeCapability,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability],
+        ..Default::default()
+    }
+}
+
+pub async fn create(csi: &CsiConnection, name: &str, bytes: i64) -> csi::Volume {
+    csi.create_volume(
+        create_request(name, bytes, mount(Mode::SingleNodeWriter)),
+        T,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("CreateVolume {name}: {e}"))
+    .volume
+    .unwrap()
+}
+
+/// True when real mounts can be tested; otherwise says why the caller skips.
+pub fn root_or_skip(test: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        true
+    } else {
+        eprintln!("skipping {test}: real mounts need root");
+        false
+    }
+}
+
+/// Mount points under `root` still present (to prove cleanup).
+pub fn mounts_under(root: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&*root.to_string_lossy()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Starts a local cluster with the settings most tests use.
+pub async fn cluster(root: &std::path::Path) -> LocalCluster {
+    LocalCluster::start(root, &["node-a", "node-b"], |config| {
+        config.capacity = [(String::new(), 10 << 30), ("fast".to_string(), 2 << 30)].into();
+        config.max_volumes_per_node = 3;
+        config.accepted_mutable_parameters = ["iops".to_string()].into();
+    })
+    .await
+    .unwrap()
+}

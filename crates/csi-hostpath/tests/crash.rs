@@ -1,0 +1,214 @@
+//! Crash safety: the real `csi-hostpath` binary is SIGKILLed at random points of a burst of
+//! CreateVolume/DeleteVolume calls, restarted on the same state directory, and its state is
+//! checked: every acknowledged create is there with its data, every acknowledged delete is
+//! gone, and no data exists without a record.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, RandomState};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use csi::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::{CsiConnection, Endpoint, connect};
+use csi_sidecar::metrics::CsiOperationMetrics;
+
+fn spawn_driver(root: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_csi-hostpath"))
+        .args(["--mode=controller", "--nodeid=controller"])
+        .arg(format!(
+            "--endpoint=unix://{}",
+            root.join("csi.sock").display()
+        ))
+        .arg(format!("--statedir={}", root.join("state").display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn client(root: &Path) -> CsiConnection {
+    let endpoint = Endpoint::from_path(root.join("csi.sock")).unwrap();
+    let csi = connect(
+        &endpoint,
+        Duration::from_secs(20),
+        CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .unwrap();
+    csi.probe_until_ready(T).await.unwrap();
+    csi
+}
+
+fn random_below(limit: u64) -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now()) % limit
+}
+
+#[tokio::test]
+async fn sigkill_during_a_burst_loses_and_leaks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // name → volume id, for creates the driver acknowledged and not yet deleted.
+    let mut live: BTreeMap<String, String> = BTreeMap::new();
+    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    let mut next = 0;
+    for round in 0..5 {
+        let mut driver = spawn_driver(root);
+        let csi = client(root).await;
+        // Kill after a random delay while up to 8 calls are in flight.
+        let kill_after = Duration::from_millis(50 + random_below(400));
+        let started = std::time::Instant::now();
+        while started.elapsed() < kill_after {
+            let mut calls = Vec::new();
+            for _ in 0..4 {
+                next += 1;
+                let name = format!("vol-{next}");
+                let create = csi.create_volume(
+                    create_request(&name, 1 << 20, mount(Mode::SingleNodeWriter)),
+                    T,
+                );
+                calls.push((
+                    name,
+                    true,
+                    Box::pin(async move { create.await.map(|r| r.volume.unwrap().volume_id) })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+                ));
+            }
+            let victims: Vec<(String, String)> = live
+                .iter()
+                .take(2)
+                .map(|(n, id)| (n.clone(), id.clone()))
+                .collect();
+            for (name, id) in victims {
+                let delete = csi.delete_volume(
+                    csi::DeleteVolumeRequest {
+                        volume_id: id.clone(),
+                        ..Default::default()
+                    },
+                    T,
+                );
+                calls.push((
+                    name,
+                    false,
+                    Box::pin(async move { delete.await.map(|_| id) }),
+                ));
+            }
+            let results = futures::future::join_all(
+                calls
+                    .into_iter()
+                    .map(|(name, is_create, call)| async move { (name, is_create, call.await) }),
+            )
+            .await;
+            for (name, is_create, result) in results {
+                match (is_create, result) {
+                    (true, Ok(id)) => {
+                        live.insert(name, id);
+                    }
+                    (false, Ok(id)) => {
+                        live.remove(&name);
+                        deleted.insert(id);
+                    }
+                    (_, Err(status)) => panic!("{name}: {status}"),
+                }
+            }
+            if round % 2 == 1 && started.elapsed() * 2 > kill_after {
+                // Kill mid-flight: start calls and kill before they answer.
+                for _ in 0..4 {
+                    next += 1;
+                    let csi = csi.clone();
+                    let name = format!("vol-{next}");
+                    tokio::spawn(async move {
+                        let _ = csi
+                            .create_volume(
+                                create_request(&name, 1 << 20, mount(Mode::SingleNodeWriter)),
+                                T,
+                            )
+                            .await;
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(random_below(5))).await;
+                break;
+            }
+        }
+        driver.kill().unwrap();
+        driver.wait().unwrap();
+    }
+
+    // Restart and audit.
+    let mut driver = spawn_driver(root);
+    let csi = client(root).await;
+    let listed = csi
+        .list_volumes(csi::ListVolumesRequest::default(), T)
+        .await
+        .unwrap();
+    let listed: BTreeSet<String> = listed
+        .entries
+        .into_iter()
+        .map(|e| e.volume.unwrap().volume_id)
+        .collect();
+    for (name, id) in &live {
+        assert!(
+            listed.contains(id),
+            "acknowledged volume {name} ({id}) is missing after the crash"
+        );
+        assert!(
+            root.join("state/volumes").join(id).is_dir(),
+            "volume {id} lost its data"
+        );
+    }
+    for id in &deleted {
+        assert!(
+            !listed.contains(id),
+            "acknowledged deletion of {id} was undone"
+        );
+    }
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("state/state.json")).unwrap()).unwrap();
+    let recorded: BTreeSet<String> = state["volumes"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    for entry in std::fs::read_dir(root.join("state/volumes")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(
+            recorded.contains(&name),
+            "data {name} has no record: leaked"
+        );
+    }
+    // Records whose creation was interrupted are finished by a repeated CreateVolume.
+    for (id, volume) in state["volumes"].as_object().unwrap() {
+        if volume["phase"] == "creating" {
+            let name = volume["name"].as_str().unwrap();
+            let finished = csi
+                .create_volume(
+                    create_request(name, 1 << 20, mount(Mode::SingleNodeWriter)),
+                    T,
+                )
+                .await
+                .unwrap();
+            assert_eq!(&finished.volume.unwrap().volume_id, id);
+        }
+    }
+    assert!(
+        !state["volumes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|v| v["phase"] == "deleting"),
+        "interrupted deletions are finished at startup"
+    );
+    eprintln!(
+        "audited {} live volumes, {} deletions, {} records",
+        live.len(),
+        deleted.len(),
+        recorded.len()
+    );
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+}

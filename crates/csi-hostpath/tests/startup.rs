@@ -1,0 +1,84 @@
+//! Startup: a corrupt state file is refused with its name and kept; a stale socket is
+//! replaced; the socket is removed on shutdown.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run(root: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_csi-hostpath"))
+        .args(["--nodeid=n1"])
+        .arg(format!(
+            "--endpoint=unix://{}",
+            root.join("csi.sock").display()
+        ))
+        .arg(format!("--statedir={}", root.join("state").display()))
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn corrupt_state_file_is_refused_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    let file = dir.path().join("state/state.json");
+    std::fs::write(&file, b"{\"version\": 1, \"volumes\": [").unwrap();
+    let output = run(dir.path(), &[]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+    assert!(stderr.contains("corrupt"), "{stderr}");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"{\"version\": 1, \"volumes\": ["
+    );
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    for flags in [
+        &["--endpoint=tcp://127.0.0.1:1"][..],
+        &["--capacity=lots"][..],
+        &["--no-such-flag"][..],
+    ] {
+        let output = run(dir.path(), flags);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[tokio::test]
+async fn stale_socket_is_replaced_and_removed_on_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    // A stale socket file left by a killed instance.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    assert!(socket.exists());
+    let mut config = csi_hostpath::local::base_config(dir.path());
+    config.state_dir = dir.path().join("state");
+    let endpoint = csi_sidecar::conn::Endpoint::from_path(&socket).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(csi_hostpath::server::run(
+        config,
+        endpoint.clone(),
+        shutdown.clone(),
+    ));
+    let csi = csi_sidecar::conn::connect(
+        &endpoint,
+        std::time::Duration::from_secs(10),
+        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .unwrap();
+    csi.probe_until_ready(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+    assert!(!socket.exists(), "socket removed on shutdown");
+}
