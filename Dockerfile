@@ -12,5 +12,10 @@ RUN cargo build --workspace --release --locked --bins \
  && mkdir /out \
  && find target/release -maxdepth 1 -type f -executable -exec cp {} /out/ \;
 
-FROM gcr.io/distroless/cc-debian12
+# Debian slim rather than distroless: csi-hostpath attaches block volumes with util-linux's
+# losetup. The sidecars need nothing beyond libc.
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends util-linux \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/

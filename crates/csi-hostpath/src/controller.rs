@@ -7,7 +7,7 @@ use csi::controller_server::Controller;
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_content_source::Type as SourceType;
 use csi_proto::csi::v1 as csi;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed, to_btree};
@@ -285,6 +285,17 @@ impl Driver {
         })
     }
 
+    /// ControllerPublish/Unpublish are only served with `--enable-attach`.
+    fn attach_enabled(&self) -> Result<(), Status> {
+        if self.config.enable_attach {
+            Ok(())
+        } else {
+            Err(Status::unimplemented(
+                "ControllerPublish/UnpublishVolume are disabled (--enable-attach=false)",
+            ))
+        }
+    }
+
     fn check_mutable_names<'a>(
         &self,
         names: impl Iterator<Item = &'a String>,
@@ -339,6 +350,7 @@ impl Driver {
         &self,
         request: &csi::ControllerPublishVolumeRequest,
     ) -> Result<csi::ControllerPublishVolumeResponse, Status> {
+        self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
         let node = required(&request.node_id, "node_id")?;
         let capability = request
@@ -401,6 +413,7 @@ impl Driver {
         &self,
         request: &csi::ControllerUnpublishVolumeRequest,
     ) -> Result<(), Status> {
+        self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.acquire(&[id])?;
         self.store.update(|state| {
@@ -772,169 +785,23 @@ fn paginate<'a, T>(
     (after, String::new())
 }
 
-#[tonic::async_trait]
-impl Controller for ControllerService {
-    async fn create_volume(
-        &self,
-        request: Request<csi::CreateVolumeRequest>,
-    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.create_volume(request))
-            .await
-    }
-
-    async fn delete_volume(
-        &self,
-        request: Request<csi::DeleteVolumeRequest>,
-    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.delete_volume(&request)
-                    .map(|()| csi::DeleteVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn controller_publish_volume(
-        &self,
-        request: Request<csi::ControllerPublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        if !self.driver.config.enable_attach {
-            return Err(Status::unimplemented(
-                "ControllerPublishVolume is disabled (--enable-attach=false)",
-            ));
-        }
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.controller_publish(&request))
-            .await
-    }
-
-    async fn controller_unpublish_volume(
-        &self,
-        request: Request<csi::ControllerUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        if !self.driver.config.enable_attach {
-            return Err(Status::unimplemented(
-                "ControllerUnpublishVolume is disabled (--enable-attach=false)",
-            ));
-        }
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.controller_unpublish(&request)
-                    .map(|()| csi::ControllerUnpublishVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn validate_volume_capabilities(
-        &self,
-        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
-    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.validate(&request)).await
-    }
-
-    async fn list_volumes(
-        &self,
-        request: Request<csi::ListVolumesRequest>,
-    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.list_volumes(&request))
-            .await
-    }
-
-    async fn get_capacity(
-        &self,
-        request: Request<csi::GetCapacityRequest>,
-    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.get_capacity(&request))
-            .await
-    }
-
-    async fn controller_get_capabilities(
-        &self,
-        _: Request<csi::ControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(self.driver.capabilities()))
-    }
-
-    async fn create_snapshot(
-        &self,
-        request: Request<csi::CreateSnapshotRequest>,
-    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.create_snapshot(&request))
-            .await
-    }
-
-    async fn delete_snapshot(
-        &self,
-        request: Request<csi::DeleteSnapshotRequest>,
-    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.delete_snapshot(&request)
-                    .map(|()| csi::DeleteSnapshotResponse {})
-            })
-            .await
-    }
-
-    async fn list_snapshots(
-        &self,
-        request: Request<csi::ListSnapshotsRequest>,
-    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.list_snapshots(&request))
-            .await
-    }
-
-    async fn get_snapshot(
-        &self,
-        request: Request<csi::GetSnapshotRequest>,
-    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.get_snapshot(&request))
-            .await
-    }
-
-    async fn controller_expand_volume(
-        &self,
-        request: Request<csi::ControllerExpandVolumeRequest>,
-    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.expand(&request)).await
-    }
-
-    async fn controller_get_volume(
-        &self,
-        request: Request<csi::ControllerGetVolumeRequest>,
-    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.get_volume(&request)).await
-    }
-
-    async fn controller_modify_volume(
-        &self,
-        request: Request<csi::ControllerModifyVolumeRequest>,
-    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.modify(&request)
-                    .map(|()| csi::ControllerModifyVolumeResponse {})
-            })
-            .await
+crate::driver::blocking_service! {
+    ControllerService: Controller {
+        create_volume(csi::CreateVolumeRequest) -> csi::CreateVolumeResponse => |d, r| d.create_volume(r);
+        delete_volume(csi::DeleteVolumeRequest) -> csi::DeleteVolumeResponse => |d, r| d.delete_volume(&r).map(|()| csi::DeleteVolumeResponse {});
+        controller_publish_volume(csi::ControllerPublishVolumeRequest) -> csi::ControllerPublishVolumeResponse => |d, r| d.controller_publish(&r);
+        controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse => |d, r| d.controller_unpublish(&r).map(|()| csi::ControllerUnpublishVolumeResponse {});
+        validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse => |d, r| d.validate(&r);
+        list_volumes(csi::ListVolumesRequest) -> csi::ListVolumesResponse => |d, r| d.list_volumes(&r);
+        get_capacity(csi::GetCapacityRequest) -> csi::GetCapacityResponse => |d, r| d.get_capacity(&r);
+        controller_get_capabilities(csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse => |d, _r| Ok(d.capabilities());
+        create_snapshot(csi::CreateSnapshotRequest) -> csi::CreateSnapshotResponse => |d, r| d.create_snapshot(&r);
+        delete_snapshot(csi::DeleteSnapshotRequest) -> csi::DeleteSnapshotResponse => |d, r| d.delete_snapshot(&r).map(|()| csi::DeleteSnapshotResponse {});
+        list_snapshots(csi::ListSnapshotsRequest) -> csi::ListSnapshotsResponse => |d, r| d.list_snapshots(&r);
+        get_snapshot(csi::GetSnapshotRequest) -> csi::GetSnapshotResponse => |d, r| d.get_snapshot(&r);
+        controller_expand_volume(csi::ControllerExpandVolumeRequest) -> csi::ControllerExpandVolumeResponse => |d, r| d.expand(&r);
+        controller_get_volume(csi::ControllerGetVolumeRequest) -> csi::ControllerGetVolumeResponse => |d, r| d.get_volume(&r);
+        controller_modify_volume(csi::ControllerModifyVolumeRequest) -> csi::ControllerModifyVolumeResponse => |d, r| d.modify(&r).map(|()| csi::ControllerModifyVolumeResponse {});
     }
 }
 

@@ -162,6 +162,23 @@ impl Driver {
     }
 }
 
+/// Implements a tonic service trait whose every RPC runs a [`Driver`] method on the blocking
+/// pool: `method(Request) -> Response => |driver, request| body;`.
+macro_rules! blocking_service {
+    ($service:ident: $trait:ident { $( $method:ident($request:ty) -> $response:ty => |$driver:ident, $input:ident| $body:expr; )* }) => {
+        #[tonic::async_trait]
+        impl $trait for $service {
+            $(
+                async fn $method(&self, request: tonic::Request<$request>) -> Result<tonic::Response<$response>, tonic::Status> {
+                    let $input = request.into_inner();
+                    self.driver.blocking(move |$driver| $body).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use blocking_service;
+
 /// A protobuf timestamp from nanoseconds since the epoch.
 pub fn timestamp(nanos: u128) -> prost_types::Timestamp {
     prost_types::Timestamp {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use csi::group_controller_server::GroupController;
 use csi::group_controller_service_capability::rpc::Type as Rpc;
 use csi_proto::csi::v1 as csi;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed, timestamp};
@@ -206,51 +206,23 @@ impl Driver {
     }
 }
 
-#[tonic::async_trait]
-impl GroupController for GroupControllerService {
-    async fn group_controller_get_capabilities(
-        &self,
-        _: Request<csi::GroupControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::GroupControllerGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::GroupControllerGetCapabilitiesResponse {
-            capabilities: vec![csi::GroupControllerServiceCapability {
-                r#type: Some(csi::group_controller_service_capability::Type::Rpc(
-                    csi::group_controller_service_capability::Rpc {
-                        r#type: Rpc::CreateDeleteGetVolumeGroupSnapshot as i32,
-                    },
-                )),
-            }],
-        }))
+crate::driver::blocking_service! {
+    GroupControllerService: GroupController {
+        group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest) -> csi::GroupControllerGetCapabilitiesResponse => |_d, _r| Ok(group_capabilities());
+        create_volume_group_snapshot(csi::CreateVolumeGroupSnapshotRequest) -> csi::CreateVolumeGroupSnapshotResponse => |d, r| d.create_group(&r);
+        delete_volume_group_snapshot(csi::DeleteVolumeGroupSnapshotRequest) -> csi::DeleteVolumeGroupSnapshotResponse => |d, r| d.delete_group(&r).map(|()| csi::DeleteVolumeGroupSnapshotResponse {});
+        get_volume_group_snapshot(csi::GetVolumeGroupSnapshotRequest) -> csi::GetVolumeGroupSnapshotResponse => |d, r| d.get_group(&r);
     }
+}
 
-    async fn create_volume_group_snapshot(
-        &self,
-        request: Request<csi::CreateVolumeGroupSnapshotRequest>,
-    ) -> Result<Response<csi::CreateVolumeGroupSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.create_group(&request))
-            .await
-    }
-
-    async fn delete_volume_group_snapshot(
-        &self,
-        request: Request<csi::DeleteVolumeGroupSnapshotRequest>,
-    ) -> Result<Response<csi::DeleteVolumeGroupSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.delete_group(&request)
-                    .map(|()| csi::DeleteVolumeGroupSnapshotResponse {})
-            })
-            .await
-    }
-
-    async fn get_volume_group_snapshot(
-        &self,
-        request: Request<csi::GetVolumeGroupSnapshotRequest>,
-    ) -> Result<Response<csi::GetVolumeGroupSnapshotResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.get_group(&request)).await
+fn group_capabilities() -> csi::GroupControllerGetCapabilitiesResponse {
+    csi::GroupControllerGetCapabilitiesResponse {
+        capabilities: vec![csi::GroupControllerServiceCapability {
+            r#type: Some(csi::group_controller_service_capability::Type::Rpc(
+                csi::group_controller_service_capability::Rpc {
+                    r#type: Rpc::CreateDeleteGetVolumeGroupSnapshot as i32,
+                },
+            )),
+        }],
     }
 }

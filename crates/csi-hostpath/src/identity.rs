@@ -149,15 +149,8 @@ impl Driver {
     }
 }
 
-#[tonic::async_trait]
-impl Podmon for PodmonService {
-    async fn validate_volume_host_connectivity(
-        &self,
-        request: Request<podmon::ValidateVolumeHostConnectivityRequest>,
-    ) -> Result<Response<podmon::ValidateVolumeHostConnectivityResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| d.connectivity(&request))
-            .await
+crate::driver::blocking_service! {
+    PodmonService: Podmon {
+        validate_volume_host_connectivity(podmon::ValidateVolumeHostConnectivityRequest) -> podmon::ValidateVolumeHostConnectivityResponse => |d, r| d.connectivity(&r);
     }
 }

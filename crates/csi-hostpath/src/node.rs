@@ -9,7 +9,7 @@ use std::sync::Arc;
 use csi::node_server::Node;
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi_proto::csi::v1 as csi;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed};
@@ -413,6 +413,14 @@ impl Driver {
         Ok(fenced)
     }
 
+    fn node_info(&self) -> csi::NodeGetInfoResponse {
+        csi::NodeGetInfoResponse {
+            node_id: self.config.node_id.clone(),
+            max_volumes_per_node: self.config.max_volumes_per_node,
+            accessible_topology: Some(self.topology(&self.config.node_id)),
+        }
+    }
+
     fn node_capabilities() -> csi::NodeGetCapabilitiesResponse {
         let rpcs = [
             Rpc::StageUnstageVolume,
@@ -461,92 +469,15 @@ fn fence_paths(paths: &[PathBuf]) -> (usize, Vec<PathBuf>) {
     (killed, stuck)
 }
 
-#[tonic::async_trait]
-impl Node for NodeService {
-    async fn node_stage_volume(
-        &self,
-        request: Request<csi::NodeStageVolumeRequest>,
-    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.node_stage(&request)
-                    .map(|()| csi::NodeStageVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn node_unstage_volume(
-        &self,
-        request: Request<csi::NodeUnstageVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.node_unstage(&request)
-                    .map(|()| csi::NodeUnstageVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn node_publish_volume(
-        &self,
-        request: Request<csi::NodePublishVolumeRequest>,
-    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.node_publish(&request)
-                    .map(|()| csi::NodePublishVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn node_unpublish_volume(
-        &self,
-        request: Request<csi::NodeUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver
-            .blocking(move |d| {
-                d.node_unpublish(&request)
-                    .map(|()| csi::NodeUnpublishVolumeResponse {})
-            })
-            .await
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        request: Request<csi::NodeGetVolumeStatsRequest>,
-    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.stats(&request)).await
-    }
-
-    async fn node_expand_volume(
-        &self,
-        request: Request<csi::NodeExpandVolumeRequest>,
-    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        let request = request.into_inner();
-        self.driver.blocking(move |d| d.node_expand(&request)).await
-    }
-
-    async fn node_get_capabilities(
-        &self,
-        _: Request<csi::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(Driver::node_capabilities()))
-    }
-
-    async fn node_get_info(
-        &self,
-        _: Request<csi::NodeGetInfoRequest>,
-    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        let config = &self.driver.config;
-        Ok(Response::new(csi::NodeGetInfoResponse {
-            node_id: config.node_id.clone(),
-            max_volumes_per_node: config.max_volumes_per_node,
-            accessible_topology: Some(self.driver.topology(&config.node_id)),
-        }))
+crate::driver::blocking_service! {
+    NodeService: Node {
+        node_stage_volume(csi::NodeStageVolumeRequest) -> csi::NodeStageVolumeResponse => |d, r| d.node_stage(&r).map(|()| csi::NodeStageVolumeResponse {});
+        node_unstage_volume(csi::NodeUnstageVolumeRequest) -> csi::NodeUnstageVolumeResponse => |d, r| d.node_unstage(&r).map(|()| csi::NodeUnstageVolumeResponse {});
+        node_publish_volume(csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeResponse => |d, r| d.node_publish(&r).map(|()| csi::NodePublishVolumeResponse {});
+        node_unpublish_volume(csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse => |d, r| d.node_unpublish(&r).map(|()| csi::NodeUnpublishVolumeResponse {});
+        node_get_volume_stats(csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse => |d, r| d.stats(&r);
+        node_expand_volume(csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse => |d, r| d.node_expand(&r);
+        node_get_capabilities(csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse => |_d, _r| Ok(Driver::node_capabilities());
+        node_get_info(csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse => |d, _r| Ok(d.node_info());
     }
 }
