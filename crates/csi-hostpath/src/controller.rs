@@ -401,7 +401,6 @@ impl Driver {
             volume
                 .published
                 .insert(node.to_string(), Publication { readonly });
-            volume.fenced.remove(node);
             Ok(())
         })?;
         Ok(csi::ControllerPublishVolumeResponse {

@@ -66,6 +66,11 @@ pub fn remount_read_only(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
+pub fn remount_read_write(target: &Path) -> io::Result<()> {
+    mount_remount(target, MountFlags::BIND, "")?;
+    Ok(())
+}
+
 /// Unmounts every mount stacked on `target`, lazily when it is busy.
 pub fn unmount_all(target: &Path) -> io::Result<()> {
     while is_mount_point(target)? {

@@ -15,7 +15,7 @@ use crate::data;
 use crate::driver::{Driver, io_failed};
 use crate::mounts;
 use crate::rules::{self, required};
-use crate::state::{AccessType, Phase, Staging, Target, Volume, now_millis};
+use crate::state::{AccessType, NodeUse, Phase, Staging, Target, Volume, now_millis};
 
 #[derive(Debug, Clone)]
 pub struct NodeService {
@@ -85,7 +85,7 @@ impl Driver {
             .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
         let (access_type, _) = rules::capability(capability)?;
         let _guard = self.locks.acquire(&[id])?;
-        let volume = self.ready_volume(id)?;
+        let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
         let node = &self.config.node_id;
         if volume.access_type != access_type {
             return Err(Status::invalid_argument(
@@ -167,7 +167,7 @@ impl Driver {
         let (access_type, mode) = rules::capability(capability)?;
         let readonly = request.readonly || rules::read_only_mode(mode);
         let _guard = self.locks.acquire(&[id])?;
-        let volume = self.ready_volume(id)?;
+        let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
         if volume.access_type != access_type {
             return Err(Status::invalid_argument(
                 "volume_capability access type does not match the volume",
@@ -373,44 +373,123 @@ impl Driver {
         })
     }
 
-    /// Fences this node from every volume ControllerUnpublished from it while still staged or
-    /// published here: kill its writers, remount its mounts read-only, record it. Returns the
-    /// fenced volume IDs.
-    pub fn fence_unpublished(&self) -> Result<Vec<String>, Status> {
+    /// Keeps this node's access to every volume in line with ControllerPublishVolume:
+    /// fences the volumes unpublished from this node while it still uses them (kill its
+    /// writers, remount read-only, record it), and lifts the fence once a volume is published
+    /// to this node again. Returns the volumes whose fencing changed.
+    pub fn reconcile_fencing(&self) -> Result<Vec<String>, Status> {
         if !self.config.enable_attach {
             return Ok(Vec::new());
         }
         let node = &self.config.node_id;
-        let state = self.store.read()?;
-        let mut fenced = Vec::new();
-        for volume in state.volumes.values() {
+        let mut changed = Vec::new();
+        for volume in self.store.read()?.volumes.values() {
             let Some(usage) = volume.nodes.get(node) else {
                 continue;
             };
-            if volume.published.contains_key(node) || volume.fenced.contains_key(node) {
-                continue;
+            let published = volume.published.contains_key(node);
+            let fenced = volume.fenced.contains_key(node);
+            if !published && !fenced && self.fence(volume, usage)? {
+                changed.push(volume.id.clone());
+            } else if published && fenced {
+                self.unfence(volume)?;
+                changed.push(volume.id.clone());
             }
-            let paths: Vec<PathBuf> = usage
-                .targets
-                .keys()
-                .map(PathBuf::from)
-                .chain(usage.staged.iter().map(|s| PathBuf::from(&s.path)))
-                .collect();
-            let (killed, stuck) = fence_paths(&paths);
-            if !stuck.is_empty() {
-                tracing::warn!(volume = %volume.id, node = %node, ?stuck, "fencing incomplete, retrying");
-                continue;
-            }
-            tracing::warn!(volume = %volume.id, node = %node, writers_killed = killed, ?paths, "fenced node from unpublished volume");
-            self.store.update(|state| {
-                if let Some(v) = state.volumes.get_mut(&volume.id) {
-                    v.fenced.insert(node.clone(), now_millis());
-                }
-                Ok::<_, Status>(())
-            })?;
-            fenced.push(volume.id.clone());
         }
-        Ok(fenced)
+        Ok(changed)
+    }
+
+    fn fence(&self, volume: &Volume, usage: &NodeUse) -> Result<bool, Status> {
+        let node = &self.config.node_id;
+        // Re-read right before acting: a volume published again meanwhile keeps its writers.
+        let current = self.store.read()?;
+        if current
+            .volumes
+            .get(&volume.id)
+            .is_none_or(|v| v.published.contains_key(node))
+        {
+            return Ok(false);
+        }
+        let paths: Vec<PathBuf> = usage
+            .targets
+            .keys()
+            .map(PathBuf::from)
+            .chain(usage.staged.iter().map(|s| PathBuf::from(&s.path)))
+            .collect();
+        let (killed, stuck) = fence_paths(&paths);
+        if !stuck.is_empty() {
+            tracing::warn!(volume = %volume.id, node = %node, ?stuck, "fencing incomplete, retrying");
+            return Ok(false);
+        }
+        let republished = self.store.update(|state| {
+            let Some(v) = state.volumes.get_mut(&volume.id) else {
+                return Ok::<_, Status>(false);
+            };
+            if v.published.contains_key(node) {
+                return Ok(true);
+            }
+            v.fenced.insert(node.clone(), now_millis());
+            Ok(false)
+        })?;
+        if republished {
+            // Published again while we fenced: give the access back at once.
+            self.restore_access(volume)?;
+            return Ok(false);
+        }
+        tracing::warn!(volume = %volume.id, node = %node, writers_killed = killed, ?paths, "fenced node from unpublished volume");
+        Ok(true)
+    }
+
+    /// A volume published to this node again must be writable before staging or publishing
+    /// reuses its mounts, so the fence is lifted here too, not only by the periodic loop.
+    fn lift_fence_if_republished(&self, volume: Volume) -> Result<Volume, Status> {
+        let node = &self.config.node_id;
+        if volume.fenced.contains_key(node) && volume.published.contains_key(node) {
+            self.unfence(&volume)?;
+            return self.ready_volume(&volume.id);
+        }
+        Ok(volume)
+    }
+
+    /// Lifts this node's fence on a volume published to it again.
+    fn unfence(&self, volume: &Volume) -> Result<(), Status> {
+        self.restore_access(volume)?;
+        let node = &self.config.node_id;
+        self.store.update(|state| {
+            if let Some(v) = state.volumes.get_mut(&volume.id) {
+                v.fenced.remove(node);
+            }
+            Ok::<_, Status>(())
+        })?;
+        tracing::info!(volume = %volume.id, node = %node, "lifted fencing: volume published to this node again");
+        Ok(())
+    }
+
+    /// Remounts this node's mounts of `volume` writable again, except read-only ones.
+    fn restore_access(&self, volume: &Volume) -> Result<(), Status> {
+        let node = &self.config.node_id;
+        let Some(usage) = volume.nodes.get(node) else {
+            return Ok(());
+        };
+        let staging_readonly = volume.published.get(node).is_some_and(|p| p.readonly);
+        let mounts = usage
+            .staged
+            .iter()
+            .map(|s| (PathBuf::from(&s.path), staging_readonly))
+            .chain(
+                usage
+                    .targets
+                    .iter()
+                    .map(|(path, target)| (PathBuf::from(path), target.readonly)),
+            );
+        for (path, readonly) in mounts {
+            if !readonly && mounts::is_mount_point(&path).unwrap_or(false) {
+                mounts::remount_read_write(&path).map_err(|e| {
+                    io_failed(&format!("remounting {} writable", path.display()), e)
+                })?;
+            }
+        }
+        Ok(())
     }
 
     fn node_info(&self) -> csi::NodeGetInfoResponse {

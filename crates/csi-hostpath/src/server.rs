@@ -24,7 +24,7 @@ use crate::identity::{IdentityService, PodmonService};
 use crate::node::NodeService;
 use crate::state::{Phase, Store, StoreError};
 
-/// How often node instances beat and look for volumes to fence (fencing must take < 1 s).
+/// How often node instances beat and check fencing (fencing must take < 1 s).
 pub const NODE_LOOP_PERIOD: Duration = Duration::from_millis(200);
 
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +63,8 @@ pub async fn run(
     let listener = listen(&endpoint)?;
     if driver.config.mode.node() {
         driver.store.beat(&driver.config.node_id)?;
-        tokio::spawn(node_loop(driver.clone(), shutdown.clone()));
+        tokio::spawn(heartbeat_loop(driver.clone(), shutdown.clone()));
+        tokio::spawn(fencing_loop(driver.clone(), shutdown.clone()));
     }
     let mode = driver.config.mode;
     let mut router = tonic::transport::Server::builder()
@@ -147,28 +148,35 @@ fn finish_interrupted_deletions(driver: &Driver) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Heartbeat and fencing watch of a node instance.
-async fn node_loop(driver: Arc<Driver>, shutdown: CancellationToken) {
+/// Heartbeat of a node instance, on its own task so slow fencing never delays it.
+async fn heartbeat_loop(driver: Arc<Driver>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(NODE_LOOP_PERIOD) => {}
         }
-        let working = driver.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            working.store.beat(&working.config.node_id)?;
-            working
-                .fence_unpublished()
-                .map_err(|status| StoreError::Io {
-                    path: working.store.state_file(),
-                    source: std::io::Error::other(status.message().to_string()),
-                })
-        })
-        .await;
-        match result {
+        let beating = driver.clone();
+        match tokio::task::spawn_blocking(move || beating.store.beat(&beating.config.node_id)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "node heartbeat failed"),
+            Err(error) => tracing::warn!(%error, "node heartbeat task failed"),
+        }
+    }
+}
+
+/// Fencing watch of a node instance.
+async fn fencing_loop(driver: Arc<Driver>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(NODE_LOOP_PERIOD) => {}
+        }
+        let fencing = driver.clone();
+        match tokio::task::spawn_blocking(move || fencing.reconcile_fencing()).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "node heartbeat or fencing failed"),
-            Err(error) => tracing::warn!(%error, "node loop task failed"),
+            Ok(Err(status)) => tracing::warn!(error = %status.message(), "fencing check failed"),
+            Err(error) => tracing::warn!(%error, "fencing task failed"),
         }
     }
 }

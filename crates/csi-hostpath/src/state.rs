@@ -286,7 +286,7 @@ impl Store {
     fn persist(&self, state: &State) -> Result<(), StoreError> {
         let path = self.state_file();
         let temp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let text = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Corrupt {
+        let text = serde_json::to_vec(state).map_err(|e| StoreError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -310,6 +310,9 @@ impl Store {
 
     /// Milliseconds since `node` last beat, or `None` if it never did.
     pub fn heartbeat_age_ms(&self, node: &str) -> Option<u64> {
+        if !valid_node_name(node) {
+            return None;
+        }
         let text = fs::read_to_string(self.heartbeat(node)).ok()?;
         let beat: u64 = text.trim().parse().ok()?;
         Some(now_millis().saturating_sub(beat))
@@ -327,6 +330,11 @@ impl Store {
             })
             .unwrap_or_default()
     }
+}
+
+/// Node IDs name heartbeat files; one that could escape the nodes directory names no node.
+pub fn valid_node_name(node: &str) -> bool {
+    !node.is_empty() && !node.contains('/') && !node.starts_with('.')
 }
 
 pub fn now_millis() -> u64 {
@@ -440,5 +448,7 @@ mod tests {
         store.beat("n1").unwrap();
         assert!(store.heartbeat_age_ms("n1").unwrap() < 5_000);
         assert_eq!(store.known_nodes(), ["n1"]);
+        assert_eq!(store.heartbeat_age_ms("../state.json"), None);
+        assert_eq!(store.heartbeat_age_ms(".n1.beat"), None);
     }
 }

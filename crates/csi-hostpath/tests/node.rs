@@ -95,6 +95,7 @@ async fn filesystem_volume_lifecycle_and_error_table() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
     let cluster = cluster(dir.path()).await;
     let c = &cluster.controller.csi;
     let a = &cluster.node("node-a").csi;
@@ -397,6 +398,7 @@ async fn block_volume_lifecycle_uses_a_loop_device() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
     let cluster = cluster(dir.path()).await;
     let c = &cluster.controller.csi;
     let a = &cluster.node("node-a").csi;
@@ -500,6 +502,7 @@ async fn controller_unpublish_fences_the_node_within_a_second() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
     let cluster = cluster(dir.path()).await;
     let c = &cluster.controller.csi;
     let a = &cluster.node("node-a").csi;
@@ -605,12 +608,86 @@ async fn controller_unpublish_fences_the_node_within_a_second() {
 }
 
 #[tokio::test]
+async fn publishing_to_a_fenced_node_again_lifts_the_fence() {
+    if !root_or_skip("publishing_to_a_fenced_node_again_lifts_the_fence") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster(dir.path()).await;
+    let c = &cluster.controller.csi;
+    let a = &cluster.node("node-a").csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let volume = create(c, "refenced", GI / 4).await.volume_id;
+    let (staging, target) = paths(&cluster, "node-a", &volume);
+    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    let unpublish = csi::ControllerUnpublishVolumeRequest {
+        volume_id: volume.clone(),
+        node_id: "node-a".into(),
+        ..Default::default()
+    };
+    c.controller_unpublish_volume(unpublish, T).await.unwrap();
+    let stats = csi::NodeGetVolumeStatsRequest {
+        volume_id: volume.clone(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    };
+    let mut fenced = false;
+    for _ in 0..50 {
+        let condition = a
+            .node_get_volume_stats(stats.clone(), T)
+            .await
+            .unwrap()
+            .volume_condition
+            .unwrap();
+        if condition.message.contains("fenced") {
+            fenced = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fenced, "node-a is fenced");
+    assert!(std::fs::write(target.join("blocked"), b"x").is_err());
+
+    // Published again: the same (idempotent) stage and publish give write access back at once.
+    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    std::fs::write(target.join("allowed"), b"writable again").unwrap();
+    let condition = a
+        .node_get_volume_stats(stats, T)
+        .await
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    teardown(a, &volume, &staging, &target).await;
+    assert!(mounts_under(dir.path()).is_empty());
+    cluster.stop().await;
+}
+
+#[tokio::test]
 async fn node_rpcs_without_root_fail_cleanly() {
     if rustix::process::geteuid().is_root() {
         eprintln!("skipping node_rpcs_without_root_fail_cleanly: running as root");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
     let cluster = cluster(dir.path()).await;
     let c = &cluster.controller.csi;
     let a = &cluster.node("node-a").csi;

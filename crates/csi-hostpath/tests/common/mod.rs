@@ -93,3 +93,23 @@ pub async fn cluster(root: &std::path::Path) -> LocalCluster {
     .await
     .unwrap()
 }
+
+/// Unmounts everything under a test's root and detaches its loop devices when dropped, so a
+/// failing test leaves nothing behind. Declare it after the temporary directory.
+pub struct MountCleanup(pub std::path::PathBuf);
+
+impl Drop for MountCleanup {
+    fn drop(&mut self) {
+        let mut points = mounts_under(&self.0);
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for point in points {
+            let _ = rustix::mount::unmount(point.as_str(), rustix::mount::UnmountFlags::DETACH);
+        }
+        let volumes = self.0.join("state").join("volumes");
+        for entry in std::fs::read_dir(volumes).into_iter().flatten().flatten() {
+            if let Ok(Some(device)) = csi_hostpath::mounts::loop_device_of(&entry.path()) {
+                let _ = csi_hostpath::mounts::loop_detach(&device);
+            }
+        }
+    }
+}
