@@ -1,0 +1,1130 @@
+//! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
+
+mod objects;
+mod watch;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::errors::ApiError;
+use crate::resources::{Registry, ResourceType};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::store::{ObjectKey, Store};
+use crate::strategic;
+pub use objects::{now_rfc3339, rfc3339};
+
+/// The Kubernetes version kube-sim reports (the oldest the workspace's k8s-openapi supports).
+pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
+
+/// Namespaces that exist in every cluster.
+const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Injected failures, for tests of retries and backoff.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// HTTP method (`GET`, `POST`, …) or `*`.
+    pub method: String,
+    /// Resource plural (`leases`) or `*`.
+    pub resource: String,
+    pub status: StatusCode,
+    pub remaining: usize,
+    /// `Retry-After` seconds to send with it.
+    pub retry_after: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    fail: Vec<Fault>,
+    latency: Duration,
+}
+
+/// Shared server state.
+#[derive(Debug)]
+pub struct Server {
+    pub store: Store,
+    pub registry: Registry,
+    faults: Mutex<Faults>,
+    /// Cancelled to drop every open watch; replaced afterwards.
+    watches: Mutex<CancellationToken>,
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    pub server: Arc<Server>,
+    shutdown: CancellationToken,
+}
+
+impl ApiServer {
+    /// Starts a server on 127.0.0.1 (a free port) with the initial namespaces.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_on("127.0.0.1:0").await
+    }
+
+    pub async fn start_on(address: &str) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        let addr = listener.local_addr()?;
+        let server = Arc::new(Server {
+            store: Store::default(),
+            registry: Registry::default(),
+            faults: Mutex::default(),
+            watches: Mutex::new(CancellationToken::new()),
+        });
+        for namespace in INITIAL_NAMESPACES {
+            let rt = server
+                .resource("", "v1", "namespaces")
+                .map_err(|e| std::io::Error::other(e.message))?;
+            create(&server, &rt, None, json!({"metadata": {"name": namespace}}))
+                .map_err(|e| std::io::Error::other(e.message))?;
+        }
+        let shutdown = CancellationToken::new();
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(server.clone());
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopping.cancelled().await })
+                .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "kube-sim API server failed");
+            }
+        });
+        Ok(Self {
+            addr,
+            server,
+            shutdown,
+        })
+    }
+
+    /// A `kube::Client` for this server.
+    pub fn client(&self) -> kube::Client {
+        crate::client(self.addr)
+    }
+
+    /// Fails the next `count` requests matching `method` and `resource` (`*` for any).
+    pub fn fail_next(
+        &self,
+        method: &str,
+        resource: &str,
+        status: StatusCode,
+        count: usize,
+        retry_after: Option<u64>,
+    ) {
+        self.server
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fail
+            .push(Fault {
+                method: method.into(),
+                resource: resource.into(),
+                status,
+                remaining: count,
+                retry_after,
+            });
+    }
+
+    /// Delays every request.
+    pub fn set_latency(&self, latency: Duration) {
+        self.server
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .latency = latency;
+    }
+
+    /// Closes every open watch (clients must resume from their last resourceVersion).
+    pub fn drop_watches(&self) {
+        let mut watches = self
+            .server
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        watches.cancel();
+        *watches = CancellationToken::new();
+    }
+
+    /// Simulates an API server restart that keeps its objects: open watches drop and the
+    /// event history is lost, so resuming from an old resourceVersion answers 410 Gone.
+    pub fn restart_keeping_state(&self) {
+        self.drop_watches();
+        self.server.store.compact();
+    }
+
+    pub fn stop(&self) {
+        self.drop_watches();
+        self.shutdown.cancel();
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Server {
+    fn resource(&self, group: &str, version: &str, plural: &str) -> Result<ResourceType, ApiError> {
+        self.registry.find(group, version, plural).ok_or_else(|| {
+            ApiError::not_found(group, plural, "").with_message(format!(
+                "the server could not find the requested resource ({plural}.{version}.{group})"
+            ))
+        })
+    }
+
+    fn injected_fault(&self, method: &Method, resource: &str) -> Option<(StatusCode, Option<u64>)> {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let fault = faults.fail.iter_mut().find(|f| {
+            f.remaining > 0
+                && (f.method == "*" || f.method == method.as_str())
+                && (f.resource == "*" || f.resource == resource)
+        })?;
+        fault.remaining -= 1;
+        Some((fault.status, fault.retry_after))
+    }
+
+    fn latency(&self) -> Duration {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .latency
+    }
+
+    fn watch_token(&self) -> CancellationToken {
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl ApiError {
+    fn with_message(mut self, message: String) -> Self {
+        self.message = message;
+        self
+    }
+}
+
+/// What a resource path names.
+#[derive(Debug)]
+struct Target {
+    rt: ResourceType,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    (code, axum::Json(value)).into_response()
+}
+
+async fn handle(
+    State(server): State<Arc<Server>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let latency = server.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let path = uri.path().trim_end_matches('/');
+    let query: HashMap<String, String> =
+        serde_urlencoded::from_str(uri.query().unwrap_or_default()).unwrap_or_default();
+    match discovery(&server, path) {
+        Some(response) => response,
+        None => match route(&server, path) {
+            Ok(target) => {
+                if let Some((status, retry_after)) =
+                    server.injected_fault(&method, &target.rt.plural)
+                {
+                    let mut response =
+                        ApiError::injected(status, "injected failure").into_response();
+                    if let Some(seconds) = retry_after
+                        && let Ok(value) = seconds.to_string().parse()
+                    {
+                        response.headers_mut().insert(header::RETRY_AFTER, value);
+                    }
+                    return response;
+                }
+                dispatch(&server, &method, target, &headers, &query, &body)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response)
+            }
+            Err(error) => error.into_response(),
+        },
+    }
+}
+
+/// `/version`, health endpoints and API discovery.
+fn discovery(server: &Server, path: &str) -> Option<Response> {
+    let all = server.registry.all();
+    let value = match path {
+        "/healthz" | "/readyz" | "/livez" => return Some((StatusCode::OK, "ok").into_response()),
+        "/version" => json!({
+            "major": KUBERNETES_VERSION.0,
+            "minor": KUBERNETES_VERSION.1,
+            "gitVersion": format!("v{}.{}.0-kube-sim", KUBERNETES_VERSION.0, KUBERNETES_VERSION.1),
+            "platform": "linux/amd64",
+        }),
+        "/api" => {
+            json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        }
+        "/apis" => {
+            let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+            for rt in all.iter().filter(|t| !t.group.is_empty()) {
+                match groups.iter_mut().find(|(g, _)| *g == rt.group) {
+                    Some((_, versions)) if !versions.contains(&rt.version) => {
+                        versions.push(rt.version.clone())
+                    }
+                    Some(_) => {}
+                    None => groups.push((rt.group.clone(), vec![rt.version.clone()])),
+                }
+            }
+            let groups: Vec<Value> = groups
+                .into_iter()
+                .map(|(group, versions)| api_group(&group, &versions))
+                .collect();
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        }
+        _ => {
+            let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+            let (group, version) = match parts.as_slice() {
+                ["api", version] => ("", *version),
+                ["apis", group, version] => (*group, *version),
+                ["apis", group] => {
+                    let versions: Vec<String> = all
+                        .iter()
+                        .filter(|t| t.group == *group)
+                        .map(|t| t.version.clone())
+                        .collect();
+                    if versions.is_empty() {
+                        return None;
+                    }
+                    return Some(json_response(StatusCode::OK, &api_group(group, &versions)));
+                }
+                _ => return None,
+            };
+            let resources: Vec<Value> = all
+                .iter()
+                .filter(|t| t.group == group && t.version == version)
+                .flat_map(ResourceType::discovery)
+                .collect();
+            if resources.is_empty() {
+                return None;
+            }
+            let group_version = if group.is_empty() {
+                version.to_string()
+            } else {
+                format!("{group}/{version}")
+            };
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
+        }
+    };
+    Some(json_response(StatusCode::OK, &value))
+}
+
+fn api_group(group: &str, versions: &[String]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": versions, "preferredVersion": versions[0]})
+}
+
+/// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths.
+fn route(server: &Server, path: &str) -> Result<Target, ApiError> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => {
+            return Err(ApiError::not_found("", "", path)
+                .with_message("the server could not find the requested resource".into()));
+        }
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if !matches!(*plural, "status" | "finalize") => {
+            (Some((*ns).to_string()), {
+                let mut v = vec![*plural];
+                v.extend_from_slice(tail);
+                v
+            })
+        }
+        other => (None, other.to_vec()),
+    };
+    let (plural, name, subresource) = match rest.as_slice() {
+        [plural] => (*plural, None, None),
+        [plural, name] => (*plural, Some((*name).to_string()), None),
+        [plural, name, sub] => (*plural, Some((*name).to_string()), Some((*sub).to_string())),
+        _ => {
+            return Err(ApiError::not_found(group, "", path)
+                .with_message("the server could not find the requested resource".into()));
+        }
+    };
+    let rt = server.resource(group, version, plural)?;
+    if namespace.is_some() && !rt.namespaced {
+        return Err(ApiError::not_found(group, plural, "")
+            .with_message(format!("{plural} is not namespaced")));
+    }
+    if let Some(sub) = &subresource
+        && !rt.subresources.contains(sub)
+    {
+        return Err(
+            ApiError::not_found(group, plural, name.as_deref().unwrap_or_default()).with_message(
+                format!("the server could not find the requested resource ({plural}/{sub})"),
+            ),
+        );
+    }
+    Ok(Target {
+        rt,
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+fn key(rt: &ResourceType, namespace: Option<&str>, name: &str) -> ObjectKey {
+    (
+        rt.storage_key(),
+        namespace.unwrap_or_default().to_string(),
+        name.to_string(),
+    )
+}
+
+async fn dispatch(
+    server: &Arc<Server>,
+    method: &Method,
+    target: Target,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let Target {
+        rt,
+        namespace,
+        name,
+        subresource,
+    } = target;
+    let ns = namespace.as_deref();
+    if rt.namespaced && ns.is_none() && !(method == Method::GET && name.is_none()) {
+        return Err(ApiError::not_found(
+            &rt.group,
+            &rt.plural,
+            name.as_deref().unwrap_or_default(),
+        )
+        .with_message(format!(
+            "{} must be addressed within a namespace",
+            rt.plural
+        )));
+    }
+    let sub = subresource.as_deref();
+    // Objects are JSON here; protobuf bodies get 415, after which client-go retries in JSON.
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type})"
+        )));
+    }
+    match (method.clone(), name) {
+        (Method::GET, None) if is_watch(query) => {
+            watch::serve(server.clone(), rt, namespace, query)
+        }
+        (Method::GET, None) => list(server, &rt, ns, query),
+        (Method::GET, Some(name)) => {
+            get(server, &rt, ns, &name).map(|o| json_response(StatusCode::OK, &o))
+        }
+        (Method::POST, None) => {
+            let object = parse_body(body)?;
+            create(server, &rt, ns, object).map(|o| json_response(StatusCode::CREATED, &o))
+        }
+        (Method::POST, Some(name)) if sub == Some("binding") => {
+            bind_pod(server, &rt, ns, &name, parse_body(body)?)
+        }
+        (Method::POST, Some(name)) if sub == Some("eviction") => {
+            delete(server, &rt, ns, &name, &objects::DeleteOptions::default())?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            ))
+        }
+        (Method::PUT, Some(name)) => {
+            let object = parse_body(body)?;
+            update(server, &rt, ns, &name, object, sub == Some("status"))
+                .map(|o| json_response(StatusCode::OK, &o))
+        }
+        (Method::PATCH, Some(name)) => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            patch(
+                server,
+                &rt,
+                ns,
+                &name,
+                sub == Some("status"),
+                content_type,
+                query,
+                body,
+            )
+        }
+        (Method::DELETE, Some(name)) => {
+            let options = objects::DeleteOptions::parse(body, query)?;
+            delete(server, &rt, ns, &name, &options).map(|o| json_response(StatusCode::OK, &o))
+        }
+        (Method::DELETE, None) => delete_collection(server, &rt, ns, query, body),
+        (method, _) => Err(ApiError::method_not_allowed(format!(
+            "{method} is not supported on {}",
+            rt.plural
+        ))),
+    }
+}
+
+fn is_watch(query: &HashMap<String, String>) -> bool {
+    matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+fn get(
+    server: &Server,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Value, ApiError> {
+    server
+        .store
+        .get(&key(rt, ns, name))
+        .map(|o| (*o).clone())
+        .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))
+}
+
+/// Parsed list/watch filters.
+pub(crate) struct Filters {
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+    kind: String,
+}
+
+impl Filters {
+    fn parse(rt: &ResourceType, query: &HashMap<String, String>) -> Result<Self, ApiError> {
+        // Field names differ per kind, and two groups serve a kind named Event.
+        let kind = crate::selectors::qualified_kind(&rt.group, &rt.kind);
+        let labels =
+            match query.get("labelSelector").filter(|s| !s.is_empty()) {
+                Some(text) => Some(LabelSelector::parse(text).map_err(|e| {
+                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
+                })?),
+                None => None,
+            };
+        let fields = match query.get("fieldSelector").filter(|s| !s.is_empty()) {
+            Some(text) => {
+                let selector =
+                    FieldSelector::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let valid = if is_builtin_group(&rt.group) || rt.group.is_empty() {
+                    selector.validate_for(&kind)
+                } else {
+                    selector.validate_for_custom_resource(rt.namespaced, &[])
+                };
+                valid.map_err(|e| ApiError::bad_request(e.to_string()))?;
+                Some(selector)
+            }
+            None => None,
+        };
+        Ok(Self {
+            labels,
+            fields,
+            kind,
+        })
+    }
+
+    pub(crate) fn matches(&self, object: &Value) -> bool {
+        self.labels
+            .as_ref()
+            .is_none_or(|s| s.matches_object(object))
+            && self
+                .fields
+                .as_ref()
+                .is_none_or(|s| s.matches_object(&self.kind, object))
+    }
+}
+
+/// List with selectors and `limit`/`continue` paging (the token holds the last key returned).
+fn list(
+    server: &Server,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let filters = Filters::parse(rt, query)?;
+    let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let after = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => Some(decode_continue(token)?),
+        None => None,
+    };
+    let (objects, revision) = server.store.list(&rt.storage_key(), ns);
+    let mut matching: Vec<&Value> = objects
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|o| after.as_ref().is_none_or(|a| object_position(o) > *a))
+        .filter(|o| filters.matches(o))
+        .collect();
+    let mut metadata = json!({"resourceVersion": revision.to_string()});
+    if limit > 0 && matching.len() > limit {
+        let remaining = matching.len() - limit;
+        matching.truncate(limit);
+        if let Some(last) = matching.last() {
+            metadata["continue"] = json!(encode_continue(&object_position(last)));
+            metadata["remainingItemCount"] = json!(remaining);
+        }
+    }
+    let list = json!({
+        "kind": format!("{}List", rt.kind),
+        "apiVersion": rt.api_version(),
+        "metadata": metadata,
+        "items": matching,
+    });
+    Ok(json_response(StatusCode::OK, &list))
+}
+
+fn object_position(object: &Value) -> (String, String) {
+    (
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+fn encode_continue(position: &(String, String)) -> String {
+    format!("{}/{}", position.0, position.1)
+}
+
+fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
+    token
+        .split_once('/')
+        .map(|(ns, name)| (ns.to_string(), name.to_string()))
+        .ok_or_else(|| ApiError::bad_request(format!("invalid continue token {token:?}")))
+}
+
+fn create(
+    server: &Server,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    object: Value,
+) -> Result<Value, ApiError> {
+    let object = objects::prepare_create(rt, ns, object)?;
+    if let Some(ns) = ns {
+        let namespaces = server.resource("", "v1", "namespaces")?;
+        match server.store.get(&key(&namespaces, None, ns)) {
+            None => return Err(ApiError::not_found("", "namespaces", ns)),
+            Some(namespace) if objects::is_deleting(&namespace) => {
+                return Err(ApiError::forbidden(format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let object = if rt.kind == "CustomResourceDefinition" {
+        established(object)
+    } else {
+        object
+    };
+    let created = server
+        .store
+        .commit(&key(rt, ns, &name), |current| match current {
+            Some(_) => Err(ApiError::already_exists(&rt.group, &rt.plural, &name)),
+            None => Ok(Some(object)),
+        })?
+        .map(|o| (*o).clone())
+        .unwrap_or_default();
+    if rt.kind == "CustomResourceDefinition" {
+        server.registry.add_crd(&created);
+    }
+    Ok(created)
+}
+
+/// A CRD is served as soon as it is created; its status says so.
+fn established(mut crd: Value) -> Value {
+    let now = now_rfc3339();
+    crd["status"] = json!({
+        "acceptedNames": crd["spec"]["names"].clone(),
+        "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten()
+            .filter(|v| v["storage"].as_bool() == Some(true)).map(|v| v["name"].clone()).collect::<Vec<_>>(),
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
+        ],
+    });
+    crd
+}
+
+/// Writes an update over the current object: optimistic concurrency on resourceVersion, then
+/// the registry's update rules; an object being deleted whose last finalizer goes is removed.
+fn update(
+    server: &Arc<Server>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    incoming: Value,
+    status_only: bool,
+) -> Result<Value, ApiError> {
+    let written = server.store.commit(&key(rt, ns, name), |current| {
+        let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        if let Some(expected) = objects::expected_version(&incoming)
+            && Some(expected) != current["metadata"]["resourceVersion"].as_str()
+        {
+            return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
+        }
+        if objects::is_deleting(current) && !objects::finalizers(current).is_empty() {
+            let added: Vec<String> = objects::finalizers(&incoming).into_iter().filter(|f| !objects::finalizers(current).contains(f)).collect();
+            if !status_only && !added.is_empty() {
+                return Err(ApiError::forbidden(format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}")));
+            }
+        }
+        let next = objects::prepare_update(rt, current, incoming, status_only)?;
+        if objects::is_deleting(&next) && objects::finalizers(&next).is_empty() && !is_pod_in_grace(rt, &next) {
+            return Ok(None);
+        }
+        Ok(Some(next))
+    })?;
+    let written = written.map(|o| (*o).clone()).unwrap_or_default();
+    if !objects::is_deleting(&written) || server.store.get(&key(rt, ns, name)).is_some() {
+        return Ok(written);
+    }
+    after_removal(server, rt, &written);
+    Ok(written)
+}
+
+/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it.
+fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
+    rt.kind == "Pod"
+        && object["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(0)
+            > 0
+}
+
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    server: &Arc<Server>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    status_only: bool,
+    content_type: &str,
+    query: &HashMap<String, String>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let media = content_type.split(';').next().unwrap_or_default().trim();
+    let patch: Value = parse_body(body)?;
+    let current = server.store.get(&key(rt, ns, name));
+    if media == "application/apply-patch+yaml" {
+        if query.get("fieldManager").is_none_or(String::is_empty) {
+            return Err(ApiError::bad_request(
+                "PATCH: fieldManager is required for apply requests",
+            ));
+        }
+        // Server-side apply: the applied configuration is merged into the live object; an
+        // absent object is created from it.
+        let Some(current) = current else {
+            let created = create(server, rt, ns, patch)?;
+            return Ok(json_response(StatusCode::CREATED, &created));
+        };
+        let mut merged = (*current).clone();
+        json_patch::merge(&mut merged, &without_version(patch));
+        return update(server, rt, ns, name, merged, status_only)
+            .map(|o| json_response(StatusCode::OK, &o));
+    }
+    let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+    let mut patched = (*current).clone();
+    match media {
+        "application/merge-patch+json" => json_patch::merge(&mut patched, &patch),
+        "application/json-patch+json" => {
+            let operations: json_patch::Patch = serde_json::from_value(patch)
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+            json_patch::patch(&mut patched, &operations).map_err(|e| {
+                ApiError::invalid(
+                    &rt.kind,
+                    name,
+                    format!("the JSON patch could not be applied: {e}"),
+                )
+            })?;
+        }
+        "application/strategic-merge-patch+json" => {
+            if !strategic::supports_kind(&rt.kind)
+                || !rt.group.is_empty() && !is_builtin_group(&rt.group)
+            {
+                return Err(ApiError::unsupported_media_type(format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (strategic merge patch is not supported for {})",
+                    rt.kind
+                )));
+            }
+            patched =
+                strategic::apply_strategic_merge(&rt.kind, &patched, &patch).map_err(|e| {
+                    let code = StatusCode::from_u16(e.http_status())
+                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    ApiError::with_reason(code, e.reason(), e.to_string())
+                })?;
+        }
+        other => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format: {other:?}"
+            )));
+        }
+    }
+    // A patch that names no resourceVersion applies to whatever is current.
+    if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()
+        && objects::expected_version(&patch_version(body)).is_none()
+        && let Some(meta) = patched["metadata"].as_object_mut()
+    {
+        meta.remove("resourceVersion");
+    }
+    update(server, rt, ns, name, patched, status_only).map(|o| json_response(StatusCode::OK, &o))
+}
+
+fn is_builtin_group(group: &str) -> bool {
+    crate::resources::builtin().iter().any(|t| t.group == group)
+}
+
+fn patch_version(body: &Bytes) -> Value {
+    serde_json::from_slice::<Value>(body).unwrap_or_default()
+}
+
+fn without_version(mut object: Value) -> Value {
+    if let Some(meta) = object["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+    }
+    object
+}
+
+/// Delete: preconditions; finalizers (or a pod's grace period) keep the object with a
+/// deletionTimestamp; otherwise it goes, and its dependents are collected by the propagation
+/// policy.
+fn delete(
+    server: &Arc<Server>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    options: &objects::DeleteOptions,
+) -> Result<Value, ApiError> {
+    let foreground = options.propagation.as_deref() == Some("Foreground");
+    let result = server.store.commit(&key(rt, ns, name), |current| {
+        let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        options.check(rt, current)?;
+        let mut next = current.clone();
+        let grace = pod_grace(rt, current, options);
+        if foreground
+            && !objects::finalizers(current)
+                .iter()
+                .any(|f| f == "foregroundDeletion")
+        {
+            let mut list = objects::finalizers(current);
+            list.push("foregroundDeletion".into());
+            next["metadata"]["finalizers"] = json!(list);
+        }
+        let keep = !objects::finalizers(&next).is_empty() || grace > 0 || rt.kind == "Namespace";
+        if !keep {
+            return Ok(None);
+        }
+        if !objects::is_deleting(current) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            next["metadata"]["deletionTimestamp"] =
+                json!(rfc3339(now + u64::try_from(grace).unwrap_or(0)));
+            next["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+            if rt.kind == "Namespace" {
+                next["status"]["phase"] = json!("Terminating");
+            }
+        } else if rt.kind == "Pod"
+            && grace
+                < current["metadata"]["deletionGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(0)
+        {
+            next["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+            if grace == 0 && objects::finalizers(&next).is_empty() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(next))
+    })?;
+    let object = result.map(|o| (*o).clone()).unwrap_or_default();
+    let gone = server.store.get(&key(rt, ns, name)).is_none();
+    if gone {
+        after_removal(server, rt, &object);
+        if options.propagation.as_deref() == Some("Orphan") {
+            orphan_dependents(server, &object);
+        }
+    } else if foreground || rt.kind == "Namespace" {
+        let server = server.clone();
+        let rt = rt.clone();
+        let object = object.clone();
+        tokio::spawn(async move { finish_blocking_deletion(server, rt, object).await });
+    }
+    Ok(object)
+}
+
+/// The grace period a pod delete gets: the request's, else the pod's
+/// terminationGracePeriodSeconds (30 by default); unscheduled pods go at once.
+fn pod_grace(rt: &ResourceType, pod: &Value, options: &objects::DeleteOptions) -> i64 {
+    if rt.kind != "Pod" || pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty) {
+        return 0;
+    }
+    options
+        .grace_period_seconds
+        .unwrap_or_else(|| {
+            pod["spec"]["terminationGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(30)
+        })
+        .max(0)
+}
+
+/// After an object is removed: collect its dependents in the background (the garbage
+/// collector's default policy), and stop serving a deleted CRD's resource.
+fn after_removal(server: &Arc<Server>, rt: &ResourceType, object: &Value) {
+    if rt.kind == "CustomResourceDefinition" {
+        server.registry.remove_crd(object);
+    }
+    let Some(uid) = object["metadata"]["uid"].as_str().map(str::to_string) else {
+        return;
+    };
+    let server = server.clone();
+    tokio::spawn(async move { collect_dependents(&server, &uid) });
+}
+
+/// Deletes every object owned by `uid` (background propagation).
+fn collect_dependents(server: &Arc<Server>, uid: &str) {
+    for ((storage_key, ns, name), object) in server.store.all() {
+        if !owned_by(&object, uid) {
+            continue;
+        }
+        let Some(rt) = server
+            .registry
+            .all()
+            .into_iter()
+            .find(|t| t.storage_key() == storage_key)
+        else {
+            continue;
+        };
+        let ns = (!ns.is_empty()).then_some(ns);
+        let _ = delete(
+            server,
+            &rt,
+            ns.as_deref(),
+            &name,
+            &objects::DeleteOptions::default(),
+        );
+    }
+}
+
+fn owned_by(object: &Value, uid: &str) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["uid"].as_str() == Some(uid))
+}
+
+/// Orphan propagation: dependents lose their reference to the deleted owner.
+fn orphan_dependents(server: &Server, owner: &Value) {
+    let Some(uid) = owner["metadata"]["uid"].as_str() else {
+        return;
+    };
+    for (key, object) in server.store.all() {
+        if !owned_by(&object, uid) {
+            continue;
+        }
+        let _ = server.store.commit::<ApiError>(&key, |current| {
+            let Some(current) = current else {
+                return Ok(None);
+            };
+            let mut next = current.clone();
+            if let Some(references) = next["metadata"]["ownerReferences"].as_array_mut() {
+                references.retain(|r| r["uid"].as_str() != Some(uid));
+            }
+            Ok(Some(next))
+        });
+    }
+}
+
+/// Foreground deletion and namespace termination: delete the dependents (or the namespace's
+/// content), wait until they are gone, then drop the blocking finalizer / the namespace.
+async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object: Value) {
+    let uid = object["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
+    loop {
+        let remaining: Vec<(ObjectKey, Arc<Value>)> = server
+            .store
+            .all()
+            .into_iter()
+            .filter(|((_, object_ns, _), o)| {
+                if rt.kind == "Namespace" {
+                    *object_ns == name
+                } else {
+                    owned_by(o, &uid)
+                }
+            })
+            .collect();
+        if remaining.is_empty() {
+            break;
+        }
+        for ((storage_key, object_ns, object_name), _) in remaining {
+            if let Some(child_rt) = server
+                .registry
+                .all()
+                .into_iter()
+                .find(|t| t.storage_key() == storage_key)
+            {
+                let child_ns = (!object_ns.is_empty()).then_some(object_ns);
+                let _ = delete(
+                    &server,
+                    &child_rt,
+                    child_ns.as_deref(),
+                    &object_name,
+                    &objects::DeleteOptions {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = server
+        .store
+        .commit::<ApiError>(&key(&rt, ns.as_deref(), &name), |current| {
+            let Some(current) = current else {
+                return Ok(None);
+            };
+            let mut finalizers = objects::finalizers(current);
+            finalizers.retain(|f| f != "foregroundDeletion");
+            if finalizers.is_empty() {
+                return Ok(None);
+            }
+            let mut next = current.clone();
+            next["metadata"]["finalizers"] = json!(finalizers);
+            Ok(Some(next))
+        });
+}
+
+fn delete_collection(
+    server: &Arc<Server>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &HashMap<String, String>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let filters = Filters::parse(rt, query)?;
+    let options = objects::DeleteOptions::parse(body, query)?;
+    let (objects, _) = server.store.list(&rt.storage_key(), ns);
+    let mut deleted = Vec::new();
+    for object in objects.iter().filter(|o| filters.matches(o)) {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let object_ns = object["metadata"]["namespace"].as_str();
+        match delete(server, rt, object_ns, name, &options) {
+            Ok(object) => deleted.push(object),
+            Err(error) if error.code == StatusCode::NOT_FOUND => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let list = json!({
+        "kind": format!("{}List", rt.kind),
+        "apiVersion": rt.api_version(),
+        "metadata": {"resourceVersion": server.store.revision().to_string()},
+        "items": deleted,
+    });
+    Ok(json_response(StatusCode::OK, &list))
+}
+
+/// `pods/<name>/binding`: assigns the pod to a node, once.
+fn bind_pod(
+    server: &Arc<Server>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    binding: Value,
+) -> Result<Response, ApiError> {
+    let node = binding["target"]["name"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::invalid("Binding", name, "target.name: Required value"))?
+        .to_string();
+    server.store.commit(&key(rt, ns, name), |current| {
+        let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        if objects::is_deleting(current) {
+            return Err(ApiError::conflict(
+                &rt.group,
+                &rt.plural,
+                name,
+                "pod is being deleted, cannot be assigned to a host",
+            ));
+        }
+        if let Some(bound) = current["spec"]["nodeName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                &rt.group,
+                &rt.plural,
+                name,
+                &format!("pod {name} is already assigned to node {bound:?}"),
+            ));
+        }
+        let mut next = current.clone();
+        next["spec"]["nodeName"] = json!(node);
+        Ok(Some(next))
+    })?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
+
+/// The chunked body of a watch.
+pub(crate) fn stream_body(
+    stream: impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
+) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

@@ -1,0 +1,484 @@
+//! The object semantics of kube-apiserver's registry (k8s.io/apiserver/pkg/registry/rest and
+//! generic/registry/store.go): what create, update, patch and delete do to an object's
+//! metadata, as pure functions over JSON.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use crate::errors::ApiError;
+use crate::resources::ResourceType;
+
+/// kube-apiserver's time format for `metav1.Time`: RFC 3339 with whole seconds.
+pub fn now_rfc3339() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(now)
+}
+
+/// Seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn rfc3339(seconds: u64) -> String {
+    let seconds = i64::try_from(seconds).unwrap_or(i64::MAX);
+    k8s_openapi::jiff::Timestamp::from_second(seconds)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+/// DNS-1123 subdomain (most object names): lowercase alphanumerics, `-` and `.`, at most
+/// 253 characters, starting and ending alphanumeric (apimachinery validation.IsDNS1123Subdomain).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label_part)
+}
+
+/// DNS-1123 label (namespace names): as a subdomain without dots, at most 63 characters.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && is_dns_label_part(name)
+}
+
+fn is_dns_label_part(part: &str) -> bool {
+    let bytes = part.as_bytes();
+    !bytes.is_empty()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+/// `generateName` suffix: 5 characters from apimachinery's rand.String alphabet (no vowels, no
+/// ambiguous characters).
+pub fn generated_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let random = uuid::Uuid::new_v4();
+    random.as_bytes()[..5]
+        .iter()
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// Fills in what create sets: name (from generateName), namespace, uid, creationTimestamp,
+/// generation, kind/apiVersion, and per-kind defaults of the status. Validates the name.
+pub fn prepare_create(
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    mut object: Value,
+) -> Result<Value, ApiError> {
+    if !object.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request is not a JSON object",
+        ));
+    }
+    if let Some(kind) = object["kind"].as_str()
+        && !kind.is_empty()
+        && kind != rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind {kind:?} does not match the resource {}",
+            rt.plural
+        )));
+    }
+    object["kind"] = json!(rt.kind);
+    object["apiVersion"] = json!(rt.api_version());
+    if !object["metadata"].is_object() {
+        object["metadata"] = json!({});
+    }
+    let meta = &mut object["metadata"];
+    if let (Some(path_ns), Some(body_ns)) = (namespace, meta["namespace"].as_str())
+        && !body_ns.is_empty()
+        && body_ns != path_ns
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let name = match (
+        meta["name"].as_str().filter(|n| !n.is_empty()),
+        meta["generateName"].as_str(),
+    ) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(prefix)) if !prefix.is_empty() => format!("{prefix}{}", generated_suffix()),
+        _ => {
+            return Err(ApiError::invalid(
+                &rt.kind,
+                "",
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+    };
+    let valid = if rt.kind == "Namespace" {
+        is_dns_label(&name)
+    } else {
+        is_dns_subdomain(&name)
+    };
+    if !valid {
+        return Err(ApiError::invalid(
+            &rt.kind,
+            &name,
+            format!(
+                "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 name must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            ),
+        ));
+    }
+    meta["name"] = json!(name);
+    match namespace {
+        Some(ns) => meta["namespace"] = json!(ns),
+        None => {
+            if let Some(m) = meta.as_object_mut() {
+                m.remove("namespace");
+            }
+        }
+    }
+    meta["uid"] = json!(uuid::Uuid::new_v4().to_string());
+    meta["creationTimestamp"] = json!(now_rfc3339());
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("deletionTimestamp");
+        m.remove("deletionGracePeriodSeconds");
+        m.remove("resourceVersion");
+    }
+    if has_spec(rt) {
+        meta["generation"] = json!(1);
+    }
+    default_status(rt, &mut object);
+    Ok(object)
+}
+
+/// Kinds whose objects carry a generation (those with a spec).
+fn has_spec(rt: &ResourceType) -> bool {
+    !matches!(
+        rt.kind.as_str(),
+        "ConfigMap" | "Secret" | "Event" | "ServiceAccount" | "Namespace"
+    )
+}
+
+fn default_status(rt: &ResourceType, object: &mut Value) {
+    let phase = match rt.kind.as_str() {
+        "Pod" | "PersistentVolumeClaim" | "PersistentVolume" => "Pending",
+        "Namespace" => "Active",
+        _ => return,
+    };
+    if !object["status"].is_object() {
+        object["status"] = json!({});
+    }
+    if object["status"]["phase"].as_str().is_none_or(str::is_empty) {
+        object["status"]["phase"] = json!(phase);
+    }
+}
+
+/// Metadata fields an update cannot change (registry/rest/update.go, ObjectMeta strategy).
+const IMMUTABLE_METADATA: [&str; 6] = [
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "namespace",
+];
+
+/// The object an update (PUT or patch) stores: `incoming` as sent, with immutable metadata
+/// from `current`; on the main resource the status of kinds with a status subresource is
+/// kept, on `/status` only the status is taken. Bumps generation when the spec changed.
+pub fn prepare_update(
+    rt: &ResourceType,
+    current: &Value,
+    incoming: Value,
+    status_only: bool,
+) -> Result<Value, ApiError> {
+    let name = current["metadata"]["name"].as_str().unwrap_or_default();
+    if !incoming.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request is not a JSON object",
+        ));
+    }
+    if let Some(sent) = incoming["metadata"]["name"].as_str()
+        && sent != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({sent}) does not match the name on the URL ({name})"
+        )));
+    }
+    let mut next = if status_only {
+        let mut next = current.clone();
+        next["status"] = incoming["status"].clone();
+        next
+    } else {
+        let mut next = incoming;
+        if !next["metadata"].is_object() {
+            next["metadata"] = json!({});
+        }
+        for field in IMMUTABLE_METADATA {
+            match current["metadata"].get(field) {
+                Some(value) => next["metadata"][field] = value.clone(),
+                None => {
+                    if let Some(m) = next["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        next["metadata"]["name"] = json!(name);
+        if rt.has_status() {
+            match current.get("status") {
+                Some(status) => next["status"] = status.clone(),
+                None => {
+                    if let Some(m) = next.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+        }
+        next
+    };
+    next["kind"] = json!(rt.kind);
+    next["apiVersion"] = json!(rt.api_version());
+    if has_spec(rt) && spec_of(&next) != spec_of(current) {
+        let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+        next["metadata"]["generation"] = json!(generation + 1);
+    }
+    Ok(next)
+}
+
+/// Everything but metadata and status: what generation tracks.
+fn spec_of(object: &Value) -> Value {
+    let mut spec = object.clone();
+    if let Some(map) = spec.as_object_mut() {
+        map.remove("metadata");
+        map.remove("status");
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    spec
+}
+
+/// The `metadata.resourceVersion` a write must match, if the client sent one.
+pub fn expected_version(object: &Value) -> Option<&str> {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|v| !v.is_empty())
+}
+
+pub fn finalizers(object: &Value) -> Vec<String> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect()
+}
+
+pub fn is_deleting(object: &Value) -> bool {
+    object["metadata"]["deletionTimestamp"].is_string()
+}
+
+/// DeleteOptions from the body (may be empty) and the query.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub propagation: Option<String>,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+}
+
+impl DeleteOptions {
+    pub fn parse(body: &[u8], query: &HashMap<String, String>) -> Result<Self, ApiError> {
+        let body: Value = if body.iter().all(u8::is_ascii_whitespace) {
+            json!({})
+        } else {
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        };
+        let grace = body["gracePeriodSeconds"]
+            .as_i64()
+            .or_else(|| query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+        let propagation = body["propagationPolicy"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| query.get("propagationPolicy").cloned())
+            .or_else(|| match body["orphanDependents"].as_bool() {
+                Some(true) => Some("Orphan".into()),
+                _ => None,
+            });
+        if let Some(policy) = &propagation
+            && !matches!(policy.as_str(), "Orphan" | "Background" | "Foreground")
+        {
+            return Err(ApiError::bad_request(format!(
+                "unknown propagationPolicy {policy:?}"
+            )));
+        }
+        Ok(Self {
+            grace_period_seconds: grace,
+            propagation,
+            precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_string),
+            precondition_resource_version: body["preconditions"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string),
+        })
+    }
+
+    /// Preconditions: the object must still be the one the client meant.
+    pub fn check(&self, rt: &ResourceType, object: &Value) -> Result<(), ApiError> {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        if let Some(uid) = &self.precondition_uid {
+            let actual = object["metadata"]["uid"].as_str().unwrap_or_default();
+            if uid != actual {
+                return Err(ApiError::conflict(
+                    &rt.group,
+                    &rt.plural,
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                    ),
+                ));
+            }
+        }
+        if let Some(version) = &self.precondition_resource_version {
+            let actual = object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            if version != actual {
+                return Err(ApiError::conflict(
+                    &rt.group,
+                    &rt.plural,
+                    name,
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {version}, ResourceVersion in object meta: {actual}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::builtin;
+
+    fn rt(plural: &str) -> ResourceType {
+        builtin()
+            .into_iter()
+            .find(|t| t.plural == plural && t.group.is_empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_334_400), "2026-11-22T08:00:00Z");
+    }
+
+    #[test]
+    fn names() {
+        for good in ["a", "pvc-1", "csi.example.com", "a.b-c"] {
+            assert!(is_dns_subdomain(good), "{good}");
+        }
+        for bad in ["", "A", "-a", "a-", "a..b", "a_b", &"a".repeat(254)] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+        assert!(is_dns_label("kube-system"));
+        assert!(!is_dns_label("a.b"));
+    }
+
+    #[test]
+    fn create_fills_metadata_and_defaults() {
+        let pod = prepare_create(
+            &rt("pods"),
+            Some("default"),
+            json!({"metadata": {"generateName": "web-"}, "spec": {}}),
+        )
+        .unwrap();
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        assert_eq!(pod["metadata"]["namespace"], "default");
+        assert_eq!(pod["metadata"]["generation"], 1);
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert_eq!(pod["kind"], "Pod");
+        assert_eq!(pod["apiVersion"], "v1");
+        assert!(
+            pod["metadata"]["uid"].is_string() && pod["metadata"]["creationTimestamp"].is_string()
+        );
+        let missing =
+            prepare_create(&rt("pods"), Some("default"), json!({"metadata": {}})).unwrap_err();
+        assert_eq!(missing.code.as_u16(), 422);
+        let bad = prepare_create(
+            &rt("configmaps"),
+            Some("default"),
+            json!({"metadata": {"name": "Bad_Name"}}),
+        )
+        .unwrap_err();
+        assert_eq!(bad.code.as_u16(), 422);
+        let mismatch = prepare_create(
+            &rt("configmaps"),
+            Some("a"),
+            json!({"metadata": {"name": "x", "namespace": "b"}}),
+        )
+        .unwrap_err();
+        assert_eq!(mismatch.code.as_u16(), 400);
+    }
+
+    #[test]
+    fn update_keeps_immutable_fields_and_status_and_bumps_generation() {
+        let pvc = rt("persistentvolumeclaims");
+        let current = prepare_create(
+            &pvc,
+            Some("ns"),
+            json!({"metadata": {"name": "c"}, "spec": {"a": 1}, "status": {"phase": "Bound"}}),
+        )
+        .unwrap();
+        let incoming = json!({"metadata": {"name": "c", "uid": "forged", "labels": {"x": "y"}}, "spec": {"a": 2}, "status": {"phase": "Lost"}});
+        let next = prepare_update(&pvc, &current, incoming, false).unwrap();
+        assert_eq!(next["metadata"]["uid"], current["metadata"]["uid"]);
+        assert_eq!(next["metadata"]["labels"]["x"], "y");
+        assert_eq!(
+            next["status"]["phase"], "Bound",
+            "status ignored on the main resource"
+        );
+        assert_eq!(next["metadata"]["generation"], 2);
+        let status = prepare_update(
+            &pvc,
+            &current,
+            json!({"metadata": {"name": "c"}, "spec": {"a": 9}, "status": {"phase": "Lost"}}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(status["status"]["phase"], "Lost");
+        assert_eq!(status["spec"]["a"], 1, "spec ignored on /status");
+        assert_eq!(status["metadata"]["generation"], 1);
+        let renamed = prepare_update(
+            &pvc,
+            &current,
+            json!({"metadata": {"name": "other"}}),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(renamed.code.as_u16(), 400);
+    }
+
+    #[test]
+    fn delete_options() {
+        let none = HashMap::new();
+        let options = DeleteOptions::parse(br#"{"gracePeriodSeconds": 0, "propagationPolicy": "Foreground", "preconditions": {"uid": "u1"}}"#, &none).unwrap();
+        assert_eq!(options.grace_period_seconds, Some(0));
+        assert_eq!(options.propagation.as_deref(), Some("Foreground"));
+        let object = json!({"metadata": {"name": "x", "uid": "u2", "resourceVersion": "5"}});
+        assert_eq!(
+            options
+                .check(&rt("pods"), &object)
+                .unwrap_err()
+                .code
+                .as_u16(),
+            409
+        );
+        let query = HashMap::from([("propagationPolicy".to_string(), "Orphan".to_string())]);
+        assert_eq!(
+            DeleteOptions::parse(b"", &query)
+                .unwrap()
+                .propagation
+                .as_deref(),
+            Some("Orphan")
+        );
+        assert!(DeleteOptions::parse(br#"{"propagationPolicy": "Sometimes"}"#, &none).is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! API errors as kube-apiserver returns them: a `metav1.Status` body with code and reason
+//! (k8s.io/apimachinery/pkg/api/errors/errors.go).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
+        self.details = Some(json!({"name": name, "group": group, "kind": kind}));
+        self
+    }
+
+    /// `<plural>[.<group>] "<name>" not found`, as upstream words it.
+    pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(group, plural)),
+        )
+        .with_details(group, plural, name)
+    }
+
+    pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(group, plural)),
+        )
+        .with_details(group, plural, name)
+    }
+
+    pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                qualified(group, plural)
+            ),
+        )
+        .with_details(group, plural, name)
+    }
+
+    pub fn invalid(kind: &str, name: &str, why: impl Into<String>) -> Self {
+        let why = why.into();
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("{kind} \"{name}\" is invalid: {why}"),
+        )
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", message)
+    }
+
+    pub fn gone(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GONE, "Expired", message)
+    }
+
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            message,
+        )
+    }
+
+    pub fn injected(code: StatusCode, message: impl Into<String>) -> Self {
+        let reason = match code.as_u16() {
+            429 => "TooManyRequests",
+            500 => "InternalError",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "Unknown",
+        };
+        Self::new(code, reason, message)
+    }
+
+    /// The `metav1.Status` object.
+    pub fn status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+fn qualified(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.code, axum::Json(self.status())).into_response()
+    }
+}
+
+impl ApiError {
+    /// An error whose code and reason were decided elsewhere (e.g. strategic merge patch).
+    pub fn with_reason(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(code, reason, message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
+    }
+}

@@ -1,0 +1,731 @@
+//! kube-apiserver semantics, black-box through `kube::Client`. By default against a fresh
+//! kube-sim; with `KUBE_SIM_COMPARE_KUBECONFIG=/path` the same tests run against a real
+//! cluster (tests that need kube-sim's fault injection then skip with a reason). Each test uses
+//! its own namespace.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::{Client, ResourceExt};
+use kube_sim::ApiServer;
+use serde_json::json;
+
+struct Cluster {
+    client: Client,
+    sim: Option<ApiServer>,
+    namespace: String,
+}
+
+async fn cluster(test: &str) -> Cluster {
+    let (client, sim) = match std::env::var("KUBE_SIM_COMPARE_KUBECONFIG") {
+        Ok(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .unwrap();
+            (Client::try_from(config).unwrap(), None)
+        }
+        Err(_) => {
+            let sim = ApiServer::start().await.unwrap();
+            (sim.client(), Some(sim))
+        }
+    };
+    let namespace = format!("{test}-{}", &uuid_suffix());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Cluster {
+        client,
+        sim,
+        namespace,
+    }
+}
+
+fn uuid_suffix() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    )
+}
+
+fn configmap(name: &str, data: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"key": data}})).unwrap()
+}
+
+fn code<T>(result: kube::Result<T>) -> u16 {
+    match result {
+        Ok(_) => 200,
+        Err(kube::Error::Api(status)) => status.code,
+        Err(other) => panic!("not an API error: {other}"),
+    }
+}
+
+impl Cluster {
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+// Create, get, generateName, AlreadyExists, Invalid names, missing namespace
+// (k8s.io/apiserver/pkg/registry/generic/registry/store.go Create; names per
+// k8s.io/apimachinery/pkg/api/validation/objectmeta.go).
+#[tokio::test]
+async fn create_and_get() {
+    let c = cluster("create").await;
+    let api: Api<ConfigMap> = c.api();
+    let created = api
+        .create(&PostParams::default(), &configmap("a", "1"))
+        .await
+        .unwrap();
+    assert!(created.uid().is_some());
+    assert!(created.creation_timestamp().is_some());
+    assert!(created.resource_version().is_some());
+    assert_eq!(api.get("a").await.unwrap().data.unwrap()["key"], "1");
+    assert_eq!(
+        code(
+            api.create(&PostParams::default(), &configmap("a", "2"))
+                .await
+        ),
+        409
+    );
+    assert_eq!(
+        code(
+            api.create(&PostParams::default(), &configmap("Not_Valid", "2"))
+                .await
+        ),
+        422
+    );
+    assert_eq!(code(api.get("missing").await), 404);
+    let generated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
+    let generated = api
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    assert!(generated.name_any().starts_with("gen-") && generated.name_any().len() > 4);
+    let elsewhere: Api<ConfigMap> = Api::namespaced(c.client.clone(), "no-such-namespace-here");
+    assert_eq!(
+        code(
+            elsewhere
+                .create(&PostParams::default(), &configmap("a", "1"))
+                .await
+        ),
+        404
+    );
+}
+
+// Optimistic concurrency: a stale resourceVersion is 409 Conflict; an update that changes
+// nothing keeps the resourceVersion (registry/generic/registry/store.go GuaranteedUpdate).
+#[tokio::test]
+async fn update_conflicts_and_no_op_writes() {
+    let c = cluster("update").await;
+    let api: Api<ConfigMap> = c.api();
+    let first = api
+        .create(&PostParams::default(), &configmap("u", "1"))
+        .await
+        .unwrap();
+    let mut changed = first.clone();
+    changed.data = Some([("key".to_string(), "2".to_string())].into());
+    let second = api
+        .replace("u", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    assert_ne!(second.resource_version(), first.resource_version());
+    let mut stale = first.clone();
+    stale.data = Some([("key".to_string(), "3".to_string())].into());
+    assert_eq!(
+        code(api.replace("u", &PostParams::default(), &stale).await),
+        409
+    );
+    let same = api
+        .replace("u", &PostParams::default(), &second)
+        .await
+        .unwrap();
+    assert_eq!(
+        same.resource_version(),
+        second.resource_version(),
+        "a no-op update is not a write"
+    );
+}
+
+// Status subresource: status is ignored on the main resource, everything but status on
+// /status; generation bumps on spec changes only (pkg/registry/core/persistentvolumeclaim/strategy.go).
+#[tokio::test]
+async fn status_subresource_and_generation() {
+    let c = cluster("status").await;
+    let api: Api<PersistentVolumeClaim> = c.api();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "claim"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &pvc).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let patch = json!({"metadata": {"labels": {"a": "b"}}, "status": {"phase": "Bound"}});
+    let patched = api
+        .patch("claim", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.status.unwrap().phase.as_deref(),
+        Some("Pending"),
+        "status ignored on the main resource"
+    );
+    assert_eq!(patched.metadata.generation, Some(1), "labels are not spec");
+    let status = json!({"status": {"phase": "Bound"}, "spec": {"volumeName": "ignored"}});
+    let patched = api
+        .patch_status("claim", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Bound"));
+    assert_eq!(
+        patched.spec.unwrap().volume_name,
+        None,
+        "spec ignored on /status"
+    );
+    let spec = json!({"spec": {"volumeName": "pv-1"}});
+    let patched = api
+        .patch("claim", &PatchParams::default(), &Patch::Merge(&spec))
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.generation, Some(2));
+}
+
+// JSON patch with a failing `test` is rejected (422) and changes nothing.
+#[tokio::test]
+async fn json_patch_test_guards() {
+    let c = cluster("jsonpatch").await;
+    let api: Api<ConfigMap> = c.api();
+    api.create(&PostParams::default(), &configmap("j", "1"))
+        .await
+        .unwrap();
+    let guarded: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/data/key", "value": "1"},
+        {"op": "replace", "path": "/data/key", "value": "2"},
+    ]))
+    .unwrap();
+    api.patch(
+        "j",
+        &PatchParams::default(),
+        &Patch::Json::<()>(guarded.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        code(
+            api.patch("j", &PatchParams::default(), &Patch::Json::<()>(guarded))
+                .await
+        ),
+        422
+    );
+    assert_eq!(api.get("j").await.unwrap().data.unwrap()["key"], "2");
+}
+
+// Server-side apply creates, then merges; re-applying the same object is a no-op.
+#[tokio::test]
+async fn apply_is_idempotent() {
+    let c = cluster("apply").await;
+    let api: Api<ConfigMap> = c.api();
+    let params = PatchParams::apply("kube-sim-test");
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"key": "1"}});
+    let first = api
+        .patch("ssa", &params, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    let again = api
+        .patch("ssa", &params, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(again.resource_version(), first.resource_version());
+    let changed = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"key": "2"}});
+    let second = api
+        .patch("ssa", &params, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+    assert_eq!(second.data.unwrap()["key"], "2");
+}
+
+// Finalizers keep a deleted object (with deletionTimestamp) until the last one is removed
+// (registry/generic/registry/store.go Delete / updateForGracefulDeletionAndFinalizers).
+#[tokio::test]
+async fn finalizers_hold_deletion() {
+    let c = cluster("finalizers").await;
+    let api: Api<ConfigMap> = c.api();
+    let mut held = configmap("held", "1");
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    api.delete("held", &DeleteParams::default()).await.unwrap();
+    let deleting = api.get("held").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    let release = json!({"metadata": {"finalizers": null}});
+    api.patch("held", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
+    assert_eq!(code(api.get("held").await), 404);
+}
+
+// Delete preconditions (uid, resourceVersion) answer 409 when they do not hold.
+#[tokio::test]
+async fn delete_preconditions() {
+    let c = cluster("preconditions").await;
+    let api: Api<ConfigMap> = c.api();
+    let created = api
+        .create(&PostParams::default(), &configmap("p", "1"))
+        .await
+        .unwrap();
+    let wrong = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("not-the-uid".into()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(code(api.delete("p", &wrong).await), 409);
+    let right = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: created.uid(),
+            resource_version: created.resource_version(),
+        }),
+        ..Default::default()
+    };
+    api.delete("p", &right).await.unwrap();
+    assert_eq!(code(api.get("p").await), 404);
+}
+
+// Label selectors, field selectors and limit/continue paging on list.
+#[tokio::test]
+async fn list_selectors_and_paging() {
+    let c = cluster("list").await;
+    let api: Api<ConfigMap> = c.api();
+    for i in 0..5 {
+        let mut cm = configmap(&format!("cm-{i}"), "x");
+        cm.metadata.labels = Some(
+            [(
+                "parity".to_string(),
+                if i % 2 == 0 { "even" } else { "odd" }.to_string(),
+            )]
+            .into(),
+        );
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let even = api
+        .list(&ListParams::default().labels("parity=even"))
+        .await
+        .unwrap();
+    assert_eq!(even.items.len(), 3);
+    let not_even = api
+        .list(&ListParams::default().labels("parity!=even"))
+        .await
+        .unwrap();
+    assert_eq!(not_even.items.len(), 2);
+    let in_set = api
+        .list(&ListParams::default().labels("parity in (odd,other)"))
+        .await
+        .unwrap();
+    assert_eq!(in_set.items.len(), 2);
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=cm-3"))
+        .await
+        .unwrap();
+    assert_eq!(by_name.items.len(), 1);
+    let mut names = Vec::new();
+    let mut params = ListParams::default().limit(2);
+    loop {
+        let page = api.list(&params).await.unwrap();
+        assert!(page.items.len() <= 2);
+        names.extend(page.items.iter().map(ResourceExt::name_any));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    assert_eq!(names, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+}
+
+// Pods: spec.nodeName field selector, binding, graceful deletion of scheduled pods
+// (pkg/registry/core/pod/strategy.go, pkg/registry/core/pod/storage/storage.go).
+#[tokio::test]
+async fn pods_binding_and_graceful_deletion() {
+    let c = cluster("pods").await;
+    let api: Api<Pod> = c.api();
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}})).unwrap();
+    api.create(&PostParams::default(), &pod).await.unwrap();
+    let unscheduled = api
+        .list(&ListParams::default().fields("spec.nodeName="))
+        .await
+        .unwrap();
+    assert_eq!(unscheduled.items.len(), 1);
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web"}, "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"}});
+    let request = http::Request::post(format!(
+        "/api/v1/namespaces/{}/pods/web/binding",
+        c.namespace
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&binding).unwrap())
+    .unwrap();
+    c.client.request_text(request).await.unwrap();
+    assert_eq!(
+        api.get("web")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .as_deref(),
+        Some("node-1")
+    );
+    api.delete("web", &DeleteParams::default()).await.unwrap();
+    let terminating = api.get("web").await.unwrap();
+    assert!(
+        terminating.metadata.deletion_timestamp.is_some(),
+        "a scheduled pod waits for its kubelet"
+    );
+    api.delete(
+        "web",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(api.get("web").await), 404);
+}
+
+// Watch: ordered events, resumption from a resourceVersion, selector moves as ADDED/DELETED.
+#[tokio::test]
+async fn watch_order_resume_and_selector_moves() {
+    let c = cluster("watch").await;
+    let api: Api<ConfigMap> = c.api();
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut a = configmap("w", "1");
+    a.metadata.labels = Some([("watched".to_string(), "yes".to_string())].into());
+    api.create(&PostParams::default(), &a).await.unwrap();
+    let patch = json!({"data": {"key": "2"}});
+    api.patch("w", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let unlabel = json!({"metadata": {"labels": {"watched": null}}});
+    api.patch("w", &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    api.delete("w", &DeleteParams::default()).await.unwrap();
+
+    let all: Vec<String> = collect(&api, &WatchParams::default().timeout(2), &start, 4).await;
+    assert_eq!(all, ["ADDED w", "MODIFIED w", "MODIFIED w", "DELETED w"]);
+    let labelled: Vec<String> = collect(
+        &api,
+        &WatchParams::default().labels("watched=yes").timeout(2),
+        &start,
+        3,
+    )
+    .await;
+    assert_eq!(
+        labelled,
+        ["ADDED w", "MODIFIED w", "DELETED w"],
+        "leaving the selector is a DELETED"
+    );
+}
+
+async fn collect(
+    api: &Api<ConfigMap>,
+    params: &WatchParams,
+    from: &str,
+    count: usize,
+) -> Vec<String> {
+    let stream = api.watch(params, from).await.unwrap().boxed();
+    let events: Vec<WatchEvent<ConfigMap>> = stream.take(count).try_collect().await.unwrap();
+    events
+        .into_iter()
+        .map(|event| match event {
+            WatchEvent::Added(o) => format!("ADDED {}", o.name_any()),
+            WatchEvent::Modified(o) => format!("MODIFIED {}", o.name_any()),
+            WatchEvent::Deleted(o) => format!("DELETED {}", o.name_any()),
+            WatchEvent::Bookmark(_) => "BOOKMARK".into(),
+            WatchEvent::Error(e) => format!("ERROR {}", e.code),
+        })
+        .collect()
+}
+
+// A watch from a compacted resourceVersion gets an ERROR event with 410 Gone; resuming after
+// a dropped connection from the last seen version loses nothing.
+#[tokio::test]
+async fn watch_gone_and_resume_after_drop() {
+    let c = cluster("gone").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping watch_gone_and_resume_after_drop: needs kube-sim's restart hook");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.create(&PostParams::default(), &configmap("r1", "1"))
+        .await
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &start)
+        .await
+        .unwrap()
+        .boxed();
+    let first = stream.try_next().await.unwrap().unwrap();
+    let WatchEvent::Added(object) = first else {
+        panic!("expected ADDED")
+    };
+    let seen = object.resource_version().unwrap();
+    sim.drop_watches();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none(),
+        "dropped"
+    );
+    api.create(&PostParams::default(), &configmap("r2", "1"))
+        .await
+        .unwrap();
+    let resumed = collect(&api, &WatchParams::default().timeout(2), &seen, 1).await;
+    assert_eq!(resumed, ["ADDED r2"]);
+    sim.restart_keeping_state();
+    let gone = collect(&api, &WatchParams::default().timeout(2), &start, 1).await;
+    assert_eq!(gone, ["ERROR 410"]);
+}
+
+// Garbage collection: dependents of a deleted owner are deleted (background propagation).
+#[tokio::test]
+async fn owner_references_are_collected() {
+    let c = cluster("gc").await;
+    let api: Api<ConfigMap> = c.api();
+    let owner = api
+        .create(&PostParams::default(), &configmap("owner", "1"))
+        .await
+        .unwrap();
+    let mut dependent = configmap("dependent", "1");
+    dependent.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: owner.uid().unwrap(),
+            ..Default::default()
+        },
+    ]);
+    api.create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+    api.delete("owner", &DeleteParams::default()).await.unwrap();
+    for _ in 0..100 {
+        if code(api.get("dependent").await) == 404 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the dependent was not garbage collected");
+}
+
+// 429 with Retry-After is retried by the client (kube's default retry policy).
+#[tokio::test]
+async fn injected_throttling_is_retried() {
+    let c = cluster("faults").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping injected_throttling_is_retried: needs kube-sim's fault injection");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    api.create(&PostParams::default(), &configmap("t", "1"))
+        .await
+        .unwrap();
+    sim.fail_next(
+        "GET",
+        "configmaps",
+        http::StatusCode::TOO_MANY_REQUESTS,
+        2,
+        Some(1),
+    );
+    let started = std::time::Instant::now();
+    api.get("t").await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After was honoured"
+    );
+}
+
+// Creating a CustomResourceDefinition serves its resource; deleting it stops serving it
+// (apiextensions-apiserver).
+#[tokio::test]
+async fn custom_resources_are_served_from_crds() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("crd").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let group = format!("{}.example.com", c.namespace);
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                          "subresources": {"status": {}}}],
+        }
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&group, "v1", "Widget"),
+        "widgets",
+    );
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.namespace, &resource);
+    let mut widget = DynamicObject::new("w1", &resource);
+    widget.data = json!({"spec": {"size": 3}});
+    let mut created = None;
+    for _ in 0..50 {
+        match widgets.create(&PostParams::default(), &widget).await {
+            Ok(object) => {
+                created = Some(object);
+                break;
+            }
+            // A real apiserver needs a moment to establish the CRD.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let created = created.expect("the CRD's resource is served");
+    assert_eq!(created.data["spec"]["size"], 3);
+    assert_eq!(
+        widgets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+// Deleting a namespace deletes its content, then the namespace (namespace controller).
+#[tokio::test]
+async fn namespace_deletion_removes_content() {
+    let c = cluster("nsdelete").await;
+    let api: Api<ConfigMap> = c.api();
+    api.create(&PostParams::default(), &configmap("inside", "1"))
+        .await
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    namespaces
+        .delete(&c.namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if code(namespaces.get(&c.namespace).await) == 404 {
+            assert_eq!(code(api.get("inside").await), 404);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("namespace not deleted");
+}
+
+// deletecollection honours label selectors.
+#[tokio::test]
+async fn delete_collection_by_label() {
+    let c = cluster("deletecollection").await;
+    let api: Api<ConfigMap> = c.api();
+    for (name, label) in [("a", "x"), ("b", "x"), ("c", "y")] {
+        let mut cm = configmap(name, "1");
+        cm.metadata.labels = Some([("group".to_string(), label.to_string())].into());
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("group=x"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(left, ["c"]);
+}
+
+// Strategic merge patch on built-in kinds: metadata.finalizers merge as a set, containers
+// merge by name; custom resources answer 415 (apimachinery/pkg/util/strategicpatch).
+#[tokio::test]
+async fn strategic_merge_patch() {
+    let c = cluster("strategic").await;
+    let api: Api<Pod> = c.api();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "sm", "finalizers": ["example.com/a"]},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}, {"name": "side", "image": "side:1"}]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.unwrap();
+    let patch = json!({
+        "metadata": {"finalizers": ["example.com/b"]},
+        "spec": {"containers": [{"name": "app", "image": "app:2"}]},
+    });
+    let patched = api
+        .patch("sm", &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+    let mut finalizers = patched.metadata.finalizers.clone().unwrap();
+    finalizers.sort();
+    assert_eq!(finalizers, ["example.com/a", "example.com/b"]);
+    let images: Vec<(String, String)> = patched
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| (c.name, c.image.unwrap_or_default()))
+        .collect();
+    assert!(
+        images.contains(&("app".into(), "app:2".into()))
+            && images.contains(&("side".into(), "side:1".into())),
+        "{images:?}"
+    );
+    let remove = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/a", "example.com/b"]}});
+    let patched = api
+        .patch("sm", &PatchParams::default(), &Patch::Strategic(&remove))
+        .await
+        .unwrap();
+    assert!(patched.metadata.finalizers.unwrap_or_default().is_empty());
+}

@@ -1,0 +1,150 @@
+//! csi-sidecar's Lease-based leader election against kube-sim: one leader at a time,
+//! failover within the lease duration, release on exit, and exit on loss.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_sidecar::leader::{
+    LeaderElectionConfig, LeaderElectionError, LeaderElectionTimings, LeaderStatus, run,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube_sim::ApiServer;
+use tokio_util::sync::CancellationToken;
+
+const TIMINGS: LeaderElectionTimings = LeaderElectionTimings {
+    lease_duration: Duration::from_secs(2),
+    renew_deadline: Duration::from_millis(1500),
+    retry_period: Duration::from_millis(400),
+};
+
+fn config(identity: &str, release_on_exit: bool) -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        lease_name: "external-attacher-leader-hostpath-csi-suite-io".into(),
+        namespace: "default".into(),
+        identity: identity.into(),
+        labels: [("app".to_string(), "csi".to_string())].into(),
+        timings: TIMINGS,
+        release_on_exit,
+    }
+}
+
+struct Candidate {
+    status: Arc<LeaderStatus>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), LeaderElectionError>>,
+}
+
+fn candidate(server: &ApiServer, identity: &str, release_on_exit: bool) -> Candidate {
+    let status = LeaderStatus::new(TIMINGS.lease_duration);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(run(
+        server.client(),
+        config(identity, release_on_exit),
+        status.clone(),
+        shutdown.clone(),
+        |stop: CancellationToken| async move { stop.cancelled().await },
+    ));
+    Candidate {
+        status,
+        shutdown,
+        task,
+    }
+}
+
+async fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) -> Duration {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
+async fn lease(server: &ApiServer) -> Lease {
+    let leases: Api<Lease> = Api::namespaced(server.client(), "default");
+    leases
+        .get("external-attacher-leader-hostpath-csi-suite-io")
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn one_leader_then_failover_within_the_lease_duration() {
+    let server = ApiServer::start().await.unwrap();
+    let a = candidate(&server, "node-a", false);
+    wait_until("a leads", Duration::from_secs(5), || a.status.is_leader()).await;
+    let b = candidate(&server, "node-b", false);
+    tokio::time::sleep(TIMINGS.lease_duration * 2).await;
+    assert!(
+        a.status.is_leader() && !b.status.is_leader(),
+        "exactly one leader"
+    );
+    let held = lease(&server).await;
+    let spec = held.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-a"));
+    assert_eq!(spec.lease_duration_seconds, Some(2));
+    assert_eq!(held.metadata.labels.unwrap()["app"], "csi");
+
+    // a stops without releasing: b takes over once the lease has not been renewed for a
+    // lease duration (plus a retry period and its jitter).
+    a.shutdown.cancel();
+    a.task.await.unwrap().unwrap();
+    let took = wait_until("b leads", Duration::from_secs(6), || b.status.is_leader()).await;
+    assert!(
+        took >= Duration::from_millis(500),
+        "b waited for the lease to expire ({took:?})"
+    );
+    let spec = lease(&server).await.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+    b.shutdown.cancel();
+    b.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn released_lease_is_taken_at_once() {
+    let server = ApiServer::start().await.unwrap();
+    let a = candidate(&server, "node-a", true);
+    wait_until("a leads", Duration::from_secs(5), || a.status.is_leader()).await;
+    let b = candidate(&server, "node-b", true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.shutdown.cancel();
+    a.task.await.unwrap().unwrap();
+    assert_eq!(
+        lease(&server).await.spec.unwrap().holder_identity,
+        None,
+        "released on exit"
+    );
+    // No waiting for expiry: the next retry takes it.
+    wait_until("b leads", TIMINGS.lease_duration, || b.status.is_leader()).await;
+    b.shutdown.cancel();
+    b.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn leadership_is_lost_when_renewals_fail() {
+    let server = ApiServer::start().await.unwrap();
+    let a = candidate(&server, "node-a", false);
+    wait_until("a leads", Duration::from_secs(5), || a.status.is_leader()).await;
+    // The API server refuses every Lease request from now on.
+    server.fail_next(
+        "*",
+        "leases",
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        usize::MAX,
+        None,
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(10), a.task)
+        .await
+        .expect("run returns")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LeaderElectionError::Lost { .. })),
+        "{outcome:?}"
+    );
+    assert!(!a.status.is_leader());
+}
