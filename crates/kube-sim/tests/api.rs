@@ -729,3 +729,68 @@ async fn strategic_merge_patch() {
         .unwrap();
     assert!(patched.metadata.finalizers.unwrap_or_default().is_empty());
 }
+
+// Watches that allow bookmarks receive BOOKMARK events carrying a resourceVersion to resume
+// from (k8s.io/apiserver/pkg/storage/cacher, watch bookmarks).
+#[tokio::test]
+async fn watch_bookmarks() {
+    let c = cluster("bookmarks").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping watch_bookmarks: a real apiserver sends bookmarks about once a minute");
+        return;
+    };
+    sim.set_bookmark_interval(Duration::from_millis(100));
+    let api: Api<ConfigMap> = c.api();
+    api.create(&PostParams::default(), &configmap("b", "1"))
+        .await
+        .unwrap();
+    let listed: u64 = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut params = WatchParams::default().timeout(2);
+    params.bookmarks = true;
+    let mut stream = api
+        .watch(&params, &listed.to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let event = tokio::time::timeout(Duration::from_secs(2), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let WatchEvent::Bookmark(bookmark) = event else {
+        panic!("expected a bookmark")
+    };
+    let version: u64 = bookmark.metadata.resource_version.parse().unwrap();
+    assert!(version >= listed);
+}
+
+// Apply bodies may be YAML, as kubectl sends them.
+#[tokio::test]
+async fn apply_accepts_yaml() {
+    let c = cluster("yaml").await;
+    let yaml = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\n  namespace: {}\ndata:\n  key: value\n",
+        c.namespace
+    );
+    let request = http::Request::patch(format!(
+        "/api/v1/namespaces/{}/configmaps/from-yaml?fieldManager=kubectl",
+        c.namespace
+    ))
+    .header("content-type", "application/apply-patch+yaml")
+    .body(yaml.into_bytes())
+    .unwrap();
+    c.client.request_text(request).await.unwrap();
+    let api: Api<ConfigMap> = c.api();
+    assert_eq!(
+        api.get("from-yaml").await.unwrap().data.unwrap()["key"],
+        "value"
+    );
+}

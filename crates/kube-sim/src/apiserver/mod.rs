@@ -55,6 +55,7 @@ pub struct Server {
     faults: Mutex<Faults>,
     /// Cancelled to drop every open watch; replaced afterwards.
     watches: Mutex<CancellationToken>,
+    bookmark_interval: Mutex<Duration>,
 }
 
 /// A running server.
@@ -79,6 +80,7 @@ impl ApiServer {
             registry: Registry::default(),
             faults: Mutex::default(),
             watches: Mutex::new(CancellationToken::new()),
+            bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
         });
         for namespace in INITIAL_NAMESPACES {
             let rt = server
@@ -144,6 +146,15 @@ impl ApiServer {
             .latency = latency;
     }
 
+    /// How often watches that allow bookmarks get one (applies to watches opened later).
+    pub fn set_bookmark_interval(&self, interval: Duration) {
+        *self
+            .server
+            .bookmark_interval
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = interval;
+    }
+
     /// Closes every open watch (clients must resume from their last resourceVersion).
     pub fn drop_watches(&self) {
         let mut watches = self
@@ -199,6 +210,13 @@ impl Server {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .latency
+    }
+
+    fn bookmark_interval(&self) -> Duration {
+        *self
+            .bookmark_interval
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn watch_token(&self) -> CancellationToken {
@@ -745,7 +763,15 @@ fn patch(
     body: &Bytes,
 ) -> Result<Response, ApiError> {
     let media = content_type.split(';').next().unwrap_or_default().trim();
-    let patch: Value = parse_body(body)?;
+    // Apply bodies are YAML (JSON is YAML too); the other patch types are JSON.
+    let patch: Value = if media == "application/apply-patch+yaml" {
+        serde_norway::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the apply body is not valid YAML: {e}")))?
+    } else {
+        parse_body(body)?
+    };
+    // A merge or strategic patch that names a resourceVersion is a guarded write.
+    let patch_sets_version = objects::expected_version(&patch).is_some();
     let current = server.store.get(&key(rt, ns, name));
     if media == "application/apply-patch+yaml" {
         if query.get("fieldManager").is_none_or(String::is_empty) {
@@ -803,7 +829,7 @@ fn patch(
     }
     // A patch that names no resourceVersion applies to whatever is current.
     if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()
-        && objects::expected_version(&patch_version(body)).is_none()
+        && !patch_sets_version
         && let Some(meta) = patched["metadata"].as_object_mut()
     {
         meta.remove("resourceVersion");
@@ -813,10 +839,6 @@ fn patch(
 
 fn is_builtin_group(group: &str) -> bool {
     crate::resources::builtin().iter().any(|t| t.group == group)
-}
-
-fn patch_version(body: &Bytes) -> Value {
-    serde_json::from_slice::<Value>(body).unwrap_or_default()
 }
 
 fn without_version(mut object: Value) -> Value {

@@ -22,8 +22,8 @@ use crate::store::{Event, EventType};
 /// kube-apiserver's default watch timeout is randomized around --min-request-timeout (1800 s).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// How often bookmarks are sent to watchers that allow them (kube-apiserver: about a minute;
-/// shorter here so tests and short-lived clients see them).
+/// How often bookmarks are sent to watchers that allow them by default (kube-apiserver: about
+/// a minute; shorter here so short-lived clients see them).
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 
 struct Watcher {
@@ -127,6 +127,7 @@ pub(super) fn serve(
     };
     let (sender, receiver) = mpsc::channel::<Bytes>(64);
     let cancelled = server.watch_token();
+    let bookmark_interval = server.bookmark_interval();
     tokio::spawn(async move {
         let mut revision = start.revision;
         for object in initial.iter().filter(|o| watcher.filters.matches(o)) {
@@ -152,7 +153,7 @@ pub(super) fn serve(
         let mut live = start.live;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
+        let mut ticker = tokio::time::interval(bookmark_interval);
         ticker.tick().await;
         loop {
             let message = tokio::select! {
