@@ -186,48 +186,40 @@ impl Driver {
                 }
                 return Ok(existing.clone());
             }
-            match &source {
-                Some(ContentSource::Snapshot(id)) => {
-                    let snapshot = state
-                        .snapshots
-                        .get(id)
-                        .filter(|s| s.phase == Phase::Ready)
-                        .ok_or_else(|| {
-                            Status::not_found(format!("source snapshot {id} not found"))
-                        })?;
-                    if snapshot.access_type != access_type {
-                        return Err(Status::invalid_argument(
-                            "snapshot and volume access types differ",
-                        ));
-                    }
-                    if snapshot.size_bytes > size {
-                        return Err(Status::out_of_range(format!(
-                            "volume smaller than source snapshot ({} bytes)",
-                            snapshot.size_bytes
-                        )));
-                    }
+            if let Some(source) = &source {
+                // Access type and size of a ready source.
+                let (what, id, found) = match source {
+                    ContentSource::Snapshot(id) => (
+                        "snapshot",
+                        id,
+                        state
+                            .snapshots
+                            .get(id)
+                            .filter(|s| s.phase == Phase::Ready)
+                            .map(|s| (s.access_type, s.size_bytes)),
+                    ),
+                    ContentSource::Volume(id) => (
+                        "volume",
+                        id,
+                        state
+                            .volumes
+                            .get(id)
+                            .filter(|v| v.phase == Phase::Ready)
+                            .map(|v| (v.access_type, v.capacity_bytes)),
+                    ),
+                };
+                let (source_type, source_bytes) = found
+                    .ok_or_else(|| Status::not_found(format!("source {what} {id} not found")))?;
+                if source_type != access_type {
+                    return Err(Status::invalid_argument(format!(
+                        "source {what} and new volume access types differ"
+                    )));
                 }
-                Some(ContentSource::Volume(id)) => {
-                    let parent = state
-                        .volumes
-                        .get(id)
-                        .filter(|v| v.phase == Phase::Ready)
-                        .ok_or_else(|| {
-                            Status::not_found(format!("source volume {id} not found"))
-                        })?;
-                    if parent.access_type != access_type {
-                        return Err(Status::invalid_argument(
-                            "source and new volume access types differ",
-                        ));
-                    }
-                    if parent.capacity_bytes > size {
-                        return Err(Status::out_of_range(format!(
-                            "volume smaller than source volume ({} bytes)",
-                            parent.capacity_bytes
-                        )));
-                    }
+                if source_bytes > size {
+                    return Err(Status::out_of_range(format!(
+                        "volume smaller than source {what} ({source_bytes} bytes)"
+                    )));
                 }
-                None => {}
             }
             let (home_node, accessible_nodes) = self.place(
                 state,

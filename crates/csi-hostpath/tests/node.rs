@@ -80,6 +80,31 @@ fn paths(cluster: &LocalCluster, node: &str, volume: &str) -> (PathBuf, PathBuf)
     (staging, pod.join(volume))
 }
 
+/// ControllerPublish to `node`, then NodeStage and NodePublish there, as the attach/detach
+/// controller and the kubelet would; returns the staging and target paths.
+async fn attach_and_mount(
+    cluster: &LocalCluster,
+    node: &str,
+    volume: &str,
+    cap: &csi::VolumeCapability,
+) -> (PathBuf, PathBuf) {
+    let (staging, target) = paths(cluster, node, volume);
+    let csi = &cluster.node(node).csi;
+    cluster
+        .controller
+        .csi
+        .controller_publish_volume(publish_to(volume, node, cap.clone()), T)
+        .await
+        .unwrap();
+    csi.node_stage_volume(stage(volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    csi.node_publish_volume(publish(volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    (staging, target)
+}
+
 async fn teardown(node: &CsiConnection, volume: &str, staging: &Path, target: &Path) {
     node.node_unpublish_volume(unpublish(volume, target), T)
         .await
@@ -410,16 +435,7 @@ async fn block_volume_lifecycle_uses_a_loop_device() {
         .volume
         .unwrap()
         .volume_id;
-    let (staging, target) = paths(&cluster, "node-a", &volume);
-    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
-        .await
-        .unwrap();
+    let (staging, target) = attach_and_mount(&cluster, "node-a", &volume, &cap).await;
     use std::os::unix::fs::FileTypeExt;
     assert!(
         std::fs::metadata(&target)
@@ -509,16 +525,7 @@ async fn controller_unpublish_fences_the_node_within_a_second() {
     let b = &cluster.node("node-b").csi;
     let cap = mount(Mode::SingleNodeWriter);
     let volume = create(c, "fenced", GI / 4).await.volume_id;
-    let (staging, target) = paths(&cluster, "node-a", &volume);
-    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
-        .await
-        .unwrap();
+    let (staging, target) = attach_and_mount(&cluster, "node-a", &volume, &cap).await;
 
     // A "zombie" writer on node-a holds the file open and keeps appending.
     let log = target.join("log");
@@ -619,16 +626,7 @@ async fn publishing_to_a_fenced_node_again_lifts_the_fence() {
     let a = &cluster.node("node-a").csi;
     let cap = mount(Mode::SingleNodeWriter);
     let volume = create(c, "refenced", GI / 4).await.volume_id;
-    let (staging, target) = paths(&cluster, "node-a", &volume);
-    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
-        .await
-        .unwrap();
+    let (staging, target) = attach_and_mount(&cluster, "node-a", &volume, &cap).await;
     let unpublish = csi::ControllerUnpublishVolumeRequest {
         volume_id: volume.clone(),
         node_id: "node-a".into(),
