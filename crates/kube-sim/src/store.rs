@@ -254,6 +254,15 @@ impl Store {
         )
     }
 
+    /// Forgets every object and the history (an API server whose etcd was wiped). The revision
+    /// keeps increasing, so clients never see a version go backwards.
+    pub fn wipe(&self) {
+        let mut inner = self.lock();
+        inner.objects.clear();
+        inner.history.clear();
+        inner.compacted = inner.revision;
+    }
+
     /// Forgets the history (a restart of the server that keeps its objects, or a compaction):
     /// every resumed watch older than now gets 410 Gone.
     pub fn compact(&self) {

@@ -794,3 +794,35 @@ async fn apply_accepts_yaml() {
         "value"
     );
 }
+
+// Fault injection: a restart on an empty store loses every object but the built-in
+// namespaces, and resourceVersions keep increasing.
+#[tokio::test]
+async fn restart_losing_state() {
+    let c = cluster("wipe").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping restart_losing_state: needs kube-sim's restart hook");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    let before: u64 = api
+        .create(&PostParams::default(), &configmap("gone", "1"))
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap()
+        .parse()
+        .unwrap();
+    sim.restart_losing_state();
+    let defaults: Api<ConfigMap> = Api::namespaced(c.client.clone(), "default");
+    assert_eq!(code(api.get("gone").await), 404);
+    let after: u64 = defaults
+        .create(&PostParams::default(), &configmap("new", "1"))
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after > before);
+}

@@ -82,13 +82,9 @@ impl ApiServer {
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
         });
-        for namespace in INITIAL_NAMESPACES {
-            let rt = server
-                .resource("", "v1", "namespaces")
-                .map_err(|e| std::io::Error::other(e.message))?;
-            create(&server, &rt, None, json!({"metadata": {"name": namespace}}))
-                .map_err(|e| std::io::Error::other(e.message))?;
-        }
+        server
+            .create_initial_namespaces()
+            .map_err(|e| std::io::Error::other(e.message))?;
         let shutdown = CancellationToken::new();
         let app = axum::Router::new()
             .fallback(handle)
@@ -173,6 +169,16 @@ impl ApiServer {
         self.server.store.compact();
     }
 
+    /// Simulates an API server restart on an empty etcd: watches drop, every object is gone
+    /// (but the built-in namespaces), resourceVersions keep increasing.
+    pub fn restart_losing_state(&self) {
+        self.drop_watches();
+        self.server.store.wipe();
+        if let Err(error) = self.server.create_initial_namespaces() {
+            tracing::error!(error = %error.message, "cannot recreate the initial namespaces");
+        }
+    }
+
     pub fn stop(&self) {
         self.drop_watches();
         self.shutdown.cancel();
@@ -186,6 +192,14 @@ impl Drop for ApiServer {
 }
 
 impl Server {
+    fn create_initial_namespaces(&self) -> Result<(), ApiError> {
+        let rt = self.resource("", "v1", "namespaces")?;
+        for namespace in INITIAL_NAMESPACES {
+            create(self, &rt, None, json!({"metadata": {"name": namespace}}))?;
+        }
+        Ok(())
+    }
+
     fn resource(&self, group: &str, version: &str, plural: &str) -> Result<ResourceType, ApiError> {
         self.registry.find(group, version, plural).ok_or_else(|| {
             ApiError::not_found(group, plural, "").with_message(format!(
