@@ -10,7 +10,7 @@ use csi_proto::csi::v1 as csi;
 use tonic::Status;
 
 use crate::data;
-use crate::driver::{Driver, io_failed, to_btree};
+use crate::driver::{Driver, io_failed, ready_volume, ready_volume_mut, to_btree};
 use crate::rules::{self, required};
 use crate::state::{
     AccessType, ContentSource, Phase, Publication, Snapshot, State, Volume, now_nanos,
@@ -355,11 +355,7 @@ impl Driver {
         self.store.update(|state| {
             let max = self.config.max_volumes_per_node;
             let count = state.published_count(node);
-            let volume = state
-                .volumes
-                .get_mut(id)
-                .filter(|v| v.phase == Phase::Ready)
-                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            let volume = ready_volume_mut(state, id)?;
             if !self.is_known_node(node) {
                 return Err(Status::not_found(format!("node {node} not found")));
             }
@@ -426,11 +422,7 @@ impl Driver {
         let id = required(&request.volume_id, "volume_id")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
         let state = self.store.read()?;
-        let volume = state
-            .volumes
-            .get(id)
-            .filter(|v| v.phase == Phase::Ready)
-            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+        let volume = ready_volume(&state, id)?;
         if volume.access_type != access_type {
             return Ok(csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
@@ -675,12 +667,7 @@ impl Driver {
         let (size, _) = requested_size(Some(range), self.config.max_volume_size)?;
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.store.update(|state| {
-            let volume = state
-                .volumes
-                .get(id)
-                .filter(|v| v.phase == Phase::Ready)
-                .cloned()
-                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            let volume = ready_volume(state, id)?.clone();
             if size > volume.capacity_bytes {
                 let growth = size - volume.capacity_bytes;
                 if self.available_bytes(state, &volume.home_node, &volume.kind)? < growth {
@@ -717,11 +704,7 @@ impl Driver {
     ) -> Result<csi::ControllerGetVolumeResponse, Status> {
         let id = required(&request.volume_id, "volume_id")?;
         let state = self.store.read()?;
-        let volume = state
-            .volumes
-            .get(id)
-            .filter(|v| v.phase == Phase::Ready)
-            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+        let volume = ready_volume(&state, id)?;
         Ok(csi::ControllerGetVolumeResponse {
             volume: Some(self.csi_volume(volume)),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
@@ -736,11 +719,7 @@ impl Driver {
         self.check_mutable_names(request.mutable_parameters.keys())?;
         let _guard = self.locks.acquire(&[id])?;
         self.store.update(|state| {
-            let volume = state
-                .volumes
-                .get_mut(id)
-                .filter(|v| v.phase == Phase::Ready)
-                .ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+            let volume = ready_volume_mut(state, id)?;
             volume
                 .mutable_parameters
                 .extend(to_btree(request.mutable_parameters.clone()));

@@ -8,7 +8,7 @@ use csi_proto::csi::v1 as csi;
 use tonic::Status;
 
 use crate::config::Config;
-use crate::state::{ContentSource, Phase, Snapshot, Store, StoreError, Volume};
+use crate::state::{ContentSource, Phase, Snapshot, State, Store, StoreError, Volume};
 
 impl From<StoreError> for Status {
     fn from(error: StoreError) -> Self {
@@ -185,6 +185,24 @@ pub fn timestamp(nanos: u128) -> prost_types::Timestamp {
         seconds: i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
         nanos: i32::try_from(nanos % 1_000_000_000).unwrap_or(0),
     }
+}
+
+/// A volume the CO may use (created and not being deleted), or `NOT_FOUND`.
+pub fn ready_volume<'a>(state: &'a State, id: &str) -> Result<&'a Volume, Status> {
+    state
+        .volumes
+        .get(id)
+        .filter(|v| v.phase == Phase::Ready)
+        .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
+}
+
+/// [`ready_volume`], for changing it.
+pub fn ready_volume_mut<'a>(state: &'a mut State, id: &str) -> Result<&'a mut Volume, Status> {
+    state
+        .volumes
+        .get_mut(id)
+        .filter(|v| v.phase == Phase::Ready)
+        .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
 }
 
 /// Converts the proto map type to ours.

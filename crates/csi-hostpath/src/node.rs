@@ -12,10 +12,10 @@ use csi_proto::csi::v1 as csi;
 use tonic::Status;
 
 use crate::data;
-use crate::driver::{Driver, io_failed};
+use crate::driver::{Driver, io_failed, ready_volume};
 use crate::mounts;
 use crate::rules::{self, required};
-use crate::state::{AccessType, NodeUse, Phase, Staging, Target, Volume, now_millis};
+use crate::state::{AccessType, NodeUse, Staging, Target, Volume, now_millis};
 
 #[derive(Debug, Clone)]
 pub struct NodeService {
@@ -49,13 +49,7 @@ impl Driver {
     }
 
     fn ready_volume(&self, id: &str) -> Result<Volume, Status> {
-        self.store
-            .read()?
-            .volumes
-            .get(id)
-            .filter(|v| v.phase == Phase::Ready)
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
+        ready_volume(&self.store.read()?, id).cloned()
     }
 
     fn record_node_use(
