@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod errors;
 pub mod resources;
+pub mod roles;
 pub mod selectors;
 pub mod store;
 pub mod strategic;

@@ -1,6 +1,6 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
-mod objects;
+pub(crate) mod objects;
 mod watch;
 
 use std::collections::HashMap;

@@ -1,0 +1,249 @@
+//! The cluster parts that are not ours — PV controller, scheduler, attach/detach controller,
+//! node lifecycle controller and a kubelet per simulated node — each a task with a
+//! `kube::Client`, individually switchable. They only use the public API, so they run against
+//! kube-sim and against a real kube-apiserver alike (where only the kubelet role is needed).
+//!
+//! Every role follows one pattern: reflectors keep local caches of the objects it reads, any
+//! change (or a periodic resync) wakes one reconcile pass over the whole cache, and the pass
+//! writes with patches. Passes are idempotent, so a stale cache only costs a repeated, harmless
+//! write (AlreadyExists/NotFound are tolerated where the real controllers tolerate them).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Field manager of every role's writes.
+pub const FIELD_MANAGER: &str = "kube-sim";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One switchable cluster part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    Kubelet,
+    PvBinder,
+    Scheduler,
+    AttachDetach,
+    NodeLifecycle,
+}
+
+impl Role {
+    pub const ALL: [Role; 5] = [
+        Role::Kubelet,
+        Role::PvBinder,
+        Role::Scheduler,
+        Role::AttachDetach,
+        Role::NodeLifecycle,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Kubelet => "kubelet",
+            Role::PvBinder => "pv-binder",
+            Role::Scheduler => "scheduler",
+            Role::AttachDetach => "attach-detach",
+            Role::NodeLifecycle => "node-lifecycle",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|role| role.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = Role::ALL.iter().map(|r| r.name()).collect();
+                format!("unknown role {s:?}; known roles: {}", known.join(", "))
+            })
+    }
+}
+
+/// Timings of the simulated cluster. The defaults are kube-controller-manager's and kubelet's;
+/// tests shorten them.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// How often a kubelet renews its node Lease (kubelet: 10 s, a quarter of the lease).
+    pub heartbeat_interval: Duration,
+    /// How long a node may go without a heartbeat before it is Unknown and tainted
+    /// unreachable (`--node-monitor-grace-period`, 40 s in kube-controller-manager).
+    pub node_grace_period: Duration,
+    /// Periodic reconcile pass of every role, on top of change-triggered passes.
+    pub resync: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(10),
+            node_grace_period: Duration::from_secs(40),
+            resync: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Timing {
+    /// Timings for tests: a node is unreachable after about two seconds of silence.
+    pub fn fast() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_millis(250),
+            node_grace_period: Duration::from_secs(2),
+            resync: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A reflector-backed cache of one resource type; every change wakes the owning role.
+pub(crate) fn cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: &Arc<Notify>,
+    shutdown: &CancellationToken,
+) -> Store<K>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+    let wake = wake.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = stream.next() => match event {
+                    Some(Ok(_)) => wake.notify_one(),
+                    Some(Err(error)) => tracing::debug!(%error, "watch error, retrying"),
+                    None => return,
+                },
+            }
+        }
+    });
+    reader
+}
+
+/// Waits until every cache has its initial list.
+pub(crate) async fn wait_ready<K>(stores: &[&Store<K>]) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    for store in stores {
+        if store.wait_until_ready().await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Runs `pass` whenever `wake` fires or `resync` elapses, until `shutdown`. A failed pass is
+/// logged and retried on the next wake-up.
+pub(crate) async fn reconcile_loop<F, Fut>(
+    role: &str,
+    wake: Arc<Notify>,
+    resync: Duration,
+    shutdown: CancellationToken,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), RoleError>>,
+{
+    loop {
+        if let Err(error) = pass().await {
+            tracing::warn!(role, %error, "reconcile pass failed, retrying");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = wake.notified() => {}
+            () = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
+/// A JSON merge patch by the kube-sim field manager.
+pub(crate) async fn merge_patch<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// Same, on the status subresource.
+pub(crate) async fn merge_patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// True for "not found" and "already exists" answers, which a repeated idempotent write gets.
+pub(crate) fn is_benign(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409 && status.reason == "AlreadyExists")
+}
+
+/// Now, as the API's RFC 3339 timestamps.
+pub(crate) fn now() -> String {
+    crate::apiserver::objects::now_rfc3339()
+}
+
+/// Seconds since an RFC 3339 timestamp (0 when unparsable or in the future).
+pub(crate) fn age_seconds(timestamp: &str) -> f64 {
+    let Ok(then) = timestamp.parse::<k8s_openapi::jiff::Timestamp>() else {
+        return 0.0;
+    };
+    let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(then);
+    elapsed.as_secs_f64().max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_names_round_trip() {
+        for role in Role::ALL {
+            assert_eq!(role.name().parse::<Role>(), Ok(role));
+        }
+        let error = "kubeproxy".parse::<Role>().unwrap_err();
+        assert!(error.contains("pv-binder"), "{error}");
+    }
+
+    #[test]
+    fn ages() {
+        assert_eq!(age_seconds("garbage"), 0.0);
+        assert_eq!(age_seconds("2999-01-01T00:00:00Z"), 0.0);
+        assert!(age_seconds("2020-01-01T00:00:00Z") > 1e8);
+    }
+}
