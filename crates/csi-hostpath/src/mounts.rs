@@ -9,45 +9,11 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags, mount_bind, mount_remount, unmount};
 
+pub use csi_sidecar::mounts::{is_mount_point, mount_points};
+
 /// True when running with the privileges mounting needs.
 pub fn can_mount() -> bool {
     rustix::process::geteuid().is_root()
-}
-
-/// Mount points currently in this process's mount namespace.
-pub fn mount_points() -> io::Result<Vec<PathBuf>> {
-    let table = fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(table
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_mountinfo(field)))
-        .collect())
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-pub fn is_mount_point(path: &Path) -> io::Result<bool> {
-    Ok(mount_points()?.iter().any(|p| p == path))
 }
 
 /// Bind-mounts `source` on `target`, read-only when asked (a bind mount takes `ro` only on
@@ -178,14 +144,6 @@ pub fn kill(pid: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(unescape_mountinfo(r"/a\040b"), "/a b");
-        assert_eq!(unescape_mountinfo(r"/tab\011x"), "/tab\tx");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo(r"/end\04"), r"/end\04");
-    }
 
     #[test]
     fn write_flags() {

@@ -12,9 +12,12 @@
 //! - [`events`] core/v1 Event recording;
 //! - [`shutdown`] one cancellation token for every task;
 //! - [`logging`] tracing from `-v` and `--logging-format`;
-//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram.
+//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
+//! - [`mounts`] the node's mount table;
+//! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities.
 
 pub mod backoff;
+pub mod capability;
 pub mod conn;
 pub mod events;
 pub mod flags;
@@ -23,4 +26,5 @@ pub mod kube;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod mounts;
 pub mod shutdown;

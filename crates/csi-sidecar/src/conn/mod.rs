@@ -21,7 +21,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-pub use driver::{DriverInfo, PluginCapabilities, Services};
+pub use driver::{
+    DriverInfo, PluginCapabilities, Services, controller_capabilities, node_capabilities,
+};
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 
 use crate::flags::format_go_duration;

@@ -1,0 +1,133 @@
+//! Kubernetes access modes and volume modes as CSI volume capabilities — the one mapping the
+//! provisioner, the attacher and the (simulated) kubelet all use (upstream: external-provisioner
+//! `getAccessMode`, external-attacher `GetVolumeCapabilities`, kubelet `asCSIAccessModeV1`).
+
+use csi_proto::csi::v1::VolumeCapability;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapabilityError {
+    #[error("unknown access mode {0:?}")]
+    UnknownAccessMode(String),
+}
+
+/// The CSI access mode for a Kubernetes one. With the driver's SINGLE_NODE_MULTI_WRITER
+/// capability, ReadWriteOnce (several pods of one node may write) becomes
+/// SINGLE_NODE_MULTI_WRITER and ReadWriteOncePod becomes SINGLE_NODE_SINGLE_WRITER; without it
+/// both are SINGLE_NODE_WRITER.
+pub fn access_mode(
+    kubernetes_mode: &str,
+    single_node_multi_writer: bool,
+) -> Result<Mode, CapabilityError> {
+    Ok(match (kubernetes_mode, single_node_multi_writer) {
+        ("ReadWriteOnce", true) => Mode::SingleNodeMultiWriter,
+        ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+        ("ReadWriteOnce" | "ReadWriteOncePod", false) => Mode::SingleNodeWriter,
+        ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+        ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+        (other, _) => return Err(CapabilityError::UnknownAccessMode(other.to_string())),
+    })
+}
+
+/// How the volume is presented: a filesystem (with fsType and mount flags) or a raw block
+/// device (`volumeMode: Block`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessKind {
+    Mount {
+        fs_type: String,
+        mount_flags: Vec<String>,
+    },
+    Block,
+}
+
+impl AccessKind {
+    /// From a PV/PVC `volumeMode` (absent means Filesystem).
+    pub fn from_volume_mode(
+        volume_mode: Option<&str>,
+        fs_type: impl Into<String>,
+        mount_flags: Vec<String>,
+    ) -> Self {
+        if volume_mode == Some("Block") {
+            AccessKind::Block
+        } else {
+            AccessKind::Mount {
+                fs_type: fs_type.into(),
+                mount_flags,
+            }
+        }
+    }
+}
+
+/// One VolumeCapability.
+pub fn volume_capability(kind: &AccessKind, mode: Mode) -> VolumeCapability {
+    let access_type = match kind {
+        AccessKind::Block => AccessType::Block(BlockVolume {}),
+        AccessKind::Mount {
+            fs_type,
+            mount_flags,
+        } => AccessType::Mount(MountVolume {
+            fs_type: fs_type.clone(),
+            mount_flags: mount_flags.clone(),
+            volume_mount_group: String::new(),
+        }),
+    };
+    VolumeCapability {
+        access_type: Some(access_type),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_modes() {
+        let table = [
+            ("ReadWriteOnce", false, Mode::SingleNodeWriter),
+            ("ReadWriteOnce", true, Mode::SingleNodeMultiWriter),
+            ("ReadWriteOncePod", false, Mode::SingleNodeWriter),
+            ("ReadWriteOncePod", true, Mode::SingleNodeSingleWriter),
+            ("ReadOnlyMany", false, Mode::MultiNodeReaderOnly),
+            ("ReadOnlyMany", true, Mode::MultiNodeReaderOnly),
+            ("ReadWriteMany", false, Mode::MultiNodeMultiWriter),
+            ("ReadWriteMany", true, Mode::MultiNodeMultiWriter),
+        ];
+        for (kubernetes, multi, expected) in table {
+            assert_eq!(
+                access_mode(kubernetes, multi),
+                Ok(expected),
+                "{kubernetes} multi={multi}"
+            );
+        }
+        assert_eq!(
+            access_mode("WriteSometimes", false),
+            Err(CapabilityError::UnknownAccessMode("WriteSometimes".into()))
+        );
+    }
+
+    #[test]
+    fn capabilities() {
+        let mount = AccessKind::from_volume_mode(None, "ext4", vec!["noatime".into()]);
+        let capability = volume_capability(&mount, Mode::SingleNodeWriter);
+        assert_eq!(
+            capability.access_type,
+            Some(AccessType::Mount(MountVolume {
+                fs_type: "ext4".into(),
+                mount_flags: vec!["noatime".into()],
+                volume_mount_group: String::new(),
+            }))
+        );
+        assert_eq!(
+            capability.access_mode.map(|m| m.mode),
+            Some(Mode::SingleNodeWriter as i32)
+        );
+        let block = AccessKind::from_volume_mode(Some("Block"), "ext4", vec![]);
+        assert_eq!(block, AccessKind::Block);
+        assert_eq!(
+            volume_capability(&block, Mode::MultiNodeMultiWriter).access_type,
+            Some(AccessType::Block(BlockVolume {}))
+        );
+    }
+}

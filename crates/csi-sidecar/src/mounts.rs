@@ -1,0 +1,73 @@
+//! The node's mount table as this process sees it (read-only): which paths are mount points.
+//! The reference driver, the simulated kubelet and podmon's node mode all need it.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Mount points currently in this process's mount namespace.
+pub fn mount_points() -> io::Result<Vec<PathBuf>> {
+    let table = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+        .collect())
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
+            let code =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// True when `path` itself is a mount point (not merely inside one).
+pub fn is_mount_point(path: &Path) -> io::Result<bool> {
+    Ok(mount_points()?.iter().any(|p| p == path))
+}
+
+/// Mount points at or under `root`, deepest first (the order to unmount them in).
+pub fn mount_points_under(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = mount_points()?
+        .into_iter()
+        .filter(|p| p.starts_with(root))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo(r"/a\040b"), "/a b");
+        assert_eq!(unescape_mountinfo(r"/tab\011x"), "/tab\tx");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/end\04"), r"/end\04");
+    }
+
+    #[test]
+    fn the_root_is_a_mount_point() {
+        assert!(is_mount_point(Path::new("/")).unwrap());
+        assert!(!mount_points_under(Path::new("/")).unwrap().is_empty());
+    }
+}
