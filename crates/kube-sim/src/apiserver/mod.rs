@@ -1,5 +1,6 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
+pub(crate) mod admission;
 pub(crate) mod objects;
 mod watch;
 
@@ -669,6 +670,12 @@ fn create(
     object: Value,
 ) -> Result<Value, ApiError> {
     let object = objects::prepare_create(rt, ns, object)?;
+    let object = admission::admit(rt, object, || {
+        server
+            .resource("storage.k8s.io", "v1", "storageclasses")
+            .map(|classes| server.store.list(&classes.storage_key(), None).0)
+            .unwrap_or_default()
+    });
     if let Some(ns) = ns {
         let namespaces = server.resource("", "v1", "namespaces")?;
         match server.store.get(&key(&namespaces, None, ns)) {
