@@ -11,18 +11,26 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+pub mod attach_detach;
+pub mod kubelet;
+pub mod node_lifecycle;
+pub mod pv_binder;
+pub mod scheduler;
+pub mod scheduling;
 
 /// Field manager of every role's writes.
 pub const FIELD_MANAGER: &str = "kube-sim";
@@ -113,49 +121,170 @@ impl Timing {
     }
 }
 
-/// A reflector-backed cache of one resource type; every change wakes the owning role.
-pub(crate) fn cache<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    wake: &Arc<Notify>,
-    shutdown: &CancellationToken,
-) -> Store<K>
-where
-    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
-    let wake = wake.clone();
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                event = stream.next() => match event {
-                    Some(Ok(_)) => wake.notify_one(),
-                    Some(Err(error)) => tracing::debug!(%error, "watch error, retrying"),
-                    None => return,
-                },
-            }
-        }
-    });
-    reader
+/// What `kube-sim roles` and `kube-sim up` run.
+#[derive(Clone, Debug)]
+pub struct RolesConfig {
+    pub roles: Vec<Role>,
+    /// Simulated nodes, one kubelet each.
+    pub nodes: Vec<String>,
+    /// Each kubelet's root is `<root>/<node>`.
+    pub root: PathBuf,
+    /// A driver endpoint each kubelet registers without a registration socket; `{node}` in it
+    /// is replaced by the node name.
+    pub driver_endpoint: Option<String>,
+    pub timing: Timing,
 }
 
-/// Waits until every cache has its initial list.
-pub(crate) async fn wait_ready<K>(stores: &[&Store<K>]) -> bool
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    for store in stores {
-        if store.wait_until_ready().await.is_err() {
-            return false;
+/// Running roles; dropping it does not stop them (the shutdown token does).
+#[derive(Debug)]
+pub struct RunningRoles {
+    pub kubelets: Vec<kubelet::Kubelet>,
+    pub control_plane: tokio::task::JoinSet<()>,
+}
+
+/// Starts every role in `config`.
+pub async fn start(
+    client: kube::Client,
+    config: &RolesConfig,
+    shutdown: CancellationToken,
+) -> Result<RunningRoles, RoleError> {
+    let control_plane = start_control_plane(
+        client.clone(),
+        &config.roles,
+        config.timing.clone(),
+        shutdown.clone(),
+    );
+    let mut kubelets = Vec::new();
+    if config.roles.contains(&Role::Kubelet) {
+        for node in &config.nodes {
+            let mut kubelet_config = kubelet::KubeletConfig::new(
+                node.clone(),
+                config.root.join(node),
+                config.timing.clone(),
+            );
+            if let Some(endpoint) = &config.driver_endpoint {
+                let endpoint =
+                    csi_sidecar::conn::Endpoint::parse(&endpoint.replace("{node}", node))
+                        .map_err(|e| RoleError::Invalid(format!("--driver-endpoint: {e}")))?;
+                kubelet_config.driver_endpoints.push(endpoint);
+            }
+            kubelets.push(
+                kubelet::Kubelet::start(client.clone(), kubelet_config, shutdown.clone()).await?,
+            );
         }
     }
-    true
+    Ok(RunningRoles {
+        kubelets,
+        control_plane,
+    })
+}
+
+/// Starts the control-plane roles among `roles` (everything but the kubelet, which runs per
+/// node: see [`kubelet::Kubelet`]). Each runs until `shutdown`; a role that fails is logged and
+/// restarted after a pause, as a crashed controller manager would be.
+pub fn start_control_plane(
+    client: kube::Client,
+    roles: &[Role],
+    timing: Timing,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinSet<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for role in roles.iter().copied().filter(|r| *r != Role::Kubelet) {
+        let client = client.clone();
+        let timing = timing.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            while !shutdown.is_cancelled() {
+                let client = client.clone();
+                let timing = timing.clone();
+                let token = shutdown.clone();
+                let result = match role {
+                    Role::PvBinder => pv_binder::run(client, timing, token).await,
+                    Role::Scheduler => scheduler::run(client, timing, token).await,
+                    Role::AttachDetach => attach_detach::run(client, timing, token).await,
+                    Role::NodeLifecycle => node_lifecycle::run(client, timing, token).await,
+                    Role::Kubelet => Ok(()),
+                };
+                if let Err(error) = result {
+                    tracing::error!(role = role.name(), %error, "role failed, restarting");
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        });
+    }
+    tasks
+}
+
+/// Reflector-backed caches of one role: every change in any of them wakes the role, and
+/// [`Informers::synced`] waits for all of their initial lists.
+pub(crate) struct Informers {
+    client: kube::Client,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+    synced: Vec<futures::future::BoxFuture<'static, bool>>,
+}
+
+impl Informers {
+    pub fn new(client: &kube::Client, shutdown: &CancellationToken) -> Self {
+        Self {
+            client: client.clone(),
+            wake: Arc::new(Notify::new()),
+            shutdown: shutdown.clone(),
+            synced: Vec::new(),
+        }
+    }
+
+    /// A cache of every object of a cluster-wide or all-namespaces kind.
+    pub fn all<K>(&mut self) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.watch(Api::all(self.client.clone()), watcher::Config::default())
+    }
+
+    /// A cache of what `api` and `config` select.
+    pub fn watch<K>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        let wake = self.wake.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    event = stream.next() => match event {
+                        Some(Ok(_)) => wake.notify_one(),
+                        Some(Err(error)) => tracing::debug!(%error, "watch error, retrying"),
+                        None => return,
+                    },
+                }
+            }
+        });
+        let ready = reader.clone();
+        self.synced.push(Box::pin(
+            async move { ready.wait_until_ready().await.is_ok() },
+        ));
+        reader
+    }
+
+    /// Waits until every cache has its initial list (or shutdown); returns the role's wake-up
+    /// signal, or `None` on shutdown.
+    pub async fn synced(self) -> Option<Arc<Notify>> {
+        let all = futures::future::join_all(self.synced);
+        tokio::select! {
+            () = self.shutdown.cancelled() => None,
+            results = all => results.into_iter().all(|ok| ok).then_some(self.wake),
+        }
+    }
 }
 
 /// Runs `pass` whenever `wake` fires or `resync` elapses, until `shutdown`. A failed pass is
@@ -211,6 +340,36 @@ where
 /// True for "not found" and "already exists" answers, which a repeated idempotent write gets.
 pub(crate) fn is_benign(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409 && status.reason == "AlreadyExists")
+}
+
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Deletes a pod at once (grace 0), guarded by its UID so a new pod of the same name is never
+/// hit — the kubelet's final delete and pod GC's. False when it was already gone or replaced.
+pub(crate) async fn force_delete_pod(
+    client: &kube::Client,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Result<bool, RoleError> {
+    use kube::ResourceExt;
+    let api: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let params = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Now, as the API's RFC 3339 timestamps.

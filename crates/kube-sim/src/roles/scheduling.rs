@@ -1,0 +1,377 @@
+//! Pure predicates the PV binder, the scheduler and the node lifecycle controller share:
+//! quantities, label and node selectors, PV ↔ claim matching, PV node affinity, and taint
+//! toleration — with the semantics of k8s.io/component-helpers (scheduling/corev1,
+//! storage/volume) and apimachinery's resource.Quantity.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelector, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaim, Taint,
+    Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+
+/// The status of the node's Ready condition ("True", "False", "Unknown"), if it has one.
+pub fn node_ready_status(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.as_str())
+}
+
+/// A quantity in base units (bytes for storage), rounded up; `None` when malformed.
+pub fn parse_quantity(text: &str) -> Option<u128> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let multiplier: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut value = whole.checked_mul(multiplier)?;
+    if !fraction.is_empty() {
+        let digits = u32::try_from(fraction.len()).ok()?;
+        let scale = 10u128.checked_pow(digits)?;
+        let part: u128 = fraction.parse().ok()?;
+        value = value.checked_add((part * multiplier).div_ceil(scale))?;
+    }
+    Some(value)
+}
+
+/// `metav1.LabelSelector` against labels (an absent selector matches everything).
+pub fn label_selector_matches(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let Some(selector) = selector else {
+        return true;
+    };
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    by_labels
+        && selector.match_expressions.iter().flatten().all(|e| {
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+                "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+                "Exists" => labels.contains_key(&e.key),
+                "DoesNotExist" => !labels.contains_key(&e.key),
+                _ => false,
+            }
+        })
+}
+
+fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&String>) -> bool {
+    let values = requirement.values.clone().unwrap_or_default();
+    let number = |v: &str| v.parse::<i64>().ok();
+    match requirement.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(actual), Some(bound)) = (
+                value.and_then(|v| number(v)),
+                values.first().and_then(|v| number(v)),
+            ) else {
+                return false;
+            };
+            if requirement.operator == "Gt" {
+                actual > bound
+            } else {
+                actual < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+/// `v1.NodeSelector`: terms are ORed, the requirements of a term ANDed; a term with no
+/// requirements matches nothing (component-helpers `MatchNodeSelectorTerms`).
+pub fn node_selector_matches(selector: &NodeSelector, node: &Node) -> bool {
+    let labels = node.labels();
+    let name = node.name_any();
+    selector.node_selector_terms.iter().any(|term| {
+        let expressions = term.match_expressions.clone().unwrap_or_default();
+        let fields = term.match_fields.clone().unwrap_or_default();
+        if expressions.is_empty() && fields.is_empty() {
+            return false;
+        }
+        expressions
+            .iter()
+            .all(|r| requirement_matches(r, labels.get(&r.key)))
+            && fields
+                .iter()
+                .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(&name)))
+    })
+}
+
+/// The PV's required node affinity admits the node (no affinity: every node).
+pub fn pv_matches_node(volume: &PersistentVolume, node: &Node) -> bool {
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+        .is_none_or(|required| node_selector_matches(required, node))
+}
+
+/// A PV satisfies a claim: same class, enough capacity, every requested access mode, the same
+/// volume mode, and the claim's selector (pv_controller `findMatchingVolume`).
+pub fn claim_matches_pv(claim: &PersistentVolumeClaim, volume: &PersistentVolume) -> bool {
+    let (Some(claim_spec), Some(spec)) = (claim.spec.as_ref(), volume.spec.as_ref()) else {
+        return false;
+    };
+    let claim_class = claim_spec.storage_class_name.clone().unwrap_or_default();
+    let volume_class = spec.storage_class_name.clone().unwrap_or_default();
+    let requested = claim_spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| parse_quantity(&q.0))
+        .unwrap_or(0);
+    let offered = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| parse_quantity(&q.0))
+        .unwrap_or(0);
+    let modes = spec.access_modes.clone().unwrap_or_default();
+    let mode_of = |m: Option<&String>| m.map_or("Filesystem".to_string(), Clone::clone);
+    claim_class == volume_class
+        && offered >= requested
+        && claim_spec
+            .access_modes
+            .iter()
+            .flatten()
+            .all(|m| modes.contains(m))
+        && mode_of(claim_spec.volume_mode.as_ref()) == mode_of(spec.volume_mode.as_ref())
+        && label_selector_matches(claim_spec.selector.as_ref(), volume.labels())
+}
+
+/// A toleration tolerates a taint (component-helpers `ToleratesTaint`): an empty effect
+/// matches every effect, an empty key with Exists matches every taint.
+pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or("");
+    if !effect.is_empty() && effect != taint.effect {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or("");
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" => {
+            toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+        _ => false,
+    }
+}
+
+/// The first taint with one of `effects` that no toleration tolerates.
+pub fn untolerated<'a>(
+    taints: &'a [Taint],
+    tolerations: &[Toleration],
+    effects: &[&str],
+) -> Option<&'a Taint> {
+    taints
+        .iter()
+        .filter(|t| effects.contains(&t.effect.as_str()))
+        .find(|t| {
+            !tolerations
+                .iter()
+                .any(|toleration| tolerates(toleration, t))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn from<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn quantities() {
+        let table = [
+            ("1Mi", Some(1 << 20)),
+            ("1.5Gi", Some(3 << 29)),
+            ("100", Some(100)),
+            ("2k", Some(2000)),
+            ("0.1", Some(1)),
+            ("1Qi", None),
+            ("", None),
+            ("Gi", None),
+        ];
+        for (text, expected) in table {
+            assert_eq!(parse_quantity(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn claims_and_volumes() {
+        let pv = |class: &str, size: &str, modes: serde_json::Value| -> PersistentVolume {
+            from(
+                json!({"metadata": {"name": "pv", "labels": {"tier": "gold"}}, "spec": {"storageClassName": class, "capacity": {"storage": size}, "accessModes": modes}}),
+            )
+        };
+        let claim = |class: Option<&str>,
+                     size: &str,
+                     selector: serde_json::Value|
+         -> PersistentVolumeClaim {
+            from(
+                json!({"metadata": {"name": "c"}, "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}, "selector": selector}}),
+            )
+        };
+        let rwo = json!(["ReadWriteOnce", "ReadOnlyMany"]);
+        let table = [
+            (
+                claim(Some(""), "1Gi", json!(null)),
+                pv("", "1Gi", rwo.clone()),
+                true,
+            ),
+            (
+                claim(None, "1Gi", json!(null)),
+                pv("", "2Gi", rwo.clone()),
+                true,
+            ),
+            (
+                claim(Some("fast"), "1Gi", json!(null)),
+                pv("", "1Gi", rwo.clone()),
+                false,
+            ),
+            (
+                claim(Some(""), "3Gi", json!(null)),
+                pv("", "2Gi", rwo.clone()),
+                false,
+            ),
+            (
+                claim(Some(""), "1Gi", json!(null)),
+                pv("", "1Gi", json!(["ReadWriteMany"])),
+                false,
+            ),
+            (
+                claim(Some(""), "1Gi", json!({"matchLabels": {"tier": "gold"}})),
+                pv("", "1Gi", rwo.clone()),
+                true,
+            ),
+            (
+                claim(
+                    Some(""),
+                    "1Gi",
+                    json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]}),
+                ),
+                pv("", "1Gi", rwo.clone()),
+                false,
+            ),
+        ];
+        for (i, (claim, volume, expected)) in table.iter().enumerate() {
+            assert_eq!(claim_matches_pv(claim, volume), *expected, "case {i}");
+        }
+    }
+
+    #[test]
+    fn node_affinity() {
+        let node: Node =
+            from(json!({"metadata": {"name": "n1", "labels": {"zone": "a", "cores": "8"}}}));
+        let selector = |terms: serde_json::Value| -> NodeSelector {
+            from(json!({"nodeSelectorTerms": terms}))
+        };
+        let table = [
+            (
+                json!([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]),
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]),
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["4"]}, {"key": "gpu", "operator": "DoesNotExist"}]}]),
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "cores", "operator": "Lt", "values": ["4"]}]}]),
+                false,
+            ),
+            (json!([{}]), false),
+            (json!([]), false),
+        ];
+        for (i, (terms, expected)) in table.into_iter().enumerate() {
+            assert_eq!(
+                node_selector_matches(&selector(terms), &node),
+                expected,
+                "case {i}"
+            );
+        }
+        let pv: PersistentVolume = from(json!({"metadata": {"name": "pv"}, "spec": {}}));
+        assert!(pv_matches_node(&pv, &node));
+    }
+
+    #[test]
+    fn tolerations() {
+        let taint: Taint =
+            from(json!({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}));
+        let table = [
+            (
+                json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}),
+                true,
+            ),
+            (
+                json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists"}),
+                true,
+            ),
+            (json!({"operator": "Exists"}), true),
+            (
+                json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoSchedule"}),
+                false,
+            ),
+            (json!({"key": "other", "operator": "Exists"}), false),
+            (
+                json!({"key": "node.kubernetes.io/unreachable", "value": "x"}),
+                false,
+            ),
+            (json!({"key": "node.kubernetes.io/unreachable"}), true),
+        ];
+        for (i, (toleration, expected)) in table.into_iter().enumerate() {
+            assert_eq!(tolerates(&from(toleration), &taint), expected, "case {i}");
+        }
+        let taints = vec![taint];
+        assert!(untolerated(&taints, &[], &["NoSchedule"]).is_none());
+        assert!(untolerated(&taints, &[], &["NoExecute"]).is_some());
+    }
+}
