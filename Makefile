@@ -23,11 +23,14 @@ unit:
 build:
 	$(CARGO) build --workspace --release --locked --bins
 
-## demo: the reference driver on a simulated two-node cluster in one process, with real bind
-## mounts (needs root): provision, publish, snapshot, restore, fence a writing node, move the
-## volume, clean up. Exits non-zero if any step does not behave.
+## demo (needs root: real bind mounts; exits non-zero if any step does not behave):
+## 1. the reference driver on two simulated nodes: provision, publish, snapshot, restore, fence a
+##    writing node, move the volume, clean up;
+## 2. the cluster story: kube-sim + cluster roles + the driver on three nodes: bind, schedule,
+##    attach, mount, write, partition a node and recover, tear down.
 demo:
 	$(CARGO) run --release --locked -p csi-hostpath --example demo
+	$(CARGO) run --release --locked -p csi-suite-scenarios --example cluster_demo
 
 ## bench: driver throughput and latency with 1, 8 and 32 clients; rewrites BENCHMARKS.md.
 bench:

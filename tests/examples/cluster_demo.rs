@@ -1,0 +1,265 @@
+//! `make demo`, the cluster story: kube-sim's API server, its cluster roles (PV binder,
+//! scheduler, attach/detach, node lifecycle, a kubelet per node) and the reference driver on
+//! three simulated nodes. A pre-provisioned volume is bound, attached, mounted and written to
+//! by a pod; its node is cut off the control plane and recovers; then everything is torn
+//! down. Each step prints what happened, on which object and how long it took; a summary
+//! table ends the run. Needs root (the driver really mounts); exits non-zero on any failure.
+
+#![allow(clippy::print_stdout, reason = "the demo narrates on stdout")]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use csi_suite_scenarios::fixtures::{
+    StandInAttacher, file_size, is_running, pod, provision_static_volume, static_pv, static_pvc,
+    taint_effects,
+};
+use csi_suite_scenarios::{Cluster, can_mount};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+use kube_sim::roles::kubelet::{attachment_name, target_path};
+use serde_json::json;
+
+const NODE: &str = "node-b";
+
+/// One narrated step: what, on which object, how long.
+struct Step {
+    what: &'static str,
+    object: String,
+    took: Duration,
+}
+
+#[derive(Default)]
+struct Story {
+    steps: Vec<Step>,
+    started: Option<Instant>,
+}
+
+impl Story {
+    fn begin(&mut self, what: &str) {
+        println!("… {what}");
+        self.started = Some(Instant::now());
+    }
+
+    fn done(&mut self, what: &'static str, object: impl Into<String>) {
+        let took = self.started.take().map_or(Duration::ZERO, |s| s.elapsed());
+        let object = object.into();
+        println!("✔ {what} — {object} ({})", millis(took));
+        self.steps.push(Step { what, object, took });
+    }
+
+    fn table(&self) {
+        println!("\n| # | step | object | took |\n|---|------|--------|------|");
+        for (i, step) in self.steps.iter().enumerate() {
+            println!(
+                "| {} | {} | {} | {} |",
+                i + 1,
+                step.what,
+                step.object,
+                millis(step.took)
+            );
+        }
+        let total: Duration = self.steps.iter().map(|s| s.took).sum();
+        println!("\n{} steps, {} in all.", self.steps.len(), millis(total));
+    }
+}
+
+fn millis(duration: Duration) -> String {
+    format!("{} ms", duration.as_millis())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    if !can_mount() {
+        eprintln!("make demo needs root: the driver's node instances make real bind mounts.");
+        return ExitCode::FAILURE;
+    }
+    csi_suite_scenarios::init_logging_at("error");
+    // The fixture panics with a cluster dump when a step does not happen in time.
+    let outcome = tokio::spawn(story()).await;
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("\ncluster demo FAILED: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn story() {
+    let mut story = Story::default();
+    println!(
+        "The cluster story: kube-sim + cluster roles + the reference driver on three nodes.\n"
+    );
+
+    story.begin("starting the API server, the roles, the driver, and registering it on every node");
+    let cluster = Cluster::start("demo").await;
+    let driver = cluster.driver_name.clone();
+    for node in &cluster.nodes {
+        let csi_node = cluster
+            .cluster_scoped::<CSINode>()
+            .get(node)
+            .await
+            .expect("CSINode");
+        assert!(csi_node.spec.drivers.iter().any(|d| d.name == driver));
+    }
+    story.done(
+        "cluster up, driver registered via the plugin watcher",
+        format!("CSINode node-a, node-b, node-c → {driver}"),
+    );
+    let attacher = StandInAttacher::start(
+        cluster.client.clone(),
+        &driver,
+        cluster.driver.controller.csi.clone(),
+    );
+
+    story.begin("an administrator pre-provisions a volume and creates its PV");
+    let pv_name = format!("{}-pv", cluster.namespace);
+    let handle = provision_static_volume(&cluster.driver.controller.csi, &pv_name, 8 << 20).await;
+    cluster
+        .create(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            static_pv(&pv_name, &driver, &handle, "8Mi"),
+        )
+        .await;
+    story.done(
+        "volume created and PV registered",
+        format!("PersistentVolume {pv_name}"),
+    );
+
+    story.begin("a claim is created; the PV binder binds it to the PV");
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            static_pvc("data", "8Mi"),
+        )
+        .await;
+    cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "claim bound",
+            |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+        )
+        .await;
+    story.done(
+        "claim Bound",
+        format!("PersistentVolumeClaim {}/data", cluster.namespace),
+    );
+
+    story.begin("a writing pod is created; scheduled, attached, staged, published, started");
+    let mut manifest = pod("writer", NODE, Some("data"), true);
+    manifest["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
+    let created: Pod = cluster.create(&cluster.namespaced(), manifest).await;
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "writer",
+            "pod running",
+            is_running,
+        )
+        .await;
+    let va = attachment_name(&handle, &driver, NODE);
+    story.done(
+        "pod Running on node-b with its volume mounted",
+        format!("Pod writer, VolumeAttachment {}…", &va[..16]),
+    );
+
+    let target = target_path(
+        &cluster.driver.kubelet_dir(NODE),
+        &created.uid().unwrap_or_default(),
+        &pv_name,
+        false,
+    );
+    let log = target.join("writer.log");
+    story.begin("the pod writes to its volume");
+    cluster.eventually("writes", || file_size(&log) > 0).await;
+    story.done("records appended", format!("writer.log on {NODE}"));
+
+    story.begin("node-b is cut off the control plane (its writer keeps running)");
+    cluster.kubelet(NODE).partition();
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            NODE,
+            "unreachable taints",
+            |n| taint_effects(n, "node.kubernetes.io/unreachable") == ["NoExecute", "NoSchedule"],
+        )
+        .await;
+    story.done(
+        "node Unknown, tainted unreachable (NoSchedule + NoExecute)",
+        format!("Node {NODE}"),
+    );
+
+    story.begin("the zombie writer on the partitioned node is still writing");
+    let before = file_size(&log);
+    cluster
+        .eventually("zombie writes", || file_size(&log) > before)
+        .await;
+    story.done(
+        "writes continue during the partition (fencing's job, in a later chapter)",
+        format!("writer.log on {NODE}"),
+    );
+
+    story.begin("node-b reconnects");
+    cluster.kubelet(NODE).heal();
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            NODE,
+            "taints cleared",
+            |n| taint_effects(n, "node.kubernetes.io/unreachable").is_empty(),
+        )
+        .await;
+    story.done("node Ready again, taints removed", format!("Node {NODE}"));
+
+    story.begin("the pod is deleted; its kubelet unpublishes and unstages, then removes it");
+    cluster
+        .namespaced::<Pod>()
+        .delete("writer", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    cluster
+        .wait_gone(&cluster.namespaced::<Pod>(), "writer", "pod gone")
+        .await;
+    assert!(!target.exists(), "unpublished");
+    story.done("volume unmounted, pod removed", "Pod writer");
+
+    story.begin("the attach/detach controller detaches the unused volume");
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            &va,
+            "VolumeAttachment deleted",
+        )
+        .await;
+    story.done(
+        "VolumeAttachment deleted",
+        format!("VolumeAttachment {}…", &va[..16]),
+    );
+
+    story.begin("the claim is deleted; the Retain PV is Released");
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    let pv = cluster
+        .wait_for(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            &pv_name,
+            "PV released",
+            |pv| pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released"),
+        )
+        .await;
+    story.done(
+        "PV Released (Retain keeps the data)",
+        format!("PersistentVolume {}", pv.name_any()),
+    );
+
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+    story.table();
+}

@@ -1,0 +1,285 @@
+//! Objects and stand-ins the scenarios share: pre-provisioned ("static") volumes, PV/PVC/pod
+//! manifests, and a stand-in for external-attacher until that sidecar's own scenarios replace
+//! it (it does what an attacher does to a VolumeAttachment, without finalizers).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::capability::{AccessKind, volume_capability};
+use csi_sidecar::conn::CsiConnection;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::step_timeout;
+
+const MODE: csi::volume_capability::access_mode::Mode =
+    csi::volume_capability::access_mode::Mode::SingleNodeWriter;
+
+/// An administrator's pre-created volume: CreateVolume straight on the driver's controller.
+pub async fn provision_static_volume(controller: &CsiConnection, name: &str, bytes: i64) -> String {
+    let capability = volume_capability(&AccessKind::from_volume_mode(None, "", vec![]), MODE);
+    controller
+        .create_volume(
+            csi::CreateVolumeRequest {
+                name: name.to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability],
+                ..Default::default()
+            },
+            step_timeout(),
+        )
+        .await
+        .unwrap_or_else(|status| panic!("CreateVolume {name}: {}", status.message()))
+        .volume
+        .expect("CreateVolume returns a volume")
+        .volume_id
+}
+
+/// A Retain PV for a pre-created CSI volume, with no storage class.
+pub fn static_pv(name: &str, driver: &str, handle: &str, size: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {"driver": driver, "volumeHandle": handle, "volumeAttributes": {"origin": "static"}},
+        },
+    })
+}
+
+/// A claim with no storage class (`""`: it binds only to PVs without a class).
+pub fn static_pvc(name: &str, size: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": size}},
+        },
+    })
+}
+
+/// A pod pinned to `node`, optionally with a claim mounted as volume `data` and a simulated
+/// container writing to it.
+pub fn pod(name: &str, node: &str, claim: Option<&str>, writes: bool) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+            "terminationGracePeriodSeconds": 5,
+        },
+    });
+    if let Some(claim) = claim {
+        pod["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+        pod["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "data", "mountPath": "/data"}]);
+        if writes {
+            pod["metadata"]["annotations"][kube_sim::roles::kubelet::WRITE_TO_ANNOTATION] =
+                json!("data");
+        }
+    }
+    pod
+}
+
+/// True when the pod is Running and Ready.
+pub fn is_running(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let status = pod.status.clone().unwrap_or_default();
+    status.phase.as_deref() == Some("Running")
+        && status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Attaches every VolumeAttachment of `driver` (ControllerPublishVolume with the node name as
+/// node ID, as the reference driver uses) and unpublishes volumes whose VolumeAttachment went
+/// away — what external-attacher does, minus its finalizers.
+#[derive(Debug)]
+pub struct StandInAttacher {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl StandInAttacher {
+    pub fn start(client: Client, driver: &str, controller: CsiConnection) -> Self {
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let driver = driver.to_string();
+        let task = tokio::spawn(async move {
+            let api: Api<VolumeAttachment> = Api::all(client);
+            let mut attached: BTreeMap<String, (String, String)> = BTreeMap::new();
+            while !stop.is_cancelled() {
+                if let Ok(list) = api.list(&ListParams::default()).await {
+                    let present: Vec<String> = list.items.iter().map(|va| va.name_any()).collect();
+                    for va in list.items.iter().filter(|va| va.spec.attacher == driver) {
+                        if va.status.as_ref().is_some_and(|s| s.attached) {
+                            continue;
+                        }
+                        if let Some(done) = attach(&api, &controller, va).await {
+                            attached.insert(va.name_any(), done);
+                        }
+                    }
+                    let gone: Vec<String> = attached
+                        .keys()
+                        .filter(|n| !present.contains(n))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        let (volume_id, node_id) = attached.remove(&name).unwrap_or_default();
+                        let request = csi::ControllerUnpublishVolumeRequest {
+                            volume_id,
+                            node_id,
+                            secrets: Default::default(),
+                        };
+                        if let Err(status) = controller
+                            .controller_unpublish_volume(request, Duration::from_secs(10))
+                            .await
+                        {
+                            tracing::warn!(%name, error = %status.message(), "stand-in attacher: unpublish failed");
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        });
+        Self { shutdown, task }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn attach(
+    api: &Api<VolumeAttachment>,
+    controller: &CsiConnection,
+    va: &VolumeAttachment,
+) -> Option<(String, String)> {
+    let pv_name = va.spec.source.persistent_volume_name.clone()?;
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> =
+        Api::all(api.clone().into_client());
+    let pv = pvs.get(&pv_name).await.ok()?;
+    let handle = pv.spec?.csi?.volume_handle;
+    let node_id = va.spec.node_name.clone();
+    let capability = volume_capability(&AccessKind::from_volume_mode(None, "", vec![]), MODE);
+    let request = csi::ControllerPublishVolumeRequest {
+        volume_id: handle.clone(),
+        node_id: node_id.clone(),
+        volume_capability: Some(capability),
+        ..Default::default()
+    };
+    let status = match controller
+        .controller_publish_volume(request, Duration::from_secs(10))
+        .await
+    {
+        Ok(response) => {
+            json!({"status": {"attached": true, "attachmentMetadata": response.publish_context}})
+        }
+        Err(status) => {
+            json!({"status": {"attached": false, "attachError": {"message": status.message(), "time": Time(Timestamp::now())}}})
+        }
+    };
+    let attached = status["status"]["attached"] == json!(true);
+    if let Err(error) = api
+        .patch_status(
+            &va.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(status),
+        )
+        .await
+    {
+        tracing::warn!(va = %va.name_any(), %error, "stand-in attacher: status update failed");
+        return None;
+    }
+    attached.then_some((handle, node_id))
+}
+
+/// A pod on `node` running with a freshly pre-provisioned static volume mounted as `data`
+/// (and writing to it). Returns the pod, the PV name and the publish target path.
+pub async fn running_pod_with_static_volume(
+    cluster: &crate::Cluster,
+    name: &str,
+    node: &str,
+    customize: impl FnOnce(&mut Value),
+) -> (k8s_openapi::api::core::v1::Pod, String, std::path::PathBuf) {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+    let driver = cluster.driver_name.clone();
+    let pv_name = format!("{}-{name}", cluster.namespace);
+    let handle = provision_static_volume(&cluster.driver.controller.csi, &pv_name, 1 << 20).await;
+    cluster
+        .create(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            static_pv(&pv_name, &driver, &handle, "1Mi"),
+        )
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            static_pvc(name, "1Mi"),
+        )
+        .await;
+    let mut manifest = pod(name, node, Some(name), true);
+    customize(&mut manifest);
+    let created: Pod = cluster.create(&cluster.namespaced(), manifest).await;
+    let running = cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            name,
+            "the pod Running with its volume",
+            is_running,
+        )
+        .await;
+    let uid = created.uid().unwrap_or_default();
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(node),
+        &uid,
+        &pv_name,
+        false,
+    );
+    (running, pv_name, target)
+}
+
+/// Size of a file, 0 when missing.
+pub fn file_size(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// The effects of the node's taints with `key`, sorted.
+pub fn taint_effects(node: &k8s_openapi::api::core::v1::Node, key: &str) -> Vec<String> {
+    let mut effects: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key == key)
+        .map(|t| t.effect)
+        .collect();
+    effects.sort();
+    effects
+}

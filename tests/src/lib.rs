@@ -1,0 +1,421 @@
+//! The scenario suite's fixture. [`Cluster::start`] brings up a whole cluster on this machine:
+//! kube-sim's API server, every cluster role (PV binder, scheduler, attach/detach, node
+//! lifecycle, a kubelet per simulated node) and the reference CSI driver (a controller instance
+//! and a node instance per node, registered through each kubelet's plugin watcher). With
+//! `KUBECONFIG` set it uses that cluster instead and starts only the kubelets and the driver —
+//! a real kube-apiserver, kube-controller-manager and kube-scheduler do the rest.
+//!
+//! Each scenario gets its own namespace; when a wait times out, the fixture dumps the
+//! namespace's objects, the cluster-scoped storage objects and the nodes before failing.
+//! Logs go to the test's captured output, so a failing scenario shows them.
+
+pub mod fixtures;
+pub mod registration;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use csi_hostpath::local::LocalCluster;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use kube_sim::ApiServer;
+use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
+use kube_sim::roles::{Role, Timing};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+pub use csi_hostpath::config::DEFAULT_DRIVER_NAME as DRIVER;
+pub use registration::RegistrationServer;
+
+/// The simulated nodes of a default cluster.
+pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// How long a scenario waits for one step before it dumps the cluster and fails. Real
+/// clusters get more: their node monitor grace period alone is 40 s.
+pub fn step_timeout() -> Duration {
+    if real_cluster() {
+        Duration::from_secs(120)
+    } else {
+        Duration::from_secs(30)
+    }
+}
+
+/// True when the scenarios run against the cluster `KUBECONFIG` points at.
+pub fn real_cluster() -> bool {
+    std::env::var_os("KUBECONFIG").is_some()
+}
+
+/// True when this process may mount (the driver's node service needs it).
+pub fn can_mount() -> bool {
+    csi_hostpath::mounts::can_mount()
+}
+
+/// Logs to the test's captured output at info level; `RUST_LOG` adjusts.
+pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logs at `level` for our crates (the first call in a process wins; `RUST_LOG` overrides).
+pub fn init_logging_at(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},kube_runtime=warn,hyper=warn,h2=warn,tower=warn"
+        ))
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// What a scenario needs from its cluster.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub nodes: Vec<String>,
+    /// Register the driver's node instances through a registration socket per node (as a
+    /// node-driver-registrar would). Off: the scenario registers (or not) by itself.
+    pub register_driver: bool,
+    /// The reference driver's name (scenarios that change cluster-wide driver settings use
+    /// their own, so they can share a real cluster with the others).
+    pub driver_name: String,
+    /// Whether the driver needs ControllerPublishVolume before NodeStageVolume (its
+    /// `--enable-attach`); pair `false` with a CSIDriver object with `attachRequired: false`.
+    pub attach_required: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: NODES.iter().map(|n| n.to_string()).collect(),
+            register_driver: true,
+            driver_name: DRIVER.to_string(),
+            attach_required: true,
+        }
+    }
+}
+
+/// A running cluster and a namespace for one scenario.
+pub struct Cluster {
+    pub client: Client,
+    pub namespace: String,
+    pub nodes: Vec<String>,
+    pub driver: LocalCluster,
+    pub driver_name: String,
+    pub kubelets: BTreeMap<String, Kubelet>,
+    pub registrations: Vec<RegistrationServer>,
+    pub timing: Timing,
+    pub sim: Option<ApiServer>,
+    shutdown: CancellationToken,
+    /// The control-plane roles' tasks (dropping the set would abort them).
+    control_plane: tokio::task::JoinSet<()>,
+    root: tempfile::TempDir,
+}
+
+impl Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("namespace", &self.namespace)
+            .field("nodes", &self.nodes)
+            .field("root", &self.root.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// A cluster with every role, three nodes and the registered driver.
+    pub async fn start(scenario: &str) -> Self {
+        Self::start_with(scenario, Options::default()).await
+    }
+
+    pub async fn start_with(scenario: &str, options: Options) -> Self {
+        init_logging();
+        let root = tempfile::Builder::new()
+            .prefix("scenario-")
+            .tempdir_in(scratch_dir())
+            .expect("a scratch directory");
+        let timing = Timing::fast();
+        let shutdown = CancellationToken::new();
+        let mut control_plane = tokio::task::JoinSet::new();
+        let (client, sim) = if real_cluster() {
+            let client = kube::Client::try_default()
+                .await
+                .expect("a client for KUBECONFIG");
+            (client, None)
+        } else {
+            let sim = ApiServer::start().await.expect("kube-sim starts");
+            let client = sim.client();
+            let roles = Role::ALL
+                .into_iter()
+                .filter(|r| *r != Role::Kubelet)
+                .collect::<Vec<_>>();
+            control_plane = kube_sim::roles::start_control_plane(
+                client.clone(),
+                &roles,
+                timing.clone(),
+                shutdown.clone(),
+            );
+            (client, Some(sim))
+        };
+        let node_names: Vec<&str> = options.nodes.iter().map(String::as_str).collect();
+        let driver = LocalCluster::start(root.path(), &node_names, |config| {
+            config.driver_name = options.driver_name.clone();
+            config.enable_attach = options.attach_required;
+        })
+        .await
+        .expect("the reference driver starts");
+        let mut kubelets = BTreeMap::new();
+        let mut registrations = Vec::new();
+        for node in &options.nodes {
+            let config = KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
+            let kubelet = Kubelet::start(client.clone(), config.clone(), shutdown.clone())
+                .await
+                .expect("the kubelet starts");
+            if options.register_driver {
+                let endpoint = driver.node(node).endpoint.path().display().to_string();
+                let server = RegistrationServer::start(
+                    &config.plugins_registry(),
+                    &options.driver_name,
+                    &endpoint,
+                    &["1.0.0"],
+                )
+                .await
+                .expect("the registration server starts");
+                registrations.push(server);
+            }
+            kubelets.insert(node.clone(), kubelet);
+        }
+        let namespace = format!("{scenario}-{}", unique_suffix()).replace('_', "-");
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &object(serde_json::json!({"metadata": {"name": namespace}})),
+            )
+            .await
+            .expect("the scenario namespace");
+        let cluster = Self {
+            client,
+            namespace,
+            nodes: options.nodes,
+            driver,
+            driver_name: options.driver_name.clone(),
+            kubelets,
+            registrations,
+            timing,
+            sim,
+            shutdown,
+            control_plane,
+            root,
+        };
+        if options.register_driver {
+            for node in &cluster.nodes {
+                cluster
+                    .wait_for(
+                        &cluster.cluster_scoped::<CSINode>(),
+                        node,
+                        "the driver registered in the CSINode",
+                        |csi_node| {
+                            csi_node
+                                .spec
+                                .drivers
+                                .iter()
+                                .any(|d| d.name == cluster.driver_name)
+                        },
+                    )
+                    .await;
+            }
+        }
+        cluster
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.root.path().to_path_buf()
+    }
+
+    pub fn kubelet(&self, node: &str) -> &Kubelet {
+        self.kubelets
+            .get(node)
+            .unwrap_or_else(|| panic!("no kubelet for {node}"))
+    }
+
+    /// An API for a kind in the scenario's namespace.
+    pub fn namespaced<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn cluster_scoped<K>(&self) -> Api<K>
+    where
+        K: Resource,
+        K::DynamicType: Default,
+    {
+        Api::all(self.client.clone())
+    }
+
+    /// Creates an object from JSON (in the scenario namespace when `namespaced`).
+    pub async fn create<K>(&self, api: &Api<K>, value: serde_json::Value) -> K
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Serialize,
+    {
+        let object: K = object(value);
+        api.create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|error| panic!("creating {}: {error}", object.name_any()))
+    }
+
+    /// Waits until `name` exists and satisfies `ready`; on timeout dumps the cluster and
+    /// fails the scenario with `what`.
+    pub async fn wait_for<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        what: &str,
+        ready: impl Fn(&K) -> bool,
+    ) -> K
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+    {
+        let deadline = Instant::now() + step_timeout();
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(object)) = api.get_opt(name).await
+                && ready(&object)
+            {
+                tracing::info!(%name, elapsed = ?started.elapsed(), "{what}");
+                return object;
+            }
+            if Instant::now() > deadline {
+                self.dump().await;
+                panic!("timed out waiting for {what} ({name})");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `name` is gone.
+    pub async fn wait_gone<K>(&self, api: &Api<K>, name: &str, what: &str)
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+    {
+        let deadline = Instant::now() + step_timeout();
+        while api.get_opt(name).await.ok().flatten().is_some() {
+            if Instant::now() > deadline {
+                self.dump().await;
+                panic!("timed out waiting for {what} ({name} still exists)");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `check` holds (for conditions that are not one object's state).
+    pub async fn eventually(&self, what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + step_timeout();
+        while !check() {
+            if Instant::now() > deadline {
+                self.dump().await;
+                panic!("timed out waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Prints the scenario's objects, the storage objects and the nodes (to the captured
+    /// output of the failing test).
+    pub async fn dump(&self) {
+        eprintln!("===== cluster dump for namespace {} =====", self.namespace);
+        dump_list::<Pod>(&self.namespaced()).await;
+        dump_list::<PersistentVolumeClaim>(&self.namespaced()).await;
+        dump_list::<k8s_openapi::api::core::v1::Event>(&self.namespaced()).await;
+        dump_list::<PersistentVolume>(&self.cluster_scoped()).await;
+        dump_list::<VolumeAttachment>(&self.cluster_scoped()).await;
+        dump_list::<CSINode>(&self.cluster_scoped()).await;
+        dump_list::<Node>(&self.cluster_scoped()).await;
+        eprintln!("===== end of dump =====");
+    }
+
+    /// Deletes the namespace and the cluster-scoped objects the scenario made, stops every
+    /// task and the driver.
+    pub async fn stop(self, cluster_scoped: &[(&str, &str)]) {
+        for (kind, name) in cluster_scoped {
+            let result = match *kind {
+                "PersistentVolume" => self
+                    .cluster_scoped::<PersistentVolume>()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map(drop),
+                "StorageClass" => self
+                    .cluster_scoped::<k8s_openapi::api::storage::v1::StorageClass>()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map(drop),
+                "CSIDriver" => self
+                    .cluster_scoped::<k8s_openapi::api::storage::v1::CSIDriver>()
+                    .delete(name, &DeleteParams::default())
+                    .await
+                    .map(drop),
+                other => panic!("stop() does not know kind {other}"),
+            };
+            if let Err(error) = result {
+                tracing::warn!(%kind, %name, %error, "cleanup failed");
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces
+            .delete(&self.namespace, &DeleteParams::default())
+            .await;
+        for kubelet in self.kubelets.values() {
+            kubelet.stop().await;
+        }
+        self.shutdown.cancel();
+        self.control_plane.join_all().await;
+        for registration in self.registrations {
+            registration.stop().await;
+        }
+        self.driver.stop().await;
+    }
+}
+
+async fn dump_list<K>(api: &Api<K>)
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Serialize,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&Default::default()).into_owned();
+    match api.list(&ListParams::default()).await {
+        Ok(list) => {
+            for item in list.items {
+                let text = serde_json::to_string_pretty(&item).unwrap_or_default();
+                eprintln!("--- {kind} {}\n{text}", item.name_any());
+            }
+        }
+        Err(error) => eprintln!("--- {kind}: cannot list: {error}"),
+    }
+}
+
+/// A typed object from JSON; panics with the reason on a malformed fixture.
+pub fn object<K: DeserializeOwned>(value: serde_json::Value) -> K {
+    serde_json::from_value(value).unwrap_or_else(|error| panic!("fixture object: {error}"))
+}
+
+/// Where scenario roots go: short, so Unix socket paths stay under the 108-byte limit.
+fn scratch_dir() -> PathBuf {
+    let dir = PathBuf::from("/tmp/csi-suite-scenarios");
+    std::fs::create_dir_all(&dir).expect("the scratch directory");
+    dir
+}
+
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{:x}{:x}", std::process::id() % 4096, nanos)
+}
