@@ -4,6 +4,7 @@
 //! to a cluster.
 
 pub mod apiserver;
+pub mod conversion;
 pub mod errors;
 pub mod resources;
 pub mod selectors;

@@ -72,6 +72,20 @@ fn code<T>(result: kube::Result<T>) -> u16 {
     }
 }
 
+/// The names a list returns, in the server's order (namespace, then name).
+async fn names<K>(api: &Api<K>, params: &ListParams) -> Vec<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect()
+}
+
 impl Cluster {
     fn api<K>(&self) -> Api<K>
     where
@@ -676,15 +690,7 @@ async fn delete_collection_by_label() {
     )
     .await
     .unwrap();
-    let left: Vec<String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    assert_eq!(left, ["c"]);
+    assert_eq!(names(&api, &ListParams::default()).await, ["c"]);
 }
 
 // Strategic merge patch on built-in kinds: metadata.finalizers merge as a set, containers
@@ -825,4 +831,115 @@ async fn restart_losing_state() {
         .parse()
         .unwrap();
     assert!(after > before);
+}
+
+// core/v1 and events.k8s.io/v1 Events are one storage: an Event written through either group
+// is read, listed and watched through both, with the fields converted as
+// pkg/apis/events/v1/conversion.go does (involvedObject ⇔ regarding, source ⇔
+// deprecatedSource, message ⇔ note, count/firstTimestamp/lastTimestamp ⇔ deprecated*,
+// reportingComponent ⇔ reportingController).
+#[tokio::test]
+async fn events_are_shared_between_core_and_events_group() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    let c = cluster("events").await;
+    let core: Api<CoreEvent> = c.api();
+    let new: Api<NewEvent> = c.api();
+    let listed = new.list(&ListParams::default()).await.unwrap();
+    let start = listed.metadata.resource_version.unwrap();
+    let mut watch = new
+        .watch(&WatchParams::default().timeout(10), &start)
+        .await
+        .unwrap()
+        .boxed();
+
+    let legacy: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "legacy"},
+        "involvedObject": {"kind": "Pod", "name": "web", "namespace": c.namespace, "apiVersion": "v1"},
+        "reason": "Started", "message": "started container", "type": "Normal",
+        "source": {"component": "kubelet", "host": "node-1"},
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:05Z",
+        "count": 3,
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &legacy).await.unwrap();
+    let seen = new.get("legacy").await.unwrap();
+    assert_eq!(
+        seen.regarding.as_ref().unwrap().name.as_deref(),
+        Some("web")
+    );
+    assert_eq!(seen.note.as_deref(), Some("started container"));
+    assert_eq!(seen.reason.as_deref(), Some("Started"));
+    assert_eq!(seen.type_.as_deref(), Some("Normal"));
+    let source = seen.deprecated_source.clone().unwrap();
+    assert_eq!(source.component.as_deref(), Some("kubelet"));
+    assert_eq!(source.host.as_deref(), Some("node-1"));
+    assert_eq!(seen.deprecated_count, Some(3));
+    assert_eq!(
+        seen.deprecated_first_timestamp.unwrap().0.to_string(),
+        "2026-01-01T00:00:00Z"
+    );
+    assert_eq!(
+        seen.deprecated_last_timestamp.unwrap().0.to_string(),
+        "2026-01-01T00:00:05Z"
+    );
+    let Some(WatchEvent::Added(added)) = watch.try_next().await.unwrap() else {
+        panic!("expected ADDED through events.k8s.io")
+    };
+    assert_eq!(added.note.as_deref(), Some("started container"));
+
+    let modern: NewEvent = serde_json::from_value(json!({
+        "metadata": {"name": "modern"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "example.com/attacher", "reportingInstance": "attacher-0",
+        "action": "Attach", "reason": "Attached", "type": "Warning", "note": "attach failed",
+        "regarding": {"kind": "Pod", "name": "web", "namespace": c.namespace, "apiVersion": "v1"},
+        "related": {"kind": "Node", "name": "node-1", "apiVersion": "v1"},
+        "series": {"count": 2, "lastObservedTime": "2026-01-01T00:00:03.000000Z"},
+    }))
+    .unwrap();
+    new.create(&PostParams::default(), &modern).await.unwrap();
+    let seen = core.get("modern").await.unwrap();
+    assert_eq!(seen.involved_object.name.as_deref(), Some("web"));
+    assert_eq!(seen.message.as_deref(), Some("attach failed"));
+    assert_eq!(
+        seen.reporting_component.as_deref(),
+        Some("example.com/attacher")
+    );
+    assert_eq!(seen.reporting_instance.as_deref(), Some("attacher-0"));
+    assert_eq!(seen.action.as_deref(), Some("Attach"));
+    assert_eq!(seen.type_.as_deref(), Some("Warning"));
+    assert_eq!(seen.related.unwrap().name.as_deref(), Some("node-1"));
+    assert_eq!(seen.series.unwrap().count, Some(2));
+    assert!(seen.event_time.is_some());
+    let Some(WatchEvent::Added(added)) = watch.try_next().await.unwrap() else {
+        panic!("expected ADDED through events.k8s.io")
+    };
+    assert_eq!(
+        added.reporting_controller.as_deref(),
+        Some("example.com/attacher")
+    );
+
+    // A patch through one group changes what the other reads.
+    let patch = json!({"message": "restarted container"});
+    core.patch("legacy", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(
+        new.get("legacy").await.unwrap().note.as_deref(),
+        Some("restarted container")
+    );
+    assert_eq!(
+        names(&core, &ListParams::default()).await,
+        ["legacy", "modern"]
+    );
+    let by_controller = new
+        .list(&ListParams::default().fields("reportingController=example.com/attacher"))
+        .await
+        .unwrap();
+    assert_eq!(by_controller.items.len(), 1);
+    new.delete("legacy", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(code(core.get("legacy").await), 404);
 }

@@ -3,6 +3,7 @@
 mod objects;
 mod watch;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::{Registry, ResourceType};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -473,17 +475,22 @@ async fn dispatch(
             "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type})"
         )));
     }
+    // `served` is the resource as requested; `rt` the one whose storage and registry
+    // semantics apply (they differ for events.k8s.io Events, stored as core Events).
+    let served = rt;
+    let rt = conversion::storage_type(&served);
+    let out = |code: StatusCode, object: &Value| {
+        json_response(code, &conversion::to_served(&served, object))
+    };
+    let incoming = || parse_body(body).map(|o| conversion::to_storage(&served, o));
     match (method.clone(), name) {
         (Method::GET, None) if is_watch(query) => {
-            watch::serve(server.clone(), rt, namespace, query)
+            watch::serve(server.clone(), served, namespace, query)
         }
-        (Method::GET, None) => list(server, &rt, ns, query),
-        (Method::GET, Some(name)) => {
-            get(server, &rt, ns, &name).map(|o| json_response(StatusCode::OK, &o))
-        }
+        (Method::GET, None) => list(server, &served, ns, query),
+        (Method::GET, Some(name)) => get(server, &rt, ns, &name).map(|o| out(StatusCode::OK, &o)),
         (Method::POST, None) => {
-            let object = parse_body(body)?;
-            create(server, &rt, ns, object).map(|o| json_response(StatusCode::CREATED, &o))
+            create(server, &rt, ns, incoming()?).map(|o| out(StatusCode::CREATED, &o))
         }
         (Method::POST, Some(name)) if sub == Some("binding") => {
             bind_pod(server, &rt, ns, &name, parse_body(body)?)
@@ -496,31 +503,25 @@ async fn dispatch(
             ))
         }
         (Method::PUT, Some(name)) => {
-            let object = parse_body(body)?;
-            update(server, &rt, ns, &name, object, sub == Some("status"))
-                .map(|o| json_response(StatusCode::OK, &o))
+            update(server, &rt, ns, &name, incoming()?, sub == Some("status"))
+                .map(|o| out(StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            patch(
-                server,
-                &rt,
+            let request = PatchRequest {
+                served: &served,
                 ns,
-                &name,
-                sub == Some("status"),
+                name: &name,
+                status_only: sub == Some("status"),
                 content_type,
                 query,
-                body,
-            )
+            };
+            patch(server, &request, body)
         }
         (Method::DELETE, Some(name)) => {
             let options = objects::DeleteOptions::parse(body, query)?;
-            delete(server, &rt, ns, &name, &options).map(|o| json_response(StatusCode::OK, &o))
+            delete(server, &rt, ns, &name, &options).map(|o| out(StatusCode::OK, &o))
         }
-        (Method::DELETE, None) => delete_collection(server, &rt, ns, query, body),
+        (Method::DELETE, None) => delete_collection(server, &served, ns, query, body),
         (method, _) => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {}",
             rt.plural
@@ -614,9 +615,9 @@ fn list(
         None => None,
     };
     let (objects, revision) = server.store.list(&rt.storage_key(), ns);
-    let mut matching: Vec<&Value> = objects
+    let mut matching: Vec<Cow<Value>> = objects
         .iter()
-        .map(AsRef::as_ref)
+        .map(|o| conversion::to_served(rt, o))
         .filter(|o| after.as_ref().is_none_or(|a| object_position(o) > *a))
         .filter(|o| filters.matches(o))
         .collect();
@@ -765,17 +766,30 @@ fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
             > 0
 }
 
-#[allow(clippy::too_many_arguments)]
-fn patch(
-    server: &Arc<Server>,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    name: &str,
+/// What a PATCH request names.
+struct PatchRequest<'a> {
+    served: &'a ResourceType,
+    ns: Option<&'a str>,
+    name: &'a str,
     status_only: bool,
-    content_type: &str,
-    query: &HashMap<String, String>,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+    content_type: &'a str,
+    query: &'a HashMap<String, String>,
+}
+
+/// Patch: the patch applies to the object as the client's group serves it (a patch through
+/// events.k8s.io names events.k8s.io fields), then it is stored like an update.
+fn patch(server: &Arc<Server>, request: &PatchRequest, body: &Bytes) -> Result<Response, ApiError> {
+    let PatchRequest {
+        served,
+        ns,
+        name,
+        status_only,
+        content_type,
+        query,
+    } = *request;
+    let rt = &conversion::storage_type(served);
+    let out =
+        |object: &Value| json_response(StatusCode::OK, &conversion::to_served(served, object));
     let media = content_type.split(';').next().unwrap_or_default().trim();
     // Apply bodies are YAML (JSON is YAML too); the other patch types are JSON.
     let patch: Value = if media == "application/apply-patch+yaml" {
@@ -796,16 +810,19 @@ fn patch(
         // Server-side apply: the applied configuration is merged into the live object; an
         // absent object is created from it.
         let Some(current) = current else {
-            let created = create(server, rt, ns, patch)?;
-            return Ok(json_response(StatusCode::CREATED, &created));
+            let created = create(server, rt, ns, conversion::to_storage(served, patch))?;
+            return Ok(json_response(
+                StatusCode::CREATED,
+                &conversion::to_served(served, &created),
+            ));
         };
-        let mut merged = (*current).clone();
+        let mut merged = conversion::to_served(served, &current).into_owned();
         json_patch::merge(&mut merged, &without_version(patch));
-        return update(server, rt, ns, name, merged, status_only)
-            .map(|o| json_response(StatusCode::OK, &o));
+        let merged = conversion::to_storage(served, merged);
+        return update(server, rt, ns, name, merged, status_only).map(|o| out(&o));
     }
     let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
-    let mut patched = (*current).clone();
+    let mut patched = conversion::to_served(served, &current).into_owned();
     match media {
         "application/merge-patch+json" => json_patch::merge(&mut patched, &patch),
         "application/json-patch+json" => {
@@ -820,16 +837,16 @@ fn patch(
             })?;
         }
         "application/strategic-merge-patch+json" => {
-            if !strategic::supports_kind(&rt.kind)
-                || !rt.group.is_empty() && !is_builtin_group(&rt.group)
+            if !strategic::supports_kind(&served.kind)
+                || !served.group.is_empty() && !is_builtin_group(&served.group)
             {
                 return Err(ApiError::unsupported_media_type(format!(
                     "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (strategic merge patch is not supported for {})",
-                    rt.kind
+                    served.kind
                 )));
             }
             patched =
-                strategic::apply_strategic_merge(&rt.kind, &patched, &patch).map_err(|e| {
+                strategic::apply_strategic_merge(&served.kind, &patched, &patch).map_err(|e| {
                     let code = StatusCode::from_u16(e.http_status())
                         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                     ApiError::with_reason(code, e.reason(), e.to_string())
@@ -841,6 +858,7 @@ fn patch(
             )));
         }
     }
+    let mut patched = conversion::to_storage(served, patched);
     // A patch that names no resourceVersion applies to whatever is current.
     if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()
         && !patch_sets_version
@@ -848,7 +866,7 @@ fn patch(
     {
         meta.remove("resourceVersion");
     }
-    update(server, rt, ns, name, patched, status_only).map(|o| json_response(StatusCode::OK, &o))
+    update(server, rt, ns, name, patched, status_only).map(|o| out(&o))
 }
 
 fn is_builtin_group(group: &str) -> bool {
@@ -1083,27 +1101,28 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
 
 fn delete_collection(
     server: &Arc<Server>,
-    rt: &ResourceType,
+    served: &ResourceType,
     ns: Option<&str>,
     query: &HashMap<String, String>,
     body: &Bytes,
 ) -> Result<Response, ApiError> {
-    let filters = Filters::parse(rt, query)?;
+    let filters = Filters::parse(served, query)?;
     let options = objects::DeleteOptions::parse(body, query)?;
+    let rt = &conversion::storage_type(served);
     let (objects, _) = server.store.list(&rt.storage_key(), ns);
     let mut deleted = Vec::new();
     for object in objects.iter().filter(|o| filters.matches(o)) {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let object_ns = object["metadata"]["namespace"].as_str();
         match delete(server, rt, object_ns, name, &options) {
-            Ok(object) => deleted.push(object),
+            Ok(object) => deleted.push(conversion::to_served(served, &object).into_owned()),
             Err(error) if error.code == StatusCode::NOT_FOUND => {}
             Err(error) => return Err(error),
         }
     }
     let list = json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
+        "kind": format!("{}List", served.kind),
+        "apiVersion": served.api_version(),
         "metadata": {"resourceVersion": server.store.revision().to_string()},
         "items": deleted,
     });

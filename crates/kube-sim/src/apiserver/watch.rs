@@ -3,6 +3,7 @@
 //! ADDED/DELETED as the watch cache does, bookmarks, timeoutSeconds, and disconnection of a
 //! watcher that falls behind (k8s.io/apiserver/pkg/storage/cacher).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Filters, Server, stream_body};
+use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 use crate::store::{Event, EventType};
@@ -60,7 +62,11 @@ impl Watcher {
                 }
             }
         }?;
-        Some((kind, event.object.clone()))
+        let object = match conversion::to_served(&self.rt, &event.object) {
+            Cow::Borrowed(_) => event.object.clone(),
+            Cow::Owned(converted) => Arc::new(converted),
+        };
+        Some((kind, object))
     }
 
     fn bookmark(&self, revision: u64) -> Value {
@@ -131,8 +137,9 @@ pub(super) fn serve(
     tokio::spawn(async move {
         let mut revision = start.revision;
         for object in initial.iter().filter(|o| watcher.filters.matches(o)) {
+            let object = conversion::to_served(&watcher.rt, object);
             if sender
-                .send(line(&json!({"type": "ADDED", "object": &**object})))
+                .send(line(&json!({"type": "ADDED", "object": &*object})))
                 .await
                 .is_err()
             {
