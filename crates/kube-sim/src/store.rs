@@ -2,7 +2,9 @@
 //! resourceVersion (etcd's revision); every committed change is an event kept in a bounded
 //! history (so watches resume from a resourceVersion) and fanned out to live watches in commit
 //! order. A watch asking for a version older than the history answers 410 Gone, as after an
-//! etcd compaction.
+//! etcd compaction. Lists read the objects as of an older revision by undoing the newer
+//! history, as etcd serves reads at any revision it has not compacted
+//! (https://etcd.io/docs/v3.5/learning/data_model/).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -40,11 +42,12 @@ pub struct Event {
     pub revision: u64,
     pub storage_key: String,
     pub namespace: String,
+    pub name: String,
     pub kind: EventType,
     /// The object after the change (for deletions, its last state).
     pub object: Arc<Value>,
-    /// The object before the change (modifications), to turn selector moves into
-    /// ADDED/DELETED as the watch cache does.
+    /// The object before the change (modifications and deletions): to turn selector moves
+    /// into ADDED/DELETED as the watch cache does, and to read older revisions.
     pub previous: Option<Arc<Value>>,
 }
 
@@ -61,12 +64,69 @@ struct Inner {
 }
 
 impl Inner {
-    fn objects_of(&self, storage_key: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    /// The objects of one resource (and namespace), in key order: a range of the map, not a
+    /// scan of every resource.
+    fn range<'a>(
+        &'a self,
+        storage_key: &'a str,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a {
+        let start = (
+            storage_key.to_string(),
+            namespace.unwrap_or_default().to_string(),
+            String::new(),
+        );
         self.objects
-            .iter()
-            .filter(|((key, ns, _), _)| key == storage_key && namespace.is_none_or(|n| n == ns))
+            .range(start..)
+            .take_while(move |((key, ns, _), _)| {
+                key == storage_key && namespace.is_none_or(|n| n == ns)
+            })
+    }
+
+    fn objects_of(&self, storage_key: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        self.range(storage_key, namespace)
             .map(|(_, object)| object.clone())
             .collect()
+    }
+
+    /// The objects as they were at `revision`: the current ones, with every key changed since
+    /// put back to its state before its first later change. `Err(oldest)` when the history no
+    /// longer reaches back that far.
+    fn objects_at(
+        &self,
+        storage_key: &str,
+        namespace: Option<&str>,
+        revision: u64,
+    ) -> Result<Vec<Arc<Value>>, u64> {
+        if revision < self.compacted {
+            return Err(self.compacted + 1);
+        }
+        let newer = self.history.partition_point(|e| e.revision <= revision);
+        let mut before: BTreeMap<(&str, &str), Option<&Arc<Value>>> = BTreeMap::new();
+        for event in self.history.range(newer..) {
+            if event.storage_key == storage_key && namespace.is_none_or(|n| n == event.namespace) {
+                before
+                    .entry((event.namespace.as_str(), event.name.as_str()))
+                    .or_insert(match event.kind {
+                        EventType::Added => None,
+                        EventType::Modified | EventType::Deleted => event.previous.as_ref(),
+                    });
+            }
+        }
+        if before.is_empty() {
+            return Ok(self.objects_of(storage_key, namespace));
+        }
+        let mut objects: BTreeMap<(&str, &str), &Arc<Value>> = self
+            .range(storage_key, namespace)
+            .map(|((_, ns, name), object)| ((ns.as_str(), name.as_str()), object))
+            .collect();
+        for (key, object) in before {
+            match object {
+                Some(object) => objects.insert(key, object),
+                None => objects.remove(&key),
+            };
+        }
+        Ok(objects.into_values().cloned().collect())
     }
 }
 
@@ -119,6 +179,31 @@ impl Store {
         (objects, inner.revision)
     }
 
+    /// Objects of one resource (and namespace) as of `revision` (at most the current one), in
+    /// key order. `Err(oldest)` when that revision is compacted.
+    pub fn list_at(
+        &self,
+        storage_key: &str,
+        namespace: Option<&str>,
+        revision: u64,
+    ) -> Result<Vec<Arc<Value>>, u64> {
+        self.lock().objects_at(storage_key, namespace, revision)
+    }
+
+    /// Waits until the store's revision reaches `revision`, at most `timeout`; false if it
+    /// did not (the watch cache's wait for a fresh enough state).
+    pub async fn wait_for(&self, revision: u64, timeout: std::time::Duration) -> bool {
+        let mut live = self.events.subscribe();
+        let reached = async {
+            while self.revision() < revision {
+                if let Err(broadcast::error::RecvError::Closed) = live.recv().await {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, reached).await.is_ok()
+    }
+
     /// Every object of every resource, for garbage collection.
     pub fn all(&self) -> Vec<(ObjectKey, Arc<Value>)> {
         self.lock()
@@ -152,7 +237,7 @@ impl Store {
                 key,
                 EventType::Deleted,
                 last.clone(),
-                None,
+                Some(previous),
                 revision,
             );
             return Ok(Some(last));
@@ -197,6 +282,7 @@ impl Store {
             revision,
             storage_key: key.0.clone(),
             namespace: key.1.clone(),
+            name: key.2.clone(),
             kind,
             object,
             previous,
@@ -345,6 +431,43 @@ mod tests {
         let mut live = watch.live;
         put(&store, "c", "1");
         assert_eq!(live.try_recv().unwrap().object["metadata"]["name"], "c");
+    }
+
+    #[test]
+    fn older_revisions_are_reconstructed_from_the_history() {
+        let store = Store::default();
+        put(&store, "a", "1");
+        put(&store, "b", "1");
+        let at = store.revision();
+        put(&store, "a", "2");
+        store.commit::<()>(&key("b"), |_| Ok(None)).unwrap();
+        put(&store, "c", "1");
+        let data = |objects: Vec<Arc<Value>>| -> Vec<(String, String)> {
+            objects
+                .iter()
+                .map(|o| {
+                    (
+                        o["metadata"]["name"].as_str().unwrap().to_string(),
+                        o["data"]["k"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let then = store.list_at("/configmaps", Some("default"), at).unwrap();
+        assert_eq!(
+            data(then),
+            [("a".into(), "1".into()), ("b".into(), "1".into())]
+        );
+        let now = store
+            .list_at("/configmaps", None, store.revision())
+            .unwrap();
+        assert_eq!(
+            data(now),
+            [("a".into(), "2".into()), ("c".into(), "1".into())]
+        );
+        assert!(store.list_at("/configmaps", None, 1).unwrap().is_empty());
+        store.compact();
+        assert!(store.list_at("/configmaps", None, at).is_err());
     }
 
     #[test]

@@ -943,3 +943,209 @@ async fn events_are_shared_between_core_and_events_group() {
         .unwrap();
     assert_eq!(code(core.get("legacy").await), 404);
 }
+
+/// One plain HTTP/1.1 GET, for the parts of a response `kube::Client` does not expose (the
+/// Status body of an error).
+async fn raw_get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: kube-sim\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap())
+}
+
+async fn configmaps(api: &Api<ConfigMap>, names: &[&str]) {
+    for name in names {
+        api.create(&PostParams::default(), &configmap(name, "1"))
+            .await
+            .unwrap();
+    }
+}
+
+// Every page of a paged list comes from the snapshot of the first page (etcd reads at the
+// first page's revision): later creations stay invisible, later deletions still appear,
+// changed objects show their old state (https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks).
+#[tokio::test]
+async fn list_pages_are_one_snapshot() {
+    let c = cluster("snapshot").await;
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b", "c", "d"]).await;
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    let snapshot = first.metadata.resource_version.clone().unwrap();
+    assert_eq!(first.metadata.remaining_item_count, Some(2));
+    api.create(&PostParams::default(), &configmap("e", "1"))
+        .await
+        .unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"data": {"key": "2"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("d", &DeleteParams::default()).await.unwrap();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut page = first;
+    loop {
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(&*snapshot));
+        seen.extend(
+            page.items
+                .iter()
+                .map(|o| (o.name_any(), o.data.clone().unwrap()["key"].clone())),
+        );
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => {
+                page = api
+                    .list(&ListParams::default().limit(2).continue_token(&token))
+                    .await
+                    .unwrap();
+            }
+            None => break,
+        }
+    }
+    let expected: Vec<(String, String)> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| (n.to_string(), "1".to_string()))
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(
+        names(&api, &ListParams::default()).await,
+        ["a", "b", "c", "e"]
+    );
+}
+
+// A continue token whose snapshot is no longer in the history answers 410 Expired with
+// kube-apiserver's message and a token that continues, inconsistently, on the latest state
+// (k8s.io/apiserver/pkg/storage/etcd3/store.go handleCompactedErrorForPaging).
+#[tokio::test]
+async fn expired_continue_token_is_gone() {
+    let c = cluster("expired").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping expired_continue_token_is_gone: needs kube-sim's compaction hook");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b", "c"]).await;
+    let first = api.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = first.metadata.continue_.unwrap();
+    configmaps(&api, &["d"]).await;
+    sim.restart_keeping_state();
+    let path = format!(
+        "/api/v1/namespaces/{}/configmaps?limit=1&continue={token}",
+        c.namespace
+    );
+    let (status, body) = raw_get(sim.addr, &path).await;
+    assert_eq!(status, 410);
+    assert_eq!(body["reason"], "Expired");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The provided continue parameter is too old"),
+        "{body}"
+    );
+    let latest = body["metadata"]["continue"].as_str().unwrap();
+    assert_eq!(
+        names(&api, &ListParams::default().continue_token(latest)).await,
+        ["b", "c", "d"],
+        "the latest state"
+    );
+    assert_eq!(
+        code(
+            api.list(&ListParams::default().continue_token("bm90LWEtdG9rZW4"))
+                .await
+        ),
+        400
+    );
+}
+
+// resourceVersion and resourceVersionMatch on list
+// (https://kubernetes.io/docs/reference/using-api/api-concepts/#semantics-for-get-and-list):
+// Exact reads that revision, NotOlderThan the latest, a legacy resourceVersion with a limit
+// is Exact, "0" is served whole from the watch cache (limit ignored), a version the server
+// has not reached is 504 after a wait (checked on kube-sim, whose address the test has), and
+// invalid combinations are 422.
+#[tokio::test]
+async fn list_resource_version_semantics() {
+    use kube::api::VersionMatch;
+    use kube::core::ObjectList;
+    let c = cluster("listrv").await;
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b"]).await;
+    let before = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    configmaps(&api, &["c"]).await;
+    let exact = ListParams::default()
+        .at(&before)
+        .matching(VersionMatch::Exact);
+    assert_eq!(names(&api, &exact).await, ["a", "b"]);
+    let legacy_paged = ListParams::default().at(&before).limit(10);
+    assert_eq!(names(&api, &legacy_paged).await, ["a", "b"]);
+    let not_older = ListParams::default()
+        .at(&before)
+        .matching(VersionMatch::NotOlderThan);
+    assert_eq!(names(&api, &not_older).await, ["a", "b", "c"]);
+    let any: ObjectList<ConfigMap> = c
+        .client
+        .request(
+            http::Request::get(format!(
+                "/api/v1/namespaces/{}/configmaps?resourceVersion=0&limit=1",
+                c.namespace
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(any.items.len(), 3, "limit is ignored for resourceVersion=0");
+    // kube::Client retries 504 (15 times), so this one goes out as a single request.
+    if let Some(sim) = &c.sim {
+        let future: u64 = before.parse::<u64>().unwrap() + 1_000_000;
+        let path = format!(
+            "/api/v1/namespaces/{}/configmaps?resourceVersion={future}&resourceVersionMatch=NotOlderThan",
+            c.namespace
+        );
+        let (status, body) = raw_get(sim.addr, &path).await;
+        assert_eq!(status, 504);
+        assert_eq!(
+            body["details"]["causes"][0]["reason"],
+            "ResourceVersionTooLarge"
+        );
+    }
+    let forbidden = c
+        .client
+        .request::<ObjectList<ConfigMap>>(
+            http::Request::get(format!(
+                "/api/v1/namespaces/{}/configmaps?resourceVersionMatch=Exact",
+                c.namespace
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await;
+    let Err(kube::Error::Api(status)) = forbidden else {
+        panic!("expected 422, got {forbidden:?}")
+    };
+    assert_eq!(status.code, 422);
+    assert!(
+        status
+            .message
+            .contains("resourceVersionMatch is forbidden unless resourceVersion is provided"),
+        "{}",
+        status.message
+    );
+    if let Some(sim) = &c.sim {
+        sim.restart_keeping_state();
+        assert_eq!(code(api.list(&exact).await), 410, "compacted");
+    }
+}

@@ -1,9 +1,9 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
+mod list;
 mod objects;
 mod watch;
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -487,7 +487,7 @@ async fn dispatch(
         (Method::GET, None) if is_watch(query) => {
             watch::serve(server.clone(), served, namespace, query)
         }
-        (Method::GET, None) => list(server, &served, ns, query),
+        (Method::GET, None) => list::list(server, &served, ns, query).await,
         (Method::GET, Some(name)) => get(server, &rt, ns, &name).map(|o| out(StatusCode::OK, &o)),
         (Method::POST, None) => {
             create(server, &rt, ns, incoming()?).map(|o| out(StatusCode::CREATED, &o))
@@ -590,6 +590,11 @@ impl Filters {
         })
     }
 
+    /// No selector: every object matches.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.labels.is_none() && self.fields.is_none()
+    }
+
     pub(crate) fn matches(&self, object: &Value) -> bool {
         self.labels
             .as_ref()
@@ -599,68 +604,6 @@ impl Filters {
                 .as_ref()
                 .is_none_or(|s| s.matches_object(&self.kind, object))
     }
-}
-
-/// List with selectors and `limit`/`continue` paging (the token holds the last key returned).
-fn list(
-    server: &Server,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    query: &HashMap<String, String>,
-) -> Result<Response, ApiError> {
-    let filters = Filters::parse(rt, query)?;
-    let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let after = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(token) => Some(decode_continue(token)?),
-        None => None,
-    };
-    let (objects, revision) = server.store.list(&rt.storage_key(), ns);
-    let mut matching: Vec<Cow<Value>> = objects
-        .iter()
-        .map(|o| conversion::to_served(rt, o))
-        .filter(|o| after.as_ref().is_none_or(|a| object_position(o) > *a))
-        .filter(|o| filters.matches(o))
-        .collect();
-    let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if limit > 0 && matching.len() > limit {
-        let remaining = matching.len() - limit;
-        matching.truncate(limit);
-        if let Some(last) = matching.last() {
-            metadata["continue"] = json!(encode_continue(&object_position(last)));
-            metadata["remainingItemCount"] = json!(remaining);
-        }
-    }
-    let list = json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
-        "metadata": metadata,
-        "items": matching,
-    });
-    Ok(json_response(StatusCode::OK, &list))
-}
-
-fn object_position(object: &Value) -> (String, String) {
-    (
-        object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    )
-}
-
-fn encode_continue(position: &(String, String)) -> String {
-    format!("{}/{}", position.0, position.1)
-}
-
-fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
-    token
-        .split_once('/')
-        .map(|(ns, name)| (ns.to_string(), name.to_string()))
-        .ok_or_else(|| ApiError::bad_request(format!("invalid continue token {token:?}")))
 }
 
 fn create(
