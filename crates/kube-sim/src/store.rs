@@ -7,7 +7,9 @@
 //! (https://etcd.io/docs/v3.5/learning/data_model/).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::body::Bytes;
 
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -15,8 +17,9 @@ use tokio::sync::broadcast;
 /// How many events the history keeps for watch resumption.
 pub const HISTORY: usize = 50_000;
 
-/// Per-watch buffer; a watcher that falls this far behind is disconnected (kube-apiserver
-/// closes slow watchers instead of blocking writers).
+/// Per-watch buffer: a watcher that falls this many events behind is disconnected
+/// (kube-apiserver closes slow watchers instead of blocking writers). Also the store's fan-out
+/// buffer.
 pub const WATCH_BUFFER: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +52,17 @@ pub struct Event {
     /// The object before the change (modifications and deletions): to turn selector moves
     /// into ADDED/DELETED as the watch cache does, and to read older revisions.
     pub previous: Option<Arc<Value>>,
+    /// The object's JSON, encoded once for every watcher that sends it.
+    encoded: Arc<OnceLock<Bytes>>,
+}
+
+impl Event {
+    /// The object as JSON bytes.
+    pub fn encoded(&self) -> Bytes {
+        self.encoded
+            .get_or_init(|| Bytes::from(serde_json::to_vec(&*self.object).unwrap_or_default()))
+            .clone()
+    }
 }
 
 /// (storage key, namespace, name).
@@ -286,6 +300,7 @@ impl Store {
             kind,
             object,
             previous,
+            encoded: Arc::default(),
         };
         if inner.history.len() >= HISTORY
             && let Some(dropped) = inner.history.pop_front()

@@ -1149,3 +1149,86 @@ async fn list_resource_version_semantics() {
         assert_eq!(code(api.list(&exact).await), 410, "compacted");
     }
 }
+
+/// The body of a chunked HTTP/1.1 response, without the chunk framing.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(end) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&raw[..end]).unwrap().trim(), 16).unwrap();
+        raw = &raw[end + 2..];
+        if size == 0 || raw.len() < size {
+            break;
+        }
+        body.extend_from_slice(&raw[..size]);
+        raw = &raw[(size + 2).min(raw.len())..];
+    }
+    body
+}
+
+// A watcher that does not read is disconnected once it falls its buffer behind, while writers
+// go on without waiting for it (k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go: a
+// watcher whose buffer stays full is terminated).
+#[tokio::test]
+async fn slow_watcher_is_disconnected_and_writers_never_block() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = cluster("slowwatch").await;
+    let Some(sim) = &c.sim else {
+        eprintln!(
+            "skipping slow_watcher_is_disconnected_and_writers_never_block: needs kube-sim's watch buffer setting"
+        );
+        return;
+    };
+    sim.set_watch_buffer(10);
+    let api: Api<ConfigMap> = c.api();
+    let mut watch = tokio::net::TcpStream::connect(sim.addr).await.unwrap();
+    let request = format!(
+        "GET /api/v1/namespaces/{}/configmaps?watch=true HTTP/1.1\r\nHost: kube-sim\r\nConnection: close\r\n\r\n",
+        c.namespace
+    );
+    watch.write_all(request.as_bytes()).await.unwrap();
+    // The response head arrives once the watch is registered; after it, nothing is read.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(watch.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+
+    // Far more than the buffer, the HTTP channel and the socket buffers together hold.
+    let written = 200;
+    let payload = "x".repeat(128 * 1024);
+    let writes = async {
+        for i in 0..written {
+            api.create(
+                &PostParams::default(),
+                &configmap(&format!("big-{i}"), &payload),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), writes)
+        .await
+        .expect("writers were held up by a watcher that does not read");
+
+    // The server ended the watch: reading now reaches the end of the stream (a live watch
+    // would stay open for its 30-minute timeout) with fewer events than were written.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), watch.read_to_end(&mut rest))
+        .await
+        .expect("the slow watcher was not disconnected")
+        .unwrap();
+    let body = dechunk(&rest);
+    let received = body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert!(received > 0, "the watcher got the events it kept up with");
+    assert!(
+        received < written,
+        "the watcher was cut off ({received} of {written} events)"
+    );
+    // Watches opened afterwards work as usual.
+    let latest = collect(&api, &WatchParams::default().timeout(2), "0", 1).await;
+    assert_eq!(latest.len(), 1);
+}

@@ -58,6 +58,8 @@ pub struct Server {
     /// Cancelled to drop every open watch; replaced afterwards.
     watches: Mutex<CancellationToken>,
     bookmark_interval: Mutex<Duration>,
+    /// Events a watcher may fall behind before it is disconnected.
+    watch_buffer: Mutex<usize>,
 }
 
 /// A running server.
@@ -83,6 +85,7 @@ impl ApiServer {
             faults: Mutex::default(),
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
+            watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
         });
         server
             .create_initial_namespaces()
@@ -151,6 +154,16 @@ impl ApiServer {
             .bookmark_interval
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = interval;
+    }
+
+    /// How many events a watcher may fall behind before it is disconnected (applies to
+    /// watches opened later).
+    pub fn set_watch_buffer(&self, events: usize) {
+        *self
+            .server
+            .watch_buffer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = events;
     }
 
     /// Closes every open watch (clients must resume from their last resourceVersion).
@@ -233,6 +246,10 @@ impl Server {
             .bookmark_interval
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn watch_buffer(&self) -> usize {
+        *self.watch_buffer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn watch_token(&self) -> CancellationToken {
