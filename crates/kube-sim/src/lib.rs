@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod conversion;
 pub mod errors;
+pub mod protobuf;
 pub mod resources;
 pub mod selectors;
 pub mod store;

@@ -2,6 +2,7 @@
 
 mod list;
 mod objects;
+mod openapi;
 mod watch;
 
 use std::collections::HashMap;
@@ -324,6 +325,7 @@ fn discovery(server: &Server, path: &str) -> Option<Response> {
     let all = server.registry.all();
     let value = match path {
         "/healthz" | "/readyz" | "/livez" => return Some((StatusCode::OK, "ok").into_response()),
+        _ if path.starts_with("/openapi/v3") => openapi::document(path, &all)?,
         "/version" => json!({
             "major": KUBERNETES_VERSION.0,
             "minor": KUBERNETES_VERSION.1,
@@ -482,16 +484,19 @@ async fn dispatch(
         )));
     }
     let sub = subresource.as_deref();
-    // Objects are JSON here; protobuf bodies get 415, after which client-go retries in JSON.
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        return Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type})"
-        )));
-    }
+    // Objects are JSON here: a protobuf body (typed clients' default) is decoded first.
+    let decoded;
+    let body = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        decoded =
+            Bytes::from(serde_json::to_vec(&crate::protobuf::decode(body)?).unwrap_or_default());
+        &decoded
+    } else {
+        body
+    };
     // `served` is the resource as requested; `rt` the one whose storage and registry
     // semantics apply (they differ for events.k8s.io Events, stored as core Events).
     let served = rt;
@@ -512,8 +517,17 @@ async fn dispatch(
         (Method::POST, Some(name)) if sub == Some("binding") => {
             bind_pod(server, &rt, ns, &name, parse_body(body)?)
         }
+        // pods/eviction deletes with the Eviction's DeleteOptions (no PodDisruptionBudgets here;
+        // pkg/registry/core/pod/storage/eviction.go).
         (Method::POST, Some(name)) if sub == Some("eviction") => {
-            delete(server, &rt, ns, &name, &objects::DeleteOptions::default())?;
+            let eviction: Value = if body.is_empty() {
+                json!({})
+            } else {
+                parse_body(body)?
+            };
+            let options = serde_json::to_vec(&eviction["deleteOptions"]).unwrap_or_default();
+            let options = objects::DeleteOptions::parse(&options, query)?;
+            delete(server, &rt, ns, &name, &options)?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
