@@ -256,7 +256,8 @@ impl Store {
             );
             return Ok(Some(last));
         };
-        // A change that changes nothing is not a write (no new resourceVersion, no event).
+        // A change that changes nothing is not a write (no new resourceVersion, no event;
+        // k8s.io/apiserver/pkg/storage/etcd3/store.go GuaranteedUpdate).
         if let Some(current) = &current {
             let mut unchanged = next.clone();
             unchanged["metadata"]["resourceVersion"] =
@@ -313,7 +314,8 @@ impl Store {
     }
 
     /// Starts a watch after `revision` (None: from now). `Err(oldest)` when the history no
-    /// longer reaches back that far.
+    /// longer reaches back that far, answered as 410 Gone
+    /// (https://kubernetes.io/docs/reference/using-api/api-concepts/#410-gone-responses).
     pub fn watch_from(&self, revision: Option<u64>) -> Result<WatchStart, u64> {
         let inner = self.lock();
         // Subscribing under the lock: no event falls between the replay and the live feed.

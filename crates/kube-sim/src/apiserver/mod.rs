@@ -28,7 +28,8 @@ pub use objects::{now_rfc3339, rfc3339};
 /// The Kubernetes version kube-sim reports (the oldest the workspace's k8s-openapi supports).
 pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
 
-/// Namespaces that exist in every cluster.
+/// Namespaces that exist in every cluster
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/namespaces/#initial-namespaces).
 const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Injected failures, for tests of retries and backoff.
@@ -320,7 +321,9 @@ async fn handle(
     }
 }
 
-/// `/version`, health endpoints and API discovery.
+/// `/version`, health endpoints and API discovery
+/// (https://kubernetes.io/docs/concepts/overview/kubernetes-api/#discovery-api,
+/// https://kubernetes.io/docs/reference/using-api/health-checks/).
 fn discovery(server: &Server, path: &str) -> Option<Response> {
     let all = server.registry.all();
     let value = match path {
@@ -397,7 +400,8 @@ fn api_group(group: &str, versions: &[String]) -> Value {
     json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": versions, "preferredVersion": versions[0]})
 }
 
-/// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths.
+/// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-uris).
 fn route(server: &Server, path: &str) -> Result<Target, ApiError> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, version, rest) = match parts.as_slice() {
@@ -582,7 +586,9 @@ fn get(
         .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))
 }
 
-/// Parsed list/watch filters.
+/// Parsed list/watch filters
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors,
+/// https://kubernetes.io/docs/concepts/overview/working-with-objects/field-selectors/).
 pub(crate) struct Filters {
     labels: Option<LabelSelector>,
     fields: Option<FieldSelector>,
@@ -637,6 +643,9 @@ impl Filters {
     }
 }
 
+/// Create: the registry's create rules, the target namespace must exist and not be terminating
+/// (plugin/pkg/admission/namespace/lifecycle/admission.go), and a taken name is 409
+/// AlreadyExists (k8s.io/apiserver/pkg/registry/generic/registry/store.go Create).
 fn create(
     server: &Server,
     rt: &ResourceType,
@@ -679,7 +688,8 @@ fn create(
     Ok(created)
 }
 
-/// A CRD is served as soon as it is created; its status says so.
+/// A CRD is served as soon as it is created; its status says so (apiextensions-apiserver
+/// pkg/controller/establish and status/naming_controller.go set these conditions).
 fn established(mut crd: Value) -> Value {
     let now = now_rfc3339();
     crd["status"] = json!({
@@ -694,8 +704,10 @@ fn established(mut crd: Value) -> Value {
     crd
 }
 
-/// Writes an update over the current object: optimistic concurrency on resourceVersion, then
-/// the registry's update rules; an object being deleted whose last finalizer goes is removed.
+/// Writes an update over the current object: optimistic concurrency on resourceVersion
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts), then the
+/// registry's update rules; an object being deleted whose last finalizer goes is removed
+/// (k8s.io/apiserver/pkg/registry/generic/registry/store.go Update, deleteWithoutFinalizers).
 fn update(
     server: &Arc<Server>,
     rt: &ResourceType,
@@ -711,6 +723,7 @@ fn update(
         {
             return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
+        // k8s.io/apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaUpdate.
         if objects::is_deleting(current) && !objects::finalizers(current).is_empty() {
             let added: Vec<String> = objects::finalizers(&incoming).into_iter().filter(|f| !objects::finalizers(current).contains(f)).collect();
             if !status_only && !added.is_empty() {
@@ -731,7 +744,8 @@ fn update(
     Ok(written)
 }
 
-/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it.
+/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it
+/// (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination).
 fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
     rt.kind == "Pod"
         && object["metadata"]["deletionGracePeriodSeconds"]
@@ -751,7 +765,9 @@ struct PatchRequest<'a> {
 }
 
 /// Patch: the patch applies to the object as the client's group serves it (a patch through
-/// events.k8s.io names events.k8s.io fields), then it is stored like an update.
+/// events.k8s.io names events.k8s.io fields), then it is stored like an update
+/// (k8s.io/apiserver/pkg/endpoints/handlers/patch.go; patch types:
+/// https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/).
 fn patch(server: &Arc<Server>, request: &PatchRequest, body: &Bytes) -> Result<Response, ApiError> {
     let PatchRequest {
         served,
@@ -781,8 +797,9 @@ fn patch(server: &Arc<Server>, request: &PatchRequest, body: &Bytes) -> Result<R
                 "PATCH: fieldManager is required for apply requests",
             ));
         }
-        // Server-side apply: the applied configuration is merged into the live object; an
-        // absent object is created from it.
+        // Server-side apply, simplified: the applied configuration is merged into the live
+        // object without field ownership; an absent object is created from it
+        // (https://kubernetes.io/docs/reference/using-api/server-side-apply/).
         let Some(current) = current else {
             let created = create(server, rt, ns, conversion::to_storage(served, patch))?;
             return Ok(json_response(
@@ -856,7 +873,8 @@ fn without_version(mut object: Value) -> Value {
 
 /// Delete: preconditions; finalizers (or a pod's grace period) keep the object with a
 /// deletionTimestamp; otherwise it goes, and its dependents are collected by the propagation
-/// policy.
+/// policy (k8s.io/apiserver/pkg/registry/generic/registry/store.go Delete;
+/// https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/).
 fn delete(
     server: &Arc<Server>,
     rt: &ResourceType,
@@ -923,7 +941,8 @@ fn delete(
 }
 
 /// The grace period a pod delete gets: the request's, else the pod's
-/// terminationGracePeriodSeconds (30 by default); unscheduled pods go at once.
+/// terminationGracePeriodSeconds (30 by default); unscheduled pods go at once
+/// (pkg/registry/core/pod/strategy.go CheckGracefulDelete).
 fn pod_grace(rt: &ResourceType, pod: &Value, options: &objects::DeleteOptions) -> i64 {
     if rt.kind != "Pod" || pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty) {
         return 0;
@@ -939,7 +958,9 @@ fn pod_grace(rt: &ResourceType, pod: &Value, options: &objects::DeleteOptions) -
 }
 
 /// After an object is removed: collect its dependents in the background (the garbage
-/// collector's default policy), and stop serving a deleted CRD's resource.
+/// collector's default policy,
+/// https://kubernetes.io/docs/concepts/architecture/garbage-collection/#background-deletion),
+/// and stop serving a deleted CRD's resource.
 fn after_removal(server: &Arc<Server>, rt: &ResourceType, object: &Value) {
     if rt.kind == "CustomResourceDefinition" {
         server.registry.remove_crd(object);
@@ -984,7 +1005,8 @@ fn owned_by(object: &Value, uid: &str) -> bool {
         .any(|r| r["uid"].as_str() == Some(uid))
 }
 
-/// Orphan propagation: dependents lose their reference to the deleted owner.
+/// Orphan propagation: dependents lose their reference to the deleted owner
+/// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#orphaned-dependents).
 fn orphan_dependents(server: &Server, owner: &Value) {
     let Some(uid) = owner["metadata"]["uid"].as_str() else {
         return;
@@ -1007,7 +1029,9 @@ fn orphan_dependents(server: &Server, owner: &Value) {
 }
 
 /// Foreground deletion and namespace termination: delete the dependents (or the namespace's
-/// content), wait until they are gone, then drop the blocking finalizer / the namespace.
+/// content), wait until they are gone, then drop the blocking finalizer / the namespace
+/// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#foreground-deletion,
+/// pkg/controller/namespace/deletion/namespaced_resources_deleter.go).
 async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object: Value) {
     let uid = object["metadata"]["uid"]
         .as_str()
@@ -1073,6 +1097,8 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
         });
 }
 
+/// deletecollection: deletes each object the selectors match, as single deletes
+/// (k8s.io/apiserver/pkg/registry/generic/registry/store.go DeleteCollection).
 fn delete_collection(
     server: &Arc<Server>,
     served: &ResourceType,
@@ -1103,7 +1129,8 @@ fn delete_collection(
     Ok(json_response(StatusCode::OK, &list))
 }
 
-/// `pods/<name>/binding`: assigns the pod to a node, once.
+/// `pods/<name>/binding`: assigns the pod to a node, once (pkg/registry/core/pod/storage/
+/// storage.go BindingREST, assignPod).
 fn bind_pod(
     server: &Arc<Server>,
     rt: &ResourceType,

@@ -21,11 +21,13 @@ use crate::errors::ApiError;
 use crate::resources::ResourceType;
 use crate::store::{Event, EventType};
 
-/// kube-apiserver's default watch timeout is randomized around --min-request-timeout (1800 s).
+/// kube-apiserver's default watch timeout is randomized around --min-request-timeout (1800 s;
+/// k8s.io/apiserver/pkg/endpoints/handlers/get.go ListResource).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How often bookmarks are sent to watchers that allow them by default (kube-apiserver: about
-/// a minute; shorter here so short-lived clients see them).
+/// a minute; shorter here so short-lived clients see them;
+/// https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks).
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Lines handed to the HTTP body ahead of the client; the watcher's own buffer is the bound.
@@ -39,7 +41,9 @@ struct Watcher {
 }
 
 impl Watcher {
-    /// The watch event line for a committed change, if this watcher sees it.
+    /// The watch event line for a committed change, if this watcher sees it: a change that
+    /// moves an object into or out of the selectors is ADDED or DELETED
+    /// (k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go convertToWatchEvent).
     fn line_for(&self, event: &Event) -> Option<Bytes> {
         if event.storage_key != self.storage_key
             || self
@@ -117,6 +121,9 @@ pub(super) fn serve(
         .get("timeoutSeconds")
         .and_then(|t| t.parse().ok())
         .map_or(DEFAULT_TIMEOUT, Duration::from_secs);
+    // No resourceVersion (or "0"): the current state as ADDED events, then changes; else the
+    // changes after that version
+    // (https://kubernetes.io/docs/reference/using-api/api-concepts/#semantics-for-watch).
     let requested = query
         .get("resourceVersion")
         .filter(|v| !v.is_empty() && *v != "0");
@@ -134,7 +141,8 @@ pub(super) fn serve(
             match server.store.watch_from(Some(from)) {
                 Ok(start) => (Vec::new(), start),
                 Err(oldest) => {
-                    // Too old: one ERROR event carrying a 410 Status, then the end.
+                    // Too old: one ERROR event carrying a 410 Status, then the end
+                    // (https://kubernetes.io/docs/reference/using-api/api-concepts/#410-gone-responses).
                     let status =
                         ApiError::gone(format!("too old resource version: {from} ({oldest})"))
                             .status();
