@@ -6,7 +6,7 @@
 //! history, as etcd serves reads at any revision it has not compacted
 //! (https://etcd.io/docs/v3.5/learning/data_model/).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::body::Bytes;
@@ -75,9 +75,40 @@ struct Inner {
     history: VecDeque<Event>,
     /// Revision of the newest event dropped from the history.
     compacted: u64,
+    /// The keys of the objects that name each owner uid in their ownerReferences: the
+    /// garbage collector's dependency graph (pkg/controller/garbagecollector/graph.go), so
+    /// that a delete finds its dependents without scanning every object.
+    dependents: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+/// The owner uids an object's ownerReferences name.
+fn owner_uids(object: &Value) -> impl Iterator<Item = &str> {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str())
 }
 
 impl Inner {
+    /// Keeps the owner index in step with `key` going from `before` to `after`.
+    fn index_owners(&mut self, key: &ObjectKey, before: Option<&Value>, after: Option<&Value>) {
+        for uid in before.into_iter().flat_map(owner_uids) {
+            if let Some(keys) = self.dependents.get_mut(uid) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.dependents.remove(uid);
+                }
+            }
+        }
+        for uid in after.into_iter().flat_map(owner_uids) {
+            self.dependents
+                .entry(uid.to_string())
+                .or_default()
+                .insert(key.clone());
+        }
+    }
+
     /// The objects of one resource (and namespace), in key order: a range of the map, not a
     /// scan of every resource.
     fn range<'a>(
@@ -159,6 +190,7 @@ impl Default for Store {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
+                dependents: HashMap::new(),
             }),
             events,
         }
@@ -218,7 +250,19 @@ impl Store {
         tokio::time::timeout(timeout, reached).await.is_ok()
     }
 
-    /// Every object of every resource, for garbage collection.
+    /// The objects whose ownerReferences name `uid`.
+    pub fn dependents(&self, uid: &str) -> Vec<(ObjectKey, Arc<Value>)> {
+        let inner = self.lock();
+        inner
+            .dependents
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| Some((key.clone(), inner.objects.get(key)?.clone())))
+            .collect()
+    }
+
+    /// Every object of every resource.
     pub fn all(&self) -> Vec<(ObjectKey, Arc<Value>)> {
         self.lock()
             .objects
@@ -242,6 +286,7 @@ impl Store {
                 return Ok(None);
             };
             inner.objects.remove(key);
+            inner.index_owners(key, Some(&previous), None);
             let revision = Self::bump(&mut inner);
             let mut last = (*previous).clone();
             last["metadata"]["resourceVersion"] = Value::String(revision.to_string());
@@ -270,6 +315,7 @@ impl Store {
         next["metadata"]["resourceVersion"] = Value::String(revision.to_string());
         let next = Arc::new(next);
         inner.objects.insert(key.clone(), next.clone());
+        inner.index_owners(key, current.as_deref(), Some(&next));
         let kind = if current.is_some() {
             EventType::Modified
         } else {
@@ -362,6 +408,7 @@ impl Store {
     pub fn wipe(&self) {
         let mut inner = self.lock();
         inner.objects.clear();
+        inner.dependents.clear();
         inner.history.clear();
         inner.compacted = inner.revision;
     }
@@ -485,6 +532,24 @@ mod tests {
         assert!(store.list_at("/configmaps", None, 1).unwrap().is_empty());
         store.compact();
         assert!(store.list_at("/configmaps", None, at).is_err());
+    }
+
+    #[test]
+    fn dependents_follow_owner_references() {
+        let store = Store::default();
+        let owned =
+            |owner: &str| json!({"metadata": {"name": "d", "ownerReferences": [{"uid": owner}]}});
+        store
+            .commit::<()>(&key("d"), |_| Ok(Some(owned("u1"))))
+            .unwrap();
+        assert_eq!(store.dependents("u1").len(), 1);
+        store
+            .commit::<()>(&key("d"), |_| Ok(Some(owned("u2"))))
+            .unwrap();
+        assert!(store.dependents("u1").is_empty());
+        assert_eq!(store.dependents("u2")[0].0, key("d"));
+        store.commit::<()>(&key("d"), |_| Ok(None)).unwrap();
+        assert!(store.dependents("u2").is_empty());
     }
 
     #[test]

@@ -540,31 +540,83 @@ async fn watch_gone_and_resume_after_drop() {
 async fn owner_references_are_collected() {
     let c = cluster("gc").await;
     let api: Api<ConfigMap> = c.api();
-    let owner = api
-        .create(&PostParams::default(), &configmap("owner", "1"))
+    owner_and_dependent(&api, "owner", "dependent").await;
+    api.delete("owner", &DeleteParams::default()).await.unwrap();
+    until(
+        || async { code(api.get("dependent").await) == 404 },
+        "the dependent was not garbage collected",
+    )
+    .await;
+}
+
+/// Creates ConfigMap `owner` and ConfigMap `dependent` with an ownerReference to it.
+async fn owner_and_dependent(api: &Api<ConfigMap>, owner: &str, dependent: &str) {
+    let created = api
+        .create(&PostParams::default(), &configmap(owner, "1"))
         .await
         .unwrap();
-    let mut dependent = configmap("dependent", "1");
-    dependent.metadata.owner_references = Some(vec![
+    let mut object = configmap(dependent, "1");
+    object.metadata.owner_references = Some(vec![
         k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             api_version: "v1".into(),
             kind: "ConfigMap".into(),
-            name: "owner".into(),
-            uid: owner.uid().unwrap(),
+            name: owner.into(),
+            uid: created.uid().unwrap(),
             ..Default::default()
         },
     ]);
-    api.create(&PostParams::default(), &dependent)
-        .await
-        .unwrap();
-    api.delete("owner", &DeleteParams::default()).await.unwrap();
-    for _ in 0..100 {
-        if code(api.get("dependent").await) == 404 {
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// Polls `done` for up to 10 s (the garbage collector works in the background).
+async fn until<F, Fut>(done: F, failure: &str)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if done().await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the dependent was not garbage collected");
+    panic!("{failure}");
+}
+
+// Orphan propagation strips the owner reference and keeps the dependent; foreground deletion
+// removes the dependents before the owner
+// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/).
+#[tokio::test]
+async fn orphan_and_foreground_propagation() {
+    let c = cluster("propagation").await;
+    let api: Api<ConfigMap> = c.api();
+    owner_and_dependent(&api, "kept-owner", "kept").await;
+    api.delete("kept-owner", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    until(
+        || async {
+            api.get("kept")
+                .await
+                .unwrap()
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .is_empty()
+        },
+        "the orphan kept its owner reference",
+    )
+    .await;
+    owner_and_dependent(&api, "fg-owner", "fg").await;
+    api.delete("fg-owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    until(
+        || async { code(api.get("fg").await) == 404 && code(api.get("fg-owner").await) == 404 },
+        "foreground deletion did not finish",
+    )
+    .await;
+    assert_eq!(code(api.get("kept-owner").await), 404);
 }
 
 // 429 with Retry-After is retried by the client (kube's default retry policy).

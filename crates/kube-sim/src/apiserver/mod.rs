@@ -965,19 +965,20 @@ fn after_removal(server: &Arc<Server>, rt: &ResourceType, object: &Value) {
     if rt.kind == "CustomResourceDefinition" {
         server.registry.remove_crd(object);
     }
-    let Some(uid) = object["metadata"]["uid"].as_str().map(str::to_string) else {
+    let Some(uid) = object["metadata"]["uid"].as_str() else {
         return;
     };
+    if server.store.dependents(uid).is_empty() {
+        return;
+    }
     let server = server.clone();
+    let uid = uid.to_string();
     tokio::spawn(async move { collect_dependents(&server, &uid) });
 }
 
 /// Deletes every object owned by `uid` (background propagation).
 fn collect_dependents(server: &Arc<Server>, uid: &str) {
-    for ((storage_key, ns, name), object) in server.store.all() {
-        if !owned_by(&object, uid) {
-            continue;
-        }
+    for ((storage_key, ns, name), _) in server.store.dependents(uid) {
         let Some(rt) = server
             .registry
             .all()
@@ -997,24 +998,13 @@ fn collect_dependents(server: &Arc<Server>, uid: &str) {
     }
 }
 
-fn owned_by(object: &Value, uid: &str) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|r| r["uid"].as_str() == Some(uid))
-}
-
 /// Orphan propagation: dependents lose their reference to the deleted owner
 /// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#orphaned-dependents).
 fn orphan_dependents(server: &Server, owner: &Value) {
     let Some(uid) = owner["metadata"]["uid"].as_str() else {
         return;
     };
-    for (key, object) in server.store.all() {
-        if !owned_by(&object, uid) {
-            continue;
-        }
+    for (key, _) in server.store.dependents(uid) {
         let _ = server.store.commit::<ApiError>(&key, |current| {
             let Some(current) = current else {
                 return Ok(None);
@@ -1043,18 +1033,16 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
         .to_string();
     let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
     loop {
-        let remaining: Vec<(ObjectKey, Arc<Value>)> = server
-            .store
-            .all()
-            .into_iter()
-            .filter(|((_, object_ns, _), o)| {
-                if rt.kind == "Namespace" {
-                    *object_ns == name
-                } else {
-                    owned_by(o, &uid)
-                }
-            })
-            .collect();
+        let remaining: Vec<(ObjectKey, Arc<Value>)> = if rt.kind == "Namespace" {
+            server
+                .store
+                .all()
+                .into_iter()
+                .filter(|((_, object_ns, _), _)| *object_ns == name)
+                .collect()
+        } else {
+            server.store.dependents(&uid)
+        };
         if remaining.is_empty() {
             break;
         }
