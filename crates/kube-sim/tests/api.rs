@@ -361,18 +361,38 @@ async fn list_selectors_and_paging() {
         .await
         .unwrap();
     assert_eq!(by_name.items.len(), 1);
-    let mut names = Vec::new();
+    let mut paged = Vec::new();
     let mut params = ListParams::default().limit(2);
     loop {
         let page = api.list(&params).await.unwrap();
         assert!(page.items.len() <= 2);
-        names.extend(page.items.iter().map(ResourceExt::name_any));
+        paged.extend(page.items.iter().map(ResourceExt::name_any));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => break,
         }
     }
-    assert_eq!(names, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+    assert_eq!(paged, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+    // With a selector the pages hold matching objects only, and no remainingItemCount.
+    let first = api
+        .list(&ListParams::default().labels("parity=even").limit(2))
+        .await
+        .unwrap();
+    assert_eq!(first.metadata.remaining_item_count, None);
+    let token = first.metadata.continue_.unwrap();
+    let second = ListParams::default()
+        .labels("parity=even")
+        .limit(2)
+        .continue_token(&token);
+    assert_eq!(
+        first
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>(),
+        ["cm-0", "cm-2"]
+    );
+    assert_eq!(names(&api, &second).await, ["cm-4"]);
 }
 
 // Pods: spec.nodeName field selector, binding, graceful deletion of scheduled pods

@@ -117,26 +117,36 @@ pub(super) async fn list(
             });
         }
     };
-    let after = resume.map(|r| r.after);
-    let mut matching: Vec<Cow<Value>> = objects
-        .iter()
-        .filter(|o| after.as_ref().is_none_or(|a| position(o) > *a))
-        .filter(|o| filters.matches(o))
-        .map(|o| conversion::to_served(served, o))
-        .collect();
+    // The snapshot is in key order: the page starts right after the continue key.
+    let start = resume.map_or(0, |r| {
+        let after = (r.after.0.as_str(), r.after.1.as_str());
+        objects.partition_point(|o| position(o) <= after)
+    });
+    let candidates = &objects[start..];
+    let mut matching: Vec<&Value> = Vec::new();
+    let mut more = false;
+    for object in candidates.iter().filter(|o| filters.matches(o)) {
+        if limit > 0 && matching.len() == limit {
+            more = true;
+            break;
+        }
+        matching.push(object);
+    }
     let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if limit > 0 && matching.len() > limit {
-        let remaining = matching.len() - limit;
-        matching.truncate(limit);
-        if let Some(last) = matching.last() {
-            let snapshot = i64::try_from(revision).unwrap_or(i64::MAX);
-            metadata["continue"] = json!(encode_continue(snapshot, &position(last), &rt, ns));
-            // Counted only when no selector filters the list (etcd3/store.go GetList).
-            if filters.is_empty() {
-                metadata["remainingItemCount"] = json!(remaining);
-            }
+    if more && let Some(last) = matching.last() {
+        let snapshot = i64::try_from(revision).unwrap_or(i64::MAX);
+        let (last_ns, last_name) = position(last);
+        let after = (last_ns.to_string(), last_name.to_string());
+        metadata["continue"] = json!(encode_continue(snapshot, &after, &rt, ns));
+        // Counted only when no selector filters the list (etcd3/store.go GetList).
+        if filters.is_empty() {
+            metadata["remainingItemCount"] = json!(candidates.len() - matching.len());
         }
     }
+    let matching: Vec<Cow<Value>> = matching
+        .into_iter()
+        .map(|o| conversion::to_served(served, o))
+        .collect();
     let list = json!({
         "kind": format!("{}List", served.kind),
         "apiVersion": served.api_version(),
@@ -209,9 +219,9 @@ fn read_of(
 }
 
 /// An object's key within its resource: (namespace, name).
-fn position(object: &Value) -> (String, String) {
+fn position(object: &Value) -> (&str, &str) {
     let meta = &object["metadata"];
-    let text = |field: &str| meta[field].as_str().unwrap_or_default().to_string();
+    let text = |field: &str| meta[field].as_str().unwrap_or_default();
     (text("namespace"), text("name"))
 }
 
