@@ -428,7 +428,7 @@ fn write_section(tables: &str) -> anyhow::Result<()> {
         None => existing,
     };
     let section = format!(
-        "{HEADING}\n\nThe in-process API server (`crates/kube-sim`) over HTTP on 127.0.0.1, driven with `kube::Client` as the suite's controllers drive it. Writers are tokio tasks sharing one client; each row of writes is {UPDATES} requests (creates: {OBJECTS}) spread evenly over the writers; patches and replaces go to the {OBJECTS} ConfigMaps of the last create row while {WATCHERS} watches of that namespace are open and read. Latencies are per request as the client sees them (nearest-rank percentiles).\n\n{}\n{tables}",
+        "{HEADING}\n\nThe in-process API server (`crates/kube-sim`) over HTTP on 127.0.0.1, driven with `kube::Client` as the suite's controllers drive it. Writers are tokio tasks sharing one client; each row of writes is {UPDATES} requests (creates: {OBJECTS}) spread evenly over the writers; patches and replaces go to the {OBJECTS} ConfigMaps of the last create row while {WATCHERS} watches of that namespace are open and read. Latencies are per request as the client sees them (nearest-rank percentiles). The 2 CPUs may be shared with other work: single rows have varied by up to 2x between runs.\n\n{}\n{tables}",
         machine()
     );
     let report = format!("{}\n\n{section}", kept.trim_end());
