@@ -11,6 +11,8 @@ pub struct ApiError {
     pub reason: &'static str,
     pub message: String,
     pub details: Option<Value>,
+    /// `metadata.continue` of the Status (an expired continue token's replacement).
+    pub continue_token: Option<String>,
 }
 
 impl ApiError {
@@ -20,6 +22,7 @@ impl ApiError {
             reason,
             message: message.into(),
             details: None,
+            continue_token: None,
         }
     }
 
@@ -80,6 +83,26 @@ impl ApiError {
         Self::new(StatusCode::GONE, "Expired", message)
     }
 
+    /// A read that asked for a resourceVersion newer than the server has, after waiting for
+    /// it (k8s.io/apiserver/pkg/storage/errors.go NewTooLargeResourceVersionError).
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        let mut error = Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!("Timeout: Too large resource version: {requested}, current: {current}"),
+        );
+        error.details = Some(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1,
+        }));
+        error
+    }
+
+    pub fn with_continue(mut self, token: String) -> Self {
+        self.continue_token = Some(token);
+        self
+    }
+
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -113,6 +136,9 @@ impl ApiError {
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }
+        if let Some(token) = &self.continue_token {
+            status["metadata"]["continue"] = json!(token);
+        }
         status
     }
 }
@@ -127,7 +153,19 @@ fn qualified(group: &str, plural: &str) -> String {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.code, axum::Json(self.status())).into_response()
+        let mut response = (self.code, axum::Json(self.status())).into_response();
+        // The Status's retryAfterSeconds also goes out as Retry-After
+        // (k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/writers.go ErrorNegotiated).
+        let retry_after = self
+            .details
+            .as_ref()
+            .and_then(|d| d["retryAfterSeconds"].as_u64());
+        if let Some(value) = retry_after.and_then(|s| s.to_string().parse().ok()) {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, value);
+        }
+        response
     }
 }
 

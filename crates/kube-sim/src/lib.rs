@@ -5,7 +5,9 @@
 
 pub mod apiserver;
 pub mod cli;
+pub mod conversion;
 pub mod errors;
+pub mod protobuf;
 pub mod resources;
 pub mod roles;
 pub mod selectors;

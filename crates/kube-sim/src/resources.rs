@@ -52,9 +52,19 @@ impl ResourceType {
         }
     }
 
+    /// The group whose storage holds the objects: events.k8s.io Events are core Events
+    /// (pkg/registry/events/rest/storage_events.go serves them with the core event registry).
+    pub fn storage_group(&self) -> &str {
+        if self.group == "events.k8s.io" && self.plural == "events" {
+            ""
+        } else {
+            &self.group
+        }
+    }
+
     /// Objects are stored once per group and plural, whatever the version.
     pub fn storage_key(&self) -> String {
-        format!("{}/{}", self.group, self.plural)
+        format!("{}/{}", self.storage_group(), self.plural)
     }
 
     pub fn has_status(&self) -> bool {

@@ -72,6 +72,20 @@ fn code<T>(result: kube::Result<T>) -> u16 {
     }
 }
 
+/// The names a list returns, in the server's order (namespace, then name).
+async fn names<K>(api: &Api<K>, params: &ListParams) -> Vec<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect()
+}
+
 impl Cluster {
     fn api<K>(&self) -> Api<K>
     where
@@ -347,18 +361,38 @@ async fn list_selectors_and_paging() {
         .await
         .unwrap();
     assert_eq!(by_name.items.len(), 1);
-    let mut names = Vec::new();
+    let mut paged = Vec::new();
     let mut params = ListParams::default().limit(2);
     loop {
         let page = api.list(&params).await.unwrap();
         assert!(page.items.len() <= 2);
-        names.extend(page.items.iter().map(ResourceExt::name_any));
+        paged.extend(page.items.iter().map(ResourceExt::name_any));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => break,
         }
     }
-    assert_eq!(names, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+    assert_eq!(paged, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+    // With a selector the pages hold matching objects only, and no remainingItemCount.
+    let first = api
+        .list(&ListParams::default().labels("parity=even").limit(2))
+        .await
+        .unwrap();
+    assert_eq!(first.metadata.remaining_item_count, None);
+    let token = first.metadata.continue_.unwrap();
+    let second = ListParams::default()
+        .labels("parity=even")
+        .limit(2)
+        .continue_token(&token);
+    assert_eq!(
+        first
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>(),
+        ["cm-0", "cm-2"]
+    );
+    assert_eq!(names(&api, &second).await, ["cm-4"]);
 }
 
 // Pods: spec.nodeName field selector, binding, graceful deletion of scheduled pods
@@ -526,31 +560,83 @@ async fn watch_gone_and_resume_after_drop() {
 async fn owner_references_are_collected() {
     let c = cluster("gc").await;
     let api: Api<ConfigMap> = c.api();
-    let owner = api
-        .create(&PostParams::default(), &configmap("owner", "1"))
+    owner_and_dependent(&api, "owner", "dependent").await;
+    api.delete("owner", &DeleteParams::default()).await.unwrap();
+    until(
+        || async { code(api.get("dependent").await) == 404 },
+        "the dependent was not garbage collected",
+    )
+    .await;
+}
+
+/// Creates ConfigMap `owner` and ConfigMap `dependent` with an ownerReference to it.
+async fn owner_and_dependent(api: &Api<ConfigMap>, owner: &str, dependent: &str) {
+    let created = api
+        .create(&PostParams::default(), &configmap(owner, "1"))
         .await
         .unwrap();
-    let mut dependent = configmap("dependent", "1");
-    dependent.metadata.owner_references = Some(vec![
+    let mut object = configmap(dependent, "1");
+    object.metadata.owner_references = Some(vec![
         k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             api_version: "v1".into(),
             kind: "ConfigMap".into(),
-            name: "owner".into(),
-            uid: owner.uid().unwrap(),
+            name: owner.into(),
+            uid: created.uid().unwrap(),
             ..Default::default()
         },
     ]);
-    api.create(&PostParams::default(), &dependent)
-        .await
-        .unwrap();
-    api.delete("owner", &DeleteParams::default()).await.unwrap();
-    for _ in 0..100 {
-        if code(api.get("dependent").await) == 404 {
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// Polls `done` for up to 10 s (the garbage collector works in the background).
+async fn until<F, Fut>(done: F, failure: &str)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if done().await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the dependent was not garbage collected");
+    panic!("{failure}");
+}
+
+// Orphan propagation strips the owner reference and keeps the dependent; foreground deletion
+// removes the dependents before the owner
+// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/).
+#[tokio::test]
+async fn orphan_and_foreground_propagation() {
+    let c = cluster("propagation").await;
+    let api: Api<ConfigMap> = c.api();
+    owner_and_dependent(&api, "kept-owner", "kept").await;
+    api.delete("kept-owner", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    until(
+        || async {
+            api.get("kept")
+                .await
+                .unwrap()
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .is_empty()
+        },
+        "the orphan kept its owner reference",
+    )
+    .await;
+    owner_and_dependent(&api, "fg-owner", "fg").await;
+    api.delete("fg-owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    until(
+        || async { code(api.get("fg").await) == 404 && code(api.get("fg-owner").await) == 404 },
+        "foreground deletion did not finish",
+    )
+    .await;
+    assert_eq!(code(api.get("kept-owner").await), 404);
 }
 
 // 429 with Retry-After is retried by the client (kube's default retry policy).
@@ -676,15 +762,7 @@ async fn delete_collection_by_label() {
     )
     .await
     .unwrap();
-    let left: Vec<String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    assert_eq!(left, ["c"]);
+    assert_eq!(names(&api, &ListParams::default()).await, ["c"]);
 }
 
 // Strategic merge patch on built-in kinds: metadata.finalizers merge as a set, containers
@@ -825,4 +903,404 @@ async fn restart_losing_state() {
         .parse()
         .unwrap();
     assert!(after > before);
+}
+
+// core/v1 and events.k8s.io/v1 Events are one storage: an Event written through either group
+// is read, listed and watched through both, with the fields converted as
+// pkg/apis/events/v1/conversion.go does (involvedObject ⇔ regarding, source ⇔
+// deprecatedSource, message ⇔ note, count/firstTimestamp/lastTimestamp ⇔ deprecated*,
+// reportingComponent ⇔ reportingController).
+#[tokio::test]
+async fn events_are_shared_between_core_and_events_group() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    let c = cluster("events").await;
+    let core: Api<CoreEvent> = c.api();
+    let new: Api<NewEvent> = c.api();
+    let listed = new.list(&ListParams::default()).await.unwrap();
+    let start = listed.metadata.resource_version.unwrap();
+    let mut watch = new
+        .watch(&WatchParams::default().timeout(10), &start)
+        .await
+        .unwrap()
+        .boxed();
+
+    let legacy: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "legacy"},
+        "involvedObject": {"kind": "Pod", "name": "web", "namespace": c.namespace, "apiVersion": "v1"},
+        "reason": "Started", "message": "started container", "type": "Normal",
+        "source": {"component": "kubelet", "host": "node-1"},
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:05Z",
+        "count": 3,
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &legacy).await.unwrap();
+    let seen = new.get("legacy").await.unwrap();
+    assert_eq!(
+        seen.regarding.as_ref().unwrap().name.as_deref(),
+        Some("web")
+    );
+    assert_eq!(seen.note.as_deref(), Some("started container"));
+    assert_eq!(seen.reason.as_deref(), Some("Started"));
+    assert_eq!(seen.type_.as_deref(), Some("Normal"));
+    let source = seen.deprecated_source.clone().unwrap();
+    assert_eq!(source.component.as_deref(), Some("kubelet"));
+    assert_eq!(source.host.as_deref(), Some("node-1"));
+    assert_eq!(seen.deprecated_count, Some(3));
+    assert_eq!(
+        seen.deprecated_first_timestamp.unwrap().0.to_string(),
+        "2026-01-01T00:00:00Z"
+    );
+    assert_eq!(
+        seen.deprecated_last_timestamp.unwrap().0.to_string(),
+        "2026-01-01T00:00:05Z"
+    );
+    let Some(WatchEvent::Added(added)) = watch.try_next().await.unwrap() else {
+        panic!("expected ADDED through events.k8s.io")
+    };
+    assert_eq!(added.note.as_deref(), Some("started container"));
+
+    let modern: NewEvent = serde_json::from_value(json!({
+        "metadata": {"name": "modern"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "example.com/attacher", "reportingInstance": "attacher-0",
+        "action": "Attach", "reason": "Attached", "type": "Warning", "note": "attach failed",
+        "regarding": {"kind": "Pod", "name": "web", "namespace": c.namespace, "apiVersion": "v1"},
+        "related": {"kind": "Node", "name": "node-1", "apiVersion": "v1"},
+        "series": {"count": 2, "lastObservedTime": "2026-01-01T00:00:03.000000Z"},
+    }))
+    .unwrap();
+    new.create(&PostParams::default(), &modern).await.unwrap();
+    let seen = core.get("modern").await.unwrap();
+    assert_eq!(seen.involved_object.name.as_deref(), Some("web"));
+    assert_eq!(seen.message.as_deref(), Some("attach failed"));
+    assert_eq!(
+        seen.reporting_component.as_deref(),
+        Some("example.com/attacher")
+    );
+    assert_eq!(seen.reporting_instance.as_deref(), Some("attacher-0"));
+    assert_eq!(seen.action.as_deref(), Some("Attach"));
+    assert_eq!(seen.type_.as_deref(), Some("Warning"));
+    assert_eq!(seen.related.unwrap().name.as_deref(), Some("node-1"));
+    assert_eq!(seen.series.unwrap().count, Some(2));
+    assert!(seen.event_time.is_some());
+    let Some(WatchEvent::Added(added)) = watch.try_next().await.unwrap() else {
+        panic!("expected ADDED through events.k8s.io")
+    };
+    assert_eq!(
+        added.reporting_controller.as_deref(),
+        Some("example.com/attacher")
+    );
+
+    // A patch through one group changes what the other reads.
+    let patch = json!({"message": "restarted container"});
+    core.patch("legacy", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(
+        new.get("legacy").await.unwrap().note.as_deref(),
+        Some("restarted container")
+    );
+    assert_eq!(
+        names(&core, &ListParams::default()).await,
+        ["legacy", "modern"]
+    );
+    let by_controller = new
+        .list(&ListParams::default().fields("reportingController=example.com/attacher"))
+        .await
+        .unwrap();
+    assert_eq!(by_controller.items.len(), 1);
+    new.delete("legacy", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(code(core.get("legacy").await), 404);
+}
+
+/// One plain HTTP/1.1 GET, for the parts of a response `kube::Client` does not expose (the
+/// Status body of an error).
+async fn raw_get(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: kube-sim\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap())
+}
+
+async fn configmaps(api: &Api<ConfigMap>, names: &[&str]) {
+    for name in names {
+        api.create(&PostParams::default(), &configmap(name, "1"))
+            .await
+            .unwrap();
+    }
+}
+
+// Every page of a paged list comes from the snapshot of the first page (etcd reads at the
+// first page's revision): later creations stay invisible, later deletions still appear,
+// changed objects show their old state (https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks).
+#[tokio::test]
+async fn list_pages_are_one_snapshot() {
+    let c = cluster("snapshot").await;
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b", "c", "d"]).await;
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    let snapshot = first.metadata.resource_version.clone().unwrap();
+    assert_eq!(first.metadata.remaining_item_count, Some(2));
+    api.create(&PostParams::default(), &configmap("e", "1"))
+        .await
+        .unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"data": {"key": "2"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("d", &DeleteParams::default()).await.unwrap();
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut page = first;
+    loop {
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(&*snapshot));
+        seen.extend(
+            page.items
+                .iter()
+                .map(|o| (o.name_any(), o.data.clone().unwrap()["key"].clone())),
+        );
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => {
+                page = api
+                    .list(&ListParams::default().limit(2).continue_token(&token))
+                    .await
+                    .unwrap();
+            }
+            None => break,
+        }
+    }
+    let expected: Vec<(String, String)> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| (n.to_string(), "1".to_string()))
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(
+        names(&api, &ListParams::default()).await,
+        ["a", "b", "c", "e"]
+    );
+}
+
+// A continue token whose snapshot is no longer in the history answers 410 Expired with
+// kube-apiserver's message and a token that continues, inconsistently, on the latest state
+// (k8s.io/apiserver/pkg/storage/etcd3/store.go handleCompactedErrorForPaging).
+#[tokio::test]
+async fn expired_continue_token_is_gone() {
+    let c = cluster("expired").await;
+    let Some(sim) = &c.sim else {
+        eprintln!("skipping expired_continue_token_is_gone: needs kube-sim's compaction hook");
+        return;
+    };
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b", "c"]).await;
+    let first = api.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = first.metadata.continue_.unwrap();
+    configmaps(&api, &["d"]).await;
+    sim.restart_keeping_state();
+    let path = format!(
+        "/api/v1/namespaces/{}/configmaps?limit=1&continue={token}",
+        c.namespace
+    );
+    let (status, body) = raw_get(sim.addr, &path).await;
+    assert_eq!(status, 410);
+    assert_eq!(body["reason"], "Expired");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The provided continue parameter is too old"),
+        "{body}"
+    );
+    let latest = body["metadata"]["continue"].as_str().unwrap();
+    assert_eq!(
+        names(&api, &ListParams::default().continue_token(latest)).await,
+        ["b", "c", "d"],
+        "the latest state"
+    );
+    assert_eq!(
+        code(
+            api.list(&ListParams::default().continue_token("bm90LWEtdG9rZW4"))
+                .await
+        ),
+        400
+    );
+}
+
+// resourceVersion and resourceVersionMatch on list
+// (https://kubernetes.io/docs/reference/using-api/api-concepts/#semantics-for-get-and-list):
+// Exact reads that revision, NotOlderThan the latest, a legacy resourceVersion with a limit
+// is Exact, "0" is served whole from the watch cache (limit ignored), a version the server
+// has not reached is 504 after a wait (checked on kube-sim, whose address the test has), and
+// invalid combinations are 422.
+#[tokio::test]
+async fn list_resource_version_semantics() {
+    use kube::api::VersionMatch;
+    use kube::core::ObjectList;
+    let c = cluster("listrv").await;
+    let api: Api<ConfigMap> = c.api();
+    configmaps(&api, &["a", "b"]).await;
+    let before = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    configmaps(&api, &["c"]).await;
+    let exact = ListParams::default()
+        .at(&before)
+        .matching(VersionMatch::Exact);
+    assert_eq!(names(&api, &exact).await, ["a", "b"]);
+    let legacy_paged = ListParams::default().at(&before).limit(10);
+    assert_eq!(names(&api, &legacy_paged).await, ["a", "b"]);
+    let not_older = ListParams::default()
+        .at(&before)
+        .matching(VersionMatch::NotOlderThan);
+    assert_eq!(names(&api, &not_older).await, ["a", "b", "c"]);
+    let any: ObjectList<ConfigMap> = c
+        .client
+        .request(
+            http::Request::get(format!(
+                "/api/v1/namespaces/{}/configmaps?resourceVersion=0&limit=1",
+                c.namespace
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(any.items.len(), 3, "limit is ignored for resourceVersion=0");
+    // kube::Client retries 504 (15 times), so this one goes out as a single request.
+    if let Some(sim) = &c.sim {
+        let future: u64 = before.parse::<u64>().unwrap() + 1_000_000;
+        let path = format!(
+            "/api/v1/namespaces/{}/configmaps?resourceVersion={future}&resourceVersionMatch=NotOlderThan",
+            c.namespace
+        );
+        let (status, body) = raw_get(sim.addr, &path).await;
+        assert_eq!(status, 504);
+        assert_eq!(
+            body["details"]["causes"][0]["reason"],
+            "ResourceVersionTooLarge"
+        );
+    }
+    let forbidden = c
+        .client
+        .request::<ObjectList<ConfigMap>>(
+            http::Request::get(format!(
+                "/api/v1/namespaces/{}/configmaps?resourceVersionMatch=Exact",
+                c.namespace
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await;
+    let Err(kube::Error::Api(status)) = forbidden else {
+        panic!("expected 422, got {forbidden:?}")
+    };
+    assert_eq!(status.code, 422);
+    assert!(
+        status
+            .message
+            .contains("resourceVersionMatch is forbidden unless resourceVersion is provided"),
+        "{}",
+        status.message
+    );
+    if let Some(sim) = &c.sim {
+        sim.restart_keeping_state();
+        assert_eq!(code(api.list(&exact).await), 410, "compacted");
+    }
+}
+
+/// The body of a chunked HTTP/1.1 response, without the chunk framing.
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(end) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&raw[..end]).unwrap().trim(), 16).unwrap();
+        raw = &raw[end + 2..];
+        if size == 0 || raw.len() < size {
+            break;
+        }
+        body.extend_from_slice(&raw[..size]);
+        raw = &raw[(size + 2).min(raw.len())..];
+    }
+    body
+}
+
+// A watcher that does not read is disconnected once it falls its buffer behind, while writers
+// go on without waiting for it (k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go: a
+// watcher whose buffer stays full is terminated).
+#[tokio::test]
+async fn slow_watcher_is_disconnected_and_writers_never_block() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = cluster("slowwatch").await;
+    let Some(sim) = &c.sim else {
+        eprintln!(
+            "skipping slow_watcher_is_disconnected_and_writers_never_block: needs kube-sim's watch buffer setting"
+        );
+        return;
+    };
+    sim.set_watch_buffer(10);
+    let api: Api<ConfigMap> = c.api();
+    let mut watch = tokio::net::TcpStream::connect(sim.addr).await.unwrap();
+    let request = format!(
+        "GET /api/v1/namespaces/{}/configmaps?watch=true HTTP/1.1\r\nHost: kube-sim\r\nConnection: close\r\n\r\n",
+        c.namespace
+    );
+    watch.write_all(request.as_bytes()).await.unwrap();
+    // The response head arrives once the watch is registered; after it, nothing is read.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(watch.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+
+    // Far more than the buffer, the HTTP channel and the socket buffers together hold.
+    let written = 200;
+    let payload = "x".repeat(128 * 1024);
+    let writes = async {
+        for i in 0..written {
+            api.create(
+                &PostParams::default(),
+                &configmap(&format!("big-{i}"), &payload),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), writes)
+        .await
+        .expect("writers were held up by a watcher that does not read");
+
+    // The server ended the watch: reading now reaches the end of the stream (a live watch
+    // would stay open for its 30-minute timeout) with fewer events than were written.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), watch.read_to_end(&mut rest))
+        .await
+        .expect("the slow watcher was not disconnected")
+        .unwrap();
+    let body = dechunk(&rest);
+    let received = body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert!(received > 0, "the watcher got the events it kept up with");
+    assert!(
+        received < written,
+        "the watcher was cut off ({received} of {written} events)"
+    );
+    // Watches opened afterwards work as usual.
+    let latest = collect(&api, &WatchParams::default().timeout(2), "0", 1).await;
+    assert_eq!(latest.len(), 1);
 }

@@ -1,7 +1,9 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
 pub(crate) mod admission;
+mod list;
 pub(crate) mod objects;
+mod openapi;
 mod watch;
 
 use std::collections::HashMap;
@@ -16,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::{Registry, ResourceType};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -26,7 +29,8 @@ pub use objects::{now_rfc3339, rfc3339};
 /// The Kubernetes version kube-sim reports (the oldest the workspace's k8s-openapi supports).
 pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
 
-/// Namespaces that exist in every cluster.
+/// Namespaces that exist in every cluster
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/namespaces/#initial-namespaces).
 const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Injected failures, for tests of retries and backoff.
@@ -57,6 +61,8 @@ pub struct Server {
     /// Cancelled to drop every open watch; replaced afterwards.
     watches: Mutex<CancellationToken>,
     bookmark_interval: Mutex<Duration>,
+    /// Events a watcher may fall behind before it is disconnected.
+    watch_buffer: Mutex<usize>,
 }
 
 /// A running server.
@@ -82,6 +88,7 @@ impl ApiServer {
             faults: Mutex::default(),
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
+            watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
         });
         server
             .create_initial_namespaces()
@@ -150,6 +157,16 @@ impl ApiServer {
             .bookmark_interval
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = interval;
+    }
+
+    /// How many events a watcher may fall behind before it is disconnected (applies to
+    /// watches opened later).
+    pub fn set_watch_buffer(&self, events: usize) {
+        *self
+            .server
+            .watch_buffer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = events;
     }
 
     /// Closes every open watch (clients must resume from their last resourceVersion).
@@ -234,6 +251,10 @@ impl Server {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    fn watch_buffer(&self) -> usize {
+        *self.watch_buffer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn watch_token(&self) -> CancellationToken {
         self.watches
             .lock()
@@ -301,11 +322,14 @@ async fn handle(
     }
 }
 
-/// `/version`, health endpoints and API discovery.
+/// `/version`, health endpoints and API discovery
+/// (https://kubernetes.io/docs/concepts/overview/kubernetes-api/#discovery-api,
+/// https://kubernetes.io/docs/reference/using-api/health-checks/).
 fn discovery(server: &Server, path: &str) -> Option<Response> {
     let all = server.registry.all();
     let value = match path {
         "/healthz" | "/readyz" | "/livez" => return Some((StatusCode::OK, "ok").into_response()),
+        _ if path.starts_with("/openapi/v3") => openapi::document(path, &all)?,
         "/version" => json!({
             "major": KUBERNETES_VERSION.0,
             "minor": KUBERNETES_VERSION.1,
@@ -377,7 +401,8 @@ fn api_group(group: &str, versions: &[String]) -> Value {
     json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": versions, "preferredVersion": versions[0]})
 }
 
-/// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths.
+/// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-uris).
 fn route(server: &Server, path: &str) -> Result<Target, ApiError> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, version, rest) = match parts.as_slice() {
@@ -464,64 +489,75 @@ async fn dispatch(
         )));
     }
     let sub = subresource.as_deref();
-    // Objects are JSON here; protobuf bodies get 415, after which client-go retries in JSON.
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        return Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type})"
-        )));
-    }
+    // Objects are JSON here: a protobuf body (typed clients' default) is decoded first.
+    let decoded;
+    let body = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        decoded =
+            Bytes::from(serde_json::to_vec(&crate::protobuf::decode(body)?).unwrap_or_default());
+        &decoded
+    } else {
+        body
+    };
+    // `served` is the resource as requested; `rt` the one whose storage and registry
+    // semantics apply (they differ for events.k8s.io Events, stored as core Events).
+    let served = rt;
+    let rt = conversion::storage_type(&served);
+    let out = |code: StatusCode, object: &Value| {
+        json_response(code, &conversion::to_served(&served, object))
+    };
+    let incoming = || parse_body(body).map(|o| conversion::to_storage(&served, o));
     match (method.clone(), name) {
         (Method::GET, None) if is_watch(query) => {
-            watch::serve(server.clone(), rt, namespace, query)
+            watch::serve(server.clone(), served, namespace, query)
         }
-        (Method::GET, None) => list(server, &rt, ns, query),
-        (Method::GET, Some(name)) => {
-            get(server, &rt, ns, &name).map(|o| json_response(StatusCode::OK, &o))
-        }
+        (Method::GET, None) => list::list(server, &served, ns, query).await,
+        (Method::GET, Some(name)) => get(server, &rt, ns, &name).map(|o| out(StatusCode::OK, &o)),
         (Method::POST, None) => {
-            let object = parse_body(body)?;
-            create(server, &rt, ns, object).map(|o| json_response(StatusCode::CREATED, &o))
+            create(server, &rt, ns, incoming()?).map(|o| out(StatusCode::CREATED, &o))
         }
         (Method::POST, Some(name)) if sub == Some("binding") => {
             bind_pod(server, &rt, ns, &name, parse_body(body)?)
         }
+        // pods/eviction deletes with the Eviction's DeleteOptions (no PodDisruptionBudgets here;
+        // pkg/registry/core/pod/storage/eviction.go).
         (Method::POST, Some(name)) if sub == Some("eviction") => {
-            delete(server, &rt, ns, &name, &objects::DeleteOptions::default())?;
+            let eviction: Value = if body.is_empty() {
+                json!({})
+            } else {
+                parse_body(body)?
+            };
+            let options = serde_json::to_vec(&eviction["deleteOptions"]).unwrap_or_default();
+            let options = objects::DeleteOptions::parse(&options, query)?;
+            delete(server, &rt, ns, &name, &options)?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
             ))
         }
         (Method::PUT, Some(name)) => {
-            let object = parse_body(body)?;
-            update(server, &rt, ns, &name, object, sub == Some("status"))
-                .map(|o| json_response(StatusCode::OK, &o))
+            update(server, &rt, ns, &name, incoming()?, sub == Some("status"))
+                .map(|o| out(StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            patch(
-                server,
-                &rt,
+            let request = PatchRequest {
+                served: &served,
                 ns,
-                &name,
-                sub == Some("status"),
+                name: &name,
+                status_only: sub == Some("status"),
                 content_type,
                 query,
-                body,
-            )
+            };
+            patch(server, &request, body)
         }
         (Method::DELETE, Some(name)) => {
             let options = objects::DeleteOptions::parse(body, query)?;
-            delete(server, &rt, ns, &name, &options).map(|o| json_response(StatusCode::OK, &o))
+            delete(server, &rt, ns, &name, &options).map(|o| out(StatusCode::OK, &o))
         }
-        (Method::DELETE, None) => delete_collection(server, &rt, ns, query, body),
+        (Method::DELETE, None) => delete_collection(server, &served, ns, query, body),
         (method, _) => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {}",
             rt.plural
@@ -551,7 +587,9 @@ fn get(
         .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))
 }
 
-/// Parsed list/watch filters.
+/// Parsed list/watch filters
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors,
+/// https://kubernetes.io/docs/concepts/overview/working-with-objects/field-selectors/).
 pub(crate) struct Filters {
     labels: Option<LabelSelector>,
     fields: Option<FieldSelector>,
@@ -590,6 +628,11 @@ impl Filters {
         })
     }
 
+    /// No selector: every object matches.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.labels.is_none() && self.fields.is_none()
+    }
+
     pub(crate) fn matches(&self, object: &Value) -> bool {
         self.labels
             .as_ref()
@@ -601,68 +644,9 @@ impl Filters {
     }
 }
 
-/// List with selectors and `limit`/`continue` paging (the token holds the last key returned).
-fn list(
-    server: &Server,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    query: &HashMap<String, String>,
-) -> Result<Response, ApiError> {
-    let filters = Filters::parse(rt, query)?;
-    let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let after = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(token) => Some(decode_continue(token)?),
-        None => None,
-    };
-    let (objects, revision) = server.store.list(&rt.storage_key(), ns);
-    let mut matching: Vec<&Value> = objects
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|o| after.as_ref().is_none_or(|a| object_position(o) > *a))
-        .filter(|o| filters.matches(o))
-        .collect();
-    let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if limit > 0 && matching.len() > limit {
-        let remaining = matching.len() - limit;
-        matching.truncate(limit);
-        if let Some(last) = matching.last() {
-            metadata["continue"] = json!(encode_continue(&object_position(last)));
-            metadata["remainingItemCount"] = json!(remaining);
-        }
-    }
-    let list = json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
-        "metadata": metadata,
-        "items": matching,
-    });
-    Ok(json_response(StatusCode::OK, &list))
-}
-
-fn object_position(object: &Value) -> (String, String) {
-    (
-        object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    )
-}
-
-fn encode_continue(position: &(String, String)) -> String {
-    format!("{}/{}", position.0, position.1)
-}
-
-fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
-    token
-        .split_once('/')
-        .map(|(ns, name)| (ns.to_string(), name.to_string()))
-        .ok_or_else(|| ApiError::bad_request(format!("invalid continue token {token:?}")))
-}
-
+/// Create: the registry's create rules, the target namespace must exist and not be terminating
+/// (plugin/pkg/admission/namespace/lifecycle/admission.go), and a taken name is 409
+/// AlreadyExists (k8s.io/apiserver/pkg/registry/generic/registry/store.go Create).
 fn create(
     server: &Server,
     rt: &ResourceType,
@@ -711,7 +695,8 @@ fn create(
     Ok(created)
 }
 
-/// A CRD is served as soon as it is created; its status says so.
+/// A CRD is served as soon as it is created; its status says so (apiextensions-apiserver
+/// pkg/controller/establish and status/naming_controller.go set these conditions).
 fn established(mut crd: Value) -> Value {
     let now = now_rfc3339();
     crd["status"] = json!({
@@ -726,8 +711,10 @@ fn established(mut crd: Value) -> Value {
     crd
 }
 
-/// Writes an update over the current object: optimistic concurrency on resourceVersion, then
-/// the registry's update rules; an object being deleted whose last finalizer goes is removed.
+/// Writes an update over the current object: optimistic concurrency on resourceVersion
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts), then the
+/// registry's update rules; an object being deleted whose last finalizer goes is removed
+/// (k8s.io/apiserver/pkg/registry/generic/registry/store.go Update, deleteWithoutFinalizers).
 fn update(
     server: &Arc<Server>,
     rt: &ResourceType,
@@ -743,6 +730,7 @@ fn update(
         {
             return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
+        // k8s.io/apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaUpdate.
         if objects::is_deleting(current) && !objects::finalizers(current).is_empty() {
             let added: Vec<String> = objects::finalizers(&incoming).into_iter().filter(|f| !objects::finalizers(current).contains(f)).collect();
             if !status_only && !added.is_empty() {
@@ -763,7 +751,8 @@ fn update(
     Ok(written)
 }
 
-/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it.
+/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it
+/// (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination).
 fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
     rt.kind == "Pod"
         && object["metadata"]["deletionGracePeriodSeconds"]
@@ -772,17 +761,32 @@ fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
             > 0
 }
 
-#[allow(clippy::too_many_arguments)]
-fn patch(
-    server: &Arc<Server>,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    name: &str,
+/// What a PATCH request names.
+struct PatchRequest<'a> {
+    served: &'a ResourceType,
+    ns: Option<&'a str>,
+    name: &'a str,
     status_only: bool,
-    content_type: &str,
-    query: &HashMap<String, String>,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+    content_type: &'a str,
+    query: &'a HashMap<String, String>,
+}
+
+/// Patch: the patch applies to the object as the client's group serves it (a patch through
+/// events.k8s.io names events.k8s.io fields), then it is stored like an update
+/// (k8s.io/apiserver/pkg/endpoints/handlers/patch.go; patch types:
+/// https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/).
+fn patch(server: &Arc<Server>, request: &PatchRequest, body: &Bytes) -> Result<Response, ApiError> {
+    let PatchRequest {
+        served,
+        ns,
+        name,
+        status_only,
+        content_type,
+        query,
+    } = *request;
+    let rt = &conversion::storage_type(served);
+    let out =
+        |object: &Value| json_response(StatusCode::OK, &conversion::to_served(served, object));
     let media = content_type.split(';').next().unwrap_or_default().trim();
     // Apply bodies are YAML (JSON is YAML too); the other patch types are JSON.
     let patch: Value = if media == "application/apply-patch+yaml" {
@@ -800,19 +804,23 @@ fn patch(
                 "PATCH: fieldManager is required for apply requests",
             ));
         }
-        // Server-side apply: the applied configuration is merged into the live object; an
-        // absent object is created from it.
+        // Server-side apply, simplified: the applied configuration is merged into the live
+        // object without field ownership; an absent object is created from it
+        // (https://kubernetes.io/docs/reference/using-api/server-side-apply/).
         let Some(current) = current else {
-            let created = create(server, rt, ns, patch)?;
-            return Ok(json_response(StatusCode::CREATED, &created));
+            let created = create(server, rt, ns, conversion::to_storage(served, patch))?;
+            return Ok(json_response(
+                StatusCode::CREATED,
+                &conversion::to_served(served, &created),
+            ));
         };
-        let mut merged = (*current).clone();
+        let mut merged = conversion::to_served(served, &current).into_owned();
         json_patch::merge(&mut merged, &without_version(patch));
-        return update(server, rt, ns, name, merged, status_only)
-            .map(|o| json_response(StatusCode::OK, &o));
+        let merged = conversion::to_storage(served, merged);
+        return update(server, rt, ns, name, merged, status_only).map(|o| out(&o));
     }
     let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
-    let mut patched = (*current).clone();
+    let mut patched = conversion::to_served(served, &current).into_owned();
     match media {
         "application/merge-patch+json" => json_patch::merge(&mut patched, &patch),
         "application/json-patch+json" => {
@@ -827,16 +835,16 @@ fn patch(
             })?;
         }
         "application/strategic-merge-patch+json" => {
-            if !strategic::supports_kind(&rt.kind)
-                || !rt.group.is_empty() && !is_builtin_group(&rt.group)
+            if !strategic::supports_kind(&served.kind)
+                || !served.group.is_empty() && !is_builtin_group(&served.group)
             {
                 return Err(ApiError::unsupported_media_type(format!(
                     "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (strategic merge patch is not supported for {})",
-                    rt.kind
+                    served.kind
                 )));
             }
             patched =
-                strategic::apply_strategic_merge(&rt.kind, &patched, &patch).map_err(|e| {
+                strategic::apply_strategic_merge(&served.kind, &patched, &patch).map_err(|e| {
                     let code = StatusCode::from_u16(e.http_status())
                         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                     ApiError::with_reason(code, e.reason(), e.to_string())
@@ -848,6 +856,7 @@ fn patch(
             )));
         }
     }
+    let mut patched = conversion::to_storage(served, patched);
     // A patch that names no resourceVersion applies to whatever is current.
     if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()
         && !patch_sets_version
@@ -855,7 +864,7 @@ fn patch(
     {
         meta.remove("resourceVersion");
     }
-    update(server, rt, ns, name, patched, status_only).map(|o| json_response(StatusCode::OK, &o))
+    update(server, rt, ns, name, patched, status_only).map(|o| out(&o))
 }
 
 fn is_builtin_group(group: &str) -> bool {
@@ -871,7 +880,8 @@ fn without_version(mut object: Value) -> Value {
 
 /// Delete: preconditions; finalizers (or a pod's grace period) keep the object with a
 /// deletionTimestamp; otherwise it goes, and its dependents are collected by the propagation
-/// policy.
+/// policy (k8s.io/apiserver/pkg/registry/generic/registry/store.go Delete;
+/// https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/).
 fn delete(
     server: &Arc<Server>,
     rt: &ResourceType,
@@ -938,7 +948,8 @@ fn delete(
 }
 
 /// The grace period a pod delete gets: the request's, else the pod's
-/// terminationGracePeriodSeconds (30 by default); unscheduled pods go at once.
+/// terminationGracePeriodSeconds (30 by default); unscheduled pods go at once
+/// (pkg/registry/core/pod/strategy.go CheckGracefulDelete).
 fn pod_grace(rt: &ResourceType, pod: &Value, options: &objects::DeleteOptions) -> i64 {
     if rt.kind != "Pod" || pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty) {
         return 0;
@@ -954,24 +965,27 @@ fn pod_grace(rt: &ResourceType, pod: &Value, options: &objects::DeleteOptions) -
 }
 
 /// After an object is removed: collect its dependents in the background (the garbage
-/// collector's default policy), and stop serving a deleted CRD's resource.
+/// collector's default policy,
+/// https://kubernetes.io/docs/concepts/architecture/garbage-collection/#background-deletion),
+/// and stop serving a deleted CRD's resource.
 fn after_removal(server: &Arc<Server>, rt: &ResourceType, object: &Value) {
     if rt.kind == "CustomResourceDefinition" {
         server.registry.remove_crd(object);
     }
-    let Some(uid) = object["metadata"]["uid"].as_str().map(str::to_string) else {
+    let Some(uid) = object["metadata"]["uid"].as_str() else {
         return;
     };
+    if server.store.dependents(uid).is_empty() {
+        return;
+    }
     let server = server.clone();
+    let uid = uid.to_string();
     tokio::spawn(async move { collect_dependents(&server, &uid) });
 }
 
 /// Deletes every object owned by `uid` (background propagation).
 fn collect_dependents(server: &Arc<Server>, uid: &str) {
-    for ((storage_key, ns, name), object) in server.store.all() {
-        if !owned_by(&object, uid) {
-            continue;
-        }
+    for ((storage_key, ns, name), _) in server.store.dependents(uid) {
         let Some(rt) = server
             .registry
             .all()
@@ -991,23 +1005,13 @@ fn collect_dependents(server: &Arc<Server>, uid: &str) {
     }
 }
 
-fn owned_by(object: &Value, uid: &str) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|r| r["uid"].as_str() == Some(uid))
-}
-
-/// Orphan propagation: dependents lose their reference to the deleted owner.
+/// Orphan propagation: dependents lose their reference to the deleted owner
+/// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#orphaned-dependents).
 fn orphan_dependents(server: &Server, owner: &Value) {
     let Some(uid) = owner["metadata"]["uid"].as_str() else {
         return;
     };
-    for (key, object) in server.store.all() {
-        if !owned_by(&object, uid) {
-            continue;
-        }
+    for (key, _) in server.store.dependents(uid) {
         let _ = server.store.commit::<ApiError>(&key, |current| {
             let Some(current) = current else {
                 return Ok(None);
@@ -1022,7 +1026,9 @@ fn orphan_dependents(server: &Server, owner: &Value) {
 }
 
 /// Foreground deletion and namespace termination: delete the dependents (or the namespace's
-/// content), wait until they are gone, then drop the blocking finalizer / the namespace.
+/// content), wait until they are gone, then drop the blocking finalizer / the namespace
+/// (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#foreground-deletion,
+/// pkg/controller/namespace/deletion/namespaced_resources_deleter.go).
 async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object: Value) {
     let uid = object["metadata"]["uid"]
         .as_str()
@@ -1034,18 +1040,16 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
         .to_string();
     let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
     loop {
-        let remaining: Vec<(ObjectKey, Arc<Value>)> = server
-            .store
-            .all()
-            .into_iter()
-            .filter(|((_, object_ns, _), o)| {
-                if rt.kind == "Namespace" {
-                    *object_ns == name
-                } else {
-                    owned_by(o, &uid)
-                }
-            })
-            .collect();
+        let remaining: Vec<(ObjectKey, Arc<Value>)> = if rt.kind == "Namespace" {
+            server
+                .store
+                .all()
+                .into_iter()
+                .filter(|((_, object_ns, _), _)| *object_ns == name)
+                .collect()
+        } else {
+            server.store.dependents(&uid)
+        };
         if remaining.is_empty() {
             break;
         }
@@ -1088,36 +1092,40 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
         });
 }
 
+/// deletecollection: deletes each object the selectors match, as single deletes
+/// (k8s.io/apiserver/pkg/registry/generic/registry/store.go DeleteCollection).
 fn delete_collection(
     server: &Arc<Server>,
-    rt: &ResourceType,
+    served: &ResourceType,
     ns: Option<&str>,
     query: &HashMap<String, String>,
     body: &Bytes,
 ) -> Result<Response, ApiError> {
-    let filters = Filters::parse(rt, query)?;
+    let filters = Filters::parse(served, query)?;
     let options = objects::DeleteOptions::parse(body, query)?;
+    let rt = &conversion::storage_type(served);
     let (objects, _) = server.store.list(&rt.storage_key(), ns);
     let mut deleted = Vec::new();
     for object in objects.iter().filter(|o| filters.matches(o)) {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let object_ns = object["metadata"]["namespace"].as_str();
         match delete(server, rt, object_ns, name, &options) {
-            Ok(object) => deleted.push(object),
+            Ok(object) => deleted.push(conversion::to_served(served, &object).into_owned()),
             Err(error) if error.code == StatusCode::NOT_FOUND => {}
             Err(error) => return Err(error),
         }
     }
     let list = json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
+        "kind": format!("{}List", served.kind),
+        "apiVersion": served.api_version(),
         "metadata": {"resourceVersion": server.store.revision().to_string()},
         "items": deleted,
     });
     Ok(json_response(StatusCode::OK, &list))
 }
 
-/// `pods/<name>/binding`: assigns the pod to a node, once.
+/// `pods/<name>/binding`: assigns the pod to a node, once (pkg/registry/core/pod/storage/
+/// storage.go BindingREST, assignPod).
 fn bind_pod(
     server: &Arc<Server>,
     rt: &ResourceType,

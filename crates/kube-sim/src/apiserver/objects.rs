@@ -47,7 +47,7 @@ fn is_dns_label_part(part: &str) -> bool {
 }
 
 /// `generateName` suffix: 5 characters from apimachinery's rand.String alphabet (no vowels, no
-/// ambiguous characters).
+/// ambiguous characters; k8s.io/apiserver/pkg/storage/names/generate.go).
 pub fn generated_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let random = uuid::Uuid::new_v4();
@@ -58,7 +58,9 @@ pub fn generated_suffix() -> String {
 }
 
 /// Fills in what create sets: name (from generateName), namespace, uid, creationTimestamp,
-/// generation, kind/apiVersion, and per-kind defaults of the status. Validates the name.
+/// generation, kind/apiVersion, and per-kind defaults of the status. Validates the name
+/// (k8s.io/apiserver/pkg/registry/rest/create.go BeforeCreate; names:
+/// https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
 pub fn prepare_create(
     rt: &ResourceType,
     namespace: Option<&str>,
@@ -143,7 +145,8 @@ pub fn prepare_create(
     Ok(object)
 }
 
-/// Kinds whose objects carry a generation (those with a spec).
+/// Kinds whose objects carry a generation (those with a spec; their strategies set it to 1 on
+/// create and bump it on spec changes, e.g. pkg/registry/core/persistentvolumeclaim/strategy.go).
 fn has_spec(rt: &ResourceType) -> bool {
     !matches!(
         rt.kind.as_str(),
@@ -151,6 +154,8 @@ fn has_spec(rt: &ResourceType) -> bool {
     )
 }
 
+/// The phase a new object starts in (the kinds' PrepareForCreate in pkg/registry/core/pod,
+/// persistentvolume, persistentvolumeclaim and namespace strategy.go).
 fn default_status(rt: &ResourceType, object: &mut Value) {
     let phase = match rt.kind.as_str() {
         "Pod" | "PersistentVolumeClaim" | "PersistentVolume" => "Pending",
@@ -177,7 +182,10 @@ const IMMUTABLE_METADATA: [&str; 6] = [
 
 /// The object an update (PUT or patch) stores: `incoming` as sent, with immutable metadata
 /// from `current`; on the main resource the status of kinds with a status subresource is
-/// kept, on `/status` only the status is taken. Bumps generation when the spec changed.
+/// kept, on `/status` only the status is taken. Bumps generation when the spec changed
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/#object-spec-and-status;
+/// status subresource: pkg/registry/core/persistentvolumeclaim/strategy.go
+/// PrepareForUpdate/statusStrategy).
 pub fn prepare_update(
     rt: &ResourceType,
     current: &Value,
@@ -270,7 +278,8 @@ pub fn is_deleting(object: &Value) -> bool {
     object["metadata"]["deletionTimestamp"].is_string()
 }
 
-/// DeleteOptions from the body (may be empty) and the query.
+/// DeleteOptions from the body (may be empty) and the query
+/// (k8s.io/apimachinery/pkg/apis/meta/v1/types.go DeleteOptions).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct DeleteOptions {
     pub grace_period_seconds: Option<i64>,
@@ -315,7 +324,8 @@ impl DeleteOptions {
         })
     }
 
-    /// Preconditions: the object must still be the one the client meant.
+    /// Preconditions: the object must still be the one the client meant
+    /// (k8s.io/apiserver/pkg/storage/interfaces.go Preconditions.Check).
     pub fn check(&self, rt: &ResourceType, object: &Value) -> Result<(), ApiError> {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         if let Some(uid) = &self.precondition_uid {

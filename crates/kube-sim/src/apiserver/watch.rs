@@ -3,7 +3,8 @@
 //! ADDED/DELETED as the watch cache does, bookmarks, timeoutSeconds, and disconnection of a
 //! watcher that falls behind (k8s.io/apiserver/pkg/storage/cacher).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,16 +16,22 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Filters, Server, stream_body};
+use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 use crate::store::{Event, EventType};
 
-/// kube-apiserver's default watch timeout is randomized around --min-request-timeout (1800 s).
+/// kube-apiserver's default watch timeout is randomized around --min-request-timeout (1800 s;
+/// k8s.io/apiserver/pkg/endpoints/handlers/get.go ListResource).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How often bookmarks are sent to watchers that allow them by default (kube-apiserver: about
-/// a minute; shorter here so short-lived clients see them).
+/// a minute; shorter here so short-lived clients see them;
+/// https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks).
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Lines handed to the HTTP body ahead of the client; the watcher's own buffer is the bound.
+const CHANNEL: usize = 16;
 
 struct Watcher {
     storage_key: String,
@@ -34,7 +41,10 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn wants(&self, event: &Event) -> Option<(&'static str, Arc<Value>)> {
+    /// The watch event line for a committed change, if this watcher sees it: a change that
+    /// moves an object into or out of the selectors is ADDED or DELETED
+    /// (k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go convertToWatchEvent).
+    fn line_for(&self, event: &Event) -> Option<Bytes> {
         if event.storage_key != self.storage_key
             || self
                 .namespace
@@ -60,21 +70,36 @@ impl Watcher {
                 }
             }
         }?;
-        Some((kind, event.object.clone()))
+        // Every watcher of the stored version shares one encoding of the object.
+        let object = match conversion::to_served(&self.rt, &event.object) {
+            Cow::Borrowed(_) => event.encoded(),
+            Cow::Owned(converted) => encode(&converted),
+        };
+        Some(event_line(kind, &object))
     }
 
-    fn bookmark(&self, revision: u64) -> Value {
-        json!({"type": "BOOKMARK", "object": {
+    fn bookmark(&self, revision: u64) -> Bytes {
+        let object = json!({
             "kind": self.rt.kind, "apiVersion": self.rt.api_version(),
             "metadata": {"resourceVersion": revision.to_string()}
-        }})
+        });
+        event_line("BOOKMARK", &encode(&object))
     }
 }
 
-fn line(value: &Value) -> Bytes {
-    let mut text = serde_json::to_vec(value).unwrap_or_default();
-    text.push(b'\n');
-    Bytes::from(text)
+fn encode(value: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// `{"type":…,"object":…}` and a newline: one watch event of the JSON stream.
+fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object.len() + 32);
+    line.extend_from_slice(b"{\"type\":\"");
+    line.extend_from_slice(kind.as_bytes());
+    line.extend_from_slice(b"\",\"object\":");
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
 }
 
 pub(super) fn serve(
@@ -96,6 +121,9 @@ pub(super) fn serve(
         .get("timeoutSeconds")
         .and_then(|t| t.parse().ok())
         .map_or(DEFAULT_TIMEOUT, Duration::from_secs);
+    // No resourceVersion (or "0"): the current state as ADDED events, then changes; else the
+    // changes after that version
+    // (https://kubernetes.io/docs/reference/using-api/api-concepts/#semantics-for-watch).
     let requested = query
         .get("resourceVersion")
         .filter(|v| !v.is_empty() && *v != "0");
@@ -113,76 +141,77 @@ pub(super) fn serve(
             match server.store.watch_from(Some(from)) {
                 Ok(start) => (Vec::new(), start),
                 Err(oldest) => {
-                    // Too old: one ERROR event carrying a 410 Status, then the end.
+                    // Too old: one ERROR event carrying a 410 Status, then the end
+                    // (https://kubernetes.io/docs/reference/using-api/api-concepts/#410-gone-responses).
                     let status =
                         ApiError::gone(format!("too old resource version: {from} ({oldest})"))
                             .status();
-                    let body = futures::stream::iter([Ok(line(
-                        &json!({"type": "ERROR", "object": status}),
-                    ))]);
+                    let body = futures::stream::iter([Ok(event_line("ERROR", &encode(&status)))]);
                     return Ok(stream_body(body));
                 }
             }
         }
     };
-    let (sender, receiver) = mpsc::channel::<Bytes>(64);
+    let (sender, receiver) = mpsc::channel::<Bytes>(CHANNEL);
     let cancelled = server.watch_token();
     let bookmark_interval = server.bookmark_interval();
+    let buffer = server.watch_buffer();
     tokio::spawn(async move {
         let mut revision = start.revision;
-        for object in initial.iter().filter(|o| watcher.filters.matches(o)) {
-            if sender
-                .send(line(&json!({"type": "ADDED", "object": &**object})))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+        // The initial state and the replayed history go out first, as the cacher's watcher
+        // sends its init events before the buffered ones.
+        let mut pending: VecDeque<Bytes> = initial
+            .iter()
+            .filter(|o| watcher.filters.matches(o))
+            .map(|o| event_line("ADDED", &encode(&conversion::to_served(&watcher.rt, o))))
+            .collect();
         for event in &start.replay {
             revision = event.revision;
-            if let Some((kind, object)) = watcher.wants(event)
-                && sender
-                    .send(line(&json!({"type": kind, "object": &*object})))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
+            pending.extend(watcher.line_for(event));
         }
+        // Live events wait here until the client takes them. The buffer is bounded: a
+        // watcher that falls `buffer` events behind is terminated, so writers never wait for
+        // a slow reader (k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go add(), which
+        // stops a watcher whose input buffer stays full).
+        let mut queued: VecDeque<Bytes> = VecDeque::new();
         let mut live = start.live;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         let mut ticker = tokio::time::interval(bookmark_interval);
         ticker.tick().await;
         loop {
-            let message = tokio::select! {
+            let has_output = !pending.is_empty() || !queued.is_empty();
+            tokio::select! {
                 () = cancelled.cancelled() => return,
                 () = &mut deadline => return,
+                permit = sender.reserve(), if has_output => {
+                    let Ok(permit) = permit else { return };
+                    if let Some(line) = pending.pop_front().or_else(|| queued.pop_front()) {
+                        permit.send(line);
+                    }
+                }
                 _ = ticker.tick() => {
-                    if bookmarks && sender.send(line(&watcher.bookmark(revision))).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                received = live.recv() => received,
-            };
-            match message {
-                Ok(event) => {
-                    revision = event.revision;
-                    if let Some((kind, object)) = watcher.wants(&event)
-                        && sender
-                            .send(line(&json!({"type": kind, "object": &*object})))
-                            .await
-                            .is_err()
-                    {
-                        return;
+                    if bookmarks && !has_output {
+                        queued.push_back(watcher.bookmark(revision));
                     }
                 }
-                // Fell behind: disconnect; the client resumes from its last resourceVersion.
-                Err(
-                    broadcast::error::RecvError::Lagged(_) | broadcast::error::RecvError::Closed,
-                ) => return,
+                received = live.recv() => match received {
+                    Ok(event) => {
+                        revision = event.revision;
+                        if let Some(line) = watcher.line_for(&event) {
+                            if queued.len() >= buffer {
+                                tracing::debug!(buffer, "terminating a watcher that fell behind");
+                                return;
+                            }
+                            queued.push_back(line);
+                        }
+                    }
+                    // Starved of CPU past the store's fan-out buffer: the same as overflowing.
+                    Err(
+                        broadcast::error::RecvError::Lagged(_)
+                        | broadcast::error::RecvError::Closed,
+                    ) => return,
+                },
             }
         }
     });
