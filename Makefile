@@ -32,6 +32,8 @@ demo:
 	$(CARGO) run --release --locked -p csi-hostpath --example demo
 	$(CARGO) run --release --locked -p csi-suite-scenarios --example cluster_demo
 
-## bench: driver throughput and latency with 1, 8 and 32 clients; rewrites BENCHMARKS.md.
+## bench: driver throughput and latency with 1, 8 and 32 clients, and kube-sim's API server
+## throughput; each rewrites its own sections of BENCHMARKS.md.
 bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
+	$(CARGO) bench --locked -p kube-sim --bench apiserver
