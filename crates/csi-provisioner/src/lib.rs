@@ -1,4 +1,7 @@
-//! csi-provisioner: the external-provisioner sidecar in Rust. Built up issue by issue; so far
-//! the pure topology core ([`topology`]) that CreateVolume requests are built from.
+//! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
+//! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
+//! preferred terms) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
+//! PV capacity and node affinity).
 
+pub mod request;
 pub mod topology;

@@ -1,0 +1,393 @@
+//! The pure pieces of a provisioning: the volume name, fsType, capabilities, extra metadata,
+//! the classification of CreateVolume errors, and the PV's capacity and node affinity — as
+//! external-provisioner builds them (pkg/controller/controller.go `prepareProvision`,
+//! `Provision`, `checkError`, `makeVolumeName`).
+
+use std::collections::BTreeMap;
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::capability::{AccessKind, CapabilityError, access_mode, volume_capability};
+use k8s_openapi::api::core::v1::{
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
+};
+use tonic::Code;
+
+/// The StorageClass parameter for the filesystem type.
+pub const FSTYPE_KEY: &str = "csi.storage.k8s.io/fstype";
+/// The deprecated, unprefixed spelling (any case).
+const DEPRECATED_FSTYPE_KEY: &str = "fstype";
+/// `--extra-create-metadata` parameters.
+pub const PVC_NAME_KEY: &str = "csi.storage.k8s.io/pvc/name";
+pub const PVC_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pvc/namespace";
+pub const PV_NAME_KEY: &str = "csi.storage.k8s.io/pv/name";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("volume name prefix cannot be empty")]
+    EmptyPrefix,
+    #[error("corrupted PVC object, it is missing UID")]
+    MissingUid,
+    #[error(
+        "--volume-name-uuid-length {length} is longer than the {available} characters of the claim UID without dashes"
+    )]
+    UuidTooShort { length: usize, available: usize },
+    #[error("fstype specified in parameters with both \"fstype\" and \"{FSTYPE_KEY}\" keys")]
+    ConflictingFsType,
+    #[error("claim has no access modes")]
+    NoAccessModes,
+    #[error(transparent)]
+    AccessMode(#[from] CapabilityError),
+}
+
+/// `<prefix>-<claim uid>`; with `--volume-name-uuid-length` N ≥ 0, the UID without dashes cut
+/// to N characters. The name is CreateVolume's idempotency key and the PV's name.
+pub fn volume_name(
+    prefix: &str,
+    claim_uid: &str,
+    uuid_length: i64,
+) -> Result<String, RequestError> {
+    if prefix.is_empty() {
+        return Err(RequestError::EmptyPrefix);
+    }
+    if claim_uid.is_empty() {
+        return Err(RequestError::MissingUid);
+    }
+    let Ok(length) = usize::try_from(uuid_length) else {
+        return Ok(format!("{prefix}-{claim_uid}"));
+    };
+    let compact: String = claim_uid.chars().filter(|c| *c != '-').collect();
+    // Upstream slices and would panic here; we refuse with a clear error instead.
+    let cut = compact.get(..length).ok_or(RequestError::UuidTooShort {
+        length,
+        available: compact.len(),
+    })?;
+    Ok(format!("{prefix}-{cut}"))
+}
+
+/// The fsType: the class's `csi.storage.k8s.io/fstype`, or the deprecated `fstype` (any
+/// case), never both; else `--default-fstype`.
+pub fn fs_type(
+    parameters: &BTreeMap<String, String>,
+    default: &str,
+) -> Result<String, RequestError> {
+    let prefixed = parameters.get(FSTYPE_KEY);
+    let deprecated = parameters
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(DEPRECATED_FSTYPE_KEY))
+        .map(|(_, v)| v);
+    match (prefixed, deprecated) {
+        (Some(_), Some(_)) => Err(RequestError::ConflictingFsType),
+        (Some(value), None) => Ok(value.clone()),
+        (None, Some(value)) => {
+            tracing::warn!(
+                "the StorageClass parameter \"fstype\" is deprecated; use \"{FSTYPE_KEY}\""
+            );
+            Ok(value.clone())
+        }
+        (None, None) => Ok(default.to_string()),
+    }
+}
+
+/// One VolumeCapability per access mode of the claim; Block claims get `block{}`, others
+/// `mount{fsType, mountOptions}`.
+pub fn volume_capabilities(
+    access_modes: &[String],
+    volume_mode: Option<&str>,
+    fs_type: &str,
+    mount_options: &[String],
+    single_node_multi_writer: bool,
+) -> Result<Vec<csi::VolumeCapability>, RequestError> {
+    if access_modes.is_empty() {
+        return Err(RequestError::NoAccessModes);
+    }
+    let kind = AccessKind::from_volume_mode(volume_mode, fs_type, mount_options.to_vec());
+    access_modes
+        .iter()
+        .map(|mode| {
+            Ok(volume_capability(
+                &kind,
+                access_mode(mode, single_node_multi_writer)?,
+            ))
+        })
+        .collect()
+}
+
+/// `--extra-create-metadata`: the claim's and the PV's names as parameters.
+pub fn add_extra_metadata(
+    parameters: &mut BTreeMap<String, String>,
+    claim_name: &str,
+    claim_namespace: &str,
+    pv_name: &str,
+) {
+    parameters.insert(PVC_NAME_KEY.to_string(), claim_name.to_string());
+    parameters.insert(PVC_NAMESPACE_KEY.to_string(), claim_namespace.to_string());
+    parameters.insert(PV_NAME_KEY.to_string(), pv_name.to_string());
+}
+
+/// What a failed CreateVolume means for the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The driver may still be working on it: keep retrying with the same request.
+    InBackground,
+    /// Final for this attempt: retry with backoff, inputs may change.
+    Finished,
+    /// Give the scheduler another choice: remove `selected-node`.
+    Reschedule,
+    /// InvalidArgument: retried slowly (infeasible).
+    Infeasible,
+}
+
+/// `checkError` plus the library's infeasible check: which errors may mean the volume is
+/// still being created.
+pub fn classify(code: Code, topology_supported: bool, has_selected_node: bool) -> Outcome {
+    match code {
+        Code::InvalidArgument => Outcome::Infeasible,
+        Code::ResourceExhausted if topology_supported && has_selected_node => Outcome::Reschedule,
+        Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable | Code::Aborted => {
+            Outcome::InBackground
+        }
+        _ => Outcome::Finished,
+    }
+}
+
+/// The PV's node affinity: one term per accessible topology, each segment `key In [value]`.
+/// Terms without segments are skipped; when nothing is left the PV gets no affinity at all
+/// (upstream would write a `required` selector with no terms, which the API rejects).
+pub fn node_affinity(accessible: &[csi::Topology]) -> Option<VolumeNodeAffinity> {
+    let terms: Vec<NodeSelectorTerm> = accessible
+        .iter()
+        .filter(|t| !t.segments.is_empty())
+        .map(|topology| {
+            let mut segments: Vec<(&String, &String)> = topology.segments.iter().collect();
+            segments.sort();
+            NodeSelectorTerm {
+                match_expressions: Some(
+                    segments
+                        .into_iter()
+                        .map(|(key, value)| NodeSelectorRequirement {
+                            key: key.clone(),
+                            operator: "In".to_string(),
+                            values: Some(vec![value.clone()]),
+                        })
+                        .collect(),
+                ),
+                match_fields: None,
+            }
+        })
+        .collect();
+    (!terms.is_empty()).then_some(VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: terms,
+        }),
+    })
+}
+
+/// Bytes as a Kubernetes BinarySI quantity string, as `resource.NewQuantity(n, BinarySI)`
+/// prints it: the largest binary suffix that divides exactly, else plain bytes.
+pub fn binary_si(bytes: i64) -> String {
+    const SUFFIXES: [(&str, u32); 6] = [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ];
+    if bytes != 0 {
+        for (suffix, shift) in SUFFIXES {
+            let unit = 1i64 << shift;
+            if bytes % unit == 0 {
+                return format!("{}{suffix}", bytes / unit);
+            }
+        }
+    }
+    bytes.to_string()
+}
+
+/// The size a PV records: the driver's, or the requested one when the driver says 0
+/// ("unknown", allowed by the CSI spec). `None` when the driver returned less than asked.
+pub fn provisioned_bytes(requested: i64, returned: i64) -> Option<i64> {
+    match returned {
+        0 => Some(requested),
+        n if n < requested => None,
+        n => Some(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0b6f1c2e-5d4a-4c3b-9a8f-112233445566";
+
+    #[test]
+    fn volume_names() {
+        let table: [(&str, i64, Result<&str, RequestError>); 5] = [
+            ("pvc", -1, Ok("pvc-0b6f1c2e-5d4a-4c3b-9a8f-112233445566")),
+            ("vol", 8, Ok("vol-0b6f1c2e")),
+            ("vol", 0, Ok("vol-")),
+            ("", -1, Err(RequestError::EmptyPrefix)),
+            (
+                "pvc",
+                40,
+                Err(RequestError::UuidTooShort {
+                    length: 40,
+                    available: 32,
+                }),
+            ),
+        ];
+        for (prefix, length, expected) in table {
+            assert_eq!(
+                volume_name(prefix, UID, length),
+                expected.map(str::to_string),
+                "{prefix} {length}"
+            );
+        }
+        assert_eq!(volume_name("pvc", "", -1), Err(RequestError::MissingUid));
+    }
+
+    #[test]
+    fn fs_types() {
+        let params = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let table = [
+            (params(&[(FSTYPE_KEY, "xfs")]), Ok("xfs")),
+            (params(&[("FsType", "ext3")]), Ok("ext3")),
+            (params(&[]), Ok("ext4")),
+            (
+                params(&[(FSTYPE_KEY, "xfs"), ("fstype", "ext3")]),
+                Err(RequestError::ConflictingFsType),
+            ),
+        ];
+        for (parameters, expected) in table {
+            assert_eq!(
+                fs_type(&parameters, "ext4"),
+                expected.map(str::to_string),
+                "{parameters:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_capability_per_access_mode() {
+        use csi::volume_capability::AccessType;
+        use csi::volume_capability::access_mode::Mode;
+        let modes = vec!["ReadWriteOnce".to_string(), "ReadOnlyMany".to_string()];
+        let capabilities =
+            volume_capabilities(&modes, None, "ext4", &["noatime".into()], true).unwrap();
+        let got: Vec<i32> = capabilities
+            .iter()
+            .map(|c| c.access_mode.unwrap().mode)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Mode::SingleNodeMultiWriter as i32,
+                Mode::MultiNodeReaderOnly as i32
+            ]
+        );
+        assert!(
+            matches!(&capabilities[0].access_type, Some(AccessType::Mount(m)) if m.fs_type == "ext4" && m.mount_flags == ["noatime"])
+        );
+        let block = volume_capabilities(&modes[..1], Some("Block"), "ext4", &[], false).unwrap();
+        assert!(matches!(block[0].access_type, Some(AccessType::Block(_))));
+        assert_eq!(
+            volume_capabilities(&[], None, "", &[], false),
+            Err(RequestError::NoAccessModes)
+        );
+        assert!(matches!(
+            volume_capabilities(&["Sometimes".into()], None, "", &[], false),
+            Err(RequestError::AccessMode(_))
+        ));
+    }
+
+    #[test]
+    fn create_volume_errors_are_classified_like_upstream() {
+        let table = [
+            (Code::InvalidArgument, true, true, Outcome::Infeasible),
+            (Code::ResourceExhausted, true, true, Outcome::Reschedule),
+            (Code::ResourceExhausted, false, true, Outcome::Finished),
+            (Code::ResourceExhausted, true, false, Outcome::Finished),
+            (Code::DeadlineExceeded, true, true, Outcome::InBackground),
+            (Code::Unavailable, false, false, Outcome::InBackground),
+            (Code::Aborted, false, false, Outcome::InBackground),
+            (Code::Cancelled, false, false, Outcome::InBackground),
+            (Code::Internal, true, true, Outcome::Finished),
+            (Code::NotFound, true, true, Outcome::Finished),
+        ];
+        for (code, topology, selected, expected) in table {
+            assert_eq!(classify(code, topology, selected), expected, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn node_affinity_from_accessible_topology() {
+        let topology = |pairs: &[(&str, &str)]| csi::Topology {
+            segments: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let affinity = node_affinity(&[
+            topology(&[("zone", "a"), ("rack", "1")]),
+            topology(&[]),
+            topology(&[("zone", "b")]),
+        ])
+        .unwrap();
+        let terms = affinity.required.unwrap().node_selector_terms;
+        assert_eq!(terms.len(), 2, "empty terms are skipped");
+        let first = terms[0].match_expressions.clone().unwrap();
+        assert_eq!(
+            first
+                .iter()
+                .map(|e| (
+                    e.key.as_str(),
+                    e.operator.as_str(),
+                    e.values.clone().unwrap()
+                ))
+                .collect::<Vec<_>>(),
+            [
+                ("rack", "In", vec!["1".to_string()]),
+                ("zone", "In", vec!["a".to_string()])
+            ]
+        );
+        assert_eq!(
+            node_affinity(&[topology(&[])]),
+            None,
+            "never an empty required selector"
+        );
+        assert_eq!(node_affinity(&[]), None);
+    }
+
+    #[test]
+    fn sizes() {
+        let table = [
+            (1 << 30, "1Gi"),
+            (1536 << 20, "1536Mi"),
+            (1000, "1000"),
+            (0, "0"),
+            (3 << 40, "3Ti"),
+            (4096, "4Ki"),
+        ];
+        for (bytes, expected) in table {
+            assert_eq!(binary_si(bytes), expected, "{bytes}");
+        }
+        assert_eq!(provisioned_bytes(100, 0), Some(100));
+        assert_eq!(provisioned_bytes(100, 150), Some(150));
+        assert_eq!(provisioned_bytes(100, 99), None);
+    }
+
+    #[test]
+    fn extra_metadata() {
+        let mut parameters = BTreeMap::from([("type".to_string(), "fast".to_string())]);
+        add_extra_metadata(&mut parameters, "data", "apps", "pvc-1");
+        assert_eq!(parameters[PVC_NAME_KEY], "data");
+        assert_eq!(parameters[PVC_NAMESPACE_KEY], "apps");
+        assert_eq!(parameters[PV_NAME_KEY], "pvc-1");
+        assert_eq!(parameters["type"], "fast");
+    }
+}
