@@ -163,37 +163,10 @@ impl Config {
 
 /// Parses a Kubernetes quantity of bytes: `1073741824`, `10Gi`, `500M`, `1.5Ti`.
 pub fn parse_quantity(input: &str) -> Result<u64, String> {
-    let text = input.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let multiplier: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        other => {
-            return Err(format!(
-                "invalid quantity {input:?}: unknown suffix {other:?}"
-            ));
-        }
-    };
-    let value: f64 = number.parse().map_err(|_| {
+    let bytes = csi_sidecar::quantity::parse(input).ok_or_else(|| {
         format!("invalid quantity {input:?}: expected a number with an optional suffix like Gi")
     })?;
-    let bytes = (value * multiplier).round();
-    if !(0.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(format!("invalid quantity {input:?}: out of range"));
-    }
-    Ok(bytes as u64)
+    u64::try_from(bytes).map_err(|_| format!("invalid quantity {input:?}: out of range"))
 }
 
 /// `--capacity` values: `<quantity>` or `<kind>=<quantity>`.

@@ -1,8 +1,9 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
-//! preferred terms) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
+//! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
 //! PV capacity and node affinity) and [`deletion`] (the PV finalizer and DeleteVolume plan).
 
+pub mod claims;
 pub mod deletion;
 pub mod request;
 pub mod topology;

@@ -1,5 +1,5 @@
 //! The pure pieces of a provisioning: the volume name, fsType, capabilities, extra metadata,
-//! the classification of CreateVolume errors, and the PV's capacity and node affinity — as
+//! the classification of CreateVolume errors, and the PV's size and node affinity — as
 //! external-provisioner builds them (pkg/controller/controller.go `prepareProvision`,
 //! `Provision`, `checkError`, `makeVolumeName`).
 
@@ -182,28 +182,6 @@ pub fn node_affinity(accessible: &[csi::Topology]) -> Option<VolumeNodeAffinity>
     })
 }
 
-/// Bytes as a Kubernetes BinarySI quantity string, as `resource.NewQuantity(n, BinarySI)`
-/// prints it: the largest binary suffix that divides exactly, else plain bytes.
-pub fn binary_si(bytes: i64) -> String {
-    const SUFFIXES: [(&str, u32); 6] = [
-        ("Ei", 60),
-        ("Pi", 50),
-        ("Ti", 40),
-        ("Gi", 30),
-        ("Mi", 20),
-        ("Ki", 10),
-    ];
-    if bytes != 0 {
-        for (suffix, shift) in SUFFIXES {
-            let unit = 1i64 << shift;
-            if bytes % unit == 0 {
-                return format!("{}{suffix}", bytes / unit);
-            }
-        }
-    }
-    bytes.to_string()
-}
-
 /// The size a PV records: the driver's, or the requested one when the driver says 0
 /// ("unknown", allowed by the CSI spec). `None` when the driver returned less than asked.
 pub fn provisioned_bytes(requested: i64, returned: i64) -> Option<i64> {
@@ -365,17 +343,6 @@ mod tests {
 
     #[test]
     fn sizes() {
-        let table = [
-            (1 << 30, "1Gi"),
-            (1536 << 20, "1536Mi"),
-            (1000, "1000"),
-            (0, "0"),
-            (3 << 40, "3Ti"),
-            (4096, "4Ki"),
-        ];
-        for (bytes, expected) in table {
-            assert_eq!(binary_si(bytes), expected, "{bytes}");
-        }
         assert_eq!(provisioned_bytes(100, 0), Some(100));
         assert_eq!(provisioned_bytes(100, 150), Some(150));
         assert_eq!(provisioned_bytes(100, 99), None);

@@ -14,6 +14,7 @@
 //! - [`logging`] tracing from `-v` and `--logging-format`;
 //! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
 //! - [`mounts`] the node's mount table;
+//! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities.
 
 pub mod backoff;
@@ -27,4 +28,5 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod mounts;
+pub mod quantity;
 pub mod shutdown;

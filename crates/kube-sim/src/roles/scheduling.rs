@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
+pub use csi_sidecar::quantity::parse as parse_quantity;
+
 /// The status of the node's Ready condition ("True", "False", "Unknown"), if it has one.
 pub fn node_ready_status(node: &Node) -> Option<&str> {
     node.status
@@ -21,48 +23,6 @@ pub fn node_ready_status(node: &Node) -> Option<&str> {
         .iter()
         .find(|c| c.type_ == "Ready")
         .map(|c| c.status.as_str())
-}
-
-/// A quantity in base units (bytes for storage), rounded up; `None` when malformed.
-pub fn parse_quantity(text: &str) -> Option<u128> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "E" => 1_000_000_000_000_000_000,
-        _ => return None,
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return None;
-    }
-    let whole: u128 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let mut value = whole.checked_mul(multiplier)?;
-    if !fraction.is_empty() {
-        let digits = u32::try_from(fraction.len()).ok()?;
-        let scale = 10u128.checked_pow(digits)?;
-        let part: u128 = fraction.parse().ok()?;
-        value = value.checked_add((part * multiplier).div_ceil(scale))?;
-    }
-    Some(value)
 }
 
 /// `metav1.LabelSelector` against labels (an absent selector matches everything).
@@ -223,23 +183,6 @@ mod tests {
 
     fn from<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
         serde_json::from_value(value).unwrap()
-    }
-
-    #[test]
-    fn quantities() {
-        let table = [
-            ("1Mi", Some(1 << 20)),
-            ("1.5Gi", Some(3 << 29)),
-            ("100", Some(100)),
-            ("2k", Some(2000)),
-            ("0.1", Some(1)),
-            ("1Qi", None),
-            ("", None),
-            ("Gi", None),
-        ];
-        for (text, expected) in table {
-            assert_eq!(parse_quantity(text), expected, "{text}");
-        }
     }
 
     #[test]

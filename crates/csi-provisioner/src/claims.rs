@@ -1,0 +1,417 @@
+//! Which claims the provisioner acts on, and what their data source is (external-provisioner
+//! `shouldProvision`, `dataSource`, `getPVCSource`). Pure: inputs from the caches.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+
+pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+pub const MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+const ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
+/// The finalizer a clone's source claim carries while the clone is provisioned.
+pub const CLONING_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("storageclass.storage.k8s.io \"{0}\" not found")]
+    MissingClass(String),
+    #[error("claim Selector is not supported")]
+    Selector,
+    #[error("{0}")]
+    DataSource(String),
+    #[error("{0}")]
+    CloneSource(String),
+}
+
+/// What to do with one claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimDecision {
+    /// Already bound, or another provisioner's.
+    Ignore,
+    /// WaitForFirstConsumer without a selected node yet.
+    WaitForNode,
+    Provision {
+        selected_node: Option<String>,
+    },
+}
+
+/// The claim is ours and ready to provision? The storage-provisioner annotation (GA, else beta)
+/// or `migrated-to` must name the driver; a WaitForFirstConsumer class needs selected-node.
+pub fn decide(
+    claim: &PersistentVolumeClaim,
+    driver: &str,
+    class: Option<&StorageClass>,
+) -> Result<ClaimDecision, ClaimError> {
+    let spec = claim.spec.clone().unwrap_or_default();
+    if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
+        return Ok(ClaimDecision::Ignore);
+    }
+    let annotations = claim.annotations();
+    let provisioner = annotations
+        .get(STORAGE_PROVISIONER)
+        .or_else(|| annotations.get(BETA_STORAGE_PROVISIONER));
+    let ours = provisioner.is_some_and(|p| p == driver)
+        || annotations.get(MIGRATED_TO).is_some_and(|p| p == driver);
+    if !ours {
+        return Ok(ClaimDecision::Ignore);
+    }
+    let class_name = spec.storage_class_name.unwrap_or_default();
+    let class = class.ok_or(ClaimError::MissingClass(class_name))?;
+    if spec.selector.is_some() {
+        return Err(ClaimError::Selector);
+    }
+    let selected_node = annotations
+        .get(SELECTED_NODE)
+        .or_else(|| annotations.get(ALPHA_SELECTED_NODE))
+        .filter(|n| !n.is_empty())
+        .cloned();
+    let delayed = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
+    if delayed && selected_node.is_none() {
+        return Ok(ClaimDecision::WaitForNode);
+    }
+    Ok(ClaimDecision::Provision { selected_node })
+}
+
+/// A claim's data source after normalisation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    None,
+    Claim {
+        name: String,
+        namespace: String,
+    },
+    Snapshot {
+        name: String,
+        namespace: String,
+    },
+    /// Any other kind: a volume populator's job; the provisioner leaves the claim alone.
+    Populator {
+        kind: String,
+        api_group: String,
+    },
+}
+
+/// `spec.dataSource` wins (in the claim's namespace), else `spec.dataSourceRef`; a
+/// namespace on the latter needs the CrossNamespaceVolumeDataSource gate, which this
+/// provisioner does not support yet.
+pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ClaimError> {
+    let spec = claim.spec.clone().unwrap_or_default();
+    let namespace = claim.namespace().unwrap_or_default();
+    let (kind, api_group, name) = if let Some(source) = spec.data_source {
+        (
+            source.kind,
+            source.api_group.unwrap_or_default(),
+            source.name,
+        )
+    } else if let Some(source) = spec.data_source_ref {
+        if source
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| !ns.is_empty() && ns != namespace)
+        {
+            return Err(ClaimError::DataSource(
+                "dataSourceRef.namespace needs the CrossNamespaceVolumeDataSource feature, which this csi-provisioner does not support yet".to_string(),
+            ));
+        }
+        (
+            source.kind,
+            source.api_group.unwrap_or_default(),
+            source.name,
+        )
+    } else {
+        return Ok(DataSource::None);
+    };
+    if name.is_empty() {
+        return Err(ClaimError::DataSource(format!(
+            "the {kind} data source has no name"
+        )));
+    }
+    Ok(match (kind.as_str(), api_group.as_str()) {
+        ("PersistentVolumeClaim", "") => DataSource::Claim { name, namespace },
+        ("VolumeSnapshot", SNAPSHOT_GROUP) => DataSource::Snapshot { name, namespace },
+        ("VolumeSnapshot", other) => {
+            return Err(ClaimError::DataSource(format!(
+                "the source VolumeSnapshot is in group {other:?}, expected {SNAPSHOT_GROUP}"
+            )));
+        }
+        _ => DataSource::Populator { kind, api_group },
+    })
+}
+
+fn requested_bytes(claim: &PersistentVolumeClaim) -> Option<String> {
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+/// Validates a clone source (`getPVCSource`) and returns the source volume's handle: the source
+/// claim Bound, not being deleted, with a class, not smaller than the target's request; its PV
+/// a CSI volume of the same driver, bound back to it, of the same volume mode.
+pub fn clone_source(
+    target: &PersistentVolumeClaim,
+    driver: &str,
+    source: &PersistentVolumeClaim,
+    source_volume: Option<&PersistentVolume>,
+) -> Result<String, ClaimError> {
+    let fail = |message: String| Err(ClaimError::CloneSource(message));
+    let name = source.name_any();
+    if source.metadata.deletion_timestamp.is_some() {
+        return fail(format!("the source claim {name} is being deleted"));
+    }
+    if source.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return fail(format!("the source claim {name} is not Bound"));
+    }
+    let source_spec = source.spec.clone().unwrap_or_default();
+    let target_spec = target.spec.clone().unwrap_or_default();
+    if source_spec.storage_class_name.is_none() || target_spec.storage_class_name.is_none() {
+        return fail("both the clone and its source claim need a storage class".to_string());
+    }
+    let size = |claim| {
+        requested_bytes(claim)
+            .and_then(|q| csi_sidecar::quantity::parse(&q))
+            .unwrap_or(0)
+    };
+    if size(target) < size(source) {
+        return fail(format!(
+            "the requested size is smaller than the size of the source claim {name}"
+        ));
+    }
+    let Some(volume) = source_volume else {
+        return fail(format!(
+            "the volume of the source claim {name} is not found"
+        ));
+    };
+    let volume_spec = volume.spec.clone().unwrap_or_default();
+    let Some(csi) = volume_spec.csi else {
+        return fail(format!(
+            "the volume of the source claim {name} is not a CSI volume"
+        ));
+    };
+    if csi.driver != driver {
+        return fail(format!(
+            "the source claim {name} is a volume of driver {}, not {driver}",
+            csi.driver
+        ));
+    }
+    let bound_back = volume_spec.claim_ref.is_some_and(|r| {
+        r.uid == source.metadata.uid
+            && r.name.as_deref() == Some(&name)
+            && r.namespace == source.namespace()
+    });
+    if !bound_back || volume.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return fail(format!(
+            "the volume of the source claim {name} is not bound to it"
+        ));
+    }
+    let mode = |m: Option<String>| m.unwrap_or_else(|| "Filesystem".to_string());
+    if mode(source_spec.volume_mode) != mode(target_spec.volume_mode) {
+        return fail("the volume modes of the clone and its source differ".to_string());
+    }
+    Ok(csi.volume_handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const DRIVER: &str = "csi.example.com";
+
+    fn claim(value: Value) -> PersistentVolumeClaim {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn class(mode: &str) -> StorageClass {
+        serde_json::from_value(
+            json!({"metadata": {"name": "fast"}, "provisioner": DRIVER, "volumeBindingMode": mode}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn which_claims() {
+        let immediate = class("Immediate");
+        let delayed = class("WaitForFirstConsumer");
+        let ours = |annotations: Value| {
+            claim(
+                json!({"metadata": {"name": "c", "annotations": annotations}, "spec": {"storageClassName": "fast"}}),
+            )
+        };
+        let table = [
+            (
+                "GA annotation",
+                ours(json!({STORAGE_PROVISIONER: DRIVER})),
+                Some(&immediate),
+                Ok(ClaimDecision::Provision {
+                    selected_node: None,
+                }),
+            ),
+            (
+                "beta annotation",
+                ours(json!({BETA_STORAGE_PROVISIONER: DRIVER})),
+                Some(&immediate),
+                Ok(ClaimDecision::Provision {
+                    selected_node: None,
+                }),
+            ),
+            (
+                "migrated",
+                ours(json!({STORAGE_PROVISIONER: "kubernetes.io/gce-pd", MIGRATED_TO: DRIVER})),
+                Some(&immediate),
+                Ok(ClaimDecision::Provision {
+                    selected_node: None,
+                }),
+            ),
+            (
+                "other provisioner",
+                ours(json!({STORAGE_PROVISIONER: "other"})),
+                Some(&immediate),
+                Ok(ClaimDecision::Ignore),
+            ),
+            (
+                "no annotation",
+                ours(json!({})),
+                Some(&immediate),
+                Ok(ClaimDecision::Ignore),
+            ),
+            (
+                "WFFC without node",
+                ours(json!({STORAGE_PROVISIONER: DRIVER})),
+                Some(&delayed),
+                Ok(ClaimDecision::WaitForNode),
+            ),
+            (
+                "WFFC with node",
+                ours(json!({STORAGE_PROVISIONER: DRIVER, SELECTED_NODE: "n1"})),
+                Some(&delayed),
+                Ok(ClaimDecision::Provision {
+                    selected_node: Some("n1".into()),
+                }),
+            ),
+            (
+                "missing class",
+                ours(json!({STORAGE_PROVISIONER: DRIVER})),
+                None,
+                Err(ClaimError::MissingClass("fast".into())),
+            ),
+        ];
+        for (what, claim, class, expected) in table {
+            assert_eq!(decide(&claim, DRIVER, class), expected, "{what}");
+        }
+        let bound = claim(
+            json!({"metadata": {"name": "c", "annotations": {STORAGE_PROVISIONER: DRIVER}}, "spec": {"volumeName": "pv"}}),
+        );
+        assert_eq!(decide(&bound, DRIVER, None), Ok(ClaimDecision::Ignore));
+        let selector = claim(
+            json!({"metadata": {"name": "c", "annotations": {STORAGE_PROVISIONER: DRIVER}}, "spec": {"storageClassName": "fast", "selector": {"matchLabels": {"a": "b"}}}}),
+        );
+        assert_eq!(
+            decide(&selector, DRIVER, Some(&immediate)),
+            Err(ClaimError::Selector)
+        );
+    }
+
+    #[test]
+    fn data_sources() {
+        let with = |spec: Value| {
+            claim(json!({"metadata": {"name": "c", "namespace": "apps"}, "spec": spec}))
+        };
+        let table = [
+            (with(json!({})), Ok(DataSource::None)),
+            (
+                with(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}})),
+                Ok(DataSource::Claim {
+                    name: "src".into(),
+                    namespace: "apps".into(),
+                }),
+            ),
+            (
+                with(
+                    json!({"dataSourceRef": {"kind": "VolumeSnapshot", "apiGroup": SNAPSHOT_GROUP, "name": "snap"}}),
+                ),
+                Ok(DataSource::Snapshot {
+                    name: "snap".into(),
+                    namespace: "apps".into(),
+                }),
+            ),
+            (
+                with(
+                    json!({"dataSourceRef": {"kind": "Backup", "apiGroup": "example.com", "name": "b"}}),
+                ),
+                Ok(DataSource::Populator {
+                    kind: "Backup".into(),
+                    api_group: "example.com".into(),
+                }),
+            ),
+        ];
+        for (claim, expected) in table {
+            assert_eq!(data_source(&claim), expected);
+        }
+        let wrong_group = with(
+            json!({"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "example.com", "name": "s"}}),
+        );
+        assert!(
+            matches!(data_source(&wrong_group), Err(ClaimError::DataSource(m)) if m.contains("example.com"))
+        );
+        let cross = with(
+            json!({"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "s", "namespace": "other"}}),
+        );
+        assert!(
+            matches!(data_source(&cross), Err(ClaimError::DataSource(m)) if m.contains("not support yet"))
+        );
+        let unnamed = with(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": ""}}));
+        assert!(matches!(
+            data_source(&unnamed),
+            Err(ClaimError::DataSource(_))
+        ));
+    }
+
+    #[test]
+    fn clone_sources() {
+        let target = claim(
+            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "2Gi"}}}}),
+        );
+        let source = claim(
+            json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast", "volumeName": "pv-src", "resources": {"requests": {"storage": "1Gi"}}}, "status": {"phase": "Bound"}}),
+        );
+        let volume: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "pv-src"}, "spec": {
+            "csi": {"driver": DRIVER, "volumeHandle": "vol-src"}, "claimRef": {"name": "src", "namespace": "apps", "uid": "u1"}}, "status": {"phase": "Bound"}})).unwrap();
+        assert_eq!(
+            clone_source(&target, DRIVER, &source, Some(&volume)),
+            Ok("vol-src".to_string())
+        );
+        assert!(
+            clone_source(&target, "other", &source, Some(&volume)).is_err(),
+            "another driver's volume"
+        );
+        assert!(
+            clone_source(&target, DRIVER, &source, None).is_err(),
+            "no PV"
+        );
+        let small = claim(
+            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "0Gi"}}}}),
+        );
+        assert!(
+            matches!(clone_source(&small, DRIVER, &source, Some(&volume)), Err(ClaimError::CloneSource(m)) if m.contains("smaller"))
+        );
+        let block = claim(
+            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "volumeMode": "Block", "resources": {"requests": {"storage": "2Gi"}}}}),
+        );
+        assert!(
+            matches!(clone_source(&block, DRIVER, &source, Some(&volume)), Err(ClaimError::CloneSource(m)) if m.contains("modes"))
+        );
+        let pending = claim(
+            json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast"}, "status": {"phase": "Pending"}}),
+        );
+        assert!(clone_source(&target, DRIVER, &pending, Some(&volume)).is_err());
+    }
+}
