@@ -14,7 +14,8 @@
 //! - [`logging`] tracing from `-v` and `--logging-format`;
 //! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
 //! - [`mounts`] the node's mount table;
-//! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities.
+//! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
+//! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data.
 
 pub mod backoff;
 pub mod capability;
@@ -27,4 +28,5 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod mounts;
+pub mod secrets;
 pub mod shutdown;
