@@ -3,6 +3,7 @@
 //! Released volumes with reclaim policy Delete — never while a VolumeAttachment still
 //! references the PV. Pure: inputs → [`VolumePlan`].
 
+use csi_sidecar::secrets::{DeletionSecret, deletion_secret};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 
@@ -14,20 +15,6 @@ pub const DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletio
 pub const DELETION_SECRET_NAMESPACE: &str =
     "volume.kubernetes.io/provisioner-deletion-secret-namespace";
 
-/// Where DeleteVolume's secrets come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeletionSecret {
-    /// Recorded on the PV at provisioning; both empty means "no secret".
-    Recorded { name: String, namespace: String },
-    /// Older PVs without the annotations: resolve the class's provisioner secret again, with a
-    /// claim made of the claimRef's name and namespace only (so annotation templates fail).
-    FromStorageClass {
-        class: String,
-        claim_name: String,
-        claim_namespace: String,
-    },
-}
-
 /// The step for one PV.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumePlan {
@@ -37,7 +24,8 @@ pub enum VolumePlan {
     RemoveFinalizer,
     /// Wait: a VolumeAttachment still references the PV (a Warning event and a retry).
     StillAttached,
-    /// DeleteVolume, then delete the PV object and drop the finalizer.
+    /// DeleteVolume (secrets recorded on the PV, or resolved again from its StorageClass with
+    /// the claimRef's name and namespace), then delete the PV object and drop the finalizer.
     Delete {
         volume_id: String,
         secret: DeletionSecret,
@@ -102,24 +90,7 @@ pub fn plan(
     if publishes && attached {
         return VolumePlan::StillAttached;
     }
-    let annotations = volume.annotations();
-    let secret = match (
-        annotations.get(DELETION_SECRET_NAME),
-        annotations.get(DELETION_SECRET_NAMESPACE),
-    ) {
-        (Some(name), Some(namespace)) => DeletionSecret::Recorded {
-            name: name.clone(),
-            namespace: namespace.clone(),
-        },
-        _ => {
-            let claim = spec.claim_ref.unwrap_or_default();
-            DeletionSecret::FromStorageClass {
-                class: spec.storage_class_name.unwrap_or_default(),
-                claim_name: claim.name.unwrap_or_default(),
-                claim_namespace: claim.namespace.unwrap_or_default(),
-            }
-        }
-    };
+    let secret = deletion_secret(volume.annotations());
     VolumePlan::Delete {
         volume_id: csi.volume_handle,
         secret,
@@ -129,13 +100,16 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_sidecar::secrets::{
+        DELETION_SECRET_NAME_ANNOTATION, DELETION_SECRET_NAMESPACE_ANNOTATION,
+    };
     use serde_json::{Value, json};
 
     const DRIVER: &str = "csi.example.com";
 
     fn pv(phase: &str, policy: &str, finalizer: bool, extra: Value) -> PersistentVolume {
         let mut value = json!({
-            "metadata": {"name": "pvc-1", "annotations": {PROVISIONED_BY: DRIVER, DELETION_SECRET_NAME: "", DELETION_SECRET_NAMESPACE: ""}},
+            "metadata": {"name": "pvc-1", "annotations": {PROVISIONED_BY: DRIVER, DELETION_SECRET_NAME_ANNOTATION: "", DELETION_SECRET_NAMESPACE_ANNOTATION: ""}},
             "spec": {"persistentVolumeReclaimPolicy": policy, "storageClassName": "fast",
                 "claimRef": {"name": "data", "namespace": "apps"},
                 "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}},
@@ -162,10 +136,7 @@ mod tests {
 
     #[test]
     fn plans() {
-        let recorded = DeletionSecret::Recorded {
-            name: String::new(),
-            namespace: String::new(),
-        };
+        let recorded = DeletionSecret::Annotated(None);
         let table = [
             (
                 "bound, Delete, no finalizer",
@@ -252,11 +223,7 @@ mod tests {
         let static_pv = pv("Released", "Delete", true, json!({"annotations": {}}));
         assert_eq!(
             plan(&static_pv, DRIVER, true, false),
-            delete(DeletionSecret::FromStorageClass {
-                class: "fast".into(),
-                claim_name: "data".into(),
-                claim_namespace: "apps".into()
-            })
+            delete(DeletionSecret::FromStorageClass)
         );
         let mut not_csi = pv("Released", "Delete", true, json!({}));
         if let Some(spec) = not_csi.spec.as_mut() {

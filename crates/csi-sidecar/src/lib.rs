@@ -15,7 +15,8 @@
 //! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
 //! - [`mounts`] the node's mount table;
 //! - [`quantity`] resource quantities (storage sizes);
-//! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities.
+//! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
+//! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data.
 
 pub mod backoff;
 pub mod capability;
@@ -29,4 +30,5 @@ pub mod logging;
 pub mod metrics;
 pub mod mounts;
 pub mod quantity;
+pub mod secrets;
 pub mod shutdown;
