@@ -7,6 +7,7 @@
 //! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
 //!   Retry-After);
 //! - [`leader`] Lease-based leader election with client-go semantics;
+//! - [`informers`] reflector caches with one wake-up signal per controller;
 //! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
 //! - [`backoff`] per-object exponential retry delays;
 //! - [`events`] core/v1 Event recording;
@@ -24,6 +25,7 @@ pub mod conn;
 pub mod events;
 pub mod flags;
 pub mod http;
+pub mod informers;
 pub mod kube;
 pub mod leader;
 pub mod logging;

@@ -16,13 +16,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+
+pub(crate) use csi_sidecar::informers::Informers;
 use tokio_util::sync::CancellationToken;
 
 pub mod attach_detach;
@@ -216,75 +215,6 @@ pub fn start_control_plane(
         });
     }
     tasks
-}
-
-/// Reflector-backed caches of one role: every change in any of them wakes the role, and
-/// [`Informers::synced`] waits for all of their initial lists.
-pub(crate) struct Informers {
-    client: kube::Client,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-    synced: Vec<futures::future::BoxFuture<'static, bool>>,
-}
-
-impl Informers {
-    pub fn new(client: &kube::Client, shutdown: &CancellationToken) -> Self {
-        Self {
-            client: client.clone(),
-            wake: Arc::new(Notify::new()),
-            shutdown: shutdown.clone(),
-            synced: Vec::new(),
-        }
-    }
-
-    /// A cache of every object of a cluster-wide or all-namespaces kind.
-    pub fn all<K>(&mut self) -> Store<K>
-    where
-        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-    {
-        self.watch(Api::all(self.client.clone()), watcher::Config::default())
-    }
-
-    /// A cache of what `api` and `config` select.
-    pub fn watch<K>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K>
-    where
-        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-    {
-        let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
-        let wake = self.wake.clone();
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    event = stream.next() => match event {
-                        Some(Ok(_)) => wake.notify_one(),
-                        Some(Err(error)) => tracing::debug!(%error, "watch error, retrying"),
-                        None => return,
-                    },
-                }
-            }
-        });
-        let ready = reader.clone();
-        self.synced.push(Box::pin(
-            async move { ready.wait_until_ready().await.is_ok() },
-        ));
-        reader
-    }
-
-    /// Waits until every cache has its initial list (or shutdown); returns the role's wake-up
-    /// signal, or `None` on shutdown.
-    pub async fn synced(self) -> Option<Arc<Notify>> {
-        let all = futures::future::join_all(self.synced);
-        tokio::select! {
-            () = self.shutdown.cancelled() => None,
-            results = all => results.into_iter().all(|ok| ok).then_some(self.wake),
-        }
-    }
 }
 
 /// Runs `pass` whenever `wake` fires or `resync` elapses, until `shutdown`. A failed pass is
