@@ -5,5 +5,6 @@
 
 pub mod claims;
 pub mod deletion;
+pub mod flags;
 pub mod request;
 pub mod topology;

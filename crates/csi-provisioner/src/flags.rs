@@ -1,0 +1,284 @@
+//! The csi-provisioner command line: every flag of external-provisioner v6.3 with its name and
+//! default (reference/upstream-flags/csi-provisioner.tsv), on top of the shared sidecar flags.
+//! Flags for features this provisioner does not build yet are accepted and, when turned on,
+//! refused with a clear error — never silently ignored.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use csi_sidecar::flags::{
+    DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration,
+};
+
+/// Feature gates of external-provisioner for features not built here yet.
+const UNSUPPORTED_GATES: [&str; 2] = ["CrossNamespaceVolumeDataSource", "VolumeAttributesClass"];
+
+/// csi-provisioner: creates and deletes CSI volumes for PersistentVolumeClaims.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "csi-provisioner", version)]
+pub struct ProvisionerArgs {
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+
+    /// Prefix of the names of provisioned volumes (and their PVs).
+    #[arg(long, default_value = "pvc")]
+    pub volume_name_prefix: String,
+
+    /// Cut the claim UID (dashes removed) to this many characters in volume names; -1 keeps
+    /// the whole UID with dashes.
+    #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+    pub volume_name_uuid_length: i64,
+
+    /// fsType when the StorageClass names none (empty: the driver decides).
+    #[arg(long, default_value = "")]
+    pub default_fstype: String,
+
+    /// Add csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume parameters.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub extra_create_metadata: bool,
+
+    /// With delayed binding, only the selected node's topology is sent.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub strict_topology: bool,
+
+    /// With immediate binding, send the aggregated cluster topology.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub immediate_topology: bool,
+
+    /// Mark provisioned PVs readOnly when every access mode is ReadOnlyMany.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub controller_publish_readonly: bool,
+
+    /// Refuse restoring a snapshot into a claim of another volume mode unless allowed.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub prevent_volume_mode_conversion: bool,
+
+    /// Workers removing the cloning-protection finalizer.
+    #[arg(long, default_value = "1")]
+    pub cloning_protection_threads: u32,
+
+    /// How often snapshots left with the source-protection finalizer are swept.
+    #[arg(long, default_value = "5m", value_parser = parse_go_duration)]
+    pub snapshot_orphan_sweep_interval: Duration,
+
+    /// Publish CSIStorageCapacity objects (not supported yet).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub enable_capacity: bool,
+
+    /// Capacity polling interval.
+    #[arg(long, default_value = "1m", value_parser = parse_go_duration)]
+    pub capacity_poll_interval: Duration,
+
+    /// Capacity workers.
+    #[arg(long, default_value = "1")]
+    pub capacity_threads: u32,
+
+    /// Also publish capacity for Immediate classes.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub capacity_for_immediate_binding: bool,
+
+    /// Owner of CSIStorageCapacity objects: how many owners up from the pod.
+    #[arg(long, default_value = "1", allow_hyphen_values = true)]
+    pub capacity_ownerref_level: i32,
+
+    /// Client-side QPS for capacity updates.
+    #[arg(long, default_value = "1")]
+    pub kube_api_capacity_qps: f32,
+
+    /// Client-side burst for capacity updates.
+    #[arg(long, default_value = "5")]
+    pub kube_api_capacity_burst: u32,
+
+    /// Run one provisioner per node (not supported yet).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub node_deployment: bool,
+
+    /// Per-node provisioning: also handle Immediate claims.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub node_deployment_immediate_binding: bool,
+
+    /// Per-node provisioning: base delay before a node claims an Immediate PVC.
+    #[arg(long, default_value = "20s", value_parser = parse_go_duration)]
+    pub node_deployment_base_delay: Duration,
+
+    /// Per-node provisioning: maximum delay.
+    #[arg(long, default_value = "1m", value_parser = parse_go_duration)]
+    pub node_deployment_max_delay: Duration,
+
+    /// The API server address (deprecated upstream; use --kubeconfig). Accepted for
+    /// compatibility; a non-empty value overrides the kubeconfig's server.
+    #[arg(long, default_value = "")]
+    pub master: String,
+
+    /// Serve Go's /debug/pprof on the HTTP endpoint. Accepted; there is no Go runtime to
+    /// profile here.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub enable_pprof: bool,
+}
+
+impl SidecarCli for ProvisionerArgs {
+    /// external-provisioner's defaults that differ from the shared ones.
+    const DEFAULTS: DefaultOverrides<'static> = &[("timeout", "10s"), ("worker_threads", "100")];
+
+    fn validate(&self) -> Result<(), String> {
+        self.sidecar.validate()?;
+        if self.volume_name_prefix.is_empty() {
+            return Err("--volume-name-prefix must not be empty".to_string());
+        }
+        if self.volume_name_uuid_length < -1 {
+            return Err(
+                "--volume-name-uuid-length must be -1 (whole UID) or at least 0".to_string(),
+            );
+        }
+        let unsupported = [
+            (self.node_deployment, "--node-deployment"),
+            (self.enable_capacity, "--enable-capacity"),
+        ];
+        if let Some((_, flag)) = unsupported.iter().find(|(on, _)| *on) {
+            return Err(format!(
+                "{flag} is not supported yet by this csi-provisioner"
+            ));
+        }
+        for gate in UNSUPPORTED_GATES {
+            if self.sidecar.feature_gates.get(gate) == Some(&true) {
+                return Err(format!(
+                    "--feature-gates={gate}=true is not supported yet by this csi-provisioner"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_sidecar::flags::try_parse_from;
+
+    fn parse(args: &[&str]) -> Result<ProvisionerArgs, clap::Error> {
+        try_parse_from::<ProvisionerArgs, _, _>(
+            std::iter::once("csi-provisioner").chain(args.iter().copied()),
+        )
+    }
+
+    /// Every flag in upstream's table is accepted by name, and its default is upstream's.
+    #[test]
+    fn every_upstream_flag_is_accepted_with_its_default() {
+        let table = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/reference/upstream-flags/csi-provisioner.tsv");
+        let Ok(text) = std::fs::read_to_string(&table) else {
+            eprintln!("skipped: {} is not beside the repository", table.display());
+            return;
+        };
+        let command = <ProvisionerArgs as clap::CommandFactory>::command();
+        for line in text.lines().skip(1) {
+            let flag = line
+                .split('\t')
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("--");
+            if flag == "version" || flag.is_empty() {
+                continue;
+            }
+            let known = command.get_arguments().any(|a| a.get_long() == Some(flag));
+            assert!(known, "upstream flag --{flag} is not accepted");
+        }
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.sidecar.csi.timeout, Duration::from_secs(10));
+        assert_eq!(args.sidecar.workers.worker_threads, 100);
+        assert_eq!(args.sidecar.csi.csi_address, "/run/csi/socket");
+        assert_eq!(args.volume_name_prefix, "pvc");
+        assert_eq!(args.volume_name_uuid_length, -1);
+        assert_eq!(args.default_fstype, "");
+        assert!(
+            !args.extra_create_metadata
+                && !args.strict_topology
+                && !args.controller_publish_readonly
+        );
+        assert!(
+            args.immediate_topology
+                && args.prevent_volume_mode_conversion
+                && args.node_deployment_immediate_binding
+        );
+        assert_eq!(args.cloning_protection_threads, 1);
+        assert_eq!(
+            args.snapshot_orphan_sweep_interval,
+            Duration::from_secs(300)
+        );
+        assert_eq!(args.capacity_poll_interval, Duration::from_secs(60));
+        assert_eq!(
+            (args.capacity_threads, args.capacity_ownerref_level),
+            (1, 1)
+        );
+        assert_eq!(
+            (args.kube_api_capacity_qps, args.kube_api_capacity_burst),
+            (1.0, 5)
+        );
+        assert_eq!(args.node_deployment_base_delay, Duration::from_secs(20));
+        assert_eq!(args.node_deployment_max_delay, Duration::from_secs(60));
+        assert_eq!(
+            args.sidecar.kube.kube_api_qps, None,
+            "no client-side limit unless asked"
+        );
+    }
+
+    #[test]
+    fn go_style_values() {
+        let args = parse(&[
+            "--timeout=1m30s",
+            "-v=5",
+            "--strict-topology",
+            "--immediate-topology=false",
+            "--volume-name-uuid-length=16",
+            "-extra-create-metadata",
+        ])
+        .unwrap();
+        assert_eq!(args.sidecar.csi.timeout, Duration::from_secs(90));
+        assert_eq!(args.sidecar.common.verbosity, Some(5));
+        assert!(args.strict_topology && !args.immediate_topology && args.extra_create_metadata);
+        assert_eq!(args.volume_name_uuid_length, 16);
+    }
+
+    #[test]
+    fn refused_combinations() {
+        let table: [(&[&str], &str); 6] = [
+            (
+                &["--volume-name-prefix="],
+                "--volume-name-prefix must not be empty",
+            ),
+            (&["--volume-name-uuid-length=-2"], "must be -1"),
+            (
+                &["--node-deployment"],
+                "--node-deployment is not supported yet",
+            ),
+            (
+                &["--enable-capacity=true"],
+                "--enable-capacity is not supported yet",
+            ),
+            (
+                &["--feature-gates=VolumeAttributesClass=true"],
+                "VolumeAttributesClass=true is not supported yet",
+            ),
+            (
+                &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
+                "CrossNamespaceVolumeDataSource=true is not supported yet",
+            ),
+        ];
+        for (args, message) in table {
+            let error = parse(args).unwrap_err();
+            assert!(error.to_string().contains(message), "{args:?}: {error}");
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+        }
+        assert!(parse(&["--feature-gates=VolumeAttributesClass=false"]).is_ok());
+    }
+}
