@@ -328,6 +328,45 @@ impl Cluster {
         }
     }
 
+    /// Runs csi-provisioner's controller in this process against the driver's controller
+    /// instance, with upstream's defaults (fast retries for tests).
+    pub async fn start_provisioner(&self) -> Sidecar {
+        let csi = self.driver.controller.csi.clone();
+        let services = csi_sidecar::conn::Services {
+            controller: true,
+            node: false,
+        };
+        let driver =
+            csi_sidecar::conn::DriverInfo::discover(&csi, Duration::from_secs(10), services)
+                .await
+                .expect("driver discovery");
+        let settings = csi_provisioner::controller::Settings {
+            driver,
+            volume_name_prefix: "pvc".to_string(),
+            volume_name_uuid_length: -1,
+            default_fstype: String::new(),
+            extra_create_metadata: false,
+            strict_topology: false,
+            immediate_topology: true,
+            controller_publish_readonly: false,
+            timeout: Duration::from_secs(10),
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            workers: 16,
+            resync: Duration::from_secs(5),
+        };
+        let shutdown = CancellationToken::new();
+        let client = self.client.clone();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = csi_provisioner::controller::run(client, csi, settings, token).await
+            {
+                tracing::error!(%error, "csi-provisioner stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
     /// Prints the scenario's objects, the storage objects and the nodes (to the captured
     /// output of the failing test).
     pub async fn dump(&self) {
@@ -381,6 +420,20 @@ impl Cluster {
             registration.stop().await;
         }
         self.driver.stop().await;
+    }
+}
+
+/// A sidecar's controller running in this process.
+#[derive(Debug)]
+pub struct Sidecar {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sidecar {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
     }
 }
 

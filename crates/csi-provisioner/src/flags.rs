@@ -135,10 +135,15 @@ impl SidecarCli for ProvisionerArgs {
         if self.volume_name_prefix.is_empty() {
             return Err("--volume-name-prefix must not be empty".to_string());
         }
-        if self.volume_name_uuid_length < -1 {
+        // 0 would give every volume the same name; more than 32 is longer than a UID without
+        // dashes (upstream accepts both and then misbehaves).
+        if self.volume_name_uuid_length != -1 && !(1..=32).contains(&self.volume_name_uuid_length) {
             return Err(
-                "--volume-name-uuid-length must be -1 (whole UID) or at least 0".to_string(),
+                "--volume-name-uuid-length must be -1 (whole UID) or between 1 and 32".to_string(),
             );
+        }
+        if self.cloning_protection_threads == 0 {
+            return Err("--cloning-protection-threads must be at least 1 (0 would never release clone sources)".to_string());
         }
         let unsupported = [
             (self.node_deployment, "--node-deployment"),
@@ -251,7 +256,10 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 6] = [
+        let table: [(&[&str], &str); 9] = [
+            (&["--volume-name-uuid-length=0"], "between 1 and 32"),
+            (&["--volume-name-uuid-length=33"], "between 1 and 32"),
+            (&["--cloning-protection-threads=0"], "at least 1"),
             (
                 &["--volume-name-prefix="],
                 "--volume-name-prefix must not be empty",

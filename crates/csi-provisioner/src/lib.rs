@@ -4,7 +4,10 @@
 //! PV capacity and node affinity) and [`deletion`] (the PV finalizer and DeleteVolume plan).
 
 pub mod claims;
+pub mod controller;
 pub mod deletion;
 pub mod flags;
+pub mod pv;
 pub mod request;
+pub mod run;
 pub mod topology;

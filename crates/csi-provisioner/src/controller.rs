@@ -1,0 +1,833 @@
+//! The provisioner's adapters: caches of claims, volumes, classes, CSINodes, Nodes and
+//! VolumeAttachments; a pass over them on every change decides per claim and per PV (pure
+//! cores in [`crate::claims`], [`crate::deletion`], [`crate::request`], [`crate::topology`]),
+//! and bounded workers carry out CSI calls and API writes with per-object backoff.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::backoff::Backoff;
+use csi_sidecar::conn::{CsiConnection, DriverInfo};
+use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::informers::Informers;
+use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::claims::{self, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::deletion::{self, PV_FINALIZER, VolumePlan};
+use crate::pv::{PvInputs, persistent_volume};
+use crate::request::{self, Outcome};
+use crate::topology::{self, Inputs, SelectedNode};
+
+/// How the provisioner is set up (from its flags and the driver's discovery).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver: DriverInfo,
+    pub volume_name_prefix: String,
+    pub volume_name_uuid_length: i64,
+    pub default_fstype: String,
+    pub extra_create_metadata: bool,
+    pub strict_topology: bool,
+    pub immediate_topology: bool,
+    pub controller_publish_readonly: bool,
+    pub timeout: Duration,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    pub workers: usize,
+    /// Periodic pass on top of change-triggered ones (upstream resyncs claims every 15 min).
+    pub resync: Duration,
+}
+
+struct Caches {
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
+    csi_nodes: Store<CSINode>,
+    nodes: Store<Node>,
+    attachments: Store<VolumeAttachment>,
+}
+
+/// The work item of one claim or one PV.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Claim(String),
+    Volume(String),
+}
+
+struct Provisioner {
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    identity: String,
+    caches: Caches,
+    events: EventRecorder,
+    backoff: Backoff<Key>,
+    /// Not before this instant (after a failure).
+    not_before: Mutex<HashMap<Key, Instant>>,
+    in_flight: Mutex<HashSet<Key>>,
+    /// Topology inputs pinned per claim UID, so retries send the same request.
+    pinned: Mutex<HashMap<String, PinnedTopology>>,
+    workers: Semaphore,
+    /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
+    retry: tokio::sync::Notify,
+}
+
+#[derive(Clone, Debug)]
+struct PinnedTopology {
+    selected: Option<SelectedNode>,
+    immediate_keys: Vec<String>,
+    node_labels: Vec<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionerError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Runs the provisioner until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), ProvisionerError> {
+    let mut informers = Informers::new(&client, &shutdown);
+    let caches = Caches {
+        claims: informers.all(),
+        volumes: informers.all(),
+        classes: informers.all(),
+        csi_nodes: informers.all(),
+        nodes: informers.all(),
+        attachments: informers.all(),
+    };
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let identity = format!("{started}-{}-{}", rand_suffix(), settings.driver.name);
+    let provisioner = Arc::new(Provisioner {
+        events: EventRecorder::new(client.clone(), "external-provisioner", ""),
+        backoff: Backoff::new(settings.retry_start, settings.retry_max),
+        workers: Semaphore::new(settings.workers.max(1)),
+        client,
+        csi,
+        identity,
+        caches,
+        not_before: Mutex::new(HashMap::new()),
+        in_flight: Mutex::new(HashSet::new()),
+        pinned: Mutex::new(HashMap::new()),
+        retry: tokio::sync::Notify::new(),
+        settings,
+    });
+    tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
+    loop {
+        provisioner.pass();
+        let next = provisioner
+            .next_retry()
+            .unwrap_or(provisioner.settings.resync);
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = wake.notified() => {}
+            () = provisioner.retry.notified() => {}
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+/// A few random digits, as upstream's identity carries (`rand.Intn(10000)`).
+fn rand_suffix() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ std::process::id()) % 10_000
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Provisioner {
+    fn pass(self: &Arc<Self>) {
+        let claims = self
+            .caches
+            .claims
+            .state()
+            .into_iter()
+            .map(|c| Key::Claim(c.uid().unwrap_or_default()));
+        let volumes = self
+            .caches
+            .volumes
+            .state()
+            .into_iter()
+            .map(|v| Key::Volume(v.name_any()));
+        for key in claims.chain(volumes) {
+            self.schedule(key);
+        }
+    }
+
+    /// The shortest wait until a delayed key may run again.
+    fn next_retry(&self) -> Option<Duration> {
+        let now = Instant::now();
+        lock(&self.not_before)
+            .values()
+            .map(|at| at.saturating_duration_since(now))
+            .min()
+    }
+
+    fn schedule(self: &Arc<Self>, key: Key) {
+        if lock(&self.not_before)
+            .get(&key)
+            .is_some_and(|at| *at > Instant::now())
+        {
+            return;
+        }
+        if !lock(&self.in_flight).insert(key.clone()) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Ok(_permit) = this.workers.acquire().await else {
+                return;
+            };
+            let result = match &key {
+                Key::Claim(uid) => this.sync_claim(uid).await,
+                Key::Volume(name) => this.sync_volume(name).await,
+            };
+            match result {
+                Ok(()) => {
+                    this.backoff.reset(&key);
+                    lock(&this.not_before).remove(&key);
+                }
+                Err(error) => {
+                    let delay = this.backoff.next_delay(&key);
+                    tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
+                    lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
+                }
+            }
+            let failed = lock(&this.not_before).contains_key(&key);
+            lock(&this.in_flight).remove(&key);
+            if failed {
+                this.retry.notify_one();
+            }
+        });
+    }
+
+    fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.caches
+            .claims
+            .state()
+            .into_iter()
+            .find(|c| c.uid().as_deref() == Some(uid))
+    }
+
+    async fn sync_claim(&self, uid: &str) -> Result<(), String> {
+        let Some(claim) = self.claim_by_uid(uid) else {
+            lock(&self.pinned).remove(uid);
+            return Ok(());
+        };
+        let class_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default();
+        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
+            Ok(decision) => decision,
+            Err(error) => return self.failed(&claim, error.to_string()).await,
+        };
+        let ClaimDecision::Provision { selected_node } = decision else {
+            return Ok(());
+        };
+        let Some(class) = class else {
+            return Ok(());
+        };
+        let name = request::volume_name(
+            &self.settings.volume_name_prefix,
+            uid,
+            self.settings.volume_name_uuid_length,
+        )
+        .map_err(|e| e.to_string())?;
+        if self.caches.volumes.get(&ObjectRef::new(&name)).is_some() {
+            lock(&self.pinned).remove(uid);
+            return Ok(());
+        }
+        self.provision(&claim, &class, &name, selected_node).await
+    }
+
+    async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
+        self.events
+            .publish(
+                &claim.object_ref(&()),
+                EventType::Warning,
+                "ProvisioningFailed",
+                &message,
+            )
+            .await;
+        Err(message)
+    }
+
+    async fn provision(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        name: &str,
+        selected_node: Option<String>,
+    ) -> Result<(), String> {
+        let namespace = claim.namespace().unwrap_or_default();
+        let reference = claim.object_ref(&());
+        let message = format!(
+            "External provisioner is provisioning volume for claim \"{namespace}/{}\"",
+            claim.name_any()
+        );
+        self.events
+            .publish(&reference, EventType::Normal, "Provisioning", &message)
+            .await;
+        let driver = &self.settings.driver;
+        let content_source = match claims::data_source(claim) {
+            Err(error) => return self.failed(claim, error.to_string()).await,
+            Ok(DataSource::None) => None,
+            Ok(DataSource::Populator { kind, .. }) => {
+                let note = format!(
+                    "Assuming an external populator will provision the volume ({kind} data source)"
+                );
+                self.events
+                    .publish(&reference, EventType::Normal, "Provisioning", &note)
+                    .await;
+                return Ok(());
+            }
+            Ok(DataSource::Snapshot { .. }) => {
+                return self
+                    .failed(claim, "restoring from a VolumeSnapshot is not supported yet by this csi-provisioner".to_string())
+                    .await;
+            }
+            Ok(DataSource::Claim {
+                name: source_name,
+                namespace: source_namespace,
+            }) => {
+                if !driver.has_controller(ControllerCapability::CloneVolume) {
+                    return self
+                        .failed(
+                            claim,
+                            "the driver does not support cloning (CLONE_VOLUME)".to_string(),
+                        )
+                        .await;
+                }
+                let source = self
+                    .caches
+                    .claims
+                    .get(&ObjectRef::new(&source_name).within(&source_namespace));
+                let Some(source) = source else {
+                    return self
+                        .failed(
+                            claim,
+                            format!("the source claim {source_name} is not found"),
+                        )
+                        .await;
+                };
+                let source_volume = source
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.volume_name.clone())
+                    .and_then(|v| self.caches.volumes.get(&ObjectRef::new(&v)));
+                match claims::clone_source(claim, &driver.name, &source, source_volume.as_deref()) {
+                    Ok(handle) => Some(csi::VolumeContentSource {
+                        r#type: Some(csi::volume_content_source::Type::Volume(
+                            csi::volume_content_source::VolumeSource { volume_id: handle },
+                        )),
+                    }),
+                    Err(error) => return self.failed(claim, error.to_string()).await,
+                }
+            }
+        };
+        if !driver.plugin.controller_service
+            || !driver.has_controller(ControllerCapability::CreateDeleteVolume)
+        {
+            return self
+                .failed(
+                    claim,
+                    "the driver does not support dynamic provisioning (CREATE_DELETE_VOLUME)"
+                        .to_string(),
+                )
+                .await;
+        }
+        let parameters = class.parameters.clone().unwrap_or_default();
+        let fs_type = match request::fs_type(&parameters, &self.settings.default_fstype) {
+            Ok(fs_type) => fs_type,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
+        let mut create_parameters = match secrets::remove_reserved_parameters(&parameters) {
+            Ok(kept) => kept,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
+        let spec = claim.spec.clone().unwrap_or_default();
+        let capabilities = match request::volume_capabilities(
+            &spec.access_modes.clone().unwrap_or_default(),
+            spec.volume_mode.as_deref(),
+            &fs_type,
+            &class.mount_options.clone().unwrap_or_default(),
+            driver.has_controller(ControllerCapability::SingleNodeMultiWriter),
+        ) {
+            Ok(capabilities) => capabilities,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
+        let requested = spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .and_then(|q| csi_sidecar::quantity::parse(&q.0))
+            .and_then(|b| i64::try_from(b).ok())
+            .unwrap_or(0);
+        let topology_supported = driver.plugin.volume_accessibility_constraints;
+        let accessibility = if topology_supported {
+            match self.topology(claim, class, selected_node.as_deref()) {
+                Ok(requirement) => requirement,
+                Err(topology::TopologyError::Reschedule(node)) => {
+                    return self
+                        .reschedule(claim, format!("no CSINode for selected node {node}"))
+                        .await;
+                }
+                Err(error) => return self.failed(claim, error.to_string()).await,
+            }
+        } else {
+            None
+        };
+        let annotations = claim.annotations().clone();
+        let inputs = TemplateInputs {
+            pv_name: name,
+            pvc_name: &claim.name_any(),
+            pvc_namespace: &namespace,
+            pvc_annotations: &annotations,
+        };
+        let secret_refs = match SecretRefs::resolve(&parameters, &inputs) {
+            Ok(refs) => refs,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
+        let secrets = match &secret_refs.provisioner {
+            None => HashMap::new(),
+            Some(reference) => {
+                match secrets::fetch_secret_data(self.client.clone(), reference).await {
+                    Ok(data) => data.into_inner(),
+                    Err(error) => return self.failed(claim, error.to_string()).await,
+                }
+            }
+        };
+        if self.settings.extra_create_metadata {
+            request::add_extra_metadata(
+                &mut create_parameters,
+                &claim.name_any(),
+                &namespace,
+                name,
+            );
+        }
+        let create = csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: requested,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: capabilities,
+            parameters: create_parameters.into_iter().collect(),
+            secrets,
+            volume_content_source: content_source.clone(),
+            accessibility_requirements: accessibility,
+            mutable_parameters: HashMap::new(),
+        };
+        let response = match self.csi.create_volume(create, self.settings.timeout).await {
+            Ok(response) => response,
+            Err(status) => {
+                let message = format!(
+                    "failed to provision volume with StorageClass \"{}\": rpc error: code = {:?} desc = {}",
+                    class.name_any(),
+                    status.code(),
+                    status.message()
+                );
+                return match request::classify(
+                    status.code(),
+                    topology_supported,
+                    selected_node.is_some(),
+                ) {
+                    Outcome::Reschedule => self.reschedule(claim, message).await,
+                    Outcome::InBackground => {
+                        self.events
+                            .publish(
+                                &reference,
+                                EventType::Warning,
+                                "ProvisioningFailed",
+                                &message,
+                            )
+                            .await;
+                        Err(message)
+                    }
+                    Outcome::Finished | Outcome::Infeasible => {
+                        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+                        self.failed(claim, message).await
+                    }
+                };
+            }
+        };
+        let Some(volume) = response.volume else {
+            return self
+                .failed(claim, "CreateVolume returned no volume".to_string())
+                .await;
+        };
+        let Some(bytes) = request::provisioned_bytes(requested, volume.capacity_bytes) else {
+            self.abandon(&volume.volume_id).await;
+            return self
+                .failed(
+                    claim,
+                    format!(
+                        "created volume capacity {} is smaller than requested {requested}",
+                        volume.capacity_bytes
+                    ),
+                )
+                .await;
+        };
+        if content_source.is_some() && volume.content_source.is_none() {
+            self.abandon(&volume.volume_id).await;
+            return self
+                .failed(
+                    claim,
+                    "the driver created the volume without its data source".to_string(),
+                )
+                .await;
+        }
+        let pv = persistent_volume(&PvInputs {
+            name,
+            driver: &driver.name,
+            identity: &self.identity,
+            claim,
+            class,
+            volume: &volume,
+            bytes,
+            fs_type: &fs_type,
+            secrets: &secret_refs,
+            controller_publish_readonly: self.settings.controller_publish_readonly,
+            topology: topology_supported,
+        });
+        self.save(claim, pv).await?;
+        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+        self.events
+            .publish(
+                &reference,
+                EventType::Normal,
+                "ProvisioningSucceeded",
+                &format!("Successfully provisioned volume {name}"),
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Creates the PV; AlreadyExists counts as done. A save failure never deletes the volume:
+    /// the claim is retried and CreateVolume (idempotent by name) returns the same volume.
+    async fn save(
+        &self,
+        claim: &PersistentVolumeClaim,
+        pv: serde_json::Value,
+    ) -> Result<(), String> {
+        let object: PersistentVolume =
+            serde_json::from_value(pv).map_err(|e| format!("building the PV: {e}"))?;
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(error) => {
+                self.failed(claim, format!("saving PV {}: {error}", object.name_any()))
+                    .await
+            }
+        }
+    }
+
+    /// Deletes a volume the provisioner must not keep (too small, or without its source).
+    async fn abandon(&self, volume_id: &str) {
+        let request = csi::DeleteVolumeRequest {
+            volume_id: volume_id.to_string(),
+            secrets: HashMap::new(),
+        };
+        if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
+            tracing::warn!(%volume_id, error = %status.message(), "deleting an unusable new volume failed");
+        }
+    }
+
+    /// Gives the scheduler another choice: removes selected-node from the claim.
+    async fn reschedule(
+        &self,
+        claim: &PersistentVolumeClaim,
+        message: String,
+    ) -> Result<(), String> {
+        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+        let failure = self.failed(claim, message).await;
+        if claim.annotations().contains_key(SELECTED_NODE) {
+            let api: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+            let patch = json!({"metadata": {"annotations": {SELECTED_NODE: null}}});
+            api.patch(
+                &claim.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(|e| format!("removing {SELECTED_NODE}: {e}"))?;
+        }
+        failure
+    }
+
+    /// Topology requirements from inputs pinned at the first attempt.
+    fn topology(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        selected_node: Option<&str>,
+    ) -> Result<Option<csi::TopologyRequirement>, topology::TopologyError> {
+        let uid = claim.uid().unwrap_or_default();
+        let pinned = lock(&self.pinned).get(&uid).cloned();
+        let pinned = match pinned {
+            Some(pinned) => pinned,
+            None => {
+                let fresh = self.gather_topology(selected_node);
+                lock(&self.pinned).insert(uid, fresh.clone());
+                fresh
+            }
+        };
+        let allowed = class.allowed_topologies.clone().unwrap_or_default();
+        let inputs = Inputs {
+            selected_node: pinned.selected.as_ref(),
+            immediate_keys: &pinned.immediate_keys,
+            node_labels: &pinned.node_labels,
+            allowed_topologies: &allowed,
+            strict: self.settings.strict_topology,
+            immediate_topology: self.settings.immediate_topology,
+            claim_name: &claim.name_any(),
+            fallback_hash: rand_suffix(),
+        };
+        Ok(topology::requirements(&inputs)?.map(|r| r.to_csi()))
+    }
+
+    fn keys_of(&self, csi_node: &CSINode) -> Option<Vec<String>> {
+        csi_node
+            .spec
+            .drivers
+            .iter()
+            .find(|d| d.name == self.settings.driver.name)
+            .map(|d| d.topology_keys.clone().unwrap_or_default())
+    }
+
+    fn gather_topology(&self, selected_node: Option<&str>) -> PinnedTopology {
+        let selected = selected_node.map(|name| SelectedNode {
+            name: name.to_string(),
+            keys: self
+                .caches
+                .csi_nodes
+                .get(&ObjectRef::new(name))
+                .and_then(|c| self.keys_of(&c)),
+            labels: self
+                .caches
+                .nodes
+                .get(&ObjectRef::new(name))
+                .map(|n| n.labels().clone())
+                .unwrap_or_default(),
+        });
+        // Upstream takes a random CSINode; any one with keys for this driver will do.
+        let immediate_keys = self
+            .caches
+            .csi_nodes
+            .state()
+            .iter()
+            .filter_map(|c| self.keys_of(c))
+            .find(|keys| !keys.is_empty())
+            .unwrap_or_default();
+        let node_labels = self
+            .caches
+            .nodes
+            .state()
+            .iter()
+            .map(|n| n.labels().clone())
+            .collect();
+        PinnedTopology {
+            selected,
+            immediate_keys,
+            node_labels,
+        }
+    }
+
+    async fn sync_volume(&self, name: &str) -> Result<(), String> {
+        let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+            return Ok(());
+        };
+        let publishes = self
+            .settings
+            .driver
+            .has_controller(ControllerCapability::PublishUnpublishVolume);
+        let attached_to = self
+            .caches
+            .attachments
+            .state()
+            .into_iter()
+            .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
+            .map(|va| va.spec.node_name.clone());
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match deletion::plan(
+            &volume,
+            &self.settings.driver.name,
+            publishes,
+            attached_to.is_some(),
+        ) {
+            VolumePlan::Nothing => Ok(()),
+            VolumePlan::AddFinalizer => {
+                let mut finalizers = volume.finalizers().to_vec();
+                finalizers.push(PV_FINALIZER.to_string());
+                patch_finalizers(&api, &volume, finalizers).await
+            }
+            VolumePlan::RemoveFinalizer => {
+                let finalizers = volume
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != PV_FINALIZER)
+                    .cloned()
+                    .collect();
+                patch_finalizers(&api, &volume, finalizers).await
+            }
+            VolumePlan::NotCsi => Err(format!("persistentvolume {name} is not a CSI volume")),
+            VolumePlan::StillAttached => {
+                let node = attached_to.unwrap_or_default();
+                let message = format!("persistentvolume {name} is still attached to node {node}");
+                self.events
+                    .publish(
+                        &volume.object_ref(&()),
+                        EventType::Warning,
+                        "VolumeFailedDelete",
+                        &message,
+                    )
+                    .await;
+                Err(message)
+            }
+            VolumePlan::Delete { volume_id, secret } => {
+                let secrets = self.deletion_secrets(&volume, secret).await;
+                let request = csi::DeleteVolumeRequest { volume_id, secrets };
+                if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
+                    let message = format!(
+                        "rpc error: code = {:?} desc = {}",
+                        status.code(),
+                        status.message()
+                    );
+                    self.events
+                        .publish(
+                            &volume.object_ref(&()),
+                            EventType::Warning,
+                            "VolumeFailedDelete",
+                            &message,
+                        )
+                        .await;
+                    return Err(message);
+                }
+                match api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => return Err(format!("deleting PV {name}: {error}")),
+                }
+                if let Ok(Some(current)) = api.get_opt(name).await {
+                    let finalizers = current
+                        .finalizers()
+                        .iter()
+                        .filter(|f| *f != PV_FINALIZER)
+                        .cloned()
+                        .collect();
+                    patch_finalizers(&api, &current, finalizers).await?;
+                }
+                tracing::info!(volume = %name, "volume deleted");
+                Ok(())
+            }
+        }
+    }
+
+    /// DeleteVolume's secrets; a failure to fetch them is logged and the delete goes on
+    /// without, as upstream.
+    async fn deletion_secrets(
+        &self,
+        volume: &PersistentVolume,
+        source: DeletionSecret,
+    ) -> HashMap<String, String> {
+        let reference: Option<SecretRef> = match source {
+            DeletionSecret::Annotated(reference) => reference,
+            DeletionSecret::FromStorageClass => {
+                let spec = volume.spec.clone().unwrap_or_default();
+                let class = spec.storage_class_name.unwrap_or_default();
+                let claim = spec.claim_ref.unwrap_or_default();
+                let no_annotations = BTreeMap::new();
+                self.caches.classes.get(&ObjectRef::new(&class)).and_then(|class| {
+                    let inputs = TemplateInputs {
+                        pv_name: &volume.name_any(),
+                        pvc_name: claim.name.as_deref().unwrap_or_default(),
+                        pvc_namespace: claim.namespace.as_deref().unwrap_or_default(),
+                        pvc_annotations: &no_annotations,
+                    };
+                    let parameters = class.parameters.clone().unwrap_or_default();
+                    secrets::secret_reference(secrets::SecretKind::Provisioner, &parameters, &inputs)
+                        .inspect_err(|error| tracing::warn!(volume = %volume.name_any(), %error, "deletion secret"))
+                        .ok()
+                        .flatten()
+                })
+            }
+        };
+        let Some(reference) = reference else {
+            return HashMap::new();
+        };
+        match secrets::fetch_secret_data(self.client.clone(), &reference).await {
+            Ok(data) => data.into_inner(),
+            Err(error) => {
+                tracing::warn!(volume = %volume.name_any(), %error, "deleting without secrets");
+                HashMap::new()
+            }
+        }
+    }
+}
+
+/// Sets the PV's finalizers, guarded by a `test` of the current list (others may add theirs).
+async fn patch_finalizers(
+    api: &Api<PersistentVolume>,
+    volume: &PersistentVolume,
+    finalizers: Vec<String>,
+) -> Result<(), String> {
+    let current = volume.metadata.finalizers.clone();
+    let patch = match current {
+        Some(current) => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+        ]),
+        None => json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": volume.metadata.resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+        ]),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| e.to_string())?;
+    match api
+        .patch(
+            &volume.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(format!(
+            "updating the finalizers of PV {}: {error}",
+            volume.name_any()
+        )),
+    }
+}

@@ -1,0 +1,194 @@
+//! The PersistentVolume for a provisioned volume (external-provisioner `Provision` plus the
+//! library's `provisionClaimOperation`). Pure.
+
+use std::collections::BTreeMap;
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::quantity::binary_si;
+use csi_sidecar::secrets::{SecretRefs, deletion_secret_annotations, modify_secret_annotations};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, SecretReference};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use crate::deletion::{PROVISIONED_BY, PV_FINALIZER};
+use crate::request::node_affinity;
+
+/// The volume attribute naming the provisioner instance that created the volume.
+pub const PROVISIONER_IDENTITY_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
+
+/// What the PV is built from.
+#[derive(Debug)]
+pub struct PvInputs<'a> {
+    pub name: &'a str,
+    pub driver: &'a str,
+    /// `<start time ms>-<random>-<driver>`, fixed per process.
+    pub identity: &'a str,
+    pub claim: &'a PersistentVolumeClaim,
+    pub class: &'a StorageClass,
+    pub volume: &'a csi::Volume,
+    pub bytes: i64,
+    pub fs_type: &'a str,
+    pub secrets: &'a SecretRefs,
+    /// `--controller-publish-readonly`.
+    pub controller_publish_readonly: bool,
+    /// Whether the driver has VOLUME_ACCESSIBILITY_CONSTRAINTS (else no node affinity).
+    pub topology: bool,
+}
+
+/// The PV as JSON for a create.
+pub fn persistent_volume(inputs: &PvInputs<'_>) -> Value {
+    let claim = inputs.claim;
+    let claim_spec = claim.spec.clone().unwrap_or_default();
+    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    let block = claim_spec.volume_mode.as_deref() == Some("Block");
+    let mut annotations: BTreeMap<&str, String> =
+        BTreeMap::from([(PROVISIONED_BY, inputs.class.provisioner.clone())]);
+    annotations.extend(deletion_secret_annotations(
+        inputs.secrets.provisioner.as_ref(),
+    ));
+    annotations.extend(modify_secret_annotations(
+        inputs.secrets.controller_modify.as_ref(),
+    ));
+    let mut attributes: BTreeMap<String, String> = BTreeMap::from([(
+        PROVISIONER_IDENTITY_KEY.to_string(),
+        inputs.identity.to_string(),
+    )]);
+    // The driver's volume context may overwrite the identity key, as upstream.
+    attributes.extend(inputs.volume.volume_context.clone());
+    let reference = |r: &Option<csi_sidecar::secrets::SecretRef>| -> Option<SecretReference> {
+        r.clone().map(Into::into)
+    };
+    let read_only = inputs.controller_publish_readonly
+        && !access_modes.is_empty()
+        && access_modes.iter().all(|m| m == "ReadOnlyMany");
+    let mut csi_source = json!({
+        "driver": inputs.driver,
+        "volumeHandle": inputs.volume.volume_id,
+        "volumeAttributes": attributes,
+        "controllerPublishSecretRef": reference(&inputs.secrets.controller_publish),
+        "nodeStageSecretRef": reference(&inputs.secrets.node_stage),
+        "nodePublishSecretRef": reference(&inputs.secrets.node_publish),
+        "controllerExpandSecretRef": reference(&inputs.secrets.controller_expand),
+        "nodeExpandSecretRef": reference(&inputs.secrets.node_expand),
+    });
+    if read_only {
+        csi_source["readOnly"] = json!(true);
+    }
+    if !block && !inputs.fs_type.is_empty() {
+        csi_source["fsType"] = json!(inputs.fs_type);
+    }
+    let mut spec = json!({
+        "accessModes": access_modes,
+        "capacity": {"storage": binary_si(inputs.bytes)},
+        "csi": csi_source,
+        "persistentVolumeReclaimPolicy": inputs.class.reclaim_policy.clone().unwrap_or_else(|| "Delete".to_string()),
+        "storageClassName": inputs.class.name_any(),
+        "volumeMode": claim_spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".to_string()),
+        "claimRef": {
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+            "namespace": claim.namespace(), "name": claim.name_any(),
+            "uid": claim.uid(), "resourceVersion": claim.resource_version(),
+        },
+    });
+    if let Some(options) = inputs.class.mount_options.clone().filter(|o| !o.is_empty()) {
+        spec["mountOptions"] = json!(options);
+    }
+    if inputs.topology
+        && let Some(affinity) = node_affinity(&inputs.volume.accessible_topology)
+    {
+        spec["nodeAffinity"] = json!(affinity);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": inputs.name, "annotations": annotations, "finalizers": [PV_FINALIZER]},
+        "spec": spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_sidecar::secrets::SecretRef;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+
+    #[test]
+    fn the_pv_carries_claim_class_volume_and_secrets() {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": "u1", "resourceVersion": "7"},
+            "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "fast", "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .unwrap();
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "fast"}, "provisioner": "csi.example.com", "reclaimPolicy": "Retain", "mountOptions": ["noatime"],
+        }))
+        .unwrap();
+        let volume = csi::Volume {
+            volume_id: "vol-1".into(),
+            capacity_bytes: 1 << 30,
+            volume_context: [("origin".to_string(), "test".to_string())].into(),
+            accessible_topology: vec![csi::Topology {
+                segments: [("zone".to_string(), "a".to_string())].into(),
+            }],
+            ..Default::default()
+        };
+        let secrets = SecretRefs {
+            provisioner: Some(SecretRef {
+                name: "p".into(),
+                namespace: "apps".into(),
+            }),
+            node_stage: Some(SecretRef {
+                name: "s".into(),
+                namespace: "apps".into(),
+            }),
+            ..Default::default()
+        };
+        let value = persistent_volume(&PvInputs {
+            name: "pvc-u1",
+            driver: "csi.example.com",
+            identity: "1-2-csi.example.com",
+            claim: &claim,
+            class: &class,
+            volume: &volume,
+            bytes: 1 << 30,
+            fs_type: "ext4",
+            secrets: &secrets,
+            controller_publish_readonly: true,
+            topology: true,
+        });
+        let pv: PersistentVolume = serde_json::from_value(value).expect("a valid PersistentVolume");
+        assert_eq!(pv.finalizers(), [PV_FINALIZER]);
+        let annotations = pv.annotations();
+        assert_eq!(annotations[PROVISIONED_BY], "csi.example.com");
+        assert_eq!(
+            annotations["volume.kubernetes.io/provisioner-deletion-secret-name"],
+            "p"
+        );
+        let spec = pv.spec.unwrap();
+        assert_eq!(spec.capacity.unwrap()["storage"].0, "1Gi");
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Retain")
+        );
+        assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
+        assert_eq!(spec.claim_ref.unwrap().uid.as_deref(), Some("u1"));
+        let source = spec.csi.unwrap();
+        assert_eq!(source.volume_handle, "vol-1");
+        assert_eq!(source.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(
+            source.read_only,
+            Some(true),
+            "ReadOnlyMany only, with --controller-publish-readonly"
+        );
+        assert_eq!(
+            source.node_stage_secret_ref.unwrap().name.as_deref(),
+            Some("s")
+        );
+        assert!(source.controller_publish_secret_ref.is_none());
+        let attributes = source.volume_attributes.unwrap();
+        assert_eq!(attributes[PROVISIONER_IDENTITY_KEY], "1-2-csi.example.com");
+        assert_eq!(attributes["origin"], "test");
+        assert!(spec.node_affinity.is_some());
+    }
+}

@@ -1,0 +1,129 @@
+//! Startup as external-provisioner does it (cmd/csi-provisioner): Kubernetes client, CSI
+//! connection (bounded wait, Probe until ready, exit on loss), driver discovery, metrics and
+//! health on `--http-endpoint`, then the controller — under leader election when asked (the
+//! Lease is the driver name, sanitized; losing it exits).
+
+use std::sync::Arc;
+
+use csi_sidecar::conn::{ConnError, DriverInfo, Services, connect};
+use csi_sidecar::http::HealthCheck;
+use csi_sidecar::kube::KubeClientError;
+use csi_sidecar::leader::{
+    LeaderElectionConfig, LeaderElectionError, LeaderStatus, RELEASE_ON_EXIT_GATE,
+};
+use csi_sidecar::metrics::CsiOperationMetrics;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, ProvisionerError, Settings};
+use crate::flags::ProvisionerArgs;
+
+/// Upstream's claim resync period.
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Kube(#[from] KubeClientError),
+    #[error("--master {0:?} is not a valid URL")]
+    Master(String),
+    #[error(transparent)]
+    Csi(#[from] ConnError),
+    #[error("the driver has no controller service; csi-provisioner needs CREATE_DELETE_VOLUME")]
+    NoControllerService,
+    #[error(transparent)]
+    Http(#[from] csi_sidecar::http::HttpError),
+    #[error(transparent)]
+    LeaderElection(#[from] LeaderElectionError),
+    #[error(transparent)]
+    Provisioner(#[from] ProvisionerError),
+    #[error("{0}")]
+    FeatureGates(String),
+}
+
+pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let sidecar = &args.sidecar;
+    let gates =
+        csi_sidecar::flags::resolve_feature_gates(&sidecar.feature_gates, &[RELEASE_ON_EXIT_GATE])
+            .map_err(RunError::FeatureGates)?;
+    let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
+    if !args.master.is_empty() {
+        config.cluster_url = args
+            .master
+            .parse()
+            .map_err(|_| RunError::Master(args.master.clone()))?;
+    }
+    let rate_limit = csi_sidecar::kube::RateLimit::from_flags(
+        sidecar.kube.kube_api_qps,
+        sidecar.kube.kube_api_burst,
+    );
+    let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
+
+    let mut registry = Registry::default();
+    let metrics = CsiOperationMetrics::register(&mut registry);
+    let endpoint = sidecar.csi.endpoint()?;
+    let csi = connect(
+        &endpoint,
+        csi_sidecar::conn::DEFAULT_CONNECT_WAIT,
+        metrics.clone(),
+    )
+    .await?;
+    csi.exit_on_loss();
+    csi.probe_until_ready(sidecar.csi.timeout).await?;
+    let driver = DriverInfo::discover(
+        &csi,
+        sidecar.csi.timeout,
+        Services {
+            controller: true,
+            node: false,
+        },
+    )
+    .await?;
+    if !driver.plugin.controller_service {
+        return Err(RunError::NoControllerService);
+    }
+    metrics.set_driver_name(&driver.name);
+    tracing::info!(driver = %driver.name, "detected CSI driver");
+
+    let status = LeaderStatus::new(sidecar.leader_election.leader_election_lease_duration);
+    let mut checks: Vec<(String, HealthCheck)> = Vec::new();
+    if sidecar.leader_election.leader_election {
+        let status = status.clone();
+        checks.push((
+            "leader-election".to_string(),
+            Arc::new(move || status.check()),
+        ));
+    }
+    csi_sidecar::http::start(&sidecar.http, Arc::new(registry), checks, shutdown.clone()).await?;
+
+    let settings = Settings {
+        volume_name_prefix: args.volume_name_prefix.clone(),
+        volume_name_uuid_length: args.volume_name_uuid_length,
+        default_fstype: args.default_fstype.clone(),
+        extra_create_metadata: args.extra_create_metadata,
+        strict_topology: args.strict_topology,
+        immediate_topology: args.immediate_topology,
+        controller_publish_readonly: args.controller_publish_readonly,
+        timeout: sidecar.csi.timeout,
+        retry_start: sidecar.workers.retry_interval_start,
+        retry_max: sidecar.workers.retry_interval_max,
+        workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
+        resync: RESYNC,
+        driver: driver.clone(),
+    };
+    if !sidecar.leader_election.leader_election {
+        return Ok(controller::run(client, csi, settings, shutdown).await?);
+    }
+    let release = gates
+        .get(RELEASE_ON_EXIT_GATE.name)
+        .copied()
+        .unwrap_or(false);
+    let election = LeaderElectionConfig::from_args(&sidecar.leader_election, &driver.name, release);
+    let work_client = client.clone();
+    let mut outcome = Ok(());
+    csi_sidecar::leader::run(client, election, status, shutdown, |leading| async {
+        outcome = controller::run(work_client, csi, settings, leading).await;
+    })
+    .await?;
+    Ok(outcome?)
+}

@@ -1,0 +1,266 @@
+//! Dynamic provisioning with csi-provisioner: claims of a class become volumes on the driver
+//! and bound PVs, deleted claims give their volumes back, bad classes are reported.
+
+use csi_proto::csi::v1 as csi;
+use csi_suite_scenarios::fixtures::{StandInAttacher, is_running, pod};
+use csi_suite_scenarios::{Cluster, can_mount};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
+use serde_json::{Value, json};
+
+const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+fn class(name: &str, driver: &str, binding: &str, parameters: Value) -> Value {
+    json!({"metadata": {"name": name}, "provisioner": driver, "reclaimPolicy": "Delete",
+        "volumeBindingMode": binding, "parameters": parameters})
+}
+
+fn claim(name: &str, class: &str) -> Value {
+    json!({"metadata": {"name": name}, "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "2Mi"}}}})
+}
+
+fn bound(claim: &PersistentVolumeClaim) -> bool {
+    claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+async fn driver_volumes(cluster: &Cluster) -> Vec<String> {
+    let response = cluster
+        .driver
+        .controller
+        .csi
+        .list_volumes(
+            csi::ListVolumesRequest::default(),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("ListVolumes");
+    response
+        .entries
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
+    let cluster = Cluster::start("provision-immediate").await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = format!("{}-fast", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            class(
+                &class_name,
+                &cluster.driver_name,
+                "Immediate",
+                json!({"kind": "fast"}),
+            ),
+        )
+        .await;
+    let created: PersistentVolumeClaim = cluster
+        .create(&cluster.namespaced(), claim("data", &class_name))
+        .await;
+    let claim = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the claim Bound to a new volume",
+            bound,
+        )
+        .await;
+    let pv_name = claim.spec.unwrap().volume_name.unwrap();
+    assert_eq!(
+        pv_name,
+        format!("pvc-{}", created.uid().unwrap()),
+        "named <prefix>-<claim uid>"
+    );
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .unwrap();
+    assert!(pv.finalizers().contains(&FINALIZER.to_string()));
+    assert_eq!(
+        pv.annotations()["pv.kubernetes.io/provisioned-by"],
+        cluster.driver_name
+    );
+    let spec = pv.spec.clone().unwrap();
+    assert_eq!(spec.capacity.unwrap()["storage"].0, "2Mi");
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    assert!(
+        spec.node_affinity.is_some(),
+        "the driver reports topology, so the PV has node affinity"
+    );
+    let handle = spec.csi.unwrap().volume_handle;
+    assert!(driver_volumes(&cluster).await.contains(&handle));
+    let events = cluster
+        .namespaced::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let reasons: Vec<String> = events.items.into_iter().filter_map(|e| e.reason).collect();
+    assert!(
+        reasons.contains(&"ProvisioningSucceeded".to_string()),
+        "{reasons:?}"
+    );
+
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            &pv_name,
+            "the PV deleted with its volume",
+        )
+        .await;
+    assert!(
+        !driver_volumes(&cluster).await.contains(&handle),
+        "no leaked volume"
+    );
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
+
+#[tokio::test]
+async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node() {
+    if !can_mount() {
+        eprintln!("skipped: mounting volumes needs root");
+        return;
+    }
+    let cluster = Cluster::start("provision-wffc").await;
+    let provisioner = cluster.start_provisioner().await;
+    let attacher = StandInAttacher::start(
+        cluster.client.clone(),
+        &cluster.driver_name,
+        cluster.driver.controller.csi.clone(),
+    );
+    let class_name = format!("{}-local", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            class(
+                &class_name,
+                &cluster.driver_name,
+                "WaitForFirstConsumer",
+                json!({}),
+            ),
+        )
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim("data", &class_name),
+        )
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<Pod>(),
+            pod("app", "node-c", Some("data"), true),
+        )
+        .await;
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app",
+            "the pod Running on a provisioned volume",
+            is_running,
+        )
+        .await;
+    let claim = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("data")
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.annotations()["volume.kubernetes.io/selected-node"],
+        "node-c"
+    );
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&claim.spec.unwrap().volume_name.unwrap())
+        .await
+        .unwrap();
+    let terms = pv
+        .spec
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required
+        .unwrap()
+        .node_selector_terms;
+    let values = terms[0].match_expressions.clone().unwrap()[0]
+        .values
+        .clone()
+        .unwrap();
+    assert_eq!(values, ["node-c"], "provisioned on the selected node");
+    cluster
+        .namespaced::<Pod>()
+        .delete("app", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(&cluster.namespaced::<Pod>(), "app", "the pod removed")
+        .await;
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
+
+#[tokio::test]
+async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
+    let cluster = Cluster::start("provision-bad-class").await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = format!("{}-bad", cluster.namespace);
+    let parameters = json!({"csi.storage.k8s.io/no-such-key": "x"});
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            class(&class_name, &cluster.driver_name, "Immediate", parameters),
+        )
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim("data", &class_name),
+        )
+        .await;
+    let events = cluster.namespaced::<Event>();
+    let deadline = std::time::Instant::now() + csi_suite_scenarios::step_timeout();
+    let message = loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        // An earlier attempt may have failed otherwise (the class not yet in the cache).
+        let found = list
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+            .filter_map(|e| e.message.clone())
+            .find(|m| m.contains("no-such-key"));
+        if let Some(message) = found {
+            break message;
+        }
+        if std::time::Instant::now() > deadline {
+            cluster.dump().await;
+            panic!("timed out waiting for a ProvisioningFailed event");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        message.contains("csi.storage.k8s.io/no-such-key"),
+        "{message}"
+    );
+    assert!(
+        driver_volumes(&cluster).await.is_empty(),
+        "no CreateVolume for a bad class"
+    );
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
