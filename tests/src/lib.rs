@@ -431,6 +431,13 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
+    /// Drops the controller at whatever await point it is — in-flight CSI calls and API
+    /// writes included — as a SIGKILL would.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = self.task.await;

@@ -264,3 +264,88 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
     provisioner.stop().await;
     cluster.stop(&[("StorageClass", &class_name)]).await;
 }
+
+/// Kill the provisioner at random moments while claims are created and half of them deleted;
+/// at the end the driver holds exactly the volumes of the existing PVs (none leaked, none lost).
+#[tokio::test]
+async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
+    const CLAIMS: usize = 40;
+    let cluster = Cluster::start("provision-kill").await;
+    let class_name = format!("{}-kill", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            class(&class_name, &cluster.driver_name, "Immediate", json!({})),
+        )
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    for i in 0..CLAIMS {
+        cluster
+            .create(&claims, claim(&format!("c{i}"), &class_name))
+            .await;
+    }
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let mut random = move |bound: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % bound
+    };
+    let mut deleted = 0;
+    for round in 0..12 {
+        let provisioner = cluster.start_provisioner().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20 + random(200))).await;
+        // Delete some claims while provisioning may be half way.
+        while deleted < CLAIMS / 2 && random(3) > 0 {
+            claims
+                .delete(&format!("c{}", deleted * 2), &DeleteParams::default())
+                .await
+                .unwrap();
+            deleted += 1;
+        }
+        provisioner.kill().await;
+        eprintln!("round {round}: killed; {deleted} claims deleted so far");
+    }
+    while deleted < CLAIMS / 2 {
+        claims
+            .delete(&format!("c{}", deleted * 2), &DeleteParams::default())
+            .await
+            .unwrap();
+        deleted += 1;
+    }
+    let provisioner = cluster.start_provisioner().await;
+    let volumes = cluster.cluster_scoped::<PersistentVolume>();
+    let deadline = std::time::Instant::now() + csi_suite_scenarios::step_timeout();
+    loop {
+        let remaining = claims.list(&ListParams::default()).await.unwrap().items;
+        let pvs = volumes.list(&ListParams::default()).await.unwrap().items;
+        let all_bound = remaining.len() == CLAIMS / 2 && remaining.iter().all(bound);
+        let mut handles: Vec<String> = pvs
+            .iter()
+            .filter_map(|pv| Some(pv.spec.clone()?.csi?.volume_handle))
+            .collect();
+        let mut on_driver = driver_volumes(&cluster).await;
+        handles.sort();
+        on_driver.sort();
+        if all_bound && pvs.len() == CLAIMS / 2 && handles == on_driver {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            cluster.dump().await;
+            panic!(
+                "not converged: {} claims ({} bound), {} PVs, driver volumes {} (PV handles {})",
+                remaining.len(),
+                remaining.iter().filter(|c| bound(c)).count(),
+                pvs.len(),
+                on_driver.len(),
+                handles.len()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}

@@ -24,6 +24,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, ClaimDecision, DataSource, SELECTED_NODE};
+
+/// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
+/// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
+/// this in memory only and leaks volumes on restart: external-provisioner #486.)
+pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome};
@@ -133,8 +138,12 @@ pub async fn run(
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
+    // The workers belong to this loop: when it stops (shutdown, lost leadership, or the task is
+    // dropped) every in-flight sync is dropped with it.
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
-        provisioner.pass();
+        while tasks.try_join_next().is_some() {}
+        provisioner.pass(&mut tasks);
         let next = provisioner
             .next_retry()
             .unwrap_or(provisioner.settings.resync);
@@ -162,7 +171,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Provisioner {
-    fn pass(self: &Arc<Self>) {
+    fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
         let claims = self
             .caches
             .claims
@@ -176,7 +185,7 @@ impl Provisioner {
             .into_iter()
             .map(|v| Key::Volume(v.name_any()));
         for key in claims.chain(volumes) {
-            self.schedule(key);
+            self.schedule(key, tasks);
         }
     }
 
@@ -189,7 +198,7 @@ impl Provisioner {
             .min()
     }
 
-    fn schedule(self: &Arc<Self>, key: Key) {
+    fn schedule(self: &Arc<Self>, key: Key, tasks: &mut tokio::task::JoinSet<()>) {
         if lock(&self.not_before)
             .get(&key)
             .is_some_and(|at| *at > Instant::now())
@@ -200,7 +209,7 @@ impl Provisioner {
             return;
         }
         let this = self.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let Ok(_permit) = this.workers.acquire().await else {
                 return;
             };
@@ -246,6 +255,35 @@ impl Provisioner {
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
         let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let name = request::volume_name(
+            &self.settings.volume_name_prefix,
+            uid,
+            self.settings.volume_name_uuid_length,
+        )
+        .map_err(|e| e.to_string())?;
+        let protected = claim
+            .finalizers()
+            .iter()
+            .any(|f| f == PROVISIONING_PROTECTION);
+        let bound = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .is_some_and(|v| !v.is_empty());
+        if self.caches.volumes.get(&ObjectRef::new(&name)).is_some() || bound {
+            lock(&self.pinned).remove(uid);
+            return if protected {
+                self.release(&claim).await
+            } else {
+                Ok(())
+            };
+        }
+        // A claim deleted before any CreateVolume has nothing to clean up; one deleted after
+        // keeps being provisioned (CreateVolume is idempotent by name) until its PV exists, so
+        // the volume is released through the PV like any other.
+        if claim.metadata.deletion_timestamp.is_some() && !protected {
+            return Ok(());
+        }
         let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
             Ok(decision) => decision,
             Err(error) => return self.failed(&claim, error.to_string()).await,
@@ -256,16 +294,6 @@ impl Provisioner {
         let Some(class) = class else {
             return Ok(());
         };
-        let name = request::volume_name(
-            &self.settings.volume_name_prefix,
-            uid,
-            self.settings.volume_name_uuid_length,
-        )
-        .map_err(|e| e.to_string())?;
-        if self.caches.volumes.get(&ObjectRef::new(&name)).is_some() {
-            lock(&self.pinned).remove(uid);
-            return Ok(());
-        }
         self.provision(&claim, &class, &name, selected_node).await
     }
 
@@ -448,6 +476,7 @@ impl Provisioner {
             accessibility_requirements: accessibility,
             mutable_parameters: HashMap::new(),
         };
+        let claim = &self.protect(claim).await?;
         let response = match self.csi.create_volume(create, self.settings.timeout).await {
             Ok(response) => response,
             Err(status) => {
@@ -476,6 +505,10 @@ impl Provisioner {
                     }
                     Outcome::Finished | Outcome::Infeasible => {
                         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+                        // A final error means no volume: a claim on its way out may go.
+                        if claim.metadata.deletion_timestamp.is_some() {
+                            self.release(claim).await?;
+                        }
                         self.failed(claim, message).await
                     }
                 };
@@ -530,7 +563,7 @@ impl Provisioner {
                 &format!("Successfully provisioned volume {name}"),
             )
             .await;
-        Ok(())
+        self.release(claim).await
     }
 
     /// Creates the PV; AlreadyExists counts as done. A save failure never deletes the volume:
@@ -551,6 +584,47 @@ impl Provisioner {
                     .await
             }
         }
+    }
+
+    /// Adds the provisioning-protection finalizer before the first CreateVolume, so neither a
+    /// crash nor a deleted claim can lose track of a volume being created.
+    async fn protect(
+        &self,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<PersistentVolumeClaim, String> {
+        if claim
+            .finalizers()
+            .iter()
+            .any(|f| f == PROVISIONING_PROTECTION)
+        {
+            return Ok(claim.clone());
+        }
+        let mut finalizers = claim.finalizers().to_vec();
+        finalizers.push(PROVISIONING_PROTECTION.to_string());
+        self.set_claim_finalizers(claim, finalizers)
+            .await?
+            .ok_or_else(|| format!("claim {} is gone", claim.name_any()))
+    }
+
+    /// Removes the provisioning-protection finalizer (the PV exists, or nothing was created).
+    async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        let finalizers = claim
+            .finalizers()
+            .iter()
+            .filter(|f| *f != PROVISIONING_PROTECTION)
+            .cloned()
+            .collect();
+        self.set_claim_finalizers(claim, finalizers).await.map(drop)
+    }
+
+    async fn set_claim_finalizers(
+        &self,
+        claim: &PersistentVolumeClaim,
+        finalizers: Vec<String>,
+    ) -> Result<Option<PersistentVolumeClaim>, String> {
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        set_finalizers(&api, claim, finalizers).await
     }
 
     /// Deletes a volume the provisioner must not keep (too small, or without its source).
@@ -691,7 +765,7 @@ impl Provisioner {
             VolumePlan::AddFinalizer => {
                 let mut finalizers = volume.finalizers().to_vec();
                 finalizers.push(PV_FINALIZER.to_string());
-                patch_finalizers(&api, &volume, finalizers).await
+                set_finalizers(&api, &volume, finalizers).await.map(drop)
             }
             VolumePlan::RemoveFinalizer => {
                 let finalizers = volume
@@ -700,7 +774,7 @@ impl Provisioner {
                     .filter(|f| *f != PV_FINALIZER)
                     .cloned()
                     .collect();
-                patch_finalizers(&api, &volume, finalizers).await
+                set_finalizers(&api, &volume, finalizers).await.map(drop)
             }
             VolumePlan::NotCsi => Err(format!("persistentvolume {name} is not a CSI volume")),
             VolumePlan::StillAttached => {
@@ -747,7 +821,7 @@ impl Provisioner {
                         .filter(|f| *f != PV_FINALIZER)
                         .cloned()
                         .collect();
-                    patch_finalizers(&api, &current, finalizers).await?;
+                    set_finalizers(&api, &current, finalizers).await?;
                 }
                 tracing::info!(volume = %name, "volume deleted");
                 Ok(())
@@ -797,37 +871,41 @@ impl Provisioner {
     }
 }
 
-/// Sets the PV's finalizers, guarded by a `test` of the current list (others may add theirs).
-async fn patch_finalizers(
-    api: &Api<PersistentVolume>,
-    volume: &PersistentVolume,
+/// Sets an object's finalizers, guarded by a `test` of the current list (others may add
+/// theirs): a concurrent change fails the patch and the sync is retried from fresh state.
+async fn set_finalizers<K>(
+    api: &Api<K>,
+    object: &K,
     finalizers: Vec<String>,
-) -> Result<(), String> {
-    let current = volume.metadata.finalizers.clone();
+) -> Result<Option<K>, String>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let current = object.meta().finalizers.clone();
     let patch = match current {
         Some(current) => json!([
             {"op": "test", "path": "/metadata/finalizers", "value": current},
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]),
         None => json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": volume.metadata.resource_version},
+            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
             {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
         ]),
     };
     let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| e.to_string())?;
     match api
         .patch(
-            &volume.name_any(),
+            &object.name_any(),
             &PatchParams::default(),
             &Patch::Json::<()>(patch),
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Ok(updated) => Ok(Some(updated)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         Err(error) => Err(format!(
             "updating the finalizers of PV {}: {error}",
-            volume.name_any()
+            object.name_any()
         )),
     }
 }
