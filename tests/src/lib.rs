@@ -353,6 +353,7 @@ impl Cluster {
             retry_start: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
             workers: 16,
+            metrics: Default::default(),
             resync: Duration::from_secs(5),
         };
         let shutdown = CancellationToken::new();

@@ -49,6 +49,7 @@ pub struct Settings {
     pub retry_start: Duration,
     pub retry_max: Duration,
     pub workers: usize,
+    pub metrics: crate::metrics::ProvisionerMetrics,
     /// Periodic pass on top of change-triggered ones (upstream resyncs claims every 15 min).
     pub resync: Duration,
 }
@@ -294,7 +295,30 @@ impl Provisioner {
         let Some(class) = class else {
             return Ok(());
         };
-        self.provision(&claim, &class, &name, selected_node).await
+        let source = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.data_source.as_ref())
+            .map(|d| d.kind.clone());
+        let labels = crate::metrics::ProvisionLabels {
+            class: class_name,
+            source: source.unwrap_or_default(),
+        };
+        let populated = matches!(
+            claims::data_source(&claim),
+            Ok(DataSource::Populator { .. })
+        );
+        let started = Instant::now();
+        let result = self.provision(&claim, &class, &name, selected_node).await;
+        match &result {
+            Ok(()) if !populated => self
+                .settings
+                .metrics
+                .provisioned(&labels, started.elapsed()),
+            Ok(()) => {}
+            Err(_) => self.settings.metrics.provision_failed(&labels),
+        }
+        result
     }
 
     async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
@@ -791,6 +815,12 @@ impl Provisioner {
                 Err(message)
             }
             VolumePlan::Delete { volume_id, secret } => {
+                let started = Instant::now();
+                let class = volume
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.clone())
+                    .unwrap_or_default();
                 let secrets = self.deletion_secrets(&volume, secret).await;
                 let request = csi::DeleteVolumeRequest { volume_id, secrets };
                 if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
@@ -807,6 +837,7 @@ impl Provisioner {
                             &message,
                         )
                         .await;
+                    self.settings.metrics.delete_failed(&class);
                     return Err(message);
                 }
                 match api.delete(name, &DeleteParams::default()).await {
@@ -823,6 +854,7 @@ impl Provisioner {
                         .collect();
                     set_finalizers(&api, &current, finalizers).await?;
                 }
+                self.settings.metrics.deleted(&class, started.elapsed());
                 tracing::info!(volume = %name, "volume deleted");
                 Ok(())
             }

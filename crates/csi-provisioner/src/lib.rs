@@ -7,6 +7,7 @@ pub mod claims;
 pub mod controller;
 pub mod deletion;
 pub mod flags;
+pub mod metrics;
 pub mod pv;
 pub mod request;
 pub mod run;

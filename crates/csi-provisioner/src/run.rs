@@ -61,6 +61,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
+    let provisioner_metrics = crate::metrics::ProvisionerMetrics::register(&mut registry);
     let endpoint = sidecar.csi.endpoint()?;
     let csi = connect(
         &endpoint,
@@ -108,6 +109,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         retry_start: sidecar.workers.retry_interval_start,
         retry_max: sidecar.workers.retry_interval_max,
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
+        metrics: provisioner_metrics,
         resync: RESYNC,
         driver: driver.clone(),
     };
