@@ -2,7 +2,8 @@
 //! scheduler, attach/detach, node lifecycle, a kubelet per node) and the reference driver on
 //! three simulated nodes. A pre-provisioned volume is bound, attached, mounted and written to
 //! by a pod; its node is cut off the control plane and recovers; then everything is torn
-//! down. Each step prints what happened, on which object and how long it took; a summary
+//! down; then csi-provisioner provisions a volume for a WaitForFirstConsumer claim on the node
+//! its pod is scheduled to, and deletes it with the claim. Each step prints what happened, on which object and how long it took; a summary
 //! table ends the run. Needs root (the driver really mounts); exits non-zero on any failure.
 
 #![allow(clippy::print_stdout, reason = "the demo narrates on stdout")]
@@ -16,7 +17,7 @@ use csi_suite_scenarios::fixtures::{
 };
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use kube_sim::roles::kubelet::{attachment_name, target_path};
@@ -259,7 +260,88 @@ async fn story() {
         format!("PersistentVolume {}", pv.name_any()),
     );
 
+    println!("\nChapter: dynamic provisioning with csi-provisioner.\n");
+    story.begin("csi-provisioner starts; a WaitForFirstConsumer class and a claim are created");
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = format!("{}-local", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            json!({"metadata": {"name": class_name}, "provisioner": driver, "volumeBindingMode": "WaitForFirstConsumer"}),
+        )
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            json!({"metadata": {"name": "dynamic"}, "spec": {"storageClassName": class_name, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "4Mi"}}}}),
+        )
+        .await;
+    story.done(
+        "claim waits for its first consumer",
+        format!("StorageClass {class_name}"),
+    );
+
+    story.begin(
+        "a pod uses it: the scheduler selects node-a, the provisioner creates the volume there",
+    );
+    cluster
+        .create(
+            &cluster.namespaced::<Pod>(),
+            pod("consumer", "node-a", Some("dynamic"), true),
+        )
+        .await;
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "consumer",
+            "pod running",
+            is_running,
+        )
+        .await;
+    let claim = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("dynamic")
+        .await
+        .expect("claim");
+    let dynamic_pv = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    story.done(
+        "volume provisioned on node-a, bound, mounted, pod Running",
+        format!("PersistentVolume {dynamic_pv}"),
+    );
+
+    story.begin("pod and claim are deleted: the volume is unmounted, detached and deleted");
+    cluster
+        .namespaced::<Pod>()
+        .delete("consumer", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    cluster
+        .wait_gone(&cluster.namespaced::<Pod>(), "consumer", "pod gone")
+        .await;
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .delete("dynamic", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            &dynamic_pv,
+            "PV deleted",
+        )
+        .await;
+    story.done(
+        "volume deleted at the driver, PV gone",
+        format!("PersistentVolume {dynamic_pv}"),
+    );
+
+    provisioner.stop().await;
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+    cluster
+        .stop(&[
+            ("PersistentVolume", &pv_name),
+            ("StorageClass", &class_name),
+        ])
+        .await;
     story.table();
 }
