@@ -349,3 +349,173 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
     provisioner.stop().await;
     cluster.stop(&[("StorageClass", &class_name)]).await;
 }
+
+/// Retain keeps the volume after the claim goes; the provisioner's finalizer is not kept on a
+/// Retain PV (nothing for it to delete).
+#[tokio::test]
+async fn dynamic_provisioning_retain_keeps_the_volume() {
+    let cluster = Cluster::start("provision-retain").await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = format!("{}-keep", cluster.namespace);
+    let mut retained = class(&class_name, &cluster.driver_name, "Immediate", json!({}));
+    retained["reclaimPolicy"] = json!("Retain");
+    cluster
+        .create(&cluster.cluster_scoped::<StorageClass>(), retained)
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim("data", &class_name),
+        )
+        .await;
+    let claim = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the claim Bound",
+            bound,
+        )
+        .await;
+    let pv_name = claim.spec.unwrap().volume_name.unwrap();
+    let volumes = cluster.cluster_scoped::<PersistentVolume>();
+    let pv = cluster
+        .wait_for(
+            &volumes,
+            &pv_name,
+            "the provisioner's finalizer dropped for Retain",
+            |pv| !pv.finalizers().contains(&FINALIZER.to_string()),
+        )
+        .await;
+    let handle = pv.spec.unwrap().csi.unwrap().volume_handle;
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_for(&volumes, &pv_name, "the PV Released", |pv| {
+            pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")
+        })
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        volumes.get_opt(&pv_name).await.unwrap().is_some(),
+        "a Retain PV stays"
+    );
+    assert!(
+        driver_volumes(&cluster).await.contains(&handle),
+        "and so does its volume"
+    );
+    provisioner.stop().await;
+    cluster
+        .stop(&[
+            ("PersistentVolume", &pv_name),
+            ("StorageClass", &class_name),
+        ])
+        .await;
+}
+
+/// A clone of a written volume has the source's data.
+#[tokio::test]
+async fn dynamic_provisioning_clones_a_claim_with_its_data() {
+    if !can_mount() {
+        eprintln!("skipped: mounting volumes needs root");
+        return;
+    }
+    let cluster = Cluster::start("provision-clone").await;
+    let provisioner = cluster.start_provisioner().await;
+    let attacher = StandInAttacher::start(
+        cluster.client.clone(),
+        &cluster.driver_name,
+        cluster.driver.controller.csi.clone(),
+    );
+    let class_name = format!("{}-clone", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            class(&class_name, &cluster.driver_name, "Immediate", json!({})),
+        )
+        .await;
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim("source", &class_name),
+        )
+        .await;
+    let writer: Pod = cluster
+        .create(&pods, pod("writer", "node-a", Some("source"), true))
+        .await;
+    cluster
+        .wait_for(&pods, "writer", "the writer Running", is_running)
+        .await;
+    let source_pv = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("source")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap();
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir("node-a"),
+        &writer.uid().unwrap(),
+        &source_pv,
+        false,
+    );
+    cluster
+        .eventually("data written", || {
+            std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
+        })
+        .await;
+    pods.delete("writer", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.wait_gone(&pods, "writer", "the writer gone").await;
+
+    let mut copy = claim("copy", &class_name);
+    copy["spec"]["dataSource"] = json!({"kind": "PersistentVolumeClaim", "name": "source"});
+    cluster
+        .create(&cluster.namespaced::<PersistentVolumeClaim>(), copy)
+        .await;
+    let reader: Pod = cluster
+        .create(&pods, pod("reader", "node-b", Some("copy"), false))
+        .await;
+    cluster
+        .wait_for(
+            &pods,
+            "reader",
+            "the reader Running on the clone",
+            is_running,
+        )
+        .await;
+    let copy_pv = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("copy")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap();
+    let copy_target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir("node-b"),
+        &reader.uid().unwrap(),
+        &copy_pv,
+        false,
+    );
+    let copied = std::fs::read_to_string(copy_target.join("writer.log"))
+        .expect("the clone has the source's file");
+    assert!(
+        copied.lines().count() > 0,
+        "the clone has the source's records"
+    );
+    pods.delete("reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.wait_gone(&pods, "reader", "the reader gone").await;
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
