@@ -408,7 +408,22 @@ async fn scheduler_selects_a_node_for_wait_for_first_consumer_and_binds_once_pro
     })
     .await
     .unwrap();
-    assert_eq!(scheduled.spec.unwrap().node_name.as_deref(), Some("n1"));
+    assert_eq!(
+        scheduled.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("n1")
+    );
+    let scheduled_condition = scheduled
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .unwrap();
+    assert_eq!(
+        scheduled_condition.status, "True",
+        "the binding marks the pod scheduled"
+    );
 }
 
 #[tokio::test]

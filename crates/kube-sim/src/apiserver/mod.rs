@@ -1161,6 +1161,15 @@ fn bind_pod(
         }
         let mut next = current.clone();
         next["spec"]["nodeName"] = json!(node);
+        // pkg/registry/core/pod/storage/storage.go assignPod: the binding also marks the pod
+        // scheduled, replacing an earlier Unschedulable condition.
+        let mut conditions: Vec<Value> = current["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conditions.retain(|c| c["type"] != "PodScheduled");
+        conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}));
+        next["status"]["conditions"] = json!(conditions);
         Ok(Some(next))
     })?;
     Ok(json_response(
