@@ -15,6 +15,7 @@
 //! - [`logging`] tracing from `-v` and `--logging-format`;
 //! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
 //! - [`mounts`] the node's mount table;
+//! - [`names`] Kubernetes DNS-1123 name rules;
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data.
@@ -31,6 +32,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod mounts;
+pub mod names;
 pub mod quantity;
 pub mod secrets;
 pub mod shutdown;

@@ -7,6 +7,7 @@
 //! The resolver only handles references (names and namespaces); secret values exist only in
 //! [`SecretData`], whose `Debug` output shows neither keys nor values.
 
+use crate::names::{is_dns1123_label, is_dns1123_subdomain};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
@@ -386,26 +387,6 @@ fn shell_name(s: &str) -> (Option<&str>, usize) {
         .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
         .count();
     ((len > 0).then(|| &s[..len]), len)
-}
-
-/// apimachinery `IsDNS1123Label`: at most 63 characters of `[a-z0-9-]`, alphanumeric at both
-/// ends. (kube-sim has its own copy; this crate does not depend on the simulator.)
-fn is_dns1123_label(s: &str) -> bool {
-    s.len() <= 63 && is_label_shaped(s)
-}
-
-/// apimachinery `IsDNS1123Subdomain`: at most 253 characters of dot-separated labels (the
-/// regex puts no 63-character limit on each label).
-fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label_shaped)
-}
-
-fn is_label_shaped(s: &str) -> bool {
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let bytes = s.as_bytes();
-    bytes.first().is_some_and(alnum)
-        && bytes.last().is_some_and(alnum)
-        && bytes.iter().all(|c| alnum(c) || *c == b'-')
 }
 
 /// The two deletion annotations every provisioned PV gets: the provisioner secret, or two

@@ -675,24 +675,15 @@ fn is_qualified_name_part(s: &str) -> bool {
     }
 }
 
-/// One DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
-fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    match (b.first(), b.last()) {
-        (Some(first), Some(last)) => {
-            edge(first) && edge(last) && b.iter().all(|c| edge(c) || *c == b'-')
-        }
-        _ => false,
-    }
-}
-
 fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > DNS1123_SUBDOMAIN_MAX {
         errors.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
     }
-    if !value.split('.').all(is_dns1123_label) {
+    if !value
+        .split('.')
+        .all(csi_sidecar::names::matches_dns1123_label_pattern)
+    {
         errors.push(regex_error(
             DNS1123_SUBDOMAIN_ERR,
             DNS1123_SUBDOMAIN_FMT,

@@ -25,25 +25,14 @@ pub fn rfc3339(seconds: u64) -> String {
         .to_string()
 }
 
-/// DNS-1123 subdomain (most object names): lowercase alphanumerics, `-` and `.`, at most
-/// 253 characters, starting and ending alphanumeric (apimachinery validation.IsDNS1123Subdomain).
+/// DNS-1123 subdomain (most object names; apimachinery validation.IsDNS1123Subdomain).
 pub fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_dns_label_part)
+    csi_sidecar::names::is_dns1123_subdomain(name)
 }
 
-/// DNS-1123 label (namespace names): as a subdomain without dots, at most 63 characters.
+/// DNS-1123 label (namespace names).
 pub fn is_dns_label(name: &str) -> bool {
-    name.len() <= 63 && is_dns_label_part(name)
-}
-
-fn is_dns_label_part(part: &str) -> bool {
-    let bytes = part.as_bytes();
-    !bytes.is_empty()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0] != b'-'
-        && bytes[bytes.len() - 1] != b'-'
+    csi_sidecar::names::is_dns1123_label(name)
 }
 
 /// `generateName` suffix: 5 characters from apimachinery's rand.String alphabet (no vowels, no
