@@ -12,8 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use csi_suite_scenarios::fixtures::{
-    StandInAttacher, file_size, is_running, pod, provision_static_volume, static_pv, static_pvc,
-    taint_effects,
+    file_size, is_running, pod, provision_static_volume, static_pv, static_pvc, taint_effects,
 };
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -110,11 +109,7 @@ async fn story() {
         "cluster up, driver registered via the plugin watcher",
         format!("CSINode node-a, node-b, node-c → {driver}"),
     );
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &driver,
-        cluster.driver.controller.csi.clone(),
-    );
+    let attacher = cluster.stand_in_attacher();
 
     story.begin("an administrator pre-provisions a volume and creates its PV");
     let pv_name = format!("{}-pv", cluster.namespace);

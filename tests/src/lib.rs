@@ -56,6 +56,16 @@ pub fn can_mount() -> bool {
     csi_hostpath::mounts::can_mount()
 }
 
+/// True (after saying why) when this process cannot mount, so a scenario that needs real
+/// mounts should return early.
+pub fn skip_without_root() -> bool {
+    if can_mount() {
+        return false;
+    }
+    eprintln!("skipped: mounting volumes needs root");
+    true
+}
+
 /// Logs to the test's captured output at info level; `RUST_LOG` adjusts.
 pub fn init_logging() {
     init_logging_at("info");
@@ -326,6 +336,15 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The stand-in attacher for this cluster's driver.
+    pub fn stand_in_attacher(&self) -> fixtures::StandInAttacher {
+        fixtures::StandInAttacher::start(
+            self.client.clone(),
+            &self.driver_name,
+            self.driver.controller.csi.clone(),
+        )
     }
 
     /// Runs csi-provisioner's controller in this process against the driver's controller

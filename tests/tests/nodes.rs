@@ -3,9 +3,9 @@
 //! mounts its pods' volumes again.
 
 use csi_suite_scenarios::fixtures::{
-    StandInAttacher, file_size, is_running, pod, running_pod_with_static_volume, taint_effects,
+    file_size, is_running, pod, running_pod_with_static_volume, taint_effects,
 };
-use csi_suite_scenarios::{Cluster, Options, can_mount};
+use csi_suite_scenarios::{Cluster, Options, can_mount, skip_without_root};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube_sim::roles::scheduling::node_ready_status;
 use serde_json::json;
@@ -22,11 +22,7 @@ fn two_nodes() -> Options {
 #[tokio::test]
 async fn node_partition_taints_unreachable_and_clears_on_recovery() {
     let cluster = Cluster::start_with("node-partition", two_nodes()).await;
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &cluster.driver_name,
-        cluster.driver.controller.csi.clone(),
-    );
+    let attacher = cluster.stand_in_attacher();
     // A writer that tolerates unreachable forever, so only the partition acts on it.
     let writer = if can_mount() {
         let tolerate = |pod: &mut serde_json::Value| {
@@ -147,16 +143,11 @@ async fn crash_looping_pod_reports_crash_loop_back_off() {
 
 #[tokio::test]
 async fn node_reboot_mounts_the_volumes_of_its_pods_again() {
-    if !can_mount() {
-        eprintln!("skipped: mounting volumes needs root");
+    if skip_without_root() {
         return;
     }
     let cluster = Cluster::start_with("node-reboot", two_nodes()).await;
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &cluster.driver_name,
-        cluster.driver.controller.csi.clone(),
-    );
+    let attacher = cluster.stand_in_attacher();
     let (_, pv, target) = running_pod_with_static_volume(&cluster, "app", "node-a", |_| {}).await;
     let log = target.join("app.log");
     cluster

@@ -2,8 +2,8 @@
 //! and bound PVs, deleted claims give their volumes back, bad classes are reported.
 
 use csi_proto::csi::v1 as csi;
-use csi_suite_scenarios::fixtures::{StandInAttacher, is_running, pod};
-use csi_suite_scenarios::{Cluster, can_mount};
+use csi_suite_scenarios::fixtures::{is_running, pod};
+use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -12,9 +12,21 @@ use serde_json::{Value, json};
 
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
-fn class(name: &str, driver: &str, binding: &str, parameters: Value) -> Value {
-    json!({"metadata": {"name": name}, "provisioner": driver, "reclaimPolicy": "Delete",
-        "volumeBindingMode": binding, "parameters": parameters})
+/// Creates `<namespace>-<suffix>`, a class of the cluster's driver, and returns its name.
+async fn storage_class(
+    cluster: &Cluster,
+    suffix: &str,
+    binding: &str,
+    reclaim: &str,
+    parameters: Value,
+) -> String {
+    let name = format!("{}-{suffix}", cluster.namespace);
+    let class = json!({"metadata": {"name": name}, "provisioner": cluster.driver_name,
+        "reclaimPolicy": reclaim, "volumeBindingMode": binding, "parameters": parameters});
+    cluster
+        .create(&cluster.cluster_scoped::<StorageClass>(), class)
+        .await;
+    name
 }
 
 fn claim(name: &str, class: &str) -> Value {
@@ -48,18 +60,14 @@ async fn driver_volumes(cluster: &Cluster) -> Vec<String> {
 async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
     let cluster = Cluster::start("provision-immediate").await;
     let provisioner = cluster.start_provisioner().await;
-    let class_name = format!("{}-fast", cluster.namespace);
-    cluster
-        .create(
-            &cluster.cluster_scoped::<StorageClass>(),
-            class(
-                &class_name,
-                &cluster.driver_name,
-                "Immediate",
-                json!({"kind": "fast"}),
-            ),
-        )
-        .await;
+    let class_name = storage_class(
+        &cluster,
+        "fast",
+        "Immediate",
+        "Delete",
+        json!({"kind": "fast"}),
+    )
+    .await;
     let created: PersistentVolumeClaim = cluster
         .create(&cluster.namespaced(), claim("data", &class_name))
         .await;
@@ -132,29 +140,20 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
 
 #[tokio::test]
 async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node() {
-    if !can_mount() {
-        eprintln!("skipped: mounting volumes needs root");
+    if skip_without_root() {
         return;
     }
     let cluster = Cluster::start("provision-wffc").await;
     let provisioner = cluster.start_provisioner().await;
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &cluster.driver_name,
-        cluster.driver.controller.csi.clone(),
-    );
-    let class_name = format!("{}-local", cluster.namespace);
-    cluster
-        .create(
-            &cluster.cluster_scoped::<StorageClass>(),
-            class(
-                &class_name,
-                &cluster.driver_name,
-                "WaitForFirstConsumer",
-                json!({}),
-            ),
-        )
-        .await;
+    let attacher = cluster.stand_in_attacher();
+    let class_name = storage_class(
+        &cluster,
+        "local",
+        "WaitForFirstConsumer",
+        "Delete",
+        json!({}),
+    )
+    .await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
@@ -219,14 +218,8 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
 async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
     let cluster = Cluster::start("provision-bad-class").await;
     let provisioner = cluster.start_provisioner().await;
-    let class_name = format!("{}-bad", cluster.namespace);
     let parameters = json!({"csi.storage.k8s.io/no-such-key": "x"});
-    cluster
-        .create(
-            &cluster.cluster_scoped::<StorageClass>(),
-            class(&class_name, &cluster.driver_name, "Immediate", parameters),
-        )
-        .await;
+    let class_name = storage_class(&cluster, "bad", "Immediate", "Delete", parameters).await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
@@ -271,13 +264,7 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
 async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
     const CLAIMS: usize = 40;
     let cluster = Cluster::start("provision-kill").await;
-    let class_name = format!("{}-kill", cluster.namespace);
-    cluster
-        .create(
-            &cluster.cluster_scoped::<StorageClass>(),
-            class(&class_name, &cluster.driver_name, "Immediate", json!({})),
-        )
-        .await;
+    let class_name = storage_class(&cluster, "kill", "Immediate", "Delete", json!({})).await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     for i in 0..CLAIMS {
         cluster
@@ -356,12 +343,7 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
 async fn dynamic_provisioning_retain_keeps_the_volume() {
     let cluster = Cluster::start("provision-retain").await;
     let provisioner = cluster.start_provisioner().await;
-    let class_name = format!("{}-keep", cluster.namespace);
-    let mut retained = class(&class_name, &cluster.driver_name, "Immediate", json!({}));
-    retained["reclaimPolicy"] = json!("Retain");
-    cluster
-        .create(&cluster.cluster_scoped::<StorageClass>(), retained)
-        .await;
+    let class_name = storage_class(&cluster, "keep", "Immediate", "Retain", json!({})).await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
@@ -418,24 +400,13 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
 /// A clone of a written volume has the source's data.
 #[tokio::test]
 async fn dynamic_provisioning_clones_a_claim_with_its_data() {
-    if !can_mount() {
-        eprintln!("skipped: mounting volumes needs root");
+    if skip_without_root() {
         return;
     }
     let cluster = Cluster::start("provision-clone").await;
     let provisioner = cluster.start_provisioner().await;
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &cluster.driver_name,
-        cluster.driver.controller.csi.clone(),
-    );
-    let class_name = format!("{}-clone", cluster.namespace);
-    cluster
-        .create(
-            &cluster.cluster_scoped::<StorageClass>(),
-            class(&class_name, &cluster.driver_name, "Immediate", json!({})),
-        )
-        .await;
+    let attacher = cluster.stand_in_attacher();
+    let class_name = storage_class(&cluster, "clone", "Immediate", "Delete", json!({})).await;
     let pods = cluster.namespaced::<Pod>();
     cluster
         .create(

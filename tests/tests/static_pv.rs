@@ -3,8 +3,8 @@
 //! apiserver + kube-controller-manager + kube-scheduler (`KUBECONFIG`), where only the kubelets
 //! are simulated.
 
-use csi_suite_scenarios::fixtures::{StandInAttacher, file_size, running_pod_with_static_volume};
-use csi_suite_scenarios::{Cluster, Options, can_mount};
+use csi_suite_scenarios::fixtures::{file_size, running_pod_with_static_volume};
+use csi_suite_scenarios::{Cluster, Options, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::api::{DeleteParams, ListParams};
@@ -36,17 +36,12 @@ async fn delete_pod_and_check_unmounted(cluster: &Cluster, node: &str, target: &
 
 #[tokio::test]
 async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
-    if !can_mount() {
-        eprintln!("skipped: mounting volumes needs root");
+    if skip_without_root() {
         return;
     }
     let cluster = Cluster::start("static-pv").await;
     let driver = cluster.driver_name.clone();
-    let attacher = StandInAttacher::start(
-        cluster.client.clone(),
-        &driver,
-        cluster.driver.controller.csi.clone(),
-    );
+    let attacher = cluster.stand_in_attacher();
     let (running, pv_name, target) =
         running_pod_with_static_volume(&cluster, "app", "node-b", |_| {}).await;
     assert_eq!(
@@ -148,8 +143,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
 
 #[tokio::test]
 async fn static_pv_with_a_driver_that_needs_no_attach_gets_no_volume_attachment() {
-    if !can_mount() {
-        eprintln!("skipped: mounting volumes needs root");
+    if skip_without_root() {
         return;
     }
     let options = Options {
