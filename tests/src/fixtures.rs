@@ -283,3 +283,109 @@ pub fn taint_effects(node: &k8s_openapi::api::core::v1::Node, key: &str) -> Vec<
     effects.sort();
     effects
 }
+
+/// A 2Mi ReadWriteOnce claim of `class`.
+pub fn claim(name: &str, class: &str) -> Value {
+    json!({"metadata": {"name": name}, "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "2Mi"}}}})
+}
+
+pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool {
+    claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+/// Serves snapshot.storage.k8s.io/v1 VolumeSnapshots and VolumeSnapshotContents (a real
+/// cluster that has the external-snapshotter CRDs keeps its own).
+pub async fn install_snapshot_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (kind, plural, scope) in [
+        ("VolumeSnapshot", "volumesnapshots", "Namespaced"),
+        ("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
+    ] {
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "metadata": {"name": format!("{plural}.snapshot.storage.k8s.io")},
+            "spec": {"group": "snapshot.storage.k8s.io", "scope": scope,
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .expect("a CRD");
+        match crds.create(&Default::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating the {plural} CRD: {error}"),
+        }
+    }
+}
+
+/// Cuts a snapshot of `volume_id` on the driver and publishes it as a ready, pre-provisioned
+/// VolumeSnapshot `name` bound to its content — what external-snapshotter and the snapshot
+/// controller would do. Returns the content's name.
+pub async fn ready_snapshot(
+    client: &Client,
+    controller: &CsiConnection,
+    driver: &str,
+    namespace: &str,
+    name: &str,
+    volume_id: &str,
+) -> String {
+    use csi_provisioner::snapshots::{VolumeSnapshot, VolumeSnapshotContent};
+    let snapshot = controller
+        .create_snapshot(
+            csi::CreateSnapshotRequest {
+                source_volume_id: volume_id.to_string(),
+                name: format!("{namespace}-{name}"),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("CreateSnapshot")
+        .snapshot
+        .expect("a snapshot");
+    let content_name = format!("{namespace}-{name}-content");
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), namespace);
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    let created = snapshots
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace},
+                "spec": {"source": {"volumeSnapshotContentName": content_name}}}))
+            .expect("a VolumeSnapshot"),
+        )
+        .await
+        .expect("creating the VolumeSnapshot");
+    contents
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": content_name},
+                "spec": {"driver": driver, "deletionPolicy": "Delete", "sourceVolumeMode": "Filesystem",
+                    "source": {"snapshotHandle": snapshot.snapshot_id},
+                    "volumeSnapshotRef": {"name": name, "namespace": namespace, "uid": created.uid()}}}))
+            .expect("a VolumeSnapshotContent"),
+        )
+        .await
+        .expect("creating the VolumeSnapshotContent");
+    contents
+        .patch_status(
+            &content_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": true,
+                "snapshotHandle": snapshot.snapshot_id, "restoreSize": snapshot.size_bytes}})),
+        )
+        .await
+        .expect("the content's status");
+    snapshots
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": true,
+                "boundVolumeSnapshotContentName": content_name,
+                "restoreSize": snapshot.size_bytes.to_string()}})),
+        )
+        .await
+        .expect("the snapshot's status");
+    content_name
+}

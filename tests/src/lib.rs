@@ -338,6 +338,69 @@ impl Cluster {
         }
     }
 
+    /// Waits for an Event of the scenario's namespace with `reason` about `object` whose
+    /// message contains `text` (earlier attempts may have failed otherwise); returns it.
+    pub async fn wait_for_event(&self, object: &str, reason: &str, text: &str) -> String {
+        let events = self.namespaced::<k8s_openapi::api::core::v1::Event>();
+        let deadline = Instant::now() + step_timeout();
+        loop {
+            let list = events.list(&ListParams::default()).await.unwrap();
+            let found = list
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some(object))
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(text));
+            if let Some(message) = found {
+                return message;
+            }
+            if Instant::now() > deadline {
+                self.dump().await;
+                panic!("timed out waiting for a {reason} event about {object} with {text:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Creates `<namespace>-<suffix>`, a class of the cluster's driver, and returns its name.
+    pub async fn storage_class(
+        &self,
+        suffix: &str,
+        binding: &str,
+        reclaim: &str,
+        parameters: serde_json::Value,
+    ) -> String {
+        let name = format!("{}-{suffix}", self.namespace);
+        let class = serde_json::json!({"metadata": {"name": name}, "provisioner": self.driver_name,
+            "reclaimPolicy": reclaim, "volumeBindingMode": binding, "parameters": parameters});
+        self.create(
+            &self.cluster_scoped::<k8s_openapi::api::storage::v1::StorageClass>(),
+            class,
+        )
+        .await;
+        name
+    }
+
+    /// The volume ids the driver's controller lists.
+    pub async fn driver_volumes(&self) -> Vec<String> {
+        let response = self
+            .driver
+            .controller
+            .csi
+            .list_volumes(
+                csi_proto::csi::v1::ListVolumesRequest::default(),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("ListVolumes");
+        response
+            .entries
+            .into_iter()
+            .filter_map(|e| e.volume.map(|v| v.volume_id))
+            .collect()
+    }
+
     /// The stand-in attacher for this cluster's driver.
     pub fn stand_in_attacher(&self) -> fixtures::StandInAttacher {
         fixtures::StandInAttacher::start(
@@ -374,6 +437,8 @@ impl Cluster {
             workers: 16,
             metrics: Default::default(),
             resync: Duration::from_secs(5),
+            prevent_volume_mode_conversion: true,
+            snapshot_orphan_sweep_interval: Duration::from_secs(1),
         };
         let shutdown = CancellationToken::new();
         let client = self.client.clone();

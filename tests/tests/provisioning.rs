@@ -1,73 +1,22 @@
 //! Dynamic provisioning with csi-provisioner: claims of a class become volumes on the driver
 //! and bound PVs, deleted claims give their volumes back, bad classes are reported.
 
-use csi_proto::csi::v1 as csi;
-use csi_suite_scenarios::fixtures::{is_running, pod};
+use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod};
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-
-/// Creates `<namespace>-<suffix>`, a class of the cluster's driver, and returns its name.
-async fn storage_class(
-    cluster: &Cluster,
-    suffix: &str,
-    binding: &str,
-    reclaim: &str,
-    parameters: Value,
-) -> String {
-    let name = format!("{}-{suffix}", cluster.namespace);
-    let class = json!({"metadata": {"name": name}, "provisioner": cluster.driver_name,
-        "reclaimPolicy": reclaim, "volumeBindingMode": binding, "parameters": parameters});
-    cluster
-        .create(&cluster.cluster_scoped::<StorageClass>(), class)
-        .await;
-    name
-}
-
-fn claim(name: &str, class: &str) -> Value {
-    json!({"metadata": {"name": name}, "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": "2Mi"}}}})
-}
-
-fn bound(claim: &PersistentVolumeClaim) -> bool {
-    claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-}
-
-async fn driver_volumes(cluster: &Cluster) -> Vec<String> {
-    let response = cluster
-        .driver
-        .controller
-        .csi
-        .list_volumes(
-            csi::ListVolumesRequest::default(),
-            std::time::Duration::from_secs(10),
-        )
-        .await
-        .expect("ListVolumes");
-    response
-        .entries
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect()
-}
 
 #[tokio::test]
 async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
     let cluster = Cluster::start("provision-immediate").await;
     let provisioner = cluster.start_provisioner().await;
-    let class_name = storage_class(
-        &cluster,
-        "fast",
-        "Immediate",
-        "Delete",
-        json!({"kind": "fast"}),
-    )
-    .await;
+    let class_name = cluster
+        .storage_class("fast", "Immediate", "Delete", json!({"kind": "fast"}))
+        .await;
     let created: PersistentVolumeClaim = cluster
         .create(&cluster.namespaced(), claim("data", &class_name))
         .await;
@@ -106,7 +55,7 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         "the driver reports topology, so the PV has node affinity"
     );
     let handle = spec.csi.unwrap().volume_handle;
-    assert!(driver_volumes(&cluster).await.contains(&handle));
+    assert!(cluster.driver_volumes().await.contains(&handle));
     let events = cluster
         .namespaced::<Event>()
         .list(&ListParams::default())
@@ -131,7 +80,7 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         )
         .await;
     assert!(
-        !driver_volumes(&cluster).await.contains(&handle),
+        !cluster.driver_volumes().await.contains(&handle),
         "no leaked volume"
     );
     provisioner.stop().await;
@@ -146,14 +95,9 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
     let cluster = Cluster::start("provision-wffc").await;
     let provisioner = cluster.start_provisioner().await;
     let attacher = cluster.stand_in_attacher();
-    let class_name = storage_class(
-        &cluster,
-        "local",
-        "WaitForFirstConsumer",
-        "Delete",
-        json!({}),
-    )
-    .await;
+    let class_name = cluster
+        .storage_class("local", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
@@ -219,39 +163,24 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
     let cluster = Cluster::start("provision-bad-class").await;
     let provisioner = cluster.start_provisioner().await;
     let parameters = json!({"csi.storage.k8s.io/no-such-key": "x"});
-    let class_name = storage_class(&cluster, "bad", "Immediate", "Delete", parameters).await;
+    let class_name = cluster
+        .storage_class("bad", "Immediate", "Delete", parameters)
+        .await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
             claim("data", &class_name),
         )
         .await;
-    let events = cluster.namespaced::<Event>();
-    let deadline = std::time::Instant::now() + csi_suite_scenarios::step_timeout();
-    let message = loop {
-        let list = events.list(&ListParams::default()).await.unwrap();
-        // An earlier attempt may have failed otherwise (the class not yet in the cache).
-        let found = list
-            .items
-            .iter()
-            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
-            .filter_map(|e| e.message.clone())
-            .find(|m| m.contains("no-such-key"));
-        if let Some(message) = found {
-            break message;
-        }
-        if std::time::Instant::now() > deadline {
-            cluster.dump().await;
-            panic!("timed out waiting for a ProvisioningFailed event");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    let message = cluster
+        .wait_for_event("data", "ProvisioningFailed", "no-such-key")
+        .await;
     assert!(
         message.contains("csi.storage.k8s.io/no-such-key"),
         "{message}"
     );
     assert!(
-        driver_volumes(&cluster).await.is_empty(),
+        cluster.driver_volumes().await.is_empty(),
         "no CreateVolume for a bad class"
     );
     provisioner.stop().await;
@@ -264,7 +193,9 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
 async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
     const CLAIMS: usize = 40;
     let cluster = Cluster::start("provision-kill").await;
-    let class_name = storage_class(&cluster, "kill", "Immediate", "Delete", json!({})).await;
+    let class_name = cluster
+        .storage_class("kill", "Immediate", "Delete", json!({}))
+        .await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     for i in 0..CLAIMS {
         cluster
@@ -314,7 +245,7 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
             .iter()
             .filter_map(|pv| Some(pv.spec.clone()?.csi?.volume_handle))
             .collect();
-        let mut on_driver = driver_volumes(&cluster).await;
+        let mut on_driver = cluster.driver_volumes().await;
         handles.sort();
         on_driver.sort();
         if all_bound && pvs.len() == CLAIMS / 2 && handles == on_driver {
@@ -343,7 +274,9 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
 async fn dynamic_provisioning_retain_keeps_the_volume() {
     let cluster = Cluster::start("provision-retain").await;
     let provisioner = cluster.start_provisioner().await;
-    let class_name = storage_class(&cluster, "keep", "Immediate", "Retain", json!({})).await;
+    let class_name = cluster
+        .storage_class("keep", "Immediate", "Retain", json!({}))
+        .await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
@@ -385,7 +318,7 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
         "a Retain PV stays"
     );
     assert!(
-        driver_volumes(&cluster).await.contains(&handle),
+        cluster.driver_volumes().await.contains(&handle),
         "and so does its volume"
     );
     provisioner.stop().await;
@@ -395,98 +328,4 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
             ("StorageClass", &class_name),
         ])
         .await;
-}
-
-/// A clone of a written volume has the source's data.
-#[tokio::test]
-async fn dynamic_provisioning_clones_a_claim_with_its_data() {
-    if skip_without_root() {
-        return;
-    }
-    let cluster = Cluster::start("provision-clone").await;
-    let provisioner = cluster.start_provisioner().await;
-    let attacher = cluster.stand_in_attacher();
-    let class_name = storage_class(&cluster, "clone", "Immediate", "Delete", json!({})).await;
-    let pods = cluster.namespaced::<Pod>();
-    cluster
-        .create(
-            &cluster.namespaced::<PersistentVolumeClaim>(),
-            claim("source", &class_name),
-        )
-        .await;
-    let writer: Pod = cluster
-        .create(&pods, pod("writer", "node-a", Some("source"), true))
-        .await;
-    cluster
-        .wait_for(&pods, "writer", "the writer Running", is_running)
-        .await;
-    let source_pv = cluster
-        .namespaced::<PersistentVolumeClaim>()
-        .get("source")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .volume_name
-        .unwrap();
-    let target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir("node-a"),
-        &writer.uid().unwrap(),
-        &source_pv,
-        false,
-    );
-    cluster
-        .eventually("data written", || {
-            std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
-        })
-        .await;
-    pods.delete("writer", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster.wait_gone(&pods, "writer", "the writer gone").await;
-
-    let mut copy = claim("copy", &class_name);
-    copy["spec"]["dataSource"] = json!({"kind": "PersistentVolumeClaim", "name": "source"});
-    cluster
-        .create(&cluster.namespaced::<PersistentVolumeClaim>(), copy)
-        .await;
-    let reader: Pod = cluster
-        .create(&pods, pod("reader", "node-b", Some("copy"), false))
-        .await;
-    cluster
-        .wait_for(
-            &pods,
-            "reader",
-            "the reader Running on the clone",
-            is_running,
-        )
-        .await;
-    let copy_pv = cluster
-        .namespaced::<PersistentVolumeClaim>()
-        .get("copy")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .volume_name
-        .unwrap();
-    let copy_target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir("node-b"),
-        &reader.uid().unwrap(),
-        &copy_pv,
-        false,
-    );
-    let copied = std::fs::read_to_string(copy_target.join("writer.log"))
-        .expect("the clone has the source's file");
-    assert!(
-        copied.lines().count() > 0,
-        "the clone has the source's records"
-    );
-    pods.delete("reader", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster.wait_gone(&pods, "reader", "the reader gone").await;
-    attacher.stop().await;
-    provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
 }

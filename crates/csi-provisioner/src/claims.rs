@@ -141,7 +141,26 @@ pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ClaimErr
     })
 }
 
-fn requested_bytes(claim: &PersistentVolumeClaim) -> Option<String> {
+/// Whether a Pending claim other than `except` (a UID) still has `source` as its data source:
+/// a source keeps its protection finalizer until none does (`CloningProtectionController`,
+/// `SnapshotFinalizerController`; both look at `dataSource` and `dataSourceRef`).
+pub fn still_needed_by_pending_claims<'a>(
+    claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+    source: &DataSource,
+    except: Option<&str>,
+) -> bool {
+    claims.into_iter().any(|claim| {
+        let pending = matches!(
+            claim.status.as_ref().and_then(|s| s.phase.as_deref()),
+            None | Some("") | Some("Pending")
+        );
+        pending
+            && claim.metadata.uid.as_deref() != except
+            && data_source(claim).as_ref() == Ok(source)
+    })
+}
+
+pub(crate) fn requested_bytes(claim: &PersistentVolumeClaim) -> Option<String> {
     claim
         .spec
         .as_ref()?
@@ -164,7 +183,12 @@ pub fn clone_source(
 ) -> Result<String, ClaimError> {
     let fail = |message: String| Err(ClaimError::CloneSource(message));
     let name = source.name_any();
-    if source.metadata.deletion_timestamp.is_some() {
+    // Upstream refuses a source being deleted even when its own cloning-protection finalizer
+    // holds it: the clone then stays Pending and the finalizer is never removed. The finalizer
+    // means provisioning had started and the source's data is still there, so it may go on.
+    if source.metadata.deletion_timestamp.is_some()
+        && !source.finalizers().iter().any(|f| f == CLONING_PROTECTION)
+    {
         return fail(format!("the source claim {name} is being deleted"));
     }
     if source.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
@@ -413,5 +437,65 @@ mod tests {
             json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast"}, "status": {"phase": "Pending"}}),
         );
         assert!(clone_source(&target, DRIVER, &pending, Some(&volume)).is_err());
+    }
+
+    #[test]
+    fn sources_still_needed() {
+        let source = DataSource::Claim {
+            name: "src".to_string(),
+            namespace: "apps".to_string(),
+        };
+        let target = |phase: Option<&str>, namespace: &str, reference: &str| {
+            claim(json!({
+                "metadata": {"name": "copy", "namespace": namespace, "uid": "t1"},
+                "spec": {reference: {"kind": "PersistentVolumeClaim", "name": "src"}},
+                "status": phase.map(|p| json!({"phase": p})).unwrap_or(json!({}))
+            }))
+        };
+        let cases = [
+            (
+                "pending clone",
+                target(Some("Pending"), "apps", "dataSource"),
+                None,
+                true,
+            ),
+            (
+                "no phase yet",
+                target(None, "apps", "dataSource"),
+                None,
+                true,
+            ),
+            (
+                "via dataSourceRef",
+                target(Some("Pending"), "apps", "dataSourceRef"),
+                None,
+                true,
+            ),
+            (
+                "bound clone",
+                target(Some("Bound"), "apps", "dataSource"),
+                None,
+                false,
+            ),
+            (
+                "other namespace",
+                target(Some("Pending"), "web", "dataSource"),
+                None,
+                false,
+            ),
+            (
+                "the excepted claim",
+                target(Some("Pending"), "apps", "dataSource"),
+                Some("t1"),
+                false,
+            ),
+        ];
+        for (name, claim, except, expected) in cases {
+            assert_eq!(
+                still_needed_by_pending_claims([&claim], &source, except),
+                expected,
+                "{name}"
+            );
+        }
     }
 }

@@ -23,7 +23,8 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::claims::{self, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 
 /// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
 /// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
@@ -52,6 +53,10 @@ pub struct Settings {
     pub metrics: crate::metrics::ProvisionerMetrics,
     /// Periodic pass on top of change-triggered ones (upstream resyncs claims every 15 min).
     pub resync: Duration,
+    /// Refuse restores that change the volume mode without the content's permission.
+    pub prevent_volume_mode_conversion: bool,
+    /// How often snapshots left with the source-protection finalizer are swept.
+    pub snapshot_orphan_sweep_interval: Duration,
 }
 
 struct Caches {
@@ -86,6 +91,12 @@ struct Provisioner {
     workers: Semaphore,
     /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
     retry: tokio::sync::Notify,
+}
+
+/// A data source that carries a protection finalizer while the driver copies from it.
+enum ProtectedSource {
+    Claim(Arc<PersistentVolumeClaim>),
+    Snapshot(Box<VolumeSnapshot>),
 }
 
 #[derive(Clone, Debug)]
@@ -142,6 +153,7 @@ pub async fn run(
     // The workers belong to this loop: when it stops (shutdown, lost leadership, or the task is
     // dropped) every in-flight sync is dropped with it.
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(provisioner.clone().sweep_snapshots(shutdown.clone()));
     loop {
         while tasks.try_join_next().is_some() {}
         provisioner.pass(&mut tasks);
@@ -250,6 +262,11 @@ impl Provisioner {
             lock(&self.pinned).remove(uid);
             return Ok(());
         };
+        if claim.metadata.deletion_timestamp.is_some()
+            && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION)
+        {
+            self.release_clone_source(&claim).await?;
+        }
         let class_name = claim
             .spec
             .as_ref()
@@ -350,6 +367,7 @@ impl Provisioner {
             .publish(&reference, EventType::Normal, "Provisioning", &message)
             .await;
         let driver = &self.settings.driver;
+        let mut protected_source = None;
         let content_source = match claims::data_source(claim) {
             Err(error) => return self.failed(claim, error.to_string()).await,
             Ok(DataSource::None) => None,
@@ -362,10 +380,35 @@ impl Provisioner {
                     .await;
                 return Ok(());
             }
-            Ok(DataSource::Snapshot { .. }) => {
-                return self
-                    .failed(claim, "restoring from a VolumeSnapshot is not supported yet by this csi-provisioner".to_string())
-                    .await;
+            Ok(DataSource::Snapshot {
+                name: snapshot_name,
+                namespace: snapshot_namespace,
+            }) => {
+                if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
+                    return self
+                        .failed(
+                            claim,
+                            "the driver does not support restoring from snapshots (CREATE_DELETE_SNAPSHOT)"
+                                .to_string(),
+                        )
+                        .await;
+                }
+                match self
+                    .snapshot_source(claim, &snapshot_name, &snapshot_namespace)
+                    .await
+                {
+                    Ok((handle, snapshot)) => {
+                        protected_source = Some(ProtectedSource::Snapshot(Box::new(snapshot)));
+                        Some(csi::VolumeContentSource {
+                            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                                csi::volume_content_source::SnapshotSource {
+                                    snapshot_id: handle,
+                                },
+                            )),
+                        })
+                    }
+                    Err(message) => return self.failed(claim, message).await,
+                }
             }
             Ok(DataSource::Claim {
                 name: source_name,
@@ -397,11 +440,14 @@ impl Provisioner {
                     .and_then(|s| s.volume_name.clone())
                     .and_then(|v| self.caches.volumes.get(&ObjectRef::new(&v)));
                 match claims::clone_source(claim, &driver.name, &source, source_volume.as_deref()) {
-                    Ok(handle) => Some(csi::VolumeContentSource {
-                        r#type: Some(csi::volume_content_source::Type::Volume(
-                            csi::volume_content_source::VolumeSource { volume_id: handle },
-                        )),
-                    }),
+                    Ok(handle) => {
+                        protected_source = Some(ProtectedSource::Claim(source));
+                        Some(csi::VolumeContentSource {
+                            r#type: Some(csi::volume_content_source::Type::Volume(
+                                csi::volume_content_source::VolumeSource { volume_id: handle },
+                            )),
+                        })
+                    }
                     Err(error) => return self.failed(claim, error.to_string()).await,
                 }
             }
@@ -501,6 +547,9 @@ impl Provisioner {
             mutable_parameters: HashMap::new(),
         };
         let claim = &self.protect(claim).await?;
+        if let Some(source) = &protected_source {
+            self.protect_source(source).await?;
+        }
         let response = match self.csi.create_volume(create, self.settings.timeout).await {
             Ok(response) => response,
             Err(status) => {
@@ -587,7 +636,158 @@ impl Provisioner {
                 &format!("Successfully provisioned volume {name}"),
             )
             .await;
+        if let Some(ProtectedSource::Snapshot(snapshot)) = &protected_source {
+            self.release_snapshot(snapshot, claim.uid().as_deref())
+                .await;
+        }
         self.release(claim).await
+    }
+
+    /// GETs the snapshot and its content (live, as upstream: the caches hold no snapshots)
+    /// and checks them; returns the snapshot handle and the snapshot.
+    async fn snapshot_source(
+        &self,
+        claim: &PersistentVolumeClaim,
+        name: &str,
+        namespace: &str,
+    ) -> Result<(String, VolumeSnapshot), String> {
+        let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
+        let snapshot = match snapshots.get_opt(name).await {
+            Ok(Some(snapshot)) => snapshot,
+            Ok(None) => return Err(format!("snapshot {name} not found")),
+            Err(error) => return Err(format!("error getting snapshot {name}: {error}")),
+        };
+        let content_name = snapshots::bound_content(&snapshot).map_err(|e| e.to_string())?;
+        let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let content = match contents.get_opt(&content_name).await {
+            Ok(Some(content)) => content,
+            Ok(None) => return Err(format!("snapshotcontent {content_name} not found")),
+            Err(error) => {
+                return Err(format!(
+                    "error getting snapshotcontent {content_name}: {error}"
+                ));
+            }
+        };
+        let handle = snapshots::snapshot_source(
+            claim,
+            &self.settings.driver.name,
+            &snapshot,
+            &content,
+            self.settings.prevent_volume_mode_conversion,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((handle, snapshot))
+    }
+
+    /// Puts the source's protection finalizer on before CreateVolume, so the source stays
+    /// while the driver copies from it.
+    async fn protect_source(&self, source: &ProtectedSource) -> Result<(), String> {
+        match source {
+            ProtectedSource::Claim(claim) => {
+                if claim.finalizers().iter().any(|f| f == CLONING_PROTECTION) {
+                    return Ok(());
+                }
+                let mut finalizers = claim.finalizers().to_vec();
+                finalizers.push(CLONING_PROTECTION.to_string());
+                self.set_claim_finalizers(claim, finalizers).await.map(drop)
+            }
+            ProtectedSource::Snapshot(snapshot) => {
+                if snapshot.finalizers().iter().any(|f| f == SOURCE_PROTECTION) {
+                    return Ok(());
+                }
+                let mut finalizers = snapshot.finalizers().to_vec();
+                finalizers.push(SOURCE_PROTECTION.to_string());
+                let api: Api<VolumeSnapshot> = Api::namespaced(
+                    self.client.clone(),
+                    &snapshot.namespace().unwrap_or_default(),
+                );
+                match set_finalizers(&api, snapshot, finalizers).await {
+                    Ok(_) => Ok(()),
+                    // Tolerated so that RBAC without `update` on snapshots keeps working.
+                    Err(FinalizerError::Forbidden(message)) => {
+                        tracing::warn!(snapshot = %snapshot.name_any(), %message, "cannot protect the source snapshot");
+                        Ok(())
+                    }
+                    Err(error) => Err(error.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Drops the snapshot's protection once no other Pending claim restores from it (the
+    /// sweeper retries what fails here).
+    async fn release_snapshot(&self, snapshot: &VolumeSnapshot, except: Option<&str>) {
+        let source = DataSource::Snapshot {
+            name: snapshot.name_any(),
+            namespace: snapshot.namespace().unwrap_or_default(),
+        };
+        let claims = self.caches.claims.state();
+        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &source, except) {
+            return;
+        }
+        let api: Api<VolumeSnapshot> = Api::namespaced(
+            self.client.clone(),
+            &snapshot.namespace().unwrap_or_default(),
+        );
+        if let Err(error) = remove_finalizer(&api, &snapshot.name_any(), SOURCE_PROTECTION).await {
+            tracing::warn!(snapshot = %snapshot.name_any(), %error, "removing the source-protection finalizer");
+        }
+    }
+
+    /// The cloning-protection controller's job: a source claim being deleted loses its
+    /// finalizer once no Pending claim of its namespace clones from it.
+    async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<(), String> {
+        let wanted = DataSource::Claim {
+            name: source.name_any(),
+            namespace: source.namespace().unwrap_or_default(),
+        };
+        let claims = self.caches.claims.state();
+        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &wanted, None) {
+            return Ok(());
+        }
+        let finalizers = source
+            .finalizers()
+            .iter()
+            .filter(|f| *f != CLONING_PROTECTION)
+            .cloned()
+            .collect();
+        self.set_claim_finalizers(source, finalizers)
+            .await
+            .map(drop)
+    }
+
+    /// `SnapshotFinalizerController`: every sweep interval, snapshots whose restores are all
+    /// done lose the source-protection finalizer. Without permission to list snapshots it
+    /// stops quietly, as upstream.
+    async fn sweep_snapshots(self: Arc<Self>, shutdown: CancellationToken) {
+        let api: Api<VolumeSnapshot> = Api::all(self.client.clone());
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.settings.snapshot_orphan_sweep_interval) => {}
+            }
+            let snapshots = match api.list(&kube::api::ListParams::default()).await {
+                Ok(list) => list.items,
+                Err(kube::Error::Api(status)) if status.code == 403 => {
+                    tracing::info!(
+                        "no permission to list volumesnapshots: the orphaned source-protection sweeper stops"
+                    );
+                    return;
+                }
+                // The snapshot CRDs are not installed (yet).
+                Err(kube::Error::Api(status)) if status.code == 404 => continue,
+                Err(error) => {
+                    tracing::warn!(%error, "listing volumesnapshots for the sweep");
+                    continue;
+                }
+            };
+            for snapshot in snapshots
+                .iter()
+                .filter(|s| s.finalizers().iter().any(|f| f == SOURCE_PROTECTION))
+            {
+                self.release_snapshot(snapshot, None).await;
+            }
+        }
     }
 
     /// Creates the PV; AlreadyExists counts as done. A save failure never deletes the volume:
@@ -648,7 +848,9 @@ impl Provisioner {
     ) -> Result<Option<PersistentVolumeClaim>, String> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        set_finalizers(&api, claim, finalizers).await
+        set_finalizers(&api, claim, finalizers)
+            .await
+            .map_err(String::from)
     }
 
     /// Deletes a volume the provisioner must not keep (too small, or without its source).
@@ -789,7 +991,10 @@ impl Provisioner {
             VolumePlan::AddFinalizer => {
                 let mut finalizers = volume.finalizers().to_vec();
                 finalizers.push(PV_FINALIZER.to_string());
-                set_finalizers(&api, &volume, finalizers).await.map(drop)
+                set_finalizers(&api, &volume, finalizers)
+                    .await
+                    .map(drop)
+                    .map_err(String::from)
             }
             VolumePlan::RemoveFinalizer => {
                 let finalizers = volume
@@ -798,7 +1003,10 @@ impl Provisioner {
                     .filter(|f| *f != PV_FINALIZER)
                     .cloned()
                     .collect();
-                set_finalizers(&api, &volume, finalizers).await.map(drop)
+                set_finalizers(&api, &volume, finalizers)
+                    .await
+                    .map(drop)
+                    .map_err(String::from)
             }
             VolumePlan::NotCsi => Err(format!("persistentvolume {name} is not a CSI volume")),
             VolumePlan::StillAttached => {
@@ -903,15 +1111,58 @@ impl Provisioner {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+enum FinalizerError {
+    #[error("updating the finalizers of {0}: forbidden")]
+    Forbidden(String),
+    #[error("updating the finalizers of {0}: {1}")]
+    Failed(String, kube::Error),
+    #[error("building the finalizer patch: {0}")]
+    Patch(String),
+}
+
+impl From<FinalizerError> for String {
+    fn from(error: FinalizerError) -> Self {
+        error.to_string()
+    }
+}
+
+/// Removes one finalizer from the current object (a GET: the caller's copy may be stale).
+async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), String>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let Some(current) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("getting {name}: {e}"))?
+    else {
+        return Ok(());
+    };
+    if !current.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let finalizers = current
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    set_finalizers(api, &current, finalizers).await?;
+    Ok(())
+}
+
 /// Sets an object's finalizers, guarded by a `test` of the current list (others may add
 /// theirs): a concurrent change fails the patch and the sync is retried from fresh state.
 async fn set_finalizers<K>(
     api: &Api<K>,
     object: &K,
     finalizers: Vec<String>,
-) -> Result<Option<K>, String>
+) -> Result<Option<K>, FinalizerError>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
 {
     let current = object.meta().finalizers.clone();
     let patch = match current {
@@ -924,7 +1175,9 @@ where
             {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
         ]),
     };
-    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| e.to_string())?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|e| FinalizerError::Patch(e.to_string()))?;
+    let what = format!("{} {}", K::kind(&Default::default()), object.name_any());
     match api
         .patch(
             &object.name_any(),
@@ -935,9 +1188,7 @@ where
     {
         Ok(updated) => Ok(Some(updated)),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(error) => Err(format!(
-            "updating the finalizers of PV {}: {error}",
-            object.name_any()
-        )),
+        Err(kube::Error::Api(status)) if status.code == 403 => Err(FinalizerError::Forbidden(what)),
+        Err(error) => Err(FinalizerError::Failed(what, error)),
     }
 }

@@ -1,7 +1,7 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) and [`deletion`] (the PV finalizer and DeleteVolume plan).
+//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan) and [`snapshots`] (restore checks).
 
 pub mod claims;
 pub mod controller;
@@ -11,4 +11,5 @@ pub mod metrics;
 pub mod pv;
 pub mod request;
 pub mod run;
+pub mod snapshots;
 pub mod topology;

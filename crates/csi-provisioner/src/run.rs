@@ -111,6 +111,8 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
         metrics: provisioner_metrics,
         resync: RESYNC,
+        prevent_volume_mode_conversion: args.prevent_volume_mode_conversion,
+        snapshot_orphan_sweep_interval: args.snapshot_orphan_sweep_interval,
         driver: driver.clone(),
     };
     if !sidecar.leader_election.leader_election {

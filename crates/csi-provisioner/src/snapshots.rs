@@ -1,0 +1,405 @@
+//! Restoring from a VolumeSnapshot (external-provisioner `getSnapshotSource`): the two
+//! snapshot.storage.k8s.io/v1 kinds the provisioner reads, and the pure checks that turn a
+//! snapshot and its content into the CSI snapshot id.
+
+use std::borrow::Cow;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
+
+use crate::claims::{ClaimError, SNAPSHOT_GROUP, requested_bytes};
+
+/// The finalizer a VolumeSnapshot carries while a claim is restored from it (v6.2+).
+pub const SOURCE_PROTECTION: &str =
+    "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+/// Lets a restore change the volume mode of the snapshot's source volume.
+pub const ALLOW_VOLUME_MODE_CHANGE: &str = "snapshot.storage.k8s.io/allow-volume-mode-change";
+const VERSION: &str = "v1";
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct VolumeSnapshot {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: serde_json::Value,
+    #[serde(default)]
+    pub status: Option<VolumeSnapshotStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotStatus {
+    pub bound_volume_snapshot_content_name: Option<String>,
+    pub ready_to_use: Option<bool>,
+    pub restore_size: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct VolumeSnapshotContent {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: VolumeSnapshotContentSpec,
+    #[serde(default)]
+    pub status: Option<VolumeSnapshotContentStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotContentSpec {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub volume_snapshot_ref: SnapshotReference,
+    pub source_volume_mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct SnapshotReference {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub uid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotContentStatus {
+    pub snapshot_handle: Option<String>,
+    pub ready_to_use: Option<bool>,
+    pub restore_size: Option<i64>,
+}
+
+impl Resource for VolumeSnapshot {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "VolumeSnapshot".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        SNAPSHOT_GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "volumesnapshots".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Resource for VolumeSnapshotContent {
+    type DynamicType = ();
+    type Scope = k8s_openapi::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "VolumeSnapshotContent".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        SNAPSHOT_GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "volumesnapshotcontents".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The content a usable snapshot is bound to. A snapshot being deleted is only usable when it
+/// carries our finalizer: provisioning had started before (external-provisioner #1448).
+pub fn bound_content(snapshot: &VolumeSnapshot) -> Result<String, ClaimError> {
+    let name = snapshot.name_any();
+    if snapshot.metadata.deletion_timestamp.is_some()
+        && !snapshot.finalizers().iter().any(|f| f == SOURCE_PROTECTION)
+    {
+        return Err(fail(format!("snapshot {name} is being deleted")));
+    }
+    snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.bound_volume_snapshot_content_name.clone())
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| fail(format!("snapshot {name} not bound")))
+}
+
+/// Validates a restore and returns the snapshot handle: the content bound back to the
+/// snapshot, of this driver, ready, with a handle; the request not smaller than the restore
+/// size; no volume-mode change unless the content allows it (when `prevent_mode_conversion`).
+pub fn snapshot_source(
+    claim: &PersistentVolumeClaim,
+    driver: &str,
+    snapshot: &VolumeSnapshot,
+    content: &VolumeSnapshotContent,
+    prevent_mode_conversion: bool,
+) -> Result<String, ClaimError> {
+    let name = snapshot.name_any();
+    let reference = &content.spec.volume_snapshot_ref;
+    let bound_back = reference.name.as_deref() == Some(name.as_str())
+        && reference.namespace == snapshot.namespace()
+        && reference.uid == snapshot.metadata.uid;
+    if !bound_back {
+        return Err(fail(format!(
+            "snapshotcontent {} is not bound to snapshot {name}",
+            content.name_any()
+        )));
+    }
+    if content.spec.driver != driver {
+        return Err(fail(format!(
+            "snapshot {name} belongs to driver {:?}, not {driver}",
+            content.spec.driver
+        )));
+    }
+    let ready = snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_to_use)
+        .unwrap_or(false);
+    if !ready {
+        return Err(fail(format!("snapshot {name} is not Ready")));
+    }
+    let status = content.status.clone().unwrap_or_default();
+    let Some(handle) = status.snapshot_handle.filter(|h| !h.is_empty()) else {
+        return Err(fail(format!(
+            "snapshot handle of snapshotcontent {} is not available",
+            content.name_any()
+        )));
+    };
+    let restore_size = status
+        .restore_size
+        .and_then(|s| u128::try_from(s).ok())
+        .or_else(|| {
+            snapshot
+                .status
+                .as_ref()
+                .and_then(|s| s.restore_size.as_deref())
+                .and_then(csi_sidecar::quantity::parse)
+        });
+    let requested = requested_bytes(claim)
+        .and_then(|q| csi_sidecar::quantity::parse(&q))
+        .unwrap_or(0);
+    if let Some(size) = restore_size
+        && requested < size
+    {
+        return Err(fail(format!(
+            "requested volume size {requested} is less than the size {size} for the source snapshot {name}"
+        )));
+    }
+    let claim_mode = claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref());
+    let allowed = content
+        .annotations()
+        .get(ALLOW_VOLUME_MODE_CHANGE)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if prevent_mode_conversion
+        && let (Some(source), Some(target)) =
+            (content.spec.source_volume_mode.as_deref(), claim_mode)
+        && source != target
+        && !allowed
+    {
+        return Err(fail(format!(
+            "requested volume {}/{} modifies the mode of the source volume but does not have permission to do so: {ALLOW_VOLUME_MODE_CHANGE} is not present on snapshotcontent {}",
+            claim.namespace().unwrap_or_default(),
+            claim.name_any(),
+            content.name_any()
+        )));
+    }
+    Ok(handle)
+}
+
+fn fail(message: String) -> ClaimError {
+    ClaimError::DataSource(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const DRIVER: &str = "hostpath.csi-suite.io";
+
+    fn snapshot(extra: serde_json::Value) -> VolumeSnapshot {
+        let mut value = json!({
+            "metadata": {"name": "snap", "namespace": "apps", "uid": "s1"},
+            "status": {"boundVolumeSnapshotContentName": "content", "readyToUse": true}
+        });
+        merge(&mut value, extra);
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn content(extra: serde_json::Value) -> VolumeSnapshotContent {
+        let mut value = json!({
+            "metadata": {"name": "content"},
+            "spec": {"driver": DRIVER, "sourceVolumeMode": "Filesystem",
+                     "volumeSnapshotRef": {"name": "snap", "namespace": "apps", "uid": "s1"}},
+            "status": {"snapshotHandle": "snap-1", "restoreSize": 1073741824}
+        });
+        merge(&mut value, extra);
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn claim(size: &str, mode: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "restored", "namespace": "apps"},
+            "spec": {"volumeMode": mode, "resources": {"requests": {"storage": size}}}
+        }))
+        .unwrap()
+    }
+
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        json_patch::merge(base, &extra);
+    }
+
+    /// Name, claim, snapshot, content, mode-conversion guard, handle or error text.
+    type Case = (
+        &'static str,
+        PersistentVolumeClaim,
+        VolumeSnapshot,
+        VolumeSnapshotContent,
+        bool,
+        Result<&'static str, &'static str>,
+    );
+
+    #[test]
+    fn restores() {
+        let cases: Vec<Case> = vec![
+            (
+                "usable",
+                claim("1Gi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({})),
+                true,
+                Ok("snap-1"),
+            ),
+            (
+                "bigger request",
+                claim("2Gi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({})),
+                true,
+                Ok("snap-1"),
+            ),
+            (
+                "smaller request",
+                claim("1Mi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({})),
+                true,
+                Err("less than the size"),
+            ),
+            (
+                "restore size from the snapshot",
+                claim("1Mi", "Filesystem"),
+                snapshot(json!({"status": {"restoreSize": "1Gi"}})),
+                content(json!({"status": {"restoreSize": null}})),
+                true,
+                Err("less than the size"),
+            ),
+            (
+                "not ready",
+                claim("1Gi", "Filesystem"),
+                snapshot(json!({"status": {"readyToUse": false}})),
+                content(json!({})),
+                true,
+                Err("not Ready"),
+            ),
+            (
+                "other driver",
+                claim("1Gi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({"spec": {"driver": "other"}})),
+                true,
+                Err("belongs to driver"),
+            ),
+            (
+                "bound to another snapshot",
+                claim("1Gi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({"spec": {"volumeSnapshotRef": {"uid": "s2"}}})),
+                true,
+                Err("not bound to snapshot"),
+            ),
+            (
+                "no handle",
+                claim("1Gi", "Filesystem"),
+                snapshot(json!({})),
+                content(json!({"status": {"snapshotHandle": null}})),
+                true,
+                Err("not available"),
+            ),
+            (
+                "mode change",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({})),
+                true,
+                Err("does not have permission"),
+            ),
+            (
+                "mode change allowed",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({"metadata": {"annotations": {ALLOW_VOLUME_MODE_CHANGE: "true"}}})),
+                true,
+                Ok("snap-1"),
+            ),
+            (
+                "mode change not guarded",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({})),
+                false,
+                Ok("snap-1"),
+            ),
+            (
+                "unknown source mode",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({"spec": {"sourceVolumeMode": null}})),
+                true,
+                Ok("snap-1"),
+            ),
+        ];
+        for (name, claim, snapshot, content, guard, expected) in cases {
+            let got = snapshot_source(&claim, DRIVER, &snapshot, &content, guard);
+            match (got, expected) {
+                (Ok(handle), Ok(want)) => assert_eq!(handle, want, "{name}"),
+                (Err(error), Err(want)) => {
+                    assert!(error.to_string().contains(want), "{name}: {error}")
+                }
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn bound_contents() {
+        assert_eq!(
+            bound_content(&snapshot(json!({}))),
+            Ok("content".to_string())
+        );
+        let unbound = snapshot(json!({"status": {"boundVolumeSnapshotContentName": null}}));
+        assert!(bound_content(&unbound).is_err());
+        let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        assert!(bound_content(&snapshot(deleting.clone())).is_err());
+        let mut protected = deleting;
+        protected["metadata"]["finalizers"] = json!([SOURCE_PROTECTION]);
+        assert_eq!(
+            bound_content(&snapshot(protected)),
+            Ok("content".to_string()),
+            "provisioning had started before the delete"
+        );
+    }
+}

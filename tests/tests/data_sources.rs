@@ -1,0 +1,239 @@
+//! Volumes with content: clones of claims and restores of VolumeSnapshots carry the source's
+//! data, and the source is protected by a finalizer while the driver copies from it.
+
+use csi_provisioner::claims::CLONING_PROTECTION;
+use csi_provisioner::snapshots::{SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
+use csi_suite_scenarios::fixtures::{
+    bound, claim, install_snapshot_crds, is_running, pod, ready_snapshot,
+};
+use csi_suite_scenarios::{Cluster, skip_without_root};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+use serde_json::json;
+
+const NODE: &str = "node-a";
+
+/// Runs a writer pod on `claim` until it has written, then removes it; returns the PV name.
+async fn write_records(cluster: &Cluster, claim: &str) -> String {
+    let pods = cluster.namespaced::<Pod>();
+    let writer: Pod = cluster
+        .create(&pods, pod("writer", NODE, Some(claim), true))
+        .await;
+    cluster
+        .wait_for(&pods, "writer", "the writer Running", is_running)
+        .await;
+    let volume = volume_of(cluster, claim).await;
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(NODE),
+        &writer.uid().unwrap(),
+        &volume,
+        false,
+    );
+    cluster
+        .eventually("records written", || {
+            std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
+        })
+        .await;
+    pods.delete("writer", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.wait_gone(&pods, "writer", "the writer gone").await;
+    volume
+}
+
+/// Runs a reader pod on `claim` (on another node) and returns the records it finds.
+async fn read_records(cluster: &Cluster, claim: &str) -> String {
+    let pods = cluster.namespaced::<Pod>();
+    let reader: Pod = cluster
+        .create(&pods, pod("reader", "node-b", Some(claim), false))
+        .await;
+    cluster
+        .wait_for(&pods, "reader", "the reader Running", is_running)
+        .await;
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir("node-b"),
+        &reader.uid().unwrap(),
+        &volume_of(cluster, claim).await,
+        false,
+    );
+    let records = std::fs::read_to_string(target.join("writer.log")).unwrap_or_default();
+    pods.delete("reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.wait_gone(&pods, "reader", "the reader gone").await;
+    records
+}
+
+async fn handle_of(cluster: &Cluster, volume: &str) -> String {
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(volume)
+        .await;
+    pv.unwrap().spec.unwrap().csi.unwrap().volume_handle
+}
+
+async fn volume_of(cluster: &Cluster, claim: &str) -> String {
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get(claim)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap()
+}
+
+/// A clone has its source's data; the source claim, deleted while the clone is made, stays
+/// until the clone is provisioned (cloning-protection) and then goes with its volume.
+#[tokio::test]
+async fn a_clone_has_its_source_data_and_protects_the_source() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("provision-clone").await;
+    let provisioner = cluster.start_provisioner().await;
+    let attacher = cluster.stand_in_attacher();
+    let class_name = cluster
+        .storage_class("clone", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("source", &class_name)).await;
+    let source_volume = write_records(&cluster, "source").await;
+    let source_handle = handle_of(&cluster, &source_volume).await;
+
+    let mut copy = claim("copy", &class_name);
+    copy["spec"]["dataSource"] = json!({"kind": "PersistentVolumeClaim", "name": "source"});
+    cluster.create(&claims, copy).await;
+    cluster
+        .wait_for(&claims, "source", "the cloning-protection finalizer", |c| {
+            c.finalizers().iter().any(|f| f == CLONING_PROTECTION)
+        })
+        .await;
+    claims
+        .delete("source", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_for(&claims, "copy", "the clone Bound", bound)
+        .await;
+    assert!(
+        read_records(&cluster, "copy").await.lines().count() > 0,
+        "the clone has the source's records"
+    );
+    cluster
+        .wait_gone(&claims, "source", "the source claim released")
+        .await;
+    let volumes = cluster.cluster_scoped::<PersistentVolume>();
+    cluster
+        .wait_gone(&volumes, &source_volume, "the source PV deleted")
+        .await;
+    assert!(
+        !cluster.driver_volumes().await.contains(&source_handle),
+        "the source volume was deleted at the driver"
+    );
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
+
+/// A claim restored from a VolumeSnapshot has the snapshot's data. A restore asked for before
+/// the snapshot exists is reported and succeeds once it is ready; the snapshot carries the
+/// source-protection finalizer only while restores are pending, and the sweeper removes it
+/// once a pending restore is withdrawn.
+#[tokio::test]
+async fn a_restore_has_the_snapshot_data() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("provision-restore").await;
+    install_snapshot_crds(&cluster.client).await;
+    let provisioner = cluster.start_provisioner().await;
+    let attacher = cluster.stand_in_attacher();
+    let class_name = cluster
+        .storage_class("restore", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("source", &class_name)).await;
+    let source_volume = write_records(&cluster, "source").await;
+
+    let mut restored = claim("restored", &class_name);
+    restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
+        "apiGroup": "snapshot.storage.k8s.io", "name": "snap"});
+    cluster.create(&claims, restored).await;
+    cluster
+        .wait_for_event("restored", "ProvisioningFailed", "snapshot snap not found")
+        .await;
+
+    let handle = handle_of(&cluster, &source_volume).await;
+    let content = ready_snapshot(
+        &cluster.client,
+        &cluster.driver.controller.csi,
+        &cluster.driver_name,
+        &cluster.namespace,
+        "snap",
+        &handle,
+    )
+    .await;
+    cluster
+        .wait_for(&claims, "restored", "the restored claim Bound", bound)
+        .await;
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .wait_for(&snapshots, "snap", "the source protection released", |s| {
+            !s.finalizers().iter().any(|f| f == SOURCE_PROTECTION)
+        })
+        .await;
+
+    // A restore the driver refuses (larger than its maximum volume size) stays Pending and
+    // keeps the snapshot from going away until the claim is withdrawn.
+    let mut stuck = claim("stuck", &class_name);
+    stuck["spec"]["resources"]["requests"]["storage"] = json!("2Ti");
+    stuck["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
+        "apiGroup": "snapshot.storage.k8s.io", "name": "snap"});
+    cluster.create(&claims, stuck).await;
+    cluster
+        .wait_for_event("stuck", "ProvisioningFailed", "failed to provision volume")
+        .await;
+    let protected = |s: &VolumeSnapshot| s.finalizers().iter().any(|f| f == SOURCE_PROTECTION);
+    assert!(protected(&snapshots.get("snap").await.unwrap()));
+    snapshots
+        .delete("snap", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = snapshots.get("snap").await.expect("the snapshot is held");
+    assert!(held.metadata.deletion_timestamp.is_some() && protected(&held));
+    claims
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(
+            &snapshots,
+            "snap",
+            "the orphaned snapshot swept and deleted",
+        )
+        .await;
+    // The source's data was cut into the snapshot; the source itself is gone by now.
+    claims
+        .delete("source", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(&claims, "source", "the source claim deleted")
+        .await;
+    assert!(
+        read_records(&cluster, "restored").await.lines().count() > 0,
+        "the restored volume has the snapshot's records"
+    );
+
+    cluster
+        .cluster_scoped::<VolumeSnapshotContent>()
+        .delete(&content, &DeleteParams::default())
+        .await
+        .unwrap();
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop(&[("StorageClass", &class_name)]).await;
+}
