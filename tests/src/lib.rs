@@ -97,6 +97,9 @@ pub struct Options {
     /// Whether the driver needs ControllerPublishVolume before NodeStageVolume (its
     /// `--enable-attach`); pair `false` with a CSIDriver object with `attachRequired: false`.
     pub attach_required: bool,
+    /// The driver's storage pool per node (its `--capacity`); `None`: the state directory's
+    /// free space.
+    pub pool_bytes: Option<u64>,
 }
 
 impl Default for Options {
@@ -106,6 +109,7 @@ impl Default for Options {
             register_driver: true,
             driver_name: DRIVER.to_string(),
             attach_required: true,
+            pool_bytes: None,
         }
     }
 }
@@ -176,6 +180,9 @@ impl Cluster {
         let driver = LocalCluster::start(root.path(), &node_names, |config| {
             config.driver_name = options.driver_name.clone();
             config.enable_attach = options.attach_required;
+            if let Some(bytes) = options.pool_bytes {
+                config.capacity.insert(String::new(), bytes);
+            }
         })
         .await
         .expect("the reference driver starts");
@@ -413,6 +420,14 @@ impl Cluster {
     /// Runs csi-provisioner's controller in this process against the driver's controller
     /// instance, with upstream's defaults (fast retries for tests).
     pub async fn start_provisioner(&self) -> Sidecar {
+        self.start_provisioner_with(|_| {}).await
+    }
+
+    /// [`Cluster::start_provisioner`] with changed settings.
+    pub async fn start_provisioner_with(
+        &self,
+        change: impl FnOnce(&mut csi_provisioner::controller::Settings),
+    ) -> Sidecar {
         let csi = self.driver.controller.csi.clone();
         let services = csi_sidecar::conn::Services {
             controller: true,
@@ -422,7 +437,7 @@ impl Cluster {
             csi_sidecar::conn::DriverInfo::discover(&csi, Duration::from_secs(10), services)
                 .await
                 .expect("driver discovery");
-        let settings = csi_provisioner::controller::Settings {
+        let mut settings = csi_provisioner::controller::Settings {
             driver,
             volume_name_prefix: "pvc".to_string(),
             volume_name_uuid_length: -1,
@@ -439,7 +454,9 @@ impl Cluster {
             resync: Duration::from_secs(5),
             prevent_volume_mode_conversion: true,
             snapshot_orphan_sweep_interval: Duration::from_secs(1),
+            capacity: None,
         };
+        change(&mut settings);
         let shutdown = CancellationToken::new();
         let client = self.client.clone();
         let token = shutdown.clone();

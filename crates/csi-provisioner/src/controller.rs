@@ -57,6 +57,9 @@ pub struct Settings {
     pub prevent_volume_mode_conversion: bool,
     /// How often snapshots left with the source-protection finalizer are swept.
     pub snapshot_orphan_sweep_interval: Duration,
+    /// Capacity tracking, when `--enable-capacity` (runs with the controller, so only on the
+    /// leader).
+    pub capacity: Option<crate::capacity::controller::CapacitySettings>,
 }
 
 struct Caches {
@@ -154,6 +157,14 @@ pub async fn run(
     // dropped) every in-flight sync is dropped with it.
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(provisioner.clone().sweep_snapshots(shutdown.clone()));
+    if let Some(capacity) = provisioner.settings.capacity.clone() {
+        tasks.spawn(crate::capacity::controller::run(
+            capacity,
+            provisioner.csi.clone(),
+            provisioner.settings.driver.name.clone(),
+            shutdown.clone(),
+        ));
+    }
     loop {
         while tasks.try_join_next().is_some() {}
         provisioner.pass(&mut tasks);

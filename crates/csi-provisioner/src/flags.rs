@@ -66,7 +66,7 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value = "5m", value_parser = parse_go_duration)]
     pub snapshot_orphan_sweep_interval: Duration,
 
-    /// Publish CSIStorageCapacity objects (not supported yet).
+    /// Publish CSIStorageCapacity objects (needs NAMESPACE, and POD_NAME for the owner).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_capacity: bool,
@@ -88,13 +88,15 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value = "1", allow_hyphen_values = true)]
     pub capacity_ownerref_level: i32,
 
-    /// Client-side QPS for capacity updates.
-    #[arg(long, default_value = "1")]
-    pub kube_api_capacity_qps: f32,
+    /// Client-side QPS for capacity updates. Upstream limits to 1 (burst 5) by default; like
+    /// --kube-api-qps, there is no client-side limit unless this or the burst is given (API
+    /// Priority and Fairness protects the server; 429 + Retry-After is always honoured).
+    #[arg(long, value_name = "QPS")]
+    pub kube_api_capacity_qps: Option<f32>,
 
-    /// Client-side burst for capacity updates.
-    #[arg(long, default_value = "5")]
-    pub kube_api_capacity_burst: u32,
+    /// Client-side burst for capacity updates (see --kube-api-capacity-qps).
+    #[arg(long, value_name = "BURST")]
+    pub kube_api_capacity_burst: Option<u32>,
 
     /// Run one provisioner per node (not supported yet).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
@@ -145,10 +147,7 @@ impl SidecarCli for ProvisionerArgs {
         if self.cloning_protection_threads == 0 {
             return Err("--cloning-protection-threads must be at least 1 (0 would never release clone sources)".to_string());
         }
-        let unsupported = [
-            (self.node_deployment, "--node-deployment"),
-            (self.enable_capacity, "--enable-capacity"),
-        ];
+        let unsupported = [(self.node_deployment, "--node-deployment")];
         if let Some((_, flag)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(format!(
                 "{flag} is not supported yet by this csi-provisioner"
@@ -227,7 +226,8 @@ mod tests {
         );
         assert_eq!(
             (args.kube_api_capacity_qps, args.kube_api_capacity_burst),
-            (1.0, 5)
+            (None, None),
+            "no client-side limit unless asked for"
         );
         assert_eq!(args.node_deployment_base_delay, Duration::from_secs(20));
         assert_eq!(args.node_deployment_max_delay, Duration::from_secs(60));
@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 9] = [
+        let table: [(&[&str], &str); 8] = [
             (&["--volume-name-uuid-length=0"], "between 1 and 32"),
             (&["--volume-name-uuid-length=33"], "between 1 and 32"),
             (&["--cloning-protection-threads=0"], "at least 1"),
@@ -268,10 +268,6 @@ mod tests {
             (
                 &["--node-deployment"],
                 "--node-deployment is not supported yet",
-            ),
-            (
-                &["--enable-capacity=true"],
-                "--enable-capacity is not supported yet",
             ),
             (
                 &["--feature-gates=VolumeAttributesClass=true"],

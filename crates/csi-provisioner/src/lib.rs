@@ -3,6 +3,7 @@
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
 //! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan) and [`snapshots`] (restore checks).
 
+pub mod capacity;
 pub mod claims;
 pub mod controller;
 pub mod deletion;

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_sidecar::conn::{ConnError, DriverInfo, Services, connect};
 use csi_sidecar::http::HealthCheck;
 use csi_sidecar::kube::KubeClientError;
@@ -15,6 +16,7 @@ use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
 
@@ -39,6 +41,12 @@ pub enum RunError {
     Provisioner(#[from] ProvisionerError),
     #[error("{0}")]
     FeatureGates(String),
+    #[error("--enable-capacity: the driver does not support GetCapacity (GET_CAPACITY)")]
+    NoGetCapacity,
+    #[error("--enable-capacity needs the {0} environment variable (set it from the downward API)")]
+    MissingEnv(&'static str),
+    #[error("--enable-capacity: finding the owner of CSIStorageCapacity objects: {0}")]
+    CapacityOwner(#[from] crate::capacity::owner::OwnerError),
 }
 
 pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
@@ -57,11 +65,24 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         sidecar.kube.kube_api_qps,
         sidecar.kube.kube_api_burst,
     );
+    let capacity_client = args
+        .enable_capacity
+        .then(|| {
+            let limit = csi_sidecar::kube::RateLimit::from_flags(
+                args.kube_api_capacity_qps,
+                args.kube_api_capacity_burst,
+            );
+            csi_sidecar::kube::client_from_config(config.clone(), limit)
+        })
+        .transpose()?;
     let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
     let provisioner_metrics = crate::metrics::ProvisionerMetrics::register(&mut registry);
+    let capacity_metrics = args
+        .enable_capacity
+        .then(|| CapacityMetrics::register(&mut registry));
     let endpoint = sidecar.csi.endpoint()?;
     let csi = connect(
         &endpoint,
@@ -97,6 +118,15 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     }
     csi_sidecar::http::start(&sidecar.http, Arc::new(registry), checks, shutdown.clone()).await?;
 
+    let capacity = match (capacity_client, capacity_metrics) {
+        (Some(client), Some(metrics)) => {
+            if !driver.has_controller(ControllerCapability::GetCapacity) {
+                return Err(RunError::NoGetCapacity);
+            }
+            Some(capacity_settings(&args, client, metrics).await?)
+        }
+        _ => None,
+    };
     let settings = Settings {
         volume_name_prefix: args.volume_name_prefix.clone(),
         volume_name_uuid_length: args.volume_name_uuid_length,
@@ -113,6 +143,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         resync: RESYNC,
         prevent_volume_mode_conversion: args.prevent_volume_mode_conversion,
         snapshot_orphan_sweep_interval: args.snapshot_orphan_sweep_interval,
+        capacity,
         driver: driver.clone(),
     };
     if !sidecar.leader_election.leader_election {
@@ -130,4 +161,43 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     })
     .await?;
     Ok(outcome?)
+}
+
+/// Capacity tracking's settings: the objects live in `NAMESPACE`, owned (unless
+/// `--capacity-ownerref-level` is negative) by the owner found from `POD_NAME`, as upstream.
+async fn capacity_settings(
+    args: &ProvisionerArgs,
+    client: kube::Client,
+    metrics: CapacityMetrics,
+) -> Result<CapacitySettings, RunError> {
+    let env = |name: &'static str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or(RunError::MissingEnv(name))
+    };
+    let namespace = env("NAMESPACE")?;
+    let owner = match u32::try_from(args.capacity_ownerref_level) {
+        Ok(level) => {
+            let pod = env("POD_NAME")?;
+            let owner = crate::capacity::owner::find(&client, &namespace, &pod, level).await?;
+            tracing::info!(kind = %owner.kind, name = %owner.name, "CSIStorageCapacity objects are owned by");
+            Some(owner)
+        }
+        Err(_) => None,
+    };
+    let sidecar = &args.sidecar;
+    Ok(CapacitySettings {
+        client,
+        namespace,
+        owner,
+        poll_interval: args.capacity_poll_interval,
+        workers: usize::try_from(args.capacity_threads).unwrap_or(1),
+        immediate_binding: args.capacity_for_immediate_binding,
+        default_fstype: args.default_fstype.clone(),
+        timeout: sidecar.csi.timeout,
+        retry_start: sidecar.workers.retry_interval_start,
+        retry_max: sidecar.workers.retry_interval_max,
+        metrics,
+    })
 }
