@@ -7,15 +7,15 @@ use std::time::Duration;
 use csi_provisioner::capacity::controller::{CapacityMetrics, CapacitySettings};
 use csi_provisioner::capacity::{DRIVER_NAME_LABEL, MANAGED_BY_LABEL};
 use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod};
-use csi_suite_scenarios::{Cluster, Options};
+use csi_suite_scenarios::{Cluster, Options, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
 
 const POOL: u64 = 64 << 20;
-const TOPOLOGY_KEY: &str = "topology.hostpath.csi-suite.io/node";
 
 async fn capacities(cluster: &Cluster) -> Vec<CSIStorageCapacity> {
     let selector = format!(
@@ -37,11 +37,12 @@ fn of<'a>(
     node: &'a str,
 ) -> impl Iterator<Item = &'a CSIStorageCapacity> {
     objects.iter().filter(move |o| {
+        let key = format!("topology.{}/node", o.labels()[DRIVER_NAME_LABEL]);
         o.storage_class_name == class
             && o.node_topology
                 .as_ref()
                 .and_then(|t| t.match_labels.as_ref())
-                .and_then(|l| l.get(TOPOLOGY_KEY))
+                .and_then(|l| l.get(&key))
                 .is_some_and(|n| n == node)
     })
 }
@@ -80,8 +81,30 @@ async fn wait_for_capacities(
     }
 }
 
+/// Capacity tracking for the scenario's namespace; refreshes come from volume changes and
+/// failures, not from the (hour-long) poll.
+fn capacity_settings(cluster: &Cluster, owner: Option<OwnerReference>) -> CapacitySettings {
+    CapacitySettings {
+        client: cluster.client.clone(),
+        namespace: cluster.namespace.clone(),
+        owner,
+        poll_interval: Duration::from_secs(3600),
+        workers: 2,
+        immediate_binding: false,
+        default_fstype: String::new(),
+        timeout: Duration::from_secs(10),
+        retry_start: Duration::from_millis(200),
+        retry_max: Duration::from_secs(2),
+        metrics: CapacityMetrics::default(),
+        refresh: Default::default(),
+    }
+}
+
 #[tokio::test]
 async fn capacity_objects_appear_follow_volumes_and_vanish() {
+    if skip_without_root() {
+        return;
+    }
     let cluster = Cluster::start_with(
         "capacity",
         Options {
@@ -109,20 +132,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     .await
     .expect("the owner Pod");
     assert_eq!(owner_ref.uid, owner.uid().unwrap());
-    let settings = CapacitySettings {
-        client: cluster.client.clone(),
-        namespace: cluster.namespace.clone(),
-        owner: Some(owner_ref),
-        // Refreshes below come from volume changes, not from the poll.
-        poll_interval: Duration::from_secs(3600),
-        workers: 2,
-        immediate_binding: false,
-        default_fstype: String::new(),
-        timeout: Duration::from_secs(10),
-        retry_start: Duration::from_millis(200),
-        retry_max: Duration::from_secs(2),
-        metrics: CapacityMetrics::default(),
-    };
+    let settings = capacity_settings(&cluster, Some(owner_ref));
     let provisioner = cluster
         .start_provisioner_with(|s| s.capacity = Some(settings))
         .await;
@@ -210,4 +220,111 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     attacher.stop().await;
     provisioner.stop().await;
     cluster.stop(&[("StorageClass", &now)]).await;
+}
+
+/// The scheduler trusts published capacity; when the driver still runs out of space on the
+/// selected node (RESOURCE_EXHAUSTED, strict topology), the provisioner drops selected-node and
+/// refreshes the class's capacity, and the pod lands on a node with room.
+#[tokio::test]
+async fn resource_exhausted_reschedules_to_a_node_with_room() {
+    if skip_without_root() {
+        return;
+    }
+    let options = Options {
+        driver_name: "capacity.csi-suite.io".to_string(),
+        pool_bytes: Some(POOL),
+        ..Options::default()
+    };
+    let cluster = Cluster::start_with("reschedule", options).await;
+    let driver = cluster.driver_name.clone();
+    cluster
+        .create(
+            &cluster.cluster_scoped::<CSIDriver>(),
+            json!({"metadata": {"name": driver}, "spec": {"attachRequired": true, "storageCapacity": true}}),
+        )
+        .await;
+    let settings = capacity_settings(&cluster, None);
+    let provisioner = cluster
+        .start_provisioner_with(|s| {
+            s.capacity = Some(settings);
+            s.strict_topology = true;
+        })
+        .await;
+    let attacher = cluster.stand_in_attacher();
+    let late = cluster
+        .storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    let full = format!("{}Mi", POOL >> 20);
+    wait_for_capacities(&cluster, "capacity published", |objects| {
+        cluster
+            .nodes
+            .iter()
+            .all(|node| published(objects, &late, node) == [full.clone()])
+    })
+    .await;
+
+    // Someone else fills node-a behind the published numbers (no PV, no poll soon).
+    let key = format!("topology.{driver}/node");
+    let node_a = csi_proto::csi::v1::Topology {
+        segments: [(key, "node-a".to_string())].into_iter().collect(),
+    };
+    cluster
+        .driver
+        .controller
+        .csi
+        .create_volume(
+            csi_proto::csi::v1::CreateVolumeRequest {
+                name: "squatter".to_string(),
+                capacity_range: Some(csi_proto::csi::v1::CapacityRange {
+                    required_bytes: i64::try_from(POOL - (8 << 20)).unwrap(),
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
+                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
+                    csi_proto::csi::v1::volume_capability::access_mode::Mode::SingleNodeWriter,
+                )],
+                accessibility_requirements: Some(csi_proto::csi::v1::TopologyRequirement {
+                    requisite: vec![node_a.clone()],
+                    preferred: vec![node_a],
+                }),
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("the squatter volume");
+
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let mut data = claim("data", &late);
+    data["spec"]["resources"]["requests"]["storage"] = json!("16Mi");
+    cluster.create(&claims, data).await;
+    let pods = cluster.namespaced::<Pod>();
+    let user = json!({"metadata": {"name": "user"}, "spec": {
+        "containers": [{"name": "app", "image": "busybox"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    cluster.create(&pods, user).await;
+    let message = cluster
+        .wait_for_event("data", "ProvisioningFailed", "ResourceExhausted")
+        .await;
+    assert!(message.contains("failed to provision volume"), "{message}");
+    let running = cluster
+        .wait_for(&pods, "user", "the pod Running elsewhere", is_running)
+        .await;
+    let node = running.spec.unwrap().node_name.unwrap();
+    assert_ne!(node, "node-a", "rescheduled away from the full node");
+    cluster
+        .wait_for(&claims, "data", "the claim Bound", bound)
+        .await;
+    wait_for_capacities(&cluster, "node-a's real capacity published", |objects| {
+        published(objects, &late, "node-a") == ["8Mi".to_string()]
+    })
+    .await;
+
+    pods.delete("user", &DeleteParams::default()).await.unwrap();
+    cluster.wait_gone(&pods, "user", "the pod gone").await;
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster
+        .stop(&[("StorageClass", &late), ("CSIDriver", &driver)])
+        .await;
 }

@@ -564,6 +564,9 @@ impl Provisioner {
         let response = match self.csi.create_volume(create, self.settings.timeout).await {
             Ok(response) => response,
             Err(status) => {
+                if let Some(capacity) = &self.settings.capacity {
+                    capacity.refresh.class(&class.name_any());
+                }
                 let message = format!(
                     "failed to provision volume with StorageClass \"{}\": rpc error: code = {:?} desc = {}",
                     class.name_any(),

@@ -199,5 +199,6 @@ async fn capacity_settings(
         retry_start: sidecar.workers.retry_interval_start,
         retry_max: sidecar.workers.retry_interval_max,
         metrics,
+        refresh: Default::default(),
     })
 }

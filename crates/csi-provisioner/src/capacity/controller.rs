@@ -43,6 +43,32 @@ pub struct CapacitySettings {
     pub retry_start: Duration,
     pub retry_max: Duration,
     pub metrics: CapacityMetrics,
+    pub refresh: Refresh,
+}
+
+/// Asks capacity tracking to refresh the items of a class: after a failed CreateVolume the
+/// published capacity was likely wrong (upstream refreshes the class the same way).
+#[derive(Clone, Debug, Default)]
+pub struct Refresh {
+    classes: Arc<std::sync::Mutex<BTreeSet<String>>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Refresh {
+    pub fn class(&self, name: &str) {
+        self.lock().insert(name.to_string());
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.classes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl std::fmt::Debug for CapacitySettings {
@@ -141,11 +167,13 @@ pub async fn run(
     };
     let mut state = State::default();
     tracing::info!(namespace = %tracker.settings.namespace, "capacity tracking started");
+    let refresh = tracker.settings.refresh.wake.clone();
     loop {
         let next = tracker.pass(&mut state).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = wake.notified() => {}
+            () = refresh.notified() => {}
             () = tokio::time::sleep(next) => {}
         }
     }
@@ -192,6 +220,13 @@ impl Tracker {
                         || (!found.existing.contains_key(*item)
                             && !state.created.contains_key(*item))
                 })
+                .cloned(),
+        );
+        let classes = self.settings.refresh.take();
+        due.extend(
+            wanted
+                .iter()
+                .filter(|i| classes.contains(&i.class))
                 .cloned(),
         );
         for volume in self.volume_changes(state) {

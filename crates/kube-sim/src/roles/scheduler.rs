@@ -2,13 +2,14 @@
 //! tolerate, that matches their node selector and required node affinity, and that their
 //! volumes can reach. WaitForFirstConsumer claims get `volume.kubernetes.io/selected-node` (or a
 //! matching static PV pre-bound) first, and the pod waits until they are bound — as the
-//! VolumeBinding plugin does (pkg/scheduler/framework/plugins/volumebinding). Score: fewest pods.
+//! VolumeBinding plugin does (pkg/scheduler/framework/plugins/volumebinding), including its
+//! storage capacity check for drivers with `storageCapacity: true`. Score: fewest pods.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIStorageCapacity, StorageClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -17,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::pv_binder::SELECTED_NODE;
 use super::scheduling::{
-    claim_matches_pv, node_ready_status, node_selector_matches, pv_matches_node, untolerated,
+    claim_matches_pv, label_selector_matches, node_ready_status, node_selector_matches,
+    parse_quantity, pv_matches_node, untolerated,
 };
 use super::{Informers, RoleError, Timing, merge_patch, merge_patch_status, now, reconcile_loop};
 
@@ -29,6 +31,8 @@ struct Caches {
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
     classes: Store<StorageClass>,
+    drivers: Store<CSIDriver>,
+    capacities: Store<CSIStorageCapacity>,
 }
 
 pub async fn run(
@@ -43,6 +47,8 @@ pub async fn run(
         claims: informers.all(),
         volumes: informers.all(),
         classes: informers.all(),
+        drivers: informers.all(),
+        capacities: informers.all(),
     });
     let Some(wake) = informers.synced().await else {
         return Ok(());
@@ -152,8 +158,15 @@ fn unfit(
                 "node(s) didn't match the node selected for the pod's volumes".to_string(),
             );
         }
-        if static_candidate(caches, claim, node).is_none() && !can_provision(caches, claim, node) {
-            return Some("node(s) didn't find available persistent volumes to bind".to_string());
+        if static_candidate(caches, claim, node).is_none() {
+            if !can_provision(caches, claim, node) {
+                return Some(
+                    "node(s) didn't find available persistent volumes to bind".to_string(),
+                );
+            }
+            if !has_enough_capacity(caches, claim, node) {
+                return Some("node(s) did not have enough free storage".to_string());
+            }
         }
     }
     None
@@ -208,6 +221,44 @@ fn can_provision(caches: &Caches, claim: &PersistentVolumeClaim, node: &Node) ->
                     .is_some_and(|v| e.values.contains(v))
             })
         })
+}
+
+/// For a driver with `storageCapacity: true`, some CSIStorageCapacity of the claim's class
+/// whose topology matches the node must hold the claim's request (its maximumVolumeSize when
+/// set, else its capacity): volumebinding `hasEnoughCapacity` and `capacitySufficient`. An
+/// object without nodeTopology gives no node access (`nodeHasAccess`).
+fn has_enough_capacity(caches: &Caches, claim: &PersistentVolumeClaim, node: &Node) -> bool {
+    let Some(class) = class_of(caches, claim) else {
+        return false;
+    };
+    let tracked = caches
+        .drivers
+        .get(&ObjectRef::new(&class.provisioner))
+        .is_some_and(|d| d.spec.storage_capacity == Some(true));
+    if !tracked {
+        return true;
+    }
+    let requested = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| parse_quantity(&q.0))
+        .unwrap_or(0);
+    caches.capacities.state().iter().any(|capacity| {
+        let limit = capacity
+            .maximum_volume_size
+            .as_ref()
+            .or(capacity.capacity.as_ref())
+            .and_then(|q| parse_quantity(&q.0));
+        capacity.storage_class_name == class.name_any()
+            && limit.is_some_and(|limit| limit >= requested)
+            && capacity
+                .node_topology
+                .as_ref()
+                .is_some_and(|selector| label_selector_matches(Some(selector), node.labels()))
+    })
 }
 
 fn decide(caches: &Caches, pod: &Pod) -> Decision {
