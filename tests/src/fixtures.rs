@@ -389,3 +389,13 @@ pub async fn ready_snapshot(
         .expect("the snapshot's status");
     content_name
 }
+
+/// A Secret with one `password` entry in the scenario's namespace.
+pub async fn secret(cluster: &crate::Cluster, name: &str, password: &str) {
+    cluster
+        .create(
+            &cluster.namespaced::<k8s_openapi::api::core::v1::Secret>(),
+            json!({"metadata": {"name": name}, "stringData": {"password": password}}),
+        )
+        .await;
+}

@@ -9,6 +9,7 @@
 //! namespace's objects, the cluster-scoped storage objects and the nodes before failing.
 //! Logs go to the test's captured output, so a failing scenario shows them.
 
+pub mod csi_proxy;
 pub mod fixtures;
 pub mod registration;
 
@@ -428,7 +429,31 @@ impl Cluster {
         &self,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
-        let csi = self.driver.controller.csi.clone();
+        self.start_provisioner_via(self.driver.controller.csi.clone(), change)
+            .await
+    }
+
+    /// A proxy in front of the driver's controller socket, and a connection through it.
+    pub async fn csi_proxy(&self) -> (csi_proxy::CsiProxy, csi_sidecar::conn::CsiConnection) {
+        let socket = self.root().join("sockets").join("controller-proxy.sock");
+        let proxy = csi_proxy::CsiProxy::start(&socket, self.driver.controller.endpoint.path());
+        let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).expect("the proxy endpoint");
+        let csi = csi_sidecar::conn::connect(
+            &endpoint,
+            Duration::from_secs(10),
+            csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        )
+        .await
+        .expect("a connection through the proxy");
+        (proxy, csi)
+    }
+
+    /// [`Cluster::start_provisioner_with`] talking to the driver through `csi`.
+    pub async fn start_provisioner_via(
+        &self,
+        csi: csi_sidecar::conn::CsiConnection,
+        change: impl FnOnce(&mut csi_provisioner::controller::Settings),
+    ) -> Sidecar {
         let services = csi_sidecar::conn::Services {
             controller: true,
             node: false,

@@ -4,6 +4,7 @@
 use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod};
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
@@ -158,6 +159,7 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
     cluster.stop(&[("StorageClass", &class_name)]).await;
 }
 
+/// A bad class is reported without a CreateVolume; fixing it lets the claim through.
 #[tokio::test]
 async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
     let cluster = Cluster::start("provision-bad-class").await;
@@ -183,6 +185,27 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
         cluster.driver_volumes().await.is_empty(),
         "no CreateVolume for a bad class"
     );
+    // Class parameters are immutable: the administrator fixes the class by recreating it,
+    // and the claim's retries pick it up.
+    let classes = cluster.cluster_scoped::<StorageClass>();
+    classes
+        .delete(&class_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(&classes, &class_name, "the bad class gone")
+        .await;
+    cluster
+        .storage_class("bad", "Immediate", "Delete", json!({}))
+        .await;
+    cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the claim Bound with the fixed class",
+            bound,
+        )
+        .await;
     provisioner.stop().await;
     cluster.stop(&[("StorageClass", &class_name)]).await;
 }

@@ -88,6 +88,9 @@ fn is_core_event(rt: &ResourceType) -> bool {
 /// the core/v1 Go type serializes to, so that reading and writing back unchanged is a no-op.
 pub fn to_storage(rt: &ResourceType, object: Value) -> Value {
     match object {
+        Value::Object(secret) if rt.group.is_empty() && rt.kind == "Secret" => {
+            Value::Object(merge_string_data(secret))
+        }
         Value::Object(from) if is_core_event(rt) => {
             let events = is_converted(rt);
             Value::Object(reshape(
@@ -100,6 +103,29 @@ pub fn to_storage(rt: &ResourceType, object: Value) -> Value {
         }
         other => other,
     }
+}
+
+/// A Secret's write-only `stringData` is merged into `data`, winning over it, and never
+/// stored (Convert_v1_Secret_To_core_Secret, pkg/apis/core/v1/conversion.go).
+fn merge_string_data(mut secret: Map<String, Value>) -> Map<String, Value> {
+    use base64::Engine;
+    let Some(Value::Object(strings)) = secret.remove("stringData") else {
+        return secret;
+    };
+    let data = secret
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !data.is_object() {
+        *data = Value::Object(Map::new());
+    }
+    if let Value::Object(data) = data {
+        for (key, value) in strings {
+            let text = value.as_str().unwrap_or_default();
+            let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+            data.insert(key, Value::String(encoded));
+        }
+    }
+    secret
 }
 
 /// A stored object as clients of `rt` read it.
@@ -202,6 +228,18 @@ mod tests {
         let served = to_served(&core, &stored);
         assert_eq!(served["involvedObject"]["kind"], "Pod");
         assert_eq!(served["series"]["count"], 2);
+    }
+
+    #[test]
+    fn secret_string_data_is_merged_into_data() {
+        let rt = builtin().into_iter().find(|t| t.kind == "Secret").unwrap();
+        let sent = json!({"metadata": {"name": "s"}, "data": {"a": "b2xk", "keep": "eA=="},
+            "stringData": {"a": "new", "b": "two"}});
+        let stored = to_storage(&rt, sent);
+        assert_eq!(
+            stored,
+            json!({"metadata": {"name": "s"}, "data": {"a": "bmV3", "keep": "eA==", "b": "dHdv"}})
+        );
     }
 
     #[test]

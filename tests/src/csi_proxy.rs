@@ -1,0 +1,160 @@
+//! A gRPC proxy in front of the reference driver's socket: it records every CSI request (to
+//! check what a sidecar sent, secrets included) and can make the driver look unavailable (to
+//! prove a sidecar reports it and recovers).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http2 as client;
+use hyper::server::conn::http2 as server;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prost::Message;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+
+/// One recorded call: the gRPC path (`/csi.v1.Controller/CreateVolume`) and its message.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub path: String,
+    pub message: Bytes,
+}
+
+#[derive(Default)]
+struct Shared {
+    calls: Mutex<Vec<Call>>,
+    /// While set, every call fails with this gRPC status code and message.
+    failure: Mutex<Option<(tonic::Code, String)>>,
+}
+
+/// The proxy; dropping it stops it.
+pub struct CsiProxy {
+    pub socket: PathBuf,
+    shared: Arc<Shared>,
+    _tasks: JoinSet<()>,
+}
+
+impl CsiProxy {
+    /// Serves `socket`, forwarding to the driver at `driver`.
+    pub fn start(socket: &Path, driver: &Path) -> Self {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).expect("the proxy socket");
+        let shared = Arc::new(Shared::default());
+        let mut tasks = JoinSet::new();
+        let state = shared.clone();
+        let driver = driver.to_path_buf();
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.spawn(serve(stream, driver.clone(), state.clone()));
+            }
+        });
+        Self {
+            socket: socket.to_path_buf(),
+            shared,
+            _tasks: tasks,
+        }
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.shared.calls).clone()
+    }
+
+    /// The CreateVolume requests so far.
+    pub fn create_volume_requests(&self) -> Vec<csi_proto::csi::v1::CreateVolumeRequest> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.path.ends_with("/CreateVolume"))
+            .filter_map(|c| csi_proto::csi::v1::CreateVolumeRequest::decode(c.message).ok())
+            .collect()
+    }
+
+    /// Makes every call fail with `code` (`None`: forward again).
+    pub fn fail_with(&self, failure: Option<(tonic::Code, &str)>) {
+        *lock(&self.shared.failure) = failure.map(|(code, message)| (code, message.to_string()));
+    }
+}
+
+impl std::fmt::Debug for CsiProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CsiProxy")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+type Response = http::Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>;
+
+async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
+    let Ok(upstream) = UnixStream::connect(&driver).await else {
+        return;
+    };
+    let Ok((sender, connection)) = client::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(upstream))
+        .await
+    else {
+        return;
+    };
+    tokio::spawn(connection);
+    let service = service_fn(move |request: http::Request<Incoming>| {
+        let mut sender = sender.clone();
+        let shared = shared.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await?.to_bytes();
+            let path = parts.uri.path().to_string();
+            // A gRPC message: 1 byte compression flag, 4 bytes length, then the message.
+            let message = body
+                .get(5..)
+                .map(Bytes::copy_from_slice)
+                .unwrap_or_default();
+            lock(&shared.calls).push(Call { path, message });
+            let failure = lock(&shared.failure).clone();
+            if let Some((code, text)) = failure {
+                return Ok::<Response, hyper::Error>(status_only(code, &text));
+            }
+            let forwarded = http::Request::from_parts(parts, Full::new(body));
+            let response = sender.send_request(forwarded).await?;
+            Ok(response.map(|b| b.boxed()))
+        }
+    });
+    let _ = server::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
+/// A gRPC "trailers-only" error response.
+fn status_only(code: tonic::Code, message: &str) -> Response {
+    let empty = Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed();
+    http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .header("grpc-status", (code as i32).to_string())
+        .header("grpc-message", percent_encoded(message))
+        .body(empty)
+        .expect("a valid response")
+}
+
+/// grpc-message encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+fn percent_encoded(message: &str) -> String {
+    message
+        .bytes()
+        .map(|b| match b {
+            b'%' => "%25".to_string(),
+            0x20..=0x7e => char::from(b).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
