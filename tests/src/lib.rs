@@ -435,7 +435,10 @@ impl Cluster {
 
     /// A proxy in front of the driver's controller socket, and a connection through it.
     pub async fn csi_proxy(&self) -> (csi_proxy::CsiProxy, csi_sidecar::conn::CsiConnection) {
-        let socket = self.root().join("sockets").join("controller-proxy.sock");
+        let socket = self
+            .root()
+            .join("sockets")
+            .join(format!("proxy-{}.sock", unique_suffix()));
         let proxy = csi_proxy::CsiProxy::start(&socket, self.driver.controller.endpoint.path());
         let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).expect("the proxy endpoint");
         let csi = csi_sidecar::conn::connect(

@@ -1,0 +1,145 @@
+//! Topology in CreateVolume: a class's allowedTopologies bound the requisite terms, the selected
+//! node comes first among the preferred ones, and --strict-topology narrows both to it. The
+//! requests are read at a proxy in front of the driver; the PVs' node affinity follows.
+
+use csi_proto::csi::v1 as csi;
+use csi_suite_scenarios::Cluster;
+use csi_suite_scenarios::fixtures::{bound, claim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// The node values of topology terms, in order.
+fn nodes(terms: &[csi::Topology], key: &str) -> Vec<String> {
+    terms
+        .iter()
+        .filter_map(|t| t.segments.get(key).cloned())
+        .collect()
+}
+
+/// The CreateVolume request made for `claim` (by its volume name's UID suffix).
+fn request_for(
+    requests: &[csi::CreateVolumeRequest],
+    claim: &PersistentVolumeClaim,
+) -> csi::TopologyRequirement {
+    let uid = claim.metadata.uid.clone().unwrap();
+    requests
+        .iter()
+        .find(|r| r.name.ends_with(&uid))
+        .and_then(|r| r.accessibility_requirements.clone())
+        .expect("a CreateVolume with topology for the claim")
+}
+
+/// The node values the PV of `claim` is reachable from.
+async fn pv_nodes(cluster: &Cluster, claim: &PersistentVolumeClaim) -> Vec<String> {
+    let name = claim.spec.clone().unwrap().volume_name.unwrap();
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&name)
+        .await
+        .unwrap();
+    let terms = pv
+        .spec
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required
+        .unwrap()
+        .node_selector_terms;
+    terms
+        .into_iter()
+        .flat_map(|t| t.match_expressions.unwrap_or_default())
+        .flat_map(|e| e.values.unwrap_or_default())
+        .collect()
+}
+
+/// Creates `name` of `class`, selects `node` for it as the scheduler would, waits until Bound.
+async fn provision(
+    cluster: &Cluster,
+    name: &str,
+    class: &str,
+    node: Option<&str>,
+) -> PersistentVolumeClaim {
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim(name, class)).await;
+    if let Some(node) = node {
+        let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
+        claims
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+    cluster
+        .wait_for(&claims, name, "the claim Bound", bound)
+        .await
+}
+
+#[tokio::test]
+async fn allowed_topologies_and_strict_topology_shape_the_request() {
+    let cluster = Cluster::start("topology").await;
+    let key = format!("topology.{}/node", cluster.driver_name);
+    let allowed =
+        |values: &[&str]| json!([{"matchLabelExpressions": [{"key": key, "values": values}]}]);
+    let class = |suffix: &str, binding: &str, values: &[&str]| {
+        let name = format!("{}-{suffix}", cluster.namespace);
+        (
+            name.clone(),
+            json!({"metadata": {"name": name}, "provisioner": cluster.driver_name,
+                "volumeBindingMode": binding, "allowedTopologies": allowed(values)}),
+        )
+    };
+    let classes = cluster.cluster_scoped::<k8s_openapi::api::storage::v1::StorageClass>();
+    let (immediate, manifest) = class("immediate", "Immediate", &["node-b", "node-c"]);
+    cluster.create(&classes, manifest).await;
+    let (late, manifest) = class("late", "WaitForFirstConsumer", &["node-a", "node-b"]);
+    cluster.create(&classes, manifest).await;
+
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    let anywhere = provision(&cluster, "anywhere", &immediate, None).await;
+    let requirement = request_for(&proxy.create_volume_requests(), &anywhere);
+    let mut requisite = nodes(&requirement.requisite, &key);
+    requisite.sort();
+    assert_eq!(requisite, ["node-b", "node-c"], "only the allowed nodes");
+    let mut preferred = nodes(&requirement.preferred, &key);
+    preferred.sort();
+    assert_eq!(preferred, requisite, "every requisite term is preferred");
+    let placed = pv_nodes(&cluster, &anywhere).await;
+    assert!(
+        !placed.is_empty() && placed.iter().all(|n| requisite.contains(n)),
+        "reachable only from allowed nodes: {placed:?}"
+    );
+
+    let on_b = provision(&cluster, "on-b", &late, Some("node-b")).await;
+    let requirement = request_for(&proxy.create_volume_requests(), &on_b);
+    let mut requisite = nodes(&requirement.requisite, &key);
+    requisite.sort();
+    assert_eq!(requisite, ["node-a", "node-b"]);
+    assert_eq!(
+        nodes(&requirement.preferred, &key),
+        ["node-b", "node-a"],
+        "the selected node first"
+    );
+    let placed = pv_nodes(&cluster, &on_b).await;
+    assert!(
+        placed.contains(&"node-b".to_string()) && placed.iter().all(|n| requisite.contains(n)),
+        "{placed:?}"
+    );
+    provisioner.stop().await;
+
+    let (strict_proxy, csi) = cluster.csi_proxy().await;
+    let strict = cluster
+        .start_provisioner_via(csi, |s| s.strict_topology = true)
+        .await;
+    let on_a = provision(&cluster, "on-a", &late, Some("node-a")).await;
+    let requirement = request_for(&strict_proxy.create_volume_requests(), &on_a);
+    assert_eq!(nodes(&requirement.requisite, &key), ["node-a"], "strict");
+    assert_eq!(nodes(&requirement.preferred, &key), ["node-a"], "strict");
+    assert_eq!(pv_nodes(&cluster, &on_a).await, ["node-a"]);
+    strict.stop().await;
+    cluster
+        .stop(&[("StorageClass", &immediate), ("StorageClass", &late)])
+        .await;
+}
