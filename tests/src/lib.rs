@@ -457,34 +457,7 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
-        let services = csi_sidecar::conn::Services {
-            controller: true,
-            node: false,
-        };
-        let driver =
-            csi_sidecar::conn::DriverInfo::discover(&csi, Duration::from_secs(10), services)
-                .await
-                .expect("driver discovery");
-        let mut settings = csi_provisioner::controller::Settings {
-            driver,
-            volume_name_prefix: "pvc".to_string(),
-            volume_name_uuid_length: -1,
-            default_fstype: String::new(),
-            extra_create_metadata: false,
-            strict_topology: false,
-            immediate_topology: true,
-            controller_publish_readonly: false,
-            timeout: Duration::from_secs(10),
-            retry_start: Duration::from_millis(200),
-            retry_max: Duration::from_secs(5),
-            workers: 16,
-            metrics: Default::default(),
-            resync: Duration::from_secs(5),
-            prevent_volume_mode_conversion: true,
-            snapshot_orphan_sweep_interval: Duration::from_secs(1),
-            capacity: None,
-        };
-        change(&mut settings);
+        let settings = provisioner_settings(&csi, change).await;
         let shutdown = CancellationToken::new();
         let client = self.client.clone();
         let token = shutdown.clone();
@@ -492,6 +465,50 @@ impl Cluster {
             if let Err(error) = csi_provisioner::controller::run(client, csi, settings, token).await
             {
                 tracing::error!(%error, "csi-provisioner stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
+    /// A provisioner replica under leader election (as `--leader-election` runs it) on the
+    /// driver-name Lease in the scenario's namespace, with short timings (lease 2 s).
+    pub async fn start_provisioner_replica(
+        &self,
+        identity: &str,
+        csi: csi_sidecar::conn::CsiConnection,
+    ) -> Sidecar {
+        use csi_sidecar::leader::{
+            self, LeaderElectionConfig, LeaderElectionTimings, LeaderStatus,
+        };
+        let settings = provisioner_settings(&csi, |_| {}).await;
+        let timings = LeaderElectionTimings {
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1500),
+            retry_period: Duration::from_millis(250),
+        };
+        let config = LeaderElectionConfig {
+            lease_name: leader::sanitize_lease_name(&self.driver_name),
+            namespace: self.namespace.clone(),
+            identity: identity.to_string(),
+            labels: BTreeMap::new(),
+            timings,
+            release_on_exit: false,
+        };
+        let shutdown = CancellationToken::new();
+        let client = self.client.clone();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let status = LeaderStatus::new(timings.lease_duration);
+            let work_client = client.clone();
+            let elected = leader::run(client, config, status, token, |leading| async move {
+                if let Err(error) =
+                    csi_provisioner::controller::run(work_client, csi, settings, leading).await
+                {
+                    tracing::error!(%error, "csi-provisioner stopped");
+                }
+            });
+            if let Err(error) = elected.await {
+                tracing::error!(%error, "csi-provisioner replica stopped");
             }
         });
         Sidecar { shutdown, task }
@@ -608,4 +625,40 @@ fn unique_suffix() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     format!("{:x}{:x}", std::process::id() % 4096, nanos)
+}
+
+/// csi-provisioner's settings for scenarios: upstream's defaults with fast retries, after
+/// discovering the driver behind `csi`.
+async fn provisioner_settings(
+    csi: &csi_sidecar::conn::CsiConnection,
+    change: impl FnOnce(&mut csi_provisioner::controller::Settings),
+) -> csi_provisioner::controller::Settings {
+    let services = csi_sidecar::conn::Services {
+        controller: true,
+        node: false,
+    };
+    let driver = csi_sidecar::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
+        .await
+        .expect("driver discovery");
+    let mut settings = csi_provisioner::controller::Settings {
+        driver,
+        volume_name_prefix: "pvc".to_string(),
+        volume_name_uuid_length: -1,
+        default_fstype: String::new(),
+        extra_create_metadata: false,
+        strict_topology: false,
+        immediate_topology: true,
+        controller_publish_readonly: false,
+        timeout: Duration::from_secs(10),
+        retry_start: Duration::from_millis(200),
+        retry_max: Duration::from_secs(5),
+        workers: 16,
+        metrics: Default::default(),
+        resync: Duration::from_secs(5),
+        prevent_volume_mode_conversion: true,
+        snapshot_orphan_sweep_interval: Duration::from_secs(1),
+        capacity: None,
+    };
+    change(&mut settings);
+    settings
 }

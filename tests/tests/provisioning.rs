@@ -214,7 +214,7 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
 /// at the end the driver holds exactly the volumes of the existing PVs (none leaked, none lost).
 #[tokio::test]
 async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
-    const CLAIMS: usize = 40;
+    const CLAIMS: usize = 100;
     let cluster = Cluster::start("provision-kill").await;
     let class_name = cluster
         .storage_class("kill", "Immediate", "Delete", json!({}))
