@@ -32,8 +32,11 @@ demo:
 	$(CARGO) run --release --locked -p csi-hostpath --example demo
 	$(CARGO) run --release --locked -p csi-suite-scenarios --example cluster_demo
 
-## bench: driver throughput and latency with 1, 8 and 32 clients, and kube-sim's API server
-## throughput; each rewrites its own sections of BENCHMARKS.md.
+## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
+## throughput, and csi-provisioner with 1000 claims (the release binary as its own process);
+## each rewrites its own sections of BENCHMARKS.md.
 bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
+	$(CARGO) build --release --locked -p csi-provisioner
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning

@@ -94,6 +94,20 @@ struct Provisioner {
     workers: Semaphore,
     /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
     retry: tokio::sync::Notify,
+    unseen: UnseenWrites,
+}
+
+/// Our writes the caches do not show yet. A sync that read the older state would redo them
+/// (a second CreateVolume, PV create, finalizer patch and Events per volume), so such syncs
+/// wait for the watch event that brings the new state.
+#[derive(Default)]
+struct UnseenWrites {
+    /// Claim UID → the resourceVersion our last write replaced.
+    claims: Mutex<HashMap<String, String>>,
+    /// PVs we created.
+    created_volumes: Mutex<HashSet<String>>,
+    /// PVs we deleted (and released).
+    deleted_volumes: Mutex<HashSet<String>>,
 }
 
 /// A data source that carries a protection finalizer while the driver copies from it.
@@ -150,6 +164,7 @@ pub async fn run(
         in_flight: Mutex::new(HashSet::new()),
         pinned: Mutex::new(HashMap::new()),
         retry: tokio::sync::Notify::new(),
+        unseen: UnseenWrites::default(),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -196,6 +211,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Provisioner {
     fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
+        self.forget_seen_writes();
         let claims = self
             .caches
             .claims
@@ -211,6 +227,27 @@ impl Provisioner {
         for key in claims.chain(volumes) {
             self.schedule(key, tasks);
         }
+    }
+
+    /// Drops the unseen-write records the caches have caught up with.
+    fn forget_seen_writes(&self) {
+        let mut claims = lock(&self.unseen.claims);
+        if !claims.is_empty() {
+            let current: HashMap<String, String> = self
+                .caches
+                .claims
+                .state()
+                .iter()
+                .filter_map(|c| Some((c.uid()?, c.resource_version()?)))
+                .collect();
+            claims.retain(|uid, replaced| current.get(uid) == Some(replaced));
+        }
+        drop(claims);
+        let volumes = &self.caches.volumes;
+        lock(&self.unseen.created_volumes)
+            .retain(|name| volumes.get(&ObjectRef::new(name)).is_none());
+        lock(&self.unseen.deleted_volumes)
+            .retain(|name| volumes.get(&ObjectRef::new(name)).is_some());
     }
 
     /// The shortest wait until a delayed key may run again.
@@ -273,6 +310,9 @@ impl Provisioner {
             lock(&self.pinned).remove(uid);
             return Ok(());
         };
+        if lock(&self.unseen.claims).get(uid) == claim.resource_version().as_ref() {
+            return Ok(());
+        }
         if claim.metadata.deletion_timestamp.is_some()
             && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION)
         {
@@ -299,7 +339,11 @@ impl Provisioner {
             .as_ref()
             .and_then(|s| s.volume_name.as_deref())
             .is_some_and(|v| !v.is_empty());
-        if self.caches.volumes.get(&ObjectRef::new(&name)).is_some() || bound {
+        let volume_cached = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
+        if !volume_cached && lock(&self.unseen.created_volumes).contains(&name) {
+            return Ok(());
+        }
+        if volume_cached || bound {
             lock(&self.pinned).remove(uid);
             return if protected {
                 self.release(&claim).await
@@ -815,7 +859,10 @@ impl Provisioner {
             serde_json::from_value(pv).map_err(|e| format!("building the PV: {e}"))?;
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), &object).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                lock(&self.unseen.created_volumes).insert(object.name_any());
+                Ok(())
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
             Err(error) => {
                 self.failed(claim, format!("saving PV {}: {error}", object.name_any()))
@@ -862,9 +909,13 @@ impl Provisioner {
     ) -> Result<Option<PersistentVolumeClaim>, String> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        set_finalizers(&api, claim, finalizers)
+        let updated = set_finalizers(&api, claim, finalizers)
             .await
-            .map_err(String::from)
+            .map_err(String::from)?;
+        if let (Some(uid), Some(replaced)) = (claim.uid(), claim.resource_version()) {
+            lock(&self.unseen.claims).insert(uid, replaced);
+        }
+        Ok(updated)
     }
 
     /// Deletes a volume the provisioner must not keep (too small, or without its source).
@@ -983,6 +1034,9 @@ impl Provisioner {
         let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(());
         };
+        if lock(&self.unseen.deleted_volumes).contains(name) {
+            return Ok(());
+        }
         let publishes = self
             .settings
             .driver
@@ -1062,12 +1116,16 @@ impl Provisioner {
                     self.settings.metrics.delete_failed(&class);
                     return Err(message);
                 }
-                match api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                // A PV held by finalizers comes back from the DELETE with its deletion
+                // timestamp: that copy is current, no GET needed.
+                let remaining = match api.delete(name, &DeleteParams::default()).await {
+                    Ok(either) => either.left(),
+                    Err(kube::Error::Api(status)) if status.code == 404 => None,
                     Err(error) => return Err(format!("deleting PV {name}: {error}")),
-                }
-                if let Ok(Some(current)) = api.get_opt(name).await {
+                };
+                if let Some(current) = remaining
+                    && current.finalizers().iter().any(|f| f == PV_FINALIZER)
+                {
                     let finalizers = current
                         .finalizers()
                         .iter()
@@ -1076,6 +1134,7 @@ impl Provisioner {
                         .collect();
                     set_finalizers(&api, &current, finalizers).await?;
                 }
+                lock(&self.unseen.deleted_volumes).insert(name.to_string());
                 self.settings.metrics.deleted(&class, started.elapsed());
                 tracing::info!(volume = %name, "volume deleted");
                 Ok(())

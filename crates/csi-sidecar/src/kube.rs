@@ -103,11 +103,38 @@ pub fn client_from_config(
     // Always on: 429 (API Priority and Fairness) and 503/504 are retried with exponential
     // backoff, waiting at least the server's Retry-After.
     config.default_retry = true;
+    if !config
+        .headers
+        .iter()
+        .any(|(name, _)| name == http::header::USER_AGENT)
+        && let Ok(value) = http::HeaderValue::from_str(&user_agent())
+    {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
     let builder =
         ::kube::client::ClientBuilder::try_from(config).map_err(KubeClientError::Build)?;
     Ok(builder
         .with_layer(&TokenBucketLayer::new(rate_limit))
         .build())
+}
+
+/// `<program>/<version> (<os>/<arch>)`, as client-go's default user agent names the binary:
+/// API server audit logs and request metrics then say which sidecar sent a request.
+pub fn user_agent() -> String {
+    let program = std::env::args_os()
+        .next()
+        .and_then(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "csi-sidecar".to_string());
+    format!(
+        "{program}/v{} ({}/{})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
 }
 
 /// Token bucket state, golang.org/x/time/rate semantics (what client-go uses): the bucket

@@ -378,61 +378,16 @@ async fn main() -> anyhow::Result<()> {
     write_section(&tables)
 }
 
-/// The machine, as the other sections of BENCHMARKS.md describe it.
-fn machine() -> String {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_default();
-    let memory_kib: f64 = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|l| l.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    format!(
-        "- date: {date}\n- commit: {commit}\n- CPUs: {}, {cpu}\n- memory: {:.1} GiB\n- kernel: {}\n- command: `cargo bench -p kube-sim --bench apiserver` (release build; server, client and watchers in one process on the same CPUs)\n",
-        std::thread::available_parallelism().map_or(0, usize::from),
-        memory_kib / 1024.0 / 1024.0,
-        read("/proc/version").split(" (").next().unwrap_or_default(),
-    )
-}
-
 /// Writes this benchmark's section of BENCHMARKS.md, replacing the previous one.
 fn write_section(tables: &str) -> anyhow::Result<()> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .context("the crate is not inside the workspace")?
-        .join("BENCHMARKS.md");
-    let existing = std::fs::read_to_string(&path).unwrap_or_default();
-    let kept = match existing.find(HEADING) {
-        Some(start) => {
-            let after = &existing[start + HEADING.len()..];
-            let end = after
-                .find("\n## ")
-                .map_or(existing.len(), |i| start + HEADING.len() + i + 1);
-            format!("{}{}", &existing[..start], &existing[end..])
-        }
-        None => existing,
-    };
-    let section = format!(
-        "{HEADING}\n\nThe in-process API server (`crates/kube-sim`) over HTTP on 127.0.0.1, driven with `kube::Client` as the suite's controllers drive it. Writers are tokio tasks sharing one client; each row of writes is {UPDATES} requests (creates: {OBJECTS}) spread evenly over the writers; patches and replaces go to the {OBJECTS} ConfigMaps of the last create row while {WATCHERS} watches of that namespace are open and read. Latencies are per request as the client sees them (nearest-rank percentiles). The 2 CPUs may be shared with other work: single rows have varied by up to 2x between runs.\n\n{}\n{tables}",
-        machine()
+    let machine = kube_sim::benchmarks::machine(
+        "`cargo bench -p kube-sim --bench apiserver` (release build; server, client and watchers in one process on the same CPUs)",
     );
-    let report = format!("{}\n\n{section}", kept.trim_end());
-    std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
+    let body = format!(
+        "The in-process API server (`crates/kube-sim`) over HTTP on 127.0.0.1, driven with `kube::Client` as the suite's controllers drive it. Writers are tokio tasks sharing one client; each row of writes is {UPDATES} requests (creates: {OBJECTS}) spread evenly over the writers; patches and replaces go to the {OBJECTS} ConfigMaps of the last create row while {WATCHERS} watches of that namespace are open and read. Latencies are per request as the client sees them (nearest-rank percentiles). The 2 CPUs may be shared with other work: single rows have varied by up to 2x between runs.\n\n{machine}\n{tables}"
+    );
+    let path =
+        kube_sim::benchmarks::write_section(HEADING, &body).context("writing BENCHMARKS.md")?;
     println!("written to {}", path.display());
     Ok(())
 }

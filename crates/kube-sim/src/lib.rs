@@ -4,6 +4,7 @@
 //! to a cluster.
 
 pub mod apiserver;
+pub mod benchmarks;
 pub mod cli;
 pub mod conversion;
 pub mod errors;

@@ -63,6 +63,20 @@ pub struct Server {
     bookmark_interval: Mutex<Duration>,
     /// Events a watcher may fall behind before it is disconnected.
     watch_buffer: Mutex<usize>,
+    requests: Mutex<RequestCounts>,
+}
+
+/// Requests served, by client (the User-Agent's program name), verb and resource — what
+/// kube-apiserver's `apiserver_request_total` counts, plus who sent them.
+pub type RequestCounts = std::collections::BTreeMap<RequestKey, u64>;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestKey {
+    pub client: String,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`.
+    pub verb: String,
+    /// The plural, with `/subresource` when there is one.
+    pub resource: String,
 }
 
 /// A running server.
@@ -89,6 +103,7 @@ impl ApiServer {
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
             watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
+            requests: Mutex::default(),
         });
         server
             .create_initial_namespaces()
@@ -197,6 +212,15 @@ impl ApiServer {
         }
     }
 
+    /// The requests served so far (see [`RequestCounts`]).
+    pub fn request_counts(&self) -> RequestCounts {
+        self.server
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn stop(&self) {
         self.drop_watches();
         self.shutdown.cancel();
@@ -235,6 +259,51 @@ impl Server {
         })?;
         fault.remaining -= 1;
         Some((fault.status, fault.retry_after))
+    }
+
+    fn count(
+        &self,
+        method: &Method,
+        target: &Target,
+        headers: &HeaderMap,
+        query: &HashMap<String, String>,
+    ) {
+        let named = target.name.is_some();
+        let verb = match *method {
+            Method::GET if named => "get",
+            Method::GET if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => {
+                "watch"
+            }
+            Method::GET => "list",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE if named => "delete",
+            Method::DELETE => "deletecollection",
+            _ => "other",
+        };
+        let client = headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|name| !name.is_empty())
+            .unwrap_or("unknown")
+            .to_string();
+        let resource = match &target.subresource {
+            Some(sub) => format!("{}/{sub}", target.rt.plural),
+            None => target.rt.plural.clone(),
+        };
+        let key = RequestKey {
+            client,
+            verb: verb.to_string(),
+            resource,
+        };
+        *self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
     }
 
     fn latency(&self) -> Duration {
@@ -301,6 +370,7 @@ async fn handle(
         Some(response) => response,
         None => match route(&server, path) {
             Ok(target) => {
+                server.count(&method, &target, &headers, &query);
                 if let Some((status, retry_after)) =
                     server.injected_fault(&method, &target.rt.plural)
                 {

@@ -1,0 +1,57 @@
+//! `BENCHMARKS.md` at the repository root: each benchmark run on the simulated cluster
+//! rewrites its own `## ` section there and keeps everyone else's.
+
+use std::path::PathBuf;
+
+/// The machine and command, as every section describes them.
+pub fn machine(command: &str) -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let memory_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    let output = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "- date: {}\n- commit: {}\n- CPUs: {}, {cpu}\n- memory: {:.1} GiB\n- kernel: {}\n- command: {command}\n",
+        output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        output("git", &["rev-parse", "--short", "HEAD"]),
+        std::thread::available_parallelism().map_or(0, usize::from),
+        memory_kib / 1024.0 / 1024.0,
+        read("/proc/version").split(" (").next().unwrap_or_default(),
+    )
+}
+
+/// Replaces the section under `heading` (a `## ` line) with `body`, appending it when new.
+pub fn write_section(heading: &str, body: &str) -> std::io::Result<PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .ok_or_else(|| std::io::Error::other("kube-sim is not inside the workspace"))?
+        .join("BENCHMARKS.md");
+    let existing = std::fs::read_to_string(&path).unwrap_or_default();
+    let kept = match existing.find(heading) {
+        Some(start) => {
+            let after = &existing[start + heading.len()..];
+            let end = after
+                .find("\n## ")
+                .map_or(existing.len(), |i| start + heading.len() + i + 1);
+            format!("{}{}", &existing[..start], &existing[end..])
+        }
+        None => existing,
+    };
+    let report = format!("{}\n\n{heading}\n\n{}\n", kept.trim_end(), body.trim_end());
+    std::fs::write(&path, report)?;
+    Ok(path)
+}
