@@ -114,6 +114,34 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Mean CreateVolume and DeleteVolume latency from the provisioner's metrics endpoint.
+async fn driver_latencies(address: std::net::SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    let value = |suffix: &str, method: &str| -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("csi_sidecar_operations_seconds_{suffix}{{")))
+            .filter(|l| l.contains(&format!("/csi.v1.Controller/{method}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .reduce(|a, b| a + b)
+    };
+    let mean = |method: &str| {
+        let (sum, count) = (value("sum", method)?, value("count", method)?);
+        (count > 0.0).then(|| format!("{method} {:.1} ms", sum / count * 1e3))
+    };
+    let parts: Vec<String> = ["CreateVolume", "DeleteVolume"]
+        .iter()
+        .filter_map(|m| mean(m))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -183,6 +211,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         )
         .await?;
 
+    let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let log = std::fs::File::create(root.path().join("csi-provisioner.log"))?;
     let mut child = std::process::Command::new(&binary)
         .arg(format!(
@@ -190,6 +219,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
             driver.controller.endpoint.path().display()
         ))
         .arg(format!("--kubeconfig={}", api.kubeconfig.display()))
+        .arg(format!("--http-endpoint={metrics_address}"))
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
@@ -231,11 +261,18 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         }
     }
     let rss = peak_rss_mib(pid);
+    let driver_time = driver_latencies(metrics_address).await;
     let _ = child.kill();
     let _ = child.wait();
     driver.stop().await;
     let phases = [provision?, delete?];
-    let report = report(claims, &phases, rss, &binary);
+    let mut report = report(claims, &phases, rss, &binary);
+    if let Some(lines) = driver_time {
+        let _ = write!(
+            report,
+            "\nTime in the driver (mean per call, from the provisioner's `csi_sidecar_operations_seconds`): {lines}. The reference driver commits every change to one state file, so its calls slow down as it holds more volumes.\n"
+        );
+    }
     println!("{report}");
     if api.sim.is_some() {
         let body = format!(

@@ -74,8 +74,18 @@ struct Caches {
 /// The work item of one claim or one PV.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
-    Claim(String),
+    Claim(ObjectRef<PersistentVolumeClaim>),
     Volume(String),
+}
+
+/// How a sync ended without error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Synced {
+    /// Nothing left to do for this version of the object.
+    Done,
+    /// Waiting for other objects (or for the caches to show our own write): sync again on
+    /// the next change of anything, even if this object stays the same.
+    Waiting,
 }
 
 struct Provisioner {
@@ -95,6 +105,10 @@ struct Provisioner {
     /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
     retry: tokio::sync::Notify,
     unseen: UnseenWrites,
+    /// The resourceVersion each key was last synced at with nothing left to do: unchanged
+    /// objects are not synced again on every change of any other (a pass over thousands of
+    /// bound claims per watch event), only on the periodic resync.
+    synced: Mutex<HashMap<Key, String>>,
 }
 
 /// Our writes the caches do not show yet. A sync that read the older state would redo them
@@ -165,12 +179,14 @@ pub async fn run(
         pinned: Mutex::new(HashMap::new()),
         retry: tokio::sync::Notify::new(),
         unseen: UnseenWrites::default(),
+        synced: Mutex::new(HashMap::new()),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
     // The workers belong to this loop: when it stops (shutdown, lost leadership, or the task is
     // dropped) every in-flight sync is dropped with it.
     let mut tasks = tokio::task::JoinSet::new();
+    let mut last_resync = Instant::now();
     tasks.spawn(provisioner.clone().sweep_snapshots(shutdown.clone()));
     if let Some(capacity) = provisioner.settings.capacity.clone() {
         tasks.spawn(crate::capacity::controller::run(
@@ -182,6 +198,10 @@ pub async fn run(
     }
     loop {
         while tasks.try_join_next().is_some() {}
+        if last_resync.elapsed() >= provisioner.settings.resync {
+            provisioner.resync();
+            last_resync = Instant::now();
+        }
         provisioner.pass(&mut tasks);
         let next = provisioner
             .next_retry()
@@ -217,16 +237,37 @@ impl Provisioner {
             .claims
             .state()
             .into_iter()
-            .map(|c| Key::Claim(c.uid().unwrap_or_default()));
+            .map(|c| (Key::Claim(ObjectRef::from_obj(&*c)), c.resource_version()));
         let volumes = self
             .caches
             .volumes
             .state()
             .into_iter()
-            .map(|v| Key::Volume(v.name_any()));
-        for key in claims.chain(volumes) {
-            self.schedule(key, tasks);
+            .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
+        let changed: Vec<(Key, Option<String>)> = {
+            let synced = lock(&self.synced);
+            claims
+                .chain(volumes)
+                .filter(|(key, version)| version.is_none() || synced.get(key) != version.as_ref())
+                .collect()
+        };
+        for (key, version) in changed {
+            self.schedule(key, version, tasks);
         }
+    }
+
+    /// The periodic resync: every object is synced again; state of objects that are gone is
+    /// dropped.
+    fn resync(&self) {
+        lock(&self.synced).clear();
+        let uids: HashSet<String> = self
+            .caches
+            .claims
+            .state()
+            .iter()
+            .filter_map(|c| c.uid())
+            .collect();
+        lock(&self.pinned).retain(|uid, _| uids.contains(uid));
     }
 
     /// Drops the unseen-write records the caches have caught up with.
@@ -259,7 +300,12 @@ impl Provisioner {
             .min()
     }
 
-    fn schedule(self: &Arc<Self>, key: Key, tasks: &mut tokio::task::JoinSet<()>) {
+    fn schedule(
+        self: &Arc<Self>,
+        key: Key,
+        version: Option<String>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) {
         if lock(&self.not_before)
             .get(&key)
             .is_some_and(|at| *at > Instant::now())
@@ -275,15 +321,24 @@ impl Provisioner {
                 return;
             };
             let result = match &key {
-                Key::Claim(uid) => this.sync_claim(uid).await,
+                Key::Claim(reference) => this.sync_claim(reference).await,
                 Key::Volume(name) => this.sync_volume(name).await,
             };
             match result {
-                Ok(()) => {
+                Ok(synced) => {
                     this.backoff.reset(&key);
                     lock(&this.not_before).remove(&key);
+                    match (synced, version) {
+                        (Synced::Done, Some(version)) => {
+                            lock(&this.synced).insert(key.clone(), version);
+                        }
+                        _ => {
+                            lock(&this.synced).remove(&key);
+                        }
+                    }
                 }
                 Err(error) => {
+                    lock(&this.synced).remove(&key);
                     let delay = this.backoff.next_delay(&key);
                     tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
                     lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
@@ -297,27 +352,34 @@ impl Provisioner {
         });
     }
 
-    fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        self.caches
-            .claims
-            .state()
-            .into_iter()
-            .find(|c| c.uid().as_deref() == Some(uid))
-    }
-
-    async fn sync_claim(&self, uid: &str) -> Result<(), String> {
-        let Some(claim) = self.claim_by_uid(uid) else {
-            lock(&self.pinned).remove(uid);
-            return Ok(());
+    async fn sync_claim(
+        &self,
+        reference: &ObjectRef<PersistentVolumeClaim>,
+    ) -> Result<Synced, String> {
+        let Some(claim) = self.caches.claims.get(reference) else {
+            return Ok(Synced::Done);
         };
+        let uid = &claim.uid().unwrap_or_default();
         if lock(&self.unseen.claims).get(uid) == claim.resource_version().as_ref() {
-            return Ok(());
+            return Ok(Synced::Waiting);
         }
+        let mut outcome = Synced::Done;
         if claim.metadata.deletion_timestamp.is_some()
             && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION)
         {
-            self.release_clone_source(&claim).await?;
+            outcome = self.release_clone_source(&claim).await?;
         }
+        self.sync_claim_provisioning(&claim, uid)
+            .await
+            .map(|done| if done == Synced::Done { outcome } else { done })
+    }
+
+    async fn sync_claim_provisioning(
+        &self,
+        claim: &Arc<PersistentVolumeClaim>,
+        uid: &str,
+    ) -> Result<Synced, String> {
+        let claim = claim.clone();
         let class_name = claim
             .spec
             .as_ref()
@@ -341,31 +403,35 @@ impl Provisioner {
             .is_some_and(|v| !v.is_empty());
         let volume_cached = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
         if !volume_cached && lock(&self.unseen.created_volumes).contains(&name) {
-            return Ok(());
+            return Ok(Synced::Waiting);
         }
         if volume_cached || bound {
             lock(&self.pinned).remove(uid);
-            return if protected {
-                self.release(&claim).await
-            } else {
-                Ok(())
-            };
+            if protected {
+                self.release(&claim).await?;
+            }
+            return Ok(Synced::Done);
         }
         // A claim deleted before any CreateVolume has nothing to clean up; one deleted after
         // keeps being provisioned (CreateVolume is idempotent by name) until its PV exists, so
         // the volume is released through the PV like any other.
         if claim.metadata.deletion_timestamp.is_some() && !protected {
-            return Ok(());
+            return Ok(Synced::Done);
         }
         let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
             Ok(decision) => decision,
-            Err(error) => return self.failed(&claim, error.to_string()).await,
+            Err(error) => {
+                return self
+                    .failed(&claim, error.to_string())
+                    .await
+                    .map(|()| Synced::Done);
+            }
         };
         let ClaimDecision::Provision { selected_node } = decision else {
-            return Ok(());
+            return Ok(Synced::Done);
         };
         let Some(class) = class else {
-            return Ok(());
+            return Ok(Synced::Done);
         };
         let source = claim
             .spec
@@ -390,7 +456,7 @@ impl Provisioner {
             Ok(()) => {}
             Err(_) => self.settings.metrics.provision_failed(&labels),
         }
-        result
+        result.map(|()| Synced::Done)
     }
 
     async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
@@ -794,14 +860,14 @@ impl Provisioner {
 
     /// The cloning-protection controller's job: a source claim being deleted loses its
     /// finalizer once no Pending claim of its namespace clones from it.
-    async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<(), String> {
+    async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<Synced, String> {
         let wanted = DataSource::Claim {
             name: source.name_any(),
             namespace: source.namespace().unwrap_or_default(),
         };
         let claims = self.caches.claims.state();
         if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &wanted, None) {
-            return Ok(());
+            return Ok(Synced::Waiting);
         }
         let finalizers = source
             .finalizers()
@@ -809,9 +875,8 @@ impl Provisioner {
             .filter(|f| *f != CLONING_PROTECTION)
             .cloned()
             .collect();
-        self.set_claim_finalizers(source, finalizers)
-            .await
-            .map(drop)
+        self.set_claim_finalizers(source, finalizers).await?;
+        Ok(Synced::Done)
     }
 
     /// `SnapshotFinalizerController`: every sweep interval, snapshots whose restores are all
@@ -1030,13 +1095,23 @@ impl Provisioner {
         }
     }
 
-    async fn sync_volume(&self, name: &str) -> Result<(), String> {
+    async fn sync_volume(&self, name: &str) -> Result<Synced, String> {
         let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
-            return Ok(());
+            return Ok(Synced::Done);
         };
         if lock(&self.unseen.deleted_volumes).contains(name) {
-            return Ok(());
+            return Ok(Synced::Waiting);
         }
+        self.carry_out_volume_plan(name, volume)
+            .await
+            .map(|()| Synced::Done)
+    }
+
+    async fn carry_out_volume_plan(
+        &self,
+        name: &str,
+        volume: Arc<PersistentVolume>,
+    ) -> Result<(), String> {
         let publishes = self
             .settings
             .driver
