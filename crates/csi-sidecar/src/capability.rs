@@ -10,6 +10,41 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume,
 pub enum CapabilityError {
     #[error("unknown access mode {0:?}")]
     UnknownAccessMode(String),
+    #[error("access mode ReadWriteOncePod must be the only access mode, got {0:?}")]
+    ReadWriteOncePodNotAlone(Vec<String>),
+    #[error("access modes ReadOnlyMany and ReadWriteOnce cannot be combined")]
+    ReadOnlyWithReadWriteOnce,
+    #[error("the volume has no access mode")]
+    NoAccessModes,
+}
+
+/// The one CSI access mode for a volume's Kubernetes access modes, as external-attacher sends it
+/// in ControllerPublishVolume (csi-lib-utils `accessmodes.ToCSIAccessMode`): ReadWriteOncePod
+/// must stand alone; ReadWriteMany wins; ReadOnlyMany with ReadWriteOnce is an error; else the
+/// single mode's mapping ([`access_mode`]).
+pub fn volume_access_mode(
+    modes: &[String],
+    single_node_multi_writer: bool,
+) -> Result<Mode, CapabilityError> {
+    let has = |mode: &str| modes.iter().any(|m| m == mode);
+    if has("ReadWriteOncePod") {
+        if modes.len() > 1 {
+            return Err(CapabilityError::ReadWriteOncePodNotAlone(modes.to_vec()));
+        }
+        return access_mode("ReadWriteOncePod", single_node_multi_writer);
+    }
+    if has("ReadWriteMany") {
+        return Ok(Mode::MultiNodeMultiWriter);
+    }
+    match (has("ReadOnlyMany"), has("ReadWriteOnce")) {
+        (true, true) => Err(CapabilityError::ReadOnlyWithReadWriteOnce),
+        (true, false) => Ok(Mode::MultiNodeReaderOnly),
+        (false, true) => access_mode("ReadWriteOnce", single_node_multi_writer),
+        (false, false) => match modes.first() {
+            Some(other) => Err(CapabilityError::UnknownAccessMode(other.clone())),
+            None => Err(CapabilityError::NoAccessModes),
+        },
+    }
 }
 
 /// The CSI access mode for a Kubernetes one. With the driver's SINGLE_NODE_MULTI_WRITER
@@ -129,5 +164,58 @@ mod tests {
             volume_capability(&block, Mode::MultiNodeMultiWriter).access_type,
             Some(AccessType::Block(BlockVolume {}))
         );
+    }
+
+    #[test]
+    fn a_volume_has_one_access_mode_as_the_attacher_maps_it() {
+        use CapabilityError as E;
+        let modes = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases: Vec<(&[&str], bool, Result<Mode, E>)> = vec![
+            (&["ReadWriteOncePod"], false, Ok(Mode::SingleNodeWriter)),
+            (
+                &["ReadWriteOncePod"],
+                true,
+                Ok(Mode::SingleNodeSingleWriter),
+            ),
+            (
+                &["ReadWriteOncePod", "ReadWriteOnce"],
+                true,
+                Err(E::ReadWriteOncePodNotAlone(modes(&[
+                    "ReadWriteOncePod",
+                    "ReadWriteOnce",
+                ]))),
+            ),
+            (
+                &["ReadWriteMany", "ReadOnlyMany"],
+                false,
+                Ok(Mode::MultiNodeMultiWriter),
+            ),
+            (
+                &["ReadWriteMany", "ReadWriteOnce"],
+                true,
+                Ok(Mode::MultiNodeMultiWriter),
+            ),
+            (
+                &["ReadOnlyMany", "ReadWriteOnce"],
+                false,
+                Err(E::ReadOnlyWithReadWriteOnce),
+            ),
+            (&["ReadOnlyMany"], true, Ok(Mode::MultiNodeReaderOnly)),
+            (&["ReadWriteOnce"], false, Ok(Mode::SingleNodeWriter)),
+            (&["ReadWriteOnce"], true, Ok(Mode::SingleNodeMultiWriter)),
+            (&[], false, Err(E::NoAccessModes)),
+            (
+                &["Sometimes"],
+                false,
+                Err(E::UnknownAccessMode("Sometimes".to_string())),
+            ),
+        ];
+        for (given, multi_writer, expected) in cases {
+            assert_eq!(
+                volume_access_mode(&modes(given), multi_writer),
+                expected,
+                "{given:?} with SINGLE_NODE_MULTI_WRITER={multi_writer}"
+            );
+        }
     }
 }

@@ -289,6 +289,20 @@ where
     Ok(parsed)
 }
 
+/// The flags of an upstream flag table (`flag<TAB>type<TAB>default` lines after a header, as in
+/// `reference/upstream-flags/*.tsv`) that `command` does not accept (`--version` aside: clap's).
+pub fn missing_upstream_flags(command: &clap::Command, table: &str) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split('\t').next())
+        .map(|flag| flag.trim_start_matches("--"))
+        .filter(|flag| !flag.is_empty() && *flag != "version")
+        .filter(|flag| !command.get_arguments().any(|a| a.get_long() == Some(flag)))
+        .map(|flag| format!("--{flag}"))
+        .collect()
+}
+
 /// Go's `flag` package accepts `-name=value` for long flags; manifests written for the Go
 /// sidecars sometimes use it. Rewrites `-name…` to `--name…` when `name` is one of the command's
 /// long flags (so `-v=5` and negative numbers are left alone).

@@ -1,0 +1,307 @@
+use csi::volume_capability::AccessType;
+use csi::volume_capability::access_mode::Mode;
+use serde_json::{Value, json};
+
+use super::*;
+
+const DRIVER: &str = "hostpath.csi-suite.io";
+const FULL: DriverSupport = DriverSupport {
+    publish_unpublish: true,
+    publish_readonly: true,
+    single_node_multi_writer: false,
+    list_published_nodes: true,
+};
+
+fn from<T: serde::de::DeserializeOwned>(value: Value) -> T {
+    serde_json::from_value(value).unwrap()
+}
+
+fn va(extra: Value) -> VolumeAttachment {
+    let mut value = json!({
+        "metadata": {"name": "csi-1"},
+        "spec": {"attacher": DRIVER, "nodeName": "node-a", "source": {"persistentVolumeName": "pv-1"}}
+    });
+    json_merge(&mut value, extra);
+    from(value)
+}
+
+fn json_merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(base), Value::Object(extra)) => {
+            for (key, value) in extra {
+                json_merge(base.entry(key).or_insert(Value::Null), value);
+            }
+        }
+        (base, extra) => *base = extra,
+    }
+}
+
+fn pv(spec: Value) -> PersistentVolume {
+    let mut value = json!({"metadata": {"name": "pv-1"}, "spec": {
+        "accessModes": ["ReadWriteOnce"],
+        "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}});
+    json_merge(&mut value, json!({ "spec": spec }));
+    from(value)
+}
+
+#[test]
+fn finalizer_names_are_sanitized_as_upstream() {
+    for (driver, expected) in [
+        ("ebs.csi.aws.com", "external-attacher/ebs-csi-aws-com"),
+        (
+            "hostpath.csi.k8s.io",
+            "external-attacher/hostpath-csi-k8s-io",
+        ),
+        ("odd_driver.", "external-attacher/odd-driver-X"),
+        ("plain-name", "external-attacher/plain-name"),
+    ] {
+        assert_eq!(finalizer(driver), expected, "{driver}");
+    }
+}
+
+#[test]
+fn plans() {
+    let trivial = DriverSupport::default();
+    let ours = finalizer(DRIVER);
+    let deleting =
+        json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": [ours]}});
+    let cases: Vec<(&str, VolumeAttachment, DriverSupport, VaPlan)> = vec![
+        (
+            "another attacher's",
+            va(json!({"spec": {"attacher": "other"}})),
+            FULL,
+            VaPlan::NotOurs,
+        ),
+        ("new", va(json!({})), FULL, VaPlan::Attach),
+        (
+            "attached",
+            va(json!({"status": {"attached": true}})),
+            FULL,
+            VaPlan::Nothing,
+        ),
+        (
+            "failed before",
+            va(json!({"status": {"attached": false, "attachError": {"message": "x"}}})),
+            FULL,
+            VaPlan::Attach,
+        ),
+        (
+            "deleted with our finalizer",
+            va(deleting.clone()),
+            FULL,
+            VaPlan::Detach,
+        ),
+        (
+            "deleted, already released",
+            va(
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["other"]}}),
+            ),
+            FULL,
+            VaPlan::Nothing,
+        ),
+        ("trivial: new", va(json!({})), trivial, VaPlan::MarkAttached),
+        (
+            "trivial: attached",
+            va(json!({"status": {"attached": true}})),
+            trivial,
+            VaPlan::Nothing,
+        ),
+        ("trivial: deleted", va(deleting), trivial, VaPlan::Nothing),
+    ];
+    for (name, va, support, expected) in cases {
+        assert_eq!(plan(&va, DRIVER, support), expected, "{name}");
+    }
+}
+
+#[test]
+fn attached_volumes() {
+    let volume = pv(json!({}));
+    let got = attached_volume(&va(json!({})), Some(&volume)).unwrap();
+    assert_eq!(
+        (got.pv_name.as_deref(), got.csi.volume_handle.as_str()),
+        (Some("pv-1"), "vol-1")
+    );
+
+    let inline = va(
+        json!({"spec": {"source": {"persistentVolumeName": null, "inlineVolumeSpec": {
+        "accessModes": ["ReadOnlyMany"], "csi": {"driver": DRIVER, "volumeHandle": "inline-1"}}}}}),
+    );
+    let got = attached_volume(&inline, None).unwrap();
+    assert_eq!(
+        (got.pv_name, got.csi.volume_handle.as_str()),
+        (None, "inline-1")
+    );
+
+    let deleted: PersistentVolume = from(
+        json!({"metadata": {"name": "pv-1", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}}),
+    );
+    let not_csi: PersistentVolume =
+        from(json!({"metadata": {"name": "pv-1"}, "spec": {"hostPath": {"path": "/x"}}}));
+    let both = va(
+        json!({"spec": {"source": {"inlineVolumeSpec": {"csi": {"driver": DRIVER, "volumeHandle": "i"}}}}}),
+    );
+    let neither = va(json!({"spec": {"source": {"persistentVolumeName": null}}}));
+    let cases = [
+        (
+            "missing PV",
+            attached_volume(&va(json!({})), None),
+            AttachError::MissingVolume("pv-1".into()),
+        ),
+        (
+            "PV being deleted",
+            attached_volume(&va(json!({})), Some(&deleted)),
+            AttachError::VolumeDeleted("pv-1".into()),
+        ),
+        (
+            "not CSI",
+            attached_volume(&va(json!({})), Some(&not_csi)),
+            AttachError::NotCsi("PersistentVolume pv-1".into()),
+        ),
+        (
+            "both sources",
+            attached_volume(&both, Some(&volume)),
+            AttachError::TwoSources("csi-1".into()),
+        ),
+        (
+            "no source",
+            attached_volume(&neither, None),
+            AttachError::NoSource("csi-1".into()),
+        ),
+    ];
+    for (name, got, expected) in cases {
+        assert_eq!(got, Err(expected), "{name}");
+    }
+}
+
+#[test]
+fn node_ids_come_from_the_csinode_and_on_detach_from_the_annotation() {
+    let csi_node: CSINode = from(json!({"metadata": {"name": "node-a"}, "spec": {"drivers": [
+        {"name": DRIVER, "nodeID": "id-a"}]}}));
+    let other: CSINode = from(json!({"metadata": {"name": "node-a"}, "spec": {"drivers": [
+        {"name": "other", "nodeID": "x"}]}}));
+    assert_eq!(
+        attach_node_id("node-a", Some(&csi_node), DRIVER),
+        Ok("id-a".into())
+    );
+    assert_eq!(
+        attach_node_id("node-a", None, DRIVER),
+        Err(AttachError::MissingCsiNode {
+            node: "node-a".into()
+        })
+    );
+    assert_eq!(
+        attach_node_id("node-a", Some(&other), DRIVER),
+        Err(AttachError::DriverNotOnNode {
+            node: "node-a".into(),
+            driver: DRIVER.into()
+        })
+    );
+    let annotated = va(json!({"metadata": {"annotations": {NODE_ID_ANNOTATION: "id-old"}}}));
+    assert_eq!(
+        detach_node_id(&annotated, Some(&csi_node), DRIVER),
+        Ok("id-a".into())
+    );
+    assert_eq!(
+        detach_node_id(&annotated, None, DRIVER),
+        Ok("id-old".into()),
+        "node deleted"
+    );
+    assert!(matches!(
+        detach_node_id(&va(json!({})), None, DRIVER),
+        Err(AttachError::NoNodeId { .. })
+    ));
+}
+
+fn request(
+    spec: Value,
+    support: DriverSupport,
+    default_fstype: &str,
+) -> Result<csi::ControllerPublishVolumeRequest, AttachError> {
+    let volume = attached_volume(&va(json!({})), Some(&pv(spec))).unwrap();
+    publish_request(&volume, "id-a", default_fstype, support, HashMap::new())
+}
+
+fn mount_of(request: &csi::ControllerPublishVolumeRequest) -> csi::volume_capability::MountVolume {
+    match request
+        .volume_capability
+        .clone()
+        .and_then(|c| c.access_type)
+    {
+        Some(AccessType::Mount(mount)) => mount,
+        other => panic!("a mount capability, got {other:?}"),
+    }
+}
+
+#[test]
+fn publish_requests() {
+    let got = request(
+        json!({"mountOptions": ["noatime"], "csi": {"fsType": "xfs", "readOnly": true,
+            "volumeAttributes": {"pool": "fast"}}}),
+        FULL,
+        "ext4",
+    )
+    .unwrap();
+    assert_eq!(
+        (got.volume_id.as_str(), got.node_id.as_str()),
+        ("vol-1", "id-a")
+    );
+    assert!(got.readonly, "readOnly with PUBLISH_READONLY");
+    assert_eq!(
+        got.volume_context.get("pool").map(String::as_str),
+        Some("fast")
+    );
+    let mount = mount_of(&got);
+    assert_eq!(
+        (mount.fs_type.as_str(), mount.mount_flags.as_slice()),
+        ("xfs", &["noatime".to_string()][..])
+    );
+    let mode = got.volume_capability.unwrap().access_mode.unwrap().mode();
+    assert_eq!(mode, Mode::SingleNodeWriter);
+
+    let no_readonly = DriverSupport {
+        publish_readonly: false,
+        ..FULL
+    };
+    assert!(
+        !request(json!({"csi": {"readOnly": true}}), no_readonly, "")
+            .unwrap()
+            .readonly,
+        "readonly needs PUBLISH_READONLY"
+    );
+    assert_eq!(
+        mount_of(&request(json!({}), FULL, "ext4").unwrap()).fs_type,
+        "ext4",
+        "--default-fstype"
+    );
+
+    let block = request(json!({"volumeMode": "Block"}), FULL, "ext4").unwrap();
+    assert!(matches!(
+        block.volume_capability.unwrap().access_type,
+        Some(AccessType::Block(_))
+    ));
+
+    let multi_writer = DriverSupport {
+        single_node_multi_writer: true,
+        ..FULL
+    };
+    let capability = request(json!({}), multi_writer, "")
+        .unwrap()
+        .volume_capability
+        .unwrap();
+    assert_eq!(
+        capability.access_mode.unwrap().mode(),
+        Mode::SingleNodeMultiWriter
+    );
+
+    assert_eq!(
+        request(
+            json!({"accessModes": ["ReadOnlyMany", "ReadWriteOnce"]}),
+            FULL,
+            ""
+        ),
+        Err(AttachError::AccessMode(
+            CapabilityError::ReadOnlyWithReadWriteOnce
+        ))
+    );
+}
