@@ -9,18 +9,17 @@ use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::backoff::Backoff;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::Informers;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
+use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
@@ -78,16 +77,6 @@ enum Key {
     Volume(String),
 }
 
-/// How a sync ended without error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Synced {
-    /// Nothing left to do for this version of the object.
-    Done,
-    /// Waiting for other objects (or for the caches to show our own write): sync again on
-    /// the next change of anything, even if this object stays the same.
-    Waiting,
-}
-
 struct Provisioner {
     client: Client,
     csi: CsiConnection,
@@ -95,20 +84,10 @@ struct Provisioner {
     identity: String,
     caches: Caches,
     events: EventRecorder,
-    backoff: Backoff<Key>,
-    /// Not before this instant (after a failure).
-    not_before: Mutex<HashMap<Key, Instant>>,
-    in_flight: Mutex<HashSet<Key>>,
     /// Topology inputs pinned per claim UID, so retries send the same request.
     pinned: Mutex<HashMap<String, PinnedTopology>>,
-    workers: Semaphore,
-    /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
-    retry: tokio::sync::Notify,
+    workers: Arc<KeyedWorkers<Key>>,
     unseen: UnseenWrites,
-    /// The resourceVersion each key was last synced at with nothing left to do: unchanged
-    /// objects are not synced again on every change of any other (a pass over thousands of
-    /// bound claims per watch event), only on the periodic resync.
-    synced: Mutex<HashMap<Key, String>>,
 }
 
 /// Our writes the caches do not show yet. A sync that read the older state would redo them
@@ -168,18 +147,13 @@ pub async fn run(
     let identity = format!("{started}-{}-{}", rand_suffix(), settings.driver.name);
     let provisioner = Arc::new(Provisioner {
         events: EventRecorder::new(client.clone(), "external-provisioner", ""),
-        backoff: Backoff::new(settings.retry_start, settings.retry_max),
-        workers: Semaphore::new(settings.workers.max(1)),
+        workers: KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max),
         client,
         csi,
         identity,
         caches,
-        not_before: Mutex::new(HashMap::new()),
-        in_flight: Mutex::new(HashSet::new()),
         pinned: Mutex::new(HashMap::new()),
-        retry: tokio::sync::Notify::new(),
         unseen: UnseenWrites::default(),
-        synced: Mutex::new(HashMap::new()),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -204,12 +178,13 @@ pub async fn run(
         }
         provisioner.pass(&mut tasks);
         let next = provisioner
+            .workers
             .next_retry()
             .unwrap_or(provisioner.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = wake.notified() => {}
-            () = provisioner.retry.notified() => {}
+            () = provisioner.workers.retry_due() => {}
             () = tokio::time::sleep(next) => {}
         }
     }
@@ -244,22 +219,23 @@ impl Provisioner {
             .state()
             .into_iter()
             .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-        let changed: Vec<(Key, Option<String>)> = {
-            let synced = lock(&self.synced);
-            claims
-                .chain(volumes)
-                .filter(|(key, version)| version.is_none() || synced.get(key) != version.as_ref())
-                .collect()
-        };
-        for (key, version) in changed {
-            self.schedule(key, version, tasks);
+        for (key, version) in self.workers.changed(claims.chain(volumes)) {
+            let this = self.clone();
+            let sync_key = key.clone();
+            self.workers
+                .schedule(key, version, tasks, move || async move {
+                    match &sync_key {
+                        Key::Claim(reference) => this.sync_claim(reference).await,
+                        Key::Volume(name) => this.sync_volume(name).await,
+                    }
+                });
         }
     }
 
     /// The periodic resync: every object is synced again; state of objects that are gone is
     /// dropped.
     fn resync(&self) {
-        lock(&self.synced).clear();
+        self.workers.resync();
         let uids: HashSet<String> = self
             .caches
             .claims
@@ -289,67 +265,6 @@ impl Provisioner {
             .retain(|name| volumes.get(&ObjectRef::new(name)).is_none());
         lock(&self.unseen.deleted_volumes)
             .retain(|name| volumes.get(&ObjectRef::new(name)).is_some());
-    }
-
-    /// The shortest wait until a delayed key may run again.
-    fn next_retry(&self) -> Option<Duration> {
-        let now = Instant::now();
-        lock(&self.not_before)
-            .values()
-            .map(|at| at.saturating_duration_since(now))
-            .min()
-    }
-
-    fn schedule(
-        self: &Arc<Self>,
-        key: Key,
-        version: Option<String>,
-        tasks: &mut tokio::task::JoinSet<()>,
-    ) {
-        if lock(&self.not_before)
-            .get(&key)
-            .is_some_and(|at| *at > Instant::now())
-        {
-            return;
-        }
-        if !lock(&self.in_flight).insert(key.clone()) {
-            return;
-        }
-        let this = self.clone();
-        tasks.spawn(async move {
-            let Ok(_permit) = this.workers.acquire().await else {
-                return;
-            };
-            let result = match &key {
-                Key::Claim(reference) => this.sync_claim(reference).await,
-                Key::Volume(name) => this.sync_volume(name).await,
-            };
-            match result {
-                Ok(synced) => {
-                    this.backoff.reset(&key);
-                    lock(&this.not_before).remove(&key);
-                    match (synced, version) {
-                        (Synced::Done, Some(version)) => {
-                            lock(&this.synced).insert(key.clone(), version);
-                        }
-                        _ => {
-                            lock(&this.synced).remove(&key);
-                        }
-                    }
-                }
-                Err(error) => {
-                    lock(&this.synced).remove(&key);
-                    let delay = this.backoff.next_delay(&key);
-                    tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
-                    lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
-                }
-            }
-            let failed = lock(&this.not_before).contains_key(&key);
-            lock(&this.in_flight).remove(&key);
-            if failed {
-                this.retry.notify_one();
-            }
-        });
     }
 
     async fn sync_claim(

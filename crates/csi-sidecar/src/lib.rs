@@ -18,7 +18,8 @@
 //! - [`names`] Kubernetes DNS-1123 name rules;
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
-//! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data.
+//! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
+//! - [`workers`] keyed workers: bounded concurrency, per-key backoff, skip unchanged objects.
 
 pub mod backoff;
 pub mod capability;
@@ -36,3 +37,4 @@ pub mod names;
 pub mod quantity;
 pub mod secrets;
 pub mod shutdown;
+pub mod workers;

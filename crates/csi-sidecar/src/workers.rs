@@ -1,0 +1,202 @@
+//! Keyed workers for level-triggered controllers: each pass over the caches offers every
+//! object's key with its resourceVersion; a key runs when it changed since it was last synced
+//! with nothing left to do, is not already running, and is not backing off after a failure.
+//! At most `workers` syncs run at once; one key never runs twice at once. This is what
+//! client-go's rate-limited workqueue gives the Go sidecars, without a queue to overflow.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::backoff::Backoff;
+
+/// How a sync ended without error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synced {
+    /// Nothing left to do for this version of the object.
+    Done,
+    /// Waiting for other objects (or for the caches to show our own write): offered again on
+    /// the next pass even if this object stays the same.
+    Waiting,
+}
+
+#[derive(Debug)]
+pub struct KeyedWorkers<K> {
+    backoff: Backoff<K>,
+    /// Not before this instant (after a failure).
+    not_before: Mutex<HashMap<K, Instant>>,
+    in_flight: Mutex<HashSet<K>>,
+    /// The resourceVersion each key was last synced at with [`Synced::Done`].
+    synced: Mutex<HashMap<K, String>>,
+    permits: Semaphore,
+    /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
+    retry: Notify,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<K> KeyedWorkers<K>
+where
+    K: Clone + Eq + Hash + Debug + Send + Sync + 'static,
+{
+    pub fn new(workers: usize, retry_start: Duration, retry_max: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            backoff: Backoff::new(retry_start, retry_max),
+            not_before: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashSet::new()),
+            synced: Mutex::new(HashMap::new()),
+            permits: Semaphore::new(workers.max(1)),
+            retry: Notify::new(),
+        })
+    }
+
+    /// The offered keys that changed since their last complete sync (a key without a version
+    /// always counts as changed).
+    pub fn changed(
+        &self,
+        offered: impl IntoIterator<Item = (K, Option<String>)>,
+    ) -> Vec<(K, Option<String>)> {
+        let synced = lock(&self.synced);
+        offered
+            .into_iter()
+            .filter(|(key, version)| version.is_none() || synced.get(key) != version.as_ref())
+            .collect()
+    }
+
+    /// Runs `sync` for `key` on `tasks` unless the key is running or backing off. A failure
+    /// backs the key off (exponentially) and wakes [`KeyedWorkers::retry_due`].
+    pub fn schedule<F, Fut>(
+        self: &Arc<Self>,
+        key: K,
+        version: Option<String>,
+        tasks: &mut JoinSet<()>,
+        sync: F,
+    ) where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Synced, String>> + Send + 'static,
+    {
+        if lock(&self.not_before)
+            .get(&key)
+            .is_some_and(|at| *at > Instant::now())
+        {
+            return;
+        }
+        if !lock(&self.in_flight).insert(key.clone()) {
+            return;
+        }
+        let this = self.clone();
+        tasks.spawn(async move {
+            let Ok(_permit) = this.permits.acquire().await else {
+                return;
+            };
+            let failed = match sync().await {
+                Ok(synced) => {
+                    this.backoff.reset(&key);
+                    lock(&this.not_before).remove(&key);
+                    match (synced, version) {
+                        (Synced::Done, Some(version)) => {
+                            lock(&this.synced).insert(key.clone(), version);
+                        }
+                        _ => {
+                            lock(&this.synced).remove(&key);
+                        }
+                    }
+                    false
+                }
+                Err(error) => {
+                    lock(&this.synced).remove(&key);
+                    let delay = this.backoff.next_delay(&key);
+                    tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
+                    lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
+                    true
+                }
+            };
+            lock(&this.in_flight).remove(&key);
+            if failed {
+                this.retry.notify_one();
+            }
+        });
+    }
+
+    /// The shortest wait until a backing-off key may run again.
+    pub fn next_retry(&self) -> Option<Duration> {
+        let now = Instant::now();
+        lock(&self.not_before)
+            .values()
+            .map(|at| at.saturating_duration_since(now))
+            .min()
+    }
+
+    /// Resolves when a sync failed (its retry needs scheduling).
+    pub async fn retry_due(&self) {
+        self.retry.notified().await;
+    }
+
+    /// The periodic resync: every key runs again on the next pass.
+    pub fn resync(&self) {
+        lock(&self.synced).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn unchanged_keys_do_not_run_again_and_failures_back_off() {
+        let workers =
+            KeyedWorkers::<&'static str>::new(2, Duration::from_secs(60), Duration::from_secs(60));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        let offer = |version: &str| vec![("a", Some(version.to_string()))];
+
+        for (key, version) in workers.changed(offer("1")) {
+            let runs = runs.clone();
+            workers.schedule(key, version, &mut tasks, move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(Synced::Done)
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        assert!(
+            workers.changed(offer("1")).is_empty(),
+            "synced at version 1"
+        );
+        assert_eq!(workers.changed(offer("2")).len(), 1, "a new version runs");
+
+        for (key, version) in workers.changed(offer("2")) {
+            workers.schedule(key, version, &mut tasks, || async {
+                Err("broken".to_string())
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let waiting = workers.next_retry().expect("backing off");
+        assert!(waiting > Duration::from_secs(30), "{waiting:?}");
+        for (key, version) in workers.changed(offer("2")) {
+            let runs = runs.clone();
+            workers.schedule(key, version, &mut tasks, move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(Synced::Done)
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "no run while backing off");
+
+        workers.resync();
+        assert_eq!(
+            workers.changed(offer("1")).len(),
+            1,
+            "everything runs after a resync"
+        );
+    }
+}
