@@ -374,6 +374,23 @@ impl Provisioner {
         result.map(|()| Synced::Done)
     }
 
+    /// A `VolumeFailedDelete` warning on the PV; the sync fails with `message`.
+    async fn delete_failed(
+        &self,
+        volume: &PersistentVolume,
+        message: String,
+    ) -> Result<(), String> {
+        self.events
+            .publish(
+                &volume.object_ref(&()),
+                EventType::Warning,
+                "VolumeFailedDelete",
+                &message,
+            )
+            .await;
+        Err(message)
+    }
+
     async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
         self.events
             .publish(
@@ -784,12 +801,7 @@ impl Provisioner {
         if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &wanted, None) {
             return Ok(Synced::Waiting);
         }
-        let finalizers = source
-            .finalizers()
-            .iter()
-            .filter(|f| *f != CLONING_PROTECTION)
-            .cloned()
-            .collect();
+        let finalizers = without(source.finalizers(), CLONING_PROTECTION);
         self.set_claim_finalizers(source, finalizers).await?;
         Ok(Synced::Done)
     }
@@ -873,12 +885,7 @@ impl Provisioner {
 
     /// Removes the provisioning-protection finalizer (the PV exists, or nothing was created).
     async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
-        let finalizers = claim
-            .finalizers()
-            .iter()
-            .filter(|f| *f != PROVISIONING_PROTECTION)
-            .cloned()
-            .collect();
+        let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
         self.set_claim_finalizers(claim, finalizers).await.map(drop)
     }
 
@@ -1055,12 +1062,7 @@ impl Provisioner {
                     .map_err(String::from)
             }
             VolumePlan::RemoveFinalizer => {
-                let finalizers = volume
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != PV_FINALIZER)
-                    .cloned()
-                    .collect();
+                let finalizers = without(volume.finalizers(), PV_FINALIZER);
                 set_finalizers(&api, &volume, finalizers)
                     .await
                     .map(drop)
@@ -1070,15 +1072,7 @@ impl Provisioner {
             VolumePlan::StillAttached => {
                 let node = attached_to.unwrap_or_default();
                 let message = format!("persistentvolume {name} is still attached to node {node}");
-                self.events
-                    .publish(
-                        &volume.object_ref(&()),
-                        EventType::Warning,
-                        "VolumeFailedDelete",
-                        &message,
-                    )
-                    .await;
-                Err(message)
+                self.delete_failed(&volume, message).await
             }
             VolumePlan::Delete { volume_id, secret } => {
                 let started = Instant::now();
@@ -1095,16 +1089,8 @@ impl Provisioner {
                         status.code(),
                         status.message()
                     );
-                    self.events
-                        .publish(
-                            &volume.object_ref(&()),
-                            EventType::Warning,
-                            "VolumeFailedDelete",
-                            &message,
-                        )
-                        .await;
                     self.settings.metrics.delete_failed(&class);
-                    return Err(message);
+                    return self.delete_failed(&volume, message).await;
                 }
                 // A PV held by finalizers comes back from the DELETE with its deletion
                 // timestamp: that copy is current, no GET needed.
@@ -1116,12 +1102,7 @@ impl Provisioner {
                 if let Some(current) = remaining
                     && current.finalizers().iter().any(|f| f == PV_FINALIZER)
                 {
-                    let finalizers = current
-                        .finalizers()
-                        .iter()
-                        .filter(|f| *f != PV_FINALIZER)
-                        .cloned()
-                        .collect();
+                    let finalizers = without(current.finalizers(), PV_FINALIZER);
                     set_finalizers(&api, &current, finalizers).await?;
                 }
                 lock(&self.unseen.deleted_volumes).insert(name.to_string());
@@ -1190,6 +1171,15 @@ impl From<FinalizerError> for String {
     }
 }
 
+/// `finalizers` without `finalizer`.
+fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
+    finalizers
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect()
+}
+
 /// Removes one finalizer from the current object (a GET: the caller's copy may be stale).
 async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), String>
 where
@@ -1206,12 +1196,7 @@ where
     if !current.finalizers().iter().any(|f| f == finalizer) {
         return Ok(());
     }
-    let finalizers = current
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizer)
-        .cloned()
-        .collect();
+    let finalizers = without(current.finalizers(), finalizer);
     set_finalizers(api, &current, finalizers).await?;
     Ok(())
 }
