@@ -399,3 +399,29 @@ pub async fn secret(cluster: &crate::Cluster, name: &str, password: &str) {
         )
         .await;
 }
+
+/// The node-affinity values of the PV bound to `claim` (the nodes it is reachable from).
+pub async fn pv_nodes(
+    cluster: &crate::Cluster,
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) -> Vec<String> {
+    let name = claim.spec.clone().unwrap().volume_name.unwrap();
+    let pv = cluster
+        .cluster_scoped::<k8s_openapi::api::core::v1::PersistentVolume>()
+        .get(&name)
+        .await
+        .unwrap();
+    let terms = pv
+        .spec
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required
+        .unwrap()
+        .node_selector_terms;
+    terms
+        .into_iter()
+        .flat_map(|t| t.match_expressions.unwrap_or_default())
+        .flat_map(|e| e.values.unwrap_or_default())
+        .collect()
+}

@@ -319,6 +319,17 @@ impl Cluster {
         }
     }
 
+    /// Deletes `name` and waits until it is gone (finalizers done).
+    pub async fn delete_and_wait<K>(&self, api: &Api<K>, name: &str, what: &str)
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+    {
+        api.delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|error| panic!("deleting {name}: {error}"));
+        self.wait_gone(api, name, what).await;
+    }
+
     /// Waits until `name` is gone.
     pub async fn wait_gone<K>(&self, api: &Api<K>, name: &str, what: &str)
     where

@@ -198,8 +198,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     .await;
 
     // Deleting the volume gives the space back.
-    pods.delete("user", &DeleteParams::default()).await.unwrap();
-    cluster.wait_gone(&pods, "user", "the pod gone").await;
+    cluster.delete_and_wait(&pods, "user", "the pod gone").await;
     claims
         .delete("data", &DeleteParams::default())
         .await
@@ -320,8 +319,7 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
     })
     .await;
 
-    pods.delete("user", &DeleteParams::default()).await.unwrap();
-    cluster.wait_gone(&pods, "user", "the pod gone").await;
+    cluster.delete_and_wait(&pods, "user", "the pod gone").await;
     attacher.stop().await;
     provisioner.stop().await;
     cluster

@@ -35,10 +35,9 @@ async fn write_records(cluster: &Cluster, claim: &str) -> String {
             std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
         })
         .await;
-    pods.delete("writer", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster.wait_gone(&pods, "writer", "the writer gone").await;
+    cluster
+        .delete_and_wait(&pods, "writer", "the writer gone")
+        .await;
     volume
 }
 
@@ -58,10 +57,9 @@ async fn read_records(cluster: &Cluster, claim: &str) -> String {
         false,
     );
     let records = std::fs::read_to_string(target.join("writer.log")).unwrap_or_default();
-    pods.delete("reader", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster.wait_gone(&pods, "reader", "the reader gone").await;
+    cluster
+        .delete_and_wait(&pods, "reader", "the reader gone")
+        .await;
     records
 }
 
@@ -216,12 +214,8 @@ async fn a_restore_has_the_snapshot_data() {
         )
         .await;
     // The source's data was cut into the snapshot; the source itself is gone by now.
-    claims
-        .delete("source", &DeleteParams::default())
-        .await
-        .unwrap();
     cluster
-        .wait_gone(&claims, "source", "the source claim deleted")
+        .delete_and_wait(&claims, "source", "the source claim deleted")
         .await;
     assert!(
         read_records(&cluster, "restored").await.lines().count() > 0,

@@ -1,7 +1,7 @@
 //! Dynamic provisioning with csi-provisioner: claims of a class become volumes on the driver
 //! and bound PVs, deleted claims give their volumes back, bad classes are reported.
 
-use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod};
+use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod, pv_nodes};
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -128,24 +128,12 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
         claim.annotations()["volume.kubernetes.io/selected-node"],
         "node-c"
     );
-    let pv = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .get(&claim.spec.unwrap().volume_name.unwrap())
-        .await
-        .unwrap();
-    let terms = pv
-        .spec
-        .unwrap()
-        .node_affinity
-        .unwrap()
-        .required
-        .unwrap()
-        .node_selector_terms;
-    let values = terms[0].match_expressions.clone().unwrap()[0]
-        .values
-        .clone()
-        .unwrap();
-    assert_eq!(values, ["node-c"], "provisioned on the selected node");
+    let values = pv_nodes(&cluster, &claim).await;
+    assert_eq!(
+        values.first().map(String::as_str),
+        Some("node-c"),
+        "provisioned on the selected node (its term first)"
+    );
     cluster
         .namespaced::<Pod>()
         .delete("app", &DeleteParams::default())

@@ -4,8 +4,8 @@
 
 use csi_proto::csi::v1 as csi;
 use csi_suite_scenarios::Cluster;
-use csi_suite_scenarios::fixtures::{bound, claim};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use csi_suite_scenarios::fixtures::{bound, claim, pv_nodes};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
@@ -30,29 +30,6 @@ fn request_for(
         .find(|r| r.name.ends_with(&uid))
         .and_then(|r| r.accessibility_requirements.clone())
         .expect("a CreateVolume with topology for the claim")
-}
-
-/// The node values the PV of `claim` is reachable from.
-async fn pv_nodes(cluster: &Cluster, claim: &PersistentVolumeClaim) -> Vec<String> {
-    let name = claim.spec.clone().unwrap().volume_name.unwrap();
-    let pv = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .get(&name)
-        .await
-        .unwrap();
-    let terms = pv
-        .spec
-        .unwrap()
-        .node_affinity
-        .unwrap()
-        .required
-        .unwrap()
-        .node_selector_terms;
-    terms
-        .into_iter()
-        .flat_map(|t| t.match_expressions.unwrap_or_default())
-        .flat_map(|e| e.values.unwrap_or_default())
-        .collect()
 }
 
 /// Creates `name` of `class`, selects `node` for it as the scheduler would, waits until Bound.
