@@ -109,7 +109,7 @@ async fn story() {
         "cluster up, driver registered via the plugin watcher",
         format!("CSINode node-a, node-b, node-c → {driver}"),
     );
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
 
     story.begin("an administrator pre-provisions a volume and creates its PV");
     let pv_name = format!("{}-pv", cluster.namespace);

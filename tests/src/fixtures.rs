@@ -1,21 +1,14 @@
-//! Objects and stand-ins the scenarios share: pre-provisioned ("static") volumes, PV/PVC/pod
-//! manifests, and a stand-in for external-attacher until that sidecar's own scenarios replace
-//! it (it does what an attacher does to a VolumeAttachment, without finalizers).
+//! Objects the scenarios share: pre-provisioned ("static") volumes, PV/PVC/pod manifests,
+//! claims, snapshots.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_sidecar::conn::CsiConnection;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::step_timeout;
 
@@ -110,113 +103,6 @@ pub fn is_running(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
             .unwrap_or_default()
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
-/// Attaches every VolumeAttachment of `driver` (ControllerPublishVolume with the node name as
-/// node ID, as the reference driver uses) and unpublishes volumes whose VolumeAttachment went
-/// away — what external-attacher does, minus its finalizers.
-#[derive(Debug)]
-pub struct StandInAttacher {
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-impl StandInAttacher {
-    pub fn start(client: Client, driver: &str, controller: CsiConnection) -> Self {
-        let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        let driver = driver.to_string();
-        let task = tokio::spawn(async move {
-            let api: Api<VolumeAttachment> = Api::all(client);
-            let mut attached: BTreeMap<String, (String, String)> = BTreeMap::new();
-            while !stop.is_cancelled() {
-                if let Ok(list) = api.list(&ListParams::default()).await {
-                    let present: Vec<String> = list.items.iter().map(|va| va.name_any()).collect();
-                    for va in list.items.iter().filter(|va| va.spec.attacher == driver) {
-                        if va.status.as_ref().is_some_and(|s| s.attached) {
-                            continue;
-                        }
-                        if let Some(done) = attach(&api, &controller, va).await {
-                            attached.insert(va.name_any(), done);
-                        }
-                    }
-                    let gone: Vec<String> = attached
-                        .keys()
-                        .filter(|n| !present.contains(n))
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        let (volume_id, node_id) = attached.remove(&name).unwrap_or_default();
-                        let request = csi::ControllerUnpublishVolumeRequest {
-                            volume_id,
-                            node_id,
-                            secrets: Default::default(),
-                        };
-                        if let Err(status) = controller
-                            .controller_unpublish_volume(request, Duration::from_secs(10))
-                            .await
-                        {
-                            tracing::warn!(%name, error = %status.message(), "stand-in attacher: unpublish failed");
-                        }
-                    }
-                }
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                }
-            }
-        });
-        Self { shutdown, task }
-    }
-
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
-    }
-}
-
-async fn attach(
-    api: &Api<VolumeAttachment>,
-    controller: &CsiConnection,
-    va: &VolumeAttachment,
-) -> Option<(String, String)> {
-    let pv_name = va.spec.source.persistent_volume_name.clone()?;
-    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> =
-        Api::all(api.clone().into_client());
-    let pv = pvs.get(&pv_name).await.ok()?;
-    let handle = pv.spec?.csi?.volume_handle;
-    let node_id = va.spec.node_name.clone();
-    let capability = volume_capability(&AccessKind::from_volume_mode(None, "", vec![]), MODE);
-    let request = csi::ControllerPublishVolumeRequest {
-        volume_id: handle.clone(),
-        node_id: node_id.clone(),
-        volume_capability: Some(capability),
-        ..Default::default()
-    };
-    let status = match controller
-        .controller_publish_volume(request, Duration::from_secs(10))
-        .await
-    {
-        Ok(response) => {
-            json!({"status": {"attached": true, "attachmentMetadata": response.publish_context}})
-        }
-        Err(status) => {
-            json!({"status": {"attached": false, "attachError": {"message": status.message(), "time": Time(Timestamp::now())}}})
-        }
-    };
-    let attached = status["status"]["attached"] == json!(true);
-    if let Err(error) = api
-        .patch_status(
-            &va.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(status),
-        )
-        .await
-    {
-        tracing::warn!(va = %va.name_any(), %error, "stand-in attacher: status update failed");
-        return None;
-    }
-    attached.then_some((handle, node_id))
 }
 
 /// A pod on `node` running with a freshly pre-provisioned static volume mounted as `data`

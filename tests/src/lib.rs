@@ -420,13 +420,29 @@ impl Cluster {
             .collect()
     }
 
-    /// The stand-in attacher for this cluster's driver.
-    pub fn stand_in_attacher(&self) -> fixtures::StandInAttacher {
-        fixtures::StandInAttacher::start(
-            self.client.clone(),
-            &self.driver_name,
-            self.driver.controller.csi.clone(),
-        )
+    /// Runs csi-attacher's controller in this process against the driver's controller
+    /// instance, with upstream's defaults (fast retries and reconcile for tests).
+    pub async fn start_attacher(&self) -> Sidecar {
+        self.start_attacher_via(self.driver.controller.csi.clone(), |_| {})
+            .await
+    }
+
+    /// [`Cluster::start_attacher`] talking to the driver through `csi`, with changed settings.
+    pub async fn start_attacher_via(
+        &self,
+        csi: csi_sidecar::conn::CsiConnection,
+        change: impl FnOnce(&mut csi_attacher::controller::Settings),
+    ) -> Sidecar {
+        let settings = attacher_settings(&csi, change).await;
+        let shutdown = CancellationToken::new();
+        let client = self.client.clone();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = csi_attacher::controller::run(client, csi, settings, token).await {
+                tracing::error!(%error, "csi-attacher stopped");
+            }
+        });
+        Sidecar { shutdown, task }
     }
 
     /// Runs csi-provisioner's controller in this process against the driver's controller
@@ -644,13 +660,7 @@ async fn provisioner_settings(
     csi: &csi_sidecar::conn::CsiConnection,
     change: impl FnOnce(&mut csi_provisioner::controller::Settings),
 ) -> csi_provisioner::controller::Settings {
-    let services = csi_sidecar::conn::Services {
-        controller: true,
-        node: false,
-    };
-    let driver = csi_sidecar::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
-        .await
-        .expect("driver discovery");
+    let driver = discover_controller(csi).await;
     let mut settings = csi_provisioner::controller::Settings {
         driver,
         volume_name_prefix: "pvc".to_string(),
@@ -672,4 +682,42 @@ async fn provisioner_settings(
     };
     change(&mut settings);
     settings
+}
+
+/// csi-attacher's settings for scenarios: upstream's defaults with fast retries and a fast
+/// reconcile, after discovering the driver behind `csi`.
+async fn attacher_settings(
+    csi: &csi_sidecar::conn::CsiConnection,
+    change: impl FnOnce(&mut csi_attacher::controller::Settings),
+) -> csi_attacher::controller::Settings {
+    let driver = discover_controller(csi).await;
+    let mut settings = csi_attacher::controller::Settings {
+        support: csi_attacher::attach::DriverSupport::of(&driver),
+        driver_name: driver.name,
+        default_fstype: String::new(),
+        timeout: Duration::from_secs(10),
+        retry_start: Duration::from_millis(200),
+        retry_max: Duration::from_secs(5),
+        workers: 10,
+        resync: Duration::from_secs(600),
+        reconcile_sync: Duration::from_secs(1),
+        max_entries: 0,
+        attach_error_codes: true,
+        metrics: Default::default(),
+    };
+    change(&mut settings);
+    settings
+}
+
+/// The driver behind `csi`, as a controller sidecar discovers it.
+async fn discover_controller(
+    csi: &csi_sidecar::conn::CsiConnection,
+) -> csi_sidecar::conn::DriverInfo {
+    let services = csi_sidecar::conn::Services {
+        controller: true,
+        node: false,
+    };
+    csi_sidecar::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
+        .await
+        .expect("driver discovery")
 }

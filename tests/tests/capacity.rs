@@ -136,7 +136,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     let provisioner = cluster
         .start_provisioner_with(|s| s.capacity = Some(settings))
         .await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let late = cluster
         .storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
         .await;
@@ -249,7 +249,7 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
             s.strict_topology = true;
         })
         .await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let late = cluster
         .storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
         .await;

@@ -92,7 +92,7 @@ async fn a_clone_has_its_source_data_and_protects_the_source() {
     }
     let cluster = Cluster::start("provision-clone").await;
     let provisioner = cluster.start_provisioner().await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let class_name = cluster
         .storage_class("clone", "Immediate", "Delete", json!({}))
         .await;
@@ -148,7 +148,7 @@ async fn a_restore_has_the_snapshot_data() {
     let cluster = Cluster::start("provision-restore").await;
     install_snapshot_crds(&cluster.client).await;
     let provisioner = cluster.start_provisioner().await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let class_name = cluster
         .storage_class("restore", "Immediate", "Delete", json!({}))
         .await;

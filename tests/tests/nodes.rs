@@ -22,7 +22,7 @@ fn two_nodes() -> Options {
 #[tokio::test]
 async fn node_partition_taints_unreachable_and_clears_on_recovery() {
     let cluster = Cluster::start_with("node-partition", two_nodes()).await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     // A writer that tolerates unreachable forever, so only the partition acts on it.
     let writer = if can_mount() {
         let tolerate = |pod: &mut serde_json::Value| {
@@ -147,7 +147,7 @@ async fn node_reboot_mounts_the_volumes_of_its_pods_again() {
         return;
     }
     let cluster = Cluster::start_with("node-reboot", two_nodes()).await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let (_, pv, target) = running_pod_with_static_volume(&cluster, "app", "node-a", |_| {}).await;
     let log = target.join("app.log");
     cluster

@@ -95,7 +95,7 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
     }
     let cluster = Cluster::start("provision-wffc").await;
     let provisioner = cluster.start_provisioner().await;
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let class_name = cluster
         .storage_class("local", "WaitForFirstConsumer", "Delete", json!({}))
         .await;

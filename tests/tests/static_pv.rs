@@ -41,7 +41,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
     }
     let cluster = Cluster::start("static-pv").await;
     let driver = cluster.driver_name.clone();
-    let attacher = cluster.stand_in_attacher();
+    let attacher = cluster.start_attacher().await;
     let (running, pv_name, target) =
         running_pod_with_static_volume(&cluster, "app", "node-b", |_| {}).await;
     assert_eq!(

@@ -4,10 +4,15 @@
 
 use std::collections::HashMap;
 
+use serde_json::{Value, json};
+
+use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
+use csi_sidecar::conn::DriverInfo;
+use csi_sidecar::secrets::SecretRef;
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, SecretReference,
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 
@@ -61,6 +66,20 @@ pub struct DriverSupport {
     pub list_published_nodes: bool,
 }
 
+impl DriverSupport {
+    pub fn of(driver: &DriverInfo) -> Self {
+        let has =
+            |capability| driver.plugin.controller_service && driver.has_controller(capability);
+        Self {
+            publish_unpublish: has(ControllerCapability::PublishUnpublishVolume),
+            publish_readonly: has(ControllerCapability::PublishReadonly),
+            single_node_multi_writer: has(ControllerCapability::SingleNodeMultiWriter),
+            list_published_nodes: has(ControllerCapability::ListVolumes)
+                && has(ControllerCapability::ListVolumesPublishedNodes),
+        }
+    }
+}
+
 /// What to do with one VolumeAttachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VaPlan {
@@ -74,8 +93,10 @@ pub enum VaPlan {
     Detach,
 }
 
-/// The plan for `va` of this `driver`.
-pub fn plan(va: &VolumeAttachment, driver: &str, support: DriverSupport) -> VaPlan {
+/// The plan for `va` of this `driver`. `forced`: the reconcile found the driver's view
+/// different from `status.attached`, so the publish (or unpublish) is done again even though
+/// the VolumeAttachment says it is done (upstream's force-sync).
+pub fn plan(va: &VolumeAttachment, driver: &str, support: DriverSupport, forced: bool) -> VaPlan {
     if va.spec.attacher != driver {
         return VaPlan::NotOurs;
     }
@@ -91,10 +112,10 @@ pub fn plan(va: &VolumeAttachment, driver: &str, support: DriverSupport) -> VaPl
     let ours = finalizer(driver);
     let finalized = va.metadata.finalizers.iter().flatten().any(|f| *f == ours);
     match (deleting, attached) {
-        (true, _) if finalized => VaPlan::Detach,
+        (true, _) if finalized || forced => VaPlan::Detach,
         (true, _) => VaPlan::Nothing,
-        (false, true) => VaPlan::Nothing,
-        (false, false) => VaPlan::Attach,
+        (false, true) if !forced => VaPlan::Nothing,
+        (false, _) => VaPlan::Attach,
     }
 }
 
@@ -107,9 +128,25 @@ pub struct AttachedVolume {
     pub csi: CSIPersistentVolumeSource,
 }
 
-/// Exactly one of `persistentVolumeName` and `inlineVolumeSpec`; a PV must exist, be a CSI
-/// volume and not be marked for deletion (attaching it would block its deletion).
+/// The volume to attach: [`volume_of`], refusing a PV marked for deletion (attaching it would
+/// block its deletion).
 pub fn attached_volume(
+    va: &VolumeAttachment,
+    pv: Option<&PersistentVolume>,
+) -> Result<AttachedVolume, AttachError> {
+    let volume = volume_of(va, pv)?;
+    if pv.is_some_and(|pv| pv.metadata.deletion_timestamp.is_some()) {
+        return Err(AttachError::VolumeDeleted(
+            volume.pv_name.clone().unwrap_or_default(),
+        ));
+    }
+    Ok(volume)
+}
+
+/// Exactly one of `persistentVolumeName` and `inlineVolumeSpec`; a PV must exist and be a CSI
+/// volume. (Detaching needs it too: our finalizer keeps the PV until no VolumeAttachment names
+/// it.)
+pub fn volume_of(
     va: &VolumeAttachment,
     pv: Option<&PersistentVolume>,
 ) -> Result<AttachedVolume, AttachError> {
@@ -131,9 +168,6 @@ pub fn attached_volume(
         }
         (Some(pv_name), None) => {
             let pv = pv.ok_or_else(|| AttachError::MissingVolume(pv_name.clone()))?;
-            if pv.metadata.deletion_timestamp.is_some() {
-                return Err(AttachError::VolumeDeleted(pv_name.clone()));
-            }
             let spec = pv.spec.clone().unwrap_or_default();
             let csi = spec
                 .csi
@@ -193,8 +227,12 @@ pub fn detach_node_id(
 }
 
 /// The Secret whose data goes with ControllerPublish/Unpublish (`controllerPublishSecretRef`).
-pub fn publish_secret(volume: &AttachedVolume) -> Option<SecretReference> {
-    volume.csi.controller_publish_secret_ref.clone()
+pub fn publish_secret(volume: &AttachedVolume) -> Option<SecretRef> {
+    let reference = volume.csi.controller_publish_secret_ref.as_ref()?;
+    Some(SecretRef {
+        name: reference.name.clone().unwrap_or_default(),
+        namespace: reference.namespace.clone().unwrap_or_default(),
+    })
 }
 
 /// ControllerPublishVolume for `volume` on `node_id`: the capability from the access modes,
@@ -245,6 +283,82 @@ pub fn unpublish_request(
         volume_id: volume_id.to_string(),
         node_id: node_id.to_string(),
         secrets,
+    }
+}
+
+/// JSON patch ops (RFC 6902) that add our finalizer and the node-ID annotation in one write
+/// (after every check passed, so a failing VolumeAttachment never blocks its own deletion);
+/// `None` when both are in place. The finalizer list is guarded by a `test` of what we read,
+/// so a finalizer someone else changed meanwhile fails the patch instead of being lost.
+pub fn claim_patch(va: &VolumeAttachment, finalizer: &str, node_id: &str) -> Option<Value> {
+    let mut ops = Vec::new();
+    match &va.metadata.finalizers {
+        Some(list) if list.iter().any(|f| f == finalizer) => {}
+        Some(list) => ops.extend([
+            json!({"op": "test", "path": "/metadata/finalizers", "value": list}),
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}),
+        ]),
+        None => ops.extend([
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": va.metadata.resource_version}),
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}),
+        ]),
+    }
+    let annotations = va.metadata.annotations.as_ref();
+    match annotations.and_then(|a| a.get(NODE_ID_ANNOTATION)) {
+        Some(current) if current == node_id => {}
+        _ if annotations.is_none() => ops.push(
+            json!({"op": "add", "path": "/metadata/annotations", "value": {NODE_ID_ANNOTATION: node_id}}),
+        ),
+        // `/` in a key is `~1` in a JSON pointer.
+        _ => ops.push(json!({"op": "add",
+            "path": format!("/metadata/annotations/{}", NODE_ID_ANNOTATION.replace('/', "~1")),
+            "value": node_id})),
+    }
+    (!ops.is_empty()).then_some(Value::Array(ops))
+}
+
+/// The status merge patch after a successful ControllerPublishVolume: attached, with the
+/// publish context kubelet hands to NodeStage/NodePublish, and no error.
+pub fn attached_status(publish_context: &HashMap<String, String>) -> Value {
+    let metadata = if publish_context.is_empty() {
+        Value::Null
+    } else {
+        json!(publish_context)
+    };
+    json!({"status": {"attached": true, "attachmentMetadata": metadata, "attachError": null}})
+}
+
+/// The status merge patch after a successful ControllerUnpublishVolume.
+pub fn detached_status() -> Value {
+    json!({"status": {"attached": false, "attachmentMetadata": null, "detachError": null}})
+}
+
+/// Which call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Attach,
+    Detach,
+}
+
+/// The status merge patch after a failed call: `attachError` {time, message, errorCode} or
+/// `detachError` {time, message} (upstream sets errorCode on attach errors only); `attached`
+/// keeps its value.
+pub fn error_status(
+    operation: Operation,
+    attached: bool,
+    message: &str,
+    code: Option<i32>,
+    time: &str,
+) -> Value {
+    let mut error = json!({"time": time, "message": message});
+    match operation {
+        Operation::Attach => {
+            if let Some(code) = code {
+                error["errorCode"] = json!(code);
+            }
+            json!({"status": {"attached": attached, "attachError": error}})
+        }
+        Operation::Detach => json!({"status": {"attached": attached, "detachError": error}}),
     }
 }
 

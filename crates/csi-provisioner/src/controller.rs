@@ -11,6 +11,7 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::finalizers::{FinalizerError, remove_finalizer, set_finalizers, without};
 use csi_sidecar::informers::Informers;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -223,7 +224,7 @@ impl Provisioner {
             let this = self.clone();
             let sync_key = key.clone();
             self.workers
-                .schedule(key, version, tasks, move || async move {
+                .schedule(0, key, version, tasks, move || async move {
                     match &sync_key {
                         Key::Claim(reference) => this.sync_claim(reference).await,
                         Key::Volume(name) => this.sync_volume(name).await,
@@ -1152,91 +1153,5 @@ impl Provisioner {
                 HashMap::new()
             }
         }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum FinalizerError {
-    #[error("updating the finalizers of {0}: forbidden")]
-    Forbidden(String),
-    #[error("updating the finalizers of {0}: {1}")]
-    Failed(String, kube::Error),
-    #[error("building the finalizer patch: {0}")]
-    Patch(String),
-}
-
-impl From<FinalizerError> for String {
-    fn from(error: FinalizerError) -> Self {
-        error.to_string()
-    }
-}
-
-/// `finalizers` without `finalizer`.
-fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
-    finalizers
-        .iter()
-        .filter(|f| *f != finalizer)
-        .cloned()
-        .collect()
-}
-
-/// Removes one finalizer from the current object (a GET: the caller's copy may be stale).
-async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), String>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let Some(current) = api
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("getting {name}: {e}"))?
-    else {
-        return Ok(());
-    };
-    if !current.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let finalizers = without(current.finalizers(), finalizer);
-    set_finalizers(api, &current, finalizers).await?;
-    Ok(())
-}
-
-/// Sets an object's finalizers, guarded by a `test` of the current list (others may add
-/// theirs): a concurrent change fails the patch and the sync is retried from fresh state.
-async fn set_finalizers<K>(
-    api: &Api<K>,
-    object: &K,
-    finalizers: Vec<String>,
-) -> Result<Option<K>, FinalizerError>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let current = object.meta().finalizers.clone();
-    let patch = match current {
-        Some(current) => json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": current},
-            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
-        ]),
-        None => json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
-        ]),
-    };
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(|e| FinalizerError::Patch(e.to_string()))?;
-    let what = format!("{} {}", K::kind(&Default::default()), object.name_any());
-    match api
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-    {
-        Ok(updated) => Ok(Some(updated)),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(kube::Error::Api(status)) if status.code == 403 => Err(FinalizerError::Forbidden(what)),
-        Err(error) => Err(FinalizerError::Failed(what, error)),
     }
 }

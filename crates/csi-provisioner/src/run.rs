@@ -3,15 +3,10 @@
 //! health on `--http-endpoint`, then the controller — under leader election when asked (the
 //! Lease is the driver name, sanitized; losing it exits).
 
-use std::sync::Arc;
-
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_sidecar::conn::{ConnError, DriverInfo, Services, connect};
-use csi_sidecar::http::HealthCheck;
+use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{
-    LeaderElectionConfig, LeaderElectionError, LeaderStatus, RELEASE_ON_EXIT_GATE,
-};
+use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
 use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -83,40 +78,16 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let capacity_metrics = args
         .enable_capacity
         .then(|| CapacityMetrics::register(&mut registry));
-    let endpoint = sidecar.csi.endpoint()?;
-    let csi = connect(
-        &endpoint,
-        csi_sidecar::conn::DEFAULT_CONNECT_WAIT,
-        metrics.clone(),
-    )
-    .await?;
-    csi.exit_on_loss();
-    csi.probe_until_ready(sidecar.csi.timeout).await?;
-    let driver = DriverInfo::discover(
-        &csi,
-        sidecar.csi.timeout,
-        Services {
-            controller: true,
-            node: false,
-        },
-    )
-    .await?;
+    let services = Services {
+        controller: true,
+        node: false,
+    };
+    let (csi, driver) =
+        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
     if !driver.plugin.controller_service {
         return Err(RunError::NoControllerService);
     }
-    metrics.set_driver_name(&driver.name);
-    tracing::info!(driver = %driver.name, "detected CSI driver");
-
-    let status = LeaderStatus::new(sidecar.leader_election.leader_election_lease_duration);
-    let mut checks: Vec<(String, HealthCheck)> = Vec::new();
-    if sidecar.leader_election.leader_election {
-        let status = status.clone();
-        checks.push((
-            "leader-election".to_string(),
-            Arc::new(move || status.check()),
-        ));
-    }
-    csi_sidecar::http::start(&sidecar.http, Arc::new(registry), checks, shutdown.clone()).await?;
+    let status = csi_sidecar::startup::serve_http(sidecar, registry, shutdown.clone()).await?;
 
     let capacity = match (capacity_client, capacity_metrics) {
         (Some(client), Some(metrics)) => {
@@ -146,21 +117,23 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         capacity,
         driver: driver.clone(),
     };
-    if !sidecar.leader_election.leader_election {
-        return Ok(controller::run(client, csi, settings, shutdown).await?);
-    }
     let release = gates
         .get(RELEASE_ON_EXIT_GATE.name)
         .copied()
         .unwrap_or(false);
-    let election = LeaderElectionConfig::from_args(&sidecar.leader_election, &driver.name, release);
+    let lock_name = driver.name.clone();
     let work_client = client.clone();
-    let mut outcome = Ok(());
-    csi_sidecar::leader::run(client, election, status, shutdown, |leading| async {
-        outcome = controller::run(work_client, csi, settings, leading).await;
-    })
-    .await?;
-    Ok(outcome?)
+    csi_sidecar::startup::run_controller(
+        client,
+        sidecar,
+        &lock_name,
+        release,
+        status,
+        shutdown,
+        |token| controller::run(work_client, csi, settings, token),
+    )
+    .await??;
+    Ok(())
 }
 
 /// Capacity tracking's settings: the objects live in `NAMESPACE`, owned (unless

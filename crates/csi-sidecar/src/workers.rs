@@ -1,8 +1,10 @@
 //! Keyed workers for level-triggered controllers: each pass over the caches offers every
 //! object's key with its resourceVersion; a key runs when it changed since it was last synced
 //! with nothing left to do, is not already running, and is not backing off after a failure.
-//! At most `workers` syncs run at once; one key never runs twice at once. This is what
-//! client-go's rate-limited workqueue gives the Go sidecars, without a queue to overflow.
+//! At most `workers` syncs run at once per lane; one key never runs twice at once, in any
+//! lane. This is what client-go's rate-limited workqueue gives the Go sidecars, without a
+//! queue to overflow; lanes are separate queues that share the per-key guarantees (so a storm
+//! of one kind of work cannot starve another, external-attacher #761).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -34,7 +36,8 @@ pub struct KeyedWorkers<K> {
     in_flight: Mutex<HashSet<K>>,
     /// The resourceVersion each key was last synced at with [`Synced::Done`].
     synced: Mutex<HashMap<K, String>>,
-    permits: Semaphore,
+    /// One pool of permits per lane.
+    lanes: Vec<Semaphore>,
     /// Woken when a sync failed, so its retry is scheduled without waiting for a change.
     retry: Notify,
 }
@@ -48,12 +51,24 @@ where
     K: Clone + Eq + Hash + Debug + Send + Sync + 'static,
 {
     pub fn new(workers: usize, retry_start: Duration, retry_max: Duration) -> Arc<Self> {
+        Self::with_lanes(1, workers, retry_start, retry_max)
+    }
+
+    /// `lanes` pools of `workers` each.
+    pub fn with_lanes(
+        lanes: usize,
+        workers: usize,
+        retry_start: Duration,
+        retry_max: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             backoff: Backoff::new(retry_start, retry_max),
             not_before: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashSet::new()),
             synced: Mutex::new(HashMap::new()),
-            permits: Semaphore::new(workers.max(1)),
+            lanes: (0..lanes.max(1))
+                .map(|_| Semaphore::new(workers.max(1)))
+                .collect(),
             retry: Notify::new(),
         })
     }
@@ -71,10 +86,12 @@ where
             .collect()
     }
 
-    /// Runs `sync` for `key` on `tasks` unless the key is running or backing off. A failure
-    /// backs the key off (exponentially) and wakes [`KeyedWorkers::retry_due`].
+    /// Runs `sync` for `key` on `tasks`, on `lane`'s workers (lanes past the last use the last),
+    /// unless the key is running or backing off. A failure backs the key off (exponentially)
+    /// and wakes [`KeyedWorkers::retry_due`].
     pub fn schedule<F, Fut>(
         self: &Arc<Self>,
+        lane: usize,
         key: K,
         version: Option<String>,
         tasks: &mut JoinSet<()>,
@@ -94,7 +111,8 @@ where
         }
         let this = self.clone();
         tasks.spawn(async move {
-            let Ok(_permit) = this.permits.acquire().await else {
+            let permits = &this.lanes[lane.min(this.lanes.len() - 1)];
+            let Ok(_permit) = permits.acquire().await else {
                 return;
             };
             let failed = match sync().await {
@@ -124,6 +142,11 @@ where
                 this.retry.notify_one();
             }
         });
+    }
+
+    /// Whether a sync of `key` is running (or waiting for a worker).
+    pub fn is_running(&self, key: &K) -> bool {
+        lock(&self.in_flight).contains(key)
     }
 
     /// The shortest wait until a backing-off key may run again.
@@ -162,7 +185,7 @@ mod tests {
 
         for (key, version) in workers.changed(offer("1")) {
             let runs = runs.clone();
-            workers.schedule(key, version, &mut tasks, move || async move {
+            workers.schedule(0, key, version, &mut tasks, move || async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok(Synced::Done)
             });
@@ -175,7 +198,7 @@ mod tests {
         assert_eq!(workers.changed(offer("2")).len(), 1, "a new version runs");
 
         for (key, version) in workers.changed(offer("2")) {
-            workers.schedule(key, version, &mut tasks, || async {
+            workers.schedule(0, key, version, &mut tasks, || async {
                 Err("broken".to_string())
             });
         }
@@ -184,7 +207,7 @@ mod tests {
         assert!(waiting > Duration::from_secs(30), "{waiting:?}");
         for (key, version) in workers.changed(offer("2")) {
             let runs = runs.clone();
-            workers.schedule(key, version, &mut tasks, move || async move {
+            workers.schedule(0, key, version, &mut tasks, move || async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok(Synced::Done)
             });
@@ -198,5 +221,40 @@ mod tests {
             1,
             "everything runs after a resync"
         );
+    }
+
+    /// A lane whose workers are all busy does not hold up another lane, and a key never runs
+    /// in two lanes at once.
+    #[tokio::test]
+    async fn lanes_do_not_starve_each_other() {
+        let workers =
+            KeyedWorkers::<u32>::with_lanes(2, 1, Duration::from_secs(1), Duration::from_secs(1));
+        let mut tasks = JoinSet::new();
+        let release = Arc::new(Notify::new());
+        let blocked = release.clone();
+        workers.schedule(1, 1, None, &mut tasks, move || async move {
+            blocked.notified().await;
+            Ok(Synced::Done)
+        });
+        workers.schedule(0, 1, None, &mut tasks, || async {
+            panic!("key 1 is already running")
+        });
+        let (done, signal) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+        let (count, wake) = (done.clone(), signal.clone());
+        workers.schedule(0, 2, None, &mut tasks, move || async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            wake.notify_one();
+            Ok(Synced::Done)
+        });
+        signal.notified().await;
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            1,
+            "lane 0 ran while lane 1 was busy"
+        );
+        assert!(workers.is_running(&1));
+        release.notify_one();
+        while tasks.join_next().await.is_some() {}
+        assert!(!workers.is_running(&1));
     }
 }

@@ -109,8 +109,134 @@ fn plans() {
         ("trivial: deleted", va(deleting), trivial, VaPlan::Nothing),
     ];
     for (name, va, support, expected) in cases {
-        assert_eq!(plan(&va, DRIVER, support), expected, "{name}");
+        assert_eq!(plan(&va, DRIVER, support, false), expected, "{name}");
     }
+}
+
+/// The reconcile's force-sync: publish again what the driver lost, unpublish what it still has.
+#[test]
+fn forced_plans() {
+    let attached = va(json!({"status": {"attached": true}}));
+    let released = va(
+        json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["other"]}}),
+    );
+    assert_eq!(plan(&attached, DRIVER, FULL, true), VaPlan::Attach);
+    assert_eq!(plan(&released, DRIVER, FULL, true), VaPlan::Detach);
+    assert_eq!(
+        plan(&attached, DRIVER, DriverSupport::default(), true),
+        VaPlan::Nothing,
+        "a trivial attacher never calls the driver"
+    );
+}
+
+#[test]
+fn claim_patches() {
+    let ours = finalizer(DRIVER);
+    let annotation = format!(
+        "/metadata/annotations/{}",
+        NODE_ID_ANNOTATION.replace('/', "~1")
+    );
+    let cases = [
+        (
+            "bare",
+            va(json!({"metadata": {"resourceVersion": "7"}})),
+            Some(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "add", "path": "/metadata/finalizers", "value": [ours]},
+                {"op": "add", "path": "/metadata/annotations", "value": {NODE_ID_ANNOTATION: "id-a"}},
+            ])),
+        ),
+        (
+            "others' finalizer and annotations",
+            va(json!({"metadata": {"finalizers": ["x"], "annotations": {"a": "b"}}})),
+            Some(json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": ["x"]},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": ours},
+                {"op": "add", "path": annotation, "value": "id-a"},
+            ])),
+        ),
+        (
+            "stale node ID",
+            va(
+                json!({"metadata": {"finalizers": [ours], "annotations": {NODE_ID_ANNOTATION: "old"}}}),
+            ),
+            Some(json!([{"op": "add", "path": annotation, "value": "id-a"}])),
+        ),
+        (
+            "done",
+            va(
+                json!({"metadata": {"finalizers": [ours], "annotations": {NODE_ID_ANNOTATION: "id-a"}}}),
+            ),
+            None,
+        ),
+    ];
+    for (name, va, expected) in cases {
+        assert_eq!(claim_patch(&va, &ours, "id-a"), expected, "{name}");
+    }
+    // The patch applies as JSON patch does on the apiserver.
+    let mut object = json!({"metadata": {"finalizers": ["x"], "annotations": {"a": "b"}}});
+    let patch: json_patch::Patch =
+        serde_json::from_value(claim_patch(&from(object.clone()), &ours, "id-a").unwrap()).unwrap();
+    json_patch::patch(&mut object, &patch).unwrap();
+    assert_eq!(
+        object,
+        json!({"metadata": {"finalizers": ["x", ours], "annotations": {"a": "b", NODE_ID_ANNOTATION: "id-a"}}})
+    );
+}
+
+#[test]
+fn status_patches() {
+    let context: HashMap<String, String> = [("device".to_string(), "/dev/x".to_string())].into();
+    assert_eq!(
+        attached_status(&context),
+        json!({"status": {"attached": true, "attachmentMetadata": {"device": "/dev/x"}, "attachError": null}})
+    );
+    assert_eq!(
+        attached_status(&HashMap::new())["status"]["attachmentMetadata"],
+        Value::Null
+    );
+    assert_eq!(
+        detached_status(),
+        json!({"status": {"attached": false, "attachmentMetadata": null, "detachError": null}})
+    );
+    let time = "2026-01-01T00:00:00Z";
+    assert_eq!(
+        error_status(Operation::Attach, false, "boom", Some(14), time),
+        json!({"status": {"attached": false, "attachError": {"time": time, "message": "boom", "errorCode": 14}}})
+    );
+    assert_eq!(
+        error_status(Operation::Detach, true, "boom", Some(14), time),
+        json!({"status": {"attached": true, "detachError": {"time": time, "message": "boom"}}}),
+        "no errorCode on detach errors, as upstream"
+    );
+}
+
+#[test]
+fn driver_support_from_capabilities() {
+    use csi::controller_service_capability::rpc::Type as Rpc;
+    let mut driver = DriverInfo {
+        controller: [Rpc::PublishUnpublishVolume, Rpc::ListVolumes].into(),
+        ..DriverInfo::default()
+    };
+    assert_eq!(
+        DriverSupport::of(&driver),
+        DriverSupport::default(),
+        "no controller service: trivial"
+    );
+    driver.plugin.controller_service = true;
+    assert_eq!(
+        DriverSupport::of(&driver),
+        DriverSupport {
+            publish_unpublish: true,
+            ..DriverSupport::default()
+        },
+        "ListVolumes alone does not enable the reconcile"
+    );
+    driver
+        .controller
+        .extend([Rpc::ListVolumesPublishedNodes, Rpc::PublishReadonly]);
+    let support = DriverSupport::of(&driver);
+    assert!(support.list_published_nodes && support.publish_readonly);
 }
 
 #[test]

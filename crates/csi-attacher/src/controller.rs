@@ -1,0 +1,698 @@
+//! The attacher's adapters: caches of VolumeAttachments, PVs and CSINodes; a pass over them on
+//! every change plans each VolumeAttachment ([`crate::attach::plan`]) and hands the work to
+//! keyed workers — attaches, detaches and PV finalizer releases in separate lanes, so a detach
+//! storm never starves attaches (external-attacher #761) — and, when the driver can list
+//! published nodes, a periodic reconcile against ListVolumes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::finalizers::{add_finalizer, set_finalizers, without};
+use csi_sidecar::informers::Informers;
+use csi_sidecar::workers::{KeyedWorkers, Synced};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::attach::{self, AttachError, AttachedVolume, DriverSupport, Operation, VaPlan};
+
+/// How the attacher is set up (from its flags and the driver's discovery).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver_name: String,
+    pub support: DriverSupport,
+    pub default_fstype: String,
+    /// Deadline of each ControllerPublish/Unpublish call and of one whole reconcile pass.
+    pub timeout: Duration,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    /// Workers per lane (attach, detach, PV).
+    pub workers: usize,
+    /// Every VolumeAttachment and PV is synced again this often (`--resync`).
+    pub resync: Duration,
+    /// Period of the ListVolumes reconcile (`--reconcile-sync`).
+    pub reconcile_sync: Duration,
+    /// `max_entries` of each ListVolumes page (0: the driver decides).
+    pub max_entries: i32,
+    /// Put the gRPC code of a failed attach into `attachError.errorCode`.
+    pub attach_error_codes: bool,
+    pub metrics: AttacherMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
+}
+
+/// The backlog upstream does not show (external-attacher #706): VolumeAttachments waiting for
+/// an attach or a detach, as of the last pass.
+#[derive(Clone, Debug, Default)]
+pub struct AttacherMetrics {
+    pending: Family<OperationLabel, Gauge>,
+}
+
+impl AttacherMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "csi_attacher_pending_operations",
+            "VolumeAttachments waiting to be attached or detached",
+            metrics.pending.clone(),
+        );
+        metrics
+    }
+
+    fn set_pending(&self, operation: &'static str, count: usize) {
+        self.pending
+            .get_or_create(&OperationLabel { operation })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttacherError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The work item of one VolumeAttachment or one PV.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Attachment(String),
+    Volume(String),
+}
+
+/// Worker lanes.
+const ATTACH: usize = 0;
+const DETACH: usize = 1;
+const VOLUME: usize = 2;
+
+struct Caches {
+    attachments: Store<VolumeAttachment>,
+    volumes: Store<PersistentVolume>,
+    csi_nodes: Store<CSINode>,
+}
+
+struct Attacher {
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    finalizer: String,
+    caches: Caches,
+    workers: Arc<KeyedWorkers<Key>>,
+    /// VolumeAttachment name → resourceVersions our own writes replaced. A sync that reads
+    /// one of them from the cache would redo what we did (a second publish or unpublish), so it
+    /// waits for the watch to bring our write.
+    superseded: Mutex<HashMap<String, HashSet<String>>>,
+    /// VolumeAttachment UIDs whose volume was unpublished but whose finalizer is not removed
+    /// yet: a retry only removes the finalizer (never a second unpublish, upstream #587).
+    unpublished: Mutex<HashSet<String>>,
+    /// VolumeAttachments the reconcile found out of step with the driver.
+    forced: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A failed attach or detach: what goes into `attachError` / `detachError`.
+struct Failure {
+    message: String,
+    code: Option<i32>,
+}
+
+impl From<AttachError> for Failure {
+    fn from(error: AttachError) -> Self {
+        Self {
+            message: error.to_string(),
+            code: None,
+        }
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(status: tonic::Status) -> Self {
+        Self {
+            message: format!(
+                "rpc error: code = {:?} desc = {}",
+                status.code(),
+                status.message()
+            ),
+            code: Some(status.code() as i32),
+        }
+    }
+}
+
+/// Runs the attacher until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), AttacherError> {
+    let mut informers = Informers::new(&client, &shutdown);
+    let caches = Caches {
+        attachments: informers.all(),
+        volumes: informers.all(),
+        csi_nodes: informers.all(),
+    };
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    let attacher = Arc::new(Attacher {
+        finalizer: attach::finalizer(&settings.driver_name),
+        workers: KeyedWorkers::with_lanes(
+            3,
+            settings.workers,
+            settings.retry_start,
+            settings.retry_max,
+        ),
+        client,
+        csi,
+        caches,
+        superseded: Mutex::default(),
+        unpublished: Mutex::default(),
+        forced: Mutex::default(),
+        settings,
+    });
+    tracing::info!(driver = %attacher.settings.driver_name, support = ?attacher.settings.support, "attacher started");
+    // The workers belong to this loop: when it stops every in-flight sync is dropped with it.
+    let mut tasks = JoinSet::new();
+    let reconciled = Arc::new(tokio::sync::Notify::new());
+    if attacher.settings.support.list_published_nodes {
+        tasks.spawn(
+            attacher
+                .clone()
+                .reconcile_loop(reconciled.clone(), shutdown.clone()),
+        );
+    }
+    let mut last_resync = Instant::now();
+    loop {
+        while tasks.try_join_next().is_some() {}
+        if last_resync.elapsed() >= attacher.settings.resync {
+            attacher.workers.resync();
+            last_resync = Instant::now();
+        }
+        attacher.pass(&mut tasks);
+        let next = attacher
+            .workers
+            .next_retry()
+            .unwrap_or(attacher.settings.resync);
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = wake.notified() => {}
+            () = reconciled.notified() => {}
+            () = attacher.workers.retry_due() => {}
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+impl Attacher {
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
+        let attachments = self.caches.attachments.state();
+        self.forget(&attachments);
+        let forced = lock(&self.forced).clone();
+        let (mut attaching, mut detaching) = (0, 0);
+        let mut offered = Vec::new();
+        for va in &attachments {
+            let name = va.name_any();
+            let plan = attach::plan(
+                va,
+                &self.settings.driver_name,
+                self.settings.support,
+                forced.contains(&name),
+            );
+            let lane = match plan {
+                VaPlan::NotOurs | VaPlan::Nothing => continue,
+                VaPlan::Attach | VaPlan::MarkAttached => {
+                    attaching += 1;
+                    ATTACH
+                }
+                VaPlan::Detach => {
+                    detaching += 1;
+                    DETACH
+                }
+            };
+            let version = va.resource_version();
+            if self.is_superseded(&name, version.as_deref()) {
+                continue;
+            }
+            // A forced sync runs even if this version was synced before.
+            let version = version.filter(|_| !forced.contains(&name));
+            offered.push(((Key::Attachment(name), version), lane));
+        }
+        self.settings.metrics.set_pending("attach", attaching);
+        self.settings.metrics.set_pending("detach", detaching);
+        for pv in self.caches.volumes.state() {
+            if pv.metadata.deletion_timestamp.is_some() && pv.finalizers().contains(&self.finalizer)
+            {
+                offered.push(((Key::Volume(pv.name_any()), pv.resource_version()), VOLUME));
+            }
+        }
+        let lanes: HashMap<Key, usize> = offered
+            .iter()
+            .map(|((key, _), lane)| (key.clone(), *lane))
+            .collect();
+        let changed = self
+            .workers
+            .changed(offered.into_iter().map(|(offer, _)| offer));
+        for (key, version) in changed {
+            let lane = lanes.get(&key).copied().unwrap_or(ATTACH);
+            let this = self.clone();
+            let sync_key = key.clone();
+            self.workers
+                .schedule(lane, key, version, tasks, move || async move {
+                    match &sync_key {
+                        Key::Attachment(name) => this.sync_attachment(name).await,
+                        Key::Volume(name) => this.sync_volume(name).await,
+                    }
+                });
+        }
+    }
+
+    /// Drops in-memory state of VolumeAttachments that are gone, and superseded versions the
+    /// cache has moved past.
+    fn forget(&self, attachments: &[Arc<VolumeAttachment>]) {
+        let current: HashMap<String, (Option<String>, Option<String>)> = attachments
+            .iter()
+            .map(|va| (va.name_any(), (va.resource_version(), va.uid())))
+            .collect();
+        lock(&self.superseded).retain(|name, versions| {
+            current
+                .get(name)
+                .and_then(|(version, _)| version.as_ref())
+                .is_some_and(|version| versions.contains(version))
+        });
+        let uids: HashSet<&String> = current
+            .values()
+            .filter_map(|(_, uid)| uid.as_ref())
+            .collect();
+        lock(&self.unpublished).retain(|uid| uids.contains(uid));
+        lock(&self.forced).retain(|name| current.contains_key(name));
+    }
+
+    fn is_superseded(&self, name: &str, version: Option<&str>) -> bool {
+        version.is_some_and(|version| {
+            lock(&self.superseded)
+                .get(name)
+                .is_some_and(|versions| versions.contains(version))
+        })
+    }
+
+    /// Records that our write replaced `va`'s version.
+    fn wrote(&self, va: &VolumeAttachment) {
+        if let Some(version) = va.resource_version() {
+            lock(&self.superseded)
+                .entry(va.name_any())
+                .or_default()
+                .insert(version);
+        }
+    }
+
+    fn attachments(&self) -> Api<VolumeAttachment> {
+        Api::all(self.client.clone())
+    }
+
+    async fn sync_attachment(&self, name: &str) -> Result<Synced, String> {
+        let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
+            return Ok(Synced::Done);
+        };
+        if self.is_superseded(name, va.resource_version().as_deref()) {
+            return Ok(Synced::Waiting);
+        }
+        let forced = lock(&self.forced).contains(name);
+        let plan = attach::plan(
+            &va,
+            &self.settings.driver_name,
+            self.settings.support,
+            forced,
+        );
+        let result = match plan {
+            VaPlan::NotOurs | VaPlan::Nothing => Ok(()),
+            VaPlan::MarkAttached => self.mark_attached(&va).await,
+            VaPlan::Attach => self.attach(&va).await,
+            VaPlan::Detach => self.detach(&va).await,
+        };
+        if result.is_ok() && forced {
+            lock(&self.forced).remove(name);
+        }
+        result.map(|()| Synced::Done)
+    }
+
+    /// Trivial mode: attached, no finalizer, no CSI call.
+    async fn mark_attached(&self, va: &VolumeAttachment) -> Result<(), String> {
+        self.patch_status(va, attach::attached_status(&HashMap::new()))
+            .await
+            .map(drop)
+    }
+
+    async fn attach(&self, va: &VolumeAttachment) -> Result<(), String> {
+        let name = va.name_any();
+        let published = match self.publish(va).await {
+            Ok(published) => published,
+            Err(failure) => {
+                let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let status = attach::error_status(
+                    Operation::Attach,
+                    attached,
+                    &failure.message,
+                    failure.code.filter(|_| self.settings.attach_error_codes),
+                    &now(),
+                );
+                if let Err(error) = self.patch_status(va, status).await {
+                    tracing::warn!(attachment = %name, %error, "saving the attach error failed");
+                }
+                return Err(format!("attaching {name}: {}", failure.message));
+            }
+        };
+        let (current, context) = published;
+        self.patch_status(&current, attach::attached_status(&context))
+            .await?;
+        tracing::info!(attachment = %name, node = %va.spec.node_name, "attached");
+        Ok(())
+    }
+
+    /// Every check, the PV finalizer, our VA finalizer + node-ID annotation, then
+    /// ControllerPublishVolume. Returns the VolumeAttachment as last written and the publish
+    /// context.
+    async fn publish(
+        &self,
+        va: &VolumeAttachment,
+    ) -> Result<(VolumeAttachment, HashMap<String, String>), Failure> {
+        let pv = self.cached_volume(va);
+        let volume = attach::attached_volume(va, pv.as_deref())?;
+        if let Some(pv) = &pv {
+            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            match add_finalizer(&api, pv.as_ref(), &self.finalizer).await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(AttachError::MissingVolume(pv.name_any()).into()),
+                Err(error) => return Err(message(error.to_string())),
+            }
+        }
+        let node = &va.spec.node_name;
+        let csi_node = self.caches.csi_nodes.get(&ObjectRef::new(node));
+        let node_id =
+            attach::attach_node_id(node, csi_node.as_deref(), &self.settings.driver_name)?;
+        let secrets = self.secrets(&volume).await?;
+        let request = attach::publish_request(
+            &volume,
+            &node_id,
+            &self.settings.default_fstype,
+            self.settings.support,
+            secrets,
+        )?;
+        let current = match attach::claim_patch(va, &self.finalizer, &node_id) {
+            Some(ops) => self.patch_metadata(va, ops).await.map_err(message)?,
+            None => va.clone(),
+        };
+        let response = self
+            .csi
+            .controller_publish_volume(request, self.settings.timeout)
+            .await?;
+        Ok((current, response.publish_context.into_iter().collect()))
+    }
+
+    async fn detach(&self, va: &VolumeAttachment) -> Result<(), String> {
+        let name = va.name_any();
+        let uid = va.uid().unwrap_or_default();
+        if !lock(&self.unpublished).contains(&uid) {
+            if let Err(failure) = self.unpublish(va).await {
+                let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let status = attach::error_status(
+                    Operation::Detach,
+                    attached,
+                    &failure.message,
+                    failure.code,
+                    &now(),
+                );
+                if let Err(error) = self.patch_status(va, status).await {
+                    tracing::warn!(attachment = %name, %error, "saving the detach error failed");
+                }
+                return Err(format!("detaching {name}: {}", failure.message));
+            }
+            lock(&self.unpublished).insert(uid.clone());
+        }
+        // The finalizer first, then the status (upstream #587: the other order let a sync see
+        // "finalizer and not attached" and unpublish again).
+        let finalizers = without(va.finalizers(), &self.finalizer);
+        let current = if finalizers.len() == va.finalizers().len() {
+            Some(va.clone())
+        } else {
+            let updated = set_finalizers(&self.attachments(), va, finalizers)
+                .await
+                .map_err(String::from)?;
+            self.wrote(va);
+            updated
+        };
+        lock(&self.unpublished).remove(&uid);
+        if let Some(current) = current {
+            self.patch_status(&current, attach::detached_status())
+                .await?;
+        }
+        tracing::info!(attachment = %name, node = %va.spec.node_name, "detached");
+        Ok(())
+    }
+
+    async fn unpublish(&self, va: &VolumeAttachment) -> Result<(), Failure> {
+        let pv = self.cached_volume(va);
+        let volume = attach::volume_of(va, pv.as_deref())?;
+        let csi_node = self
+            .caches
+            .csi_nodes
+            .get(&ObjectRef::new(&va.spec.node_name));
+        let node_id = attach::detach_node_id(va, csi_node.as_deref(), &self.settings.driver_name)?;
+        let secrets = self.secrets(&volume).await?;
+        let request = attach::unpublish_request(&volume.csi.volume_handle, &node_id, secrets);
+        self.csi
+            .controller_unpublish_volume(request, self.settings.timeout)
+            .await?;
+        Ok(())
+    }
+
+    fn cached_volume(&self, va: &VolumeAttachment) -> Option<Arc<PersistentVolume>> {
+        let name = va.spec.source.persistent_volume_name.as_ref()?;
+        self.caches.volumes.get(&ObjectRef::new(name))
+    }
+
+    /// The publish secrets: a live GET (secrets are not cached, as upstream).
+    async fn secrets(&self, volume: &AttachedVolume) -> Result<HashMap<String, String>, Failure> {
+        let Some(reference) = attach::publish_secret(volume) else {
+            return Ok(HashMap::new());
+        };
+        csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
+            .await
+            .map(|data| data.into_inner())
+            .map_err(|error| message(error.to_string()))
+    }
+
+    async fn patch_metadata(
+        &self,
+        va: &VolumeAttachment,
+        ops: Value,
+    ) -> Result<VolumeAttachment, String> {
+        let ops: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| format!("building the patch: {e}"))?;
+        let updated = self
+            .attachments()
+            .patch(
+                &va.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(ops),
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "adding the finalizer to VolumeAttachment {}: {e}",
+                    va.name_any()
+                )
+            })?;
+        self.wrote(va);
+        Ok(updated)
+    }
+
+    /// A merge patch of the status subresource; a VolumeAttachment that is gone is fine.
+    async fn patch_status(
+        &self,
+        va: &VolumeAttachment,
+        status: Value,
+    ) -> Result<Option<VolumeAttachment>, String> {
+        match self
+            .attachments()
+            .patch_status(
+                &va.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+        {
+            Ok(updated) => {
+                self.wrote(va);
+                Ok(Some(updated))
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(error) => Err(format!(
+                "updating the status of VolumeAttachment {}: {error}",
+                va.name_any()
+            )),
+        }
+    }
+
+    /// Releases a PV being deleted once no VolumeAttachment names it.
+    async fn sync_volume(&self, name: &str) -> Result<Synced, String> {
+        let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+            return Ok(Synced::Done);
+        };
+        if pv.metadata.deletion_timestamp.is_none() || !pv.finalizers().contains(&self.finalizer) {
+            return Ok(Synced::Done);
+        }
+        let in_use = self
+            .caches
+            .attachments
+            .state()
+            .iter()
+            .any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name));
+        if in_use {
+            return Ok(Synced::Waiting);
+        }
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        set_finalizers(&api, &pv, without(pv.finalizers(), &self.finalizer))
+            .await
+            .map_err(String::from)?;
+        tracing::info!(volume = %name, "released the PersistentVolume");
+        Ok(Synced::Done)
+    }
+
+    /// Every `--reconcile-sync`: compares each VolumeAttachment's `status.attached` with the
+    /// driver's published nodes and forces a sync of those out of step. The reconcile itself
+    /// writes nothing, so it never races the workers.
+    async fn reconcile_loop(
+        self: Arc<Self>,
+        reconciled: Arc<tokio::sync::Notify>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.settings.reconcile_sync) => {}
+            }
+            match self.reconcile().await {
+                Ok(0) => {}
+                Ok(count) => {
+                    tracing::info!(
+                        count,
+                        "VolumeAttachments out of step with the driver, syncing them again"
+                    );
+                    reconciled.notify_one();
+                }
+                Err(error) => tracing::warn!(%error, "reconcile with ListVolumes failed"),
+            }
+        }
+    }
+
+    /// One reconcile pass; returns how many VolumeAttachments were forced.
+    async fn reconcile(&self) -> Result<usize, String> {
+        // Read the VolumeAttachments before listing: one whose version changed meanwhile (or
+        // whose sync runs) is in motion and is left to its worker.
+        let before: Vec<Arc<VolumeAttachment>> = self
+            .caches
+            .attachments
+            .state()
+            .into_iter()
+            .filter(|va| va.spec.attacher == self.settings.driver_name)
+            .collect();
+        let published = tokio::time::timeout(self.settings.timeout, self.published_nodes())
+            .await
+            .map_err(|_| format!("ListVolumes took longer than {:?}", self.settings.timeout))??;
+        let mut forced = 0;
+        for va in before {
+            let name = va.name_any();
+            let still = self.caches.attachments.get(&ObjectRef::new(&name));
+            if still.is_none_or(|now| now.resource_version() != va.resource_version())
+                || self.workers.is_running(&Key::Attachment(name.clone()))
+            {
+                continue;
+            }
+            let pv = self.cached_volume(&va);
+            let Ok(volume) = attach::volume_of(&va, pv.as_deref()) else {
+                continue;
+            };
+            let csi_node = self
+                .caches
+                .csi_nodes
+                .get(&ObjectRef::new(&va.spec.node_name));
+            let Ok(node_id) =
+                attach::detach_node_id(&va, csi_node.as_deref(), &self.settings.driver_name)
+            else {
+                continue;
+            };
+            let found = published
+                .get(&volume.csi.volume_handle)
+                .is_some_and(|nodes| nodes.contains(&node_id));
+            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            if attached != found {
+                tracing::info!(attachment = %name, attached, published = found, "out of step with the driver");
+                lock(&self.forced).insert(name);
+                forced += 1;
+            }
+        }
+        Ok(forced)
+    }
+
+    /// Volume ID → the node IDs it is published to, over every ListVolumes page.
+    async fn published_nodes(&self) -> Result<HashMap<String, HashSet<String>>, String> {
+        let mut published = HashMap::new();
+        let mut token = String::new();
+        loop {
+            let request = csi::ListVolumesRequest {
+                max_entries: self.settings.max_entries,
+                starting_token: token.clone(),
+            };
+            let page = self
+                .csi
+                .list_volumes(request, self.settings.timeout)
+                .await
+                .map_err(|status| format!("ListVolumes: {}", status.message()))?;
+            for entry in page.entries {
+                let (Some(volume), Some(status)) = (entry.volume, entry.status) else {
+                    continue;
+                };
+                published
+                    .entry(volume.volume_id)
+                    .or_insert_with(HashSet::new)
+                    .extend(status.published_node_ids);
+            }
+            if page.next_token.is_empty() {
+                return Ok(published);
+            }
+            token = page.next_token;
+        }
+    }
+}
+
+fn message(message: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        code: None,
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map_or_else(|_| String::new(), |t| t.to_string())
+}

@@ -1,0 +1,99 @@
+//! Startup as external-attacher does it (cmd/csi-attacher): Kubernetes client, CSI connection
+//! (bounded wait, Probe until ready, exit on loss), driver discovery — no controller service or
+//! no PUBLISH_UNPUBLISH_VOLUME makes the attacher trivial — metrics and health on
+//! `--http-endpoint`, then the controller, under leader election on the Lease
+//! `external-attacher-leader-<driver>` when asked (losing it exits).
+
+use csi_sidecar::conn::{ConnError, Services};
+use csi_sidecar::flags::FeatureGate;
+use csi_sidecar::kube::KubeClientError;
+use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
+use csi_sidecar::metrics::CsiOperationMetrics;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::attach::DriverSupport;
+use crate::controller::{self, AttacherError, AttacherMetrics, Settings};
+use crate::flags::AttacherArgs;
+
+/// GA upstream (default on): `attachError.errorCode` carries the gRPC code of a failed attach.
+pub const ERROR_CODE_GATE: FeatureGate = FeatureGate {
+    name: "MutableCSINodeAllocatableCount",
+    default: true,
+    locked: false,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Kube(#[from] KubeClientError),
+    #[error(transparent)]
+    Csi(#[from] ConnError),
+    #[error(transparent)]
+    Http(#[from] csi_sidecar::http::HttpError),
+    #[error(transparent)]
+    LeaderElection(#[from] LeaderElectionError),
+    #[error(transparent)]
+    Attacher(#[from] AttacherError),
+    #[error("{0}")]
+    FeatureGates(String),
+}
+
+pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let sidecar = &args.sidecar;
+    let gates = csi_sidecar::flags::resolve_feature_gates(
+        &sidecar.feature_gates,
+        &[RELEASE_ON_EXIT_GATE, ERROR_CODE_GATE],
+    )
+    .map_err(RunError::FeatureGates)?;
+    let gate = |gate: FeatureGate| gates.get(gate.name).copied().unwrap_or(gate.default);
+    let client = csi_sidecar::kube::client(&sidecar.kube).await?;
+
+    let mut registry = Registry::default();
+    let metrics = CsiOperationMetrics::register(&mut registry);
+    let attacher_metrics = AttacherMetrics::register(&mut registry);
+    let services = Services {
+        controller: true,
+        node: false,
+    };
+    let (csi, driver) =
+        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
+    let csi = csi.with_max_log_length(
+        usize::try_from(args.max_grpc_log_length)
+            .ok()
+            .filter(|n| *n > 0),
+    );
+    let support = DriverSupport::of(&driver);
+    if !support.publish_unpublish {
+        tracing::info!(driver = %driver.name, "the driver does not publish volumes: VolumeAttachments are marked attached without calling it");
+    }
+    let status = csi_sidecar::startup::serve_http(sidecar, registry, shutdown.clone()).await?;
+
+    let settings = Settings {
+        driver_name: driver.name.clone(),
+        support,
+        default_fstype: args.default_fstype.clone(),
+        timeout: sidecar.csi.timeout,
+        retry_start: sidecar.workers.retry_interval_start,
+        retry_max: sidecar.workers.retry_interval_max,
+        workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
+        resync: args.resync,
+        reconcile_sync: args.reconcile_sync,
+        max_entries: args.max_entries,
+        attach_error_codes: gate(ERROR_CODE_GATE),
+        metrics: attacher_metrics,
+    };
+    let lock_name = format!("external-attacher-leader-{}", driver.name);
+    let work_client = client.clone();
+    csi_sidecar::startup::run_controller(
+        client,
+        sidecar,
+        &lock_name,
+        gate(RELEASE_ON_EXIT_GATE),
+        status,
+        shutdown,
+        |token| controller::run(work_client, csi, settings, token),
+    )
+    .await??;
+    Ok(())
+}
