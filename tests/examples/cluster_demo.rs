@@ -163,6 +163,31 @@ async fn story() {
         format!("Pod writer, VolumeAttachment {}…", &va[..16]),
     );
 
+    story.begin("csi-attacher published the volume to node-b and recorded it");
+    let attachment = cluster
+        .cluster_scoped::<VolumeAttachment>()
+        .get(&va)
+        .await
+        .expect("the VolumeAttachment");
+    let attacher_finalizer = csi_attacher::attach::finalizer(&driver);
+    assert!(attachment.status.as_ref().is_some_and(|s| s.attached));
+    assert!(attachment.finalizers().contains(&attacher_finalizer));
+    let node_id = attachment
+        .annotations()
+        .get(csi_attacher::attach::NODE_ID_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .expect("the PV");
+    assert!(pv.finalizers().contains(&attacher_finalizer));
+    story.done(
+        "ControllerPublishVolume done: attached, finalizer on VA and PV, node ID annotated",
+        format!("{attacher_finalizer}, node-id {node_id}"),
+    );
+
     let target = target_path(
         &cluster.driver.kubelet_dir(NODE),
         &created.uid().unwrap_or_default(),
@@ -223,7 +248,9 @@ async fn story() {
     assert!(!target.exists(), "unpublished");
     story.done("volume unmounted, pod removed", "Pod writer");
 
-    story.begin("the attach/detach controller detaches the unused volume");
+    story.begin(
+        "the attach/detach controller deletes the VolumeAttachment; csi-attacher unpublishes, then releases it",
+    );
     cluster
         .wait_gone(
             &cluster.cluster_scoped::<VolumeAttachment>(),
@@ -232,7 +259,7 @@ async fn story() {
         )
         .await;
     story.done(
-        "VolumeAttachment deleted",
+        "ControllerUnpublishVolume done, VolumeAttachment gone",
         format!("VolumeAttachment {}…", &va[..16]),
     );
 

@@ -21,6 +21,8 @@ use tokio::task::JoinSet;
 pub struct Call {
     pub path: String,
     pub message: Bytes,
+    /// Failed by the proxy ([`CsiProxy::fail_with`]), never reached the driver.
+    pub failed: bool,
 }
 
 #[derive(Default)]
@@ -28,6 +30,9 @@ struct Shared {
     calls: Mutex<Vec<Call>>,
     /// While set, every call fails with this gRPC status code and message.
     failure: Mutex<Option<(tonic::Code, String)>>,
+    /// Calls whose path ends with this are answered only after this delay (the driver has
+    /// done the work; the caller does not know yet).
+    delay: Mutex<Option<(String, std::time::Duration)>>,
 }
 
 /// The proxy; dropping it stops it.
@@ -71,6 +76,20 @@ impl CsiProxy {
             .filter(|c| c.path.ends_with("/CreateVolume"))
             .filter_map(|c| csi_proto::csi::v1::CreateVolumeRequest::decode(c.message).ok())
             .collect()
+    }
+
+    /// How many calls of `method` (`ControllerPublishVolume`) reached the driver.
+    pub fn forwarded(&self, method: &str) -> usize {
+        let suffix = format!("/{method}");
+        self.calls()
+            .iter()
+            .filter(|c| !c.failed && c.path.ends_with(&suffix))
+            .count()
+    }
+
+    /// Holds the driver's answers to `method` for `delay` (`None`: answer at once).
+    pub fn delay_responses(&self, delay: Option<(&str, std::time::Duration)>) {
+        *lock(&self.shared.delay) = delay.map(|(method, delay)| (format!("/{method}"), delay));
     }
 
     /// Makes every call fail with `code` (`None`: forward again).
@@ -118,13 +137,23 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
                 .get(5..)
                 .map(Bytes::copy_from_slice)
                 .unwrap_or_default();
-            lock(&shared.calls).push(Call { path, message });
             let failure = lock(&shared.failure).clone();
+            lock(&shared.calls).push(Call {
+                path: path.clone(),
+                message,
+                failed: failure.is_some(),
+            });
             if let Some((code, text)) = failure {
                 return Ok::<Response, hyper::Error>(status_only(code, &text));
             }
             let forwarded = http::Request::from_parts(parts, Full::new(body));
             let response = sender.send_request(forwarded).await?;
+            let delay = lock(&shared.delay)
+                .clone()
+                .filter(|(suffix, _)| path.ends_with(suffix.as_str()));
+            if let Some((_, delay)) = delay {
+                tokio::time::sleep(delay).await;
+            }
             Ok(response.map(|b| b.boxed()))
         }
     });

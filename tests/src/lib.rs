@@ -347,8 +347,17 @@ impl Cluster {
 
     /// Waits until `check` holds (for conditions that are not one object's state).
     pub async fn eventually(&self, what: &str, mut check: impl FnMut() -> bool) {
+        self.eventually_async(what, || std::future::ready(check()))
+            .await;
+    }
+
+    /// [`Cluster::eventually`] with a check that calls the API or the driver.
+    pub async fn eventually_async<F>(&self, what: &str, mut check: impl FnMut() -> F)
+    where
+        F: std::future::Future<Output = bool>,
+    {
         let deadline = Instant::now() + step_timeout();
-        while !check() {
+        while !check().await {
             if Instant::now() > deadline {
                 self.dump().await;
                 panic!("timed out waiting for {what}");

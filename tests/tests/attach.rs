@@ -1,0 +1,542 @@
+//! csi-attacher against the reference driver (through a recording proxy, so every
+//! ControllerPublish/Unpublish that reached the driver is counted) and kube-sim's
+//! attach-detach controller and kubelets: attach → mount, detach → release, errors in status
+//! with retries, a deleted node, trivial mode, the ListVolumes reconcile, API conflicts and a
+//! kill between publish and status. Scenarios that create VolumeAttachments themselves use
+//! their own driver name, so they can share a real cluster.
+
+use std::time::Duration;
+
+use csi_attacher::attach::{NODE_ID_ANNOTATION, finalizer};
+use csi_proto::csi::v1 as csi;
+use csi_suite_scenarios::csi_proxy::CsiProxy;
+use csi_suite_scenarios::fixtures::{
+    is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv, static_pvc,
+};
+use csi_suite_scenarios::{Cluster, Options, Sidecar, real_cluster, skip_without_root};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
+use prost::Message;
+use serde_json::json;
+
+fn attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+fn attach_error(va: &VolumeAttachment) -> Option<(String, Option<i32>)> {
+    let error = va.status.as_ref()?.attach_error.as_ref()?;
+    let value = serde_json::to_value(error).ok()?;
+    Some((
+        error.message.clone().unwrap_or_default(),
+        value
+            .get("errorCode")
+            .and_then(|c| c.as_i64())
+            .and_then(|c| i32::try_from(c).ok()),
+    ))
+}
+
+/// The attacher for `cluster`, talking to the driver through a recording proxy.
+async fn attacher_through_proxy(cluster: &Cluster) -> (CsiProxy, Sidecar) {
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let attacher = cluster.start_attacher_via(csi, |_| {}).await;
+    (proxy, attacher)
+}
+
+/// A static PV (and its volume at the driver) named after the scenario; returns its name and
+/// volume handle.
+async fn static_volume(cluster: &Cluster, name: &str) -> (String, String) {
+    let pv_name = format!("{}-{name}", cluster.namespace);
+    let handle = provision_static_volume(&cluster.driver.controller.csi, &pv_name, 1 << 20).await;
+    cluster
+        .create(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            static_pv(&pv_name, &cluster.driver_name, &handle, "1Mi"),
+        )
+        .await;
+    (pv_name, handle)
+}
+
+/// A VolumeAttachment as the attach-detach controller writes it.
+async fn create_attachment(cluster: &Cluster, name: &str, node: &str, pv: &str) {
+    cluster
+        .create(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            json!({"metadata": {"name": name}, "spec": {"attacher": cluster.driver_name,
+                "nodeName": node, "source": {"persistentVolumeName": pv}}}),
+        )
+        .await;
+}
+
+async fn wait_attached(cluster: &Cluster, name: &str) -> VolumeAttachment {
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            name,
+            "the VolumeAttachment attached",
+            attached,
+        )
+        .await
+}
+
+/// The node IDs the driver reports `handle` published to (ListVolumes).
+async fn published_nodes(cluster: &Cluster, handle: &str) -> Vec<String> {
+    let response = cluster
+        .driver
+        .controller
+        .csi
+        .list_volumes(csi::ListVolumesRequest::default(), Duration::from_secs(10))
+        .await
+        .expect("ListVolumes");
+    response
+        .entries
+        .into_iter()
+        .filter(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == handle))
+        .flat_map(|e| e.status.map(|s| s.published_node_ids).unwrap_or_default())
+        .collect()
+}
+
+async fn node_id(cluster: &Cluster, node: &str) -> String {
+    let csi_node = cluster
+        .cluster_scoped::<CSINode>()
+        .get(node)
+        .await
+        .expect("the CSINode");
+    csi_node
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == cluster.driver_name)
+        .map(|d| d.node_id.clone())
+        .expect("the driver in the CSINode")
+}
+
+/// Deletes a VolumeAttachment and waits until the attacher detached and released it.
+async fn detach(cluster: &Cluster, name: &str) {
+    cluster
+        .delete_and_wait(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            name,
+            "the VolumeAttachment detached",
+        )
+        .await;
+}
+
+/// ControllerPublishVolume and ControllerUnpublishVolume calls that reached the driver.
+fn publishes_and_unpublishes(proxy: &CsiProxy) -> (usize, usize) {
+    (
+        proxy.forwarded("ControllerPublishVolume"),
+        proxy.forwarded("ControllerUnpublishVolume"),
+    )
+}
+
+fn options(driver: &str) -> Options {
+    Options {
+        driver_name: driver.to_string(),
+        ..Options::default()
+    }
+}
+
+#[tokio::test]
+async fn attach_publishes_for_the_pod_and_detach_releases_the_volume() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("attach").await;
+    let ours = finalizer(&cluster.driver_name);
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let (_, pv_name, target) =
+        running_pod_with_static_volume(&cluster, "app", "node-b", |_| {}).await;
+    assert!(target.exists(), "mounted at the pod's target path");
+
+    let vas = cluster
+        .cluster_scoped::<VolumeAttachment>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let va = vas
+        .items
+        .iter()
+        .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv_name.as_str()))
+        .expect("the attach-detach controller's VolumeAttachment");
+    let va_name = va.name_any();
+    assert!(attached(va));
+    assert_eq!(
+        va.finalizers(),
+        std::slice::from_ref(&ours),
+        "our finalizer on the VA"
+    );
+    assert_eq!(
+        va.annotations().get(NODE_ID_ANNOTATION),
+        Some(&node_id(&cluster, "node-b").await),
+        "the node ID the volume was published to"
+    );
+    let pvs = cluster.cluster_scoped::<PersistentVolume>();
+    let pv = pvs.get(&pv_name).await.unwrap();
+    assert!(pv.finalizers().contains(&ours), "our finalizer on the PV");
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
+
+    cluster
+        .delete_and_wait(
+            &cluster.namespaced::<Pod>(),
+            "app",
+            "the pod deleted and unmounted",
+        )
+        .await;
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            &va_name,
+            "the VolumeAttachment detached and removed",
+        )
+        .await;
+    assert_eq!(
+        publishes_and_unpublishes(&proxy),
+        (1, 1),
+        "one publish, one unpublish"
+    );
+    let pv = pvs.get(&pv_name).await.unwrap();
+    assert!(
+        pv.finalizers().contains(&ours),
+        "a live PV keeps the finalizer, as upstream"
+    );
+
+    cluster
+        .delete_and_wait(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "app",
+            "the claim",
+        )
+        .await;
+    cluster
+        .delete_and_wait(&pvs, &pv_name, "the PV released by the attacher")
+        .await;
+    attacher.stop().await;
+    cluster.stop(&[]).await;
+}
+
+#[tokio::test]
+async fn attach_errors_are_reported_in_status_and_retried_until_attached() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("attach-error").await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    proxy.fail_with(Some((tonic::Code::Unavailable, "driver restarting")));
+    let (pv_name, _) = static_volume(&cluster, "app").await;
+    let _: PersistentVolumeClaim = cluster
+        .create(&cluster.namespaced(), static_pvc("app", "1Mi"))
+        .await;
+    let _: Pod = cluster
+        .create(
+            &cluster.namespaced(),
+            pod("app", "node-a", Some("app"), false),
+        )
+        .await;
+    let vas = cluster.cluster_scoped::<VolumeAttachment>();
+    let failing = || async {
+        vas.list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(&pv_name))
+            // (The first error may be another: the CSINode can lag the driver's registration.)
+            .find(|va| attach_error(va).is_some_and(|(m, _)| m.contains("driver restarting")))
+    };
+    cluster
+        .eventually_async(
+            "an attach error in the VolumeAttachment's status",
+            || async { failing().await.is_some() },
+        )
+        .await;
+    let va = failing().await.expect("the failing VolumeAttachment");
+    let va_name = va.name_any();
+    let (message, code) = attach_error(&va).unwrap();
+    assert!(message.contains("Unavailable"), "{message}");
+    assert_eq!(code, Some(tonic::Code::Unavailable as i32), "errorCode");
+    assert!(!attached(&va));
+
+    proxy.fail_with(None);
+    let va = wait_attached(&cluster, &va_name).await;
+    assert!(attach_error(&va).is_none(), "the error is cleared");
+    assert!(
+        proxy
+            .calls()
+            .iter()
+            .filter(|c| c.failed && c.path.ends_with("/ControllerPublishVolume"))
+            .count()
+            >= 1
+    );
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app",
+            "the pod running",
+            is_running,
+        )
+        .await;
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
+
+#[tokio::test]
+async fn attach_detach_of_a_volume_attachment_whose_node_was_deleted() {
+    let cluster = Cluster::start_with(
+        "attach-node-gone",
+        Options {
+            nodes: vec!["node-a".to_string(), "node-doomed".to_string()],
+            ..options("a-gone.io")
+        },
+    )
+    .await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let (pv_name, handle) = static_volume(&cluster, "vol").await;
+    let va_name = format!("{}-doomed", cluster.namespace);
+    create_attachment(&cluster, &va_name, "node-doomed", &pv_name).await;
+    wait_attached(&cluster, &va_name).await;
+    let doomed_id = node_id(&cluster, "node-doomed").await;
+    assert_eq!(
+        published_nodes(&cluster, &handle).await,
+        std::slice::from_ref(&doomed_id)
+    );
+
+    cluster.kubelet("node-doomed").stop().await;
+    cluster
+        .delete_and_wait(
+            &cluster.cluster_scoped::<CSINode>(),
+            "node-doomed",
+            "the CSINode",
+        )
+        .await;
+    cluster
+        .delete_and_wait(&cluster.cluster_scoped::<Node>(), "node-doomed", "the Node")
+        .await;
+    cluster
+        .delete_and_wait(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            &va_name,
+            "the VolumeAttachment of the deleted node detached",
+        )
+        .await;
+    let unpublished: Vec<csi::ControllerUnpublishVolumeRequest> = proxy
+        .calls()
+        .into_iter()
+        .filter(|c| !c.failed && c.path.ends_with("/ControllerUnpublishVolume"))
+        .filter_map(|c| csi::ControllerUnpublishVolumeRequest::decode(c.message).ok())
+        .collect();
+    assert_eq!(unpublished.len(), 1);
+    assert_eq!(
+        (
+            unpublished[0].volume_id.as_str(),
+            unpublished[0].node_id.as_str()
+        ),
+        (handle.as_str(), doomed_id.as_str()),
+        "the node ID recorded on the VolumeAttachment"
+    );
+    assert!(published_nodes(&cluster, &handle).await.is_empty());
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
+
+#[tokio::test]
+async fn attach_trivial_mode_marks_attached_without_calling_the_driver() {
+    let cluster = Cluster::start_with(
+        "attach-trivial",
+        Options {
+            attach_required: false,
+            ..options("a-trivial.io")
+        },
+    )
+    .await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let (pv_name, handle) = static_volume(&cluster, "vol").await;
+    let va_name = format!("{}-pv", cluster.namespace);
+    create_attachment(&cluster, &va_name, "node-a", &pv_name).await;
+    let inline_name = format!("{}-inline", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            json!({"metadata": {"name": inline_name}, "spec": {"attacher": cluster.driver_name,
+                "nodeName": "node-a", "source": {"inlineVolumeSpec": {"accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": cluster.driver_name, "volumeHandle": handle}}}}}),
+        )
+        .await;
+    for name in [&va_name, &inline_name] {
+        let va = wait_attached(&cluster, name).await;
+        assert!(va.finalizers().is_empty(), "no finalizer in trivial mode");
+    }
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .unwrap();
+    assert!(!pv.finalizers().contains(&finalizer(&cluster.driver_name)));
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 0);
+    for name in [&va_name, &inline_name] {
+        cluster
+            .delete_and_wait(
+                &cluster.cluster_scoped::<VolumeAttachment>(),
+                name,
+                "the VolumeAttachment removed at once",
+            )
+            .await;
+    }
+    assert_eq!(proxy.forwarded("ControllerUnpublishVolume"), 0);
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
+
+#[tokio::test]
+async fn attach_reconcile_publishes_again_what_the_driver_lost() {
+    let cluster = Cluster::start_with("attach-reconcile", options("a-reconcile.io")).await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let (pv_name, handle) = static_volume(&cluster, "vol").await;
+    let va_name = format!("{}-lost", cluster.namespace);
+    create_attachment(&cluster, &va_name, "node-a", &pv_name).await;
+    wait_attached(&cluster, &va_name).await;
+    let id = node_id(&cluster, "node-a").await;
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
+
+    // The driver loses the attachment behind Kubernetes' back.
+    cluster
+        .driver
+        .controller
+        .csi
+        .controller_unpublish_volume(
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: handle.clone(),
+                node_id: id.clone(),
+                secrets: Default::default(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("an out-of-band unpublish");
+    assert!(published_nodes(&cluster, &handle).await.is_empty());
+    cluster
+        .eventually("the reconcile published the volume again", || {
+            proxy.forwarded("ControllerPublishVolume") == 2
+        })
+        .await;
+    cluster
+        .eventually_async("the driver has the attachment again", || async {
+            published_nodes(&cluster, &handle).await == [id.clone()]
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        proxy.forwarded("ControllerPublishVolume"),
+        2,
+        "in step again: no more publishes"
+    );
+    assert!(
+        wait_attached(&cluster, &va_name)
+            .await
+            .status
+            .unwrap()
+            .attached
+    );
+    detach(&cluster, &va_name).await;
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
+
+/// Conflicts on every kind of write the attacher makes, and a driver that is briefly
+/// unavailable: retried until attached and detached, with exactly one publish and one
+/// unpublish reaching the driver.
+#[tokio::test]
+async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
+    if real_cluster() {
+        eprintln!("skipped: injects apiserver faults (kube-sim only)");
+        return;
+    }
+    let cluster = Cluster::start_with("attach-conflicts", options("a-conflict.io")).await;
+    let sim = cluster.sim.as_ref().expect("kube-sim");
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let (pv_name, _) = static_volume(&cluster, "vol").await;
+    sim.fail_next(
+        "PATCH",
+        "persistentvolumes",
+        http::StatusCode::CONFLICT,
+        2,
+        None,
+    );
+    sim.fail_next(
+        "PATCH",
+        "volumeattachments",
+        http::StatusCode::CONFLICT,
+        3,
+        None,
+    );
+    proxy.fail_with(Some((tonic::Code::Unavailable, "driver restarting")));
+    let va_name = format!("{}-busy", cluster.namespace);
+    create_attachment(&cluster, &va_name, "node-a", &pv_name).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.fail_with(None);
+    wait_attached(&cluster, &va_name).await;
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
+
+    sim.fail_next(
+        "PATCH",
+        "volumeattachments",
+        http::StatusCode::CONFLICT,
+        2,
+        None,
+    );
+    cluster
+        .cluster_scoped::<VolumeAttachment>()
+        .delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            &va_name,
+            "the VolumeAttachment detached",
+        )
+        .await;
+    assert_eq!(publishes_and_unpublishes(&proxy), (1, 1));
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
+
+/// Killed after the driver published but before the status says so: the next attacher
+/// publishes again (idempotent) and marks the VolumeAttachment attached.
+#[tokio::test]
+async fn attach_converges_after_a_kill_between_publish_and_status() {
+    let cluster = Cluster::start_with("attach-kill", options("a-kill.io")).await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    proxy.delay_responses(Some(("ControllerPublishVolume", Duration::from_secs(30))));
+    let (pv_name, handle) = static_volume(&cluster, "vol").await;
+    let va_name = format!("{}-killed", cluster.namespace);
+    create_attachment(&cluster, &va_name, "node-a", &pv_name).await;
+    let id = node_id(&cluster, "node-a").await;
+    cluster
+        .eventually_async("the driver published", || async {
+            published_nodes(&cluster, &handle).await == [id.clone()]
+        })
+        .await;
+    attacher.kill().await;
+    let va = cluster
+        .cluster_scoped::<VolumeAttachment>()
+        .get(&va_name)
+        .await
+        .unwrap();
+    assert!(!attached(&va), "killed before the status write");
+    assert!(
+        va.finalizers().contains(&finalizer(&cluster.driver_name)),
+        "the finalizer went on before the publish"
+    );
+
+    proxy.delay_responses(None);
+    let (proxy_after, restarted) = attacher_through_proxy(&cluster).await;
+    wait_attached(&cluster, &va_name).await;
+    assert_eq!(proxy_after.forwarded("ControllerPublishVolume"), 1);
+    assert_eq!(published_nodes(&cluster, &handle).await, [id]);
+    detach(&cluster, &va_name).await;
+    restarted.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+}
