@@ -33,10 +33,12 @@ demo:
 	$(CARGO) run --release --locked -p csi-suite-scenarios --example cluster_demo
 
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
-## throughput, and csi-provisioner with 1000 claims (the release binary as its own process);
-## each rewrites its own sections of BENCHMARKS.md.
+## throughput, csi-provisioner with 1000 claims and csi-attacher with 1000 VolumeAttachments
+## (the release binaries as their own processes); each rewrites its own sections of
+## BENCHMARKS.md.
 bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
-	$(CARGO) build --release --locked -p csi-provisioner
+	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching

@@ -9,6 +9,7 @@
 //! namespace's objects, the cluster-scoped storage objects and the nodes before failing.
 //! Logs go to the test's captured output, so a failing scenario shows them.
 
+pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
 pub mod registration;

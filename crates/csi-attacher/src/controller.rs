@@ -450,6 +450,10 @@ impl Attacher {
         // The finalizer first, then the status (upstream #587: the other order let a sync see
         // "finalizer and not attached" and unpublish again).
         let finalizers = without(va.finalizers(), &self.finalizer);
+        // Deleting and left without finalizers, the VolumeAttachment is gone: no status to
+        // write. (The apiserver answers such an update with the object as last stored, so
+        // the response cannot tell.)
+        let gone = va.metadata.deletion_timestamp.is_some() && finalizers.is_empty();
         let current = if finalizers.len() == va.finalizers().len() {
             Some(va.clone())
         } else {
@@ -460,7 +464,7 @@ impl Attacher {
             updated
         };
         lock(&self.unpublished).remove(&uid);
-        if let Some(current) = current {
+        if let Some(current) = current.filter(|_| !gone) {
             self.patch_status(&current, attach::detached_status())
                 .await?;
         }

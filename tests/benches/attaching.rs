@@ -1,0 +1,275 @@
+//! csi-attacher under load: N VolumeAttachments (default 1000, `BENCH_ATTACHMENTS`) created at
+//! once until all are attached, then all deleted until every one is gone (unpublished and
+//! released). The real `csi-attacher` binary runs as its own process against kube-sim (or the
+//! cluster of `KUBECONFIG`) and the reference driver, with its default flags. Reports
+//! VolumeAttachments/s, p50/p99, API requests per VolumeAttachment by verb and resource
+//! (counted by kube-sim per client) and the attacher's peak RSS. Writes the "csi-attacher"
+//! section of `BENCHMARKS.md`. Nothing asserts a timing.
+//!
+//! Needs the binary: `cargo build --release -p csi-attacher` (`make bench` does it).
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use csi_hostpath::local::LocalCluster;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::capability::{AccessKind, volume_capability};
+use csi_suite_scenarios::bench::{
+    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, main_with_count,
+    phase_table, record, request_table, timed_requests,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const HEADING: &str = "## csi-attacher";
+const DRIVER: &str = "bench-attach.csi-suite.io";
+const NODE: &str = "bench-node";
+/// The attacher's client name in kube-sim's request counts (its User-Agent).
+const CLIENT: &str = "csi-attacher";
+const LIMIT: Duration = Duration::from_secs(180);
+/// Objects created (and deleted) concurrently.
+const CLIENTS: usize = 64;
+
+fn main() -> anyhow::Result<()> {
+    main_with_count("BENCH_ATTACHMENTS", run)
+}
+
+fn pv_name(i: usize) -> String {
+    format!("bench-attach-{i}")
+}
+
+fn va_name(i: usize) -> String {
+    format!("bench-attach-{i}")
+}
+
+async fn run(count: usize) -> anyhow::Result<()> {
+    let root = tempfile::Builder::new()
+        .prefix("bench-attaching-")
+        .tempdir()?;
+    let api = ApiServerUnderTest::start(root.path(), &[]).await?;
+    let driver = LocalCluster::start(root.path(), &[NODE], |config| {
+        config.driver_name = DRIVER.to_string();
+    })
+    .await?;
+    let client = api.client.clone();
+    println!("preparing {count} volumes and PVs …");
+    prepare(&client, &driver, count).await?;
+
+    // Its caches: VolumeAttachments, PVs and CSINodes.
+    let address = format!(
+        "--csi-address={}",
+        driver.controller.endpoint.path().display()
+    );
+    let mut attacher = SidecarProcess::start(CLIENT, &[address], &api, root.path(), 3).await?;
+    let counts = || api.counts();
+    let attach = attach_phase(&client, count, counts).await;
+    let detach = match &attach {
+        Ok(_) => detach_phase(&client, count, counts).await,
+        Err(_) => Err(anyhow::anyhow!("not run")),
+    };
+    if attach.is_err() || detach.is_err() {
+        attacher.print_log_tail();
+    }
+    let rss = attacher.peak_rss_mib();
+    let driver_time = attacher
+        .driver_latencies(&["ControllerPublishVolume", "ControllerUnpublishVolume"])
+        .await;
+    attacher.stop();
+    driver.stop().await;
+    let phases = [attach?, detach?];
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "{count} VolumeAttachments (one PV each, one node) created at once by {CLIENTS} concurrent clients, as the attach-detach controller would; the attacher runs with its default flags (`--worker-threads=10` per lane, no client-side QPS limit). Attach: until every VolumeAttachment is `attached`. Detach: all deleted at once, until every one is gone (ControllerUnpublishVolume done, finalizer removed). API requests are the attacher's own, per VolumeAttachment, counted by the API server per client (its User-Agent); watches are per run.\n"
+    );
+    report.push_str(&phase_table(count, "VolumeAttachments", &phases));
+    let _ = writeln!(
+        report,
+        "\nPeak RSS of csi-attacher: {}; binary size: {:.1} MiB (release).\n",
+        rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB")),
+        attacher.binary_mib()
+    );
+    report.push_str(&request_table(count, "VolumeAttachment", &phases));
+    if let Some(lines) = driver_time {
+        let _ = write!(
+            report,
+            "\nTime in the driver (mean per call, from the attacher's `csi_sidecar_operations_seconds`): {lines}. With the default `--worker-threads=10`, ten calls are in flight per lane, so the rate is close to 10 / (time per call): the driver and the worker count bound it, not the API.\n"
+        );
+    }
+    record(
+        &api,
+        HEADING,
+        "`make bench` (`cargo bench -p csi-suite-scenarios --bench attaching`; the release `csi-attacher` binary as its own process; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
+        &report,
+    )
+}
+
+/// The volumes at the driver, their PVs, and the node's CSINode (as registration writes it).
+async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow::Result<()> {
+    Api::<CSINode>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NODE}, "spec": {"drivers": [
+                {"name": DRIVER, "nodeID": NODE}]}}))?,
+        )
+        .await?;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let capability = volume_capability(
+        &AccessKind::from_volume_mode(None, "", vec![]),
+        csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+    );
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let (pvs, capability) = (pvs.clone(), capability.clone());
+            let csi = driver.controller.csi.clone();
+            async move {
+                let request = csi::CreateVolumeRequest {
+                    name: pv_name(i),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 1 << 20,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![capability],
+                    ..Default::default()
+                };
+                let volume = csi
+                    .create_volume(request, Duration::from_secs(60))
+                    .await
+                    .map_err(|s| anyhow::anyhow!("CreateVolume: {}", s.message()))?
+                    .volume
+                    .context("CreateVolume returned no volume")?;
+                let pv: PersistentVolume = serde_json::from_value(json!({
+                    "metadata": {"name": pv_name(i)},
+                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                        "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id}}}))?;
+                pvs.create(&PostParams::default(), &pv).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(CLIENTS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
+}
+
+/// Creates the VolumeAttachments at once and waits until all are attached.
+async fn attach_phase(
+    client: &Client,
+    count: usize,
+    counts: impl Fn() -> Option<kube_sim::apiserver::RequestCounts>,
+) -> anyhow::Result<Phase> {
+    let api: Api<VolumeAttachment> = Api::all(client.clone());
+    let before = counts();
+    let mut events = std::pin::pin!(listed_watch(&api).await);
+    let start = Instant::now();
+    let created = timed_requests(count, CLIENTS, |i| {
+        let api = api.clone();
+        async move {
+            let va: VolumeAttachment = serde_json::from_value(json!({
+                "metadata": {"name": va_name(i)},
+                "spec": {"attacher": DRIVER, "nodeName": NODE,
+                    "source": {"persistentVolumeName": pv_name(i)}}}))?;
+            api.create(&PostParams::default(), &va).await?;
+            Ok(va_name(i))
+        }
+    })
+    .await?;
+    let attached_at = reached(&mut events, count, "attached", |event| match event {
+        watcher::Event::Apply(va) if va.status.as_ref().is_some_and(|s| s.attached) => {
+            Some(va.name_any())
+        }
+        _ => None,
+    })
+    .await?;
+    Ok(Phase {
+        name: "attach",
+        elapsed: start.elapsed(),
+        latencies: latencies(&created, &attached_at),
+        requests: client_requests(CLIENT, before, counts()),
+    })
+}
+
+/// Deletes every VolumeAttachment at once and waits until all are gone.
+async fn detach_phase(
+    client: &Client,
+    count: usize,
+    counts: impl Fn() -> Option<kube_sim::apiserver::RequestCounts>,
+) -> anyhow::Result<Phase> {
+    let api: Api<VolumeAttachment> = Api::all(client.clone());
+    let before = counts();
+    let mut events = std::pin::pin!(listed_watch(&api).await);
+    let start = Instant::now();
+    let deleted = timed_requests(count, CLIENTS, |i| {
+        let api = api.clone();
+        async move {
+            api.delete(&va_name(i), &DeleteParams::default()).await?;
+            Ok(va_name(i))
+        }
+    })
+    .await?;
+    let gone_at = reached(&mut events, count, "detached", |event| match event {
+        watcher::Event::Delete(va) => Some(va.name_any()),
+        _ => None,
+    })
+    .await?;
+    Ok(Phase {
+        name: "detach",
+        elapsed: start.elapsed(),
+        latencies: latencies(&deleted, &gone_at),
+        requests: client_requests(CLIENT, before, counts()),
+    })
+}
+
+/// A VolumeAttachment watch past its initial list: from here on every change, deletions
+/// included, arrives as an event.
+async fn listed_watch(
+    api: &Api<VolumeAttachment>,
+) -> impl futures::Stream<Item = Result<watcher::Event<VolumeAttachment>, watcher::Error>> {
+    let mut events = Box::pin(watcher::watcher(api.clone(), watcher::Config::default()));
+    while let Some(event) = events.next().await {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            break;
+        }
+    }
+    events
+}
+
+/// When each of `count` VolumeAttachments reached the state `done` recognises.
+async fn reached(
+    events: &mut (
+             impl futures::Stream<Item = Result<watcher::Event<VolumeAttachment>, watcher::Error>>
+             + Unpin
+         ),
+    count: usize,
+    what: &str,
+    done: impl Fn(watcher::Event<VolumeAttachment>) -> Option<String>,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let mut at: HashMap<String, Instant> = HashMap::new();
+    while at.len() < count {
+        let event = tokio::time::timeout(LIMIT, events.next())
+            .await
+            .with_context(|| format!("{} still not {what}", count - at.len()))?;
+        match event {
+            Some(Ok(event)) => {
+                if let Some(name) = done(event) {
+                    at.entry(name).or_insert_with(Instant::now);
+                }
+            }
+            Some(Err(error)) => bail!("watching VolumeAttachments: {error}"),
+            None => bail!("the VolumeAttachment watch ended"),
+        }
+    }
+    Ok(at)
+}
