@@ -1,0 +1,172 @@
+//! The `csi-attacher` binary as users run it: against kube-sim (through a kubeconfig) and the
+//! reference driver's controller socket, with `--leader-election` and `--http-endpoint`. It
+//! takes the Lease `external-attacher-leader-<driver>`, attaches a VolumeAttachment, and serves
+//! `/healthz/leader-election` and its metrics.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use csi_hostpath::local::LocalCluster;
+use csi_proto::csi::v1 as csi;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const DRIVER: &str = "bin.attacher.test";
+const NODE: &str = "node-a";
+
+/// Kills the child when the test ends, passing or not.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    Some(text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attaches_under_its_lease_and_serves_health_and_metrics() {
+    let root = tempfile::tempdir().unwrap();
+    let sim = kube_sim::ApiServer::start().await.unwrap();
+    let kubeconfig = root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).unwrap();
+    let client = sim.client();
+    let driver = LocalCluster::start(root.path(), &[NODE], |config| {
+        config.driver_name = DRIVER.to_string();
+    })
+    .await
+    .unwrap();
+
+    let volume = driver
+        .controller
+        .csi
+        .create_volume(
+            csi::CreateVolumeRequest {
+                name: "vol-1".to_string(),
+                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
+                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
+                    csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+                )],
+                ..Default::default()
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    let post = PostParams::default();
+    Api::<CSINode>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({"metadata": {"name": NODE},
+            "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({"metadata": {"name": "pv-1"},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _attacher = Running(
+        Command::new(env!("CARGO_BIN_EXE_csi-attacher"))
+            .arg(format!(
+                "--csi-address={}",
+                driver.controller.endpoint.path().display()
+            ))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--leader-election")
+            .arg("--leader-election-namespace=default")
+            .arg(format!("--http-endpoint={address}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = eventually("the Lease", || async {
+        leases
+            .get_opt("external-attacher-leader-bin-attacher-test")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    })
+    .await;
+    assert!(!holder.is_empty());
+
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    attachments
+        .create(&post, &serde_json::from_value(json!({"metadata": {"name": "va-1"},
+            "spec": {"attacher": DRIVER, "nodeName": NODE, "source": {"persistentVolumeName": "pv-1"}}}))
+            .unwrap())
+        .await
+        .unwrap();
+    let va = eventually("the VolumeAttachment attached", || async {
+        attachments
+            .get("va-1")
+            .await
+            .ok()
+            .filter(|va| va.status.as_ref().is_some_and(|s| s.attached))
+    })
+    .await;
+    assert_eq!(
+        va.metadata.finalizers,
+        Some(vec!["external-attacher/bin-attacher-test".to_string()])
+    );
+
+    let health = http_get(address, "/healthz/leader-election").await.unwrap();
+    assert!(
+        health.starts_with("HTTP/1.0 200") || health.starts_with("HTTP/1.1 200"),
+        "{health}"
+    );
+    let metrics = http_get(address, "/metrics").await.unwrap();
+    for name in [
+        "csi_sidecar_operations_seconds_count",
+        "ControllerPublishVolume",
+        "csi_attacher_pending_operations",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from the metrics");
+    }
+    driver.stop().await;
+}
