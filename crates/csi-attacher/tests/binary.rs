@@ -3,8 +3,8 @@
 //! takes the Lease `external-attacher-leader-<driver>`, attaches a VolumeAttachment, and serves
 //! `/healthz/leader-election` and its metrics.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
@@ -12,44 +12,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, PostParams};
+use kube_sim::harness::{Running, eventually, free_address, http_get};
 use serde_json::json;
 
 const DRIVER: &str = "bin.attacher.test";
 const NODE: &str = "node-a";
-
-/// Kills the child when the test ends, passing or not.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.ok()?;
-    Some(text)
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn attaches_under_its_lease_and_serves_health_and_metrics() {
@@ -70,6 +37,10 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
         .create_volume(
             csi::CreateVolumeRequest {
                 name: "vol-1".to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 1 << 20,
+                    limit_bytes: 0,
+                }),
                 volume_capabilities: vec![csi_sidecar::capability::volume_capability(
                     &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
                     csi::volume_capability::access_mode::Mode::SingleNodeWriter,
@@ -103,10 +74,7 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
         .await
         .unwrap();
 
-    let address = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let address = free_address();
     let _attacher = Running(
         Command::new(env!("CARGO_BIN_EXE_csi-attacher"))
             .arg(format!(
@@ -155,12 +123,9 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
         Some(vec!["external-attacher/bin-attacher-test".to_string()])
     );
 
-    let health = http_get(address, "/healthz/leader-election").await.unwrap();
-    assert!(
-        health.starts_with("HTTP/1.0 200") || health.starts_with("HTTP/1.1 200"),
-        "{health}"
-    );
-    let metrics = http_get(address, "/metrics").await.unwrap();
+    let (code, health) = http_get(address, "/healthz/leader-election").await.unwrap();
+    assert_eq!(code, 200, "{health}");
+    let (_, metrics) = http_get(address, "/metrics").await.unwrap();
     for name in [
         "csi_sidecar_operations_seconds_count",
         "ControllerPublishVolume",

@@ -119,12 +119,26 @@ pub async fn start(
         HttpServing::MetricsOnly(address) => (address, false),
         HttpServing::MetricsAndHealth(address) => (address, true),
     };
-    let listener = bind(&address).await?;
+    serve(
+        &address,
+        router(&args.metrics_path, registry, checks, health),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `app` on `address` (Go `net.Listen` syntax; bound now, so a bad address fails at
+/// startup) until `shutdown`; returns the address it listens on.
+pub async fn serve(
+    address: &str,
+    app: Router,
+    shutdown: CancellationToken,
+) -> Result<Option<SocketAddr>, HttpError> {
+    let listener = bind(address).await?;
     let local = listener.local_addr().map_err(|source| HttpError::Bind {
-        address: address.clone(),
+        address: address.to_string(),
         source,
     })?;
-    let app = router(&args.metrics_path, registry, checks, health);
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

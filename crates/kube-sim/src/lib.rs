@@ -8,6 +8,7 @@ pub mod benchmarks;
 pub mod cli;
 pub mod conversion;
 pub mod errors;
+pub mod harness;
 pub mod protobuf;
 pub mod resources;
 pub mod roles;
