@@ -33,12 +33,13 @@ demo:
 	$(CARGO) run --release --locked -p csi-suite-scenarios --example cluster_demo
 
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
-## throughput, csi-provisioner with 1000 claims and csi-attacher with 1000 VolumeAttachments
-## (the release binaries as their own processes); each rewrites its own sections of
-## BENCHMARKS.md.
+## throughput, csi-provisioner with 1000 claims, csi-attacher with 1000 VolumeAttachments,
+## the registrar's and livenessprobe's footprint (the release binaries as their own
+## processes); each rewrites its own sections of BENCHMARKS.md.
 bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
-	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher
+	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher -p csi-node-driver-registrar
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
+	$(CARGO) bench --locked -p csi-node-driver-registrar --bench node_sidecars

@@ -84,18 +84,7 @@ impl SidecarProcess {
         root: &Path,
         watches: usize,
     ) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe()?;
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .context("the benchmark is not in a cargo target directory")?;
-        let binary = profile.join(name);
-        if !binary.exists() {
-            bail!(
-                "{} is missing: run `cargo build --release -p {name}` first (make bench does)",
-                binary.display()
-            );
-        }
+        let binary = kube_sim::benchmarks::release_binary(name, name)?;
         let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let log = root.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
@@ -135,16 +124,7 @@ impl SidecarProcess {
 
     /// The peak resident set (VmHWM), in MiB.
     pub fn peak_rss_mib(&self) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib / 1024.0)
+        kube_sim::benchmarks::peak_rss_mib(self.child.id())
     }
 
     pub fn binary_mib(&self) -> f64 {

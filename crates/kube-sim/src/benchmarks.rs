@@ -55,3 +55,34 @@ pub fn write_section(heading: &str, body: &str) -> std::io::Result<PathBuf> {
     std::fs::write(&path, report)?;
     Ok(path)
 }
+
+/// A release binary of the workspace, beside the running benchmark's profile directory;
+/// the error says how to build it.
+pub fn release_binary(name: &str, package: &str) -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let binary = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|profile| profile.join(name))
+        .filter(|binary| binary.exists());
+    binary.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{name} is missing: run `cargo build --release -p {package}` first (make bench does)"),
+        )
+    })
+}
+
+/// A process's peak resident set (VmHWM), in MiB.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
