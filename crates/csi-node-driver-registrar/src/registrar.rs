@@ -237,3 +237,64 @@ pub async fn run(args: RegistrarArgs, shutdown: CancellationToken) -> Result<(),
     )
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+
+    #[tokio::test]
+    async fn health_answers_by_what_the_socket_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = registration_socket(dir.path(), "a.driver");
+        assert_eq!(
+            health(&socket, "a.driver", TIMEOUT).await.0,
+            StatusCode::NOT_FOUND,
+            "no socket"
+        );
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        assert_eq!(
+            health(&socket, "a.driver", TIMEOUT).await.0,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a socket nobody serves"
+        );
+        let shutdown = CancellationToken::new();
+        let served = tokio::spawn({
+            let (socket, shutdown) = (socket.clone(), shutdown.clone());
+            async move { serve(&socket, plugin_info("a.driver", "/csi.sock"), shutdown).await }
+        });
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while health(&socket, "a.driver", TIMEOUT).await.0 != StatusCode::OK {
+            assert!(std::time::Instant::now() < deadline, "never healthy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (code, why) = health(&socket, "b.driver", TIMEOUT).await;
+        assert_eq!(
+            code,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "another driver's socket"
+        );
+        assert!(why.contains("a.driver"), "{why}");
+        shutdown.cancel();
+        served.await.unwrap().unwrap();
+        assert!(!socket.exists(), "removed on shutdown");
+    }
+
+    #[tokio::test]
+    async fn sockets_that_cannot_be_served_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = dir.path().join("x".repeat(120));
+        let error = serve(&long, plugin_info("d", "/e"), CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("108"), "{error}");
+        let file = dir.path().join("d-reg.sock");
+        std::fs::write(&file, b"not a socket").unwrap();
+        let error = serve(&file, plugin_info("d", "/e"), CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, RegistrarError::NotASocket(_)), "{error}");
+        assert!(file.exists(), "another kind of file is never removed");
+    }
+}
