@@ -144,16 +144,7 @@ impl SidecarProcess {
     /// Mean latency of each of `methods` (`CreateVolume`) from its
     /// `csi_sidecar_operations_seconds`.
     pub async fn driver_latencies(&self, methods: &[&str]) -> Option<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.metrics_address)
-            .await
-            .ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await.ok()?;
+        let (_, text) = kube_sim::harness::http_get(self.metrics_address, "/metrics").await?;
         let value = |suffix: &str, method: &str| -> Option<f64> {
             text.lines()
                 .filter(|l| l.starts_with(&format!("csi_sidecar_operations_seconds_{suffix}{{")))

@@ -205,12 +205,16 @@ mod tests {
         while tasks.join_next().await.is_some() {}
         let waiting = workers.next_retry().expect("backing off");
         assert!(waiting > Duration::from_secs(30), "{waiting:?}");
-        for (key, version) in workers.changed(offer("2")) {
-            let runs = runs.clone();
-            workers.schedule(0, key, version, &mut tasks, move || async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok(Synced::Done)
-            });
+        // The same version, and a new one (e.g. the sync's own error written into the status):
+        // neither cuts the backoff short.
+        for version in ["2", "3"] {
+            for (key, version) in workers.changed(offer(version)) {
+                let runs = runs.clone();
+                workers.schedule(0, key, version, &mut tasks, move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok(Synced::Done)
+                });
+            }
         }
         while tasks.join_next().await.is_some() {}
         assert_eq!(runs.load(Ordering::SeqCst), 1, "no run while backing off");
