@@ -78,6 +78,11 @@ pub struct DriverArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_attach: bool,
 
+    /// Serve the podmon connectivity extension (`podmon.v1.Podmon`) besides CSI.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub enable_podmon_extension: bool,
+
     /// Parameter names ControllerModifyVolume accepts (comma-separated); empty accepts any.
     #[arg(long, value_delimiter = ',')]
     pub accepted_mutable_parameter_names: Vec<String>,
@@ -128,6 +133,7 @@ pub struct Config {
     pub max_volume_size: u64,
     pub max_volumes_per_node: i64,
     pub enable_attach: bool,
+    pub podmon_extension: bool,
     pub accepted_mutable_parameters: BTreeSet<String>,
     pub allowed_path_roots: Vec<PathBuf>,
     pub vendor_version: String,
@@ -144,6 +150,7 @@ impl Config {
             max_volume_size: args.max_volume_size,
             max_volumes_per_node: args.max_volumes_per_node,
             enable_attach: args.enable_attach,
+            podmon_extension: args.enable_podmon_extension,
             accepted_mutable_parameters: args
                 .accepted_mutable_parameter_names
                 .iter()

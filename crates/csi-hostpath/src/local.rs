@@ -64,6 +64,7 @@ pub fn base_config(root: &Path) -> Config {
         max_volume_size: 1 << 40,
         max_volumes_per_node: 0,
         enable_attach: true,
+        podmon_extension: true,
         accepted_mutable_parameters: Default::default(),
         allowed_path_roots: vec![root.join("kubelet")],
         vendor_version: env!("CARGO_PKG_VERSION").to_string(),

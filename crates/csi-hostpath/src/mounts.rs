@@ -37,17 +37,7 @@ pub fn remount_read_write(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Unmounts every mount stacked on `target`, lazily when it is busy.
-pub fn unmount_all(target: &Path) -> io::Result<()> {
-    while is_mount_point(target)? {
-        match unmount(target, UnmountFlags::empty()) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::BUSY) => unmount(target, UnmountFlags::DETACH)?,
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Ok(())
-}
+pub use csi_sidecar::mounts::unmount_all;
 
 /// Attaches `image` to a loop device, reusing one already attached to it.
 pub fn loop_attach(image: &Path) -> io::Result<String> {

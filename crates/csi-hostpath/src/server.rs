@@ -69,7 +69,12 @@ pub async fn run(
     let mode = driver.config.mode;
     let mut router = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
-        .add_service(PodmonServer::new(PodmonService::new(driver.clone())));
+        .add_optional_service(
+            driver
+                .config
+                .podmon_extension
+                .then(|| PodmonServer::new(PodmonService::new(driver.clone()))),
+        );
     if mode.controller() {
         router = router
             .add_service(ControllerServer::new(ControllerService::new(

@@ -299,8 +299,31 @@ impl Store {
             .map_err(io_error(&self.dir))
     }
 
-    /// Records that `node`'s instance is alive now.
+    /// Marks `node`'s storage link down (`up == false`) or up again: a node whose link is down
+    /// stops beating, so the podmon extension reports it disconnected. Fault injection for
+    /// tests of a storage network failure; the node's fencing keeps working (the array side).
+    pub fn set_link(&self, node: &str, up: bool) -> Result<(), StoreError> {
+        let marker = self.link_down_marker(node);
+        let result = if up {
+            fs::remove_file(&marker).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        } else {
+            fs::write(&marker, b"")
+        };
+        result.map_err(io_error(&marker))
+    }
+
+    fn link_down_marker(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(format!(".{node}.link-down"))
+    }
+
+    /// Records that `node`'s instance is alive now (unless its storage link is down).
     pub fn beat(&self, node: &str) -> Result<(), StoreError> {
+        if self.link_down_marker(node).exists() {
+            return Ok(());
+        }
         // Replaced by rename, so readers never see a half-written beat.
         let path = self.heartbeat(node);
         let temp = self.dir.join("nodes").join(format!(".{node}.beat"));
@@ -450,5 +473,23 @@ mod tests {
         assert_eq!(store.known_nodes(), ["n1"]);
         assert_eq!(store.heartbeat_age_ms("../state.json"), None);
         assert_eq!(store.heartbeat_age_ms(".n1.beat"), None);
+    }
+
+    #[test]
+    fn a_node_whose_link_is_down_stops_beating() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.beat("n1").unwrap();
+        let first = fs::read_to_string(store.heartbeat("n1")).unwrap();
+        store.set_link("n1", false).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        store.beat("n1").unwrap();
+        assert_eq!(fs::read_to_string(store.heartbeat("n1")).unwrap(), first);
+        assert_eq!(store.known_nodes(), ["n1"], "the marker names no node");
+        store.set_link("n1", true).unwrap();
+        store.set_link("n1", true).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        store.beat("n1").unwrap();
+        assert_ne!(fs::read_to_string(store.heartbeat("n1")).unwrap(), first);
     }
 }

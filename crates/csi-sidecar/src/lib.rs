@@ -32,6 +32,7 @@ pub mod flags;
 pub mod http;
 pub mod informers;
 pub mod kube;
+pub mod kubelet_paths;
 pub mod leader;
 pub mod logging;
 pub mod metrics;

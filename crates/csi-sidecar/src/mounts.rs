@@ -1,5 +1,5 @@
-//! The node's mount table as this process sees it (read-only): which paths are mount points.
-//! The reference driver, the simulated kubelet and podmon's node mode all need it.
+//! The node's mount table as this process sees it — which paths are mount points — and
+//! unmounting. The reference driver, the simulated kubelet and podmon's node mode all need it.
 
 use std::fs;
 use std::io;
@@ -51,6 +51,19 @@ pub fn mount_points_under(root: &Path) -> io::Result<Vec<PathBuf>> {
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
+}
+
+/// Unmounts every mount stacked on `target`, lazily when it is busy.
+pub fn unmount_all(target: &Path) -> io::Result<()> {
+    use rustix::mount::{UnmountFlags, unmount};
+    while is_mount_point(target)? {
+        match unmount(target, UnmountFlags::empty()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::BUSY) => unmount(target, UnmountFlags::DETACH)?,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

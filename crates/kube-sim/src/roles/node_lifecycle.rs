@@ -158,6 +158,9 @@ async fn pass(
             tracing::warn!(node = %name, "node stopped posting status; marked Unknown");
             ready = Some("Unknown".to_string());
         }
+        if stale {
+            mark_pods_not_ready(&client, &caches, &name).await?;
+        }
         let current = node
             .spec
             .as_ref()
@@ -218,6 +221,57 @@ async fn mark_unknown(nodes: &Api<Node>, node: &Node) -> Result<(), RoleError> {
         json!({"status": {"conditions": conditions}}),
     )
     .await?;
+    Ok(())
+}
+
+/// The pods of a node that stopped reporting are no longer Ready: their Ready condition turns
+/// False, as `MarkPodsNotReady` (pkg/controller/util/node/controller_utils.go) does.
+async fn mark_pods_not_ready(
+    client: &Client,
+    caches: &Caches,
+    node: &str,
+) -> Result<(), RoleError> {
+    for pod in caches.pods.state() {
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+            continue;
+        }
+        let conditions = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        if !conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+        {
+            continue;
+        }
+        let conditions: Vec<serde_json::Value> = conditions
+            .into_iter()
+            .map(|mut c| {
+                if c.type_ == "Ready" {
+                    c.status = "False".to_string();
+                    c.last_transition_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+                }
+                c
+            })
+            .filter_map(|c| serde_json::to_value(c).ok())
+            .collect();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        match merge_patch_status(
+            &pods,
+            &pod.name_any(),
+            json!({"status": {"conditions": conditions}}),
+        )
+        .await
+        {
+            Ok(_) => {
+                tracing::info!(pod = %pod.name_any(), %node, "pod marked not ready: its node stopped reporting")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
     Ok(())
 }
 

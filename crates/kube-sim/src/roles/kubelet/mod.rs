@@ -7,7 +7,9 @@
 //!
 //! Failure injection: [`Kubelet::partition`] stops every API call (heartbeats included) while
 //! the writers keep running, like a node cut off from the control plane; [`Kubelet::reboot`]
-//! loses processes, mounts and in-memory state but keeps the disk.
+//! loses processes, mounts and in-memory state but keeps the disk, and reports a new
+//! `nodeInfo.bootID`. Node agents (a DaemonSet's pods) get their API client from
+//! [`Kubelet::node_client`], so a partition cuts them off too.
 
 mod plugins;
 mod volumes;
@@ -85,7 +87,9 @@ impl KubeletConfig {
 struct Shared {
     client: Client,
     config: KubeletConfig,
-    partitioned: AtomicBool,
+    partitioned: Arc<AtomicBool>,
+    /// `status.nodeInfo.bootID`, new on every (re)boot.
+    boot_id: Mutex<String>,
     crash_looping: Mutex<HashSet<(String, String)>>,
     drivers: plugins::Drivers,
     volumes: tokio::sync::Mutex<volumes::VolumeState>,
@@ -142,7 +146,8 @@ impl Kubelet {
         let shared = Arc::new(Shared {
             client,
             config,
-            partitioned: AtomicBool::new(false),
+            partitioned: Arc::new(AtomicBool::new(false)),
+            boot_id: Mutex::new(uuid::Uuid::new_v4().to_string()),
             crash_looping: Mutex::new(HashSet::new()),
             drivers: plugins::Drivers::default(),
             volumes: tokio::sync::Mutex::new(volumes::VolumeState::default()),
@@ -170,6 +175,35 @@ impl Kubelet {
     pub fn partition(&self) {
         tracing::warn!(node = %self.node(), "kubelet partitioned from the API server");
         self.shared.partitioned.store(true, Ordering::SeqCst);
+    }
+
+    /// A client for agents running on this node (e.g. a DaemonSet pod such as node-podmon):
+    /// while the node is partitioned its requests fail as if the network were down.
+    pub fn node_client(&self) -> Client {
+        let client = self.shared.client.clone();
+        let partitioned = self.shared.partitioned.clone();
+        let node = self.node().to_string();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let client = client.clone();
+            let cut_off = partitioned.load(Ordering::SeqCst);
+            let node = node.clone();
+            async move {
+                if cut_off {
+                    let error = std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        format!("node {node} is partitioned from the API server"),
+                    );
+                    return Err(tower::BoxError::from(error));
+                }
+                client.send(request).await.map_err(tower::BoxError::from)
+            }
+        });
+        Client::new(service, self.shared.client.default_namespace())
+    }
+
+    /// The boot ID the node reports now.
+    pub fn boot_id(&self) -> String {
+        lock(&self.shared.boot_id).clone()
     }
 
     /// Ends a partition: heartbeats resume and the kubelet catches up with the API.
@@ -210,6 +244,7 @@ impl Kubelet {
         self.shared.drivers.clear();
         volumes::unmount_everything_under(&self.shared.config.root)?;
         *self.shared.volumes.lock().await = volumes::VolumeState::default();
+        *lock(&self.shared.boot_id) = uuid::Uuid::new_v4().to_string();
         let generation = start_generation(&self.shared, &self.shutdown).await?;
         *lock(&self.generation) = generation;
         Ok(())
@@ -273,7 +308,7 @@ fn node_object(config: &KubeletConfig) -> serde_json::Value {
     })
 }
 
-fn ready_status(transition: &str) -> serde_json::Value {
+fn ready_status(transition: &str, boot_id: &str) -> serde_json::Value {
     let now = now();
     let condition = |kind: &str, status: &str, reason: &str, message: &str| {
         json!({
@@ -295,7 +330,7 @@ fn ready_status(transition: &str) -> serde_json::Value {
             "kubeletVersion": concat!("v1.33.0-kube-sim-", env!("CARGO_PKG_VERSION")),
             "kubeProxyVersion": "", "operatingSystem": "linux",
             "architecture": std::env::consts::ARCH, "containerRuntimeVersion": "kube-sim://simulated",
-            "kernelVersion": "", "osImage": "kube-sim", "machineID": "", "systemUUID": "", "bootID": "",
+            "kernelVersion": "", "osImage": "kube-sim", "machineID": "", "systemUUID": "", "bootID": boot_id,
         },
     }})
 }
@@ -319,7 +354,8 @@ async fn register_node(shared: &Shared) -> Result<(), RoleError> {
         }
         Err(error) => return Err(error.into()),
     }
-    merge_patch_status(&api, &config.node, ready_status(&now())).await?;
+    let boot_id = lock(&shared.boot_id).clone();
+    merge_patch_status(&api, &config.node, ready_status(&now(), &boot_id)).await?;
     Ok(())
 }
 
@@ -390,7 +426,13 @@ async fn heartbeat(shared: &Shared, leases: &Api<Lease>) -> Result<(), RoleError
         .is_some_and(|c| c.status == "True");
     if !ready {
         tracing::info!(node = %node_name, "reporting node Ready again");
-        merge_patch_status(&shared.node_api(), node_name, ready_status(&now())).await?;
+        let boot_id = lock(&shared.boot_id).clone();
+        merge_patch_status(
+            &shared.node_api(),
+            node_name,
+            ready_status(&now(), &boot_id),
+        )
+        .await?;
     }
     Ok(())
 }

@@ -37,37 +37,7 @@ use crate::roles::{
 /// volumes after a restart.
 const VOL_DATA: &str = "vol_data.json";
 
-/// The global (staging) path kubelet gives a CSI volume:
-/// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(volumeHandle)>/globalmount`, or for a
-/// block volume `<root>/plugins/kubernetes.io/csi/volumeDevices/staging/<pv>`.
-pub fn staging_path(root: &Path, driver: &str, handle: &str, pv: &str, block: bool) -> PathBuf {
-    let csi = root.join("plugins/kubernetes.io/csi");
-    if block {
-        csi.join("volumeDevices/staging").join(pv)
-    } else {
-        let digest = hex::encode(Sha256::digest(handle.as_bytes()));
-        csi.join(driver).join(digest).join("globalmount")
-    }
-}
-
-/// The per-pod publish path: `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, or for a
-/// block volume `<root>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`.
-pub fn target_path(root: &Path, pod_uid: &str, pv: &str, block: bool) -> PathBuf {
-    if block {
-        root.join("plugins/kubernetes.io/csi/volumeDevices/publish")
-            .join(pv)
-            .join(pod_uid)
-    } else {
-        pod_volume_dir(root, pod_uid, pv).join("mount")
-    }
-}
-
-fn pod_volume_dir(root: &Path, pod_uid: &str, pv: &str) -> PathBuf {
-    root.join("pods")
-        .join(pod_uid)
-        .join("volumes/kubernetes.io~csi")
-        .join(pv)
-}
+pub use csi_sidecar::kubelet_paths::{pod_volume_dir, staging_path, target_path};
 
 /// The name kubelet reports in `node.status.volumesInUse`.
 pub fn unique_volume_name(driver: &str, handle: &str) -> String {
@@ -740,7 +710,15 @@ async fn run_containers(
         }
         PodState::Running
     };
-    if record.reported.as_ref() == Some(&state) {
+    // kubelet's status manager compares with the API server's copy too
+    // (pkg/kubelet/status/status_manager.go `needsReconcile`), so a Ready condition someone
+    // else changed — the node lifecycle controller's MarkPodsNotReady — is put right.
+    let api_ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if record.reported.as_ref() == Some(&state) && api_ready == matches!(state, PodState::Running) {
         return Ok(());
     }
     let api: Api<Pod> =

@@ -1,0 +1,39 @@
+//! Where kubelet (pkg/volume/csi) puts a CSI volume on a node. The simulated kubelet mounts
+//! there and node-podmon cleans up there, so both use these.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The global (staging) path kubelet gives a CSI volume:
+/// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(volumeHandle)>/globalmount`, or for a
+/// block volume `<root>/plugins/kubernetes.io/csi/volumeDevices/staging/<pv>`.
+pub fn staging_path(root: &Path, driver: &str, handle: &str, pv: &str, block: bool) -> PathBuf {
+    let csi = root.join("plugins/kubernetes.io/csi");
+    if block {
+        csi.join("volumeDevices/staging").join(pv)
+    } else {
+        let digest = hex::encode(Sha256::digest(handle.as_bytes()));
+        csi.join(driver).join(digest).join("globalmount")
+    }
+}
+
+/// The directory of a pod's CSI volume: `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`.
+pub fn pod_volume_dir(root: &Path, pod_uid: &str, pv: &str) -> PathBuf {
+    root.join("pods")
+        .join(pod_uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv)
+}
+
+/// The per-pod publish path: `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, or for a
+/// block volume `<root>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`.
+pub fn target_path(root: &Path, pod_uid: &str, pv: &str, block: bool) -> PathBuf {
+    if block {
+        root.join("plugins/kubernetes.io/csi/volumeDevices/publish")
+            .join(pv)
+            .join(pod_uid)
+    } else {
+        pod_volume_dir(root, pod_uid, pv).join("mount")
+    }
+}
