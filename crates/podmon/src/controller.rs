@@ -1,0 +1,896 @@
+//! controller-podmon: watches protected pods and nodes (cached), and cleans up the pods of a
+//! failed node — validate with the driver (when it serves the podmon extension), fence with
+//! ControllerUnpublishVolume, taint the node, delete the VolumeAttachments, force-delete the
+//! pods — so their StatefulSet can recreate them elsewhere while the zombies cannot write.
+//! Also: crash-looping pods are deleted (at most five times each), nodes hosting protected pods
+//! are sampled for connectivity, driver node pods that are not Ready taint their node, a
+//! circuit breaker bounds how many nodes are evacuated at once, and a maintenance switch
+//! (dynamic config or a node annotation) pauses cleanups.
+//!
+//! One cleanup per node at a time; pods of a node are cleaned together (fencing is per node
+//! and volume, so pods sharing a volume there share its fate). On any doubt — a failed call,
+//! a missing node ID, the driver's "connected" — the cleanup is aborted, reported and retried
+//! with backoff; nothing is fenced or force-deleted on a guess.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use csi_proto::podmon::v1 as podmon;
+use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::informers::Informers;
+use k8s_openapi::api::core::v1::{
+    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LiveConfig;
+use crate::metrics::{FailoverResult, PodmonMetrics};
+use crate::plan::{
+    self, Connectivity, MAINTENANCE_ANNOTATION, MAX_CRASH_LOOP_DELETES, NO_EXECUTE, NO_SCHEDULE,
+    NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, PodAction,
+    Trigger,
+};
+use crate::taints::update_taints;
+
+/// Timeout of ValidateVolumeHostConnectivity calls (Dell's ShortTimeout).
+const VALIDATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long crash-loop deletes of a pod that is gone are remembered (its StatefulSet may
+/// recreate it).
+const CRASH_LOOP_MEMORY: Duration = Duration::from_secs(600);
+
+/// How often the controller looks again without a change (retries, backoff, breaker).
+const TICK: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver_name: String,
+    pub label_key: String,
+    pub label_value: String,
+    /// The driver node pods' label (controller mode); `None` in standalone mode.
+    pub driver_pod_label: Option<(String, String)>,
+    /// The driver serves `podmon.v1.Podmon` (probed at startup).
+    pub extension: bool,
+    /// Sample nodes' connectivity through the extension (controller mode with the extension).
+    pub poll_connectivity: bool,
+    /// The driver can fence (PUBLISH_UNPUBLISH_VOLUME).
+    pub can_fence: bool,
+    pub ignore_volumeless_pods: bool,
+    pub out_of_service_taint: bool,
+    /// Timeout of ControllerUnpublishVolume.
+    pub timeout: Duration,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    pub metrics: PodmonMetrics,
+}
+
+impl Settings {
+    fn fenced_key(&self) -> String {
+        plan::fenced_taint_key(&self.driver_name)
+    }
+
+    fn offline_key(&self) -> String {
+        plan::offline_taint_key(&self.driver_name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("the caches never synced")]
+    NotSynced,
+}
+
+struct Caches {
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    attachments: Store<VolumeAttachment>,
+    volumes: Store<PersistentVolume>,
+    claims: Store<PersistentVolumeClaim>,
+    csi_nodes: Store<CSINode>,
+    driver_pods: Option<Store<Pod>>,
+}
+
+/// Why a cleanup did not finish.
+#[derive(Debug)]
+enum Stop {
+    /// The evidence does not allow it (connected, I/O, missing node ID): an Event, a retry.
+    Aborted(String),
+    /// A call failed: an Event, a retry.
+    Failed(String),
+}
+
+#[derive(Default)]
+struct State {
+    /// Nodes with a cleanup running.
+    busy: HashSet<String>,
+    /// Per node: when to try again and the next delay.
+    backoff: HashMap<String, (Instant, Duration)>,
+    /// Crash-loop deletes per pod (namespace/name, so a recreated pod counts on) and when the
+    /// last was; reset when the pod is Ready.
+    crash_deletes: HashMap<String, (u32, Instant)>,
+    /// Consecutive "not connected" samples per node.
+    loss: HashMap<String, u32>,
+    /// Nodes whose hold (breaker or maintenance) was already reported.
+    held: HashSet<String>,
+}
+
+struct Controller {
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    live: LiveConfig,
+    caches: Caches,
+    events: EventRecorder,
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+}
+
+/// Runs controller-podmon until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    live: LiveConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let mut informers = Informers::new(&client, &shutdown);
+    let selector = format!("{}={}", settings.label_key, settings.label_value);
+    tracing::info!(label_selector = %selector, driver = %settings.driver_name, extension = settings.extension, "controller-podmon watching protected pods");
+    let caches = Caches {
+        pods: informers.watch(
+            Api::all(client.clone()),
+            watcher::Config::default().labels(&selector),
+        ),
+        nodes: informers.all(),
+        attachments: informers.all(),
+        volumes: informers.all(),
+        claims: informers.all(),
+        csi_nodes: informers.all(),
+        driver_pods: settings.driver_pod_label.as_ref().map(|(key, value)| {
+            informers.watch(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(&format!("{key}={value}")),
+            )
+        }),
+    };
+    let wake = informers.synced().await;
+    let Some(wake) = wake else {
+        return if shutdown.is_cancelled() {
+            Ok(())
+        } else {
+            Err(ControllerError::NotSynced)
+        };
+    };
+    let controller = Arc::new(Controller {
+        events: EventRecorder::new(client.clone(), "podmon", ""),
+        client,
+        csi,
+        settings,
+        live,
+        caches,
+        state: Mutex::new(State::default()),
+        wake,
+    });
+    if controller.settings.poll_connectivity {
+        tokio::spawn(connectivity_loop(controller.clone(), shutdown.clone()));
+    }
+    loop {
+        controller.pass().await;
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = controller.wake.notified() => {}
+            () = tokio::time::sleep(TICK) => {}
+        }
+    }
+}
+
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// Dell's message form, kept: alerting rules match it.
+fn pod_words(pod: &Pod, node: &str) -> String {
+    format!("[{} {node}]", uid(pod))
+}
+
+impl Controller {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.caches.nodes.get(&ObjectRef::new(name))
+    }
+
+    async fn pass(self: &Arc<Self>) {
+        let fenced_key = self.settings.fenced_key();
+        let offline_key = self.settings.offline_key();
+        let nodes = self.caches.nodes.state();
+        let fenced_nodes: BTreeSet<String> = nodes
+            .iter()
+            .filter(|n| plan::has_taint(n, &fenced_key, NO_SCHEDULE))
+            .map(|n| n.name_any())
+            .collect();
+        self.settings.metrics.set_tainted_nodes(fenced_nodes.len());
+        self.driver_pod_taints(&offline_key).await;
+
+        let pods = self.caches.pods.state();
+        let mut groups: BTreeMap<String, (Trigger, NodeSignals, Vec<Arc<Pod>>)> = BTreeMap::new();
+        let tunables = self.live.get();
+        let disconnected: BTreeSet<String> = {
+            let mut state = self.state();
+            let present: HashSet<String> = pods.iter().map(|p| key(p)).collect();
+            state.crash_deletes.retain(|key, (_, last)| {
+                present.contains(key) || last.elapsed() < CRASH_LOOP_MEMORY
+            });
+            state
+                .loss
+                .iter()
+                .filter(|(_, count)| **count >= tunables.loss_threshold)
+                .map(|(node, _)| node.clone())
+                .collect()
+        };
+        for pod in &pods {
+            let Some(node_name) = plan::node_name(pod) else {
+                continue;
+            };
+            let node = self.node(node_name);
+            match plan::pod_action(pod, node.as_deref(), &fenced_key, &offline_key) {
+                PodAction::Nothing => {
+                    if plan::is_ready(pod) {
+                        self.state().crash_deletes.remove(&key(pod));
+                    }
+                    if disconnected.contains(node_name) && pod.metadata.deletion_timestamp.is_none()
+                    {
+                        let signals = node
+                            .map(|n| NodeSignals::of(&n, &fenced_key, &offline_key))
+                            .unwrap_or_default();
+                        let group = groups.entry(node_name.to_string()).or_insert((
+                            Trigger::ArrayConnectivityLoss,
+                            signals,
+                            Vec::new(),
+                        ));
+                        group.2.push(pod.clone());
+                    }
+                }
+                PodAction::CleanUp(signals) => {
+                    let group = groups.entry(node_name.to_string()).or_insert((
+                        Trigger::NodeFailure,
+                        signals,
+                        Vec::new(),
+                    ));
+                    group.0 = Trigger::NodeFailure;
+                    group.1 = signals;
+                    group.2.push(pod.clone());
+                }
+                PodAction::DeleteCrashLooping => self.delete_crash_looping(pod.clone()).await,
+            }
+        }
+
+        let now = Instant::now();
+        for (node_name, (trigger, signals, pods)) in groups {
+            {
+                let state = self.state();
+                if state.busy.contains(&node_name)
+                    || state
+                        .backoff
+                        .get(&node_name)
+                        .is_some_and(|(at, _)| *at > now)
+                {
+                    continue;
+                }
+            }
+            let node = self.node(&node_name);
+            let paused_node = node
+                .as_ref()
+                .and_then(|n| n.annotations().get(MAINTENANCE_ANNOTATION).cloned())
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            if tunables.maintenance || paused_node {
+                let why = if tunables.maintenance {
+                    "PODMON_MAINTENANCE is on"
+                } else {
+                    "the node is annotated for maintenance"
+                };
+                self.hold(&node_name, &pods, trigger, &format!("maintenance: {why}"))
+                    .await;
+                continue;
+            }
+            let evacuated: BTreeSet<String> = {
+                let state = self.state();
+                fenced_nodes
+                    .iter()
+                    .cloned()
+                    .chain(state.busy.iter().cloned())
+                    .collect()
+            };
+            if !plan::breaker_allows(
+                &node_name,
+                evacuated.iter().map(String::as_str),
+                nodes.len(),
+                tunables.max_evacuated_fraction,
+            ) {
+                let limit = plan::evacuation_limit(nodes.len(), tunables.max_evacuated_fraction);
+                self.hold(
+                    &node_name,
+                    &pods,
+                    trigger,
+                    &format!(
+                        "circuit breaker: {} of {} nodes already evacuated (limit {limit})",
+                        evacuated.len(),
+                        nodes.len()
+                    ),
+                )
+                .await;
+                continue;
+            }
+            {
+                let mut state = self.state();
+                state.held.remove(&node_name);
+                state.busy.insert(node_name.clone());
+            }
+            let controller = self.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let outcome = controller
+                    .clean_up(&node_name, trigger, signals, pods)
+                    .await;
+                let mut state = controller.state();
+                state.busy.remove(&node_name);
+                match outcome {
+                    Ok(()) => {
+                        state.backoff.remove(&node_name);
+                        state.loss.remove(&node_name);
+                        controller
+                            .settings
+                            .metrics
+                            .failover(FailoverResult::Success);
+                        controller
+                            .settings
+                            .metrics
+                            .cleanup_took(started.elapsed().as_secs_f64());
+                    }
+                    Err(stop) => {
+                        let delay = state
+                            .backoff
+                            .get(&node_name)
+                            .map_or(controller.settings.retry_start, |(_, d)| {
+                                (*d * 2).min(controller.settings.retry_max)
+                            });
+                        state
+                            .backoff
+                            .insert(node_name.clone(), (Instant::now() + delay, delay));
+                        let result = match stop {
+                            Stop::Aborted(_) => FailoverResult::Aborted,
+                            Stop::Failed(_) => FailoverResult::Failed,
+                        };
+                        controller.settings.metrics.failover(result);
+                        tracing::warn!(node = %node_name, ?stop, retry_in = ?delay, "cleanup did not finish");
+                    }
+                }
+                drop(state);
+                controller.wake.notify_one();
+            });
+        }
+    }
+
+    /// Reports (once per hold) that a node's cleanup waits.
+    async fn hold(&self, node: &str, pods: &[Arc<Pod>], trigger: Trigger, why: &str) {
+        if !self.state().held.insert(node.to_string()) {
+            return;
+        }
+        self.settings.metrics.failover(FailoverResult::Held);
+        tracing::warn!(%node, %why, "cleanup held");
+        for pod in pods {
+            let message = format!(
+                "podmon held the cleanup of pod {}: {why}",
+                pod_words(pod, node)
+            );
+            self.event(pod, trigger.reason(), &message).await;
+        }
+    }
+
+    async fn event(&self, pod: &Pod, reason: &str, message: &str) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name_any()),
+            namespace: pod.namespace(),
+            uid: pod.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        self.events
+            .publish(&reference, EventType::Warning, reason, message)
+            .await;
+    }
+
+    /// A crash-looping pod on a healthy node is deleted (gracefully, same UID only), at most
+    /// [`MAX_CRASH_LOOP_DELETES`] times per pod name until it is Ready again.
+    async fn delete_crash_looping(&self, pod: Arc<Pod>) {
+        let uid = uid(&pod);
+        {
+            let mut state = self.state();
+            let (count, last) = state
+                .crash_deletes
+                .entry(key(&pod))
+                .or_insert((0, Instant::now()));
+            if *count >= MAX_CRASH_LOOP_DELETES {
+                return;
+            }
+            *count += 1;
+            *last = Instant::now();
+        }
+        let node = plan::node_name(&pod).unwrap_or_default().to_string();
+        self.event(
+            &pod,
+            "CrashLoopBackOff",
+            &format!("podmon cleaning pod {} with delete", pod_words(&pod, &node)),
+        )
+        .await;
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        match api.delete(&pod.name_any(), &params).await {
+            Ok(_) => tracing::info!(pod = %key(&pod), "deleted a crash-looping pod"),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(error) => {
+                tracing::warn!(pod = %key(&pod), %error, "cannot delete a crash-looping pod")
+            }
+        }
+    }
+
+    /// The driver-offline taint follows the readiness of the driver's node pods: a node whose
+    /// driver pods are all not Ready gets it; one with a Ready driver pod loses it.
+    async fn driver_pod_taints(&self, offline_key: &str) {
+        let Some(driver_pods) = &self.caches.driver_pods else {
+            return;
+        };
+        let mut ready_by_node: BTreeMap<String, bool> = BTreeMap::new();
+        for pod in driver_pods.state() {
+            if let Some(node) = plan::node_name(&pod) {
+                *ready_by_node.entry(node.to_string()).or_default() |= plan::is_ready(&pod);
+            }
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for (node_name, ready) in ready_by_node {
+            let Some(node) = self.node(&node_name) else {
+                continue;
+            };
+            let key = offline_key.to_string();
+            let written = if ready {
+                update_taints(&nodes, (*node).clone(), |t| plan::without_taint(t, &key)).await
+            } else {
+                update_taints(&nodes, (*node).clone(), |t| {
+                    plan::with_taint(t, &key, "", NO_SCHEDULE, now())
+                })
+                .await
+            };
+            match written {
+                Ok(true) => {
+                    tracing::warn!(node = %node_name, driver_ready = ready, taint = %key, "driver-offline taint updated")
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(node = %node_name, %error, "cannot update the driver-offline taint")
+                }
+            }
+        }
+    }
+
+    /// The CSI node ID of `node` for our driver: the attacher's annotation on a VolumeAttachment
+    /// there, else the CSINode, else kubelet's node annotation.
+    fn node_id(&self, node: &str, attachments: &[Arc<VolumeAttachment>]) -> Option<String> {
+        let driver = &self.settings.driver_name;
+        let from_attachment = attachments.iter().find_map(|va| {
+            va.annotations()
+                .get(csi_attacher::attach::NODE_ID_ANNOTATION)
+                .filter(|id| !id.is_empty())
+                .cloned()
+        });
+        let from_csi_node = || {
+            self.caches
+                .csi_nodes
+                .get(&ObjectRef::new(node))
+                .and_then(|c| {
+                    c.spec
+                        .drivers
+                        .iter()
+                        .find(|d| &d.name == driver)
+                        .map(|d| d.node_id.clone())
+                })
+        };
+        let from_annotation = || {
+            let node = self.node(node)?;
+            let ids: BTreeMap<String, String> =
+                serde_json::from_str(node.annotations().get(NODE_ID_ANNOTATION)?).ok()?;
+            ids.get(driver).cloned()
+        };
+        from_attachment
+            .or_else(from_csi_node)
+            .or_else(from_annotation)
+            .filter(|id| !id.is_empty())
+    }
+
+    /// Our driver's PVs a pod uses through bound claims (also generic ephemeral volumes').
+    fn volumes_of(&self, pod: &Pod) -> Result<Vec<Arc<PersistentVolume>>, Stop> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let mut volumes = Vec::new();
+        for claim in plan::claim_names(pod) {
+            let Some(claim) = self
+                .caches
+                .claims
+                .get(&ObjectRef::new(&claim).within(&namespace))
+            else {
+                continue;
+            };
+            let Some(pv_name) = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.clone())
+                .filter(|n| !n.is_empty())
+            else {
+                continue;
+            };
+            let pv = self
+                .caches
+                .volumes
+                .get(&ObjectRef::new(&pv_name))
+                .ok_or_else(|| {
+                    Stop::Failed(format!(
+                        "PersistentVolume {pv_name} of pod {} is not known yet",
+                        key(pod)
+                    ))
+                })?;
+            let ours = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == self.settings.driver_name);
+            if ours {
+                volumes.push(pv);
+            } else {
+                tracing::warn!(pod = %key(pod), pv = %pv_name, "the pod uses a volume of another driver; podmon cannot fence it");
+            }
+        }
+        Ok(volumes)
+    }
+
+    async fn clean_up(
+        &self,
+        node_name: &str,
+        trigger: Trigger,
+        signals: NodeSignals,
+        pods: Vec<Arc<Pod>>,
+    ) -> Result<(), Stop> {
+        let reason = trigger.reason();
+        let outcome = self.clean_up_steps(node_name, signals, pods.clone()).await;
+        if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
+            for pod in &pods {
+                self.event(
+                    pod,
+                    reason,
+                    &format!(
+                        "podmon aborted pod cleanup {} {why}",
+                        pod_words(pod, node_name)
+                    ),
+                )
+                .await;
+            }
+        }
+        outcome
+    }
+
+    async fn clean_up_steps(
+        &self,
+        node_name: &str,
+        signals: NodeSignals,
+        pods: Vec<Arc<Pod>>,
+    ) -> Result<(), Stop> {
+        // The pods as the cache has them now (a replaced pod has a new UID and is skipped),
+        // plus the protected pods on the node that share a volume with them.
+        let cached: BTreeMap<String, Arc<Pod>> = self
+            .caches
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| plan::node_name(p) == Some(node_name))
+            .map(|p| (key(&p), p))
+            .collect();
+        let mut chosen: BTreeMap<String, Arc<Pod>> = pods
+            .iter()
+            .filter_map(|p| {
+                cached
+                    .get(&key(p))
+                    .filter(|c| uid(c) == uid(p))
+                    .map(|c| (key(c), c.clone()))
+            })
+            .collect();
+        let mut volumes: BTreeMap<String, Arc<PersistentVolume>> = BTreeMap::new();
+        for pod in chosen.values() {
+            for pv in self.volumes_of(pod)? {
+                volumes.insert(pv.name_any(), pv);
+            }
+        }
+        for (name, pod) in &cached {
+            if chosen.contains_key(name) {
+                continue;
+            }
+            if self
+                .volumes_of(pod)?
+                .iter()
+                .any(|pv| volumes.contains_key(&pv.name_any()))
+            {
+                tracing::warn!(pod = %name, node = %node_name, "cleaning a pod that shares a fenced volume on the node");
+                chosen.insert(name.clone(), pod.clone());
+            }
+        }
+        if self.settings.ignore_volumeless_pods {
+            let mut kept = BTreeMap::new();
+            for (name, pod) in chosen {
+                if !self.volumes_of(&pod)?.is_empty() {
+                    kept.insert(name, pod);
+                }
+            }
+            chosen = kept;
+        }
+        if chosen.is_empty() {
+            return Ok(());
+        }
+        let attachments: Vec<Arc<VolumeAttachment>> = self
+            .caches
+            .attachments
+            .state()
+            .into_iter()
+            .filter(|va| {
+                va.spec.node_name == node_name && va.spec.attacher == self.settings.driver_name
+            })
+            .filter(|va| {
+                va.spec
+                    .source
+                    .persistent_volume_name
+                    .as_ref()
+                    .is_some_and(|pv| volumes.contains_key(pv))
+            })
+            .collect();
+
+        if !volumes.is_empty() {
+            let node_id = self
+                .node_id(node_name, &attachments)
+                .ok_or_else(|| Stop::Aborted("due to missing CSI annotations".to_string()))?;
+            if self.settings.extension {
+                let request = podmon::ValidateVolumeHostConnectivityRequest {
+                    volume_ids: volumes
+                        .values()
+                        .filter_map(|pv| {
+                            pv.spec
+                                .as_ref()?
+                                .csi
+                                .as_ref()
+                                .map(|c| c.volume_handle.clone())
+                        })
+                        .collect(),
+                    node_id: node_id.clone(),
+                    ..Default::default()
+                };
+                let answer = match self
+                    .csi
+                    .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
+                    .await
+                {
+                    Ok(response) => {
+                        tracing::info!(node = %node_name, connected = response.connected, ios_in_progress = response.ios_in_progress, messages = ?response.messages, "driver connectivity answer");
+                        Connectivity::Answer {
+                            connected: response.connected,
+                            ios_in_progress: response.ios_in_progress,
+                        }
+                    }
+                    Err(status) => {
+                        tracing::warn!(node = %node_name, error = %status.message(), code = ?status.code(), "ValidateVolumeHostConnectivity failed");
+                        Connectivity::Error
+                    }
+                };
+                let rwx = volumes.values().any(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.access_modes.as_ref())
+                        .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"))
+                });
+                plan::validation_allows(answer, rwx, signals, self.live.get().skip_validation)
+                    .map_err(|why| Stop::Aborted(why.to_string()))?;
+            }
+            if self.settings.can_fence {
+                self.fence(node_name, &node_id, &volumes).await?;
+            } else {
+                tracing::warn!(node = %node_name, "the driver cannot unpublish volumes: the node is tainted without fencing");
+            }
+        }
+
+        let node = self
+            .node(node_name)
+            .ok_or_else(|| Stop::Failed(format!("node {node_name} is not known")))?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let fenced_key = self.settings.fenced_key();
+        let out_of_service = self.settings.out_of_service_taint;
+        update_taints(&nodes, (*node).clone(), |current| {
+            let mut taints = plan::with_taint(current, &fenced_key, "", NO_SCHEDULE, now());
+            if out_of_service {
+                let base = taints.clone().unwrap_or_else(|| current.to_vec());
+                taints = plan::with_taint(
+                    &base,
+                    OUT_OF_SERVICE_TAINT,
+                    OUT_OF_SERVICE_VALUE,
+                    NO_EXECUTE,
+                    now(),
+                )
+                .or(taints);
+            }
+            taints
+        })
+        .await
+        .map_err(|e| Stop::Failed(format!("couldn't taint node {node_name}: {e}")))?;
+
+        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
+        for va in &attachments {
+            match vas.delete(&va.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(va = %va.name_any(), node = %node_name, "deleted VolumeAttachment")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    return Err(Stop::Failed(format!(
+                        "couldn't delete VolumeAttachment {}: {error}",
+                        va.name_any()
+                    )));
+                }
+            }
+        }
+
+        for pod in chosen.values() {
+            self.event(
+                pod,
+                "NodeFailure",
+                &format!(
+                    "podmon cleaning pod {} with force delete",
+                    pod_words(pod, node_name)
+                ),
+            )
+            .await;
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid(pod)),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let api: Api<Pod> =
+                Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            match api.delete(&pod.name_any(), &params).await {
+                Ok(_) => {
+                    tracing::warn!(pod = %key(pod), node = %node_name, "force-deleted pod of a failed node")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(error) => return Err(Stop::Failed(format!("Delete pod failed: {error}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// ControllerUnpublishVolume of every volume from the node: after it, the node's writes
+    /// cannot reach them.
+    async fn fence(
+        &self,
+        node_name: &str,
+        node_id: &str,
+        volumes: &BTreeMap<String, Arc<PersistentVolume>>,
+    ) -> Result<(), Stop> {
+        for (pv_name, pv) in volumes {
+            let Some(source) = pv.spec.as_ref().and_then(|s| s.csi.clone()) else {
+                continue;
+            };
+            let secrets = match source.controller_publish_secret_ref.as_ref() {
+                Some(reference) => {
+                    let reference = csi_sidecar::secrets::SecretRef {
+                        name: reference.name.clone().unwrap_or_default(),
+                        namespace: reference.namespace.clone().unwrap_or_default(),
+                    };
+                    csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
+                        .await
+                        .map_err(|e| Stop::Failed(format!("couldn't fence volumes: {e}")))?
+                        .into_inner()
+                }
+                None => Default::default(),
+            };
+            let request =
+                csi_attacher::attach::unpublish_request(&source.volume_handle, node_id, secrets);
+            self.csi
+                .controller_unpublish_volume(request, self.settings.timeout)
+                .await
+                .map_err(|s| {
+                    Stop::Failed(format!(
+                        "couldn't fence volumes: {pv_name}: {}",
+                        s.message()
+                    ))
+                })?;
+            tracing::warn!(pv = %pv_name, node = %node_name, "fenced: volume unpublished from the node");
+        }
+        Ok(())
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Samples, every poll rate, whether the driver still reaches each node hosting protected
+/// pods; a node "not connected" for the loss threshold in a row gets its pods cleaned up.
+/// An error is no evidence: it counts as connected (as Dell).
+async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationToken) {
+    loop {
+        let poll_rate = controller.live.get().poll_rate;
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(poll_rate) => {}
+        }
+        let nodes: BTreeSet<String> = controller
+            .caches
+            .pods
+            .state()
+            .iter()
+            .filter(|p| plan::is_ready(p))
+            .filter_map(|p| plan::node_name(p).map(str::to_string))
+            .collect();
+        let mut crossed = false;
+        for node in nodes {
+            let Some(node_id) = controller.node_id(&node, &[]) else {
+                continue;
+            };
+            let request = podmon::ValidateVolumeHostConnectivityRequest {
+                node_id,
+                ..Default::default()
+            };
+            let connected = match controller
+                .csi
+                .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
+                .await
+            {
+                Ok(response) => response.connected,
+                Err(status) => {
+                    tracing::debug!(%node, error = %status.message(), "connectivity sample failed; assuming connected");
+                    true
+                }
+            };
+            let threshold = controller.live.get().loss_threshold;
+            let mut state = controller.state();
+            if connected {
+                state.loss.remove(&node);
+            } else {
+                let count = state.loss.entry(node.clone()).or_insert(0);
+                *count += 1;
+                tracing::warn!(%node, samples = *count, threshold, "the driver reports the node disconnected");
+                crossed |= *count == threshold;
+            }
+        }
+        if crossed {
+            controller.wake.notify_one();
+        }
+    }
+}

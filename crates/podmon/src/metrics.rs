@@ -1,0 +1,101 @@
+//! podmon's metrics: failovers by result, cleanup duration, tainted nodes.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+/// Outcomes of a controller cleanup (a failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverResult {
+    /// Fenced, tainted, VolumeAttachments and pods deleted.
+    Success,
+    /// The driver said the node is still connected or busy, or data was missing.
+    Aborted,
+    /// A step failed (fencing, taint, delete); retried with backoff.
+    Failed,
+    /// Held by the circuit breaker or the maintenance switch.
+    Held,
+}
+
+impl FailoverResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Aborted => "aborted",
+            Self::Failed => "failed",
+            Self::Held => "held",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PodmonMetrics {
+    failovers: Family<ResultLabel, Counter>,
+    cleanup_seconds: Histogram,
+    tainted_nodes: Gauge,
+}
+
+impl PodmonMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::unregistered();
+        registry.register(
+            "podmon_failover",
+            "Cleanups of pods on failed nodes, by result",
+            metrics.failovers.clone(),
+        );
+        registry.register(
+            "podmon_cleanup_seconds",
+            "Duration of successful cleanups (fence to force delete), and of node-side cleanups",
+            metrics.cleanup_seconds.clone(),
+        );
+        registry.register(
+            "podmon_tainted_nodes",
+            "Nodes carrying podmon's fenced taint",
+            metrics.tainted_nodes.clone(),
+        );
+        metrics
+    }
+
+    pub fn unregistered() -> Self {
+        Self {
+            failovers: Family::default(),
+            cleanup_seconds: Histogram::new([
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0,
+            ]),
+            tainted_nodes: Gauge::default(),
+        }
+    }
+
+    pub fn failover(&self, result: FailoverResult) {
+        self.failovers
+            .get_or_create(&ResultLabel {
+                result: result.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    pub fn failovers(&self, result: FailoverResult) -> u64 {
+        self.failovers
+            .get_or_create(&ResultLabel {
+                result: result.as_str().to_string(),
+            })
+            .get()
+    }
+
+    pub fn cleanup_took(&self, seconds: f64) {
+        self.cleanup_seconds.observe(seconds);
+    }
+
+    pub fn set_tainted_nodes(&self, count: usize) {
+        self.tainted_nodes
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}

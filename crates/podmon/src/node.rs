@@ -1,0 +1,553 @@
+//! node-podmon: remembers the protected pods of its node and their volumes — persisted, so a
+//! restart or a reboot does not forget a zombie — and once controller-podmon has fenced and
+//! tainted the node, cleans up what the replaced pods left behind (NodeUnpublishVolume,
+//! unmount and remove the target, NodeUnstageVolume when no other pod here uses the volume,
+//! unmount and remove the staging path). The taint goes only when every remembered pod is
+//! cleaned and no protected pod is bound to the node any more.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::informers::Informers;
+use csi_sidecar::kubelet_paths;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::PodmonMetrics;
+use crate::plan::{self, Remembered};
+use crate::taints::update_taints;
+
+/// Polls that must see the taint before cleaning starts (Dell's TaintCountDelay): kubelet
+/// gets time to catch up with the API after a partition first.
+pub const TAINT_POLLS_BEFORE_CLEANUP: u32 = 4;
+
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    pub node_name: String,
+    pub driver_name: String,
+    pub label_key: String,
+    pub label_value: String,
+    pub kubelet_dir: PathBuf,
+    pub state_file: PathBuf,
+    pub poll_interval: Duration,
+    /// The driver has STAGE_UNSTAGE_VOLUME.
+    pub stage_unstage: bool,
+    pub ignore_volumeless_pods: bool,
+    /// Also remove `node.kubernetes.io/out-of-service` with our taint.
+    pub out_of_service_taint: bool,
+    pub timeout: Duration,
+    pub metrics: PodmonMetrics,
+}
+
+/// One volume of a remembered pod, with kubelet's paths for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub pv: String,
+    pub volume_handle: String,
+    pub block: bool,
+    pub target_path: PathBuf,
+    pub staging_path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub volumes: Vec<VolumeRecord>,
+}
+
+/// What node mode persists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    /// The node's boot ID when the inventory was last written.
+    pub boot_id: String,
+    /// Remembered pods by UID.
+    pub pods: BTreeMap<String, PodRecord>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot read the inventory {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the inventory {path} is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot write the inventory {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Inventory {
+    /// Loads the inventory; a missing file is an empty one.
+    pub fn load(path: &Path) -> Result<Self, NodeError> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| NodeError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(source) => Err(NodeError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    /// Writes atomically (temporary file, fsync, rename).
+    pub fn save(&self, path: &Path) -> Result<(), NodeError> {
+        let write = |source| NodeError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(write)?;
+        }
+        let temp = path.with_extension("tmp");
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| write(std::io::Error::other(e)))?;
+        {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&temp).map_err(write)?;
+            file.write_all(&bytes).map_err(write)?;
+            file.sync_all().map_err(write)?;
+        }
+        std::fs::rename(&temp, path).map_err(write)
+    }
+}
+
+struct NodeAgent {
+    client: Client,
+    csi: CsiConnection,
+    settings: NodeSettings,
+    pods: Store<Pod>,
+    inventory: Inventory,
+    taint_polls: u32,
+    api_lost: bool,
+}
+
+/// Runs node-podmon until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: NodeSettings,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    let inventory = Inventory::load(&settings.state_file)?;
+    tracing::info!(node = %settings.node_name, remembered = inventory.pods.len(), state_file = %settings.state_file.display(), "node-podmon starting");
+    let mut informers = Informers::new(&client, &shutdown);
+    let selector = format!("{}={}", settings.label_key, settings.label_value);
+    let pods = informers.watch(
+        Api::all(client.clone()),
+        watcher::Config::default()
+            .labels(&selector)
+            .fields(&format!("spec.nodeName={}", settings.node_name)),
+    );
+    // The first list may wait for the API (a node starting while partitioned): the remembered
+    // inventory is acted on regardless, with live reads.
+    drop(informers);
+    let mut agent = NodeAgent {
+        client,
+        csi,
+        settings,
+        pods,
+        inventory,
+        taint_polls: 0,
+        api_lost: false,
+    };
+    loop {
+        agent.tick().await;
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(agent.settings.poll_interval) => {}
+        }
+    }
+}
+
+impl NodeAgent {
+    fn save(&self) {
+        if let Err(error) = self.inventory.save(&self.settings.state_file) {
+            tracing::error!(%error, "cannot persist the inventory");
+        }
+    }
+
+    async fn tick(&mut self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = match nodes.get(&self.settings.node_name).await {
+            Ok(node) => node,
+            Err(error) => {
+                if !self.api_lost {
+                    tracing::warn!(node = %self.settings.node_name, %error, "Lost API connectivity from node");
+                }
+                self.api_lost = true;
+                self.taint_polls = 0;
+                return;
+            }
+        };
+        if std::mem::take(&mut self.api_lost) {
+            tracing::info!(node = %self.settings.node_name, "API connectivity restored");
+        }
+        let boot_id = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default();
+        if boot_id != self.inventory.boot_id {
+            if !self.inventory.boot_id.is_empty() {
+                tracing::warn!(node = %self.settings.node_name, remembered = self.inventory.pods.len(), "the node rebooted: the remembered pods' processes are gone; their leftovers are still cleaned");
+            }
+            self.inventory.boot_id = boot_id;
+            self.save();
+        }
+        self.remember_new_pods().await;
+        let fenced_key = plan::fenced_taint_key(&self.settings.driver_name);
+        if !plan::has_taint(&node, &fenced_key, plan::NO_SCHEDULE) {
+            if self.taint_polls > 0 {
+                tracing::info!(node = %self.settings.node_name, "taint removed");
+            }
+            self.taint_polls = 0;
+            self.forget_deleted_pods();
+            return;
+        }
+        self.taint_polls += 1;
+        if self.taint_polls < TAINT_POLLS_BEFORE_CLEANUP {
+            return;
+        }
+        let started = std::time::Instant::now();
+        if self.clean_up().await {
+            let out_of_service = self.settings.out_of_service_taint;
+            let removed = update_taints(&nodes, node, |current| {
+                let mut taints = plan::without_taint(current, &fenced_key);
+                if out_of_service {
+                    let base = taints.clone().unwrap_or_else(|| current.to_vec());
+                    taints = plan::without_taint(&base, plan::OUT_OF_SERVICE_TAINT).or(taints);
+                }
+                taints
+            })
+            .await;
+            match removed {
+                Ok(_) => {
+                    self.settings
+                        .metrics
+                        .cleanup_took(started.elapsed().as_secs_f64());
+                    tracing::info!(node = %self.settings.node_name, "node cleaned; podmon taint removed");
+                    self.taint_polls = 0;
+                }
+                Err(error) => tracing::warn!(%error, "cannot remove the podmon taint; retrying"),
+            }
+        } else {
+            tracing::warn!(node = %self.settings.node_name, "Couldn't completely cleanup node- taint not removed- cleanup will be retried");
+        }
+    }
+
+    /// Records the protected pods bound here that are not remembered yet (or have gained
+    /// volumes); an inventory never shrinks while volumes are torn down.
+    async fn remember_new_pods(&mut self) {
+        let mut changed = false;
+        for pod in self.pods.state() {
+            let Some(uid) = pod.metadata.uid.clone() else {
+                continue;
+            };
+            let volumes = match self.volume_records(&pod).await {
+                Ok(volumes) => volumes,
+                Err(error) => {
+                    tracing::warn!(pod = %pod.name_any(), %error, "cannot resolve the pod's volumes yet");
+                    continue;
+                }
+            };
+            if self.settings.ignore_volumeless_pods && volumes.is_empty() {
+                continue;
+            }
+            let known = self.inventory.pods.get(&uid).map_or(0, |r| r.volumes.len());
+            if self.inventory.pods.contains_key(&uid) && volumes.len() <= known {
+                continue;
+            }
+            tracing::info!(pod = %pod.name_any(), volumes = volumes.len(), "remembering protected pod");
+            self.inventory.pods.insert(
+                uid.clone(),
+                PodRecord {
+                    namespace: pod.namespace().unwrap_or_default(),
+                    name: pod.name_any(),
+                    uid,
+                    volumes,
+                },
+            );
+            changed = true;
+        }
+        if changed {
+            self.save();
+        }
+    }
+
+    /// Without the taint, pods deleted the normal way were torn down by kubelet: forget them.
+    /// (The controller taints before it force-deletes, so a zombie is never forgotten here.)
+    fn forget_deleted_pods(&mut self) {
+        let present: Vec<String> = self
+            .pods
+            .state()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        let before = self.inventory.pods.len();
+        self.inventory.pods.retain(|uid, _| present.contains(uid));
+        if self.inventory.pods.len() != before {
+            self.save();
+        }
+    }
+
+    /// Our driver's volumes of a pod, from its claims (live reads: only for new pods).
+    async fn volume_records(&self, pod: &Pod) -> Result<Vec<VolumeRecord>, kube::Error> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let mut records = Vec::new();
+        for claim in plan::claim_names(pod) {
+            let Some(claim) = claims.get_opt(&claim).await? else {
+                continue;
+            };
+            let Some(pv_name) = claim
+                .spec
+                .and_then(|s| s.volume_name)
+                .filter(|n| !n.is_empty())
+            else {
+                continue;
+            };
+            let Some(pv) = pvs.get_opt(&pv_name).await? else {
+                continue;
+            };
+            let Some(spec) = pv.spec else { continue };
+            let Some(source) = spec.csi.filter(|c| c.driver == self.settings.driver_name) else {
+                continue;
+            };
+            let block = spec.volume_mode.as_deref() == Some("Block");
+            let root = &self.settings.kubelet_dir;
+            records.push(VolumeRecord {
+                target_path: kubelet_paths::target_path(root, &uid, &pv_name, block),
+                staging_path: kubelet_paths::staging_path(
+                    root,
+                    &self.settings.driver_name,
+                    &source.volume_handle,
+                    &pv_name,
+                    block,
+                ),
+                pv: pv_name,
+                volume_handle: source.volume_handle,
+                block,
+            });
+        }
+        Ok(records)
+    }
+
+    /// Cleans every remembered pod that is gone or replaced; true when nothing is left that
+    /// keeps the taint.
+    async fn clean_up(&mut self) -> bool {
+        let mut clean = true;
+        let records: Vec<PodRecord> = self.inventory.pods.values().cloned().collect();
+        for record in records {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &record.namespace);
+            let current = match pods.get_opt(&record.name).await {
+                Ok(current) => current,
+                Err(error) => {
+                    tracing::warn!(pod = %record.name, %error, "cannot read the pod; not cleaning on a guess");
+                    clean = false;
+                    continue;
+                }
+            };
+            if plan::judge(&record.uid, current.as_ref()) == Remembered::StillThere {
+                tracing::info!(pod = %record.name, uid = %record.uid, "protected pod not replaced yet; keeping the taint");
+                clean = false;
+                continue;
+            }
+            match self.clean_pod(&record).await {
+                Ok(()) => {
+                    tracing::info!(pod = %record.name, uid = %record.uid, "cleaned the leftovers of a replaced pod");
+                    self.inventory.pods.remove(&record.uid);
+                    self.save();
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %record.name, uid = %record.uid, %error, "cleanup failed; retrying");
+                    clean = false;
+                }
+            }
+        }
+        if !clean {
+            return false;
+        }
+        let selector = format!("{}={}", self.settings.label_key, self.settings.label_value);
+        let params = ListParams::default()
+            .labels(&selector)
+            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+        match Api::<Pod>::all(self.client.clone()).list(&params).await {
+            Ok(list) if list.items.is_empty() => true,
+            Ok(list) => {
+                let names: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
+                tracing::info!(pods = ?names, "protected pods are still bound to the node; keeping the taint");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the node's protected pods; keeping the taint");
+                false
+            }
+        }
+    }
+
+    async fn clean_pod(&self, record: &PodRecord) -> Result<(), String> {
+        for volume in &record.volumes {
+            let unpublish = csi::NodeUnpublishVolumeRequest {
+                volume_id: volume.volume_handle.clone(),
+                target_path: volume.target_path.display().to_string(),
+            };
+            ignore_not_found(
+                self.csi
+                    .node_unpublish_volume(unpublish, self.settings.timeout)
+                    .await,
+            )
+            .map_err(|e| format!("NodeUnpublishVolume {}: {e}", volume.pv))?;
+            remove_unmounted(&volume.target_path)?;
+            if !volume.block {
+                // kubelet's per-volume directory (vol_data.json) of the gone pod.
+                if let Some(dir) = volume.target_path.parent() {
+                    remove_unmounted(dir)?;
+                }
+            }
+            let shared = self
+                .inventory
+                .pods
+                .values()
+                .filter(|other| other.uid != record.uid)
+                .any(|other| {
+                    other
+                        .volumes
+                        .iter()
+                        .any(|v| v.volume_handle == volume.volume_handle)
+                });
+            if shared || !self.settings.stage_unstage {
+                continue;
+            }
+            let unstage = csi::NodeUnstageVolumeRequest {
+                volume_id: volume.volume_handle.clone(),
+                staging_target_path: volume.staging_path.display().to_string(),
+            };
+            ignore_not_found(
+                self.csi
+                    .node_unstage_volume(unstage, self.settings.timeout)
+                    .await,
+            )
+            .map_err(|e| format!("NodeUnstageVolume {}: {e}", volume.pv))?;
+            remove_unmounted(&volume.staging_path)?;
+        }
+        Ok(())
+    }
+}
+
+fn ignore_not_found<T>(result: Result<T, tonic::Status>) -> Result<(), String> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
+        Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+    }
+}
+
+/// Unmounts `path` and removes it — never anything with a mount point left inside (that would
+/// delete volume data).
+fn remove_unmounted(path: &Path) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if let Err(error) = csi_sidecar::mounts::unmount_all(path) {
+        tracing::warn!(path = %path.display(), %error, "unmount failed");
+    }
+    let mounted = csi_sidecar::mounts::mount_points_under(path)
+        .map_err(|e| format!("reading the mount table: {e}"))?;
+    if !mounted.is_empty() {
+        return Err(format!("{} is still mounted: {mounted:?}", path.display()));
+    }
+    let removed = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(format!("removing {}: {error}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inventory_survives_a_restart_and_a_missing_file_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugins/driver/podmon-node-state.json");
+        assert_eq!(Inventory::load(&path).unwrap(), Inventory::default());
+        let mut inventory = Inventory {
+            boot_id: "b1".into(),
+            ..Default::default()
+        };
+        inventory.pods.insert(
+            "u1".into(),
+            PodRecord {
+                namespace: "ns".into(),
+                name: "app-0".into(),
+                uid: "u1".into(),
+                volumes: vec![VolumeRecord {
+                    pv: "pv-1".into(),
+                    volume_handle: "vol-1".into(),
+                    block: false,
+                    target_path: "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pv-1/mount"
+                        .into(),
+                    staging_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/x/globalmount"
+                        .into(),
+                }],
+            },
+        );
+        inventory.save(&path).unwrap();
+        assert_eq!(Inventory::load(&path).unwrap(), inventory);
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(matches!(
+            Inventory::load(&path),
+            Err(NodeError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn removing_refuses_a_path_with_a_mount_inside_and_tolerates_absence() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("mount");
+        std::fs::create_dir_all(target.join("sub")).unwrap();
+        remove_unmounted(&target).unwrap();
+        assert!(!target.exists());
+        remove_unmounted(&target).unwrap();
+        assert_eq!(
+            ignore_not_found::<()>(Err(tonic::Status::not_found("gone"))),
+            Ok(())
+        );
+        assert!(
+            ignore_not_found::<()>(Err(tonic::Status::internal("io")))
+                .unwrap_err()
+                .contains("Internal")
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! The pure core: what podmon's taints are called, when a protected pod must be cleaned up,
+//! whether the driver's connectivity answer allows it, whether the circuit breaker does, and
+//! how node mode judges a remembered pod. No I/O here.
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+pub const NO_SCHEDULE: &str = "NoSchedule";
+pub const NO_EXECUTE: &str = "NoExecute";
+
+/// A node annotation (value `true`) that pauses podmon's cleanup of that node.
+pub const MAINTENANCE_ANNOTATION: &str = "podmon.csi-suite.io/maintenance";
+
+/// CrashLoopBackOff deletes per pod before podmon gives up on it (Dell's limit).
+pub const MAX_CRASH_LOOP_DELETES: u32 = 5;
+
+/// The node Annotation holding the CSI node IDs of the registered drivers (kubelet's).
+pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
+/// The first DNS label of the driver name, lower-cased, other characters as '-':
+/// `hostpath.csi-suite.io` → `hostpath`.
+pub fn short_driver_name(driver: &str) -> String {
+    let first = driver.split('.').next().unwrap_or(driver);
+    let short: String = first
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let short = short.trim_matches('-');
+    if short.is_empty() {
+        "csi".to_string()
+    } else {
+        short.to_string()
+    }
+}
+
+/// The taint podmon puts on a node it fenced (NoSchedule): `<short>.podmon.storage/fenced`.
+pub fn fenced_taint_key(driver: &str) -> String {
+    format!("{}.podmon.storage/fenced", short_driver_name(driver))
+}
+
+/// The taint on a node whose driver node pod is not Ready (NoSchedule):
+/// `<short>.podmon.storage/driver-offline`.
+pub fn offline_taint_key(driver: &str) -> String {
+    format!(
+        "{}.podmon.storage/driver-offline",
+        short_driver_name(driver)
+    )
+}
+
+/// The Lease of the elected controller: `podmon-<driver>` (Dell's `podmon-1` is not
+/// instance-scoped, so two drivers' podmons would share it).
+pub fn lease_name(driver: &str) -> String {
+    format!("podmon-{driver}")
+}
+
+pub fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
+    taints(node)
+        .iter()
+        .any(|t| t.key == key && t.effect == effect)
+}
+
+pub fn taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+/// `current` with the taint added first (as Dell does), or `None` when it is already there
+/// (matched on key and effect).
+pub fn with_taint(
+    current: &[Taint],
+    key: &str,
+    value: &str,
+    effect: &str,
+    now: Time,
+) -> Option<Vec<Taint>> {
+    if current.iter().any(|t| t.key == key && t.effect == effect) {
+        return None;
+    }
+    let taint = Taint {
+        key: key.to_string(),
+        value: (!value.is_empty()).then(|| value.to_string()),
+        effect: effect.to_string(),
+        time_added: Some(now),
+    };
+    Some(
+        std::iter::once(taint)
+            .chain(current.iter().cloned())
+            .collect(),
+    )
+}
+
+/// `current` without the taints of `key` (any effect), or `None` when there is none.
+pub fn without_taint(current: &[Taint], key: &str) -> Option<Vec<Taint>> {
+    current
+        .iter()
+        .any(|t| t.key == key)
+        .then(|| current.iter().filter(|t| t.key != key).cloned().collect())
+}
+
+/// What the node's taints say about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeSignals {
+    pub unreachable_no_schedule: bool,
+    pub unreachable_no_execute: bool,
+    /// Our fenced or driver-offline taint.
+    pub podmon: bool,
+}
+
+impl NodeSignals {
+    pub fn of(node: &Node, fenced_key: &str, offline_key: &str) -> Self {
+        Self {
+            unreachable_no_schedule: has_taint(node, UNREACHABLE_TAINT, NO_SCHEDULE),
+            unreachable_no_execute: has_taint(node, UNREACHABLE_TAINT, NO_EXECUTE),
+            podmon: has_taint(node, fenced_key, NO_SCHEDULE)
+                || has_taint(node, offline_key, NO_SCHEDULE),
+        }
+    }
+
+    pub fn failed(self) -> bool {
+        self.unreachable_no_schedule || self.unreachable_no_execute || self.podmon
+    }
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn is_crash_looping(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|statuses| {
+            statuses.iter().any(|s| {
+                s.state
+                    .as_ref()
+                    .and_then(|s| s.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    == Some("CrashLoopBackOff")
+            })
+        })
+}
+
+pub fn node_name(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+/// The claims a pod's volumes use: `persistentVolumeClaim` ones and the claims of generic
+/// ephemeral volumes (`<pod>-<volume>`).
+pub fn claim_names(pod: &Pod) -> Vec<String> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    volumes
+        .into_iter()
+        .flatten()
+        .filter_map(
+            |volume| match (&volume.persistent_volume_claim, &volume.ephemeral) {
+                (Some(claim), _) => Some(claim.claim_name.clone()),
+                (None, Some(_)) => Some(format!(
+                    "{}-{}",
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                    volume.name
+                )),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+/// What the controller does about one protected pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodAction {
+    Nothing,
+    /// Not Ready on a failed node: fence, taint, delete its VolumeAttachments, force-delete.
+    CleanUp(NodeSignals),
+    /// Crash-looping on a healthy node: a (graceful) delete, so it is recreated.
+    DeleteCrashLooping,
+}
+
+/// Dell's trigger: a scheduled pod that is not Ready, on a node with the unreachable taint
+/// (NoSchedule or NoExecute) or ours → clean up; else not Ready and crash-looping → delete.
+/// Finished pods are left alone.
+pub fn pod_action(
+    pod: &Pod,
+    node: Option<&Node>,
+    fenced_key: &str,
+    offline_key: &str,
+) -> PodAction {
+    if is_ready(pod)
+        || node_name(pod).is_none()
+        || matches!(phase(pod), Some("Succeeded" | "Failed"))
+    {
+        return PodAction::Nothing;
+    }
+    let signals = node
+        .map(|n| NodeSignals::of(n, fenced_key, offline_key))
+        .unwrap_or_default();
+    if signals.failed() {
+        PodAction::CleanUp(signals)
+    } else if is_crash_looping(pod) && pod.metadata.deletion_timestamp.is_none() {
+        PodAction::DeleteCrashLooping
+    } else {
+        PodAction::Nothing
+    }
+}
+
+/// Why a cleanup was triggered (the Event reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    NodeFailure,
+    ArrayConnectivityLoss,
+}
+
+impl Trigger {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Trigger::NodeFailure => "NodeFailure",
+            Trigger::ArrayConnectivityLoss => "ArrayConnectivityLoss",
+        }
+    }
+}
+
+/// The driver's connectivity answer for a node and the pods' volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connectivity {
+    Answer {
+        connected: bool,
+        ios_in_progress: bool,
+    },
+    /// The call failed: we know nothing.
+    Error,
+}
+
+/// Whether cleanup may go on after the driver's answer (Dell's rule): abort when the node is
+/// still connected (unless our taint says it failed before), when I/O is in progress (ignored
+/// for ReadWriteMany volumes, which several nodes may write), or on an error — unless
+/// `--skipArrayConnectionValidation` and the node has the unreachable NoExecute taint.
+pub fn validation_allows(
+    answer: Connectivity,
+    rwx: bool,
+    signals: NodeSignals,
+    skip_validation: bool,
+) -> Result<(), &'static str> {
+    let verdict = match answer {
+        Connectivity::Error => Err("due to error while validating volume host connectivity"),
+        Connectivity::Answer {
+            connected,
+            ios_in_progress,
+        } => {
+            if (connected && !signals.podmon) || (ios_in_progress && !rwx) {
+                Err("array connected or recent I/O")
+            } else {
+                Ok(())
+            }
+        }
+    };
+    if verdict.is_err() && skip_validation && signals.unreachable_no_execute {
+        return Ok(());
+    }
+    verdict
+}
+
+/// The circuit breaker: how many nodes may be evacuated (fenced and tainted) at once — the
+/// fraction of all nodes, rounded down, but never less than one.
+pub fn evacuation_limit(total_nodes: usize, fraction: f64) -> usize {
+    let limit = (total_nodes as f64 * fraction + 1e-9).floor() as usize;
+    limit.max(1)
+}
+
+/// May `node` be evacuated, given the nodes already fenced or being cleaned (`evacuated`)?
+pub fn breaker_allows<'a>(
+    node: &str,
+    evacuated: impl IntoIterator<Item = &'a str>,
+    total_nodes: usize,
+    fraction: f64,
+) -> bool {
+    let mut others = 0;
+    for name in evacuated {
+        if name == node {
+            return true;
+        }
+        others += 1;
+    }
+    others < evacuation_limit(total_nodes, fraction)
+}
+
+/// How node mode judges a remembered pod against what the API says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remembered {
+    /// The same pod (same UID) still exists: the controller has not replaced it; its volumes
+    /// stay and the taint stays.
+    StillThere,
+    /// Gone or replaced (a new UID): a zombie whose mounts must be cleaned.
+    Zombie,
+}
+
+pub fn judge(remembered_uid: &str, current: Option<&Pod>) -> Remembered {
+    match current {
+        Some(pod) if pod.metadata.uid.as_deref() == Some(remembered_uid) => Remembered::StillThere,
+        _ => Remembered::Zombie,
+    }
+}
+
+#[cfg(test)]
+mod tests;

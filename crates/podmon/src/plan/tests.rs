@@ -1,0 +1,340 @@
+use super::*;
+use serde_json::json;
+
+const FENCED: &str = "hostpath.podmon.storage/fenced";
+const OFFLINE: &str = "hostpath.podmon.storage/driver-offline";
+
+fn node(taints: &[(&str, &str)]) -> Node {
+    let taints: Vec<_> = taints
+        .iter()
+        .map(|(k, e)| json!({"key": k, "effect": e}))
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": "n1"}, "spec": {"taints": taints}})).unwrap()
+}
+
+fn pod(ready: &str, crash_loop: bool, phase: &str) -> Pod {
+    let waiting = if crash_loop {
+        json!({"waiting": {"reason": "CrashLoopBackOff"}})
+    } else {
+        json!({"running": {}})
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}],
+                   "containerStatuses": [{"name": "c", "ready": false, "restartCount": 3, "image": "i", "imageID": "", "state": waiting}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn taint_keys_derive_from_the_driver_name() {
+    for (driver, short) in [
+        ("hostpath.csi-suite.io", "hostpath"),
+        ("csi-powerstore.dellemc.com", "csi-powerstore"),
+        ("Ebs_CSI.aws.com", "ebs-csi"),
+        ("...", "csi"),
+    ] {
+        assert_eq!(short_driver_name(driver), short, "{driver}");
+    }
+    assert_eq!(fenced_taint_key("hostpath.csi-suite.io"), FENCED);
+    assert_eq!(offline_taint_key("hostpath.csi-suite.io"), OFFLINE);
+    assert_eq!(
+        lease_name("hostpath.csi-suite.io"),
+        "podmon-hostpath.csi-suite.io"
+    );
+}
+
+#[test]
+fn the_trigger_is_not_ready_on_a_failed_node() {
+    let unreachable = node(&[
+        (UNREACHABLE_TAINT, NO_SCHEDULE),
+        (UNREACHABLE_TAINT, NO_EXECUTE),
+    ]);
+    let no_schedule_only = node(&[(UNREACHABLE_TAINT, NO_SCHEDULE)]);
+    let ours = node(&[(FENCED, NO_SCHEDULE)]);
+    let offline = node(&[(OFFLINE, NO_SCHEDULE)]);
+    let not_ready_taint = node(&[("node.kubernetes.io/not-ready", NO_EXECUTE)]);
+    let healthy = node(&[]);
+    let clean = |n: &Node| PodAction::CleanUp(NodeSignals::of(n, FENCED, OFFLINE));
+    for (pod, node, expected, why) in [
+        (
+            pod("False", false, "Running"),
+            Some(&unreachable),
+            clean(&unreachable),
+            "unreachable",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&no_schedule_only),
+            clean(&no_schedule_only),
+            "unreachable NoSchedule only",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&ours),
+            clean(&ours),
+            "our taint",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&offline),
+            clean(&offline),
+            "driver offline",
+        ),
+        (
+            pod("True", false, "Running"),
+            Some(&unreachable),
+            PodAction::Nothing,
+            "ready pods are left alone",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&not_ready_taint),
+            PodAction::Nothing,
+            "not-ready is not unreachable (Dell)",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&healthy),
+            PodAction::Nothing,
+            "healthy node",
+        ),
+        (
+            pod("False", false, "Running"),
+            None,
+            PodAction::Nothing,
+            "unknown node: no evidence",
+        ),
+        (
+            pod("False", false, "Succeeded"),
+            Some(&unreachable),
+            PodAction::Nothing,
+            "finished pod",
+        ),
+        (
+            pod("False", true, "Running"),
+            Some(&healthy),
+            PodAction::DeleteCrashLooping,
+            "crash loop",
+        ),
+        (
+            pod("False", true, "Running"),
+            Some(&unreachable),
+            clean(&unreachable),
+            "a failed node wins over a crash loop",
+        ),
+        (
+            pod("True", true, "Running"),
+            Some(&healthy),
+            PodAction::Nothing,
+            "ready again",
+        ),
+    ] {
+        assert_eq!(pod_action(&pod, node, FENCED, OFFLINE), expected, "{why}");
+    }
+    let mut unscheduled = pod("False", false, "Pending");
+    unscheduled.spec.as_mut().unwrap().node_name = None;
+    assert_eq!(
+        pod_action(&unscheduled, Some(&unreachable), FENCED, OFFLINE),
+        PodAction::Nothing
+    );
+    assert_eq!(
+        clean(&unreachable),
+        PodAction::CleanUp(NodeSignals {
+            unreachable_no_schedule: true,
+            unreachable_no_execute: true,
+            podmon: false
+        })
+    );
+}
+
+#[test]
+fn validation_follows_dells_rule() {
+    let answer = |connected, ios_in_progress| Connectivity::Answer {
+        connected,
+        ios_in_progress,
+    };
+    let plain = NodeSignals {
+        unreachable_no_schedule: true,
+        ..Default::default()
+    };
+    let no_execute = NodeSignals {
+        unreachable_no_execute: true,
+        ..plain
+    };
+    let tainted = NodeSignals {
+        podmon: true,
+        ..plain
+    };
+    for (answer, rwx, signals, skip, allowed, why) in [
+        (
+            answer(false, false),
+            false,
+            plain,
+            false,
+            true,
+            "disconnected, idle",
+        ),
+        (
+            answer(true, false),
+            false,
+            plain,
+            false,
+            false,
+            "still connected",
+        ),
+        (
+            answer(false, true),
+            false,
+            plain,
+            false,
+            false,
+            "I/O in progress",
+        ),
+        (
+            answer(false, true),
+            true,
+            plain,
+            false,
+            true,
+            "RWX ignores I/O",
+        ),
+        (
+            answer(true, false),
+            false,
+            tainted,
+            false,
+            true,
+            "our taint: connected is not believed",
+        ),
+        (
+            answer(true, true),
+            false,
+            tainted,
+            false,
+            false,
+            "our taint does not excuse I/O",
+        ),
+        (
+            Connectivity::Error,
+            false,
+            plain,
+            false,
+            false,
+            "error: never on doubt",
+        ),
+        (
+            answer(true, true),
+            false,
+            no_execute,
+            true,
+            true,
+            "skip with NoExecute",
+        ),
+        (
+            Connectivity::Error,
+            false,
+            no_execute,
+            true,
+            true,
+            "skip with NoExecute, error",
+        ),
+        (
+            answer(true, false),
+            false,
+            plain,
+            true,
+            false,
+            "skip needs NoExecute",
+        ),
+    ] {
+        assert_eq!(
+            validation_allows(answer, rwx, signals, skip).is_ok(),
+            allowed,
+            "{why}"
+        );
+    }
+    assert_eq!(
+        validation_allows(Connectivity::Error, false, plain, false),
+        Err("due to error while validating volume host connectivity")
+    );
+}
+
+#[test]
+fn the_circuit_breaker_holds_beyond_the_fraction() {
+    for (total, fraction, limit) in [
+        (3, 0.3333, 1),
+        (2, 0.3333, 1),
+        (9, 0.3333, 2),
+        (10, 0.5, 5),
+        (4, 1.0, 4),
+        (1, 0.1, 1),
+        (6, 1.0 / 3.0, 2),
+    ] {
+        assert_eq!(
+            evacuation_limit(total, fraction),
+            limit,
+            "{total} × {fraction}"
+        );
+    }
+    assert!(breaker_allows("a", [], 3, 0.3333));
+    assert!(
+        !breaker_allows("b", ["a"], 3, 0.3333),
+        "a second node of three is held"
+    );
+    assert!(
+        breaker_allows("a", ["a"], 3, 0.3333),
+        "the node already evacuated goes on"
+    );
+    assert!(breaker_allows("b", ["a"], 3, 1.0));
+}
+
+#[test]
+fn taints_are_added_first_once_and_removed_by_key() {
+    let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let current = taints(&node(&[(UNREACHABLE_TAINT, NO_EXECUTE)]));
+    let added = with_taint(&current, FENCED, "", NO_SCHEDULE, now.clone()).unwrap();
+    assert_eq!(
+        added.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(),
+        [FENCED, UNREACHABLE_TAINT]
+    );
+    assert_eq!(added[0].value, None);
+    assert_eq!(
+        with_taint(&added, FENCED, "", NO_SCHEDULE, now.clone()),
+        None
+    );
+    let out_of_service = with_taint(
+        &added,
+        OUT_OF_SERVICE_TAINT,
+        OUT_OF_SERVICE_VALUE,
+        NO_EXECUTE,
+        now,
+    )
+    .unwrap();
+    assert_eq!(out_of_service[0].value.as_deref(), Some("nodeshutdown"));
+    assert_eq!(without_taint(&added, FENCED).unwrap(), current);
+    assert_eq!(without_taint(&current, FENCED), None);
+}
+
+#[test]
+fn a_remembered_pod_is_a_zombie_once_gone_or_replaced() {
+    let current = pod("True", false, "Running");
+    assert_eq!(judge("u1", Some(&current)), Remembered::StillThere);
+    assert_eq!(judge("u0", Some(&current)), Remembered::Zombie);
+    assert_eq!(judge("u1", None), Remembered::Zombie);
+}
+
+#[test]
+fn claims_of_a_pod_include_generic_ephemeral_volumes() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "app-0"},
+        "spec": {"containers": [], "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-app-0"}},
+            {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+            {"name": "config", "configMap": {"name": "c"}},
+        ]},
+    }))
+    .unwrap();
+    assert_eq!(claim_names(&pod), ["data-app-0", "app-0-scratch"]);
+}
