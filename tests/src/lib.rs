@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
+pub mod podmon;
 pub mod registration;
 
 use std::collections::BTreeMap;
@@ -102,6 +103,8 @@ pub struct Options {
     /// The driver's storage pool per node (its `--capacity`); `None`: the state directory's
     /// free space.
     pub pool_bytes: Option<u64>,
+    /// Whether the driver serves the podmon connectivity extension.
+    pub podmon_extension: bool,
 }
 
 impl Default for Options {
@@ -112,6 +115,7 @@ impl Default for Options {
             driver_name: DRIVER.to_string(),
             attach_required: true,
             pool_bytes: None,
+            podmon_extension: true,
         }
     }
 }
@@ -182,6 +186,7 @@ impl Cluster {
         let driver = LocalCluster::start(root.path(), &node_names, |config| {
             config.driver_name = options.driver_name.clone();
             config.enable_attach = options.attach_required;
+            config.podmon_extension = options.podmon_extension;
             if let Some(bytes) = options.pool_bytes {
                 config.capacity.insert(String::new(), bytes);
             }

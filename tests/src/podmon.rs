@@ -1,0 +1,139 @@
+//! podmon in the scenario cluster: controller-podmon against the driver's controller
+//! instance, node-podmon per node against that node's driver instance with the node's own API
+//! client (a partition cuts it off too), and node failures that cut a node off both the
+//! control plane and the storage (the driver's podmon extension then reports it disconnected).
+
+use std::time::Duration;
+
+use csi_hostpath::state::Store;
+use podmon::config::{LiveConfig, Tunables};
+use podmon::controller::Settings;
+use podmon::metrics::PodmonMetrics;
+use podmon::node::NodeSettings;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Cluster, Sidecar};
+
+/// Dell's default label key; the value is the driver's name.
+pub const LABEL_KEY: &str = "podmon.dellemc.com/driver";
+
+/// A running controller-podmon, its live settings and metrics.
+#[derive(Debug)]
+pub struct PodmonController {
+    pub sidecar: Sidecar,
+    pub live: LiveConfig,
+    pub metrics: PodmonMetrics,
+}
+
+impl Cluster {
+    /// Labels a pod manifest as protected by podmon.
+    pub fn protect(&self, pod: &mut serde_json::Value) {
+        pod["metadata"]["labels"][LABEL_KEY] = serde_json::json!(self.driver_name);
+    }
+
+    /// controller-podmon in this process (fast retries; connectivity sampled every second).
+    pub async fn start_podmon_controller(
+        &self,
+        change: impl FnOnce(&mut Settings, &mut Tunables),
+    ) -> PodmonController {
+        let csi = self.driver.controller.csi.clone();
+        let extension = podmon::run::probe_extension(&csi, Duration::from_secs(5)).await;
+        let metrics = PodmonMetrics::unregistered();
+        let mut settings = Settings {
+            driver_name: self.driver_name.clone(),
+            label_key: LABEL_KEY.to_string(),
+            label_value: self.driver_name.clone(),
+            driver_pod_label: Some(("driver.dellemc.com".to_string(), "dell-storage".to_string())),
+            extension,
+            poll_connectivity: extension,
+            can_fence: true,
+            ignore_volumeless_pods: false,
+            out_of_service_taint: false,
+            timeout: Duration::from_secs(10),
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(2),
+            metrics: metrics.clone(),
+        };
+        let mut tunables = Tunables {
+            poll_rate: Duration::from_secs(1),
+            loss_threshold: 3,
+            skip_validation: false,
+            maintenance: false,
+            max_evacuated_fraction: 1.0 / 3.0,
+        };
+        change(&mut settings, &mut tunables);
+        let live = LiveConfig::fixed(tunables);
+        let shutdown = CancellationToken::new();
+        let (client, token, running) = (self.client.clone(), shutdown.clone(), live.clone());
+        let task = tokio::spawn(async move {
+            if let Err(error) = podmon::controller::run(client, csi, settings, running, token).await
+            {
+                tracing::error!(%error, "controller-podmon stopped");
+            }
+        });
+        PodmonController {
+            sidecar: Sidecar { shutdown, task },
+            live,
+            metrics,
+        }
+    }
+
+    /// Where node-podmon of `node` keeps its inventory (on the node's "disk").
+    pub fn podmon_state_file(&self, node: &str) -> std::path::PathBuf {
+        self.driver
+            .kubelet_dir(node)
+            .join("plugins")
+            .join(&self.driver_name)
+            .join("podmon-node-state.json")
+    }
+
+    /// node-podmon of `node` in this process, polling its Node every 200 ms.
+    pub async fn start_podmon_node(&self, node: &str) -> Sidecar {
+        let settings = NodeSettings {
+            node_name: node.to_string(),
+            driver_name: self.driver_name.clone(),
+            label_key: LABEL_KEY.to_string(),
+            label_value: self.driver_name.clone(),
+            kubelet_dir: self.driver.kubelet_dir(node),
+            state_file: self.podmon_state_file(node),
+            poll_interval: Duration::from_millis(200),
+            stage_unstage: true,
+            ignore_volumeless_pods: false,
+            out_of_service_taint: false,
+            timeout: Duration::from_secs(10),
+            metrics: PodmonMetrics::unregistered(),
+        };
+        let client = self.kubelet(node).node_client();
+        let csi = self.driver.node(node).csi.clone();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = podmon::node::run(client, csi, settings, token).await {
+                tracing::error!(%error, "node-podmon stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
+    /// The reference driver's state directory (volume data, fencing records).
+    pub fn driver_store(&self) -> Store {
+        Store::open(&self.driver.state_dir).expect("the driver's state directory")
+    }
+
+    /// A node failure: the kubelet (and node agents) lose the API server and the node loses
+    /// its storage network (the driver stops hearing its heartbeat); pods and writers go on.
+    pub fn fail_node(&self, node: &str) {
+        self.kubelet(node).partition();
+        self.driver_store()
+            .set_link(node, false)
+            .expect("the storage link marker");
+    }
+
+    /// The node is back on both networks.
+    pub fn recover_node(&self, node: &str) {
+        self.driver_store()
+            .set_link(node, true)
+            .expect("the storage link marker");
+        self.kubelet(node).heal();
+    }
+}

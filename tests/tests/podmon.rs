@@ -1,0 +1,614 @@
+//! podmon scenarios: a failed node's protected pod is fenced, failed over and its zombie
+//! cleaned up (with the data proof: no write of the zombie lands after the fence); the
+//! driver's "connected" and "I/O in progress" answers stop a cleanup; a driver without the
+//! extension fails over on taints alone; crash-looping pods are deleted at most five times;
+//! the circuit breaker and the maintenance switch hold cleanups; node-podmon survives a
+//! restart and a reboot mid-cleanup.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use csi_hostpath::state::AccessType;
+use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
+use csi_suite_scenarios::podmon::PodmonController;
+use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use podmon::metrics::FailoverResult;
+use podmon::plan::{MAINTENANCE_ANNOTATION, fenced_taint_key};
+use serde_json::{Value, json};
+
+fn nodes(names: &[&str]) -> Options {
+    Options {
+        nodes: names.iter().map(|n| n.to_string()).collect(),
+        ..Options::default()
+    }
+}
+
+/// Protected, and tolerating unreachable for good (so only podmon moves it, as on a real
+/// cluster where the default 300 s toleration outlasts the scenario).
+fn protected(cluster: &Cluster, pod: &mut Value) {
+    cluster.protect(pod);
+    pod["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
+}
+
+/// The volume's data directory in the driver's state (what every node's mount shows).
+async fn volume_data(cluster: &Cluster, pv: &str) -> PathBuf {
+    let handle = volume_handle(cluster, pv).await;
+    cluster
+        .driver_store()
+        .volume_data(&handle, AccessType::Mount)
+}
+
+async fn volume_handle(cluster: &Cluster, pv: &str) -> String {
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(pv)
+        .await
+        .unwrap();
+    pv.spec.unwrap().csi.unwrap().volume_handle
+}
+
+/// Records the writer of pod `uid` appended (`<uid> <n>` lines).
+fn records_of(log: &std::path::Path, uid: &str) -> usize {
+    let prefix = format!("{uid} ");
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .count()
+}
+
+fn is_fenced(cluster: &Cluster, handle: &str, node: &str) -> bool {
+    cluster
+        .driver_store()
+        .read()
+        .ok()
+        .and_then(|s| s.volumes.get(handle).map(|v| v.fenced.contains_key(node)))
+        .unwrap_or(false)
+}
+
+fn has_fenced_taint(cluster: &Cluster, node: &Node) -> bool {
+    podmon::plan::has_taint(node, &fenced_taint_key(&cluster.driver_name), "NoSchedule")
+}
+
+/// The StatefulSet's part: a new pod with the same name, placed by the scheduler.
+async fn replace(cluster: &Cluster, name: &str, claim: Option<&str>, writes: bool) -> Pod {
+    let mut manifest = pod(name, "unused", claim, writes);
+    manifest["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nodeSelector");
+    protected(cluster, &mut manifest);
+    cluster.create(&cluster.namespaced::<Pod>(), manifest).await
+}
+
+/// A cluster with the attacher and controller-podmon, and a protected pod `app-0` writing to a
+/// static volume on node-a; `None` (after saying why) without root.
+struct Scene {
+    cluster: Cluster,
+    attacher: Sidecar,
+    controller: PodmonController,
+    uid: String,
+    pv: String,
+    target: PathBuf,
+}
+
+async fn scene(name: &str, options: Options, skip_validation: bool) -> Option<Scene> {
+    if skip_without_root() {
+        return None;
+    }
+    let cluster = Cluster::start_with(name, options).await;
+    let attacher = cluster.start_attacher().await;
+    let controller = cluster
+        .start_podmon_controller(|_, t| t.skip_validation = skip_validation)
+        .await;
+    let (pod, pv, target) =
+        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| protected(&cluster, p))
+            .await;
+    let uid = pod.uid().unwrap();
+    Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        uid,
+        pv,
+        target,
+    })
+}
+
+#[tokio::test]
+async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_the_fence() {
+    // The zombie keeps writing, so the driver sees I/O: Dell's override for the unreachable
+    // NoExecute taint (skipArrayConnectionValidation) lets the failover go on.
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        uid: old_uid,
+        pv,
+        target: old_target,
+    }) = scene("podmon-failover", nodes(&["node-a", "node-b"]), true).await
+    else {
+        return;
+    };
+    let node_a = cluster.start_podmon_node("node-a").await;
+    let node_b = cluster.start_podmon_node("node-b").await;
+    let handle = volume_handle(&cluster, &pv).await;
+    let log = volume_data(&cluster, &pv).await.join("app-0.log");
+    cluster
+        .eventually("the pod writing", || records_of(&log, &old_uid) > 0)
+        .await;
+
+    let failed = Instant::now();
+    cluster.fail_node("node-a");
+    cluster
+        .eventually("node-a fenced from the volume", || {
+            is_fenced(&cluster, &handle, "node-a")
+        })
+        .await;
+    let fenced = Instant::now();
+    // The driver stopped the node's writers before it recorded the fence.
+    let zombie_records = records_of(&log, &old_uid);
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod force-deleted",
+        )
+        .await;
+    let node = cluster
+        .cluster_scoped::<Node>()
+        .get("node-a")
+        .await
+        .unwrap();
+    assert!(
+        has_fenced_taint(&cluster, &node),
+        "the failed node carries podmon's taint"
+    );
+    let old_attachments = cluster
+        .cluster_scoped::<VolumeAttachment>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|va| va.spec.node_name == "node-a")
+        .count();
+    assert_eq!(
+        old_attachments, 0,
+        "the failed node's VolumeAttachment is deleted"
+    );
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!("podmon cleaning pod [{old_uid} node-a] with force delete"),
+        )
+        .await;
+
+    let new_uid = replace(&cluster, "app-0", Some("app-0"), true)
+        .await
+        .uid()
+        .unwrap();
+    let running = cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the replacement Running",
+            is_running,
+        )
+        .await;
+    let replaced = Instant::now();
+    assert_eq!(running.spec.unwrap().node_name.as_deref(), Some("node-b"));
+    cluster
+        .eventually("the replacement writing", || records_of(&log, &new_uid) > 0)
+        .await;
+    assert_eq!(
+        records_of(&log, &old_uid),
+        zombie_records,
+        "a zombie write landed after the fence"
+    );
+
+    let recovering = Instant::now();
+    cluster.recover_node("node-a");
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            "node-a",
+            "node-podmon cleaned node-a and removed the taint",
+            |n| !has_fenced_taint(&cluster, n),
+        )
+        .await;
+    let cleaned = Instant::now();
+    assert!(!old_target.exists(), "the zombie's target path is gone");
+    assert!(
+        std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+            .unwrap()
+            .contains("\"pods\": {}")
+    );
+    let before = records_of(&log, &new_uid);
+    cluster
+        .eventually("the replacement still writing", || {
+            records_of(&log, &new_uid) > before
+        })
+        .await;
+    assert_eq!(
+        records_of(&log, &old_uid),
+        zombie_records,
+        "a zombie write landed after the node came back"
+    );
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 1);
+    tracing::info!(
+        detect_and_fence = ?fenced - failed,
+        failover = ?replaced - fenced,
+        node_cleanup = ?cleaned - recovering,
+        "podmon failover phases"
+    );
+
+    for sidecar in [node_a, node_b, controller.sidecar, attacher] {
+        sidecar.stop().await;
+    }
+    cluster
+        .delete_and_wait(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the replacement deleted",
+        )
+        .await;
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
+
+#[tokio::test]
+async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_busy() {
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        uid,
+        pv,
+        ..
+    }) = scene("podmon-connected", nodes(&["node-a", "node-b"]), false).await
+    else {
+        return;
+    };
+    let handle = volume_handle(&cluster, &pv).await;
+
+    // Only the control plane lost the node: the driver still hears it and sees its writes.
+    cluster.kubelet("node-a").partition();
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!("podmon aborted pod cleanup [{uid} node-a] array connected or recent I/O"),
+        )
+        .await;
+    // Now the storage network too: the node is disconnected but the zombie's I/O is seen.
+    cluster.driver_store().set_link("node-a", false).unwrap();
+    let aborted = controller.metrics.failovers(FailoverResult::Aborted);
+    cluster
+        .eventually("more aborted attempts", || {
+            controller.metrics.failovers(FailoverResult::Aborted) >= aborted + 2
+        })
+        .await;
+    let pod = cluster.namespaced::<Pod>().get("app-0").await.unwrap();
+    assert_eq!(
+        pod.uid().as_deref(),
+        Some(uid.as_str()),
+        "the pod was not deleted"
+    );
+    assert!(
+        !is_fenced(&cluster, &handle, "node-a"),
+        "nothing was fenced on doubt"
+    );
+    let node = cluster
+        .cluster_scoped::<Node>()
+        .get("node-a")
+        .await
+        .unwrap();
+    assert!(!has_fenced_taint(&cluster, &node));
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+
+    cluster.recover_node("node-a");
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod Ready again in place",
+            is_running,
+        )
+        .await;
+    controller.sidecar.stop().await;
+    attacher.stop().await;
+    cluster
+        .delete_and_wait(&cluster.namespaced::<Pod>(), "app-0", "the pod deleted")
+        .await;
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
+
+#[tokio::test]
+async fn podmon_without_the_extension_fails_over_on_taints_alone() {
+    let options = Options {
+        podmon_extension: false,
+        ..nodes(&["node-a", "node-b"])
+    };
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        uid,
+        pv,
+        ..
+    }) = scene("podmon-no-ext", options, false).await
+    else {
+        return;
+    };
+    let handle = volume_handle(&cluster, &pv).await;
+    cluster.kubelet("node-a").partition();
+    cluster
+        .eventually("node-a fenced from the volume", || {
+            is_fenced(&cluster, &handle, "node-a")
+        })
+        .await;
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod force-deleted",
+        )
+        .await;
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!("[{uid} node-a] with force delete"),
+        )
+        .await;
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 1);
+    controller.sidecar.stop().await;
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
+
+#[tokio::test]
+async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
+    let cluster = Cluster::start_with("podmon-crash-loop", nodes(&["node-a"])).await;
+    let controller = cluster.start_podmon_controller(|_, _| {}).await;
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .kubelet("node-a")
+        .crash_loop(&cluster.namespace, "app-0");
+    let mut uids = Vec::new();
+    for _ in 0..=podmon::plan::MAX_CRASH_LOOP_DELETES {
+        let mut manifest = pod("app-0", "node-a", None, false);
+        protected(&cluster, &mut manifest);
+        let created: Pod = cluster.create(&pods, manifest).await;
+        uids.push(created.uid().unwrap());
+        if uids.len() as u32 > podmon::plan::MAX_CRASH_LOOP_DELETES {
+            break;
+        }
+        cluster
+            .wait_gone(&pods, "app-0", "the crash-looping pod deleted")
+            .await;
+        cluster
+            .wait_for_event(
+                "app-0",
+                "CrashLoopBackOff",
+                &format!(
+                    "podmon cleaning pod [{} node-a] with delete",
+                    created.uid().unwrap()
+                ),
+            )
+            .await;
+    }
+    // The sixth incarnation crash-loops too, but podmon gave up on the pod.
+    let last = uids.last().unwrap().clone();
+    cluster
+        .wait_for(&pods, "app-0", "the last pod crash-looping", |p| {
+            podmon::plan::is_crash_looping(p)
+        })
+        .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let pod = pods.get("app-0").await.unwrap();
+    assert_eq!(
+        pod.uid().as_deref(),
+        Some(last.as_str()),
+        "deleted more than five times"
+    );
+    controller.sidecar.stop().await;
+    cluster.stop(&[]).await;
+}
+
+async fn annotate(cluster: &Cluster, node: &str, value: Option<&str>) {
+    let patch = json!({"metadata": {"annotations": {MAINTENANCE_ANNOTATION: value}}});
+    cluster
+        .cluster_scoped::<Node>()
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
+    let cluster =
+        Cluster::start_with("podmon-breaker", nodes(&["node-a", "node-b", "node-c"])).await;
+    let controller = cluster.start_podmon_controller(|_, _| {}).await;
+    let pods = cluster.namespaced::<Pod>();
+    for (name, node) in [
+        ("app-a", "node-a"),
+        ("app-b", "node-b"),
+        ("app-c", "node-c"),
+    ] {
+        let mut manifest = pod(name, node, None, false);
+        protected(&cluster, &mut manifest);
+        cluster.create(&pods, manifest).await;
+        cluster
+            .wait_for(&pods, name, "the pod Running", is_running)
+            .await;
+    }
+    annotate(&cluster, "node-c", Some("true")).await;
+
+    // Two of three nodes fail at once: a third may be evacuated, the other is held.
+    cluster.kubelet("node-a").partition();
+    cluster.kubelet("node-b").partition();
+    cluster.kubelet("node-c").partition();
+    cluster
+        .eventually_async("one of the two pods force-deleted", || async {
+            let a = pods.get_opt("app-a").await.unwrap().is_none();
+            let b = pods.get_opt("app-b").await.unwrap().is_none();
+            a != b
+        })
+        .await;
+    let held = if pods.get_opt("app-a").await.unwrap().is_some() {
+        "app-a"
+    } else {
+        "app-b"
+    };
+    cluster
+        .wait_for_event(held, "NodeFailure", "circuit breaker: 1 of ")
+        .await;
+    cluster
+        .wait_for_event(
+            "app-c",
+            "NodeFailure",
+            "maintenance: the node is annotated for maintenance",
+        )
+        .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(
+        pods.get_opt(held).await.unwrap().is_some(),
+        "the breaker held the second node"
+    );
+    assert!(
+        pods.get_opt("app-c").await.unwrap().is_some(),
+        "maintenance held node-c"
+    );
+    assert!(controller.metrics.failovers(FailoverResult::Held) >= 2);
+
+    // The operator accepts the mass failure: both failed nodes are evacuated.
+    let mut tunables = controller.live.get();
+    tunables.max_evacuated_fraction = 1.0;
+    tunables.maintenance = true;
+    controller.live.set(tunables.clone());
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(
+        pods.get_opt(held).await.unwrap().is_some(),
+        "the global maintenance switch pauses all"
+    );
+    tunables.maintenance = false;
+    controller.live.set(tunables);
+    cluster
+        .wait_gone(&pods, held, "the held pod force-deleted once allowed")
+        .await;
+    assert!(
+        pods.get_opt("app-c").await.unwrap().is_some(),
+        "the annotated node is still paused"
+    );
+    annotate(&cluster, "node-c", None).await;
+    cluster
+        .wait_gone(&pods, "app-c", "node-c's pod cleaned after maintenance")
+        .await;
+    for node in ["node-a", "node-b", "node-c"] {
+        let node = cluster.cluster_scoped::<Node>().get(node).await.unwrap();
+        assert!(
+            has_fenced_taint(&cluster, &node),
+            "{} tainted",
+            node.name_any()
+        );
+    }
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 3);
+    controller.sidecar.stop().await;
+    cluster.stop(&[]).await;
+}
+
+#[tokio::test]
+async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        pv,
+        target: old_target,
+        ..
+    }) = scene("podmon-node-restart", nodes(&["node-a", "node-b"]), true).await
+    else {
+        return;
+    };
+    let node_a = cluster.start_podmon_node("node-a").await;
+    cluster
+        .eventually("node-podmon remembering the pod", || {
+            std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+                .is_ok_and(|s| s.contains("app-0"))
+        })
+        .await;
+    cluster.fail_node("node-a");
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod force-deleted",
+        )
+        .await;
+    // node-podmon dies while the node is cut off and starts again with no API to list from:
+    // only its persisted inventory knows the zombie.
+    node_a.kill().await;
+    let node_a = cluster.start_podmon_node("node-a").await;
+    // kubelet stays down, so the cleanup is node-podmon's alone.
+    cluster.kubelet("node-a").stop().await;
+    cluster.recover_node("node-a");
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            "node-a",
+            "node-a cleaned and untainted",
+            |n| !has_fenced_taint(&cluster, n),
+        )
+        .await;
+    assert!(
+        !old_target.exists(),
+        "the zombie's mount is cleaned by node-podmon (kubelet was down)"
+    );
+
+    // A reboot while tainted again: the new boot is noticed and the node is untainted.
+    let node = cluster
+        .cluster_scoped::<Node>()
+        .get("node-a")
+        .await
+        .unwrap();
+    let key = fenced_taint_key(&cluster.driver_name);
+    podmon::taints::update_taints(&cluster.cluster_scoped::<Node>(), node, |t| {
+        podmon::plan::with_taint(
+            t,
+            &key,
+            "",
+            "NoSchedule",
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ),
+        )
+    })
+    .await
+    .unwrap();
+    cluster.kubelet("node-a").reboot().await.unwrap();
+    let boot_id = cluster.kubelet("node-a").boot_id();
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            "node-a",
+            "node-a untainted after the reboot",
+            |n| !has_fenced_taint(&cluster, n),
+        )
+        .await;
+    cluster
+        .eventually("the new boot recorded", || {
+            std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+                .is_ok_and(|s| s.contains(&boot_id))
+        })
+        .await;
+    for sidecar in [node_a, controller.sidecar, attacher] {
+        sidecar.stop().await;
+    }
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
