@@ -519,17 +519,34 @@ impl Cluster {
         identity: &str,
         csi: csi_sidecar::conn::CsiConnection,
     ) -> Sidecar {
+        let settings = provisioner_settings(&csi, |_| {}).await;
+        let client = self.client.clone();
+        self.elected(identity, &self.driver_name, move |leading| async move {
+            if let Err(error) =
+                csi_provisioner::controller::run(client, csi, settings, leading).await
+            {
+                tracing::error!(%error, "csi-provisioner stopped");
+            }
+        })
+    }
+
+    /// Runs `work` as replica `identity` of a controller electing on the Lease `lease` in the
+    /// scenario namespace (fast timings: a dead leader's Lease expires after 2 s).
+    pub fn elected<W, F>(&self, identity: &str, lease: &str, work: W) -> Sidecar
+    where
+        W: FnOnce(CancellationToken) -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send,
+    {
         use csi_sidecar::leader::{
             self, LeaderElectionConfig, LeaderElectionTimings, LeaderStatus,
         };
-        let settings = provisioner_settings(&csi, |_| {}).await;
         let timings = LeaderElectionTimings {
             lease_duration: Duration::from_secs(2),
             renew_deadline: Duration::from_millis(1500),
             retry_period: Duration::from_millis(250),
         };
         let config = LeaderElectionConfig {
-            lease_name: leader::sanitize_lease_name(&self.driver_name),
+            lease_name: leader::sanitize_lease_name(lease),
             namespace: self.namespace.clone(),
             identity: identity.to_string(),
             labels: BTreeMap::new(),
@@ -541,16 +558,8 @@ impl Cluster {
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             let status = LeaderStatus::new(timings.lease_duration);
-            let work_client = client.clone();
-            let elected = leader::run(client, config, status, token, |leading| async move {
-                if let Err(error) =
-                    csi_provisioner::controller::run(work_client, csi, settings, leading).await
-                {
-                    tracing::error!(%error, "csi-provisioner stopped");
-                }
-            });
-            if let Err(error) = elected.await {
-                tracing::error!(%error, "csi-provisioner replica stopped");
+            if let Err(error) = leader::run(client, config, status, token, work).await {
+                tracing::error!(%error, "replica stopped");
             }
         });
         Sidecar { shutdown, task }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use csi_hostpath::state::Store;
+use csi_sidecar::conn::CsiConnection;
 use podmon::config::{LiveConfig, Tunables};
 use podmon::controller::Settings;
 use podmon::metrics::PodmonMetrics;
@@ -36,7 +37,27 @@ impl Cluster {
         &self,
         change: impl FnOnce(&mut Settings, &mut Tunables),
     ) -> PodmonController {
-        let csi = self.driver.controller.csi.clone();
+        self.start_podmon(None, self.driver.controller.csi.clone(), change)
+            .await
+    }
+
+    /// A controller-podmon replica electing on the Lease `podmon-<driver>`, talking to the
+    /// driver through `csi`.
+    pub async fn start_podmon_replica(
+        &self,
+        identity: &str,
+        csi: CsiConnection,
+        change: impl FnOnce(&mut Settings, &mut Tunables),
+    ) -> PodmonController {
+        self.start_podmon(Some(identity), csi, change).await
+    }
+
+    async fn start_podmon(
+        &self,
+        identity: Option<&str>,
+        csi: CsiConnection,
+        change: impl FnOnce(&mut Settings, &mut Tunables),
+    ) -> PodmonController {
         let extension = podmon::run::probe_extension(&csi, Duration::from_secs(5)).await;
         let metrics = PodmonMetrics::unregistered();
         let mut settings = Settings {
@@ -63,16 +84,25 @@ impl Cluster {
         };
         change(&mut settings, &mut tunables);
         let live = LiveConfig::fixed(tunables);
-        let shutdown = CancellationToken::new();
-        let (client, token, running) = (self.client.clone(), shutdown.clone(), live.clone());
-        let task = tokio::spawn(async move {
+        let (client, running) = (self.client.clone(), live.clone());
+        let work = move |token: CancellationToken| async move {
             if let Err(error) = podmon::controller::run(client, csi, settings, running, token).await
             {
                 tracing::error!(%error, "controller-podmon stopped");
             }
-        });
+        };
+        let sidecar = match identity {
+            Some(identity) => {
+                self.elected(identity, &podmon::plan::lease_name(&self.driver_name), work)
+            }
+            None => {
+                let shutdown = CancellationToken::new();
+                let task = tokio::spawn(work(shutdown.clone()));
+                Sidecar { shutdown, task }
+            }
+        };
         PodmonController {
-            sidecar: Sidecar { shutdown, task },
+            sidecar,
             live,
             metrics,
         }

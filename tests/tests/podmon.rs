@@ -70,6 +70,12 @@ fn is_fenced(cluster: &Cluster, handle: &str, node: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `node` carries podmon's fenced taint now.
+async fn tainted(cluster: &Cluster, node: &str) -> bool {
+    let node = cluster.cluster_scoped::<Node>().get(node).await.unwrap();
+    has_fenced_taint(cluster, &node)
+}
+
 fn has_fenced_taint(cluster: &Cluster, node: &Node) -> bool {
     podmon::plan::has_taint(node, &fenced_taint_key(&cluster.driver_name), "NoSchedule")
 }
@@ -159,13 +165,8 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
             "the pod force-deleted",
         )
         .await;
-    let node = cluster
-        .cluster_scoped::<Node>()
-        .get("node-a")
-        .await
-        .unwrap();
     assert!(
-        has_fenced_taint(&cluster, &node),
+        tainted(&cluster, "node-a").await,
         "the failed node carries podmon's taint"
     );
     let old_attachments = cluster
@@ -240,7 +241,11 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
         zombie_records,
         "a zombie write landed after the node came back"
     );
-    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 1);
+    cluster
+        .eventually("the failovers counted", || {
+            controller.metrics.failovers(FailoverResult::Success) == 1
+        })
+        .await;
     tracing::info!(
         detect_and_fence = ?fenced - failed,
         failover = ?replaced - fenced,
@@ -303,12 +308,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
         !is_fenced(&cluster, &handle, "node-a"),
         "nothing was fenced on doubt"
     );
-    let node = cluster
-        .cluster_scoped::<Node>()
-        .get("node-a")
-        .await
-        .unwrap();
-    assert!(!has_fenced_taint(&cluster, &node));
+    assert!(!tainted(&cluster, "node-a").await);
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
 
     cluster.recover_node("node-a");
@@ -366,7 +366,11 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
             &format!("[{uid} node-a] with force delete"),
         )
         .await;
-    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 1);
+    cluster
+        .eventually("the failovers counted", || {
+            controller.metrics.failovers(FailoverResult::Success) == 1
+        })
+        .await;
     controller.sidecar.stop().await;
     attacher.stop().await;
     cluster.stop(&[("PersistentVolume", &pv)]).await;
@@ -518,7 +522,11 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
             node.name_any()
         );
     }
-    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 3);
+    cluster
+        .eventually("the failovers counted", || {
+            controller.metrics.failovers(FailoverResult::Success) == 3
+        })
+        .await;
     controller.sidecar.stop().await;
     cluster.stop(&[]).await;
 }
@@ -610,5 +618,77 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     for sidecar in [node_a, controller.sidecar, attacher] {
         sidecar.stop().await;
     }
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
+
+#[tokio::test]
+async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start_with("podmon-leader", nodes(&["node-a", "node-b"])).await;
+    let attacher = cluster.start_attacher().await;
+    let (_, pv, _) =
+        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| protected(&cluster, p))
+            .await;
+    let (proxy, through_proxy) = cluster.csi_proxy().await;
+    let skip = |_: &mut podmon::controller::Settings, t: &mut podmon::config::Tunables| {
+        t.skip_validation = true
+    };
+    let leader = cluster
+        .start_podmon_replica("podmon-a", through_proxy, skip)
+        .await;
+    let lease =
+        csi_sidecar::leader::sanitize_lease_name(&podmon::plan::lease_name(&cluster.driver_name));
+    let leases = cluster.namespaced::<k8s_openapi::api::coordination::v1::Lease>();
+    let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec.as_ref().and_then(|s| s.holder_identity.clone())
+    };
+    cluster
+        .wait_for(&leases, &lease, "podmon-a leading", |l| {
+            holder(l).as_deref() == Some("podmon-a")
+        })
+        .await;
+    let standby = cluster
+        .start_podmon_replica("podmon-b", cluster.driver.controller.csi.clone(), skip)
+        .await;
+    // The leader's fencing call reaches the driver but its answer is held: it dies mid-cleanup.
+    proxy.delay_responses(Some((
+        "csi.v1.Controller/ControllerUnpublishVolume",
+        std::time::Duration::from_secs(30),
+    )));
+    cluster.fail_node("node-a");
+    cluster
+        .eventually("the leader fencing", || {
+            proxy.forwarded("ControllerUnpublishVolume") > 0
+        })
+        .await;
+    assert!(
+        !tainted(&cluster, "node-a").await,
+        "the leader had not tainted yet"
+    );
+    leader.sidecar.kill().await;
+
+    cluster
+        .wait_for(&leases, &lease, "podmon-b leading", |l| {
+            holder(l).as_deref() == Some("podmon-b")
+        })
+        .await;
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the standby finished the cleanup",
+        )
+        .await;
+    assert!(tainted(&cluster, "node-a").await);
+    cluster
+        .eventually("the standby counting its failover", || {
+            standby.metrics.failovers(FailoverResult::Success) == 1
+        })
+        .await;
+    assert_eq!(leader.metrics.failovers(FailoverResult::Success), 0);
+    standby.sidecar.stop().await;
+    attacher.stop().await;
     cluster.stop(&[("PersistentVolume", &pv)]).await;
 }

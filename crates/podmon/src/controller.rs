@@ -30,6 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LiveConfig;
@@ -121,6 +122,8 @@ struct State {
     loss: HashMap<String, u32>,
     /// Nodes whose hold (breaker or maintenance) was already reported.
     held: HashSet<String>,
+    /// UIDs of pods force-deleted, until the cache no longer shows them.
+    cleaned: HashSet<String>,
 }
 
 struct Controller {
@@ -180,11 +183,15 @@ pub async fn run(
         state: Mutex::new(State::default()),
         wake,
     });
+    // Cleanups and the sampler live in this set: when the run ends (leadership lost), they
+    // stop with it.
+    let mut tasks = JoinSet::new();
     if controller.settings.poll_connectivity {
-        tokio::spawn(connectivity_loop(controller.clone(), shutdown.clone()));
+        tasks.spawn(connectivity_loop(controller.clone(), shutdown.clone()));
     }
     loop {
-        controller.pass().await;
+        while tasks.try_join_next().is_some() {}
+        controller.pass(&mut tasks).await;
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = controller.wake.notified() => {}
@@ -215,7 +222,7 @@ impl Controller {
         self.caches.nodes.get(&ObjectRef::new(name))
     }
 
-    async fn pass(self: &Arc<Self>) {
+    async fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
         let fenced_key = self.settings.fenced_key();
         let offline_key = self.settings.offline_key();
         let nodes = self.caches.nodes.state();
@@ -232,6 +239,8 @@ impl Controller {
         let tunables = self.live.get();
         let disconnected: BTreeSet<String> = {
             let mut state = self.state();
+            let uids: HashSet<String> = pods.iter().map(|p| uid(p)).collect();
+            state.cleaned.retain(|uid| uids.contains(uid));
             let present: HashSet<String> = pods.iter().map(|p| key(p)).collect();
             state.crash_deletes.retain(|key, (_, last)| {
                 present.contains(key) || last.elapsed() < CRASH_LOOP_MEMORY
@@ -243,7 +252,8 @@ impl Controller {
                 .map(|(node, _)| node.clone())
                 .collect()
         };
-        for pod in &pods {
+        let cleaned = self.state().cleaned.clone();
+        for pod in pods.iter().filter(|p| !cleaned.contains(&uid(p))) {
             let Some(node_name) = plan::node_name(pod) else {
                 continue;
             };
@@ -342,7 +352,7 @@ impl Controller {
                 state.busy.insert(node_name.clone());
             }
             let controller = self.clone();
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let started = Instant::now();
                 let outcome = controller
                     .clean_up(&node_name, trigger, signals, pods)
@@ -350,7 +360,8 @@ impl Controller {
                 let mut state = controller.state();
                 state.busy.remove(&node_name);
                 match outcome {
-                    Ok(()) => {
+                    Ok(deleted) => {
+                        state.cleaned.extend(deleted);
                         state.backoff.remove(&node_name);
                         state.loss.remove(&node_name);
                         controller
@@ -579,7 +590,7 @@ impl Controller {
         trigger: Trigger,
         signals: NodeSignals,
         pods: Vec<Arc<Pod>>,
-    ) -> Result<(), Stop> {
+    ) -> Result<Vec<String>, Stop> {
         let reason = trigger.reason();
         let outcome = self.clean_up_steps(node_name, signals, pods.clone()).await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
@@ -603,7 +614,7 @@ impl Controller {
         node_name: &str,
         signals: NodeSignals,
         pods: Vec<Arc<Pod>>,
-    ) -> Result<(), Stop> {
+    ) -> Result<Vec<String>, Stop> {
         // The pods as the cache has them now (a replaced pod has a new UID and is skipped),
         // plus the protected pods on the node that share a volume with them.
         let cached: BTreeMap<String, Arc<Pod>> = self
@@ -652,7 +663,7 @@ impl Controller {
             chosen = kept;
         }
         if chosen.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let attachments: Vec<Arc<VolumeAttachment>> = self
             .caches
@@ -791,7 +802,7 @@ impl Controller {
                 Err(error) => return Err(Stop::Failed(format!("Delete pod failed: {error}"))),
             }
         }
-        Ok(())
+        Ok(chosen.values().map(|p| uid(p)).collect())
     }
 
     /// ControllerUnpublishVolume of every volume from the node: after it, the node's writes
