@@ -151,6 +151,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     let inventory = Inventory::load(&settings.state_file)?;
+    // Written at once, so an unwritable state directory stops podmon now, not mid-cleanup.
+    inventory.save(&settings.state_file)?;
     tracing::info!(node = %settings.node_name, remembered = inventory.pods.len(), state_file = %settings.state_file.display(), "node-podmon starting");
     let mut informers = Informers::new(&client, &shutdown);
     let selector = format!("{}={}", settings.label_key, settings.label_value);
