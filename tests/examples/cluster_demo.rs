@@ -3,8 +3,11 @@
 //! three simulated nodes. A pre-provisioned volume is bound, attached, mounted and written to
 //! by a pod; its node is cut off the control plane and recovers; then everything is torn
 //! down; then csi-provisioner provisions a volume for a WaitForFirstConsumer claim on the node
-//! its pod is scheduled to, and deletes it with the claim. Each step prints what happened, on which object and how long it took; a summary
-//! table ends the run. Needs root (the driver really mounts); exits non-zero on any failure.
+//! its pod is scheduled to, and deletes it with the claim; then podmon fails a protected pod
+//! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
+//! write after the fence — and cleans the node when it comes back. Each step prints what
+//! happened, on which object and how long it took; a summary table ends the run. Needs root
+//! (the driver really mounts); exits non-zero on any failure.
 
 #![allow(clippy::print_stdout, reason = "the demo narrates on stdout")]
 
@@ -12,8 +15,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use csi_suite_scenarios::fixtures::{
-    file_size, is_running, pod, provision_static_volume, static_pv, static_pvc, taint_effects,
+    file_size, is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv,
+    static_pvc, taint_effects,
 };
+use csi_suite_scenarios::podmon::records_of;
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -220,7 +225,7 @@ async fn story() {
         .eventually("zombie writes", || file_size(&log) > before)
         .await;
     story.done(
-        "writes continue during the partition (fencing's job, in a later chapter)",
+        "writes continue during the partition (fencing is podmon's job: its chapter follows)",
         format!("writer.log on {NODE}"),
     );
 
@@ -357,13 +362,131 @@ async fn story() {
         format!("PersistentVolume {dynamic_pv}"),
     );
 
+    let failover_pv = failover_chapter(&mut story, &cluster).await;
+
     provisioner.stop().await;
     attacher.stop().await;
     cluster
         .stop(&[
             ("PersistentVolume", &pv_name),
+            ("PersistentVolume", &failover_pv),
             ("StorageClass", &class_name),
         ])
         .await;
     story.table();
+}
+
+/// podmon: partition → fence → failover → heal, with the data proof.
+/// Returns the PV it used.
+async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
+    println!("\nChapter: failover of a stateful pod with podmon.\n");
+    story.begin("podmon starts (controller, and node agents on every node); a protected pod writes on node-a");
+    // The zombie's writes are I/O the driver sees: skipArrayConnectionValidation with the
+    // unreachable NoExecute taint lets the failover go on (Dell's setting for this case).
+    let controller = cluster
+        .start_podmon_controller(|_, t| t.skip_validation = true)
+        .await;
+    let mut node_agents = Vec::new();
+    for node in &cluster.nodes {
+        node_agents.push(cluster.start_podmon_node(node).await);
+    }
+    let (old, pv, old_target) =
+        running_pod_with_static_volume(cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
+    let old_uid = old.uid().unwrap_or_default();
+    let handle = cluster.volume_handle(&pv).await;
+    let log = cluster.volume_data(&pv).await.join("app-0.log");
+    cluster
+        .eventually("writes", || records_of(&log, &old_uid) > 0)
+        .await;
+    story.done(
+        "protected pod Running and writing",
+        format!("Pod app-0 on node-a, PV {pv}"),
+    );
+
+    story.begin(
+        "node-a fails: cut off the control plane and its storage network; the writer goes on",
+    );
+    cluster.fail_node("node-a");
+    cluster
+        .eventually("the fence", || cluster.is_fenced(&handle, "node-a"))
+        .await;
+    let zombie_records = records_of(&log, &old_uid);
+    story.done(
+        "unreachable → podmon fenced the volume from node-a (ControllerUnpublishVolume; writers stopped)",
+        format!("volume {handle}"),
+    );
+
+    story.begin("podmon taints node-a, deletes its VolumeAttachment and force-deletes the pod");
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod force-deleted",
+        )
+        .await;
+    assert!(cluster.podmon_tainted("node-a").await);
+    story.done(
+        "pod gone, node tainted",
+        format!(
+            "{} on Node node-a",
+            podmon::plan::fenced_taint_key(&cluster.driver_name)
+        ),
+    );
+
+    story.begin("the StatefulSet's replacement is scheduled elsewhere, attached, mounted, writing");
+    let new_uid = cluster
+        .replace_pod("app-0", Some("app-0"), true)
+        .await
+        .uid()
+        .unwrap_or_default();
+    let running = cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "replacement running",
+            is_running,
+        )
+        .await;
+    cluster
+        .eventually("the replacement writing", || records_of(&log, &new_uid) > 0)
+        .await;
+    assert_eq!(
+        records_of(&log, &old_uid),
+        zombie_records,
+        "a zombie write landed after the fence"
+    );
+    story.done(
+        "replacement Running; no zombie record after the fence",
+        format!(
+            "Pod app-0 on {}",
+            running.spec.and_then(|s| s.node_name).unwrap_or_default()
+        ),
+    );
+
+    story.begin("node-a comes back; node-podmon cleans the zombie's mounts and removes the taint");
+    cluster.recover_node("node-a");
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            "node-a",
+            "taint removed",
+            |n| !cluster.has_podmon_taint(n),
+        )
+        .await;
+    assert!(!old_target.exists(), "the zombie's mount is cleaned");
+    assert_eq!(records_of(&log, &old_uid), zombie_records);
+    story.done("node-a clean and schedulable again", "Node node-a");
+
+    cluster
+        .delete_and_wait(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the replacement deleted",
+        )
+        .await;
+    for agent in node_agents {
+        agent.stop().await;
+    }
+    controller.sidecar.stop().await;
+    pv
 }

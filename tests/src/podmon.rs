@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use csi_hostpath::state::Store;
+use csi_hostpath::state::{AccessType, Store};
 use csi_sidecar::conn::CsiConnection;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use podmon::config::{LiveConfig, Tunables};
 use podmon::controller::Settings;
 use podmon::metrics::PodmonMetrics;
@@ -27,9 +28,67 @@ pub struct PodmonController {
 }
 
 impl Cluster {
-    /// Labels a pod manifest as protected by podmon.
+    /// Labels a pod manifest as protected by podmon, tolerating unreachable for good (so only
+    /// podmon moves it, as on a real cluster where the default 300 s toleration outlasts a
+    /// scenario).
     pub fn protect(&self, pod: &mut serde_json::Value) {
         pod["metadata"]["labels"][LABEL_KEY] = serde_json::json!(self.driver_name);
+        pod["spec"]["tolerations"] = serde_json::json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
+    }
+
+    /// The StatefulSet's part: a new protected pod with the same name, placed by the scheduler.
+    pub async fn replace_pod(&self, name: &str, claim: Option<&str>, writes: bool) -> Pod {
+        let mut manifest = crate::fixtures::pod(name, "unused", claim, writes);
+        if let Some(spec) = manifest["spec"].as_object_mut() {
+            spec.remove("nodeSelector");
+        }
+        self.protect(&mut manifest);
+        self.create(&self.namespaced::<Pod>(), manifest).await
+    }
+
+    pub async fn volume_handle(&self, pv: &str) -> String {
+        let pv = self
+            .cluster_scoped::<PersistentVolume>()
+            .get(pv)
+            .await
+            .expect("the PV");
+        pv.spec
+            .and_then(|s| s.csi)
+            .map(|c| c.volume_handle)
+            .expect("a CSI PV")
+    }
+
+    /// The volume's data directory in the driver's state (what every node's mount shows).
+    pub async fn volume_data(&self, pv: &str) -> std::path::PathBuf {
+        let handle = self.volume_handle(pv).await;
+        self.driver_store().volume_data(&handle, AccessType::Mount)
+    }
+
+    /// Whether the driver has fenced `node` from the volume `handle`.
+    pub fn is_fenced(&self, handle: &str, node: &str) -> bool {
+        self.driver_store()
+            .read()
+            .ok()
+            .and_then(|s| s.volumes.get(handle).map(|v| v.fenced.contains_key(node)))
+            .unwrap_or(false)
+    }
+
+    pub fn has_podmon_taint(&self, node: &Node) -> bool {
+        podmon::plan::has_taint(
+            node,
+            &podmon::plan::fenced_taint_key(&self.driver_name),
+            "NoSchedule",
+        )
+    }
+
+    /// Whether `node` carries podmon's fenced taint now.
+    pub async fn podmon_tainted(&self, node: &str) -> bool {
+        let node = self
+            .cluster_scoped::<Node>()
+            .get(node)
+            .await
+            .expect("the node");
+        self.has_podmon_taint(&node)
     }
 
     /// controller-podmon in this process (fast retries; connectivity sampled every second).
@@ -166,4 +225,14 @@ impl Cluster {
             .expect("the storage link marker");
         self.kubelet(node).heal();
     }
+}
+
+/// How many records the writer of pod `uid` appended to `log` (`<uid> <n>` lines).
+pub fn records_of(log: &std::path::Path, uid: &str) -> usize {
+    let prefix = format!("{uid} ");
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .count()
 }

@@ -8,87 +8,22 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use csi_hostpath::state::AccessType;
 use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
-use csi_suite_scenarios::podmon::PodmonController;
+use csi_suite_scenarios::podmon::{PodmonController, records_of};
 use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use podmon::metrics::FailoverResult;
 use podmon::plan::{MAINTENANCE_ANNOTATION, fenced_taint_key};
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn nodes(names: &[&str]) -> Options {
     Options {
         nodes: names.iter().map(|n| n.to_string()).collect(),
         ..Options::default()
     }
-}
-
-/// Protected, and tolerating unreachable for good (so only podmon moves it, as on a real
-/// cluster where the default 300 s toleration outlasts the scenario).
-fn protected(cluster: &Cluster, pod: &mut Value) {
-    cluster.protect(pod);
-    pod["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
-}
-
-/// The volume's data directory in the driver's state (what every node's mount shows).
-async fn volume_data(cluster: &Cluster, pv: &str) -> PathBuf {
-    let handle = volume_handle(cluster, pv).await;
-    cluster
-        .driver_store()
-        .volume_data(&handle, AccessType::Mount)
-}
-
-async fn volume_handle(cluster: &Cluster, pv: &str) -> String {
-    let pv = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .get(pv)
-        .await
-        .unwrap();
-    pv.spec.unwrap().csi.unwrap().volume_handle
-}
-
-/// Records the writer of pod `uid` appended (`<uid> <n>` lines).
-fn records_of(log: &std::path::Path, uid: &str) -> usize {
-    let prefix = format!("{uid} ");
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .count()
-}
-
-fn is_fenced(cluster: &Cluster, handle: &str, node: &str) -> bool {
-    cluster
-        .driver_store()
-        .read()
-        .ok()
-        .and_then(|s| s.volumes.get(handle).map(|v| v.fenced.contains_key(node)))
-        .unwrap_or(false)
-}
-
-/// Whether `node` carries podmon's fenced taint now.
-async fn tainted(cluster: &Cluster, node: &str) -> bool {
-    let node = cluster.cluster_scoped::<Node>().get(node).await.unwrap();
-    has_fenced_taint(cluster, &node)
-}
-
-fn has_fenced_taint(cluster: &Cluster, node: &Node) -> bool {
-    podmon::plan::has_taint(node, &fenced_taint_key(&cluster.driver_name), "NoSchedule")
-}
-
-/// The StatefulSet's part: a new pod with the same name, placed by the scheduler.
-async fn replace(cluster: &Cluster, name: &str, claim: Option<&str>, writes: bool) -> Pod {
-    let mut manifest = pod(name, "unused", claim, writes);
-    manifest["spec"]
-        .as_object_mut()
-        .unwrap()
-        .remove("nodeSelector");
-    protected(cluster, &mut manifest);
-    cluster.create(&cluster.namespaced::<Pod>(), manifest).await
 }
 
 /// A cluster with the attacher and controller-podmon, and a protected pod `app-0` writing to a
@@ -112,8 +47,7 @@ async fn scene(name: &str, options: Options, skip_validation: bool) -> Option<Sc
         .start_podmon_controller(|_, t| t.skip_validation = skip_validation)
         .await;
     let (pod, pv, target) =
-        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| protected(&cluster, p))
-            .await;
+        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
     let uid = pod.uid().unwrap();
     Some(Scene {
         cluster,
@@ -142,8 +76,8 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
     };
     let node_a = cluster.start_podmon_node("node-a").await;
     let node_b = cluster.start_podmon_node("node-b").await;
-    let handle = volume_handle(&cluster, &pv).await;
-    let log = volume_data(&cluster, &pv).await.join("app-0.log");
+    let handle = cluster.volume_handle(&pv).await;
+    let log = cluster.volume_data(&pv).await.join("app-0.log");
     cluster
         .eventually("the pod writing", || records_of(&log, &old_uid) > 0)
         .await;
@@ -152,7 +86,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
     cluster.fail_node("node-a");
     cluster
         .eventually("node-a fenced from the volume", || {
-            is_fenced(&cluster, &handle, "node-a")
+            cluster.is_fenced(&handle, "node-a")
         })
         .await;
     let fenced = Instant::now();
@@ -166,7 +100,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
         )
         .await;
     assert!(
-        tainted(&cluster, "node-a").await,
+        cluster.podmon_tainted("node-a").await,
         "the failed node carries podmon's taint"
     );
     let old_attachments = cluster
@@ -190,7 +124,8 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
         )
         .await;
 
-    let new_uid = replace(&cluster, "app-0", Some("app-0"), true)
+    let new_uid = cluster
+        .replace_pod("app-0", Some("app-0"), true)
         .await
         .uid()
         .unwrap();
@@ -220,7 +155,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
             &cluster.cluster_scoped::<Node>(),
             "node-a",
             "node-podmon cleaned node-a and removed the taint",
-            |n| !has_fenced_taint(&cluster, n),
+            |n| !cluster.has_podmon_taint(n),
         )
         .await;
     let cleaned = Instant::now();
@@ -279,7 +214,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     else {
         return;
     };
-    let handle = volume_handle(&cluster, &pv).await;
+    let handle = cluster.volume_handle(&pv).await;
 
     // Only the control plane lost the node: the driver still hears it and sees its writes.
     cluster.kubelet("node-a").partition();
@@ -305,10 +240,10 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
         "the pod was not deleted"
     );
     assert!(
-        !is_fenced(&cluster, &handle, "node-a"),
+        !cluster.is_fenced(&handle, "node-a"),
         "nothing was fenced on doubt"
     );
-    assert!(!tainted(&cluster, "node-a").await);
+    assert!(!cluster.podmon_tainted("node-a").await);
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
 
     cluster.recover_node("node-a");
@@ -345,11 +280,11 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
     else {
         return;
     };
-    let handle = volume_handle(&cluster, &pv).await;
+    let handle = cluster.volume_handle(&pv).await;
     cluster.kubelet("node-a").partition();
     cluster
         .eventually("node-a fenced from the volume", || {
-            is_fenced(&cluster, &handle, "node-a")
+            cluster.is_fenced(&handle, "node-a")
         })
         .await;
     cluster
@@ -387,7 +322,7 @@ async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
     let mut uids = Vec::new();
     for _ in 0..=podmon::plan::MAX_CRASH_LOOP_DELETES {
         let mut manifest = pod("app-0", "node-a", None, false);
-        protected(&cluster, &mut manifest);
+        cluster.protect(&mut manifest);
         let created: Pod = cluster.create(&pods, manifest).await;
         uids.push(created.uid().unwrap());
         if uids.len() as u32 > podmon::plan::MAX_CRASH_LOOP_DELETES {
@@ -446,7 +381,7 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
         ("app-c", "node-c"),
     ] {
         let mut manifest = pod(name, node, None, false);
-        protected(&cluster, &mut manifest);
+        cluster.protect(&mut manifest);
         cluster.create(&pods, manifest).await;
         cluster
             .wait_for(&pods, name, "the pod Running", is_running)
@@ -517,7 +452,7 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
     for node in ["node-a", "node-b", "node-c"] {
         let node = cluster.cluster_scoped::<Node>().get(node).await.unwrap();
         assert!(
-            has_fenced_taint(&cluster, &node),
+            cluster.has_podmon_taint(&node),
             "{} tainted",
             node.name_any()
         );
@@ -571,7 +506,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
             &cluster.cluster_scoped::<Node>(),
             "node-a",
             "node-a cleaned and untainted",
-            |n| !has_fenced_taint(&cluster, n),
+            |n| !cluster.has_podmon_taint(n),
         )
         .await;
     assert!(
@@ -606,7 +541,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
             &cluster.cluster_scoped::<Node>(),
             "node-a",
             "node-a untainted after the reboot",
-            |n| !has_fenced_taint(&cluster, n),
+            |n| !cluster.has_podmon_taint(n),
         )
         .await;
     cluster
@@ -629,8 +564,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     let cluster = Cluster::start_with("podmon-leader", nodes(&["node-a", "node-b"])).await;
     let attacher = cluster.start_attacher().await;
     let (_, pv, _) =
-        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| protected(&cluster, p))
-            .await;
+        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
     let (proxy, through_proxy) = cluster.csi_proxy().await;
     let skip = |_: &mut podmon::controller::Settings, t: &mut podmon::config::Tunables| {
         t.skip_validation = true
@@ -664,7 +598,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
         })
         .await;
     assert!(
-        !tainted(&cluster, "node-a").await,
+        !cluster.podmon_tainted("node-a").await,
         "the leader had not tainted yet"
     );
     leader.sidecar.kill().await;
@@ -681,7 +615,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
             "the standby finished the cleanup",
         )
         .await;
-    assert!(tainted(&cluster, "node-a").await);
+    assert!(cluster.podmon_tainted("node-a").await);
     cluster
         .eventually("the standby counting its failover", || {
             standby.metrics.failovers(FailoverResult::Success) == 1
