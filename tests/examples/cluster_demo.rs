@@ -18,7 +18,7 @@ use csi_suite_scenarios::fixtures::{
     file_size, is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv,
     static_pvc, taint_effects,
 };
-use csi_suite_scenarios::podmon::records_of;
+use csi_suite_scenarios::podmon::{Narration, failover_story};
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -376,11 +376,9 @@ async fn story() {
     story.table();
 }
 
-/// podmon: partition → fence → failover → heal, with the data proof.
-/// Returns the PV it used.
+/// podmon: node failure → fence → failover → heal, with the data proof. Returns the PV it used.
 async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
     println!("\nChapter: failover of a stateful pod with podmon.\n");
-    story.begin("podmon starts (controller, and node agents on every node); a protected pod writes on node-a");
     // The zombie's writes are I/O the driver sees: skipArrayConnectionValidation with the
     // unreachable NoExecute taint lets the failover go on (Dell's setting for this case).
     let controller = cluster
@@ -390,93 +388,11 @@ async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
     for node in &cluster.nodes {
         node_agents.push(cluster.start_podmon_node(node).await);
     }
-    let (old, pv, old_target) =
-        running_pod_with_static_volume(cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
-    let old_uid = old.uid().unwrap_or_default();
-    let handle = cluster.volume_handle(&pv).await;
-    let log = cluster.volume_data(&pv).await.join("app-0.log");
-    cluster
-        .eventually("writes", || records_of(&log, &old_uid) > 0)
-        .await;
-    story.done(
-        "protected pod Running and writing",
-        format!("Pod app-0 on node-a, PV {pv}"),
-    );
-
-    story.begin(
-        "node-a fails: cut off the control plane and its storage network; the writer goes on",
-    );
-    cluster.fail_node("node-a");
-    cluster
-        .eventually("the fence", || cluster.is_fenced(&handle, "node-a"))
-        .await;
-    let zombie_records = records_of(&log, &old_uid);
-    story.done(
-        "unreachable → podmon fenced the volume from node-a (ControllerUnpublishVolume; writers stopped)",
-        format!("volume {handle}"),
-    );
-
-    story.begin("podmon taints node-a, deletes its VolumeAttachment and force-deletes the pod");
-    cluster
-        .wait_gone(
-            &cluster.namespaced::<Pod>(),
-            "app-0",
-            "the pod force-deleted",
-        )
-        .await;
-    assert!(cluster.podmon_tainted("node-a").await);
-    story.done(
-        "pod gone, node tainted",
-        format!(
-            "{} on Node node-a",
-            podmon::plan::fenced_taint_key(&cluster.driver_name)
-        ),
-    );
-
-    story.begin("the StatefulSet's replacement is scheduled elsewhere, attached, mounted, writing");
-    let new_uid = cluster
-        .replace_pod("app-0", Some("app-0"), true)
-        .await
-        .uid()
-        .unwrap_or_default();
-    let running = cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
-            "app-0",
-            "replacement running",
-            is_running,
-        )
-        .await;
-    cluster
-        .eventually("the replacement writing", || records_of(&log, &new_uid) > 0)
-        .await;
-    assert_eq!(
-        records_of(&log, &old_uid),
-        zombie_records,
-        "a zombie write landed after the fence"
-    );
-    story.done(
-        "replacement Running; no zombie record after the fence",
-        format!(
-            "Pod app-0 on {}",
-            running.spec.and_then(|s| s.node_name).unwrap_or_default()
-        ),
-    );
-
-    story.begin("node-a comes back; node-podmon cleans the zombie's mounts and removes the taint");
-    cluster.recover_node("node-a");
-    cluster
-        .wait_for(
-            &cluster.cluster_scoped::<Node>(),
-            "node-a",
-            "taint removed",
-            |n| !cluster.has_podmon_taint(n),
-        )
-        .await;
-    assert!(!old_target.exists(), "the zombie's mount is cleaned");
-    assert_eq!(records_of(&log, &old_uid), zombie_records);
-    story.done("node-a clean and schedulable again", "Node node-a");
-
+    let failover = failover_story(cluster, "node-a", |narration| match narration {
+        Narration::Begin(what) => story.begin(what),
+        Narration::Done(what, object) => story.done(what, object),
+    })
+    .await;
     cluster
         .delete_and_wait(
             &cluster.namespaced::<Pod>(),
@@ -488,5 +404,5 @@ async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
         agent.stop().await;
     }
     controller.sidecar.stop().await;
-    pv
+    failover.pv
 }

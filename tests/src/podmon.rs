@@ -236,3 +236,158 @@ pub fn records_of(log: &std::path::Path, uid: &str) -> usize {
         .filter(|l| l.starts_with(&prefix))
         .count()
 }
+
+/// What [`failover_story`] reports as it goes: a step begins, a step is done (on an object).
+#[derive(Debug)]
+pub enum Narration {
+    Begin(&'static str),
+    Done(&'static str, String),
+}
+
+/// What one failover story saw.
+#[derive(Debug)]
+pub struct FailoverStory {
+    pub pv: String,
+    pub old_uid: String,
+    pub new_uid: String,
+    /// Where the replacement runs.
+    pub new_node: String,
+    /// The volume's shared log of records, `<uid> <n>` per line.
+    pub log: std::path::PathBuf,
+    /// The zombie's records when the fence landed (and ever after).
+    pub zombie_records: usize,
+    /// Node failure → fence landed.
+    pub detect_and_fence: Duration,
+    /// Fence → replacement Running.
+    pub failover: Duration,
+    /// Node back → cleaned and untainted.
+    pub node_cleanup: Duration,
+}
+
+/// podmon's failover end to end, on a cluster running the attacher, controller-podmon (with
+/// skipArrayConnectionValidation: the zombie's writes are I/O the driver sees) and node-podmon
+/// on `node`: a protected pod writes to a static volume on `node`; the node fails (control
+/// plane and storage network); the volume is fenced; the pod is force-deleted and the node
+/// tainted; the StatefulSet's replacement runs elsewhere; the node comes back and is cleaned
+/// and untainted. The data proof holds throughout: no record of the zombie after the fence.
+pub async fn failover_story(
+    cluster: &Cluster,
+    node: &str,
+    mut narrate: impl FnMut(Narration),
+) -> FailoverStory {
+    use crate::fixtures::{is_running, running_pod_with_static_volume};
+    use kube::ResourceExt;
+
+    narrate(Narration::Begin("a protected pod writes to its volume"));
+    let (old, pv, old_target) =
+        running_pod_with_static_volume(cluster, "app-0", node, |p| cluster.protect(p)).await;
+    let old_uid = old.uid().unwrap_or_default();
+    let handle = cluster.volume_handle(&pv).await;
+    let log = cluster.volume_data(&pv).await.join("app-0.log");
+    cluster
+        .eventually("the pod writing", || records_of(&log, &old_uid) > 0)
+        .await;
+    narrate(Narration::Done(
+        "protected pod Running and writing",
+        format!("Pod app-0 on {node}, PV {pv}"),
+    ));
+
+    narrate(Narration::Begin(
+        "the node fails: cut off the control plane and its storage network; the writer goes on",
+    ));
+    let failed = std::time::Instant::now();
+    cluster.fail_node(node);
+    cluster
+        .eventually("the fence", || cluster.is_fenced(&handle, node))
+        .await;
+    let detect_and_fence = failed.elapsed();
+    // The driver stopped the node's writers before it recorded the fence.
+    let zombie_records = records_of(&log, &old_uid);
+    narrate(Narration::Done(
+        "unreachable → podmon fenced the volume from the node (ControllerUnpublishVolume; writers stopped)",
+        format!("volume {handle}"),
+    ));
+
+    narrate(Narration::Begin(
+        "podmon taints the node, deletes its VolumeAttachment and force-deletes the pod",
+    ));
+    let fenced = std::time::Instant::now();
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .wait_gone(&pods, "app-0", "the pod force-deleted")
+        .await;
+    assert!(
+        cluster.podmon_tainted(node).await,
+        "the failed node carries podmon's taint"
+    );
+    narrate(Narration::Done(
+        "pod gone, node tainted",
+        format!(
+            "{} on Node {node}",
+            podmon::plan::fenced_taint_key(&cluster.driver_name)
+        ),
+    ));
+
+    narrate(Narration::Begin(
+        "the StatefulSet's replacement is scheduled elsewhere, attached, mounted, writing",
+    ));
+    let new_uid = cluster
+        .replace_pod("app-0", Some("app-0"), true)
+        .await
+        .uid()
+        .unwrap_or_default();
+    let running = cluster
+        .wait_for(&pods, "app-0", "the replacement Running", is_running)
+        .await;
+    let failover = fenced.elapsed();
+    let new_node = running.spec.and_then(|s| s.node_name).unwrap_or_default();
+    assert_ne!(new_node, node, "the replacement avoids the failed node");
+    cluster
+        .eventually("the replacement writing", || records_of(&log, &new_uid) > 0)
+        .await;
+    assert_eq!(
+        records_of(&log, &old_uid),
+        zombie_records,
+        "a zombie write landed after the fence"
+    );
+    narrate(Narration::Done(
+        "replacement Running; no zombie record after the fence",
+        format!("Pod app-0 on {new_node}"),
+    ));
+
+    narrate(Narration::Begin(
+        "the node comes back; node-podmon cleans the zombie's mounts and removes the taint",
+    ));
+    let recovering = std::time::Instant::now();
+    cluster.recover_node(node);
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            node,
+            "the node cleaned and untainted",
+            |n| !cluster.has_podmon_taint(n),
+        )
+        .await;
+    let node_cleanup = recovering.elapsed();
+    assert!(!old_target.exists(), "the zombie's target path is gone");
+    assert_eq!(
+        records_of(&log, &old_uid),
+        zombie_records,
+        "a zombie write landed after the node came back"
+    );
+    narrate(Narration::Done(
+        "node clean and schedulable again",
+        format!("Node {node}"),
+    ));
+    FailoverStory {
+        pv,
+        old_uid,
+        new_uid,
+        new_node,
+        log,
+        zombie_records,
+        detect_and_fence,
+        failover,
+        node_cleanup,
+    }
+}

@@ -6,10 +6,9 @@
 //! restart and a reboot mid-cleanup.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
-use csi_suite_scenarios::podmon::{PodmonController, records_of};
+use csi_suite_scenarios::podmon::{PodmonController, failover_story, records_of};
 use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -61,48 +60,19 @@ async fn scene(name: &str, options: Options, skip_validation: bool) -> Option<Sc
 
 #[tokio::test]
 async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_the_fence() {
-    // The zombie keeps writing, so the driver sees I/O: Dell's override for the unreachable
-    // NoExecute taint (skipArrayConnectionValidation) lets the failover go on.
-    let Some(Scene {
-        cluster,
-        attacher,
-        controller,
-        uid: old_uid,
-        pv,
-        target: old_target,
-    }) = scene("podmon-failover", nodes(&["node-a", "node-b"]), true).await
-    else {
+    if skip_without_root() {
         return;
-    };
+    }
+    let cluster = Cluster::start_with("podmon-failover", nodes(&["node-a", "node-b"])).await;
+    let attacher = cluster.start_attacher().await;
+    let controller = cluster
+        .start_podmon_controller(|_, t| t.skip_validation = true)
+        .await;
     let node_a = cluster.start_podmon_node("node-a").await;
     let node_b = cluster.start_podmon_node("node-b").await;
-    let handle = cluster.volume_handle(&pv).await;
-    let log = cluster.volume_data(&pv).await.join("app-0.log");
-    cluster
-        .eventually("the pod writing", || records_of(&log, &old_uid) > 0)
-        .await;
 
-    let failed = Instant::now();
-    cluster.fail_node("node-a");
-    cluster
-        .eventually("node-a fenced from the volume", || {
-            cluster.is_fenced(&handle, "node-a")
-        })
-        .await;
-    let fenced = Instant::now();
-    // The driver stopped the node's writers before it recorded the fence.
-    let zombie_records = records_of(&log, &old_uid);
-    cluster
-        .wait_gone(
-            &cluster.namespaced::<Pod>(),
-            "app-0",
-            "the pod force-deleted",
-        )
-        .await;
-    assert!(
-        cluster.podmon_tainted("node-a").await,
-        "the failed node carries podmon's taint"
-    );
+    let story = failover_story(&cluster, "node-a", |_| {}).await;
+    assert_eq!(story.new_node, "node-b");
     let old_attachments = cluster
         .cluster_scoped::<VolumeAttachment>()
         .list(&Default::default())
@@ -116,75 +86,36 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
         old_attachments, 0,
         "the failed node's VolumeAttachment is deleted"
     );
+    let uid = &story.old_uid;
     cluster
         .wait_for_event(
             "app-0",
             "NodeFailure",
-            &format!("podmon cleaning pod [{old_uid} node-a] with force delete"),
+            &format!("podmon cleaning pod [{uid} node-a] with force delete"),
         )
         .await;
-
-    let new_uid = cluster
-        .replace_pod("app-0", Some("app-0"), true)
-        .await
-        .uid()
-        .unwrap();
-    let running = cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
-            "app-0",
-            "the replacement Running",
-            is_running,
-        )
-        .await;
-    let replaced = Instant::now();
-    assert_eq!(running.spec.unwrap().node_name.as_deref(), Some("node-b"));
-    cluster
-        .eventually("the replacement writing", || records_of(&log, &new_uid) > 0)
-        .await;
-    assert_eq!(
-        records_of(&log, &old_uid),
-        zombie_records,
-        "a zombie write landed after the fence"
-    );
-
-    let recovering = Instant::now();
-    cluster.recover_node("node-a");
-    cluster
-        .wait_for(
-            &cluster.cluster_scoped::<Node>(),
-            "node-a",
-            "node-podmon cleaned node-a and removed the taint",
-            |n| !cluster.has_podmon_taint(n),
-        )
-        .await;
-    let cleaned = Instant::now();
-    assert!(!old_target.exists(), "the zombie's target path is gone");
     assert!(
         std::fs::read_to_string(cluster.podmon_state_file("node-a"))
             .unwrap()
-            .contains("\"pods\": {}")
+            .contains("\"pods\": {}"),
+        "node-podmon forgot the cleaned zombie"
     );
-    let before = records_of(&log, &new_uid);
+    let before = records_of(&story.log, &story.new_uid);
     cluster
         .eventually("the replacement still writing", || {
-            records_of(&log, &new_uid) > before
+            records_of(&story.log, &story.new_uid) > before
         })
         .await;
-    assert_eq!(
-        records_of(&log, &old_uid),
-        zombie_records,
-        "a zombie write landed after the node came back"
-    );
+    assert_eq!(records_of(&story.log, uid), story.zombie_records);
     cluster
-        .eventually("the failovers counted", || {
+        .eventually("the failover counted", || {
             controller.metrics.failovers(FailoverResult::Success) == 1
         })
         .await;
     tracing::info!(
-        detect_and_fence = ?fenced - failed,
-        failover = ?replaced - fenced,
-        node_cleanup = ?cleaned - recovering,
+        detect_and_fence = ?story.detect_and_fence,
+        failover = ?story.failover,
+        node_cleanup = ?story.node_cleanup,
         "podmon failover phases"
     );
 
@@ -198,7 +129,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
             "the replacement deleted",
         )
         .await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop(&[("PersistentVolume", &story.pv)]).await;
 }
 
 #[tokio::test]

@@ -314,8 +314,13 @@ impl Attacher {
         })
     }
 
-    /// Records that our write replaced `va`'s version.
-    fn wrote(&self, va: &VolumeAttachment) {
+    /// Records that our write replaced `va`'s version — unless the write changed nothing: the
+    /// apiserver keeps the resourceVersion of a no-op write (an identical detachError within
+    /// the same second), and waiting for a newer version would then wait forever.
+    fn wrote(&self, va: &VolumeAttachment, updated: Option<&VolumeAttachment>) {
+        if updated.is_some_and(|u| u.resource_version() == va.resource_version()) {
+            return;
+        }
         if let Some(version) = va.resource_version() {
             lock(&self.superseded)
                 .entry(va.name_any())
@@ -460,7 +465,7 @@ impl Attacher {
             let updated = set_finalizers(&self.attachments(), va, finalizers)
                 .await
                 .map_err(String::from)?;
-            self.wrote(va);
+            self.wrote(va, updated.as_ref());
             updated
         };
         lock(&self.unpublished).remove(&uid);
@@ -525,7 +530,7 @@ impl Attacher {
                     va.name_any()
                 )
             })?;
-        self.wrote(va);
+        self.wrote(va, Some(&updated));
         Ok(updated)
     }
 
@@ -545,7 +550,7 @@ impl Attacher {
             .await
         {
             Ok(updated) => {
-                self.wrote(va);
+                self.wrote(va, Some(&updated));
                 Ok(Some(updated))
             }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
