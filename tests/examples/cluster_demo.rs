@@ -15,8 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use csi_suite_scenarios::fixtures::{
-    file_size, is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv,
-    static_pvc, taint_effects,
+    file_size, is_running, pod, provision_static_volume, static_pv, static_pvc, taint_effects,
 };
 use csi_suite_scenarios::podmon::{Narration, failover_story};
 use csi_suite_scenarios::{Cluster, can_mount};

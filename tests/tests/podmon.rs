@@ -73,19 +73,16 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
 
     let story = failover_story(&cluster, "node-a", |_| {}).await;
     assert_eq!(story.new_node, "node-b");
-    let old_attachments = cluster
-        .cluster_scoped::<VolumeAttachment>()
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|va| va.spec.node_name == "node-a")
-        .count();
-    assert_eq!(
-        old_attachments, 0,
-        "the failed node's VolumeAttachment is deleted"
-    );
+    let handle = cluster.volume_handle(&story.pv).await;
+    let old_attachment =
+        csi_sidecar::kubelet_paths::attachment_name(&handle, &cluster.driver_name, "node-a");
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeAttachment>(),
+            &old_attachment,
+            "the failed node's VolumeAttachment detached and gone",
+        )
+        .await;
     let uid = &story.old_uid;
     cluster
         .wait_for_event(

@@ -72,6 +72,12 @@ impl Informers {
         reader
     }
 
+    /// The wake-up signal of these caches, for a controller that does not wait for
+    /// [`Informers::synced`] (one that must act on persisted state while the API is away).
+    pub fn wake(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
     /// Waits until every cache has its initial list (or shutdown); returns the role's wake-up
     /// signal, or `None` on shutdown.
     pub async fn synced(self) -> Option<Arc<Notify>> {

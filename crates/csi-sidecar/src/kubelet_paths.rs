@@ -1,5 +1,6 @@
-//! Where kubelet (pkg/volume/csi) puts a CSI volume on a node. The simulated kubelet mounts
-//! there and node-podmon cleans up there, so both use these.
+//! Where kubelet (pkg/volume/csi) puts a CSI volume on a node, and what the attach/detach
+//! controller names its VolumeAttachment. The simulated kubelet mounts there and node-podmon
+//! cleans up there; controller-podmon deletes attachments by that name.
 
 use std::path::{Path, PathBuf};
 
@@ -36,4 +37,11 @@ pub fn target_path(root: &Path, pod_uid: &str, pv: &str, block: bool) -> PathBuf
     } else {
         pod_volume_dir(root, pod_uid, pv).join("mount")
     }
+}
+
+/// The VolumeAttachment name: `csi-` + hex sha256(volumeHandle + driverName + nodeName)
+/// (pkg/volume/csi/csi_attacher.go `getAttachmentName`).
+pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    let digest = Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+    format!("csi-{}", hex::encode(digest))
 }

@@ -20,6 +20,7 @@ use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::Informers;
+use csi_sidecar::kubelet_paths;
 use k8s_openapi::api::core::v1::{
     Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
@@ -48,6 +49,9 @@ const VALIDATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long crash-loop deletes of a pod that is gone are remembered (its StatefulSet may
 /// recreate it).
 const CRASH_LOOP_MEMORY: Duration = Duration::from_secs(600);
+
+/// How long a node just tainted by a cleanup counts as tainted before the cache shows it.
+const TAINT_CACHE_GRACE: Duration = Duration::from_secs(30);
 
 /// How often the controller looks again without a change (retries, backoff, breaker).
 const TICK: Duration = Duration::from_secs(1);
@@ -100,6 +104,15 @@ struct Caches {
     driver_pods: Option<Store<Pod>>,
 }
 
+/// What a finished cleanup did.
+#[derive(Debug, Default)]
+struct Cleaned {
+    /// UIDs of the pods force-deleted.
+    pods: Vec<String>,
+    /// The PVs fenced from the node.
+    volumes: BTreeSet<String>,
+}
+
 /// Why a cleanup did not finish.
 #[derive(Debug)]
 enum Stop {
@@ -124,6 +137,8 @@ struct State {
     held: HashSet<String>,
     /// UIDs of pods force-deleted, until the cache no longer shows them.
     cleaned: HashSet<String>,
+    /// PVs fenced per node (and when), kept fenced while the node carries our taint.
+    fenced: HashMap<String, (BTreeSet<String>, Instant)>,
 }
 
 struct Controller {
@@ -233,6 +248,7 @@ impl Controller {
             .collect();
         self.settings.metrics.set_tainted_nodes(fenced_nodes.len());
         self.driver_pod_taints(&offline_key).await;
+        self.keep_fenced(&fenced_nodes).await;
 
         let pods = self.caches.pods.state();
         let mut groups: BTreeMap<String, (Trigger, NodeSignals, Vec<Arc<Pod>>)> = BTreeMap::new();
@@ -360,18 +376,22 @@ impl Controller {
                 let mut state = controller.state();
                 state.busy.remove(&node_name);
                 match outcome {
-                    Ok(deleted) => {
-                        state.cleaned.extend(deleted);
+                    Ok(cleaned) => {
                         state.backoff.remove(&node_name);
                         state.loss.remove(&node_name);
-                        controller
-                            .settings
-                            .metrics
-                            .failover(FailoverResult::Success);
-                        controller
-                            .settings
-                            .metrics
-                            .cleanup_took(started.elapsed().as_secs_f64());
+                        // Nothing left to clean (the pods went meanwhile) is no failover.
+                        if !cleaned.pods.is_empty() {
+                            let metrics = &controller.settings.metrics;
+                            metrics.failover(FailoverResult::Success);
+                            metrics.cleanup_took(started.elapsed().as_secs_f64());
+                        }
+                        state.cleaned.extend(cleaned.pods);
+                        let entry = state
+                            .fenced
+                            .entry(node_name.clone())
+                            .or_insert_with(|| (BTreeSet::new(), Instant::now()));
+                        entry.0.extend(cleaned.volumes);
+                        entry.1 = Instant::now();
                     }
                     Err(stop) => {
                         let delay = state
@@ -590,7 +610,7 @@ impl Controller {
         trigger: Trigger,
         signals: NodeSignals,
         pods: Vec<Arc<Pod>>,
-    ) -> Result<Vec<String>, Stop> {
+    ) -> Result<Cleaned, Stop> {
         let reason = trigger.reason();
         let outcome = self.clean_up_steps(node_name, signals, pods.clone()).await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
@@ -614,7 +634,7 @@ impl Controller {
         node_name: &str,
         signals: NodeSignals,
         pods: Vec<Arc<Pod>>,
-    ) -> Result<Vec<String>, Stop> {
+    ) -> Result<Cleaned, Stop> {
         // The pods as the cache has them now (a replaced pod has a new UID and is skipped),
         // plus the protected pods on the node that share a volume with them.
         let cached: BTreeMap<String, Arc<Pod>> = self
@@ -663,7 +683,7 @@ impl Controller {
             chosen = kept;
         }
         if chosen.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Cleaned::default());
         }
         let attachments: Vec<Arc<VolumeAttachment>> = self
             .caches
@@ -682,56 +702,39 @@ impl Controller {
             })
             .collect();
 
+        // The VolumeAttachments to delete: the cached ones and the names the attach/detach
+        // controller gives (a VA it re-creates may not be cached yet).
+        let mut attachment_names: BTreeSet<String> =
+            attachments.iter().map(|va| va.name_any()).collect();
+        attachment_names.extend(volumes.values().filter_map(|pv| {
+            let handle = &pv.spec.as_ref()?.csi.as_ref()?.volume_handle;
+            Some(kubelet_paths::attachment_name(
+                handle,
+                &self.settings.driver_name,
+                node_name,
+            ))
+        }));
+
+        let mut node_id = None;
         if !volumes.is_empty() {
-            let node_id = self
+            let id = self
                 .node_id(node_name, &attachments)
                 .ok_or_else(|| Stop::Aborted("due to missing CSI annotations".to_string()))?;
             if self.settings.extension {
-                let request = podmon::ValidateVolumeHostConnectivityRequest {
-                    volume_ids: volumes
-                        .values()
-                        .filter_map(|pv| {
-                            pv.spec
-                                .as_ref()?
-                                .csi
-                                .as_ref()
-                                .map(|c| c.volume_handle.clone())
-                        })
-                        .collect(),
-                    node_id: node_id.clone(),
-                    ..Default::default()
-                };
-                let answer = match self
-                    .csi
-                    .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
-                    .await
-                {
-                    Ok(response) => {
-                        tracing::info!(node = %node_name, connected = response.connected, ios_in_progress = response.ios_in_progress, messages = ?response.messages, "driver connectivity answer");
-                        Connectivity::Answer {
-                            connected: response.connected,
-                            ios_in_progress: response.ios_in_progress,
-                        }
-                    }
-                    Err(status) => {
-                        tracing::warn!(node = %node_name, error = %status.message(), code = ?status.code(), "ValidateVolumeHostConnectivity failed");
-                        Connectivity::Error
-                    }
-                };
-                let rwx = volumes.values().any(|pv| {
-                    pv.spec
-                        .as_ref()
-                        .and_then(|s| s.access_modes.as_ref())
-                        .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"))
-                });
-                plan::validation_allows(answer, rwx, signals, self.live.get().skip_validation)
-                    .map_err(|why| Stop::Aborted(why.to_string()))?;
+                self.validate(node_name, &id, &volumes, signals).await?;
             }
-            if self.settings.can_fence {
-                self.fence(node_name, &node_id, &volumes).await?;
-            } else {
-                tracing::warn!(node = %node_name, "the driver cannot unpublish volumes: the node is tainted without fencing");
+            node_id = Some(id);
+        }
+        // A deleting VolumeAttachment is one the attacher will not publish again (its
+        // reconcile re-publishes attached ones the driver lost), so they go before the fence.
+        self.delete_attachments(node_name, &attachment_names)
+            .await?;
+        match node_id {
+            Some(id) if self.settings.can_fence => self.fence(node_name, &id, &volumes).await?,
+            Some(_) => {
+                tracing::warn!(node = %node_name, "the driver cannot unpublish volumes: the node is tainted without fencing")
             }
+            None => {}
         }
 
         let node = self
@@ -757,22 +760,6 @@ impl Controller {
         })
         .await
         .map_err(|e| Stop::Failed(format!("couldn't taint node {node_name}: {e}")))?;
-
-        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
-        for va in &attachments {
-            match vas.delete(&va.name_any(), &DeleteParams::default()).await {
-                Ok(_) => {
-                    tracing::info!(va = %va.name_any(), node = %node_name, "deleted VolumeAttachment")
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(error) => {
-                    return Err(Stop::Failed(format!(
-                        "couldn't delete VolumeAttachment {}: {error}",
-                        va.name_any()
-                    )));
-                }
-            }
-        }
 
         for pod in chosen.values() {
             self.event(
@@ -802,7 +789,136 @@ impl Controller {
                 Err(error) => return Err(Stop::Failed(format!("Delete pod failed: {error}"))),
             }
         }
-        Ok(chosen.values().map(|p| uid(p)).collect())
+        Ok(Cleaned {
+            pods: chosen.values().map(|p| uid(p)).collect(),
+            volumes: volumes.keys().cloned().collect(),
+        })
+    }
+
+    /// Asks the driver (podmon extension) whether the node may be cleaned up: Dell's rule.
+    async fn validate(
+        &self,
+        node_name: &str,
+        node_id: &str,
+        volumes: &BTreeMap<String, Arc<PersistentVolume>>,
+        signals: NodeSignals,
+    ) -> Result<(), Stop> {
+        let request = podmon::ValidateVolumeHostConnectivityRequest {
+            volume_ids: volumes
+                .values()
+                .filter_map(|pv| {
+                    pv.spec
+                        .as_ref()?
+                        .csi
+                        .as_ref()
+                        .map(|c| c.volume_handle.clone())
+                })
+                .collect(),
+            node_id: node_id.to_string(),
+            ..Default::default()
+        };
+        let answer = match self
+            .csi
+            .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
+            .await
+        {
+            Ok(response) => {
+                tracing::info!(node = %node_name, connected = response.connected, ios_in_progress = response.ios_in_progress, messages = ?response.messages, "driver connectivity answer");
+                Connectivity::Answer {
+                    connected: response.connected,
+                    ios_in_progress: response.ios_in_progress,
+                }
+            }
+            Err(status) => {
+                tracing::warn!(node = %node_name, error = %status.message(), code = ?status.code(), "ValidateVolumeHostConnectivity failed");
+                Connectivity::Error
+            }
+        };
+        let rwx = volumes.values().any(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.access_modes.as_ref())
+                .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"))
+        });
+        plan::validation_allows(answer, rwx, signals, self.live.get().skip_validation)
+            .map_err(|why| Stop::Aborted(why.to_string()))
+    }
+
+    /// Deletes the named VolumeAttachments (gone ones are fine).
+    async fn delete_attachments(
+        &self,
+        node_name: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<(), Stop> {
+        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
+        for name in names {
+            match vas.delete(name, &DeleteParams::default()).await {
+                Ok(_) => tracing::info!(va = %name, node = %node_name, "deleted VolumeAttachment"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    return Err(Stop::Failed(format!(
+                        "couldn't delete VolumeAttachment {name}: {error}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps fenced what a cleanup fenced while the node carries our taint: a VolumeAttachment
+    /// of such a volume to that node that appears again (the attach/detach controller may
+    /// re-create it from a cache that still shows the deleted pod) is deleted, so the attacher
+    /// unpublishes it again — the zombie never gets its access back.
+    async fn keep_fenced(&self, fenced_nodes: &BTreeSet<String>) {
+        let kept: Vec<(String, BTreeSet<String>)> = {
+            let mut state = self.state();
+            // Until the cache shows the taint we wrote, the entry stays.
+            state.fenced.retain(|node, (_, since)| {
+                fenced_nodes.contains(node) || since.elapsed() < TAINT_CACHE_GRACE
+            });
+            state
+                .fenced
+                .iter()
+                .map(|(n, (v, _))| (n.clone(), v.clone()))
+                .collect()
+        };
+        if kept.is_empty() {
+            return;
+        }
+        let pods = self.caches.pods.state();
+        for (node, volumes) in kept {
+            let in_use: BTreeSet<String> = pods
+                .iter()
+                .filter(|p| plan::node_name(p) == Some(node.as_str()))
+                .filter_map(|p| self.volumes_of(p).ok())
+                .flatten()
+                .map(|pv| pv.name_any())
+                .collect();
+            let names: BTreeSet<String> = self
+                .caches
+                .attachments
+                .state()
+                .iter()
+                .filter(|va| {
+                    va.spec.node_name == node && va.spec.attacher == self.settings.driver_name
+                })
+                .filter(|va| va.metadata.deletion_timestamp.is_none())
+                .filter(|va| {
+                    va.spec
+                        .source
+                        .persistent_volume_name
+                        .as_ref()
+                        .is_some_and(|pv| volumes.contains(pv) && !in_use.contains(pv))
+                })
+                .map(|va| va.name_any())
+                .collect();
+            if !names.is_empty() {
+                tracing::warn!(%node, attachments = ?names, "a fenced volume was attached to the node again; deleting the attachment");
+                if let Err(error) = self.delete_attachments(&node, &names).await {
+                    tracing::warn!(%node, ?error, "cannot keep the node fenced; retrying");
+                }
+            }
+        }
     }
 
     /// ControllerUnpublishVolume of every volume from the node: after it, the node's writes

@@ -162,8 +162,10 @@ pub async fn run(
             .labels(&selector)
             .fields(&format!("spec.nodeName={}", settings.node_name)),
     );
-    // The first list may wait for the API (a node starting while partitioned): the remembered
-    // inventory is acted on regardless, with live reads.
+    // Not waiting for the first list (a node starting while partitioned): the remembered
+    // inventory is acted on regardless, with live reads. A pod is remembered as soon as the
+    // watch shows it, not at the next poll: a node may fail right after a pod started.
+    let wake = informers.wake();
     drop(informers);
     let mut agent = NodeAgent {
         client,
@@ -174,11 +176,15 @@ pub async fn run(
         taint_polls: 0,
         api_lost: false,
     };
+    let mut next_poll = tokio::time::Instant::now();
     loop {
-        agent.tick().await;
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            () = tokio::time::sleep(agent.settings.poll_interval) => {}
+            () = wake.notified() => agent.remember_new_pods().await,
+            () = tokio::time::sleep_until(next_poll) => {
+                agent.tick().await;
+                next_poll = tokio::time::Instant::now() + agent.settings.poll_interval;
+            }
         }
     }
 }

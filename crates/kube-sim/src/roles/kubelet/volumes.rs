@@ -23,7 +23,6 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +36,7 @@ use crate::roles::{
 /// volumes after a restart.
 const VOL_DATA: &str = "vol_data.json";
 
-pub use csi_sidecar::kubelet_paths::{pod_volume_dir, staging_path, target_path};
+pub use csi_sidecar::kubelet_paths::{attachment_name, pod_volume_dir, staging_path, target_path};
 
 /// The name kubelet reports in `node.status.volumesInUse`.
 pub fn unique_volume_name(driver: &str, handle: &str) -> String {
@@ -388,13 +387,6 @@ fn resolve(
         block: spec.volume_mode.as_deref() == Some("Block"),
         pv: (*pv).clone(),
     })
-}
-
-/// The VolumeAttachment name: `csi-` + hex sha256(volumeHandle + driverName + nodeName)
-/// (pkg/volume/csi/csi_attacher.go `getAttachmentName`).
-pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
-    let digest = Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
-    format!("csi-{}", hex::encode(digest))
 }
 
 /// WaitForAttach (when the driver requires attach), NodeStage (when the driver stages) and
@@ -850,6 +842,7 @@ async fn report_volumes_in_use(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn kubelet_paths() {
