@@ -23,6 +23,12 @@ use super::{Informers, RoleError, Timing, is_benign, lock, merge_patch_status, r
 /// How long a detach waits for the kubelet to unmount (`maxWaitForUnmountDuration`).
 pub const MAX_WAIT_FOR_UNMOUNT: Duration = Duration::from_secs(6 * 60);
 
+/// How often the controller checks that what it attached is still attached
+/// (`--attach-detach-reconcile-sync-period`, 1m): a VolumeAttachment someone else deleted is
+/// noticed — and re-created if a pod still wants it — only then, not at once (the real
+/// controller keeps its actual state of the world in memory).
+pub const RECONCILE_SYNC_PERIOD: Duration = Duration::from_secs(60);
+
 /// The taint that lets a volume be detached from a node that is down without unmounting.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
@@ -62,8 +68,14 @@ pub async fn run(
         return Ok(());
     };
     let waiting_since = Arc::new(Mutex::new(HashMap::new()));
+    let attached = Arc::new(Mutex::new(HashMap::new()));
     reconcile_loop("attach-detach", wake, timing.resync, shutdown, || {
-        pass(client.clone(), caches.clone(), waiting_since.clone())
+        pass(
+            client.clone(),
+            caches.clone(),
+            waiting_since.clone(),
+            attached.clone(),
+        )
     })
     .await;
     Ok(())
@@ -153,20 +165,36 @@ fn unique_name_of(caches: &Caches, attachment: &VolumeAttachment) -> Option<Stri
     Some(unique_volume_name(&csi.driver, &csi.volume_handle))
 }
 
+/// `attached`: the actual state of the world — VolumeAttachments this controller saw, and
+/// since when one it saw is gone (`None`: still there).
 async fn pass(
     client: Client,
     caches: Arc<Caches>,
     waiting_since: Arc<Mutex<HashMap<String, Instant>>>,
+    attached: Arc<Mutex<HashMap<String, Option<Instant>>>>,
 ) -> Result<(), RoleError> {
     let api: Api<VolumeAttachment> = Api::all(client.clone());
     let wanted = desired(&caches);
+    lock(&attached).retain(|name, _| wanted.contains_key(name));
     for want in wanted.values() {
         if caches
             .attachments
             .get(&ObjectRef::new(&want.name))
             .is_some()
         {
+            lock(&attached).insert(want.name.clone(), None);
             continue;
+        }
+        {
+            let mut attached = lock(&attached);
+            match attached.get(&want.name) {
+                Some(None) => {
+                    attached.insert(want.name.clone(), Some(Instant::now()));
+                    continue;
+                }
+                Some(Some(gone)) if gone.elapsed() < RECONCILE_SYNC_PERIOD => continue,
+                _ => {}
+            }
         }
         let attachment: VolumeAttachment = serde_json::from_value(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
@@ -176,6 +204,7 @@ async fn pass(
         .map_err(|e| RoleError::Invalid(e.to_string()))?;
         match api.create(&PostParams::default(), &attachment).await {
             Ok(_) => {
+                lock(&attached).insert(want.name.clone(), None);
                 tracing::info!(attachment = %want.name, volume = %want.volume, node = %want.node, "attach requested")
             }
             Err(error) if is_benign(&error) => {}
