@@ -40,7 +40,7 @@ const LIMIT: Duration = Duration::from_secs(180);
 const CLIENTS: usize = 64;
 
 fn main() -> anyhow::Result<()> {
-    main_with_count("BENCH_ATTACHMENTS", run)
+    main_with_count("BENCH_ATTACHMENTS", 1000, run)
 }
 
 fn pv_name(i: usize) -> String {

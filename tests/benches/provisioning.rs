@@ -41,7 +41,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 const CREATORS: usize = 64;
 
 fn main() -> anyhow::Result<()> {
-    main_with_count("BENCH_CLAIMS", run)
+    main_with_count("BENCH_CLAIMS", 1000, run)
 }
 
 async fn run(claims: usize) -> anyhow::Result<()> {

@@ -290,9 +290,9 @@ pub fn record(
     Ok(())
 }
 
-/// A benchmark's `main`: the object count from the environment variable `variable` (default
-/// 1000), `bench` on a multi-threaded runtime.
-pub fn main_with_count<F, Fut>(variable: &str, bench: F) -> anyhow::Result<()>
+/// A benchmark's `main`: the count from the environment variable `variable` (else
+/// `default`), `bench` on a multi-threaded runtime.
+pub fn main_with_count<F, Fut>(variable: &str, default: usize, bench: F) -> anyhow::Result<()>
 where
     F: FnOnce(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -300,7 +300,7 @@ where
     let count = std::env::var(variable)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+        .unwrap_or(default);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -105,22 +105,16 @@ pub fn is_running(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
             .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-/// A pod on `node` running with a freshly pre-provisioned static volume mounted as `data`
-/// (and writing to it). Returns the pod, the PV name and the publish target path.
-pub async fn running_pod_with_static_volume(
-    cluster: &crate::Cluster,
-    name: &str,
-    node: &str,
-    customize: impl FnOnce(&mut Value),
-) -> (k8s_openapi::api::core::v1::Pod, String, std::path::PathBuf) {
-    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-    let driver = cluster.driver_name.clone();
+/// A freshly pre-provisioned 1 MiB volume, its PV `<namespace>-<name>` and a claim `name`
+/// bound to it; returns the PV name.
+pub async fn static_claim(cluster: &crate::Cluster, name: &str) -> String {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     let pv_name = format!("{}-{name}", cluster.namespace);
     let handle = provision_static_volume(&cluster.driver.controller.csi, &pv_name, 1 << 20).await;
     cluster
         .create(
             &cluster.cluster_scoped::<PersistentVolume>(),
-            static_pv(&pv_name, &driver, &handle, "1Mi"),
+            static_pv(&pv_name, &cluster.driver_name, &handle, "1Mi"),
         )
         .await;
     cluster
@@ -129,6 +123,19 @@ pub async fn running_pod_with_static_volume(
             static_pvc(name, "1Mi"),
         )
         .await;
+    pv_name
+}
+
+/// A pod on `node` running with a freshly pre-provisioned static volume mounted as `data`
+/// (and writing to it). Returns the pod, the PV name and the publish target path.
+pub async fn running_pod_with_static_volume(
+    cluster: &crate::Cluster,
+    name: &str,
+    node: &str,
+    customize: impl FnOnce(&mut Value),
+) -> (k8s_openapi::api::core::v1::Pod, String, std::path::PathBuf) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pv_name = static_claim(cluster, name).await;
     let mut manifest = pod(name, node, Some(name), true);
     customize(&mut manifest);
     let created: Pod = cluster.create(&cluster.namespaced(), manifest).await;

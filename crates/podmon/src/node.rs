@@ -5,8 +5,10 @@
 //! unmount and remove the staging path). The taint goes only when every remembered pod is
 //! cleaned and no protected pod is bound to the node any more.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
@@ -63,6 +65,9 @@ pub struct PodRecord {
     pub name: String,
     pub uid: String,
     pub volumes: Vec<VolumeRecord>,
+    /// The claims already resolved to volumes (of any driver).
+    #[serde(default)]
+    pub claims: BTreeSet<String>,
 }
 
 /// What node mode persists.
@@ -138,6 +143,8 @@ struct NodeAgent {
     csi: CsiConnection,
     settings: NodeSettings,
     pods: Store<Pod>,
+    /// The pod cache has its first list (until then, its emptiness proves nothing).
+    listed: Arc<AtomicBool>,
     inventory: Inventory,
     taint_polls: u32,
     api_lost: bool,
@@ -167,11 +174,20 @@ pub async fn run(
     // watch shows it, not at the next poll: a node may fail right after a pod started.
     let wake = informers.wake();
     drop(informers);
+    let listed = Arc::new(AtomicBool::new(false));
+    let reader = pods.clone();
+    let flag = listed.clone();
+    tokio::spawn(async move {
+        if reader.wait_until_ready().await.is_ok() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
     let mut agent = NodeAgent {
         client,
         csi,
         settings,
         pods,
+        listed,
         inventory,
         taint_polls: 0,
         api_lost: false,
@@ -274,8 +290,18 @@ impl NodeAgent {
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
             };
-            let volumes = match self.volume_records(&pod).await {
-                Ok(volumes) => volumes,
+            // A pod's volumes never change: once every claim is resolved, no more reads.
+            let claims: BTreeSet<String> = plan::claim_names(&pod).into_iter().collect();
+            if self
+                .inventory
+                .pods
+                .get(&uid)
+                .is_some_and(|r| r.claims.is_superset(&claims))
+            {
+                continue;
+            }
+            let (volumes, resolved) = match self.volume_records(&pod).await {
+                Ok(found) => found,
                 Err(error) => {
                     tracing::warn!(pod = %pod.name_any(), %error, "cannot resolve the pod's volumes yet");
                     continue;
@@ -296,6 +322,7 @@ impl NodeAgent {
                     name: pod.name_any(),
                     uid,
                     volumes,
+                    claims: resolved,
                 },
             );
             changed = true;
@@ -308,6 +335,9 @@ impl NodeAgent {
     /// Without the taint, pods deleted the normal way were torn down by kubelet: forget them.
     /// (The controller taints before it force-deletes, so a zombie is never forgotten here.)
     fn forget_deleted_pods(&mut self) {
+        if !self.listed.load(Ordering::SeqCst) {
+            return;
+        }
         let present: Vec<String> = self
             .pods
             .state()
@@ -322,14 +352,19 @@ impl NodeAgent {
     }
 
     /// Our driver's volumes of a pod, from its claims (live reads: only for new pods).
-    async fn volume_records(&self, pod: &Pod) -> Result<Vec<VolumeRecord>, kube::Error> {
+    /// Also returns the claims resolved (bound; of any driver).
+    async fn volume_records(
+        &self,
+        pod: &Pod,
+    ) -> Result<(Vec<VolumeRecord>, BTreeSet<String>), kube::Error> {
         let namespace = pod.namespace().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let mut records = Vec::new();
-        for claim in plan::claim_names(pod) {
-            let Some(claim) = claims.get_opt(&claim).await? else {
+        let mut resolved = BTreeSet::new();
+        for claim_name in plan::claim_names(pod) {
+            let Some(claim) = claims.get_opt(&claim_name).await? else {
                 continue;
             };
             let Some(pv_name) = claim
@@ -342,6 +377,7 @@ impl NodeAgent {
             let Some(pv) = pvs.get_opt(&pv_name).await? else {
                 continue;
             };
+            resolved.insert(claim_name);
             let Some(spec) = pv.spec else { continue };
             let Some(source) = spec.csi.filter(|c| c.driver == self.settings.driver_name) else {
                 continue;
@@ -362,7 +398,7 @@ impl NodeAgent {
                 block,
             });
         }
-        Ok(records)
+        Ok((records, resolved))
     }
 
     /// Cleans every remembered pod that is gone or replaced; true when nothing is left that
@@ -529,6 +565,7 @@ mod tests {
                     staging_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/x/globalmount"
                         .into(),
                 }],
+                claims: ["data-app-0".to_string()].into(),
             },
         );
         inventory.save(&path).unwrap();
