@@ -53,6 +53,11 @@ const CRASH_LOOP_MEMORY: Duration = Duration::from_secs(600);
 /// How long a node just tainted by a cleanup counts as tainted before the cache shows it.
 const TAINT_CACHE_GRACE: Duration = Duration::from_secs(30);
 
+/// ControllerUnpublishVolume attempts while the driver answers ABORTED (an operation on the
+/// volume is pending), and the pause between them.
+const PENDING_RETRIES: u32 = 20;
+const PENDING_RETRY_DELAY: Duration = Duration::from_millis(50);
+
 /// How often the controller looks again without a change (retries, backoff, breaker).
 const TICK: Duration = Duration::from_secs(1);
 
@@ -948,15 +953,31 @@ impl Controller {
             };
             let request =
                 csi_attacher::attach::unpublish_request(&source.volume_handle, node_id, secrets);
-            self.csi
-                .controller_unpublish_volume(request, self.settings.timeout)
-                .await
-                .map_err(|s| {
-                    Stop::Failed(format!(
-                        "couldn't fence volumes: {pv_name}: {}",
-                        s.message()
-                    ))
-                })?;
+            let mut attempt = 1;
+            loop {
+                match self
+                    .csi
+                    .controller_unpublish_volume(request.clone(), self.settings.timeout)
+                    .await
+                {
+                    Ok(_) => break,
+                    // ABORTED: another operation on the volume is pending — usually the
+                    // attacher's own unpublish of the VolumeAttachment just deleted. Dell retries
+                    // its driver's "pending" errors the same way.
+                    Err(status)
+                        if status.code() == tonic::Code::Aborted && attempt < PENDING_RETRIES =>
+                    {
+                        attempt += 1;
+                        tokio::time::sleep(PENDING_RETRY_DELAY).await;
+                    }
+                    Err(status) => {
+                        return Err(Stop::Failed(format!(
+                            "couldn't fence volumes: {pv_name}: {}",
+                            status.message()
+                        )));
+                    }
+                }
+            }
             tracing::warn!(pv = %pv_name, node = %node_name, "fenced: volume unpublished from the node");
         }
         Ok(())
