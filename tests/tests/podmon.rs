@@ -554,3 +554,47 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     attacher.stop().await;
     cluster.stop(&[("PersistentVolume", &pv)]).await;
 }
+
+#[tokio::test]
+async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
+    let cluster = Cluster::start_with("podmon-driver-pod", nodes(&["node-a", "node-b"])).await;
+    let controller = cluster.start_podmon_controller(|_, _| {}).await;
+    let offline = podmon::plan::offline_taint_key(&cluster.driver_name);
+    let offline_on = |node: &Node| podmon::plan::has_taint(node, &offline, "NoSchedule");
+    // Driver node pods tolerate podmon's taints (else a restarted one could not come back).
+    let driver_pod = || {
+        let mut manifest = pod("driver-node-a", "node-a", None, false);
+        manifest["metadata"]["labels"] = json!({"driver.dellemc.com": "dell-storage"});
+        manifest["spec"]["tolerations"] =
+            json!([{"key": offline, "operator": "Exists", "effect": "NoSchedule"}]);
+        manifest
+    };
+    let pods = cluster.namespaced::<Pod>();
+    cluster.create(&pods, driver_pod()).await;
+    cluster
+        .wait_for(&pods, "driver-node-a", "the driver pod Ready", is_running)
+        .await;
+    cluster
+        .kubelet("node-a")
+        .crash_loop(&cluster.namespace, "driver-node-a");
+    let nodes = cluster.cluster_scoped::<Node>();
+    cluster
+        .wait_for(&nodes, "node-a", "the driver-offline taint", offline_on)
+        .await;
+    assert!(!offline_on(&nodes.get("node-b").await.unwrap()));
+
+    // A new driver pod that is Ready lifts it.
+    cluster
+        .delete_and_wait(&pods, "driver-node-a", "the crashing driver pod gone")
+        .await;
+    let mut manifest = driver_pod();
+    manifest["metadata"]["name"] = json!("driver-node-a-2");
+    cluster.create(&pods, manifest).await;
+    cluster
+        .wait_for(&nodes, "node-a", "the driver-offline taint lifted", |n| {
+            !offline_on(n)
+        })
+        .await;
+    controller.sidecar.stop().await;
+    cluster.stop(&[]).await;
+}
