@@ -598,3 +598,52 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
     controller.sidecar.stop().await;
     cluster.stop(&[]).await;
 }
+
+#[tokio::test]
+async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start_with("podmon-array-loss", nodes(&["node-a", "node-b"])).await;
+    let attacher = cluster.start_attacher().await;
+    let controller = cluster.start_podmon_controller(|_, _| {}).await;
+    let pv = csi_suite_scenarios::fixtures::static_claim(&cluster, "app-0").await;
+    // An idle pod: the driver sees no I/O once its volume's last write is 10 s old.
+    let mut manifest = pod("app-0", "node-a", Some("app-0"), false);
+    cluster.protect(&mut manifest);
+    let created: Pod = cluster.create(&cluster.namespaced::<Pod>(), manifest).await;
+    let uid = created.uid().unwrap();
+    cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod Running",
+            is_running,
+        )
+        .await;
+
+    // Only the storage network fails: the node stays Ready in Kubernetes.
+    cluster.driver_store().set_link("node-a", false).unwrap();
+    let message = cluster
+        .wait_for_event("app-0", "ArrayConnectivityLoss", "with force delete")
+        .await;
+    assert!(message.contains(&uid), "{message}");
+    cluster
+        .wait_gone(
+            &cluster.namespaced::<Pod>(),
+            "app-0",
+            "the pod force-deleted",
+        )
+        .await;
+    assert!(cluster.podmon_tainted("node-a").await);
+    let handle = cluster.volume_handle(&pv).await;
+    assert!(
+        !cluster.driver_store().read().unwrap().volumes[&handle]
+            .published
+            .contains_key("node-a")
+    );
+    cluster.driver_store().set_link("node-a", true).unwrap();
+    controller.sidecar.stop().await;
+    attacher.stop().await;
+    cluster.stop(&[("PersistentVolume", &pv)]).await;
+}

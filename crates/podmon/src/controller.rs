@@ -617,7 +617,9 @@ impl Controller {
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
         let reason = trigger.reason();
-        let outcome = self.clean_up_steps(node_name, signals, pods.clone()).await;
+        let outcome = self
+            .clean_up_steps(node_name, reason, signals, pods.clone())
+            .await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
             for pod in &pods {
                 self.event(
@@ -637,6 +639,7 @@ impl Controller {
     async fn clean_up_steps(
         &self,
         node_name: &str,
+        reason: &str,
         signals: NodeSignals,
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
@@ -769,7 +772,7 @@ impl Controller {
         for pod in chosen.values() {
             self.event(
                 pod,
-                "NodeFailure",
+                reason,
                 &format!(
                     "podmon cleaning pod {} with force delete",
                     pod_words(pod, node_name)
