@@ -25,8 +25,9 @@ fn nodes(names: &[&str]) -> Options {
     }
 }
 
-/// A cluster with the attacher and controller-podmon, and a protected pod `app-0` writing to a
-/// static volume on node-a; `None` (after saying why) without root.
+/// A cluster with the attacher and controller-podmon (settings changed by `change`), and a
+/// protected pod `app-0` writing to a static volume on node-a; `None` (after saying why)
+/// without root.
 struct Scene {
     cluster: Cluster,
     attacher: Sidecar,
@@ -36,15 +37,17 @@ struct Scene {
     target: PathBuf,
 }
 
-async fn scene(name: &str, options: Options, skip_validation: bool) -> Option<Scene> {
+async fn scene(
+    name: &str,
+    options: Options,
+    change: impl FnOnce(&mut podmon::controller::Settings, &mut podmon::config::Tunables),
+) -> Option<Scene> {
     if skip_without_root() {
         return None;
     }
     let cluster = Cluster::start_with(name, options).await;
     let attacher = cluster.start_attacher().await;
-    let controller = cluster
-        .start_podmon_controller(|_, t| t.skip_validation = skip_validation)
-        .await;
+    let controller = cluster.start_podmon_controller(change).await;
     let (pod, pv, target) =
         running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
     let uid = pod.uid().unwrap();
@@ -138,7 +141,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
         uid,
         pv,
         ..
-    }) = scene("podmon-connected", nodes(&["node-a", "node-b"]), false).await
+    }) = scene("podmon-connected", nodes(&["node-a", "node-b"]), |_, _| {}).await
     else {
         return;
     };
@@ -204,7 +207,10 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
         uid,
         pv,
         ..
-    }) = scene("podmon-no-ext", options, false).await
+    }) = scene("podmon-no-ext", options, |s, _| {
+        s.out_of_service_taint = true
+    })
+    .await
     else {
         return;
     };
@@ -229,6 +235,15 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
             &format!("[{uid} node-a] with force delete"),
         )
         .await;
+    let node = cluster
+        .cluster_scoped::<Node>()
+        .get("node-a")
+        .await
+        .unwrap();
+    assert!(
+        podmon::plan::has_taint(&node, podmon::plan::OUT_OF_SERVICE_TAINT, "NoExecute"),
+        "--out-of-service-taint adds node.kubernetes.io/out-of-service after fencing"
+    );
     cluster
         .eventually("the failovers counted", || {
             controller.metrics.failovers(FailoverResult::Success) == 1
@@ -403,7 +418,12 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
         pv,
         target: old_target,
         ..
-    }) = scene("podmon-node-restart", nodes(&["node-a", "node-b"]), true).await
+    }) = scene(
+        "podmon-node-restart",
+        nodes(&["node-a", "node-b"]),
+        |_, t| t.skip_validation = true,
+    )
+    .await
     else {
         return;
     };
@@ -646,4 +666,39 @@ async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
     controller.sidecar.stop().await;
     attacher.stop().await;
     cluster.stop(&[("PersistentVolume", &pv)]).await;
+}
+
+#[tokio::test]
+async fn podmon_ignores_volumeless_pods_when_asked() {
+    let cluster = Cluster::start_with("podmon-volumeless", nodes(&["node-a", "node-b"])).await;
+    let controller = cluster
+        .start_podmon_controller(|s, _| s.ignore_volumeless_pods = true)
+        .await;
+    let pods = cluster.namespaced::<Pod>();
+    let mut manifest = pod("app-0", "node-a", None, false);
+    cluster.protect(&mut manifest);
+    cluster.create(&pods, manifest).await;
+    cluster
+        .wait_for(&pods, "app-0", "the pod Running", is_running)
+        .await;
+    cluster.kubelet("node-a").partition();
+    cluster
+        .wait_for(
+            &pods,
+            "app-0",
+            "the pod not Ready on the unreachable node",
+            |p| !is_running(p),
+        )
+        .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        pods.get_opt("app-0").await.unwrap().is_some(),
+        "a volumeless pod is left alone"
+    );
+    assert!(
+        !cluster.podmon_tainted("node-a").await,
+        "nothing to fence, no taint"
+    );
+    controller.sidecar.stop().await;
+    cluster.stop(&[]).await;
 }
