@@ -145,7 +145,7 @@ impl LiveConfig {
                 match apply(&base, &text) {
                     Ok(tunables) => {
                         tracing::info!(path = %path.display(), ?tunables, "reloaded the dynamic configuration");
-                        *watched.current.write().unwrap_or_else(|p| p.into_inner()) = tunables;
+                        watched.set(tunables);
                     }
                     Err(message) => {
                         tracing::warn!(path = %path.display(), %message, "invalid dynamic configuration; keeping the current one")
@@ -164,7 +164,7 @@ impl LiveConfig {
             .clone()
     }
 
-    /// Replaces the settings (tests, and what a reload does).
+    /// Replaces the settings (what a reload does; tests flip switches with it).
     pub fn set(&self, tunables: Tunables) {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = tunables;
     }
