@@ -81,6 +81,14 @@ impl Cluster {
         )
     }
 
+    /// Waits until node-podmon has removed the fenced taint from `node`.
+    pub async fn wait_podmon_untainted(&self, node: &str, what: &str) {
+        self.wait_for(&self.cluster_scoped::<Node>(), node, what, |n| {
+            !self.has_podmon_taint(n)
+        })
+        .await;
+    }
+
     /// Whether `node` carries podmon's fenced taint now.
     pub async fn podmon_tainted(&self, node: &str) -> bool {
         let node = self
@@ -361,12 +369,7 @@ pub async fn failover_story(
     let recovering = std::time::Instant::now();
     cluster.recover_node(node);
     cluster
-        .wait_for(
-            &cluster.cluster_scoped::<Node>(),
-            node,
-            "the node cleaned and untainted",
-            |n| !cluster.has_podmon_taint(n),
-        )
+        .wait_podmon_untainted(node, "the node cleaned and untainted")
         .await;
     let node_cleanup = recovering.elapsed();
     assert!(!old_target.exists(), "the zombie's target path is gone");

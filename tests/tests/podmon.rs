@@ -450,12 +450,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     cluster.kubelet("node-a").stop().await;
     cluster.recover_node("node-a");
     cluster
-        .wait_for(
-            &cluster.cluster_scoped::<Node>(),
-            "node-a",
-            "node-a cleaned and untainted",
-            |n| !cluster.has_podmon_taint(n),
-        )
+        .wait_podmon_untainted("node-a", "node-a cleaned and untainted")
         .await;
     assert!(
         !old_target.exists(),
@@ -485,12 +480,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     cluster.kubelet("node-a").reboot().await.unwrap();
     let boot_id = cluster.kubelet("node-a").boot_id();
     cluster
-        .wait_for(
-            &cluster.cluster_scoped::<Node>(),
-            "node-a",
-            "node-a untainted after the reboot",
-            |n| !cluster.has_podmon_taint(n),
-        )
+        .wait_podmon_untainted("node-a", "node-a untainted after the reboot")
         .await;
     cluster
         .eventually("the new boot recorded", || {
