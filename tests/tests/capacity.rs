@@ -326,3 +326,44 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
         .stop(&[("StorageClass", &late), ("CSIDriver", &driver)])
         .await;
 }
+
+/// Level 1 (a StatefulSet's or DaemonSet's Pod) is the Pod's own controller reference: one GET
+/// of the Pod and nothing else, so the RBAC for it is `pods get` alone.
+#[tokio::test]
+async fn owner_at_level_one_costs_one_pod_get() {
+    let sim = kube_sim::ApiServer::start().await.unwrap();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(sim.client(), "default");
+    let set = OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "StatefulSet".into(),
+        name: "csi-controller".into(),
+        uid: "5e7c0b6a-0000-4000-8000-000000000001".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    pods.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "csi-controller-0", "ownerReferences": [set]},
+            "spec": {"containers": [{"name": "csi-provisioner", "image": "csi-provisioner"}]}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let before = sim.request_counts();
+    let owner =
+        csi_provisioner::capacity::owner::find(&sim.client(), "default", "csi-controller-0", 1)
+            .await
+            .expect("the StatefulSet");
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("StatefulSet", "csi-controller")
+    );
+    let after = sim.request_counts();
+    let made: Vec<_> = after
+        .iter()
+        .filter(|(key, count)| before.get(*key) != Some(*count))
+        .map(|(key, _)| (key.verb.as_str(), key.resource.as_str()))
+        .collect();
+    assert_eq!(made, [("get", "pods")]);
+}

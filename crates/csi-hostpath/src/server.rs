@@ -2,6 +2,7 @@
 //! interrupted, bind the Unix socket, serve the services the mode selects, and on node
 //! instances keep a heartbeat and the fencing watch running.
 
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,8 +111,20 @@ fn listen(endpoint: &Endpoint) -> Result<UnixListener, ServeError> {
     if let Some(parent) = endpoint.path().parent() {
         std::fs::create_dir_all(parent).map_err(listen_error)?;
     }
-    UnixListener::bind(endpoint.path()).map_err(listen_error)
+    let listener = UnixListener::bind(endpoint.path()).map_err(listen_error)?;
+    // Sidecars that run as another user reach the socket through its group: in a pod that is
+    // the fsGroup, which the kubelet gives the shared emptyDir (setgid, so the socket inherits
+    // it). Everyone else stays out.
+    std::fs::set_permissions(
+        endpoint.path(),
+        std::fs::Permissions::from_mode(SOCKET_MODE),
+    )
+    .map_err(listen_error)?;
+    Ok(listener)
 }
+
+/// Read-write for the driver's user and group, nothing for others.
+const SOCKET_MODE: u32 = 0o660;
 
 /// Removes the data and records of volumes and snapshots whose deletion a crash interrupted.
 fn finish_interrupted_deletions(driver: &Driver) -> Result<(), StoreError> {

@@ -1,5 +1,5 @@
 //! Startup: a corrupt state file is refused with its name and kept; a stale socket is
-//! replaced; the socket is removed on shutdown.
+//! replaced, the new one is group read-write only; the socket is removed on shutdown.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,7 +53,7 @@ fn bad_flags_exit_2() {
 }
 
 #[tokio::test]
-async fn stale_socket_is_replaced_and_removed_on_shutdown() {
+async fn stale_socket_is_replaced_group_writable_and_removed_on_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
     // A stale socket file left by a killed instance.
@@ -78,6 +78,10 @@ async fn stale_socket_is_replaced_and_removed_on_shutdown() {
     csi.probe_until_ready(std::time::Duration::from_secs(5))
         .await
         .unwrap();
+    // Group read-write, so non-root sidecars sharing the pod's fsGroup can connect.
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o660, "socket mode {mode:o}");
     shutdown.cancel();
     server.await.unwrap().unwrap();
     assert!(!socket.exists(), "socket removed on shutdown");

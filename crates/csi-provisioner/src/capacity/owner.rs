@@ -19,7 +19,8 @@ pub enum OwnerError {
 }
 
 /// The owner `level` steps up from Pod `pod` in `namespace`: 0 is the Pod itself, 1 its
-/// controller (read from the Pod, no GET), 2 that controller's controller, and so on.
+/// controller (read from the Pod, no further GET), 2 that controller's controller (one GET of
+/// the ReplicaSet for a Deployment), and so on.
 pub async fn find(
     client: &Client,
     namespace: &str,
@@ -40,14 +41,18 @@ pub async fn find(
         block_owner_deletion: None,
     };
     let mut references = object.owner_references().to_vec();
-    for _ in 0..level {
+    for step in 0..level {
+        // The Pod's references came with it; a higher owner's are one GET each, and the top
+        // owner's own references are never needed.
+        if step > 0 {
+            references = owner_references_of(client, namespace, &owner).await?;
+        }
         let controller = references
             .iter()
             .find(|r| r.controller == Some(true))
             .cloned()
             .ok_or_else(|| OwnerError::NoController(format!("{} {}", owner.kind, owner.name)))?;
         owner = controller;
-        references = owner_references_of(client, namespace, &owner).await?;
     }
     Ok(OwnerReference {
         controller: Some(true),
