@@ -5,10 +5,16 @@ CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test fmt-check lint unit build demo bench
+.PHONY: test fmt-check lint unit chart manifests build image demo bench
 
-## test: everything CI runs: formatting, lints (warnings are errors), all tests.
-test: fmt-check lint unit
+HELM := $(CURDIR)/.tools/bin/helm
+# The chart tests (tests/tests/chart.rs) render the chart with this helm.
+export HELM
+CHART := charts/csi-suite
+IMAGE ?= csi-suite:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
+
+## test: everything CI runs: formatting, lints (warnings are errors), the chart, all tests.
+test: fmt-check lint chart unit
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -16,12 +22,40 @@ fmt-check:
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit:
+unit: $(HELM)
 	$(CARGO) test --workspace --locked
+
+$(HELM):
+	scripts/install-helm.sh
+
+# The two committed renderings: default values, and a vendor's own driver.
+render = $(HELM) template csi-suite $(CHART) --namespace csi-suite
+MANIFESTS = manifests/csi-suite.yaml manifests/csi-suite-external-driver.yaml
+
+## chart: helm lint (strict), and the committed manifests/ must be what the chart renders.
+chart: $(HELM)
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) --values $(CHART)/examples/external-driver.yaml
+	@rm -rf target/manifests && mkdir -p target/manifests
+	@$(render) > target/manifests/csi-suite.yaml
+	@$(render) --values $(CHART)/examples/external-driver.yaml > target/manifests/csi-suite-external-driver.yaml
+	@for f in $(MANIFESTS); do \
+	  diff -u $$f target/$$f || { echo "$$f is stale: run 'make manifests' and commit it" >&2; exit 1; }; \
+	done
+
+## manifests: re-render manifests/ from the chart.
+manifests: $(HELM)
+	@mkdir -p manifests
+	$(render) > manifests/csi-suite.yaml
+	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
 
 ## build: release binaries of every component into target/release.
 build:
 	$(CARGO) build --workspace --release --locked --bins
+
+## image: the suite's container image (every binary; see the Dockerfile), tagged $(IMAGE).
+image:
+	docker build -t $(IMAGE) .
 
 ## demo (needs root: real bind mounts; exits non-zero if any step does not behave):
 ## 1. the reference driver on two simulated nodes: provision, publish, snapshot, restore, fence a

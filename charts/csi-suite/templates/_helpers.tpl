@@ -1,0 +1,101 @@
+{{/* The release's name prefix for every object (63 characters at most, DNS-1123). */}}
+{{- define "csi-suite.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "csi-suite.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one workload: (dict "root" $ "component" "controller"). */}}
+{{- define "csi-suite.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "csi-suite.controllerServiceAccount" -}}
+{{- .Values.serviceAccount.controllerName | default (printf "%s-controller" (include "csi-suite.fullname" .)) -}}
+{{- end -}}
+
+{{- define "csi-suite.nodeServiceAccount" -}}
+{{- .Values.serviceAccount.nodeName | default (printf "%s-node" (include "csi-suite.fullname" .)) -}}
+{{- end -}}
+
+{{/* An image reference: (dict "root" $ "image" .Values.<component>.image); empty fields
+     fall back to the suite image. */}}
+{{- define "csi-suite.image" -}}
+{{- $image := .image | default dict -}}
+{{- $repository := $image.repository | default .root.Values.image.repository -}}
+{{- $tag := $image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{- define "csi-suite.pullPolicy" -}}
+{{- $image := .image | default dict -}}
+{{- $image.pullPolicy | default .root.Values.image.pullPolicy -}}
+{{- end -}}
+
+{{/* The driver socket as every container of a pod sees it. */}}
+{{- define "csi-suite.csiAddress" -}}
+{{- printf "%s/%s" (.Values.driver.socketDir | trimSuffix "/") .Values.driver.socketName -}}
+{{- end -}}
+
+{{/* The node plugin directory on the host: <kubeletDir>/plugins/<driver>. */}}
+{{- define "csi-suite.pluginDir" -}}
+{{- printf "%s/plugins/%s" (.Values.node.kubeletDir | trimSuffix "/") .Values.driver.name -}}
+{{- end -}}
+
+{{/* "true" when the controller sidecars elect a leader: asked for, or more than one replica. */}}
+{{- define "csi-suite.leaderElection" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.controller.replicas) 1) -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end -}}
+
+{{/* The first DNS label of the driver name: the prefix of podmon's taints. */}}
+{{- define "csi-suite.driverShortName" -}}
+{{- .Values.driver.name | splitList "." | first -}}
+{{- end -}}
+
+{{- define "csi-suite.podmonLabelValue" -}}
+{{- .Values.podmon.labelValue | default .Values.driver.name -}}
+{{- end -}}
+
+{{/* podmon controller finds the driver's node pods by this label (--driverPodLabelKey/Value). */}}
+{{- define "csi-suite.driverPodLabelKey" -}}
+csi-suite.io/driver-node
+{{- end -}}
+
+{{/* A container's args: the chart's own, then .args, then .extraArgs, all rendered as templates. */}}
+{{- define "csi-suite.args" -}}
+{{- $root := .root -}}
+{{- range .own }}
+- {{ tpl . $root | quote }}
+{{- end }}
+{{- range .component.args }}
+- {{ tpl . $root | quote }}
+{{- end }}
+{{- range .component.extraArgs }}
+- {{ tpl . $root | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "csi-suite.nodeNameEnv" -}}
+- name: KUBE_NODE_NAME
+  valueFrom:
+    fieldRef:
+      apiVersion: v1
+      fieldPath: spec.nodeName
+{{- end -}}
+

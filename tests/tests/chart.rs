@@ -1,0 +1,731 @@
+//! The Helm chart (`charts/csi-suite`) rendered with several values sets and checked object by
+//! object: every container of ours parses its args with its binary's own flag parser, a
+//! disabled component leaves with its RBAC, leader election follows the replica count, custom
+//! socket paths reach every container, and the RBAC is least privilege. Needs helm: `make test`
+//! installs it and names it in `$HELM`; without it the tests say so and skip (CI fails).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+const CHART: &str = "charts/csi-suite";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// `$HELM`, else the project's `.tools/bin/helm`, else `helm` on PATH.
+fn helm() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("HELM") {
+        return Some(PathBuf::from(path));
+    }
+    let tools = workspace().join(".tools/bin/helm");
+    if tools.exists() {
+        return Some(tools);
+    }
+    Command::new("helm")
+        .arg("version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| PathBuf::from("helm"))
+}
+
+/// The objects `helm template` renders, by kind and name.
+struct Rendering {
+    objects: Vec<Value>,
+}
+
+impl Rendering {
+    /// Renders with `values` (YAML) over the chart's defaults; None (after saying why) when
+    /// helm is missing outside CI.
+    fn of(values: &str) -> Option<Self> {
+        let Some(helm) = helm() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "helm is missing: run scripts/install-helm.sh (make test does)"
+            );
+            eprintln!("skipped: no helm (scripts/install-helm.sh installs it)");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("values.yaml");
+        std::fs::write(&file, values).unwrap();
+        let output = Command::new(&helm)
+            .current_dir(workspace())
+            .args(["template", "csi-suite", CHART, "--namespace", "storage"])
+            .arg("--values")
+            .arg(&file)
+            .output()
+            .expect("helm runs");
+        assert!(
+            output.status.success(),
+            "helm template failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).unwrap();
+        let objects = serde_norway::Deserializer::from_str(&text)
+            .map(|document| Value::deserialize(document).expect("rendered YAML"))
+            .filter(|object| !object.is_null())
+            .collect();
+        Some(Self { objects })
+    }
+
+    fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    fn get(&self, kind: &str, name: &str) -> &Value {
+        self.find(kind, name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in {:#?}", self.names()))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.objects
+            .iter()
+            .map(|o| format!("{} {}", str(&o["kind"]), str(&o["metadata"]["name"])))
+            .collect()
+    }
+
+    fn controller(&self) -> &Value {
+        &self.get("Deployment", "csi-suite-controller")["spec"]["template"]["spec"]
+    }
+
+    fn node(&self) -> &Value {
+        &self.get("DaemonSet", "csi-suite-node")["spec"]["template"]["spec"]
+    }
+
+    /// Every container of both workloads.
+    fn containers(&self) -> Vec<&Value> {
+        [self.controller(), self.node()]
+            .into_iter()
+            .flat_map(|pod| pod["containers"].as_array().unwrap())
+            .collect()
+    }
+
+    /// The rules of a ClusterRole or Role as (apiGroup, resource, verbs).
+    fn rules(&self, kind: &str, name: &str) -> Vec<(String, String, Vec<String>)> {
+        let mut rules = Vec::new();
+        for rule in self.get(kind, name)["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    rules.push((group.clone(), resource, strings(&rule["verbs"])));
+                }
+            }
+        }
+        rules
+    }
+
+    fn verbs(&self, kind: &str, name: &str, group: &str, resource: &str) -> Vec<String> {
+        self.rules(kind, name)
+            .into_iter()
+            .filter(|(g, r, _)| g == group && r == resource)
+            .flat_map(|(_, _, verbs)| verbs)
+            .collect()
+    }
+}
+
+fn str(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| a.iter().map(|v| str(v).to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn container<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+fn container_names(pod: &Value) -> Vec<&str> {
+    pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| str(&c["name"]))
+        .collect()
+}
+
+/// The container's args with `$(VAR)` expanded from its env as the kubelet does (a fieldRef
+/// to the node name becomes a node name).
+fn args(container: &Value) -> Vec<String> {
+    let mut env = BTreeMap::new();
+    for var in container["env"].as_array().into_iter().flatten() {
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("spec.nodeName") => "node-1".to_string(),
+            Some(path) => format!("<{path}>"),
+            None => str(&var["value"]).to_string(),
+        };
+        env.insert(str(&var["name"]).to_string(), value);
+    }
+    strings(&container["args"])
+        .into_iter()
+        .map(|arg| {
+            env.iter().fold(arg, |arg, (name, value)| {
+                arg.replace(&format!("$({name})"), value)
+            })
+        })
+        .collect()
+}
+
+fn has_arg(container: &Value, arg: &str) -> bool {
+    args(container).iter().any(|a| a == arg)
+}
+
+/// Parses the container's args with the flag parser of the binary its command names (ours
+/// only); panics with clap's message when a flag or value is not accepted.
+fn parse_with_binary(container: &Value) -> bool {
+    use csi_sidecar::flags::try_parse_from as parse;
+    let command = str(&container["command"][0]);
+    let argv: Vec<String> = std::iter::once(command.to_string())
+        .chain(args(container))
+        .collect();
+    let parsed = match command {
+        "csi-provisioner" => {
+            parse::<csi_provisioner::flags::ProvisionerArgs, _, _>(&argv).map(drop)
+        }
+        "csi-attacher" => parse::<csi_attacher::flags::AttacherArgs, _, _>(&argv).map(drop),
+        "csi-node-driver-registrar" => {
+            parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
+        }
+        "livenessprobe" => {
+            parse::<csi_node_driver_registrar::flags::ProbeArgs, _, _>(&argv).map(drop)
+        }
+        "podmon" => parse::<podmon::flags::PodmonArgs, _, _>(&argv).map(drop),
+        "csi-hostpath" => parse::<csi_hostpath::config::DriverArgs, _, _>(&argv).map(drop),
+        _ => return false,
+    };
+    if let Err(error) = parsed {
+        panic!("container {}: {argv:?}: {error}", str(&container["name"]));
+    }
+    true
+}
+
+fn mounts(container: &Value) -> Vec<(String, String, String)> {
+    container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                str(&m["name"]).to_string(),
+                str(&m["mountPath"]).to_string(),
+                str(&m["mountPropagation"]).to_string(),
+            )
+        })
+        .collect()
+}
+
+fn host_path(pod: &Value, volume: &str) -> String {
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == volume)
+        .unwrap_or_else(|| panic!("no volume {volume}"));
+    str(&volume["hostPath"]["path"]).to_string()
+}
+
+const CONTROLLER_RBAC: [&str; 3] = [
+    "csi-suite-external-provisioner-runner",
+    "csi-suite-external-attacher-runner",
+    "csi-suite-podmon-controller",
+];
+
+/// No wildcard anywhere; Secrets only ever `get`; each ClusterRole has its binding to the
+/// right ServiceAccount.
+fn assert_least_privilege(rendering: &Rendering) {
+    for role in rendering
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        let kind = str(&role["kind"]);
+        let name = str(&role["metadata"]["name"]);
+        for (group, resource, verbs) in rendering.rules(kind, name) {
+            assert!(
+                group != "*" && resource != "*" && !verbs.iter().any(|v| v == "*"),
+                "{kind} {name}: wildcard in {group}/{resource} {verbs:?}"
+            );
+            if resource == "secrets" {
+                assert_eq!(verbs, ["get"], "{kind} {name}: secrets");
+            }
+        }
+        let binding = rendering.get(&format!("{kind}Binding"), name);
+        assert_eq!(binding["roleRef"]["name"], name);
+        let account = if name.ends_with("-podmon-node") {
+            "csi-suite-node"
+        } else {
+            "csi-suite-controller"
+        };
+        assert_eq!(binding["subjects"][0]["name"], account, "{name}");
+        assert_eq!(binding["subjects"][0]["namespace"], "storage", "{name}");
+    }
+}
+
+#[test]
+fn default_values_run_the_reference_driver_with_every_component() {
+    let Some(rendering) = Rendering::of("{}") else {
+        return;
+    };
+    let controller = rendering.controller();
+    let node = rendering.node();
+    assert_eq!(
+        container_names(controller),
+        [
+            "driver",
+            "csi-provisioner",
+            "csi-attacher",
+            "podmon",
+            "liveness-probe"
+        ]
+    );
+    assert_eq!(
+        container_names(node),
+        [
+            "driver",
+            "node-driver-registrar",
+            "podmon",
+            "liveness-probe"
+        ]
+    );
+    for container in rendering.containers() {
+        assert!(parse_with_binary(container), "{container:#}");
+    }
+
+    // One replica: no leader election, and no overlap during a rollout.
+    let deployment = rendering.get("Deployment", "csi-suite-controller");
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    for name in ["csi-provisioner", "csi-attacher"] {
+        assert!(has_arg(
+            container(controller, name).unwrap(),
+            "--leader-election=false"
+        ));
+    }
+    assert!(has_arg(
+        container(controller, "podmon").unwrap(),
+        "--leaderelection=false"
+    ));
+    assert!(
+        rendering
+            .find("Role", "csi-suite-leader-election")
+            .is_none()
+    );
+
+    // Sidecars of the controller pod run as non-root and reach the socket via the fsGroup.
+    assert_eq!(controller["securityContext"]["fsGroup"], 65532);
+    for name in [
+        "csi-provisioner",
+        "csi-attacher",
+        "podmon",
+        "liveness-probe",
+    ] {
+        let security = &container(controller, name).unwrap()["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true, "{name}");
+        assert_eq!(security["runAsUser"], 65532, "{name}");
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{name}");
+    }
+    assert_eq!(controller["volumes"][0]["emptyDir"], serde_json::json!({}));
+
+    // The node driver: privileged, its mounts propagate back to the host's kubelet dir.
+    let driver = container(node, "driver").unwrap();
+    assert_eq!(driver["securityContext"]["privileged"], true);
+    assert!(mounts(driver).contains(&(
+        "kubelet-dir".into(),
+        "/var/lib/kubelet".into(),
+        "Bidirectional".into()
+    )));
+    assert_eq!(host_path(node, "kubelet-dir"), "/var/lib/kubelet");
+    assert_eq!(
+        host_path(node, "plugin-dir"),
+        "/var/lib/kubelet/plugins/hostpath.csi-suite.io"
+    );
+    assert_eq!(
+        host_path(node, "registration-dir"),
+        "/var/lib/kubelet/plugins_registry"
+    );
+    // Liveness: the driver containers probe through livenessprobe, the registrar itself.
+    for pod in [controller, node] {
+        assert_eq!(
+            container(pod, "driver").unwrap()["livenessProbe"]["httpGet"]["port"],
+            "healthz"
+        );
+        assert!(has_arg(
+            container(pod, "liveness-probe").unwrap(),
+            "--http-endpoint=:9808"
+        ));
+    }
+    let registrar = container(node, "node-driver-registrar").unwrap();
+    assert_eq!(registrar["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert!(has_arg(registrar, "--http-endpoint=:9809"));
+
+    // Driver node pods survive podmon's own taints, and carry the label podmon finds them by.
+    let tolerated: Vec<&str> = node["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| str(&t["key"]))
+        .collect();
+    assert_eq!(
+        tolerated,
+        [
+            "hostpath.podmon.storage/fenced",
+            "hostpath.podmon.storage/driver-offline"
+        ]
+    );
+    let labels =
+        &rendering.get("DaemonSet", "csi-suite-node")["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(labels["csi-suite.io/driver-node"], "csi-suite");
+    let podmon_controller = container(controller, "podmon").unwrap();
+    assert!(has_arg(
+        podmon_controller,
+        "--driverPodLabelKey=csi-suite.io/driver-node"
+    ));
+    assert!(has_arg(
+        podmon_controller,
+        "--driverPodLabelValue=csi-suite"
+    ));
+
+    // The ConfigMap podmon re-reads holds settings podmon accepts.
+    let config = rendering.get("ConfigMap", "csi-suite-podmon-config");
+    let text = str(&config["data"]["driver-config-params.yaml"]);
+    let base = podmon::config::Tunables {
+        poll_rate: Duration::from_secs(1),
+        loss_threshold: 1,
+        skip_validation: true,
+        maintenance: true,
+        max_evacuated_fraction: 1.0,
+    };
+    let tunables = podmon::config::apply(&base, text).expect("podmon accepts the ConfigMap");
+    assert_eq!(
+        tunables,
+        podmon::config::Tunables {
+            poll_rate: Duration::from_secs(15),
+            loss_threshold: 3,
+            skip_validation: false,
+            maintenance: false,
+            max_evacuated_fraction: 0.3333,
+        }
+    );
+
+    let csi_driver = rendering.get("CSIDriver", "hostpath.csi-suite.io");
+    assert_eq!(csi_driver["spec"]["attachRequired"], true);
+    assert_eq!(csi_driver["spec"]["podInfoOnMount"], true);
+    assert_eq!(csi_driver["spec"]["fsGroupPolicy"], "File");
+    assert!(
+        rendering
+            .objects
+            .iter()
+            .all(|o| o["kind"] != "StorageClass")
+    );
+
+    // Secrets are not granted unless asked for; everything else as the components call it.
+    for role in CONTROLLER_RBAC {
+        assert!(
+            rendering
+                .verbs("ClusterRole", role, "", "secrets")
+                .is_empty(),
+            "{role}"
+        );
+    }
+    assert_eq!(
+        rendering.verbs(
+            "ClusterRole",
+            "csi-suite-external-attacher-runner",
+            "storage.k8s.io",
+            "volumeattachments/status"
+        ),
+        ["patch"]
+    );
+    assert_eq!(
+        rendering.verbs("ClusterRole", "csi-suite-podmon-node", "", "nodes"),
+        ["get", "patch"]
+    );
+    assert_least_privilege(&rendering);
+}
+
+#[test]
+fn a_disabled_component_is_gone_with_its_rbac() {
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        (
+            "provisioner",
+            "Deployment",
+            "csi-provisioner",
+            &["csi-suite-external-provisioner-runner"],
+        ),
+        (
+            "attacher",
+            "Deployment",
+            "csi-attacher",
+            &["csi-suite-external-attacher-runner"],
+        ),
+        (
+            "podmon",
+            "Both",
+            "podmon",
+            &["csi-suite-podmon-controller", "csi-suite-podmon-node"],
+        ),
+        ("registrar", "DaemonSet", "node-driver-registrar", &[]),
+        ("livenessProbe", "Both", "liveness-probe", &[]),
+    ];
+    for (component, workload, container_name, roles) in cases {
+        let Some(rendering) = Rendering::of(&format!("{component}:\n  enabled: false\n")) else {
+            return;
+        };
+        for pod in [rendering.controller(), rendering.node()] {
+            assert!(
+                container(pod, container_name).is_none(),
+                "{component} disabled but {container_name} is in {workload}"
+            );
+            for container in pod["containers"].as_array().unwrap() {
+                parse_with_binary(container);
+            }
+        }
+        for role in roles {
+            assert!(rendering.find("ClusterRole", role).is_none(), "{role}");
+            assert!(
+                rendering.find("ClusterRoleBinding", role).is_none(),
+                "{role}"
+            );
+        }
+        assert_least_privilege(&rendering);
+        match component {
+            "podmon" => {
+                assert!(
+                    rendering
+                        .find("ConfigMap", "csi-suite-podmon-config")
+                        .is_none()
+                );
+                assert!(rendering.node()["tolerations"].is_null());
+            }
+            "livenessProbe" => {
+                for pod in [rendering.controller(), rendering.node()] {
+                    assert!(container(pod, "driver").unwrap()["livenessProbe"].is_null());
+                }
+            }
+            "registrar" => {
+                let volumes = &rendering.node()["volumes"];
+                assert!(
+                    volumes
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .all(|v| v["name"] != "registration-dir")
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn two_replicas_turn_leader_election_on() {
+    for values in [
+        "controller:\n  replicas: 2\n",
+        "leaderElection:\n  enabled: true\n  leaseDuration: 30s\n",
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        let controller = rendering.controller();
+        let lease_duration = if values.contains("30s") { "30s" } else { "15s" };
+        for name in ["csi-provisioner", "csi-attacher", "podmon"] {
+            let sidecar = container(controller, name).unwrap();
+            let on = if name == "podmon" {
+                "--leaderelection=true"
+            } else {
+                "--leader-election=true"
+            };
+            assert!(has_arg(sidecar, on), "{name}: {:?}", args(sidecar));
+            assert!(has_arg(
+                sidecar,
+                &format!("--leader-election-lease-duration={lease_duration}")
+            ));
+            assert!(parse_with_binary(sidecar));
+        }
+        let deployment = rendering.get("Deployment", "csi-suite-controller");
+        assert!(deployment["spec"]["strategy"].is_null(), "rolling update");
+        assert_eq!(
+            rendering.rules("Role", "csi-suite-leader-election"),
+            [(
+                "coordination.k8s.io".to_string(),
+                "leases".to_string(),
+                vec![
+                    "get".to_string(),
+                    "create".to_string(),
+                    "update".to_string()
+                ]
+            )]
+        );
+        assert_eq!(
+            rendering.get("Role", "csi-suite-leader-election")["metadata"]["namespace"],
+            "storage"
+        );
+        assert_least_privilege(&rendering);
+    }
+}
+
+#[test]
+fn custom_socket_paths_reach_every_container() {
+    let values = "
+driver:
+  name: fast.storage.example.org
+  socketDir: /plugin/sock
+  socketName: driver.sock
+node:
+  kubeletDir: /data/kubelet
+";
+    let Some(rendering) = Rendering::of(values) else {
+        return;
+    };
+    let socket = "/plugin/sock/driver.sock";
+    for pod in [rendering.controller(), rendering.node()] {
+        for container in pod["containers"].as_array().unwrap() {
+            let name = str(&container["name"]);
+            assert!(parse_with_binary(container), "{name}");
+            let args = args(container);
+            let address = args
+                .iter()
+                .find_map(|a| {
+                    ["--csi-address=", "--csisock=", "--endpoint="]
+                        .iter()
+                        .find_map(|flag| a.strip_prefix(flag))
+                })
+                .unwrap_or_else(|| panic!("{name} names no socket: {args:?}"));
+            assert!(
+                address == socket || address == format!("unix://{socket}"),
+                "{name}: {address}"
+            );
+            assert!(
+                mounts(container)
+                    .iter()
+                    .any(|(_, path, _)| path == "/plugin/sock"),
+                "{name} mounts the socket directory"
+            );
+        }
+    }
+    let node = rendering.node();
+    let plugin_dir = "/data/kubelet/plugins/fast.storage.example.org";
+    assert!(has_arg(
+        container(node, "node-driver-registrar").unwrap(),
+        &format!("--kubelet-registration-path={plugin_dir}/driver.sock")
+    ));
+    assert_eq!(host_path(node, "plugin-dir"), plugin_dir);
+    assert_eq!(host_path(node, "kubelet-dir"), "/data/kubelet");
+    assert_eq!(
+        host_path(node, "registration-dir"),
+        "/data/kubelet/plugins_registry"
+    );
+    let podmon = container(node, "podmon").unwrap();
+    assert!(has_arg(podmon, "--kubelet-dir=/data/kubelet"));
+    assert!(has_arg(podmon, "--labelvalue=fast.storage.example.org"));
+    assert!(mounts(podmon).contains(&(
+        "kubelet-dir".into(),
+        "/data/kubelet".into(),
+        "Bidirectional".into()
+    )));
+    assert_eq!(node["tolerations"][0]["key"], "fast.podmon.storage/fenced");
+    rendering.get("CSIDriver", "fast.storage.example.org");
+}
+
+#[test]
+fn secrets_are_get_only_and_only_for_the_components_that_read_them() {
+    let Some(rendering) = Rendering::of("rbac:\n  secrets: true\n") else {
+        return;
+    };
+    for role in CONTROLLER_RBAC {
+        assert_eq!(
+            rendering.verbs("ClusterRole", role, "", "secrets"),
+            ["get"],
+            "{role}"
+        );
+    }
+    assert!(
+        rendering
+            .verbs("ClusterRole", "csi-suite-podmon-node", "", "secrets")
+            .is_empty()
+    );
+    assert_least_privilege(&rendering);
+}
+
+#[test]
+fn the_external_driver_example_keeps_the_vendor_driver_and_our_sidecars() {
+    let values = std::fs::read_to_string(
+        workspace()
+            .join(CHART)
+            .join("examples/external-driver.yaml"),
+    )
+    .unwrap();
+    let Some(rendering) = Rendering::of(&values) else {
+        return;
+    };
+    for pod in [rendering.controller(), rendering.node()] {
+        assert_eq!(pod["imagePullSecrets"][0]["name"], "registry-example-com");
+        for container in pod["containers"].as_array().unwrap() {
+            let ours = parse_with_binary(container);
+            let image = str(&container["image"]);
+            if str(&container["name"]) == "driver" {
+                assert!(!ours);
+                assert_eq!(
+                    image,
+                    "registry.example.com/storage/csi-block-driver:v2.4.0"
+                );
+                assert_eq!(container["command"][0], "/csi-block-driver");
+            } else {
+                assert!(ours, "{container:#}");
+                assert_eq!(image, "registry.example.com/storage/csi-suite:0.1.0");
+            }
+        }
+    }
+    let controller = rendering.controller();
+    let provisioner = container(controller, "csi-provisioner").unwrap();
+    assert!(has_arg(provisioner, "--leader-election=true"));
+    assert!(has_arg(provisioner, "--enable-capacity"));
+    assert!(has_arg(provisioner, "--worker-threads=50"));
+    assert_eq!(
+        rendering.verbs(
+            "Role",
+            "csi-suite-external-provisioner-cfg",
+            "storage.k8s.io",
+            "csistoragecapacities"
+        ),
+        ["list", "watch", "create", "update", "delete"]
+    );
+    assert_eq!(
+        rendering.verbs(
+            "Role",
+            "csi-suite-external-provisioner-cfg",
+            "apps",
+            "replicasets"
+        ),
+        ["get"]
+    );
+    let class = rendering.get("StorageClass", "example-block");
+    assert_eq!(class["provisioner"], "block.csi.example.com");
+    assert_eq!(class["parameters"]["pool"], "gold");
+    let tolerated: Vec<&str> = rendering.node()["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| str(&t["key"]))
+        .collect();
+    assert!(tolerated.contains(&"node.kubernetes.io/out-of-service"));
+    assert!(tolerated.contains(&"block.podmon.storage/fenced"));
+    assert_least_privilege(&rendering);
+}
