@@ -1,21 +1,33 @@
-# One runtime image with every binary of the workspace (csi-provisioner, csi-attacher,
-# csi-node-driver-registrar, livenessprobe, podmon, csi-hostpath, kube-sim). Each Deployment or
-# DaemonSet container picks its binary with `command:`.
+# syntax=docker/dockerfile:1
+# One small image with every binary the chart deploys: csi-provisioner, csi-attacher,
+# csi-node-driver-registrar, livenessprobe, podmon and the reference driver csi-hostpath (kube-sim
+# is a test tool and stays out). Each container of the chart picks its binary with `command:`.
 #
-# Build: docker build -t csi-suite:dev .
+# Build: make image   (docker build -t csi-suite:<appVersion> .)
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-# protox compiles the protos in-process: the build needs no protoc.
-RUN cargo build --workspace --release --locked --bins \
- && mkdir /out \
- && find target/release -maxdepth 1 -type f -executable -exec cp {} /out/ \;
+# protox compiles the protos in-process: the build needs no protoc. The cache mounts keep the
+# registry and target directory between builds.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked \
+      -p csi-provisioner -p csi-attacher -p csi-node-driver-registrar -p podmon -p csi-hostpath \
+ && mkdir -p /out/bin \
+ && for binary in csi-provisioner csi-attacher csi-node-driver-registrar livenessprobe podmon csi-hostpath; do \
+      cp "target/release/$binary" /out/bin/; \
+    done
+# csi-hostpath attaches block volumes with losetup (Debian's mount package); it and its one
+# library beyond libc come along into the distroless image.
+RUN multiarch="$(gcc -print-multiarch)" \
+ && mkdir -p "/out/lib/$multiarch" \
+ && cp /usr/sbin/losetup /out/bin/ \
+ && cp -L "$(ldd /usr/sbin/losetup | awk '/libsmartcols/ {print $3}')" "/out/lib/$multiarch/"
 
-# Debian slim rather than distroless: csi-hostpath attaches block volumes with util-linux's
-# losetup. The sidecars need nothing beyond libc.
-FROM debian:bookworm-slim
-RUN apt-get update \
- && apt-get install -y --no-install-recommends util-linux \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/ /usr/local/bin/
+# glibc and libgcc only, no shell; runs as 65532 (nonroot) unless a container asks for root,
+# as the chart does for the node driver (privileged), the registrar and node podmon.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/lib/ /usr/lib/
+COPY --from=build /out/bin/ /usr/local/bin/
+USER 65532:65532

@@ -26,7 +26,7 @@ unit: $(HELM)
 	$(CARGO) test --workspace --locked
 
 $(HELM):
-	scripts/install-helm.sh
+	scripts/install-tools.sh
 
 # The two committed renderings: default values, and a vendor's own driver.
 render = $(HELM) template csi-suite $(CHART) --namespace csi-suite

@@ -50,9 +50,9 @@ impl Rendering {
         let Some(helm) = helm() else {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "helm is missing: run scripts/install-helm.sh (make test does)"
+                "helm is missing: run scripts/install-tools.sh (make test does)"
             );
-            eprintln!("skipped: no helm (scripts/install-helm.sh installs it)");
+            eprintln!("skipped: no helm (scripts/install-tools.sh installs it)");
             return None;
         };
         let dir = tempfile::tempdir().unwrap();
@@ -728,4 +728,45 @@ fn the_external_driver_example_keeps_the_vendor_driver_and_our_sidecars() {
     assert!(tolerated.contains(&"node.kubernetes.io/out-of-service"));
     assert!(tolerated.contains(&"block.podmon.storage/fenced"));
     assert_least_privilege(&rendering);
+}
+
+/// Images layer field by field: a workload's image over the suite's (the nodes move to a new
+/// version while the controller is held back), and a sidecar's own image over its workload's.
+#[test]
+fn images_layer_suite_then_workload_then_component() {
+    let values = "
+image:
+  tag: \"0.2.0\"
+driver:
+  image:
+    repository: registry.example.com/driver
+    tag: v2
+  controller:
+    image:
+      tag: v1
+controller:
+  image:
+    tag: \"0.1.0\"
+attacher:
+  image:
+    repository: mirror.example.com/csi-suite
+";
+    let Some(rendering) = Rendering::of(values) else {
+        return;
+    };
+    let image = |pod: &Value, name: &str| str(&container(pod, name).unwrap()["image"]).to_string();
+    let controller = rendering.controller();
+    let node = rendering.node();
+    assert_eq!(
+        image(controller, "driver"),
+        "registry.example.com/driver:v1"
+    );
+    assert_eq!(image(controller, "csi-provisioner"), "csi-suite:0.1.0");
+    assert_eq!(
+        image(controller, "csi-attacher"),
+        "mirror.example.com/csi-suite:0.1.0"
+    );
+    assert_eq!(image(node, "driver"), "registry.example.com/driver:v2");
+    assert_eq!(image(node, "node-driver-registrar"), "csi-suite:0.2.0");
+    assert_eq!(image(node, "podmon"), "csi-suite:0.2.0");
 }

@@ -30,18 +30,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.serviceAccount.nodeName | default (printf "%s-node" (include "csi-suite.fullname" .)) -}}
 {{- end -}}
 
-{{/* An image reference: (dict "root" $ "image" .Values.<component>.image); empty fields
-     fall back to the suite image. */}}
-{{- define "csi-suite.image" -}}
-{{- $image := .image | default dict -}}
-{{- $repository := $image.repository | default .root.Values.image.repository -}}
-{{- $tag := $image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
-{{- printf "%s:%s" $repository $tag -}}
+{{/* An image reference: (dict "root" $ "layers" (list <base> <override> ...)); each layer's
+     non-empty repository/tag/pullPolicy overrides the ones before it, and the suite image
+     comes first. */}}
+{{- define "csi-suite.imageFields" -}}
+{{- $image := dict "repository" .root.Values.image.repository "tag" (.root.Values.image.tag | default .root.Chart.AppVersion) "pullPolicy" .root.Values.image.pullPolicy -}}
+{{- range $layer := .layers -}}
+{{- range $field := list "repository" "tag" "pullPolicy" -}}
+{{- with (get ($layer | default dict) $field) -}}
+{{- $_ := set $image $field . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $image -}}
 {{- end -}}
 
-{{- define "csi-suite.pullPolicy" -}}
-{{- $image := .image | default dict -}}
-{{- $image.pullPolicy | default .root.Values.image.pullPolicy -}}
+{{/* The image: and imagePullPolicy: lines of a container. */}}
+{{- define "csi-suite.containerImage" -}}
+{{- $image := include "csi-suite.imageFields" . | fromJson -}}
+image: {{ printf "%s:%s" $image.repository $image.tag }}
+imagePullPolicy: {{ $image.pullPolicy }}
 {{- end -}}
 
 {{/* The driver socket as every container of a pod sees it. */}}
