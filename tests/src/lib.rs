@@ -13,6 +13,7 @@ pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
 pub mod podmon;
+pub mod rbac;
 pub mod registration;
 
 use std::collections::BTreeMap;
@@ -123,6 +124,8 @@ impl Default for Options {
 /// A running cluster and a namespace for one scenario.
 pub struct Cluster {
     pub client: Client,
+    /// How `client` was configured: the components get clients of their own from it.
+    config: kube::Config,
     pub namespace: String,
     pub nodes: Vec<String>,
     pub driver: LocalCluster,
@@ -162,26 +165,31 @@ impl Cluster {
         let timing = Timing::fast();
         let shutdown = CancellationToken::new();
         let mut control_plane = tokio::task::JoinSet::new();
-        let (client, sim) = if real_cluster() {
-            let client = kube::Client::try_default()
+        let (config, sim) = if real_cluster() {
+            let config = kube::Config::infer()
                 .await
-                .expect("a client for KUBECONFIG");
-            (client, None)
+                .expect("a configuration from KUBECONFIG");
+            (config, None)
         } else {
             let sim = ApiServer::start().await.expect("kube-sim starts");
-            let client = sim.client();
+            let uri = format!("http://{}", sim.addr)
+                .parse()
+                .expect("an address URI");
+            (kube::Config::new(uri), Some(sim))
+        };
+        let client = Client::try_from(config.clone()).expect("a client");
+        if let Some(sim) = &sim {
             let roles = Role::ALL
                 .into_iter()
                 .filter(|r| *r != Role::Kubelet)
                 .collect::<Vec<_>>();
             control_plane = kube_sim::roles::start_control_plane(
-                client.clone(),
+                sim.client(),
                 &roles,
                 timing.clone(),
                 shutdown.clone(),
             );
-            (client, Some(sim))
-        };
+        }
         let node_names: Vec<&str> = options.nodes.iter().map(String::as_str).collect();
         let driver = LocalCluster::start(root.path(), &node_names, |config| {
             config.driver_name = options.driver_name.clone();
@@ -225,6 +233,7 @@ impl Cluster {
             .expect("the scenario namespace");
         let cluster = Self {
             client,
+            config,
             namespace,
             nodes: options.nodes,
             driver,
@@ -450,7 +459,7 @@ impl Cluster {
     ) -> Sidecar {
         let settings = attacher_settings(&csi, change).await;
         let shutdown = CancellationToken::new();
-        let client = self.client.clone();
+        let client = self.component_client(rbac::ATTACHER);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = csi_attacher::controller::run(client, csi, settings, token).await {
@@ -501,7 +510,7 @@ impl Cluster {
     ) -> Sidecar {
         let settings = provisioner_settings(&csi, change).await;
         let shutdown = CancellationToken::new();
-        let client = self.client.clone();
+        let client = self.component_client(rbac::PROVISIONER);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = csi_provisioner::controller::run(client, csi, settings, token).await
@@ -520,19 +529,25 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
     ) -> Sidecar {
         let settings = provisioner_settings(&csi, |_| {}).await;
-        let client = self.client.clone();
-        self.elected(identity, &self.driver_name, move |leading| async move {
-            if let Err(error) =
-                csi_provisioner::controller::run(client, csi, settings, leading).await
-            {
-                tracing::error!(%error, "csi-provisioner stopped");
-            }
-        })
+        let client = self.component_client(rbac::PROVISIONER);
+        let lease = self.driver_name.clone();
+        self.elected(
+            rbac::PROVISIONER,
+            identity,
+            &lease,
+            move |leading| async move {
+                if let Err(error) =
+                    csi_provisioner::controller::run(client, csi, settings, leading).await
+                {
+                    tracing::error!(%error, "csi-provisioner stopped");
+                }
+            },
+        )
     }
 
-    /// Runs `work` as replica `identity` of a controller electing on the Lease `lease` in the
+    /// Runs `work` as replica `identity` of `component` electing on the Lease `lease` in the
     /// scenario namespace (fast timings: a dead leader's Lease expires after 2 s).
-    pub fn elected<W, F>(&self, identity: &str, lease: &str, work: W) -> Sidecar
+    pub fn elected<W, F>(&self, component: &str, identity: &str, lease: &str, work: W) -> Sidecar
     where
         W: FnOnce(CancellationToken) -> F + Send + 'static,
         F: std::future::Future<Output = ()> + Send,
@@ -554,7 +569,7 @@ impl Cluster {
             release_on_exit: false,
         };
         let shutdown = CancellationToken::new();
-        let client = self.client.clone();
+        let client = self.component_client(component);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             let status = LeaderStatus::new(timings.lease_duration);
@@ -618,6 +633,25 @@ impl Cluster {
             registration.stop().await;
         }
         self.driver.stop().await;
+        if let Some(sim) = &self.sim {
+            let denied = rbac::denied(&sim.request_counts());
+            assert!(
+                denied.is_empty(),
+                "requests the chart's RBAC does not allow:\n{}",
+                denied.join("\n")
+            );
+        }
+    }
+
+    /// A client for `component` (its User-Agent names it, so the API server counts its
+    /// requests apart and [`rbac::denied`] can check them against the chart's rules).
+    pub fn component_client(&self, component: &str) -> Client {
+        let mut config = self.config.clone();
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_str(component).expect("a component name is a header value"),
+        ));
+        Client::try_from(config).expect("a client")
     }
 }
 

@@ -14,7 +14,7 @@ use podmon::metrics::PodmonMetrics;
 use podmon::node::NodeSettings;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Cluster, Sidecar};
+use crate::{Cluster, Sidecar, rbac};
 
 /// Dell's default label key; the value is the driver's name.
 pub const LABEL_KEY: &str = "podmon.dellemc.com/driver";
@@ -151,7 +151,7 @@ impl Cluster {
         };
         change(&mut settings, &mut tunables);
         let live = LiveConfig::fixed(tunables);
-        let (client, running) = (self.client.clone(), live.clone());
+        let (client, running) = (self.component_client(rbac::PODMON_CONTROLLER), live.clone());
         let work = move |token: CancellationToken| async move {
             if let Err(error) = podmon::controller::run(client, csi, settings, running, token).await
             {
@@ -160,7 +160,8 @@ impl Cluster {
         };
         let sidecar = match identity {
             Some(identity) => {
-                self.elected(identity, &podmon::plan::lease_name(&self.driver_name), work)
+                let lease = podmon::plan::lease_name(&self.driver_name);
+                self.elected(rbac::PODMON_CONTROLLER, identity, &lease, work)
             }
             None => {
                 let shutdown = CancellationToken::new();
@@ -200,7 +201,7 @@ impl Cluster {
             timeout: Duration::from_secs(10),
             metrics: PodmonMetrics::unregistered(),
         };
-        let client = self.kubelet(node).node_client();
+        let client = self.kubelet(node).node_client(rbac::PODMON_NODE);
         let csi = self.driver.node(node).csi.clone();
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();

@@ -85,7 +85,7 @@ async fn wait_for_capacities(
 /// failures, not from the (hour-long) poll.
 fn capacity_settings(cluster: &Cluster, owner: Option<OwnerReference>) -> CapacitySettings {
     CapacitySettings {
-        client: cluster.client.clone(),
+        client: cluster.component_client(csi_suite_scenarios::rbac::PROVISIONER),
         namespace: cluster.namespace.clone(),
         owner,
         poll_interval: Duration::from_secs(3600),
@@ -124,7 +124,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
         )
         .await;
     let owner_ref = csi_provisioner::capacity::owner::find(
-        &cluster.client,
+        &cluster.component_client(csi_suite_scenarios::rbac::PROVISIONER),
         &cluster.namespace,
         "csi-provisioner",
         0,

@@ -75,6 +75,8 @@ pub struct RequestKey {
     pub client: String,
     /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`.
     pub verb: String,
+    /// The API group (`""` for core): with verb and resource, what an RBAC rule matches.
+    pub group: String,
     /// The plural, with `/subresource` when there is one.
     pub resource: String,
 }
@@ -296,6 +298,7 @@ impl Server {
         let key = RequestKey {
             client,
             verb: verb.to_string(),
+            group: target.rt.group.clone(),
             resource,
         };
         *self

@@ -177,16 +177,22 @@ impl Kubelet {
         self.shared.partitioned.store(true, Ordering::SeqCst);
     }
 
-    /// A client for agents running on this node (e.g. a DaemonSet pod such as node-podmon):
+    /// A client for an agent running on this node (e.g. a DaemonSet pod such as node-podmon),
+    /// named `agent` in its User-Agent (the API server counts its requests under that name):
     /// while the node is partitioned its requests fail as if the network were down.
-    pub fn node_client(&self) -> Client {
+    pub fn node_client(&self, agent: &str) -> Client {
         let client = self.shared.client.clone();
         let partitioned = self.shared.partitioned.clone();
         let node = self.node().to_string();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let user_agent =
+            http::HeaderValue::from_str(agent).expect("an agent name is a header value");
+        let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
             let client = client.clone();
             let cut_off = partitioned.load(Ordering::SeqCst);
             let node = node.clone();
+            request
+                .headers_mut()
+                .insert(http::header::USER_AGENT, user_agent.clone());
             async move {
                 if cut_off {
                     let error = std::io::Error::new(

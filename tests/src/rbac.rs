@@ -1,0 +1,198 @@
+//! The chart's RBAC against what the components really call. Every scenario's components talk
+//! to kube-sim with a client of their own (see `Cluster::component_client`), and when the
+//! scenario stops, each request they sent must be allowed by the rules the chart grants that
+//! component in `manifests/csi-suite-external-driver.yaml` (the committed rendering with every
+//! optional rule on: secrets, capacity tracking, leader election).
+//!
+//! Matching follows kube-apiserver's RBAC authorizer (`plugin/pkg/auth/authorizer/rbac/rbac.go`,
+//! `RuleAllows`): the verb, the API group and the resource (`plural/subresource` for a
+//! subresource) must each equal an entry of one rule, or the rule lists `*`; a rule with
+//! resourceNames is not counted (the counts carry no names). Role rules count in every
+//! namespace: the scenarios' namespaces are not the release's.
+
+use std::sync::OnceLock;
+
+use kube_sim::apiserver::RequestCounts;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub const PROVISIONER: &str = "csi-provisioner";
+pub const ATTACHER: &str = "csi-attacher";
+pub const PODMON_CONTROLLER: &str = "podmon-controller";
+pub const PODMON_NODE: &str = "podmon-node";
+
+/// The roles the chart binds for each component (the release is named `csi-suite`).
+const GRANTS: [(&str, &[&str]); 4] = [
+    (
+        PROVISIONER,
+        &[
+            "csi-suite-external-provisioner-runner",
+            "csi-suite-external-provisioner-cfg",
+            "csi-suite-leader-election",
+        ],
+    ),
+    (
+        ATTACHER,
+        &[
+            "csi-suite-external-attacher-runner",
+            "csi-suite-leader-election",
+        ],
+    ),
+    (
+        PODMON_CONTROLLER,
+        &["csi-suite-podmon-controller", "csi-suite-leader-election"],
+    ),
+    (PODMON_NODE, &["csi-suite-podmon-node"]),
+];
+
+const MANIFEST: &str = include_str!("../../manifests/csi-suite-external-driver.yaml");
+
+/// One rule of a ClusterRole or Role.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    pub api_groups: Vec<String>,
+    pub resources: Vec<String>,
+    pub verbs: Vec<String>,
+    pub resource_names: Vec<String>,
+}
+
+impl Rule {
+    fn allows(&self, verb: &str, group: &str, resource: &str) -> bool {
+        let matches =
+            |entries: &[String], value: &str| entries.iter().any(|e| e == "*" || e == value);
+        self.resource_names.is_empty()
+            && matches(&self.verbs, verb)
+            && matches(&self.api_groups, group)
+            && matches(&self.resources, resource)
+    }
+}
+
+/// The rules of the (Cluster)Roles named `roles` in a multi-document manifest.
+pub fn rules_of(manifest: &str, roles: &[&str]) -> Vec<Rule> {
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    serde_norway::Deserializer::from_str(manifest)
+        .map(|document| Value::deserialize(document).expect("the manifest is YAML"))
+        .filter(|object| {
+            matches!(object["kind"].as_str(), Some("ClusterRole" | "Role"))
+                && roles.contains(&object["metadata"]["name"].as_str().unwrap_or_default())
+        })
+        .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+        .map(|rule| Rule {
+            api_groups: strings(&rule["apiGroups"]),
+            resources: strings(&rule["resources"]),
+            verbs: strings(&rule["verbs"]),
+            resource_names: strings(&rule["resourceNames"]),
+        })
+        .collect()
+}
+
+/// Whether any of `rules` allows `verb` on `group`/`resource`.
+pub fn allows(rules: &[Rule], verb: &str, group: &str, resource: &str) -> bool {
+    rules.iter().any(|rule| rule.allows(verb, group, resource))
+}
+
+fn grants() -> &'static [(&'static str, Vec<Rule>)] {
+    static GRANTED: OnceLock<Vec<(&'static str, Vec<Rule>)>> = OnceLock::new();
+    GRANTED.get_or_init(|| {
+        GRANTS
+            .iter()
+            .map(|(component, roles)| {
+                let rules = rules_of(MANIFEST, roles);
+                assert!(
+                    !rules.is_empty(),
+                    "no rules for {component} in the manifest"
+                );
+                (*component, rules)
+            })
+            .collect()
+    })
+}
+
+/// The requests of our components that their rules do not allow, as
+/// `component: verb group/resource (count)`.
+pub fn denied(counts: &RequestCounts) -> Vec<String> {
+    counts
+        .iter()
+        .filter_map(|(key, count)| {
+            let (component, rules) = grants().iter().find(|(c, _)| *c == key.client)?;
+            (!allows(rules, &key.verb, &key.group, &key.resource)).then(|| {
+                format!(
+                    "{component}: {} {}/{} ({count})",
+                    key.verb, key.group, key.resource
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_matching_follows_the_rbac_authorizer() {
+        let rule = Rule {
+            api_groups: vec!["storage.k8s.io".into()],
+            resources: vec![
+                "volumeattachments".into(),
+                "volumeattachments/status".into(),
+            ],
+            verbs: vec!["patch".into()],
+            resource_names: vec![],
+        };
+        let cases = [
+            ("patch", "storage.k8s.io", "volumeattachments", true),
+            ("patch", "storage.k8s.io", "volumeattachments/status", true),
+            ("update", "storage.k8s.io", "volumeattachments", false),
+            ("patch", "", "volumeattachments", false),
+            ("patch", "storage.k8s.io", "csinodes", false),
+        ];
+        for (verb, group, resource, allowed) in cases {
+            assert_eq!(
+                allows(std::slice::from_ref(&rule), verb, group, resource),
+                allowed,
+                "{verb} {group}/{resource}"
+            );
+        }
+        let wildcard = Rule {
+            api_groups: vec!["*".into()],
+            resources: vec!["*".into()],
+            verbs: vec!["*".into()],
+            resource_names: vec![],
+        };
+        assert!(allows(
+            std::slice::from_ref(&wildcard),
+            "delete",
+            "apps",
+            "deployments"
+        ));
+        let named = Rule {
+            resource_names: vec!["one".into()],
+            ..wildcard
+        };
+        assert!(!allows(&[named], "get", "", "secrets"));
+    }
+
+    #[test]
+    fn every_component_has_its_rules_in_the_committed_manifest() {
+        for (component, rules) in grants() {
+            assert!(!rules.is_empty(), "{component}");
+        }
+        let provisioner = &grants()[0].1;
+        assert!(allows(provisioner, "create", "", "persistentvolumes"));
+        assert!(allows(
+            provisioner,
+            "update",
+            "coordination.k8s.io",
+            "leases"
+        ));
+        assert!(!allows(provisioner, "list", "", "secrets"));
+    }
+}
