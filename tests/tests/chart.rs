@@ -38,33 +38,39 @@ fn helm() -> Option<PathBuf> {
         .map(|_| PathBuf::from("helm"))
 }
 
+/// `helm template` of the chart with `values` (YAML) over its defaults; None (after saying
+/// why) when helm is missing outside CI.
+fn template(values: &str) -> Option<std::process::Output> {
+    let Some(helm) = helm() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "helm is missing: run scripts/install-tools.sh (make test does)"
+        );
+        eprintln!("skipped: no helm (scripts/install-tools.sh installs it)");
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    let output = Command::new(&helm)
+        .current_dir(workspace())
+        .args(["template", "csi-suite", CHART, "--namespace", "storage"])
+        .arg("--values")
+        .arg(&file)
+        .output()
+        .expect("helm runs");
+    Some(output)
+}
+
 /// The objects `helm template` renders, by kind and name.
 struct Rendering {
     objects: Vec<Value>,
 }
 
 impl Rendering {
-    /// Renders with `values` (YAML) over the chart's defaults; None (after saying why) when
-    /// helm is missing outside CI.
+    /// Renders with `values` (YAML) over the chart's defaults (see [`template`]).
     fn of(values: &str) -> Option<Self> {
-        let Some(helm) = helm() else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "helm is missing: run scripts/install-tools.sh (make test does)"
-            );
-            eprintln!("skipped: no helm (scripts/install-tools.sh installs it)");
-            return None;
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("values.yaml");
-        std::fs::write(&file, values).unwrap();
-        let output = Command::new(&helm)
-            .current_dir(workspace())
-            .args(["template", "csi-suite", CHART, "--namespace", "storage"])
-            .arg("--values")
-            .arg(&file)
-            .output()
-            .expect("helm runs");
+        let output = template(values)?;
         assert!(
             output.status.success(),
             "helm template failed:\n{}",
@@ -769,4 +775,56 @@ attacher:
     assert_eq!(image(node, "driver"), "registry.example.com/driver:v2");
     assert_eq!(image(node, "node-driver-registrar"), "csi-suite:0.2.0");
     assert_eq!(image(node, "podmon"), "csi-suite:0.2.0");
+}
+
+/// Bad values are refused before anything reaches a cluster, with the field named
+/// (values.schema.json).
+#[test]
+fn bad_values_are_refused_with_the_field_named() {
+    let cases = [
+        ("driver:\n  name: Not_A_DNS_Name\n", "/driver/name"),
+        ("driver:\n  socketDir: relative/dir\n", "/driver/socketDir"),
+        ("node:\n  kubeletDir: var/lib/kubelet\n", "/node/kubeletDir"),
+        (
+            "csiDriver:\n  fsGroupPolicy: Sometimes\n",
+            "/csiDriver/fsGroupPolicy",
+        ),
+        (
+            "csiDriver:\n  volumeLifecycleModes: [Forever]\n",
+            "/csiDriver/volumeLifecycleModes",
+        ),
+        ("controller:\n  replicas: -1\n", "/controller/replicas"),
+        (
+            "podmon:\n  maxEvacuatedFraction: 1.5\n",
+            "/podmon/maxEvacuatedFraction",
+        ),
+        (
+            "podmon:\n  arrayConnectivityPollRate: 0\n",
+            "/podmon/arrayConnectivityPollRate",
+        ),
+        (
+            "leaderElection:\n  leaseDuration: 15\n",
+            "/leaderElection/leaseDuration",
+        ),
+        (
+            "provisioner:\n  extraArgs: --one-flag\n",
+            "/provisioner/extraArgs",
+        ),
+        (
+            "attacher:\n  image:\n    pullPolicy: Sometimes\n",
+            "/attacher/image/pullPolicy",
+        ),
+        (
+            "storageClass:\n  parameters:\n    replicas: 3\n",
+            "/storageClass/parameters/replicas",
+        ),
+    ];
+    for (values, field) in cases {
+        let Some(output) = template(values) else {
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{values} was accepted");
+        assert!(stderr.contains(field), "{values}: {stderr}");
+    }
 }
