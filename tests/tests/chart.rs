@@ -828,3 +828,58 @@ fn bad_values_are_refused_with_the_field_named() {
         assert!(stderr.contains(field), "{values}: {stderr}");
     }
 }
+
+/// Every rendered object is a valid object of its kind: it survives a round trip through the
+/// Kubernetes API types unchanged, so no field is misspelled, misplaced or of the wrong type
+/// (what `kubeconform -strict` checks), in each values set the other tests use.
+#[test]
+fn every_rendered_object_is_a_valid_kubernetes_object() {
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+
+    fn round_trip<K: serde::de::DeserializeOwned + serde::Serialize>(object: &Value) -> Value {
+        let typed: K =
+            serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{e}: {object:#}"));
+        serde_json::to_value(typed).unwrap()
+    }
+    let external = std::fs::read_to_string(
+        workspace()
+            .join(CHART)
+            .join("examples/external-driver.yaml"),
+    )
+    .unwrap();
+    for values in [
+        "{}",
+        external.as_str(),
+        "controller:\n  replicas: 3\nprovisioner:\n  capacity:\n    enabled: true\nrbac:\n  secrets: true\nstorageClass:\n  create: true\n  isDefault: true\n  mountOptions: [noatime]\n",
+        "podmon:\n  enabled: false\nlivenessProbe:\n  enabled: false\nnode:\n  tolerations: [{operator: Exists}]\n",
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        for object in &rendering.objects {
+            let typed = match str(&object["kind"]) {
+                "ServiceAccount" => round_trip::<ServiceAccount>(object),
+                "ConfigMap" => round_trip::<ConfigMap>(object),
+                "ClusterRole" => round_trip::<ClusterRole>(object),
+                "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(object),
+                "Role" => round_trip::<Role>(object),
+                "RoleBinding" => round_trip::<RoleBinding>(object),
+                "Deployment" => round_trip::<Deployment>(object),
+                "DaemonSet" => round_trip::<DaemonSet>(object),
+                "CSIDriver" => round_trip::<CSIDriver>(object),
+                "StorageClass" => round_trip::<StorageClass>(object),
+                other => panic!("the chart renders a kind this test does not know: {other}"),
+            };
+            assert_eq!(
+                &typed,
+                object,
+                "{} {} changed in a round trip through its API type",
+                str(&object["kind"]),
+                str(&object["metadata"]["name"])
+            );
+        }
+    }
+}
