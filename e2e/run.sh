@@ -7,7 +7,7 @@
 # scripts/install-tools.sh. The scenario suite's mounting stories need root.
 #
 #   e2e/run.sh              create (or reuse) the cluster, run everything
-#   KEEP_CLUSTER=1 e2e/run.sh   leave the cluster running afterwards
+#   KEEP_CLUSTER=1 e2e/run.sh   leave a cluster this run creates running afterwards
 #   KIND_NODE_IMAGE=kindest/node:v1.34.0 e2e/run.sh   pick the Kubernetes version
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +29,12 @@ export KUBECONFIG="$KUBECONFIG_FILE"
 if ! kind get clusters | grep -qx "$CLUSTER"; then
   kind create cluster --name "$CLUSTER" --config e2e/kind.yaml \
     ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} --kubeconfig "$KUBECONFIG_FILE" --wait 120s
+  # Only a cluster this run created is deleted afterwards.
+  if [ -z "${KEEP_CLUSTER:-}" ]; then
+    trap 'kind delete cluster --name "$CLUSTER"' EXIT
+  fi
 else
   kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG_FILE"
-fi
-if [ -z "${KEEP_CLUSTER:-}" ]; then
-  trap 'kind delete cluster --name "$CLUSTER"' EXIT
 fi
 
 make image IMAGE="$IMAGE"
@@ -54,7 +55,15 @@ pv="$("$kubectl" -n smoke get pvc smoke -o jsonpath='{.spec.volumeName}')"
 "$kubectl" get volumeattachments -o jsonpath='{range .items[*]}{.spec.source.persistentVolumeName} {.status.attached}{"\n"}{end}' \
   | grep -qx "$pv true"
 "$kubectl" delete namespace smoke --wait --timeout 3m
-"$kubectl" wait "pv/$pv" --for=delete --timeout 2m
+for _ in $(seq 60); do
+  "$kubectl" get pv "$pv" >/dev/null 2>&1 || break
+  sleep 2
+done
+if "$kubectl" get pv "$pv" >/dev/null 2>&1; then
+  echo "e2e: PV $pv is still there two minutes after its claim was deleted" >&2
+  "$kubectl" get pv "$pv" -o yaml >&2
+  exit 1
+fi
 echo "smoke passed ($pv provisioned, attached, written, read and deleted)"
 
 # The scenario suite brings its own sidecars and simulated kubelets for the same driver name:
