@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
+pub mod manifests;
 pub mod podmon;
 pub mod rbac;
 pub mod registration;

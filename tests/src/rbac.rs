@@ -13,8 +13,9 @@
 use std::sync::OnceLock;
 
 use kube_sim::apiserver::RequestCounts;
-use serde::Deserialize;
 use serde_json::Value;
+
+use crate::manifests::{documents, strings};
 
 pub const PROVISIONER: &str = "csi-provisioner";
 pub const ATTACHER: &str = "csi-attacher";
@@ -67,29 +68,32 @@ impl Rule {
     }
 }
 
-/// The rules of the (Cluster)Roles named `roles` in a multi-document manifest.
-pub fn rules_of(manifest: &str, roles: &[&str]) -> Vec<Rule> {
-    let strings = |value: &Value| -> Vec<String> {
-        value
+impl Rule {
+    /// The rules of a ClusterRole or Role object.
+    pub fn of_role(role: &Value) -> Vec<Rule> {
+        role["rules"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|v| v.as_str().map(str::to_string))
+            .map(|rule| Rule {
+                api_groups: strings(&rule["apiGroups"]),
+                resources: strings(&rule["resources"]),
+                verbs: strings(&rule["verbs"]),
+                resource_names: strings(&rule["resourceNames"]),
+            })
             .collect()
-    };
-    serde_norway::Deserializer::from_str(manifest)
-        .map(|document| Value::deserialize(document).expect("the manifest is YAML"))
+    }
+}
+
+/// The rules of the (Cluster)Roles named `roles` in a multi-document manifest.
+pub fn rules_of(manifest: &str, roles: &[&str]) -> Vec<Rule> {
+    documents(manifest)
+        .iter()
         .filter(|object| {
             matches!(object["kind"].as_str(), Some("ClusterRole" | "Role"))
                 && roles.contains(&object["metadata"]["name"].as_str().unwrap_or_default())
         })
-        .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
-        .map(|rule| Rule {
-            api_groups: strings(&rule["apiGroups"]),
-            resources: strings(&rule["resources"]),
-            verbs: strings(&rule["verbs"]),
-            resource_names: strings(&rule["resourceNames"]),
-        })
+        .flat_map(Rule::of_role)
         .collect()
 }
 

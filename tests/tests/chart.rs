@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde::Deserialize;
+use csi_suite_scenarios::manifests::{documents, strings};
+use csi_suite_scenarios::rbac::Rule;
 use serde_json::Value;
 
 const CHART: &str = "charts/csi-suite";
@@ -77,11 +78,9 @@ impl Rendering {
             String::from_utf8_lossy(&output.stderr)
         );
         let text = String::from_utf8(output.stdout).unwrap();
-        let objects = serde_norway::Deserializer::from_str(&text)
-            .map(|document| Value::deserialize(document).expect("rendered YAML"))
-            .filter(|object| !object.is_null())
-            .collect();
-        Some(Self { objects })
+        Some(Self {
+            objects: documents(&text),
+        })
     }
 
     fn find(&self, kind: &str, name: &str) -> Option<&Value> {
@@ -121,10 +120,10 @@ impl Rendering {
     /// The rules of a ClusterRole or Role as (apiGroup, resource, verbs).
     fn rules(&self, kind: &str, name: &str) -> Vec<(String, String, Vec<String>)> {
         let mut rules = Vec::new();
-        for rule in self.get(kind, name)["rules"].as_array().unwrap() {
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    rules.push((group.clone(), resource, strings(&rule["verbs"])));
+        for rule in Rule::of_role(self.get(kind, name)) {
+            for group in &rule.api_groups {
+                for resource in &rule.resources {
+                    rules.push((group.clone(), resource.clone(), rule.verbs.clone()));
                 }
             }
         }
@@ -142,13 +141,6 @@ impl Rendering {
 
 fn str(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
-}
-
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .map(|a| a.iter().map(|v| str(v).to_string()).collect())
-        .unwrap_or_default()
 }
 
 fn container<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
