@@ -39,6 +39,16 @@ fn helm() -> Option<PathBuf> {
         .map(|_| PathBuf::from("helm"))
 }
 
+/// The values a vendor sets for its own driver (the chart's example, rendered in manifests/).
+fn external_driver_values() -> String {
+    std::fs::read_to_string(
+        workspace()
+            .join(CHART)
+            .join("examples/external-driver.yaml"),
+    )
+    .expect("the chart's external-driver example")
+}
+
 /// `helm template` of the chart with `values` (YAML) over its defaults; None (after saying
 /// why) when helm is missing outside CI.
 fn template(values: &str) -> Option<std::process::Output> {
@@ -664,12 +674,7 @@ fn secrets_are_get_only_and_only_for_the_components_that_read_them() {
 
 #[test]
 fn the_external_driver_example_keeps_the_vendor_driver_and_our_sidecars() {
-    let values = std::fs::read_to_string(
-        workspace()
-            .join(CHART)
-            .join("examples/external-driver.yaml"),
-    )
-    .unwrap();
+    let values = external_driver_values();
     let Some(rendering) = Rendering::of(&values) else {
         return;
     };
@@ -836,12 +841,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
             serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{e}: {object:#}"));
         serde_json::to_value(typed).unwrap()
     }
-    let external = std::fs::read_to_string(
-        workspace()
-            .join(CHART)
-            .join("examples/external-driver.yaml"),
-    )
-    .unwrap();
+    let external = external_driver_values();
     for values in [
         "{}",
         external.as_str(),
@@ -874,4 +874,54 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
             );
         }
     }
+}
+
+/// NOTES.txt tells the user what was installed and how to check it, following the values.
+#[test]
+fn the_notes_say_what_was_installed_and_how_to_check_it() {
+    let Some(helm) = helm() else {
+        return;
+    };
+    let notes = |extra: &[&str]| {
+        let output = Command::new(&helm)
+            .current_dir(workspace())
+            .args(["install", "csi-suite", CHART, "--namespace", "storage"])
+            .args(["--dry-run=client", "--set", "storageClass.create=true"])
+            .args(extra)
+            .output()
+            .expect("helm runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).unwrap();
+        text[text.find("NOTES:").expect("helm prints the notes")..].to_string()
+    };
+    let default = notes(&[]);
+    for expected in [
+        "Deployment csi-suite-controller (1 replica(s), leader election false)",
+        "csi-provisioner, csi-attacher, podmon (controller), livenessprobe",
+        "DaemonSet csi-suite-node",
+        "CSIDriver hostpath.csi-suite.io",
+        "StorageClass csi-suite",
+        "kubectl -n storage rollout status daemonset/csi-suite-node",
+        "podmon.dellemc.com/driver=hostpath.csi-suite.io",
+        "--set controller.replicas=0",
+    ] {
+        assert!(
+            default.contains(expected),
+            "{expected:?} missing from:\n{default}"
+        );
+    }
+    let trimmed = notes(&[
+        "--set",
+        "attacher.enabled=false,podmon.enabled=false,controller.replicas=2",
+    ]);
+    assert!(
+        trimmed.contains("(2 replica(s), leader election true)"),
+        "{trimmed}"
+    );
+    assert!(!trimmed.contains("csi-attacher"), "{trimmed}");
+    assert!(!trimmed.contains("podmon"), "{trimmed}");
 }
