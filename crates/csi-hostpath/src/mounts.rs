@@ -16,6 +16,21 @@ pub fn can_mount() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// For tests that mount for real: true (after saying so) when `test` must be skipped because
+/// this process cannot mount. Under `CI=true` it fails instead, since in CI no test may pass
+/// without running.
+pub fn skip_without_root(test: &str) -> bool {
+    if can_mount() {
+        return false;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test} needs root (real mounts), and CI must run it"
+    );
+    eprintln!("skipped {test}: real mounts need root");
+    true
+}
+
 /// Bind-mounts `source` on `target`, read-only when asked (a bind mount takes `ro` only on
 /// a remount).
 pub fn bind(source: &Path, target: &Path, readonly: bool) -> io::Result<()> {

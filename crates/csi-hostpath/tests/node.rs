@@ -678,26 +678,53 @@ async fn publishing_to_a_fenced_node_again_lifts_the_fence() {
     cluster.stop().await;
 }
 
+/// The user the driver runs as when the test itself runs as root (as in CI): `nobody`.
+const UNPRIVILEGED: u32 = 65534;
+
+/// Without the privileges to mount, NodeStageVolume fails with FAILED_PRECONDITION and says
+/// why, mounting nothing. The real binary runs without root: as this test's own user, or (when
+/// the test runs as root) as `nobody`, so the test always runs.
 #[tokio::test]
 async fn node_rpcs_without_root_fail_cleanly() {
-    if rustix::process::geteuid().is_root() {
-        eprintln!("skipping node_rpcs_without_root_fail_cleanly: running as root");
-        return;
-    }
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let _cleanup = MountCleanup(dir.path().to_path_buf());
-    let cluster = cluster(dir.path()).await;
-    let c = &cluster.controller.csi;
-    let a = &cluster.node("node-a").csi;
+    let root = dir.path();
+    let socket = root.join("csi.sock");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_csi-hostpath"));
+    command
+        .args(["--mode=both", "--nodeid=node-a"])
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .arg(format!("--statedir={}", root.join("state").display()))
+        .arg(format!("--allowed-path-roots={}", root.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(root, Some(UNPRIVILEGED), Some(UNPRIVILEGED)).unwrap();
+        command.uid(UNPRIVILEGED).gid(UNPRIVILEGED);
+    }
+    let mut driver = command.spawn().unwrap();
+    let endpoint = csi_sidecar::conn::Endpoint::from_path(&socket).unwrap();
+    let csi = csi_sidecar::conn::connect(
+        &endpoint,
+        T,
+        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .unwrap();
+    csi.probe_until_ready(T).await.unwrap();
     let cap = mount(Mode::SingleNodeWriter);
-    let volume = create(c, "unprivileged", GI / 4).await.volume_id;
-    let (staging, _) = paths(&cluster, "node-a", &volume);
-    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+    let volume = create(&csi, "unprivileged", GI / 4).await.volume_id;
+    csi.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
         .await
         .unwrap();
-    assert_eq!(
-        code(a.node_stage_volume(stage(&volume, &staging, cap), T).await),
-        Code::FailedPrecondition
-    );
-    cluster.stop().await;
+    let staging = root.join("staging");
+    let refused = csi
+        .node_stage_volume(stage(&volume, &staging, cap), T)
+        .await
+        .expect_err("staging without root");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("root"), "{}", refused.message());
+    assert!(mounts_under(root).is_empty(), "nothing mounted");
+    driver.kill().unwrap();
+    driver.wait().unwrap();
 }

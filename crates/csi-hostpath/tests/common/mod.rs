@@ -64,12 +64,7 @@ pub async fn create(csi: &CsiConnection, name: &str, bytes: i64) -> csi::Volume 
 
 /// True when real mounts can be tested; otherwise says why the caller skips.
 pub fn root_or_skip(test: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
-        true
-    } else {
-        eprintln!("skipping {test}: real mounts need root");
-        false
-    }
+    !csi_hostpath::mounts::skip_without_root(test)
 }
 
 /// Mount points under `root` still present (to prove cleanup).
