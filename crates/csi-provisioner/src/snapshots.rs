@@ -19,7 +19,7 @@ pub const SOURCE_PROTECTION: &str =
 pub const ALLOW_VOLUME_MODE_CHANGE: &str = "snapshot.storage.k8s.io/allow-volume-mode-change";
 const VERSION: &str = "v1";
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct VolumeSnapshot {
     pub metadata: ObjectMeta,
     #[serde(default)]
@@ -36,7 +36,7 @@ pub struct VolumeSnapshotStatus {
     pub restore_size: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct VolumeSnapshotContent {
     pub metadata: ObjectMeta,
     #[serde(default)]
@@ -68,6 +68,43 @@ pub struct VolumeSnapshotContentStatus {
     pub snapshot_handle: Option<String>,
     pub ready_to_use: Option<bool>,
     pub restore_size: Option<i64>,
+}
+
+/// A custom resource's body names its kind: the API server refuses to decode one without
+/// (`Object 'Kind' is missing`), so these serialize like k8s-openapi's types, with
+/// `apiVersion` and `kind` first.
+fn serialize_typed<K, S>(
+    serializer: S,
+    metadata: &ObjectMeta,
+    spec: &impl Serialize,
+    status: Option<&impl Serialize>,
+) -> Result<S::Ok, S::Error>
+where
+    K: Resource<DynamicType = ()>,
+    S: serde::Serializer,
+{
+    use serde::ser::SerializeMap;
+    let mut map = serializer.serialize_map(None)?;
+    map.serialize_entry("apiVersion", &K::api_version(&()))?;
+    map.serialize_entry("kind", &K::kind(&()))?;
+    map.serialize_entry("metadata", metadata)?;
+    map.serialize_entry("spec", spec)?;
+    if let Some(status) = status {
+        map.serialize_entry("status", status)?;
+    }
+    map.end()
+}
+
+impl Serialize for VolumeSnapshot {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serialize_typed::<Self, S>(serializer, &self.metadata, &self.spec, self.status.as_ref())
+    }
+}
+
+impl Serialize for VolumeSnapshotContent {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serialize_typed::<Self, S>(serializer, &self.metadata, &self.spec, self.status.as_ref())
+    }
 }
 
 impl Resource for VolumeSnapshot {
@@ -248,6 +285,20 @@ mod tests {
         });
         merge(&mut value, extra);
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn bodies_name_their_kind() {
+        let body = serde_json::to_value(snapshot(json!({}))).unwrap();
+        assert_eq!(body["apiVersion"], "snapshot.storage.k8s.io/v1");
+        assert_eq!(body["kind"], "VolumeSnapshot");
+        assert_eq!(body["metadata"]["name"], "snap");
+        assert_eq!(body["status"]["readyToUse"], true);
+        let body = serde_json::to_value(content(json!({}))).unwrap();
+        assert_eq!(body["kind"], "VolumeSnapshotContent");
+        assert_eq!(body["spec"]["driver"], DRIVER);
+        let bare = serde_json::to_value(VolumeSnapshot::default()).unwrap();
+        assert!(bare.get("status").is_none(), "no status: none written");
     }
 
     fn claim(size: &str, mode: &str) -> PersistentVolumeClaim {
