@@ -212,6 +212,7 @@ pub async fn run(
     loop {
         while tasks.try_join_next().is_some() {}
         controller.pass(&mut tasks).await;
+        controller.settings.metrics.pass_done();
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = controller.wake.notified() => {}

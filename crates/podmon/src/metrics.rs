@@ -41,6 +41,7 @@ pub struct PodmonMetrics {
     failovers: Family<ResultLabel, Counter>,
     cleanup_seconds: Histogram,
     tainted_nodes: Gauge,
+    passes: Counter,
 }
 
 impl PodmonMetrics {
@@ -61,6 +62,13 @@ impl PodmonMetrics {
             "Nodes carrying podmon's fenced taint",
             metrics.tainted_nodes.clone(),
         );
+        registry.register(
+            "podmon_controller_passes",
+            "Completed evaluations of every protected pod and node by controller-podmon (it \
+             runs one per change and at least every second: a counter that stops is a stuck \
+             controller)",
+            metrics.passes.clone(),
+        );
         metrics
     }
 
@@ -71,6 +79,7 @@ impl PodmonMetrics {
                 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0,
             ]),
             tainted_nodes: Gauge::default(),
+            passes: Counter::default(),
         }
     }
 
@@ -92,6 +101,15 @@ impl PodmonMetrics {
 
     pub fn cleanup_took(&self, seconds: f64) {
         self.cleanup_seconds.observe(seconds);
+    }
+
+    pub fn pass_done(&self) {
+        self.passes.inc();
+    }
+
+    /// How many passes controller-podmon has completed.
+    pub fn passes(&self) -> u64 {
+        self.passes.get()
     }
 
     pub fn set_tainted_nodes(&self, count: usize) {

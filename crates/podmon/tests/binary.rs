@@ -108,6 +108,7 @@ async fn fails_over_under_its_lease_and_node_mode_untaints() {
         "podmon_failover_total{result=\"success\"} 1",
         "podmon_cleanup_seconds_count 1",
         "podmon_tainted_nodes",
+        "podmon_controller_passes_total",
     ] {
         assert!(
             metrics.contains(line),
