@@ -1,11 +1,11 @@
 # The two set-up commands on a fresh machine are `make demo` and `make test`; CI runs
-# `bash .ci/run`, which is `make test`.
+# `bash .ci/run`: `make test`, then `make test-real` when ../shared/k8s is present.
 
 CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test fmt-check lint unit chart manifests build image demo bench
+.PHONY: test test-real fmt-check lint unit chart manifests build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
@@ -15,6 +15,11 @@ IMAGE ?= csi-suite:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart
 
 ## test: everything CI runs: formatting, lints (warnings are errors), the chart, all tests.
 test: fmt-check lint chart unit
+
+## test-real: the scenario suite and kube-sim's API tests (compare mode) on a real control plane:
+## the cluster of KUBECONFIG, or ../shared/k8s/control-plane brought up and down around the run.
+test-real: $(HELM)
+	CARGO="$(CARGO)" scripts/test-real.sh
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

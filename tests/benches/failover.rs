@@ -52,8 +52,8 @@ async fn bench(runs: usize) -> anyhow::Result<()> {
         .start_podmon_controller(|_, t| t.skip_validation = true)
         .await;
     let agents = [
-        cluster.start_podmon_node("node-a").await,
-        cluster.start_podmon_node("node-b").await,
+        cluster.start_podmon_node(&cluster.node("node-a")).await,
+        cluster.start_podmon_node(&cluster.node("node-b")).await,
     ];
     let mut rows = Vec::new();
     for pods in SIZES {
@@ -66,9 +66,9 @@ async fn bench(runs: usize) -> anyhow::Result<()> {
         for run in 0..runs {
             // Alternate the failing node, so each run starts from a clean, untainted cluster.
             let (failing, other) = if run % 2 == 0 {
-                ("node-a", "node-b")
+                (&cluster.node("node-a"), &cluster.node("node-b"))
             } else {
-                ("node-b", "node-a")
+                (&cluster.node("node-b"), &cluster.node("node-a"))
             };
             let names = start_pods(&cluster, &format!("p{pods}-r{run}"), pods, failing).await;
             let timings = fail_over(&cluster, &names, failing, other).await;
@@ -122,7 +122,7 @@ async fn bench(runs: usize) -> anyhow::Result<()> {
     );
     let path = kube_sim::benchmarks::write_section(HEADING, &body)?;
     println!("written to {}", path.display());
-    cluster.stop(&[]).await;
+    cluster.stop().await;
     Ok(())
 }
 

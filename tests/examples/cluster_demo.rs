@@ -111,7 +111,7 @@ async fn story() {
     }
     story.done(
         "cluster up, driver registered via the plugin watcher",
-        format!("CSINode node-a, node-b, node-c → {driver}"),
+        format!("CSINode {} → {driver}", cluster.nodes.join(", ")),
     );
     let attacher = cluster.start_attacher().await;
 
@@ -121,7 +121,13 @@ async fn story() {
     cluster
         .create(
             &cluster.cluster_scoped::<PersistentVolume>(),
-            static_pv(&pv_name, &driver, &handle, "8Mi"),
+            static_pv(
+                &pv_name,
+                &driver,
+                &handle,
+                "8Mi",
+                Some((&cluster.namespace, "data")),
+            ),
         )
         .await;
     story.done(
@@ -133,7 +139,7 @@ async fn story() {
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
-            static_pvc("data", "8Mi"),
+            static_pvc("data", "8Mi", &pv_name),
         )
         .await;
     cluster
@@ -150,7 +156,8 @@ async fn story() {
     );
 
     story.begin("a writing pod is created; scheduled, attached, staged, published, started");
-    let mut manifest = pod("writer", NODE, Some("data"), true);
+    let node = cluster.node(NODE);
+    let mut manifest = pod("writer", &node, Some("data"), true);
     manifest["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
     let created: Pod = cluster.create(&cluster.namespaced(), manifest).await;
     cluster
@@ -161,7 +168,7 @@ async fn story() {
             is_running,
         )
         .await;
-    let va = attachment_name(&handle, &driver, NODE);
+    let va = attachment_name(&handle, &driver, &node);
     story.done(
         "pod Running on node-b with its volume mounted",
         format!("Pod writer, VolumeAttachment {}…", &va[..16]),
@@ -193,7 +200,7 @@ async fn story() {
     );
 
     let target = target_path(
-        &cluster.driver.kubelet_dir(NODE),
+        &cluster.driver.kubelet_dir(&node),
         &created.uid().unwrap_or_default(),
         &pv_name,
         false,
@@ -201,21 +208,21 @@ async fn story() {
     let log = target.join("writer.log");
     story.begin("the pod writes to its volume");
     cluster.eventually("writes", || file_size(&log) > 0).await;
-    story.done("records appended", format!("writer.log on {NODE}"));
+    story.done("records appended", format!("writer.log on {node}"));
 
     story.begin("node-b is cut off the control plane (its writer keeps running)");
-    cluster.kubelet(NODE).partition();
+    cluster.kubelet(&node).partition();
     cluster
         .wait_for(
             &cluster.cluster_scoped::<Node>(),
-            NODE,
+            &node,
             "unreachable taints",
             |n| taint_effects(n, "node.kubernetes.io/unreachable") == ["NoExecute", "NoSchedule"],
         )
         .await;
     story.done(
         "node Unknown, tainted unreachable (NoSchedule + NoExecute)",
-        format!("Node {NODE}"),
+        format!("Node {node}"),
     );
 
     story.begin("the zombie writer on the partitioned node is still writing");
@@ -225,20 +232,20 @@ async fn story() {
         .await;
     story.done(
         "writes continue during the partition (fencing is podmon's job: its chapter follows)",
-        format!("writer.log on {NODE}"),
+        format!("writer.log on {node}"),
     );
 
     story.begin("node-b reconnects");
-    cluster.kubelet(NODE).heal();
+    cluster.kubelet(&node).heal();
     cluster
         .wait_for(
             &cluster.cluster_scoped::<Node>(),
-            NODE,
+            &node,
             "taints cleared",
             |n| taint_effects(n, "node.kubernetes.io/unreachable").is_empty(),
         )
         .await;
-    story.done("node Ready again, taints removed", format!("Node {NODE}"));
+    story.done("node Ready again, taints removed", format!("Node {node}"));
 
     story.begin("the pod is deleted; its kubelet unpublishes and unstages, then removes it");
     cluster
@@ -313,7 +320,7 @@ async fn story() {
     cluster
         .create(
             &cluster.namespaced::<Pod>(),
-            pod("consumer", "node-a", Some("dynamic"), true),
+            pod("consumer", &cluster.node("node-a"), Some("dynamic"), true),
         )
         .await;
     cluster
@@ -361,22 +368,16 @@ async fn story() {
         format!("PersistentVolume {dynamic_pv}"),
     );
 
-    let failover_pv = failover_chapter(&mut story, &cluster).await;
+    failover_chapter(&mut story, &cluster).await;
 
     provisioner.stop().await;
     attacher.stop().await;
-    cluster
-        .stop(&[
-            ("PersistentVolume", &pv_name),
-            ("PersistentVolume", &failover_pv),
-            ("StorageClass", &class_name),
-        ])
-        .await;
+    cluster.stop().await;
     story.table();
 }
 
 /// podmon: node failure → fence → failover → heal, with the data proof. Returns the PV it used.
-async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
+async fn failover_chapter(story: &mut Story, cluster: &Cluster) {
     println!("\nChapter: failover of a stateful pod with podmon.\n");
     // The zombie's writes are I/O the driver sees: skipArrayConnectionValidation with the
     // unreachable NoExecute taint lets the failover go on (Dell's setting for this case).
@@ -387,10 +388,14 @@ async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
     for node in &cluster.nodes {
         node_agents.push(cluster.start_podmon_node(node).await);
     }
-    let failover = failover_story(cluster, "node-a", |narration| match narration {
-        Narration::Begin(what) => story.begin(what),
-        Narration::Done(what, object) => story.done(what, object),
-    })
+    failover_story(
+        cluster,
+        &cluster.node("node-a"),
+        |narration| match narration {
+            Narration::Begin(what) => story.begin(what),
+            Narration::Done(what, object) => story.done(what, object),
+        },
+    )
     .await;
     cluster
         .delete_and_wait(
@@ -403,5 +408,4 @@ async fn failover_chapter(story: &mut Story, cluster: &Cluster) -> String {
         agent.stop().await;
     }
     controller.sidecar.stop().await;
-    failover.pv
 }

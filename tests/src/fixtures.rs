@@ -38,9 +38,17 @@ pub async fn provision_static_volume(controller: &CsiConnection, name: &str, byt
         .volume_id
 }
 
-/// A Retain PV for a pre-created CSI volume, with no storage class.
-pub fn static_pv(name: &str, driver: &str, handle: &str, size: &str) -> Value {
-    json!({
+/// A Retain PV for a pre-created CSI volume, with no storage class, reserved (`claimRef`) for
+/// the claim `namespace/claim` when one is given, as an administrator reserves a volume: an
+/// unreserved one is free for any class-less claim of the cluster.
+pub fn static_pv(
+    name: &str,
+    driver: &str,
+    handle: &str,
+    size: &str,
+    claim: Option<(&str, &str)>,
+) -> Value {
+    let mut pv = json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": name},
@@ -51,11 +59,17 @@ pub fn static_pv(name: &str, driver: &str, handle: &str, size: &str) -> Value {
             "storageClassName": "",
             "csi": {"driver": driver, "volumeHandle": handle, "volumeAttributes": {"origin": "static"}},
         },
-    })
+    });
+    if let Some((namespace, claim)) = claim {
+        pv["spec"]["claimRef"] = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+            "namespace": namespace, "name": claim});
+    }
+    pv
 }
 
-/// A claim with no storage class (`""`: it binds only to PVs without a class).
-pub fn static_pvc(name: &str, size: &str) -> Value {
+/// A claim with no storage class (`""`: it binds only to PVs without a class) for the PV
+/// `volume`.
+pub fn static_pvc(name: &str, size: &str, volume: &str) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -63,6 +77,7 @@ pub fn static_pvc(name: &str, size: &str) -> Value {
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "storageClassName": "",
+            "volumeName": volume,
             "resources": {"requests": {"storage": size}},
         },
     })
@@ -114,13 +129,19 @@ pub async fn static_claim(cluster: &crate::Cluster, name: &str) -> String {
     cluster
         .create(
             &cluster.cluster_scoped::<PersistentVolume>(),
-            static_pv(&pv_name, &cluster.driver_name, &handle, "1Mi"),
+            static_pv(
+                &pv_name,
+                &cluster.driver_name,
+                &handle,
+                "1Mi",
+                Some((&cluster.namespace, name)),
+            ),
         )
         .await;
     cluster
         .create(
             &cluster.namespaced::<PersistentVolumeClaim>(),
-            static_pvc(name, "1Mi"),
+            static_pvc(name, "1Mi", &pv_name),
         )
         .await;
     pv_name
@@ -196,8 +217,12 @@ pub async fn install_snapshot_crds(client: &Client) {
         ("VolumeSnapshot", "volumesnapshots", "Namespaced"),
         ("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
     ] {
+        let name = format!("{plural}.snapshot.storage.k8s.io");
+        // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
+        // annotation (external-snapshotter's CRDs carry the same one).
         let crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "metadata": {"name": format!("{plural}.snapshot.storage.k8s.io")},
+            "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io":
+                "https://github.com/kubernetes-csi/external-snapshotter/pull/419"}},
             "spec": {"group": "snapshot.storage.k8s.io", "scope": scope,
                 "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
                 "versions": [{"name": "v1", "served": true, "storage": true,
@@ -210,7 +235,29 @@ pub async fn install_snapshot_crds(client: &Client) {
             Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(error) => panic!("creating the {plural} CRD: {error}"),
         }
+        let deadline = std::time::Instant::now() + step_timeout();
+        while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the {name} CRD is not Established"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
+}
+
+/// Whether the API server serves a CRD's resources yet.
+fn established(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
 }
 
 /// Cuts a snapshot of `volume_id` on the driver and publishes it as a ready, pre-provisioned

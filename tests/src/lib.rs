@@ -5,9 +5,11 @@
 //! `KUBECONFIG` set it uses that cluster instead and starts only the kubelets and the driver —
 //! a real kube-apiserver, kube-controller-manager and kube-scheduler do the rest.
 //!
-//! Each scenario gets its own namespace; when a wait times out, the fixture dumps the
-//! namespace's objects, the cluster-scoped storage objects and the nodes before failing.
-//! Logs go to the test's captured output, so a failing scenario shows them.
+//! Each scenario gets an id of its own that names its namespace, its Nodes (`node-a-<id>`) and
+//! its driver (`hostpath-<id>.csi-suite.io`), so scenarios share a real cluster without seeing
+//! each other's Nodes, CSINode entries, PVs or taints. When a wait times out, the fixture dumps
+//! the scenario's objects before failing; whether the scenario ends or fails, everything it
+//! made in the cluster is deleted. Logs go to the test's captured output.
 
 pub mod bench;
 pub mod csi_proxy;
@@ -24,9 +26,11 @@ use std::time::{Duration, Instant};
 
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kube_sim::ApiServer;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
@@ -38,7 +42,8 @@ use tokio_util::sync::CancellationToken;
 pub use csi_hostpath::config::DEFAULT_DRIVER_NAME as DRIVER;
 pub use registration::RegistrationServer;
 
-/// The simulated nodes of a default cluster.
+/// The simulated nodes of a default cluster, by the names scenarios use for them
+/// ([`Cluster::node`] gives the name of the scenario's own Node).
 pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
 /// How long a scenario waits for one step before it dumps the cluster and fails. Real
@@ -62,13 +67,32 @@ pub fn can_mount() -> bool {
 }
 
 /// True (after saying why) when this process cannot mount, so a scenario that needs real
-/// mounts should return early.
+/// mounts should return early; under `CI=true` it fails instead.
 pub fn skip_without_root() -> bool {
-    if can_mount() {
-        return false;
+    let scenario = std::thread::current()
+        .name()
+        .unwrap_or("this scenario")
+        .to_string();
+    csi_hostpath::mounts::skip_without_root(&scenario)
+}
+
+/// Says that `scenario` (or a part of it) did not run because the server lacks `what`, on
+/// stderr and, when `CSI_SUITE_SKIPS` names a file, as a line appended to it (`make test-real`
+/// counts those lines and prints them).
+pub fn report_skip(scenario: &str, what: &str) {
+    let line = format!("skipped {scenario}: {what}");
+    eprintln!("{line}");
+    if let Some(file) = std::env::var_os("CSI_SUITE_SKIPS") {
+        use std::io::Write;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(error) = appended {
+            panic!("recording the skip in {}: {error}", file.to_string_lossy());
+        }
     }
-    eprintln!("skipped: mounting volumes needs root");
-    true
 }
 
 /// Logs to the test's captured output at info level; `RUST_LOG` adjusts.
@@ -92,12 +116,13 @@ pub fn init_logging_at(level: &str) {
 /// What a scenario needs from its cluster.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The nodes, by the names the scenario uses (see [`Cluster::node`]).
     pub nodes: Vec<String>,
     /// Register the driver's node instances through a registration socket per node (as a
     /// node-driver-registrar would). Off: the scenario registers (or not) by itself.
     pub register_driver: bool,
-    /// The reference driver's name (scenarios that change cluster-wide driver settings use
-    /// their own, so they can share a real cluster with the others).
+    /// The reference driver's name; the cluster's driver is named after it and the scenario's
+    /// id (see [`scenario_driver_name`]).
     pub driver_name: String,
     /// Whether the driver needs ControllerPublishVolume before NodeStageVolume (its
     /// `--enable-attach`); pair `false` with a CSIDriver object with `attachRequired: false`.
@@ -127,7 +152,12 @@ pub struct Cluster {
     pub client: Client,
     /// How `client` was configured: the components get clients of their own from it.
     config: kube::Config,
+    /// The scenario's name, as its test gave it.
+    pub scenario: String,
+    /// What names the scenario's objects apart from every other scenario's.
+    pub id: String,
     pub namespace: String,
+    /// The scenario's Node names, in the order of [`Options::nodes`].
     pub nodes: Vec<String>,
     pub driver: LocalCluster,
     pub driver_name: String,
@@ -138,6 +168,8 @@ pub struct Cluster {
     shutdown: CancellationToken,
     /// The control-plane roles' tasks (dropping the set would abort them).
     control_plane: tokio::task::JoinSet<()>,
+    /// Deletes what the scenario made in a real cluster if it fails before [`Cluster::stop`].
+    sweep_on_panic: SweepOnDrop,
     root: tempfile::TempDir,
 }
 
@@ -159,8 +191,9 @@ impl Cluster {
 
     pub async fn start_with(scenario: &str, options: Options) -> Self {
         init_logging();
+        let id = scenario_id();
         let root = tempfile::Builder::new()
-            .prefix("scenario-")
+            .prefix("s-")
             .tempdir_in(scratch_dir())
             .expect("a scratch directory");
         let timing = Timing::fast();
@@ -191,9 +224,22 @@ impl Cluster {
                 shutdown.clone(),
             );
         }
-        let node_names: Vec<&str> = options.nodes.iter().map(String::as_str).collect();
+        let driver_name = scenario_driver_name(&options.driver_name, &id);
+        let nodes: Vec<String> = options
+            .nodes
+            .iter()
+            .map(|node| scenario_node_name(node, &id))
+            .collect();
+        let namespace = format!("{scenario}-{id}").replace('_', "-");
+        let sweep_on_panic = SweepOnDrop(Some(Sweep {
+            config: config.clone(),
+            namespace: namespace.clone(),
+            driver_name: driver_name.clone(),
+            nodes: nodes.clone(),
+        }));
+        let node_names: Vec<&str> = nodes.iter().map(String::as_str).collect();
         let driver = LocalCluster::start(root.path(), &node_names, |config| {
-            config.driver_name = options.driver_name.clone();
+            config.driver_name = driver_name.clone();
             config.enable_attach = options.attach_required;
             config.podmon_extension = options.podmon_extension;
             if let Some(bytes) = options.pool_bytes {
@@ -204,7 +250,7 @@ impl Cluster {
         .expect("the reference driver starts");
         let mut kubelets = BTreeMap::new();
         let mut registrations = Vec::new();
-        for node in &options.nodes {
+        for node in &nodes {
             let config = KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
             let kubelet = Kubelet::start(client.clone(), config.clone(), shutdown.clone())
                 .await
@@ -213,7 +259,7 @@ impl Cluster {
                 let endpoint = driver.node(node).endpoint.path().display().to_string();
                 let server = RegistrationServer::start(
                     &config.plugins_registry(),
-                    &options.driver_name,
+                    &driver_name,
                     &endpoint,
                     &["1.0.0"],
                 )
@@ -223,7 +269,6 @@ impl Cluster {
             }
             kubelets.insert(node.clone(), kubelet);
         }
-        let namespace = format!("{scenario}-{}", unique_suffix()).replace('_', "-");
         let namespaces: Api<Namespace> = Api::all(client.clone());
         namespaces
             .create(
@@ -235,18 +280,22 @@ impl Cluster {
         let cluster = Self {
             client,
             config,
+            scenario: scenario.to_string(),
+            id,
             namespace,
-            nodes: options.nodes,
+            nodes,
             driver,
-            driver_name: options.driver_name.clone(),
+            driver_name,
             kubelets,
             registrations,
             timing,
             sim,
             shutdown,
             control_plane,
+            sweep_on_panic,
             root,
         };
+        cluster.wait_for_pod_admission().await;
         if options.register_driver {
             for node in &cluster.nodes {
                 cluster
@@ -266,6 +315,97 @@ impl Cluster {
             }
         }
         cluster
+    }
+
+    /// The scenario's Node for `node`, a name of [`Options::nodes`] (`node-a` → `node-a-<id>`).
+    pub fn node(&self, node: &str) -> String {
+        let name = scenario_node_name(node, &self.id);
+        assert!(
+            self.nodes.contains(&name),
+            "{node} is not one of the scenario's nodes {:?}",
+            self.nodes
+        );
+        name
+    }
+
+    /// Whether the server serves `resource` in `group_version` (through discovery); when it
+    /// does not, reports the scenario's skip (see [`report_skip`]).
+    pub async fn serves(&self, group_version: &str, resource: &str) -> bool {
+        let served = match self.client.list_api_group_resources(group_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == resource),
+            Err(kube::Error::Api(status)) if status.code == 404 => false,
+            Err(error) => panic!("discovery of {group_version}: {error}"),
+        };
+        if !served {
+            report_skip(
+                &self.scenario,
+                &format!("{group_version} {resource} not served"),
+            );
+        }
+        served
+    }
+
+    /// Whether the server keeps `status.attachError.errorCode` of a VolumeAttachment (added in
+    /// Kubernetes 1.33; older servers drop the field). Probed on an attachment nobody acts on
+    /// (its attacher is no driver); reports the skip of `part` when the field is dropped.
+    pub async fn keeps_attach_error_code(&self, part: &str) -> bool {
+        let api = self.cluster_scoped::<VolumeAttachment>();
+        let name = format!("{}-error-code-probe", self.namespace);
+        let probe = serde_json::json!({"metadata": {"name": name}, "spec": {
+            "attacher": format!("probe.{}", self.driver_name), "nodeName": self.nodes[0],
+            "source": {"persistentVolumeName": name}}});
+        self.create(&api, probe).await;
+        let status = serde_json::json!({"status": {"attached": false,
+            "attachError": {"message": "probe", "errorCode": 14}}});
+        let written = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("the probe's status");
+        forget(&api, &name, &DeleteParams::default()).await;
+        let kept = written
+            .status
+            .and_then(|s| s.attach_error)
+            .and_then(|e| e.error_code)
+            .is_some();
+        if !kept {
+            report_skip(
+                &format!("{} ({part})", self.scenario),
+                "VolumeAttachment status.attachError.errorCode not served (dropped)",
+            );
+        }
+        kept
+    }
+
+    /// A pod affinity that keeps the scheduler on the scenario's nodes (a real cluster has
+    /// other scenarios' nodes too).
+    pub fn on_scenario_nodes(&self) -> serde_json::Value {
+        serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname",
+                "operator": "In", "values": self.nodes}]}]}}})
+    }
+
+    /// Waits until the ServiceAccount admission plugin accepts pods in the new namespace: until
+    /// kube-controller-manager made its `default` ServiceAccount and, on servers that still
+    /// create token Secrets (before v1.24), listed the token in it.
+    async fn wait_for_pod_admission(&self) {
+        let version = self
+            .client
+            .apiserver_version()
+            .await
+            .expect("the API server's version");
+        let minor: u32 = version
+            .minor
+            .trim_end_matches('+')
+            .parse()
+            .unwrap_or(u32::MAX);
+        let needs_token = version.major == "1" && minor < 24;
+        self.wait_for(
+            &self.namespaced::<ServiceAccount>(),
+            "default",
+            "the namespace's default ServiceAccount",
+            |account| !needs_token || account.secrets.as_ref().is_some_and(|s| !s.is_empty()),
+        )
+        .await;
     }
 
     pub fn root(&self) -> PathBuf {
@@ -426,6 +566,19 @@ impl Cluster {
         name
     }
 
+    /// The PersistentVolumes of the scenario's driver (a real cluster has other scenarios' too).
+    pub async fn driver_pvs(&self) -> Vec<PersistentVolume> {
+        let list = self
+            .cluster_scoped::<PersistentVolume>()
+            .list(&ListParams::default())
+            .await
+            .expect("listing PersistentVolumes");
+        list.items
+            .into_iter()
+            .filter(|pv| of_driver(pv, &self.driver_name))
+            .collect()
+    }
+
     /// The volume ids the driver's controller lists.
     pub async fn driver_volumes(&self) -> Vec<String> {
         let response = self
@@ -490,7 +643,7 @@ impl Cluster {
         let socket = self
             .root()
             .join("sockets")
-            .join(format!("proxy-{}.sock", unique_suffix()));
+            .join(format!("proxy-{}.sock", scenario_id()));
         let proxy = csi_proxy::CsiProxy::start(&socket, self.driver.controller.endpoint.path());
         let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).expect("the proxy endpoint");
         let csi = csi_sidecar::conn::connect(
@@ -581,50 +734,27 @@ impl Cluster {
         Sidecar { shutdown, task }
     }
 
-    /// Prints the scenario's objects, the storage objects and the nodes (to the captured
-    /// output of the failing test).
+    /// Prints the scenario's objects: its namespace's, and the PVs, VolumeAttachments,
+    /// CSINodes and Nodes of its driver and nodes (to the captured output of the failing test).
     pub async fn dump(&self) {
         eprintln!("===== cluster dump for namespace {} =====", self.namespace);
-        dump_list::<Pod>(&self.namespaced()).await;
-        dump_list::<PersistentVolumeClaim>(&self.namespaced()).await;
-        dump_list::<k8s_openapi::api::core::v1::Event>(&self.namespaced()).await;
-        dump_list::<PersistentVolume>(&self.cluster_scoped()).await;
-        dump_list::<VolumeAttachment>(&self.cluster_scoped()).await;
-        dump_list::<CSINode>(&self.cluster_scoped()).await;
-        dump_list::<Node>(&self.cluster_scoped()).await;
+        dump_list::<Pod>(&self.namespaced(), |_| true).await;
+        dump_list::<PersistentVolumeClaim>(&self.namespaced(), |_| true).await;
+        dump_list::<k8s_openapi::api::core::v1::Event>(&self.namespaced(), |_| true).await;
+        let driver = self.driver_name.as_str();
+        dump_list::<PersistentVolume>(&self.cluster_scoped(), |pv| of_driver(pv, driver)).await;
+        dump_list::<VolumeAttachment>(&self.cluster_scoped(), |va| va.spec.attacher == driver)
+            .await;
+        let ours = |name: String| self.nodes.contains(&name);
+        dump_list::<CSINode>(&self.cluster_scoped(), |n| ours(n.name_any())).await;
+        dump_list::<Node>(&self.cluster_scoped(), |n| ours(n.name_any())).await;
         eprintln!("===== end of dump =====");
     }
 
-    /// Deletes the namespace and the cluster-scoped objects the scenario made, stops every
-    /// task and the driver.
-    pub async fn stop(self, cluster_scoped: &[(&str, &str)]) {
-        for (kind, name) in cluster_scoped {
-            let result = match *kind {
-                "PersistentVolume" => self
-                    .cluster_scoped::<PersistentVolume>()
-                    .delete(name, &DeleteParams::default())
-                    .await
-                    .map(drop),
-                "StorageClass" => self
-                    .cluster_scoped::<k8s_openapi::api::storage::v1::StorageClass>()
-                    .delete(name, &DeleteParams::default())
-                    .await
-                    .map(drop),
-                "CSIDriver" => self
-                    .cluster_scoped::<k8s_openapi::api::storage::v1::CSIDriver>()
-                    .delete(name, &DeleteParams::default())
-                    .await
-                    .map(drop),
-                other => panic!("stop() does not know kind {other}"),
-            };
-            if let Err(error) = result {
-                tracing::warn!(%kind, %name, %error, "cleanup failed");
-            }
-        }
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let _ = namespaces
-            .delete(&self.namespace, &DeleteParams::default())
-            .await;
+    /// Stops every task and the driver, then deletes everything the scenario made in the
+    /// cluster (see [`Sweep`]); on kube-sim, fails on any request a component's chart RBAC
+    /// would deny.
+    pub async fn stop(mut self) {
         for kubelet in self.kubelets.values() {
             kubelet.stop().await;
         }
@@ -634,6 +764,9 @@ impl Cluster {
             registration.stop().await;
         }
         self.driver.stop().await;
+        if let Some(sweep) = self.sweep_on_panic.0.take() {
+            sweep.run(&self.client).await;
+        }
         if let Some(sim) = &self.sim {
             let denied = rbac::denied(&sim.request_counts());
             assert!(
@@ -653,6 +786,137 @@ impl Cluster {
             http::HeaderValue::from_str(component).expect("a component name is a header value"),
         ));
         Client::try_from(config).expect("a client")
+    }
+}
+
+/// Everything a scenario made in the cluster, found by its namespace, its driver's name and its
+/// Nodes: deleted with the finalizers of its stopped components stripped, so a real cluster is
+/// left as it was (pods are deleted at once, as their kubelets are gone).
+#[derive(Clone)]
+struct Sweep {
+    config: kube::Config,
+    namespace: String,
+    driver_name: String,
+    nodes: Vec<String>,
+}
+
+impl Sweep {
+    async fn run(&self, client: &Client) {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &self.namespace);
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            for pod in list.items {
+                forget(&pods, &pod.name_any(), &now).await;
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let _ = namespaces.delete(&self.namespace, &now).await;
+        let driver = self.driver_name.as_str();
+        let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+        if let Ok(list) = attachments.list(&ListParams::default()).await {
+            for attachment in list.items.iter().filter(|a| a.spec.attacher == driver) {
+                forget(&attachments, &attachment.name_any(), &now).await;
+            }
+        }
+        let volumes: Api<PersistentVolume> = Api::all(client.clone());
+        if let Ok(list) = volumes.list(&ListParams::default()).await {
+            for pv in list.items.iter().filter(|pv| of_driver(pv, driver)) {
+                forget(&volumes, &pv.name_any(), &now).await;
+            }
+        }
+        let classes: Api<StorageClass> = Api::all(client.clone());
+        if let Ok(list) = classes.list(&ListParams::default()).await {
+            for class in list.items.iter().filter(|c| c.provisioner == driver) {
+                forget(&classes, &class.name_any(), &now).await;
+            }
+        }
+        forget(&Api::<CSIDriver>::all(client.clone()), driver, &now).await;
+        for node in &self.nodes {
+            forget(&Api::<CSINode>::all(client.clone()), node, &now).await;
+            forget(&Api::<Node>::all(client.clone()), node, &now).await;
+        }
+    }
+}
+
+/// Whether `pv` is a volume of `driver`.
+fn of_driver(pv: &PersistentVolume, driver: &str) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .is_some_and(|csi| csi.driver == driver)
+}
+
+/// Deletes `name` and strips the finalizers it still has (their controllers are stopped).
+async fn forget<K>(api: &Api<K>, name: &str, params: &DeleteParams)
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    match api.delete(name, params).await {
+        Ok(either) if either.is_left() => {
+            let strip = serde_json::json!({"metadata": {"finalizers": null}});
+            let _ = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&strip))
+                .await;
+        }
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => tracing::warn!(%name, %error, "cleanup failed"),
+    }
+}
+
+/// Runs the [`Sweep`] of a scenario that panicked before [`Cluster::stop`] (real clusters only:
+/// kube-sim goes away with the scenario).
+struct SweepOnDrop(Option<Sweep>);
+
+impl Drop for SweepOnDrop {
+    fn drop(&mut self) {
+        let Some(sweep) = self.0.take() else { return };
+        if !real_cluster() {
+            return;
+        }
+        // The scenario's runtime is unwinding: the sweep gets a runtime and a client of its own.
+        let swept = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the cleanup");
+            runtime.block_on(async {
+                match Client::try_from(sweep.config.clone()) {
+                    Ok(client) => sweep.run(&client).await,
+                    Err(error) => eprintln!("cleanup of {} failed: {error}", sweep.namespace),
+                }
+            });
+        });
+        let _ = swept.join();
+    }
+}
+
+/// A scenario's id: six random hex digits (short, so socket paths with it stay under 108 bytes).
+fn scenario_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:06x}", hasher.finish() & 0xff_ffff)
+}
+
+/// The scenario's Node for one of [`Options::nodes`].
+pub fn scenario_node_name(node: &str, id: &str) -> String {
+    format!("{node}-{id}")
+}
+
+/// The scenario's driver: `id` joined to the first label of `driver`
+/// (`hostpath.csi-suite.io` → `hostpath-<id>.csi-suite.io`).
+pub fn scenario_driver_name(driver: &str, id: &str) -> String {
+    match driver.split_once('.') {
+        Some((first, rest)) => format!("{first}-{id}.{rest}"),
+        None => format!("{driver}-{id}"),
     }
 }
 
@@ -677,7 +941,7 @@ impl Sidecar {
     }
 }
 
-async fn dump_list<K>(api: &Api<K>)
+async fn dump_list<K>(api: &Api<K>, shown: impl Fn(&K) -> bool)
 where
     K: Resource + Clone + Debug + DeserializeOwned + Serialize,
     K::DynamicType: Default,
@@ -685,7 +949,7 @@ where
     let kind = K::kind(&Default::default()).into_owned();
     match api.list(&ListParams::default()).await {
         Ok(list) => {
-            for item in list.items {
+            for item in list.items.into_iter().filter(|item| shown(item)) {
                 let text = serde_json::to_string_pretty(&item).unwrap_or_default();
                 eprintln!("--- {kind} {}\n{text}", item.name_any());
             }
@@ -701,16 +965,9 @@ pub fn object<K: DeserializeOwned>(value: serde_json::Value) -> K {
 
 /// Where scenario roots go: short, so Unix socket paths stay under the 108-byte limit.
 fn scratch_dir() -> PathBuf {
-    let dir = PathBuf::from("/tmp/csi-suite-scenarios");
+    let dir = PathBuf::from("/tmp/csi-scenarios");
     std::fs::create_dir_all(&dir).expect("the scratch directory");
     dir
-}
-
-fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{:x}{:x}", std::process::id() % 4096, nanos)
 }
 
 /// csi-provisioner's settings for scenarios: upstream's defaults with fast retries, after

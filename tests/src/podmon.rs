@@ -19,12 +19,27 @@ use crate::{Cluster, Sidecar, rbac};
 /// Dell's default label key; the value is the driver's name.
 pub const LABEL_KEY: &str = "podmon.dellemc.com/driver";
 
+/// The label of the driver's node pods (`--driverPodLabelKey`); the value is the driver's name.
+pub const DRIVER_POD_LABEL_KEY: &str = "driver.dellemc.com";
+
 /// A running controller-podmon, its live settings and metrics.
 #[derive(Debug)]
 pub struct PodmonController {
     pub sidecar: Sidecar,
     pub live: LiveConfig,
     pub metrics: PodmonMetrics,
+}
+
+impl PodmonController {
+    /// Waits until controller-podmon has completed two passes over its caches after this call:
+    /// the second began after the first ended, so it judged what the API showed when the
+    /// scenario asked (instead of sleeping and hoping a pass happened).
+    pub async fn two_passes(&self, cluster: &Cluster, what: &str) {
+        let start = self.metrics.passes();
+        cluster
+            .eventually(what, || self.metrics.passes() >= start + 2)
+            .await;
+    }
 }
 
 impl Cluster {
@@ -36,11 +51,13 @@ impl Cluster {
         pod["spec"]["tolerations"] = serde_json::json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
     }
 
-    /// The StatefulSet's part: a new protected pod with the same name, placed by the scheduler.
+    /// The StatefulSet's part: a new protected pod with the same name, placed by the scheduler
+    /// on one of the scenario's nodes.
     pub async fn replace_pod(&self, name: &str, claim: Option<&str>, writes: bool) -> Pod {
         let mut manifest = crate::fixtures::pod(name, "unused", claim, writes);
         if let Some(spec) = manifest["spec"].as_object_mut() {
             spec.remove("nodeSelector");
+            spec.insert("affinity".to_string(), self.on_scenario_nodes());
         }
         self.protect(&mut manifest);
         self.create(&self.namespaced::<Pod>(), manifest).await
@@ -131,7 +148,7 @@ impl Cluster {
             driver_name: self.driver_name.clone(),
             label_key: LABEL_KEY.to_string(),
             label_value: self.driver_name.clone(),
-            driver_pod_label: Some(("driver.dellemc.com".to_string(), "dell-storage".to_string())),
+            driver_pod_label: Some((DRIVER_POD_LABEL_KEY.to_string(), self.driver_name.clone())),
             extension,
             poll_connectivity: extension,
             can_fence: true,

@@ -100,6 +100,10 @@ fn capacity_settings(cluster: &Cluster, owner: Option<OwnerReference>) -> Capaci
     }
 }
 
+/// The only CSIStorageCapacity version csi-provisioner uses (as upstream since it dropped
+/// v1beta1; Kubernetes serves v1 since 1.24).
+const CAPACITY_API: &str = "storage.k8s.io/v1";
+
 #[tokio::test]
 async fn capacity_objects_appear_follow_volumes_and_vanish() {
     if skip_without_root() {
@@ -113,6 +117,10 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
         },
     )
     .await;
+    if !cluster.serves(CAPACITY_API, "csistoragecapacities").await {
+        cluster.stop().await;
+        return;
+    }
     // The provisioner's own Pod owns the objects (--capacity-ownerref-level=0); it waits for
     // a node that does not exist, so nothing runs it.
     let owner: Pod = cluster
@@ -172,7 +180,10 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     cluster.create(&claims, data).await;
     let pods = cluster.namespaced::<Pod>();
     cluster
-        .create(&pods, pod("user", "node-a", Some("data"), false))
+        .create(
+            &pods,
+            pod("user", &cluster.node("node-a"), Some("data"), false),
+        )
         .await;
     cluster
         .wait_for(&pods, "user", "the pod Running", is_running)
@@ -182,18 +193,18 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
         .await;
     let left = format!("{}Mi", (POOL >> 20) - 16);
     wait_for_capacities(&cluster, "node-a's capacity lowered", |objects| {
-        published(objects, &late, "node-a") == [left.clone()]
-            && published(objects, &late, "node-b") == [full.clone()]
+        published(objects, &late, &cluster.node("node-a")) == [left.clone()]
+            && published(objects, &late, &cluster.node("node-b")) == [full.clone()]
     })
     .await;
 
     // An object someone deletes comes back.
     let api = cluster.namespaced::<CSIStorageCapacity>();
-    let victim = published_name(&capacities(&cluster).await, &late, "node-b");
+    let victim = published_name(&capacities(&cluster).await, &late, &cluster.node("node-b"));
     api.delete(&victim, &DeleteParams::default()).await.unwrap();
     wait_for_capacities(&cluster, "node-b's object recreated", |objects| {
-        published(objects, &late, "node-b") == [full.clone()]
-            && published_name(objects, &late, "node-b") != victim
+        published(objects, &late, &cluster.node("node-b")) == [full.clone()]
+            && published_name(objects, &late, &cluster.node("node-b")) != victim
     })
     .await;
 
@@ -204,7 +215,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
         .await
         .unwrap();
     wait_for_capacities(&cluster, "node-a's capacity restored", |objects| {
-        published(objects, &late, "node-a") == [full.clone()]
+        published(objects, &late, &cluster.node("node-a")) == [full.clone()]
     })
     .await;
 
@@ -218,7 +229,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
 
     attacher.stop().await;
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &now)]).await;
+    cluster.stop().await;
 }
 
 /// The scheduler trusts published capacity; when the driver still runs out of space on the
@@ -235,6 +246,10 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
         ..Options::default()
     };
     let cluster = Cluster::start_with("reschedule", options).await;
+    if !cluster.serves(CAPACITY_API, "csistoragecapacities").await {
+        cluster.stop().await;
+        return;
+    }
     let driver = cluster.driver_name.clone();
     cluster
         .create(
@@ -265,7 +280,7 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
     // Someone else fills node-a behind the published numbers (no PV, no poll soon).
     let key = format!("topology.{driver}/node");
     let node_a = csi_proto::csi::v1::Topology {
-        segments: [(key, "node-a".to_string())].into_iter().collect(),
+        segments: [(key, cluster.node("node-a"))].into_iter().collect(),
     };
     cluster
         .driver
@@ -310,21 +325,23 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
         .wait_for(&pods, "user", "the pod Running elsewhere", is_running)
         .await;
     let node = running.spec.unwrap().node_name.unwrap();
-    assert_ne!(node, "node-a", "rescheduled away from the full node");
+    assert_ne!(
+        node,
+        cluster.node("node-a"),
+        "rescheduled away from the full node"
+    );
     cluster
         .wait_for(&claims, "data", "the claim Bound", bound)
         .await;
     wait_for_capacities(&cluster, "node-a's real capacity published", |objects| {
-        published(objects, &late, "node-a") == ["8Mi".to_string()]
+        published(objects, &late, &cluster.node("node-a")) == ["8Mi".to_string()]
     })
     .await;
 
     cluster.delete_and_wait(&pods, "user", "the pod gone").await;
     attacher.stop().await;
     provisioner.stop().await;
-    cluster
-        .stop(&[("StorageClass", &late), ("CSIDriver", &driver)])
-        .await;
+    cluster.stop().await;
 }
 
 /// Level 1 (a StatefulSet's or DaemonSet's Pod) is the Pod's own controller reference: one GET

@@ -12,20 +12,21 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
 
-const NODE: &str = "node-a";
-
 /// Runs a writer pod on `claim` until it has written, then removes it; returns the PV name.
 async fn write_records(cluster: &Cluster, claim: &str) -> String {
     let pods = cluster.namespaced::<Pod>();
     let writer: Pod = cluster
-        .create(&pods, pod("writer", NODE, Some(claim), true))
+        .create(
+            &pods,
+            pod("writer", &cluster.node("node-a"), Some(claim), true),
+        )
         .await;
     cluster
         .wait_for(&pods, "writer", "the writer Running", is_running)
         .await;
     let volume = volume_of(cluster, claim).await;
     let target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir(NODE),
+        &cluster.driver.kubelet_dir(&cluster.node("node-a")),
         &writer.uid().unwrap(),
         &volume,
         false,
@@ -45,13 +46,16 @@ async fn write_records(cluster: &Cluster, claim: &str) -> String {
 async fn read_records(cluster: &Cluster, claim: &str) -> String {
     let pods = cluster.namespaced::<Pod>();
     let reader: Pod = cluster
-        .create(&pods, pod("reader", "node-b", Some(claim), false))
+        .create(
+            &pods,
+            pod("reader", &cluster.node("node-b"), Some(claim), false),
+        )
         .await;
     cluster
         .wait_for(&pods, "reader", "the reader Running", is_running)
         .await;
     let target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir("node-b"),
+        &cluster.driver.kubelet_dir(&cluster.node("node-b")),
         &reader.uid().unwrap(),
         &volume_of(cluster, claim).await,
         false,
@@ -133,7 +137,7 @@ async fn a_clone_has_its_source_data_and_protects_the_source() {
     );
     attacher.stop().await;
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }
 
 /// A claim restored from a VolumeSnapshot has the snapshot's data. A restore asked for before
@@ -229,5 +233,5 @@ async fn a_restore_has_the_snapshot_data() {
         .unwrap();
     attacher.stop().await;
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }

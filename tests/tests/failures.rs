@@ -3,8 +3,7 @@
 
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::json;
 
 #[tokio::test]
@@ -59,11 +58,8 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
         .await;
     let mut on_driver = cluster.driver_volumes().await;
     let mut handles: Vec<String> = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .list(&ListParams::default())
+        .driver_pvs()
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter_map(|pv| Some(pv.spec?.csi?.volume_handle))
         .collect();
@@ -71,7 +67,5 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
     handles.sort();
     assert_eq!(on_driver, handles, "one volume per PV");
     provisioner.stop().await;
-    cluster
-        .stop(&[("StorageClass", &with_secret), ("StorageClass", &plain)])
-        .await;
+    cluster.stop().await;
 }

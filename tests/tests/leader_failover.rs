@@ -78,5 +78,5 @@ async fn the_standby_replica_takes_over_when_the_leader_dies() {
         "one change of leader"
     );
     replica_b.stop().await;
-    cluster.stop(&[("StorageClass", &class)]).await;
+    cluster.stop().await;
 }

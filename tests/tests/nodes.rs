@@ -29,17 +29,20 @@ async fn node_partition_taints_unreachable_and_clears_on_recovery() {
             pod["spec"]["tolerations"] =
                 json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"}]);
         };
-        Some(running_pod_with_static_volume(&cluster, "writer", "node-a", tolerate).await)
+        Some(
+            running_pod_with_static_volume(&cluster, "writer", &cluster.node("node-a"), tolerate)
+                .await,
+        )
     } else {
         eprintln!("not root: the partition is checked without a writer pod");
         None
     };
 
-    cluster.kubelet("node-a").partition();
+    cluster.kubelet(&cluster.node("node-a")).partition();
     let node = cluster
         .wait_for(
             &cluster.cluster_scoped::<Node>(),
-            "node-a",
+            &cluster.node("node-a"),
             "node-a tainted unreachable",
             |n| taint_effects(n, UNREACHABLE) == ["NoExecute", "NoSchedule"],
         )
@@ -47,7 +50,7 @@ async fn node_partition_taints_unreachable_and_clears_on_recovery() {
     assert_eq!(node_ready_status(&node), Some("Unknown"));
     let other = cluster
         .cluster_scoped::<Node>()
-        .get("node-b")
+        .get(&cluster.node("node-b"))
         .await
         .unwrap();
     assert!(
@@ -64,11 +67,11 @@ async fn node_partition_taints_unreachable_and_clears_on_recovery() {
             .await;
     }
 
-    cluster.kubelet("node-a").heal();
+    cluster.kubelet(&cluster.node("node-a")).heal();
     cluster
         .wait_for(
             &cluster.cluster_scoped::<Node>(),
-            "node-a",
+            &cluster.node("node-a"),
             "node-a Ready and untainted again",
             |n| taint_effects(n, UNREACHABLE).is_empty() && node_ready_status(n) == Some("True"),
         )
@@ -81,12 +84,7 @@ async fn node_partition_taints_unreachable_and_clears_on_recovery() {
         );
     }
     attacher.stop().await;
-    let pv = writer.map(|(_, pv, _)| pv);
-    let cleanup: Vec<(&str, &str)> = pv
-        .iter()
-        .map(|pv| ("PersistentVolume", pv.as_str()))
-        .collect();
-    cluster.stop(&cleanup).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -95,7 +93,7 @@ async fn crash_looping_pod_reports_crash_loop_back_off() {
     cluster
         .create(
             &cluster.namespaced::<Pod>(),
-            pod("app", "node-a", None, false),
+            pod("app", &cluster.node("node-a"), None, false),
         )
         .await;
     cluster
@@ -107,7 +105,7 @@ async fn crash_looping_pod_reports_crash_loop_back_off() {
         )
         .await;
     cluster
-        .kubelet("node-a")
+        .kubelet(&cluster.node("node-a"))
         .crash_loop(&cluster.namespace, "app");
     let restarts = |pod: &Pod| -> Option<i32> {
         let status = pod
@@ -138,7 +136,7 @@ async fn crash_looping_pod_reports_crash_loop_back_off() {
             |p| restarts(p).is_some_and(|n| n > first),
         )
         .await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -148,12 +146,17 @@ async fn node_reboot_mounts_the_volumes_of_its_pods_again() {
     }
     let cluster = Cluster::start_with("node-reboot", two_nodes()).await;
     let attacher = cluster.start_attacher().await;
-    let (_, pv, target) = running_pod_with_static_volume(&cluster, "app", "node-a", |_| {}).await;
+    let (_, _, target) =
+        running_pod_with_static_volume(&cluster, "app", &cluster.node("node-a"), |_| {}).await;
     let log = target.join("app.log");
     cluster
         .eventually("the pod writing", || file_size(&log) > 0)
         .await;
-    cluster.kubelet("node-a").reboot().await.unwrap();
+    cluster
+        .kubelet(&cluster.node("node-a"))
+        .reboot()
+        .await
+        .unwrap();
     cluster
         .eventually("the volume mounted again after the reboot", || {
             csi_sidecar::mounts::is_mount_point(&target).unwrap_or(false)
@@ -170,5 +173,5 @@ async fn node_reboot_mounts_the_volumes_of_its_pods_again() {
     let pod = cluster.namespaced::<Pod>().get("app").await.unwrap();
     assert!(is_running(&pod));
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }

@@ -8,7 +8,9 @@
 use std::path::PathBuf;
 
 use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
-use csi_suite_scenarios::podmon::{PodmonController, failover_story, records_of};
+use csi_suite_scenarios::podmon::{
+    DRIVER_POD_LABEL_KEY, PodmonController, failover_story, records_of,
+};
 use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -49,7 +51,10 @@ async fn scene(
     let attacher = cluster.start_attacher().await;
     let controller = cluster.start_podmon_controller(change).await;
     let (pod, pv, target) =
-        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
+        running_pod_with_static_volume(&cluster, "app-0", &cluster.node("node-a"), |p| {
+            cluster.protect(p)
+        })
+        .await;
     let uid = pod.uid().unwrap();
     Some(Scene {
         cluster,
@@ -71,14 +76,17 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
     let controller = cluster
         .start_podmon_controller(|_, t| t.skip_validation = true)
         .await;
-    let node_a = cluster.start_podmon_node("node-a").await;
-    let node_b = cluster.start_podmon_node("node-b").await;
+    let node_a = cluster.start_podmon_node(&cluster.node("node-a")).await;
+    let node_b = cluster.start_podmon_node(&cluster.node("node-b")).await;
 
-    let story = failover_story(&cluster, "node-a", |_| {}).await;
-    assert_eq!(story.new_node, "node-b");
+    let story = failover_story(&cluster, &cluster.node("node-a"), |_| {}).await;
+    assert_eq!(story.new_node, cluster.node("node-b"));
     let handle = cluster.volume_handle(&story.pv).await;
-    let old_attachment =
-        csi_sidecar::kubelet_paths::attachment_name(&handle, &cluster.driver_name, "node-a");
+    let old_attachment = csi_sidecar::kubelet_paths::attachment_name(
+        &handle,
+        &cluster.driver_name,
+        &cluster.node("node-a"),
+    );
     cluster
         .wait_gone(
             &cluster.cluster_scoped::<VolumeAttachment>(),
@@ -91,11 +99,14 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
         .wait_for_event(
             "app-0",
             "NodeFailure",
-            &format!("podmon cleaning pod [{uid} node-a] with force delete"),
+            &format!(
+                "podmon cleaning pod [{uid} {}] with force delete",
+                cluster.node("node-a")
+            ),
         )
         .await;
     assert!(
-        std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+        std::fs::read_to_string(cluster.podmon_state_file(&cluster.node("node-a")))
             .unwrap()
             .contains("\"pods\": {}"),
         "node-podmon forgot the cleaned zombie"
@@ -129,7 +140,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
             "the replacement deleted",
         )
         .await;
-    cluster.stop(&[("PersistentVolume", &story.pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -148,16 +159,22 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     let handle = cluster.volume_handle(&pv).await;
 
     // Only the control plane lost the node: the driver still hears it and sees its writes.
-    cluster.kubelet("node-a").partition();
+    cluster.kubelet(&cluster.node("node-a")).partition();
     cluster
         .wait_for_event(
             "app-0",
             "NodeFailure",
-            &format!("podmon aborted pod cleanup [{uid} node-a] array connected or recent I/O"),
+            &format!(
+                "podmon aborted pod cleanup [{uid} {}] array connected or recent I/O",
+                cluster.node("node-a")
+            ),
         )
         .await;
     // Now the storage network too: the node is disconnected but the zombie's I/O is seen.
-    cluster.driver_store().set_link("node-a", false).unwrap();
+    cluster
+        .driver_store()
+        .set_link(&cluster.node("node-a"), false)
+        .unwrap();
     let aborted = controller.metrics.failovers(FailoverResult::Aborted);
     cluster
         .eventually("more aborted attempts", || {
@@ -171,13 +188,13 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
         "the pod was not deleted"
     );
     assert!(
-        !cluster.is_fenced(&handle, "node-a"),
+        !cluster.is_fenced(&handle, &cluster.node("node-a")),
         "nothing was fenced on doubt"
     );
-    assert!(!cluster.podmon_tainted("node-a").await);
+    assert!(!cluster.podmon_tainted(&cluster.node("node-a")).await);
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
 
-    cluster.recover_node("node-a");
+    cluster.recover_node(&cluster.node("node-a"));
     cluster
         .wait_for(
             &cluster.namespaced::<Pod>(),
@@ -191,7 +208,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     cluster
         .delete_and_wait(&cluster.namespaced::<Pod>(), "app-0", "the pod deleted")
         .await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -215,10 +232,10 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
         return;
     };
     let handle = cluster.volume_handle(&pv).await;
-    cluster.kubelet("node-a").partition();
+    cluster.kubelet(&cluster.node("node-a")).partition();
     cluster
         .eventually("node-a fenced from the volume", || {
-            cluster.is_fenced(&handle, "node-a")
+            cluster.is_fenced(&handle, &cluster.node("node-a"))
         })
         .await;
     cluster
@@ -232,12 +249,12 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
         .wait_for_event(
             "app-0",
             "NodeFailure",
-            &format!("[{uid} node-a] with force delete"),
+            &format!("[{uid} {}] with force delete", cluster.node("node-a")),
         )
         .await;
     let node = cluster
         .cluster_scoped::<Node>()
-        .get("node-a")
+        .get(&cluster.node("node-a"))
         .await
         .unwrap();
     assert!(
@@ -251,7 +268,7 @@ async fn podmon_without_the_extension_fails_over_on_taints_alone() {
         .await;
     controller.sidecar.stop().await;
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -260,11 +277,11 @@ async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
     let controller = cluster.start_podmon_controller(|_, _| {}).await;
     let pods = cluster.namespaced::<Pod>();
     cluster
-        .kubelet("node-a")
+        .kubelet(&cluster.node("node-a"))
         .crash_loop(&cluster.namespace, "app-0");
     let mut uids = Vec::new();
     for _ in 0..=podmon::plan::MAX_CRASH_LOOP_DELETES {
-        let mut manifest = pod("app-0", "node-a", None, false);
+        let mut manifest = pod("app-0", &cluster.node("node-a"), None, false);
         cluster.protect(&mut manifest);
         let created: Pod = cluster.create(&pods, manifest).await;
         uids.push(created.uid().unwrap());
@@ -279,8 +296,9 @@ async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
                 "app-0",
                 "CrashLoopBackOff",
                 &format!(
-                    "podmon cleaning pod [{} node-a] with delete",
-                    created.uid().unwrap()
+                    "podmon cleaning pod [{} {}] with delete",
+                    created.uid().unwrap(),
+                    cluster.node("node-a")
                 ),
             )
             .await;
@@ -292,7 +310,9 @@ async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
             podmon::plan::is_crash_looping(p)
         })
         .await;
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    controller
+        .two_passes(&cluster, "podmon judged the last pod")
+        .await;
     let pod = pods.get("app-0").await.unwrap();
     assert_eq!(
         pod.uid().as_deref(),
@@ -300,7 +320,7 @@ async fn podmon_deletes_a_crash_looping_pod_at_most_five_times() {
         "deleted more than five times"
     );
     controller.sidecar.stop().await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 async fn annotate(cluster: &Cluster, node: &str, value: Option<&str>) {
@@ -319,9 +339,9 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
     let controller = cluster.start_podmon_controller(|_, _| {}).await;
     let pods = cluster.namespaced::<Pod>();
     for (name, node) in [
-        ("app-a", "node-a"),
-        ("app-b", "node-b"),
-        ("app-c", "node-c"),
+        ("app-a", &cluster.node("node-a")),
+        ("app-b", &cluster.node("node-b")),
+        ("app-c", &cluster.node("node-c")),
     ] {
         let mut manifest = pod(name, node, None, false);
         cluster.protect(&mut manifest);
@@ -330,12 +350,12 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
             .wait_for(&pods, name, "the pod Running", is_running)
             .await;
     }
-    annotate(&cluster, "node-c", Some("true")).await;
+    annotate(&cluster, &cluster.node("node-c"), Some("true")).await;
 
     // Two of three nodes fail at once: a third may be evacuated, the other is held.
-    cluster.kubelet("node-a").partition();
-    cluster.kubelet("node-b").partition();
-    cluster.kubelet("node-c").partition();
+    cluster.kubelet(&cluster.node("node-a")).partition();
+    cluster.kubelet(&cluster.node("node-b")).partition();
+    cluster.kubelet(&cluster.node("node-c")).partition();
     cluster
         .eventually_async("one of the two pods force-deleted", || async {
             let a = pods.get_opt("app-a").await.unwrap().is_none();
@@ -358,7 +378,9 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
             "maintenance: the node is annotated for maintenance",
         )
         .await;
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    controller
+        .two_passes(&cluster, "podmon judged the held nodes again")
+        .await;
     assert!(
         pods.get_opt(held).await.unwrap().is_some(),
         "the breaker held the second node"
@@ -374,7 +396,9 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
     tunables.max_evacuated_fraction = 1.0;
     tunables.maintenance = true;
     controller.live.set(tunables.clone());
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    controller
+        .two_passes(&cluster, "podmon judged with maintenance on")
+        .await;
     assert!(
         pods.get_opt(held).await.unwrap().is_some(),
         "the global maintenance switch pauses all"
@@ -388,11 +412,15 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
         pods.get_opt("app-c").await.unwrap().is_some(),
         "the annotated node is still paused"
     );
-    annotate(&cluster, "node-c", None).await;
+    annotate(&cluster, &cluster.node("node-c"), None).await;
     cluster
         .wait_gone(&pods, "app-c", "node-c's pod cleaned after maintenance")
         .await;
-    for node in ["node-a", "node-b", "node-c"] {
+    for node in [
+        &cluster.node("node-a"),
+        &cluster.node("node-b"),
+        &cluster.node("node-c"),
+    ] {
         let node = cluster.cluster_scoped::<Node>().get(node).await.unwrap();
         assert!(
             cluster.has_podmon_taint(&node),
@@ -406,7 +434,7 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
         })
         .await;
     controller.sidecar.stop().await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -415,7 +443,6 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
         cluster,
         attacher,
         controller,
-        pv,
         target: old_target,
         ..
     }) = scene(
@@ -427,14 +454,14 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     else {
         return;
     };
-    let node_a = cluster.start_podmon_node("node-a").await;
+    let node_a = cluster.start_podmon_node(&cluster.node("node-a")).await;
     cluster
         .eventually("node-podmon remembering the pod", || {
-            std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+            std::fs::read_to_string(cluster.podmon_state_file(&cluster.node("node-a")))
                 .is_ok_and(|s| s.contains("app-0"))
         })
         .await;
-    cluster.fail_node("node-a");
+    cluster.fail_node(&cluster.node("node-a"));
     cluster
         .wait_gone(
             &cluster.namespaced::<Pod>(),
@@ -445,12 +472,12 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     // node-podmon dies while the node is cut off and starts again with no API to list from:
     // only its persisted inventory knows the zombie.
     node_a.kill().await;
-    let node_a = cluster.start_podmon_node("node-a").await;
+    let node_a = cluster.start_podmon_node(&cluster.node("node-a")).await;
     // kubelet stays down, so the cleanup is node-podmon's alone.
-    cluster.kubelet("node-a").stop().await;
-    cluster.recover_node("node-a");
+    cluster.kubelet(&cluster.node("node-a")).stop().await;
+    cluster.recover_node(&cluster.node("node-a"));
     cluster
-        .wait_podmon_untainted("node-a", "node-a cleaned and untainted")
+        .wait_podmon_untainted(&cluster.node("node-a"), "node-a cleaned and untainted")
         .await;
     assert!(
         !old_target.exists(),
@@ -460,7 +487,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     // A reboot while tainted again: the new boot is noticed and the node is untainted.
     let node = cluster
         .cluster_scoped::<Node>()
-        .get("node-a")
+        .get(&cluster.node("node-a"))
         .await
         .unwrap();
     let key = fenced_taint_key(&cluster.driver_name);
@@ -477,21 +504,25 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     })
     .await
     .unwrap();
-    cluster.kubelet("node-a").reboot().await.unwrap();
-    let boot_id = cluster.kubelet("node-a").boot_id();
     cluster
-        .wait_podmon_untainted("node-a", "node-a untainted after the reboot")
+        .kubelet(&cluster.node("node-a"))
+        .reboot()
+        .await
+        .unwrap();
+    let boot_id = cluster.kubelet(&cluster.node("node-a")).boot_id();
+    cluster
+        .wait_podmon_untainted(&cluster.node("node-a"), "node-a untainted after the reboot")
         .await;
     cluster
         .eventually("the new boot recorded", || {
-            std::fs::read_to_string(cluster.podmon_state_file("node-a"))
+            std::fs::read_to_string(cluster.podmon_state_file(&cluster.node("node-a")))
                 .is_ok_and(|s| s.contains(&boot_id))
         })
         .await;
     for sidecar in [node_a, controller.sidecar, attacher] {
         sidecar.stop().await;
     }
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -501,8 +532,10 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     }
     let cluster = Cluster::start_with("podmon-leader", nodes(&["node-a", "node-b"])).await;
     let attacher = cluster.start_attacher().await;
-    let (_, pv, _) =
-        running_pod_with_static_volume(&cluster, "app-0", "node-a", |p| cluster.protect(p)).await;
+    running_pod_with_static_volume(&cluster, "app-0", &cluster.node("node-a"), |p| {
+        cluster.protect(p)
+    })
+    .await;
     let (proxy, through_proxy) = cluster.csi_proxy().await;
     let skip = |_: &mut podmon::controller::Settings, t: &mut podmon::config::Tunables| {
         t.skip_validation = true
@@ -529,14 +562,14 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
         "csi.v1.Controller/ControllerUnpublishVolume",
         std::time::Duration::from_secs(30),
     )));
-    cluster.fail_node("node-a");
+    cluster.fail_node(&cluster.node("node-a"));
     cluster
         .eventually("the leader fencing", || {
             proxy.forwarded("ControllerUnpublishVolume") > 0
         })
         .await;
     assert!(
-        !cluster.podmon_tainted("node-a").await,
+        !cluster.podmon_tainted(&cluster.node("node-a")).await,
         "the leader had not tainted yet"
     );
     leader.sidecar.kill().await;
@@ -553,7 +586,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
             "the standby finished the cleanup",
         )
         .await;
-    assert!(cluster.podmon_tainted("node-a").await);
+    assert!(cluster.podmon_tainted(&cluster.node("node-a")).await);
     cluster
         .eventually("the standby counting its failover", || {
             standby.metrics.failovers(FailoverResult::Success) == 1
@@ -562,7 +595,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     assert_eq!(leader.metrics.failovers(FailoverResult::Success), 0);
     standby.sidecar.stop().await;
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -573,8 +606,8 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
     let offline_on = |node: &Node| podmon::plan::has_taint(node, &offline, "NoSchedule");
     // Driver node pods tolerate podmon's taints (else a restarted one could not come back).
     let driver_pod = || {
-        let mut manifest = pod("driver-node-a", "node-a", None, false);
-        manifest["metadata"]["labels"] = json!({"driver.dellemc.com": "dell-storage"});
+        let mut manifest = pod("driver-node-a", &cluster.node("node-a"), None, false);
+        manifest["metadata"]["labels"] = json!({DRIVER_POD_LABEL_KEY: cluster.driver_name});
         manifest["spec"]["tolerations"] =
             json!([{"key": offline, "operator": "Exists", "effect": "NoSchedule"}]);
         manifest
@@ -585,13 +618,20 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
         .wait_for(&pods, "driver-node-a", "the driver pod Ready", is_running)
         .await;
     cluster
-        .kubelet("node-a")
+        .kubelet(&cluster.node("node-a"))
         .crash_loop(&cluster.namespace, "driver-node-a");
     let nodes = cluster.cluster_scoped::<Node>();
     cluster
-        .wait_for(&nodes, "node-a", "the driver-offline taint", offline_on)
+        .wait_for(
+            &nodes,
+            &cluster.node("node-a"),
+            "the driver-offline taint",
+            offline_on,
+        )
         .await;
-    assert!(!offline_on(&nodes.get("node-b").await.unwrap()));
+    assert!(!offline_on(
+        &nodes.get(&cluster.node("node-b")).await.unwrap()
+    ));
 
     // A new driver pod that is Ready lifts it.
     cluster
@@ -601,12 +641,15 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
     manifest["metadata"]["name"] = json!("driver-node-a-2");
     cluster.create(&pods, manifest).await;
     cluster
-        .wait_for(&nodes, "node-a", "the driver-offline taint lifted", |n| {
-            !offline_on(n)
-        })
+        .wait_for(
+            &nodes,
+            &cluster.node("node-a"),
+            "the driver-offline taint lifted",
+            |n| !offline_on(n),
+        )
         .await;
     controller.sidecar.stop().await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -619,7 +662,7 @@ async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
     let controller = cluster.start_podmon_controller(|_, _| {}).await;
     let pv = csi_suite_scenarios::fixtures::static_claim(&cluster, "app-0").await;
     // An idle pod: the driver sees no I/O once its volume's last write is 10 s old.
-    let mut manifest = pod("app-0", "node-a", Some("app-0"), false);
+    let mut manifest = pod("app-0", &cluster.node("node-a"), Some("app-0"), false);
     cluster.protect(&mut manifest);
     let created: Pod = cluster.create(&cluster.namespaced::<Pod>(), manifest).await;
     let uid = created.uid().unwrap();
@@ -633,7 +676,10 @@ async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
         .await;
 
     // Only the storage network fails: the node stays Ready in Kubernetes.
-    cluster.driver_store().set_link("node-a", false).unwrap();
+    cluster
+        .driver_store()
+        .set_link(&cluster.node("node-a"), false)
+        .unwrap();
     let message = cluster
         .wait_for_event("app-0", "ArrayConnectivityLoss", "with force delete")
         .await;
@@ -645,17 +691,20 @@ async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
             "the pod force-deleted",
         )
         .await;
-    assert!(cluster.podmon_tainted("node-a").await);
+    assert!(cluster.podmon_tainted(&cluster.node("node-a")).await);
     let handle = cluster.volume_handle(&pv).await;
     assert!(
         !cluster.driver_store().read().unwrap().volumes[&handle]
             .published
-            .contains_key("node-a")
+            .contains_key(&cluster.node("node-a"))
     );
-    cluster.driver_store().set_link("node-a", true).unwrap();
+    cluster
+        .driver_store()
+        .set_link(&cluster.node("node-a"), true)
+        .unwrap();
     controller.sidecar.stop().await;
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -665,13 +714,13 @@ async fn podmon_ignores_volumeless_pods_when_asked() {
         .start_podmon_controller(|s, _| s.ignore_volumeless_pods = true)
         .await;
     let pods = cluster.namespaced::<Pod>();
-    let mut manifest = pod("app-0", "node-a", None, false);
+    let mut manifest = pod("app-0", &cluster.node("node-a"), None, false);
     cluster.protect(&mut manifest);
     cluster.create(&pods, manifest).await;
     cluster
         .wait_for(&pods, "app-0", "the pod Running", is_running)
         .await;
-    cluster.kubelet("node-a").partition();
+    cluster.kubelet(&cluster.node("node-a")).partition();
     cluster
         .wait_for(
             &pods,
@@ -680,15 +729,25 @@ async fn podmon_ignores_volumeless_pods_when_asked() {
             |p| !is_running(p),
         )
         .await;
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            &cluster.node("node-a"),
+            "the node tainted unreachable (what podmon acts on)",
+            |n| podmon::plan::has_taint(n, "node.kubernetes.io/unreachable", "NoExecute"),
+        )
+        .await;
+    controller
+        .two_passes(&cluster, "podmon judged the pod on the unreachable node")
+        .await;
     assert!(
         pods.get_opt("app-0").await.unwrap().is_some(),
         "a volumeless pod is left alone"
     );
     assert!(
-        !cluster.podmon_tainted("node-a").await,
+        !cluster.podmon_tainted(&cluster.node("node-a")).await,
         "nothing to fence, no taint"
     );
     controller.sidecar.stop().await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }

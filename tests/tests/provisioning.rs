@@ -85,7 +85,7 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         "no leaked volume"
     );
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -108,7 +108,7 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
     cluster
         .create(
             &cluster.namespaced::<Pod>(),
-            pod("app", "node-c", Some("data"), true),
+            pod("app", &cluster.node("node-c"), Some("data"), true),
         )
         .await;
     cluster
@@ -126,12 +126,12 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
         .unwrap();
     assert_eq!(
         claim.annotations()["volume.kubernetes.io/selected-node"],
-        "node-c"
+        cluster.node("node-c")
     );
     let values = pv_nodes(&cluster, &claim).await;
     assert_eq!(
         values.first().map(String::as_str),
-        Some("node-c"),
+        Some(cluster.node("node-c").as_str()),
         "provisioned on the selected node (its term first)"
     );
     cluster
@@ -144,7 +144,7 @@ async fn dynamic_provisioning_waits_for_the_first_consumer_and_follows_its_node(
         .await;
     attacher.stop().await;
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }
 
 /// A bad class is reported without a CreateVolume; fixing it lets the claim through.
@@ -195,7 +195,7 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
         )
         .await;
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }
 
 /// Kill the provisioner at random moments while claims are created and half of them deleted;
@@ -246,11 +246,10 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
         deleted += 1;
     }
     let provisioner = cluster.start_provisioner().await;
-    let volumes = cluster.cluster_scoped::<PersistentVolume>();
     let deadline = std::time::Instant::now() + csi_suite_scenarios::step_timeout();
     loop {
         let remaining = claims.list(&ListParams::default()).await.unwrap().items;
-        let pvs = volumes.list(&ListParams::default()).await.unwrap().items;
+        let pvs = cluster.driver_pvs().await;
         let all_bound = remaining.len() == CLAIMS / 2 && remaining.iter().all(bound);
         let mut handles: Vec<String> = pvs
             .iter()
@@ -276,7 +275,7 @@ async fn dynamic_provisioning_survives_kills_without_leaking_volumes() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }
 
 /// Retain keeps the volume after the claim goes; the provisioner's finalizer is not kept on a
@@ -333,10 +332,5 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
         "and so does its volume"
     );
     provisioner.stop().await;
-    cluster
-        .stop(&[
-            ("PersistentVolume", &pv_name),
-            ("StorageClass", &class_name),
-        ])
-        .await;
+    cluster.stop().await;
 }

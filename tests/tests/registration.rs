@@ -1,14 +1,13 @@
 //! The kubelet plugin-registration handshake, with a stand-in registration server (the real
 //! node-driver-registrar is tested against the same kubelet in its own scenarios).
 
-use csi_suite_scenarios::{Cluster, DRIVER, Options, RegistrationServer};
+use csi_suite_scenarios::{Cluster, Options, RegistrationServer};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-const TOPOLOGY_KEY: &str = "topology.hostpath.csi-suite.io/node";
 const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 fn unregistered() -> Options {
@@ -19,8 +18,20 @@ fn unregistered() -> Options {
     }
 }
 
-fn driver_entry(csi_node: &CSINode) -> Option<&k8s_openapi::api::storage::v1::CSINodeDriver> {
-    csi_node.spec.drivers.iter().find(|d| d.name == DRIVER)
+fn driver_entry<'a>(
+    cluster: &Cluster,
+    csi_node: &'a CSINode,
+) -> Option<&'a k8s_openapi::api::storage::v1::CSINodeDriver> {
+    csi_node
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == cluster.driver_name)
+}
+
+/// The reference driver's topology key (it names the driver).
+fn topology_key(cluster: &Cluster) -> String {
+    format!("topology.{}/node", cluster.driver_name)
 }
 
 #[tokio::test]
@@ -32,12 +43,12 @@ async fn registration_handshake_records_the_driver_on_node_and_csinode() {
                 &cluster.cluster_scoped::<CSINode>(),
                 node,
                 "CSINode entry",
-                |c| driver_entry(c).is_some(),
+                |c| driver_entry(&cluster, c).is_some(),
             )
             .await;
-        let entry = driver_entry(&csi_node).unwrap();
+        let entry = driver_entry(&cluster, &csi_node).unwrap();
         assert_eq!(&entry.node_id, node);
-        assert_eq!(entry.topology_keys, Some(vec![TOPOLOGY_KEY.to_string()]));
+        assert_eq!(entry.topology_keys, Some(vec![topology_key(&cluster)]));
         assert_eq!(
             entry.allocatable, None,
             "the driver reports no volume limit"
@@ -58,8 +69,11 @@ async fn registration_handshake_records_the_driver_on_node_and_csinode() {
             .await;
         let ids: serde_json::Value =
             serde_json::from_str(&node_object.annotations()[NODE_ID_ANNOTATION]).unwrap();
-        assert_eq!(ids, json!({DRIVER: node}));
-        assert_eq!(node_object.labels().get(TOPOLOGY_KEY), Some(node));
+        assert_eq!(ids, json!({ cluster.driver_name.clone(): node }));
+        assert_eq!(
+            node_object.labels().get(&topology_key(&cluster)),
+            Some(node)
+        );
         assert_eq!(
             node_object
                 .annotations()
@@ -77,7 +91,7 @@ async fn registration_handshake_records_the_driver_on_node_and_csinode() {
         );
         assert!(reported[0].plugin_registered, "{reported:?}");
     }
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 /// Serves a registration socket on node-a advertising `versions` and checks the kubelet
@@ -85,16 +99,16 @@ async fn registration_handshake_records_the_driver_on_node_and_csinode() {
 async fn expect_rejection(cluster: &mut Cluster, versions: &[&str], reason: &str) {
     let registry = cluster
         .driver
-        .kubelet_dir("node-a")
+        .kubelet_dir(&cluster.node("node-a"))
         .join(kube_sim::roles::kubelet::PLUGINS_REGISTRY_DIR);
     let endpoint = cluster
         .driver
-        .node("node-a")
+        .node(&cluster.node("node-a"))
         .endpoint
         .path()
         .display()
         .to_string();
-    let server = RegistrationServer::start(&registry, DRIVER, &endpoint, versions)
+    let server = RegistrationServer::start(&registry, &cluster.driver_name, &endpoint, versions)
         .await
         .unwrap();
     cluster
@@ -105,16 +119,16 @@ async fn expect_rejection(cluster: &mut Cluster, versions: &[&str], reason: &str
     assert!(reported[0].error.contains(reason), "{}", reported[0].error);
     let csi_node = cluster
         .cluster_scoped::<CSINode>()
-        .get("node-a")
+        .get(&cluster.node("node-a"))
         .await
         .unwrap();
     assert!(
-        driver_entry(&csi_node).is_none(),
+        driver_entry(&cluster, &csi_node).is_none(),
         "no CSINode entry after a rejection"
     );
     let node = cluster
         .cluster_scoped::<Node>()
-        .get("node-a")
+        .get(&cluster.node("node-a"))
         .await
         .unwrap();
     assert!(!node.annotations().contains_key(NODE_ID_ANNOTATION));
@@ -125,19 +139,20 @@ async fn expect_rejection(cluster: &mut Cluster, versions: &[&str], reason: &str
 async fn registration_rejected_for_an_unsupported_version() {
     let mut cluster = Cluster::start_with("registration-version", unregistered()).await;
     expect_rejection(&mut cluster, &["2.0.0"], "2.0.0").await;
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
 async fn registration_rejected_for_a_topology_label_clash() {
     let mut cluster = Cluster::start_with("registration-clash", unregistered()).await;
+    let key = topology_key(&cluster);
     let label = |value: serde_json::Value| {
-        Patch::Merge(json!({"metadata": {"labels": {TOPOLOGY_KEY: value}}}))
+        Patch::Merge(json!({"metadata": {"labels": {key.clone(): value}}}))
     };
     let nodes = cluster.cluster_scoped::<Node>();
     nodes
         .patch(
-            "node-a",
+            &cluster.node("node-a"),
             &PatchParams::default(),
             &label(json!("elsewhere")),
         )
@@ -145,10 +160,14 @@ async fn registration_rejected_for_a_topology_label_clash() {
         .unwrap();
     expect_rejection(&mut cluster, &["1.0.0"], "collision").await;
     nodes
-        .patch("node-a", &PatchParams::default(), &label(json!(null)))
+        .patch(
+            &cluster.node("node-a"),
+            &PatchParams::default(),
+            &label(json!(null)),
+        )
         .await
         .unwrap();
-    cluster.stop(&[]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -166,24 +185,31 @@ async fn registration_socket_removed_unregisters_the_driver() {
     cluster
         .wait_for(
             &cluster.cluster_scoped::<CSINode>(),
-            "node-a",
+            &cluster.node("node-a"),
             "the CSINode entry removed",
-            |c| driver_entry(c).is_none(),
+            |c| driver_entry(&cluster, c).is_none(),
         )
         .await;
     let node = cluster
         .wait_for(
             &cluster.cluster_scoped::<Node>(),
-            "node-a",
+            &cluster.node("node-a"),
             "the node-ID annotation removed",
             |n| !n.annotations().contains_key(NODE_ID_ANNOTATION),
         )
         .await;
     assert_eq!(
-        node.labels().get(TOPOLOGY_KEY).map(String::as_str),
-        Some("node-a"),
+        node.labels()
+            .get(&topology_key(&cluster))
+            .map(String::as_str),
+        Some(cluster.node("node-a").as_str()),
         "topology labels stay, as with kubelet"
     );
-    assert!(cluster.kubelet("node-a").registered_drivers().is_empty());
-    cluster.stop(&[]).await;
+    assert!(
+        cluster
+            .kubelet(&cluster.node("node-a"))
+            .registered_drivers()
+            .is_empty()
+    );
+    cluster.stop().await;
 }

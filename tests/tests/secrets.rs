@@ -148,5 +148,5 @@ async fn secrets_reach_the_driver_and_the_pv_but_not_logs_or_events() {
         "a secret value reached an Event"
     );
     provisioner.stop().await;
-    cluster.stop(&[("StorageClass", &class_name)]).await;
+    cluster.stop().await;
 }

@@ -43,10 +43,10 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
     let driver = cluster.driver_name.clone();
     let attacher = cluster.start_attacher().await;
     let (running, pv_name, target) =
-        running_pod_with_static_volume(&cluster, "app", "node-b", |_| {}).await;
+        running_pod_with_static_volume(&cluster, "app", &cluster.node("node-b"), |_| {}).await;
     assert_eq!(
         running.spec.unwrap().node_name.as_deref(),
-        Some("node-b"),
+        Some(cluster.node("node-b").as_str()),
         "scheduled to the node it selects"
     );
 
@@ -80,7 +80,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
         Some("app")
     );
 
-    let va_name = attachment_name(&handle, &driver, "node-b");
+    let va_name = attachment_name(&handle, &driver, &cluster.node("node-b"));
     let va = cluster
         .cluster_scoped::<VolumeAttachment>()
         .get(&va_name)
@@ -88,7 +88,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
         .expect("the attach/detach controller's VolumeAttachment");
     assert_eq!(
         (va.spec.attacher.as_str(), va.spec.node_name.as_str()),
-        (driver.as_str(), "node-b")
+        (driver.as_str(), cluster.node("node-b").as_str())
     );
     assert_eq!(
         va.spec.source.persistent_volume_name.as_deref(),
@@ -103,13 +103,13 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
     cluster
         .eventually("the pod writing to its volume", || file_size(&log) > 0)
         .await;
-    for other in ["node-a", "node-c"] {
+    for other in [&cluster.node("node-a"), &cluster.node("node-c")] {
         let mounts =
             csi_sidecar::mounts::mount_points_under(&cluster.driver.kubelet_dir(other)).unwrap();
         assert!(mounts.is_empty(), "nothing mounted on {other}: {mounts:?}");
     }
 
-    delete_pod_and_check_unmounted(&cluster, "node-b", &target).await;
+    delete_pod_and_check_unmounted(&cluster, &cluster.node("node-b"), &target).await;
     cluster
         .wait_gone(
             &cluster.cluster_scoped::<VolumeAttachment>(),
@@ -138,7 +138,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
         )
         .await;
     attacher.stop().await;
-    cluster.stop(&[("PersistentVolume", &pv_name)]).await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -161,7 +161,7 @@ async fn static_pv_with_a_driver_that_needs_no_attach_gets_no_volume_attachment(
         )
         .await;
     let (_, pv_name, target) =
-        running_pod_with_static_volume(&cluster, "app", "node-a", |_| {}).await;
+        running_pod_with_static_volume(&cluster, "app", &cluster.node("node-a"), |_| {}).await;
     cluster
         .eventually("the pod writing", || file_size(&target.join("app.log")) > 0)
         .await;
@@ -177,8 +177,6 @@ async fn static_pv_with_a_driver_that_needs_no_attach_gets_no_volume_attachment(
             .all(|va| va.spec.source.persistent_volume_name.as_deref() != Some(pv_name.as_str())),
         "no VolumeAttachment for a driver with attachRequired=false"
     );
-    delete_pod_and_check_unmounted(&cluster, "node-a", &target).await;
-    cluster
-        .stop(&[("PersistentVolume", &pv_name), ("CSIDriver", &driver)])
-        .await;
+    delete_pod_and_check_unmounted(&cluster, &cluster.node("node-a"), &target).await;
+    cluster.stop().await;
 }

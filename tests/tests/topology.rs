@@ -57,6 +57,7 @@ async fn provision(
 async fn allowed_topologies_and_strict_topology_shape_the_request() {
     let cluster = Cluster::start("topology").await;
     let key = format!("topology.{}/node", cluster.driver_name);
+    let [a, b, c] = ["node-a", "node-b", "node-c"].map(|node| cluster.node(node));
     let allowed =
         |values: &[&str]| json!([{"matchLabelExpressions": [{"key": key, "values": values}]}]);
     let class = |suffix: &str, binding: &str, values: &[&str]| {
@@ -68,9 +69,9 @@ async fn allowed_topologies_and_strict_topology_shape_the_request() {
         )
     };
     let classes = cluster.cluster_scoped::<k8s_openapi::api::storage::v1::StorageClass>();
-    let (immediate, manifest) = class("immediate", "Immediate", &["node-b", "node-c"]);
+    let (immediate, manifest) = class("immediate", "Immediate", &[b.as_str(), c.as_str()]);
     cluster.create(&classes, manifest).await;
-    let (late, manifest) = class("late", "WaitForFirstConsumer", &["node-a", "node-b"]);
+    let (late, manifest) = class("late", "WaitForFirstConsumer", &[a.as_str(), b.as_str()]);
     cluster.create(&classes, manifest).await;
 
     let (proxy, csi) = cluster.csi_proxy().await;
@@ -79,7 +80,11 @@ async fn allowed_topologies_and_strict_topology_shape_the_request() {
     let requirement = request_for(&proxy.create_volume_requests(), &anywhere);
     let mut requisite = nodes(&requirement.requisite, &key);
     requisite.sort();
-    assert_eq!(requisite, ["node-b", "node-c"], "only the allowed nodes");
+    assert_eq!(
+        requisite,
+        [b.as_str(), c.as_str()],
+        "only the allowed nodes"
+    );
     let mut preferred = nodes(&requirement.preferred, &key);
     preferred.sort();
     assert_eq!(preferred, requisite, "every requisite term is preferred");
@@ -89,19 +94,19 @@ async fn allowed_topologies_and_strict_topology_shape_the_request() {
         "reachable only from allowed nodes: {placed:?}"
     );
 
-    let on_b = provision(&cluster, "on-b", &late, Some("node-b")).await;
+    let on_b = provision(&cluster, "on-b", &late, Some(b.as_str())).await;
     let requirement = request_for(&proxy.create_volume_requests(), &on_b);
     let mut requisite = nodes(&requirement.requisite, &key);
     requisite.sort();
-    assert_eq!(requisite, ["node-a", "node-b"]);
+    assert_eq!(requisite, [a.as_str(), b.as_str()]);
     assert_eq!(
         nodes(&requirement.preferred, &key),
-        ["node-b", "node-a"],
+        [b.as_str(), a.as_str()],
         "the selected node first"
     );
     let placed = pv_nodes(&cluster, &on_b).await;
     assert!(
-        placed.contains(&"node-b".to_string()) && placed.iter().all(|n| requisite.contains(n)),
+        placed.contains(&b) && placed.iter().all(|n| requisite.contains(n)),
         "{placed:?}"
     );
     provisioner.stop().await;
@@ -110,13 +115,11 @@ async fn allowed_topologies_and_strict_topology_shape_the_request() {
     let strict = cluster
         .start_provisioner_via(csi, |s| s.strict_topology = true)
         .await;
-    let on_a = provision(&cluster, "on-a", &late, Some("node-a")).await;
+    let on_a = provision(&cluster, "on-a", &late, Some(a.as_str())).await;
     let requirement = request_for(&strict_proxy.create_volume_requests(), &on_a);
-    assert_eq!(nodes(&requirement.requisite, &key), ["node-a"], "strict");
-    assert_eq!(nodes(&requirement.preferred, &key), ["node-a"], "strict");
-    assert_eq!(pv_nodes(&cluster, &on_a).await, ["node-a"]);
+    assert_eq!(nodes(&requirement.requisite, &key), [a.as_str()], "strict");
+    assert_eq!(nodes(&requirement.preferred, &key), [a.as_str()], "strict");
+    assert_eq!(pv_nodes(&cluster, &on_a).await, [a.as_str()]);
     strict.stop().await;
-    cluster
-        .stop(&[("StorageClass", &immediate), ("StorageClass", &late)])
-        .await;
+    cluster.stop().await;
 }
