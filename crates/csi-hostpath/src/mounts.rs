@@ -2,8 +2,10 @@
 //! finding the processes that write under a path (for fencing). Mounts use rustix's safe
 //! wrappers of mount(2); loop devices use util-linux `losetup`.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -96,38 +98,123 @@ fn losetup(args: &[&str]) -> io::Result<String> {
     }
 }
 
-/// Processes holding a file under any of `paths` open for writing.
+/// The processes that can write to the volume mounted at `paths` (a node's staging and target
+/// paths), which a fence must stop:
+/// - every process holding a file of the volume open for writing, in any mount namespace: the
+///   file is looked up from the process's own root, and it is the volume's when one of its
+///   directories is a mount root at `paths` (same device and inode);
+/// - every process of another mount namespace (a container) where the volume is mounted
+///   somewhere else than at `paths`: a read-only remount of `paths` does not reach that mount,
+///   and a writer there may open a file at any moment.
+///
+/// The namespaces of the host and of this process are spared the second rule: there the volume
+/// is mounted only at `paths` (or propagated to the same paths), which the fence remounts
+/// read-only. Seeing other containers' processes takes the host's PID namespace.
 pub fn writers_under(paths: &[PathBuf]) -> Vec<i32> {
     let Ok(processes) = fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let volume = Volume::at(paths);
     let own = std::process::id();
+    let spared: Vec<PathBuf> = ["self", "1"]
+        .iter()
+        .filter_map(|pid| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok())
+        .collect();
+    let mut namespaces: HashMap<PathBuf, bool> = HashMap::new();
     processes
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| u32::try_from(*pid).ok() != Some(own))
-        .filter(|pid| writes_under(*pid, paths))
+        .filter(|pid| {
+            volume.written_by(*pid)
+                || fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                    .ok()
+                    .filter(|ns| !spared.contains(ns))
+                    .is_some_and(|ns| {
+                        *namespaces
+                            .entry(ns)
+                            .or_insert_with(|| volume.mounted_elsewhere_by(*pid))
+                    })
+        })
         .collect()
 }
 
-fn writes_under(pid: i32, paths: &[PathBuf]) -> bool {
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.filter_map(Result::ok).any(|fd| {
-        let Ok(target) = fs::read_link(fd.path()) else {
+/// A volume as mounted at a node's staging and target paths.
+struct Volume<'a> {
+    paths: &'a [PathBuf],
+    /// Device and inode of each mount root at `paths`.
+    inodes: Vec<(u64, u64)>,
+    /// The filesystem directories mounted at `paths`, as `(major:minor, root)`.
+    sources: Vec<(String, PathBuf)>,
+}
+
+impl<'a> Volume<'a> {
+    fn at(paths: &'a [PathBuf]) -> Self {
+        let inodes = paths
+            .iter()
+            .filter_map(|path| fs::metadata(path).ok())
+            .map(|meta| (meta.dev(), meta.ino()))
+            .collect();
+        let sources = csi_sidecar::mounts::mount_table("self")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|mount| paths.contains(&mount.mount_point))
+            .map(|mount| (mount.device, mount.root))
+            .collect();
+        Self {
+            paths,
+            inodes,
+            sources,
+        }
+    }
+
+    /// Whether `pid` holds a file of the volume open for writing.
+    fn written_by(&self, pid: i32) -> bool {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
             return false;
         };
-        if !paths.iter().any(|p| target.starts_with(p)) {
-            return false;
-        }
-        let info = fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            fd.file_name().to_string_lossy()
-        ))
-        .unwrap_or_default();
-        open_for_writing(&info)
-    })
+        fds.filter_map(Result::ok).any(|fd| {
+            let Ok(target) = fs::read_link(fd.path()) else {
+                return false;
+            };
+            if !target.is_absolute() {
+                return false;
+            }
+            let under = self.paths.iter().any(|p| target.starts_with(p))
+                || self.contains_in_root_of(pid, &target);
+            under && {
+                let info = fs::read_to_string(format!(
+                    "/proc/{pid}/fdinfo/{}",
+                    fd.file_name().to_string_lossy()
+                ))
+                .unwrap_or_default();
+                open_for_writing(&info)
+            }
+        })
+    }
+
+    /// Whether `path`, as process `pid` sees it, lies under one of the volume's mount roots.
+    fn contains_in_root_of(&self, pid: i32, path: &Path) -> bool {
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        path.ancestors().skip(1).any(|dir| {
+            let seen = root.join(dir.strip_prefix("/").unwrap_or(dir));
+            fs::metadata(seen).is_ok_and(|meta| self.inodes.contains(&(meta.dev(), meta.ino())))
+        })
+    }
+
+    /// Whether the mount namespace of `pid` has the volume (or a directory of it) mounted
+    /// anywhere but at `paths`.
+    fn mounted_elsewhere_by(&self, pid: i32) -> bool {
+        csi_sidecar::mounts::mount_table(&pid.to_string())
+            .unwrap_or_default()
+            .iter()
+            .any(|mount| {
+                !self.paths.contains(&mount.mount_point)
+                    && self.sources.iter().any(|(device, root)| {
+                        mount.device == *device && mount.root.starts_with(root)
+                    })
+            })
+    }
 }
 
 /// fdinfo's `flags:` field is octal; O_WRONLY is 1 and O_RDWR is 2.
@@ -179,5 +266,54 @@ mod tests {
         kill(pid);
         let _ = child.wait();
         assert!(found, "the child's writable fd must be found");
+    }
+
+    /// A container's writer: its own mount namespace, the volume bind-mounted at its own path,
+    /// and a file opened only for each write (so no fd is open most of the time). The fence
+    /// finds it through the mount, as it would find a real container.
+    #[test]
+    fn a_writer_in_another_mount_namespace_is_found() {
+        if skip_without_root("a_writer_in_another_mount_namespace_is_found") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (data, target, inside) = (
+            dir.path().join("data"),
+            dir.path().join("target"),
+            dir.path().join("inside"),
+        );
+        for d in [&data, &target, &inside] {
+            fs::create_dir(d).unwrap();
+        }
+        bind(&data, &target, false).unwrap();
+        let script = format!(
+            "mount --bind {target} {inside} && while :; do echo x >> {inside}/log; sleep 0.05; done",
+            target = target.display(),
+            inside = inside.display()
+        );
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = writers_under(std::slice::from_ref(&target));
+            if found.contains(&pid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        kill(pid);
+        let _ = child.wait();
+        let _ = unmount(&target, UnmountFlags::DETACH);
+        assert!(
+            found.contains(&pid),
+            "the container's writer must be found: {found:?}"
+        );
+        assert!(
+            !found.contains(&i32::try_from(std::process::id()).unwrap()),
+            "never this process"
+        );
     }
 }

@@ -7,12 +7,45 @@ use std::path::{Path, PathBuf};
 
 /// Mount points currently in this process's mount namespace.
 pub fn mount_points() -> io::Result<Vec<PathBuf>> {
-    let table = fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(table
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+    Ok(mount_table("self")?
+        .into_iter()
+        .map(|mount| mount.mount_point)
         .collect())
+}
+
+/// One line of a mount table (`/proc/<pid>/mountinfo`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// `major:minor` of the filesystem: the same in every mount namespace.
+    pub device: String,
+    /// The directory of the filesystem that is mounted (a bind mount's source, relative to the
+    /// filesystem's root): also the same in every mount namespace.
+    pub root: PathBuf,
+    /// Where it is mounted, in the namespace of the table.
+    pub mount_point: PathBuf,
+}
+
+/// The mount table of the mount namespace of process `pid` (`"self"`: this process).
+pub fn mount_table(pid: &str) -> io::Result<Vec<Mount>> {
+    let table = fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    Ok(parse_mount_table(&table))
+}
+
+fn parse_mount_table(table: &str) -> Vec<Mount> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ').skip(2);
+            let device = fields.next()?.to_string();
+            let root = PathBuf::from(unescape_mountinfo(fields.next()?));
+            let mount_point = PathBuf::from(unescape_mountinfo(fields.next()?));
+            Some(Mount {
+                device,
+                root,
+                mount_point,
+            })
+        })
+        .collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -69,6 +102,28 @@ pub fn unmount_all(target: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_table_lines() {
+        let table = "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw\n\
+                     37 36 8:1 /data/vol\\040a /var/lib/kubelet/pods/p/mount rw - ext4 /dev/sda1 rw\n\
+                     garbage\n";
+        assert_eq!(
+            parse_mount_table(table),
+            [
+                Mount {
+                    device: "98:0".into(),
+                    root: "/mnt1".into(),
+                    mount_point: "/mnt/parent".into()
+                },
+                Mount {
+                    device: "8:1".into(),
+                    root: "/data/vol a".into(),
+                    mount_point: "/var/lib/kubelet/pods/p/mount".into()
+                },
+            ]
+        );
+    }
 
     #[test]
     fn mountinfo_escapes() {
