@@ -316,6 +316,8 @@ fn default_values_run_the_reference_driver_with_every_component() {
     for container in rendering.containers() {
         assert!(parse_with_binary(container), "{container:#}");
     }
+    // The reference driver fences other pods' writers: it must see their processes.
+    assert_eq!(node["hostPID"], true);
 
     // One replica: no leader election, and no overlap during a rollout.
     let deployment = rendering.get("Deployment", "csi-suite-controller");
@@ -696,6 +698,10 @@ fn the_external_driver_example_keeps_the_vendor_driver_and_our_sidecars() {
             }
         }
     }
+    assert!(
+        rendering.node().get("hostPID").is_none(),
+        "not for a driver that fences at its array"
+    );
     let controller = rendering.controller();
     let provisioner = container(controller, "csi-provisioner").unwrap();
     assert!(has_arg(provisioner, "--leader-election=true"));
