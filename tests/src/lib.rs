@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
+pub mod image;
 pub mod manifests;
 pub mod podmon;
 pub mod rbac;
