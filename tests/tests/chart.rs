@@ -52,6 +52,11 @@ fn external_driver_values() -> String {
 /// `helm template` of the chart with `values` (YAML) over its defaults; None (after saying
 /// why) when helm is missing outside CI.
 fn template(values: &str) -> Option<std::process::Output> {
+    template_for(values, None)
+}
+
+/// [`template`] for a cluster of Kubernetes `version` (helm's default when `None`).
+fn template_for(values: &str, version: Option<&str>) -> Option<std::process::Output> {
     let Some(helm) = helm() else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -68,6 +73,7 @@ fn template(values: &str) -> Option<std::process::Output> {
         .args(["template", "csi-suite", CHART, "--namespace", "storage"])
         .arg("--values")
         .arg(&file)
+        .args(version.map(|v| format!("--kube-version={v}")))
         .output()
         .expect("helm runs");
     Some(output)
@@ -829,6 +835,57 @@ fn bad_values_are_refused_with_the_field_named() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{values} was accepted");
         assert!(stderr.contains(field), "{values}: {stderr}");
+    }
+}
+
+/// The chart installs on the oldest Kubernetes the suite is tested on (v1.19), but refuses
+/// capacity tracking there, whose API (CSIStorageCapacity v1) arrived in 1.24.
+#[test]
+fn capacity_tracking_is_refused_on_a_cluster_without_its_api() {
+    let Some(plain) = template_for("{}", Some("1.19.16")) else {
+        return;
+    };
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let capacity = "provisioner:\n  capacity:\n    enabled: true\n";
+    let refused = template_for(capacity, Some("1.19.16")).unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "capacity tracking on v1.19 was accepted"
+    );
+    assert!(stderr.contains("CSIStorageCapacity"), "{stderr}");
+    let accepted = template_for(capacity, Some("1.24.0")).unwrap();
+    assert!(accepted.status.success());
+}
+
+/// CSIDriver fields newer than the cluster are left out (v1.19 refuses requiresRepublish and
+/// seLinuxMount), and asking for one there is refused with the field named.
+#[test]
+fn csidriver_fields_follow_the_cluster_version() {
+    let Some(old) = template_for("{}", Some("1.19.16")) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&old.stdout);
+    assert!(old.status.success());
+    assert!(text.contains("kind: CSIDriver"));
+    assert!(!text.contains("requiresRepublish") && !text.contains("seLinuxMount"));
+    let new = template_for("{}", Some("1.25.0")).unwrap();
+    let text = String::from_utf8_lossy(&new.stdout);
+    assert!(text.contains("requiresRepublish: false") && text.contains("seLinuxMount: false"));
+    for (values, field) in [
+        (
+            "csiDriver:\n  requiresRepublish: true\n",
+            "requiresRepublish",
+        ),
+        ("csiDriver:\n  seLinuxMount: true\n", "seLinuxMount"),
+    ] {
+        let refused = template_for(values, Some("1.19.16")).unwrap();
+        assert!(!refused.status.success(), "{values} accepted on v1.19");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains(field));
     }
 }
 
