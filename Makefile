@@ -1,11 +1,12 @@
 # The two set-up commands on a fresh machine are `make demo` and `make test`; CI runs
-# `bash .ci/run`: `make test`, then `make test-real` when ../shared/k8s is present.
+# `bash .ci/run`: `make test`, then `make test-real` and `make test-node` when ../shared/k8s is
+# present.
 
 CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test test-real fmt-check lint unit chart manifests build image demo bench
+.PHONY: test test-real test-node fmt-check lint unit chart manifests build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
@@ -20,6 +21,11 @@ test: fmt-check lint chart unit
 ## the cluster of KUBECONFIG, or ../shared/k8s/control-plane brought up and down around the run.
 test-real: $(HELM)
 	CARGO="$(CARGO)" scripts/test-real.sh
+
+## test-node: the chart on a real kubelet (../shared/k8s/node, or the cluster of KUBECONFIG with
+## the image loaded): image built offline, registration, a smoke volume, fencing a real writer.
+test-node: $(HELM)
+	CARGO="$(CARGO)" scripts/test-node.sh
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

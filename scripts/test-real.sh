@@ -11,6 +11,7 @@ CARGO=${CARGO:-cargo}
 
 skips=$(mktemp)
 started=""
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   rm -f "$skips"
   if [ -n "$started" ]; then "$CONTROL_PLANE" down; fi

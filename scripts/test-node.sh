@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# `make test-node`: the suite as users deploy it, on a real kubelet.
+#   1. builds the image here, offline: the release binaries and what they need at run time
+#      (the Dockerfile's runtime stage) as an image tarball, imported into the node;
+#   2. installs the chart with the reference driver; the registrar registers with the kubelet;
+#   3. smoke: claim -> provisioned -> attached -> staged/published by the kubelet -> a real
+#      container writes and reads -> deleted -> PV and volume gone, no mount left;
+#   4. fencing against a real writer: a protected pod keeps appending numbered records; the
+#      node's kubelet is stopped (its containers keep running); podmon fences and cleans up;
+#      no record lands after the fence; the kubelet comes back and the node is untainted;
+#   5. uninstalls the chart; nothing is left behind.
+# The node and control plane are ../shared/k8s's (started and stopped here) unless KUBECONFIG
+# names a cluster that already has the image; step 4 needs ../shared/k8s's node.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+K8S=${K8S_DIR:-../shared/k8s}
+CARGO=${CARGO:-cargo}
+NAMESPACE=csi-suite
+RELEASE=csi-suite
+DRIVER=hostpath.csi-suite.io
+NODE=${NODE_NAME:-node-1}
+NODE_DIR=${NODE_DIR:-/tmp/csi-suite-node}
+STATE_DIR=/var/lib/csi-hostpath-data
+VERSION=$(sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/csi-suite/Chart.yaml)
+IMAGE=csi-suite:$VERSION
+WORK=target/test-node
+TIMEOUT=${STEP_TIMEOUT:-180}
+
+scripts/install-tools.sh helm kubectl
+helm=$PWD/.tools/bin/helm
+kubectl=$PWD/.tools/bin/kubectl
+mkdir -p "$WORK"
+
+managed=""
+installed=""
+cleanup() {
+  status=$?
+  if [ $status -ne 0 ] && [ -n "$installed" ]; then
+    echo "== test-node failed: state of the cluster" >&2
+    "$kubectl" get pods -A -o wide >&2 || true
+    "$kubectl" -n "$NAMESPACE" logs -l app.kubernetes.io/component=node --all-containers --tail=40 >&2 || true
+    "$kubectl" -n "$NAMESPACE" logs -l app.kubernetes.io/component=controller --all-containers --tail=40 >&2 || true
+  fi
+  if [ -n "$installed" ]; then "$helm" uninstall "$RELEASE" -n "$NAMESPACE" --wait >/dev/null 2>&1 || true; fi
+  if [ -n "$managed" ]; then
+    "$K8S/node" down || true
+    "$K8S/control-plane" down || true
+  fi
+  exit $status
+}
+trap cleanup EXIT
+
+fail() { echo "test-node: $*" >&2; exit 1; }
+# until SECONDS WHAT COMMAND...: runs COMMAND until it succeeds, for at most SECONDS.
+until_ok() {
+  local limit=$1 what=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || fail "timed out waiting for $what"
+    sleep 1
+  done
+  echo "   ok: $what"
+}
+
+if [ -z "${KUBECONFIG:-}" ]; then
+  [ -x "$K8S/node" ] || fail "set KUBECONFIG to a cluster, or put the node tools at $K8S"
+  managed=1
+  # Pods reach the API server through the kubernetes Service only on the pod network.
+  eval "$(CP_POD_NETWORK=1 "$K8S/control-plane" up | grep '^export KUBECONFIG=')"
+  "$K8S/node" up
+  # The reference driver's volumes of an earlier run on this test node.
+  rm -rf "$STATE_DIR"
+fi
+export KUBECONFIG
+
+echo "== image $IMAGE from the release binaries"
+$CARGO build --release --locked -p csi-provisioner -p csi-attacher -p csi-node-driver-registrar \
+  -p podmon -p csi-hostpath --bins
+$CARGO run --locked -q -p csi-suite-scenarios --example node_image -- \
+  target/release "$IMAGE" "$WORK/csi-suite.tar"
+if [ -n "$managed" ]; then "$K8S/node" import "$WORK/csi-suite.tar" >/dev/null; fi
+
+# A namespace accepts pods once its default ServiceAccount (and, before v1.24, its token) exists.
+namespace() {
+  "$kubectl" create namespace "$1" >/dev/null
+  until_ok 60 "namespace $1 admits pods" \
+    sh -c "'$kubectl' -n '$1' get serviceaccount default -o jsonpath='{.secrets[0].name}' | grep -q ."
+}
+
+echo "== install the chart"
+namespace "$NAMESPACE"
+installed=1
+"$helm" install "$RELEASE" charts/csi-suite --namespace "$NAMESPACE" \
+  --set storageClass.create=true --set podmon.skipArrayConnectionValidation=true \
+  --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
+  --wait --timeout "${TIMEOUT}s"
+registered() {
+  "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw "$DRIVER"
+}
+until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" registered
+"$kubectl" get node "$NODE" -o jsonpath='{.metadata.annotations.csi\.volume\.kubernetes\.io/nodeid}' \
+  | grep -q "$DRIVER" || fail "no node-ID annotation for $DRIVER on $NODE"
+
+echo "== smoke: provision, attach, stage, publish, write, read, delete"
+namespace smoke
+sed "s|image: busybox:1.36|image: ${BUSYBOX:-registry.local/busybox:1}|" e2e/smoke.yaml |
+  "$kubectl" -n smoke apply -f - >/dev/null
+"$kubectl" -n smoke wait pod/smoke --for=condition=Ready --timeout "${TIMEOUT}s" >/dev/null
+"$kubectl" -n smoke exec smoke -- cat /data/proof | grep -qx written-by-smoke ||
+  fail "the smoke pod did not read back what it wrote"
+echo "   ok: a real container wrote and read its volume"
+pv=$("$kubectl" -n smoke get pvc smoke -o jsonpath='{.spec.volumeName}')
+"$kubectl" get volumeattachments -o jsonpath='{range .items[*]}{.spec.source.persistentVolumeName} {.status.attached}{"\n"}{end}' |
+  grep -qx "$pv true" || fail "no attached VolumeAttachment for $pv"
+"$kubectl" delete namespace smoke --wait --timeout "${TIMEOUT}s" >/dev/null
+until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
+if findmnt -rn -o TARGET | grep -q "/$pv/"; then fail "a mount of $pv is left on the host"; fi
+echo "   ok: PV, volume and mounts gone"
+
+if [ -z "$managed" ]; then
+  echo "skipped fencing against a real writer: it stops the kubelet of $K8S/node"
+  exit 0
+fi
+
+echo "== fencing: stop the kubelet under a writing container"
+namespace fence
+"$kubectl" -n fence apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: csi-suite
+  resources: {requests: {storage: 16Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: writer
+  labels: {podmon.dellemc.com/driver: $DRIVER}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+    - name: writer
+      image: ${BUSYBOX:-registry.local/busybox:1}
+      # A record per write, each write its own open of the file: the fence must stop the
+      # container, not only close an open file.
+      command: [sh, -c, 'i=0; while :; do i=\$((i+1)); echo \$i >> /data/records; sleep 0.05; done']
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+YAML
+"$kubectl" -n fence wait pod/writer --for=condition=Ready --timeout "${TIMEOUT}s" >/dev/null
+pv=$("$kubectl" -n fence get pvc data -o jsonpath='{.spec.volumeName}')
+handle=$("$kubectl" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
+records="$STATE_DIR/volumes/$handle/records"
+count() { [ -f "$records" ] && wc -l < "$records" || echo 0; }
+until_ok 60 "the writer writing" sh -c "[ \$(wc -l < '$records') -gt 20 ]"
+
+kill "$(cat "$NODE_DIR/kubelet.pid")"
+stopped_at=$(count)
+until_ok 30 "the container writing on without its kubelet" sh -c "[ \$(wc -l < '$records') -gt $((stopped_at + 20)) ]"
+fenced() {
+  python3 - "$STATE_DIR/state.json" "$handle" "$NODE" <<'PY'
+import json, sys
+state = json.load(open(sys.argv[1]))
+sys.exit(0 if sys.argv[3] in state["volumes"].get(sys.argv[2], {}).get("fenced", {}) else 1)
+PY
+}
+until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
+at_fence=$(count)
+writer_gone() { ! "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}' | grep -qx "$1"; }
+container=$("$K8S/node" ctr containers ls | awk 'NR>1 {print $1}' | while read -r id; do
+  "$K8S/node" ctr containers info "$id" | grep -q '"io.kubernetes.container.name": "writer"' && echo "$id"; done | head -1)
+[ -n "$container" ] || fail "the writer's container is not on the node"
+until_ok 30 "the writer's container stopped" writer_gone "$container"
+until_ok "$TIMEOUT" "podmon force-deleted the pod" sh -c "! '$kubectl' -n fence get pod writer"
+"$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | grep -q "podmon.storage/fenced" ||
+  fail "$NODE does not carry podmon's fenced taint"
+final=$(count)
+last=$(tail -n 1 "$records")
+echo "   records: $stopped_at when the kubelet stopped, $at_fence at the fence, $final now (last: $last)"
+[ "$final" -eq "$at_fence" ] || fail "$((final - at_fence)) record(s) landed after the fence"
+[ "$last" -eq "$final" ] || fail "the records are not contiguous (last $last of $final)"
+echo "   ok: zero writes after the fence"
+
+echo "== the kubelet comes back; node-podmon cleans up and lifts the taint"
+"$K8S/node" up >/dev/null
+untainted() { ! "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | grep -q "podmon.storage/fenced"; }
+until_ok "$TIMEOUT" "$NODE untainted" untainted
+"$kubectl" delete namespace fence --wait --timeout "${TIMEOUT}s" >/dev/null
+until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
+
+echo "== uninstall: nothing left behind"
+"$helm" uninstall "$RELEASE" -n "$NAMESPACE" --wait --timeout "${TIMEOUT}s" >/dev/null
+installed=""
+until_ok "$TIMEOUT" "the suite's pods gone" sh -c "[ -z \"\$('$kubectl' -n '$NAMESPACE' get pods -o name)\" ]"
+until_ok "$TIMEOUT" "$DRIVER unregistered" sh -c "! '$kubectl' get csinode '$NODE' -o jsonpath='{.spec.drivers[*].name}' | grep -qw '$DRIVER'"
+if findmnt -rn -o TARGET | grep -E "^/var/lib/kubelet/(pods/.*/volumes/kubernetes.io~csi|plugins/kubernetes.io/csi)/"; then
+  fail "CSI mounts are left on the host"
+fi
+[ -z "$(ls "$STATE_DIR/volumes" 2>/dev/null)" ] || fail "volumes are left in $STATE_DIR"
+echo "test-node: passed"
