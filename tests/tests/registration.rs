@@ -123,7 +123,7 @@ async fn expect_rejection(cluster: &mut Cluster, versions: &[&str], reason: &str
         .await
         .unwrap();
     assert!(
-        driver_entry(&cluster, &csi_node).is_none(),
+        driver_entry(cluster, &csi_node).is_none(),
         "no CSINode entry after a rejection"
     );
     let node = cluster
