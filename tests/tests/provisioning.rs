@@ -293,7 +293,7 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
             claim("data", &class_name),
         )
         .await;
-    let claim = cluster
+    let bound_claim = cluster
         .wait_for(
             &cluster.namespaced::<PersistentVolumeClaim>(),
             "data",
@@ -301,7 +301,7 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
             bound,
         )
         .await;
-    let pv_name = claim.spec.unwrap().volume_name.unwrap();
+    let pv_name = bound_claim.spec.unwrap().volume_name.unwrap();
     let volumes = cluster.cluster_scoped::<PersistentVolume>();
     let pv = cluster
         .wait_for(
@@ -317,12 +317,45 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();
+    let released = |pv: &PersistentVolume| {
+        pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")
+    };
     cluster
-        .wait_for(&volumes, &pv_name, "the PV Released", |pv| {
-            pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")
-        })
+        .wait_for(&volumes, &pv_name, "the PV Released", released)
         .await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The signal that the provisioner has handled the Released Retain PV: a Delete PV released
+    // after it (the watch delivers the two in that order) is deleted, which takes longer than
+    // leaving one alone.
+    let marker = cluster
+        .storage_class("drop", "Immediate", "Delete", json!({}))
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim("marker", &marker),
+        )
+        .await;
+    let marker_pv = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "marker",
+            "the marker claim Bound",
+            bound,
+        )
+        .await
+        .spec
+        .and_then(|spec| spec.volume_name)
+        .expect("the marker's PV");
+    cluster
+        .delete_and_wait(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "marker",
+            "the marker claim gone",
+        )
+        .await;
+    cluster
+        .wait_gone(&volumes, &marker_pv, "the provisioner deleted the later PV")
+        .await;
     assert!(
         volumes.get_opt(&pv_name).await.unwrap().is_some(),
         "a Retain PV stays"
