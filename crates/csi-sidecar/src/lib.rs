@@ -3,6 +3,8 @@
 //!
 //! - [`conn`] the CSI driver connection (bounded wait, Probe, discovery, per-call timeouts,
 //!   metrics, redacted logging, exit on connection loss);
+//! - [`grpc_authority`] gRPC servers on Unix sockets accept the `:authority` real clients send
+//!   (a socket path, or nothing);
 //! - [`flags`] upstream's standard flags with upstream names and defaults;
 //! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
 //!   Retry-After);
@@ -29,6 +31,7 @@ pub mod conn;
 pub mod events;
 pub mod finalizers;
 pub mod flags;
+pub mod grpc_authority;
 pub mod http;
 pub mod informers;
 pub mod kube;

@@ -9,13 +9,17 @@ mod rpcs;
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +31,7 @@ pub use driver::{
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 
 use crate::flags::format_go_duration;
+use crate::grpc_authority::AuthorityStream;
 use crate::metrics::CsiOperationMetrics;
 
 /// Upstream's connect bound (csi-lib-utils: 30 s, then exit).
@@ -121,11 +126,32 @@ pub async fn connect(
     wait: Duration,
     metrics: CsiOperationMetrics,
 ) -> Result<CsiConnection, ConnError> {
+    let stream = dial(endpoint, wait).await?;
+    establish(endpoint, stream, metrics).await
+}
+
+/// [`connect`] as the kubelet of Kubernetes before 1.26 dials (grpc-go, the socket path as its
+/// target): every request carries the socket path as `:authority`. kube-sim's kubelet dials so,
+/// keeping our servers tested against what the real kubelet sends.
+pub async fn connect_as_kubelet(
+    endpoint: &Endpoint,
+    wait: Duration,
+    metrics: CsiOperationMetrics,
+) -> Result<CsiConnection, ConnError> {
+    let stream = dial(endpoint, wait).await?;
+    let path = endpoint.path();
+    let authority = Bytes::copy_from_slice(path.as_os_str().as_bytes());
+    let stream = AuthorityStream::client(stream, Arc::from(path), authority);
+    establish(endpoint, stream, metrics).await
+}
+
+/// Waits up to `wait` for the socket to accept a connection.
+async fn dial(endpoint: &Endpoint, wait: Duration) -> Result<UnixStream, ConnError> {
     let deadline = Instant::now() + wait;
     let mut logged_wait = false;
-    let stream = loop {
+    loop {
         match UnixStream::connect(endpoint.path()).await {
-            Ok(stream) => break stream,
+            Ok(stream) => return Ok(stream),
             Err(error) if Instant::now() >= deadline => {
                 return Err(ConnError::Unreachable {
                     endpoint: endpoint.clone(),
@@ -141,7 +167,18 @@ pub async fn connect(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-    };
+    }
+}
+
+/// The HTTP/2 handshake, and a task that notices the connection's loss.
+async fn establish<S>(
+    endpoint: &Endpoint,
+    stream: S,
+    metrics: CsiOperationMetrics,
+) -> Result<CsiConnection, ConnError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         .handshake(TokioIo::new(stream))
         .await
