@@ -11,9 +11,9 @@ use csi_proto::pluginregistration::registration_server::{
 use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use csi_sidecar::grpc_authority;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -77,7 +77,7 @@ impl RegistrationServer {
         let task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(Service::new(answers))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                .serve_with_incoming_shutdown(grpc_authority::incoming(listener), async move {
                     stop.cancelled().await
                 }),
         );

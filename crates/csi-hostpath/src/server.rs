@@ -12,8 +12,8 @@ use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
 use csi_sidecar::conn::{ConnError, Endpoint};
+use csi_sidecar::grpc_authority;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -90,7 +90,7 @@ pub async fn run(
     }
     tracing::info!(%endpoint, driver = %driver.config.driver_name, node = %driver.config.node_id, ?mode, "serving CSI");
     let served = router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.cancelled())
+        .serve_with_incoming_shutdown(grpc_authority::incoming(listener), shutdown.cancelled())
         .await;
     let _ = std::fs::remove_file(endpoint.path());
     served.map_err(ServeError::from)

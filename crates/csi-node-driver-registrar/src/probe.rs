@@ -133,7 +133,7 @@ mod tests {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(IdentityServer::new(Readiness(ready)))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+                .serve_with_incoming(csi_sidecar::grpc_authority::incoming(listener)),
         );
     }
 

@@ -14,6 +14,7 @@ use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use csi_sidecar::conn::{ConnError, Endpoint, check_socket_path, connect};
+use csi_sidecar::grpc_authority;
 use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -123,10 +124,9 @@ pub async fn serve(
     let stopping = stop.clone();
     let server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(Registrar { info, rejected }))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            async move { stopping.cancelled().await },
-        );
+        .serve_with_incoming_shutdown(grpc_authority::incoming(listener), async move {
+            stopping.cancelled().await
+        });
     let mut server = std::pin::pin!(server);
     let outcome = tokio::select! {
         served = &mut server => served.map_err(RegistrarError::from),

@@ -4,8 +4,10 @@
 //! unregisters; a stale socket is replaced; a registration kubelet rejects exits 1;
 //! livenessprobe 200 while the driver answers, 500 once its socket is gone.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::storage::v1::CSINode;
@@ -14,6 +16,8 @@ use kube_sim::harness::{Running, eventually, free_address, http_get};
 use kube_sim::roles::Timing;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
 use tokio_util::sync::CancellationToken;
+
+use common::registrar;
 
 const DRIVER: &str = "reg.test.io";
 const NODE: &str = "node-a";
@@ -32,26 +36,6 @@ async fn wait_healthy(http: std::net::SocketAddr) {
 
 async fn wait_registered(client: &kube::Client, what: &str) {
     eventually(what, || async { registered(client).await.then_some(()) }).await;
-}
-
-fn registrar(
-    csi: &Path,
-    kubelet_path: &Path,
-    registry: &Path,
-    http: std::net::SocketAddr,
-) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_csi-node-driver-registrar"))
-        .arg(format!("--csi-address={}", csi.display()))
-        .arg(format!(
-            "--kubelet-registration-path={}",
-            kubelet_path.display()
-        ))
-        .arg(format!("--plugin-registration-path={}", registry.display()))
-        .arg(format!("--http-endpoint={http}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
 }
 
 struct Node {
