@@ -26,6 +26,7 @@ VERSION=$(sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/csi-suite/Chart.yaml)
 IMAGE=csi-suite:$VERSION
 WORK=target/test-node
 TIMEOUT=${STEP_TIMEOUT:-180}
+HEARTBEAT_NODE="heartbeat-1"
 
 scripts/install-tools.sh helm kubectl
 helm=$PWD/.tools/bin/helm
@@ -34,8 +35,13 @@ mkdir -p "$WORK"
 
 managed=""
 installed=""
+heartbeat=""
 cleanup() {
   status=$?
+  if [ -n "$heartbeat" ]; then
+    kill "$heartbeat" 2>/dev/null || true
+    "$kubectl" delete node "$HEARTBEAT_NODE" --wait=false >/dev/null 2>&1 || true
+  fi
   if [ $status -ne 0 ] && [ -n "$installed" ]; then
     echo "== test-node failed: state of the cluster" >&2
     "$kubectl" get pods -A -o wide >&2 || true
@@ -76,7 +82,7 @@ export KUBECONFIG
 
 echo "== image $IMAGE from the release binaries"
 $CARGO build --release --locked -p csi-provisioner -p csi-attacher -p csi-node-driver-registrar \
-  -p podmon -p csi-hostpath --bins
+  -p podmon -p csi-hostpath -p kube-sim --bins
 $CARGO run --locked -q -p csi-suite-scenarios --example node_image -- \
   target/release "$IMAGE" "$WORK/csi-suite.tar"
 if [ -n "$managed" ]; then "$K8S/node" import "$WORK/csi-suite.tar" >/dev/null; fi
@@ -124,6 +130,18 @@ if [ -z "$managed" ]; then
 fi
 
 echo "== fencing: stop the kubelet under a writing container"
+# kube-controller-manager taints a silent node unreachable:NoExecute (what podmon acts on) only
+# while other nodes of its zone are healthy: with every node down it assumes it is the one cut
+# off and taints nothing. A second node — kube-sim's kubelet role, heartbeats only, tainted so
+# nothing runs there — keeps the zone partly healthy, as in any cluster of more than one node.
+target/release/kube-sim roles --kubeconfig "$KUBECONFIG" --roles kubelet \
+  --nodes "$HEARTBEAT_NODE" --root "$PWD/$WORK/heartbeat" > "$WORK/heartbeat.log" 2>&1 &
+heartbeat=$!
+ready_heartbeat() {
+  "$kubectl" get node "$HEARTBEAT_NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
+}
+until_ok 60 "node $HEARTBEAT_NODE Ready" ready_heartbeat
+"$kubectl" taint node "$HEARTBEAT_NODE" csi-suite.io/heartbeat-only=:NoSchedule >/dev/null
 namespace fence
 "$kubectl" -n fence apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -170,8 +188,8 @@ PY
 until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
 at_fence=$(count)
 writer_gone() { ! "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}' | grep -qx "$1"; }
-container=$("$K8S/node" ctr containers ls | awk 'NR>1 {print $1}' | while read -r id; do
-  "$K8S/node" ctr containers info "$id" | grep -q '"io.kubernetes.container.name": "writer"' && echo "$id"; done | head -1)
+container=$("$K8S/node" ctr containers ls -q \
+  'labels."io.kubernetes.pod.namespace"==fence,labels."io.kubernetes.container.name"==writer' | head -n 1)
 [ -n "$container" ] || fail "the writer's container is not on the node"
 until_ok 30 "the writer's container stopped" writer_gone "$container"
 until_ok "$TIMEOUT" "podmon force-deleted the pod" sh -c "! '$kubectl' -n fence get pod writer"
