@@ -19,6 +19,15 @@ pub fn staging_path(root: &Path, driver: &str, handle: &str, pv: &str, block: bo
     }
 }
 
+/// Where older kubelets (v1.19 among them) stage a filesystem volume:
+/// `<root>/plugins/kubernetes.io/csi/pv/<pv>/globalmount`, named after the PV rather than a
+/// hash of the volume handle.
+pub fn legacy_staging_path(root: &Path, pv: &str) -> PathBuf {
+    root.join("plugins/kubernetes.io/csi/pv")
+        .join(pv)
+        .join("globalmount")
+}
+
 /// The directory of a pod's CSI volume: `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`.
 pub fn pod_volume_dir(root: &Path, pod_uid: &str, pv: &str) -> PathBuf {
     root.join("pods")
@@ -44,4 +53,24 @@ pub fn target_path(root: &Path, pod_uid: &str, pv: &str, block: bool) -> PathBuf
 pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
     let digest = Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
     format!("csi-{}", hex::encode(digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_layouts() {
+        let root = Path::new("/var/lib/kubelet");
+        assert_eq!(
+            staging_path(root, "d", "vol-1", "pv-1", false),
+            Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/d")
+                .join(hex::encode(Sha256::digest(b"vol-1")))
+                .join("globalmount")
+        );
+        assert_eq!(
+            legacy_staging_path(root, "pv-1"),
+            Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pv-1/globalmount")
+        );
+    }
 }

@@ -487,9 +487,10 @@ impl NodeAgent {
             if shared || !self.settings.stage_unstage {
                 continue;
             }
+            let staging = self.staging_path_of(volume);
             let unstage = csi::NodeUnstageVolumeRequest {
                 volume_id: volume.volume_handle.clone(),
-                staging_target_path: volume.staging_path.display().to_string(),
+                staging_target_path: staging.display().to_string(),
             };
             ignore_not_found(
                 self.csi
@@ -497,9 +498,20 @@ impl NodeAgent {
                     .await,
             )
             .map_err(|e| format!("NodeUnstageVolume {}: {e}", volume.pv))?;
-            remove_unmounted(&volume.staging_path)?;
+            remove_unmounted(&staging)?;
         }
         Ok(())
+    }
+
+    /// Where kubelet staged `volume`: the older layout (`csi/pv/<pv>/globalmount`, kubelet
+    /// v1.19 among others) where its directory exists, else the recorded current one.
+    fn staging_path_of(&self, volume: &VolumeRecord) -> PathBuf {
+        let legacy = kubelet_paths::legacy_staging_path(&self.settings.kubelet_dir, &volume.pv);
+        if !volume.block && legacy.parent().is_some_and(Path::exists) {
+            legacy
+        } else {
+            volume.staging_path.clone()
+        }
     }
 }
 
