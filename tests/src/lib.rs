@@ -385,26 +385,16 @@ impl Cluster {
                 "operator": "In", "values": self.nodes}]}]}}})
     }
 
-    /// Waits until the ServiceAccount admission plugin accepts pods in the new namespace: until
-    /// kube-controller-manager made its `default` ServiceAccount and, on servers that still
-    /// create token Secrets (before v1.24), listed the token in it.
+    /// Waits until the ServiceAccount admission plugin accepts pods in the new namespace (see
+    /// [`kube_sim::harness::admits_pods`]), as any client creating a namespace must.
     async fn wait_for_pod_admission(&self) {
-        let version = self
-            .client
-            .apiserver_version()
-            .await
-            .expect("the API server's version");
-        let minor: u32 = version
-            .minor
-            .trim_end_matches('+')
-            .parse()
-            .unwrap_or(u32::MAX);
-        let needs_token = version.major == "1" && minor < 24;
-        self.wait_for(
-            &self.namespaced::<ServiceAccount>(),
-            "default",
-            "the namespace's default ServiceAccount",
-            |account| !needs_token || account.secrets.as_ref().is_some_and(|s| !s.is_empty()),
+        self.eventually_async(
+            "the namespace admitting pods (its default ServiceAccount)",
+            || async {
+                kube_sim::harness::admits_pods(&self.client, &self.namespace)
+                    .await
+                    .expect("reading the namespace's ServiceAccount")
+            },
         )
         .await;
     }

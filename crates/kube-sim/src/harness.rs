@@ -54,3 +54,24 @@ pub fn free_address() -> SocketAddr {
         .and_then(|l| l.local_addr())
         .expect("a free local port")
 }
+
+/// Whether a namespace's pods are admitted yet: the ServiceAccount admission plugin refuses
+/// them until kube-controller-manager (kube-sim's `serviceaccounts` role) has made the
+/// namespace's `default` ServiceAccount and, on servers before 1.24, listed its token Secret.
+pub async fn admits_pods(client: &kube::Client, namespace: &str) -> Result<bool, kube::Error> {
+    let version = client.apiserver_version().await?;
+    let minor: u32 = version
+        .minor
+        .trim_end_matches('+')
+        .parse()
+        .unwrap_or(u32::MAX);
+    let needs_token = version.major == "1" && minor < 24;
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(client.clone(), namespace);
+    Ok(accounts
+        .get_opt(crate::roles::service_accounts::DEFAULT_SERVICE_ACCOUNT)
+        .await?
+        .is_some_and(|account| {
+            !needs_token || account.secrets.as_ref().is_some_and(|s| !s.is_empty())
+        }))
+}

@@ -11,13 +11,17 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Client, ResourceExt};
-use kube_sim::ApiServer;
+use kube_sim::roles::{Role, Timing};
+use kube_sim::{ApiServer, harness};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 struct Cluster {
     client: Client,
     sim: Option<ApiServer>,
     namespace: String,
+    /// kube-sim's service account controller (its tasks end with the test).
+    _controller_manager: Option<tokio::task::JoinSet<()>>,
 }
 
 async fn cluster(test: &str) -> Cluster {
@@ -34,6 +38,16 @@ async fn cluster(test: &str) -> Cluster {
             (sim.client(), Some(sim))
         }
     };
+    // A real cluster's controller manager gives every namespace its default ServiceAccount,
+    // without which pods are refused; on kube-sim, the role that does it.
+    let controller_manager = sim.as_ref().map(|_| {
+        kube_sim::roles::start_control_plane(
+            client.clone(),
+            &[Role::ServiceAccounts],
+            Timing::fast(),
+            CancellationToken::new(),
+        )
+    });
     let namespace = format!("{test}-{}", &uuid_suffix());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
@@ -43,10 +57,18 @@ async fn cluster(test: &str) -> Cluster {
         )
         .await
         .unwrap();
+    harness::eventually("the namespace admitting pods", || async {
+        harness::admits_pods(&client, &namespace)
+            .await
+            .unwrap()
+            .then_some(())
+    })
+    .await;
     Cluster {
         client,
         sim,
         namespace,
+        _controller_manager: controller_manager,
     }
 }
 
@@ -182,7 +204,7 @@ async fn update_conflicts_and_no_op_writes() {
 }
 
 // Status subresource: status is ignored on the main resource, everything but status on
-// /status; generation bumps on spec changes only (pkg/registry/core/persistentvolumeclaim/strategy.go).
+// /status; a claim has no generation (its strategy sets none, unlike most kinds with a spec).
 #[tokio::test]
 async fn status_subresource_and_generation() {
     let c = cluster("status").await;
@@ -193,7 +215,7 @@ async fn status_subresource_and_generation() {
     }))
     .unwrap();
     let created = api.create(&PostParams::default(), &pvc).await.unwrap();
-    assert_eq!(created.metadata.generation, Some(1));
+    assert_eq!(created.metadata.generation, None);
     let patch = json!({"metadata": {"labels": {"a": "b"}}, "status": {"phase": "Bound"}});
     let patched = api
         .patch("claim", &PatchParams::default(), &Patch::Merge(&patch))
@@ -204,7 +226,7 @@ async fn status_subresource_and_generation() {
         Some("Pending"),
         "status ignored on the main resource"
     );
-    assert_eq!(patched.metadata.generation, Some(1), "labels are not spec");
+    assert_eq!(patched.metadata.labels.unwrap()["a"], "b");
     let status = json!({"status": {"phase": "Bound"}, "spec": {"volumeName": "ignored"}});
     let patched = api
         .patch_status("claim", &PatchParams::default(), &Patch::Merge(&status))
@@ -221,7 +243,8 @@ async fn status_subresource_and_generation() {
         .patch("claim", &PatchParams::default(), &Patch::Merge(&spec))
         .await
         .unwrap();
-    assert_eq!(patched.metadata.generation, Some(2));
+    assert_eq!(patched.spec.unwrap().volume_name.as_deref(), Some("pv-1"));
+    assert_eq!(patched.metadata.generation, None);
 }
 
 // JSON patch with a failing `test` is rejected (422) and changes nothing.
@@ -709,6 +732,13 @@ async fn custom_resources_are_served_from_crds() {
     }
     let created = created.expect("the CRD's resource is served");
     assert_eq!(created.data["spec"]["size"], 3);
+    // A custom resource's body must name its kind (nothing defaults it, unlike built-ins).
+    let mut bare = DynamicObject::new("w2", &resource);
+    bare.types = None;
+    assert_eq!(
+        code(widgets.create(&PostParams::default(), &bare).await),
+        400
+    );
     assert_eq!(
         widgets
             .list(&ListParams::default())
@@ -1166,7 +1196,10 @@ async fn list_resource_version_semantics() {
     let not_older = ListParams::default()
         .at(&before)
         .matching(VersionMatch::NotOlderThan);
-    assert_eq!(names(&api, &not_older).await, ["a", "b", "c"]);
+    // Served from the watch cache, which servers before 1.2x do not keep in key order.
+    let mut newer = names(&api, &not_older).await;
+    newer.sort();
+    assert_eq!(newer, ["a", "b", "c"]);
     let any: ObjectList<ConfigMap> = c
         .client
         .request(
@@ -1303,4 +1336,83 @@ async fn slow_watcher_is_disconnected_and_writers_never_block() {
     // Watches opened afterwards work as usual.
     let latest = collect(&api, &WatchParams::default().timeout(2), "0", 1).await;
     assert_eq!(latest.len(), 1);
+}
+
+/// The Kubernetes project's own API groups are protected: a CRD there needs the
+/// `api-approved.kubernetes.io` annotation, or it is Invalid.
+#[tokio::test]
+async fn crds_of_protected_groups_need_api_approval() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let c = cluster("crd-approval").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let group = format!("{}.storage.k8s.io", c.namespace);
+    let crd = |annotations: serde_json::Value| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("gadgets.{group}"), "annotations": annotations},
+            "spec": {
+                "group": group,
+                "scope": "Cluster",
+                "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+            }
+        }))
+        .unwrap()
+    };
+    let refused = crds.create(&PostParams::default(), &crd(json!({}))).await;
+    let Err(kube::Error::Api(status)) = refused else {
+        panic!("a protected group's CRD without approval was accepted: {refused:?}");
+    };
+    assert_eq!(status.code, 422);
+    assert!(
+        status.message.contains("api-approved.kubernetes.io"),
+        "{}",
+        status.message
+    );
+    let approved = json!({"api-approved.kubernetes.io": "https://github.com/kubernetes-csi/external-snapshotter/pull/419"});
+    crds.create(&PostParams::default(), &crd(approved))
+        .await
+        .unwrap();
+    crds.delete(&format!("gadgets.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// The ServiceAccount admission plugin refuses a pod whose ServiceAccount does not exist (in a
+/// new namespace, until kube-controller-manager made `default`), and admits it once it does.
+#[tokio::test]
+async fn pods_need_their_service_account() {
+    let c = cluster("service-account").await;
+    let pods: Api<Pod> = c.api();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {"serviceAccountName": "runner", "automountServiceAccountToken": false,
+                 "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap();
+    let refused = pods.create(&PostParams::default(), &pod).await;
+    let Err(kube::Error::Api(status)) = refused else {
+        panic!("a pod of a missing ServiceAccount was admitted: {refused:?}");
+    };
+    assert_eq!(status.code, 403);
+    assert!(
+        status
+            .message
+            .contains("serviceaccount \"runner\" not found"),
+        "{}",
+        status.message
+    );
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = c.api();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "runner"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let admitted = pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(
+        admitted.spec.unwrap().service_account_name.as_deref(),
+        Some("runner")
+    );
 }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::{Registry, ResourceType};
+use crate::roles;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjectKey, Store};
 use crate::strategic;
@@ -238,8 +239,14 @@ impl Drop for ApiServer {
 impl Server {
     fn create_initial_namespaces(&self) -> Result<(), ApiError> {
         let rt = self.resource("", "v1", "namespaces")?;
+        let accounts = self.resource("", "v1", "serviceaccounts")?;
         for namespace in INITIAL_NAMESPACES {
             create(self, &rt, None, json!({"metadata": {"name": namespace}}))?;
+            // As in a cluster whose controller manager has run: the service account controller
+            // gave the initial namespaces their `default` ServiceAccount.
+            let account =
+                json!({"metadata": {"name": roles::service_accounts::DEFAULT_SERVICE_ACCOUNT}});
+            create(self, &accounts, Some(namespace), account)?;
         }
         Ok(())
     }
@@ -612,7 +619,9 @@ async fn dispatch(
             ))
         }
         (Method::PUT, Some(name)) => {
-            update(server, &rt, ns, &name, incoming()?, sub == Some("status"))
+            let body = incoming()?;
+            require_custom_resource_kind(&rt, &body)?;
+            update(server, &rt, ns, &name, body, sub == Some("status"))
                 .map(|o| out(StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
@@ -726,6 +735,7 @@ fn create(
     ns: Option<&str>,
     object: Value,
 ) -> Result<Value, ApiError> {
+    require_custom_resource_kind(rt, &object)?;
     let object = objects::prepare_create(rt, ns, object)?;
     let object = admission::admit(rt, object, || {
         server
@@ -744,11 +754,17 @@ fn create(
             }
             Some(_) => {}
         }
+        if rt.group.is_empty() && rt.kind == "Pod" {
+            admit_service_account(server, ns, &object)?;
+        }
     }
     let name = object["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    if rt.kind == "CustomResourceDefinition" {
+        require_api_approval(&object)?;
+    }
     let object = if rt.kind == "CustomResourceDefinition" {
         established(object)
     } else {
@@ -766,6 +782,64 @@ fn create(
         server.registry.add_crd(&created);
     }
     Ok(created)
+}
+
+/// CRDs of the Kubernetes project's own groups (`*.k8s.io`, `*.kubernetes.io`) need the
+/// `api-approved.kubernetes.io` annotation, a link to the approved API review or a value starting
+/// with `unapproved` (apiextensions validation, KEP 1111).
+fn require_api_approval(crd: &Value) -> Result<(), ApiError> {
+    let group = crd["spec"]["group"].as_str().unwrap_or_default();
+    let protected = ["k8s.io", "kubernetes.io"]
+        .iter()
+        .any(|domain| group == *domain || group.ends_with(&format!(".{domain}")));
+    let approval = crd["metadata"]["annotations"]["api-approved.kubernetes.io"].as_str();
+    if !protected || approval.is_some_and(|a| !a.is_empty()) {
+        return Ok(());
+    }
+    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+    Err(ApiError::invalid(
+        "CustomResourceDefinition",
+        name,
+        "metadata.annotations[api-approved.kubernetes.io]: Required value: protected groups must have approval annotation \"api-approved.kubernetes.io\", see https://github.com/kubernetes/enhancements/pull/1111",
+    ))
+}
+
+/// A custom resource's body must name its kind: the API server decodes it as unstructured data,
+/// which has no type to default the kind from (built-in kinds are defaulted from the path).
+fn require_custom_resource_kind(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
+    let builtin = crate::resources::builtin()
+        .iter()
+        .any(|b| b.group == rt.group && b.plural == rt.plural);
+    if builtin || body["kind"].as_str().is_some_and(|k| !k.is_empty()) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: Object 'Kind' is missing",
+        kind = rt.kind,
+        version = rt.version
+    )))
+}
+
+/// The ServiceAccount admission plugin (plugin/pkg/admission/serviceaccount): a pod runs as a
+/// ServiceAccount of its namespace (`default` unless it names one, defaulted in
+/// [`admission::admit`]) and is refused until that ServiceAccount exists — in a new namespace,
+/// until kube-controller-manager has made its `default` one.
+fn admit_service_account(server: &Server, ns: &str, pod: &Value) -> Result<(), ApiError> {
+    let account = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or(roles::service_accounts::DEFAULT_SERVICE_ACCOUNT);
+    let accounts = server.resource("", "v1", "serviceaccounts")?;
+    if server
+        .store
+        .get(&key(&accounts, Some(ns), account))
+        .is_some()
+    {
+        return Ok(());
+    }
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    Err(ApiError::forbidden(format!(
+        "pods \"{name}\" is forbidden: error looking up service account {ns}/{account}: serviceaccount \"{account}\" not found"
+    )))
 }
 
 /// A CRD is served as soon as it is created; its status says so (apiextensions-apiserver

@@ -134,12 +134,19 @@ pub fn prepare_create(
     Ok(object)
 }
 
-/// Kinds whose objects carry a generation (those with a spec; their strategies set it to 1 on
-/// create and bump it on spec changes, e.g. pkg/registry/core/persistentvolumeclaim/strategy.go).
+/// Kinds whose objects carry a generation: those with a spec whose strategies set it to 1 on
+/// create and bump it on spec changes. The persistent volume kinds' strategies do not (a real
+/// server leaves their `metadata.generation` unset).
 fn has_spec(rt: &ResourceType) -> bool {
     !matches!(
         rt.kind.as_str(),
-        "ConfigMap" | "Secret" | "Event" | "ServiceAccount" | "Namespace"
+        "ConfigMap"
+            | "Secret"
+            | "Event"
+            | "ServiceAccount"
+            | "Namespace"
+            | "PersistentVolumeClaim"
+            | "PersistentVolume"
     )
 }
 
@@ -419,15 +426,15 @@ mod tests {
 
     #[test]
     fn update_keeps_immutable_fields_and_status_and_bumps_generation() {
-        let pvc = rt("persistentvolumeclaims");
+        let pods = rt("pods");
         let current = prepare_create(
-            &pvc,
+            &pods,
             Some("ns"),
             json!({"metadata": {"name": "c"}, "spec": {"a": 1}, "status": {"phase": "Bound"}}),
         )
         .unwrap();
         let incoming = json!({"metadata": {"name": "c", "uid": "forged", "labels": {"x": "y"}}, "spec": {"a": 2}, "status": {"phase": "Lost"}});
-        let next = prepare_update(&pvc, &current, incoming, false).unwrap();
+        let next = prepare_update(&pods, &current, incoming, false).unwrap();
         assert_eq!(next["metadata"]["uid"], current["metadata"]["uid"]);
         assert_eq!(next["metadata"]["labels"]["x"], "y");
         assert_eq!(
@@ -436,7 +443,7 @@ mod tests {
         );
         assert_eq!(next["metadata"]["generation"], 2);
         let status = prepare_update(
-            &pvc,
+            &pods,
             &current,
             json!({"metadata": {"name": "c"}, "spec": {"a": 9}, "status": {"phase": "Lost"}}),
             true,
@@ -446,7 +453,7 @@ mod tests {
         assert_eq!(status["spec"]["a"], 1, "spec ignored on /status");
         assert_eq!(status["metadata"]["generation"], 1);
         let renamed = prepare_update(
-            &pvc,
+            &pods,
             &current,
             json!({"metadata": {"name": "other"}}),
             false,

@@ -30,6 +30,7 @@ pub mod node_lifecycle;
 pub mod pv_binder;
 pub mod scheduler;
 pub mod scheduling;
+pub mod service_accounts;
 
 /// Field manager of every role's writes.
 pub const FIELD_MANAGER: &str = "kube-sim";
@@ -50,15 +51,17 @@ pub enum Role {
     Scheduler,
     AttachDetach,
     NodeLifecycle,
+    ServiceAccounts,
 }
 
 impl Role {
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Kubelet,
         Role::PvBinder,
         Role::Scheduler,
         Role::AttachDetach,
         Role::NodeLifecycle,
+        Role::ServiceAccounts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +71,7 @@ impl Role {
             Role::Scheduler => "scheduler",
             Role::AttachDetach => "attach-detach",
             Role::NodeLifecycle => "node-lifecycle",
+            Role::ServiceAccounts => "serviceaccounts",
         }
     }
 }
@@ -202,6 +206,7 @@ pub fn start_control_plane(
                     Role::Scheduler => scheduler::run(client, timing, token).await,
                     Role::AttachDetach => attach_detach::run(client, timing, token).await,
                     Role::NodeLifecycle => node_lifecycle::run(client, timing, token).await,
+                    Role::ServiceAccounts => service_accounts::run(client, timing, token).await,
                     Role::Kubelet => Ok(()),
                 };
                 if let Err(error) = result {
