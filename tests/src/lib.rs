@@ -41,6 +41,9 @@ use tokio_util::sync::CancellationToken;
 pub use csi_hostpath::config::DEFAULT_DRIVER_NAME as DRIVER;
 pub use registration::RegistrationServer;
 
+/// The Node label kube-controller-manager groups nodes into zones by.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// The simulated nodes of a default cluster, by the names scenarios use for them
 /// ([`Cluster::node`] gives the name of the scenario's own Node).
 pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
@@ -250,7 +253,14 @@ impl Cluster {
         let mut kubelets = BTreeMap::new();
         let mut registrations = Vec::new();
         for node in &nodes {
-            let config = KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
+            let mut config =
+                KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
+            // A zone of its own: kube-controller-manager judges zone health over all the nodes
+            // of a zone (no unreachable:NoExecute taints while most of a zone is down), which
+            // must not mix scenarios running at once on one cluster.
+            config
+                .labels
+                .insert(ZONE_LABEL.to_string(), format!("zone-{id}"));
             let kubelet = Kubelet::start(client.clone(), config.clone(), shutdown.clone())
                 .await
                 .expect("the kubelet starts");
