@@ -2,7 +2,8 @@
 //! `<root>/plugins_registry` are registered (GetInfo → validate → NodeGetInfo → Node annotation,
 //! topology labels and CSINode entry → NotifyRegistrationStatus), sockets disappearing are
 //! unregistered. Behaviour of pkg/kubelet/pluginmanager and pkg/volume/csi/{csi_plugin.go,
-//! nodeinfomanager/nodeinfomanager.go}.
+//! nodeinfomanager/nodeinfomanager.go}. Registration and driver sockets are dialled as grpc-go in
+//! the kubelet before 1.26 dials them: the socket path is the HTTP/2 `:authority`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileTypeExt;
@@ -13,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use csi_proto::csi::v1 as csi;
 use csi_proto::pluginregistration::registration_client::RegistrationClient;
 use csi_proto::pluginregistration::{InfoRequest, RegistrationStatus};
-use csi_sidecar::conn::{CsiConnection, Endpoint, connect};
+use csi_sidecar::conn::{CsiConnection, Endpoint, connect_as_kubelet};
 use csi_sidecar::metrics::CsiOperationMetrics;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, VolumeNodeResources};
@@ -241,9 +242,10 @@ async fn reconcile_sockets(shared: &Shared, directory: &Path) {
 
 async fn register_socket(shared: &Shared, socket: &Path, mtime: SystemTime) -> Result<(), String> {
     let endpoint = Endpoint::from_path(socket).map_err(|e| e.to_string())?;
-    let connection = connect(&endpoint, DIAL_TIMEOUT, CsiOperationMetrics::unregistered())
-        .await
-        .map_err(|e| e.to_string())?;
+    let connection =
+        connect_as_kubelet(&endpoint, DIAL_TIMEOUT, CsiOperationMetrics::unregistered())
+            .await
+            .map_err(|e| e.to_string())?;
     let mut client = RegistrationClient::new(connection.channel());
     let mut request = tonic::Request::new(InfoRequest {});
     request.set_timeout(GET_INFO_TIMEOUT);
@@ -310,7 +312,7 @@ async fn register(
     version: Option<Version>,
     socket: Option<(PathBuf, SystemTime)>,
 ) -> Result<String, String> {
-    let csi = connect(endpoint, DIAL_TIMEOUT, CsiOperationMetrics::unregistered())
+    let csi = connect_as_kubelet(endpoint, DIAL_TIMEOUT, CsiOperationMetrics::unregistered())
         .await
         .map_err(|e| e.to_string())?;
     let name = csi
