@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LiveConfig;
 use crate::metrics::{FailoverResult, PodmonMetrics};
 use crate::plan::{
-    self, Connectivity, MAINTENANCE_ANNOTATION, MAX_CRASH_LOOP_DELETES, NO_EXECUTE, NO_SCHEDULE,
+    self, Connectivity, CrashLoopDeletes, MAINTENANCE_ANNOTATION, NO_EXECUTE, NO_SCHEDULE,
     NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, PodAction,
     Trigger,
 };
@@ -133,9 +133,10 @@ struct State {
     busy: HashSet<String>,
     /// Per node: when to try again and the next delay.
     backoff: HashMap<String, (Instant, Duration)>,
-    /// Crash-loop deletes per pod (namespace/name, so a recreated pod counts on) and when the
-    /// last was; reset when the pod is Ready.
-    crash_deletes: HashMap<String, (u32, Instant)>,
+    /// Crash-loop deletes per pod (namespace/name, so a recreated pod counts on; reset when
+    /// the pod is Ready)
+    /// and when the last was.
+    crash_deletes: HashMap<String, (CrashLoopDeletes, Instant)>,
     /// Consecutive "not connected" samples per node.
     loss: HashMap<String, u32>,
     /// Nodes whose hold (breaker or maintenance) was already reported.
@@ -454,19 +455,18 @@ impl Controller {
     }
 
     /// A crash-looping pod on a healthy node is deleted (gracefully, same UID only), at most
-    /// [`MAX_CRASH_LOOP_DELETES`] times per pod name until it is Ready again.
+    /// [`plan::MAX_CRASH_LOOP_DELETES`] times per pod name until it is Ready again.
     async fn delete_crash_looping(&self, pod: Arc<Pod>) {
         let uid = uid(&pod);
         {
             let mut state = self.state();
-            let (count, last) = state
+            let (deletes, last) = state
                 .crash_deletes
                 .entry(key(&pod))
-                .or_insert((0, Instant::now()));
-            if *count >= MAX_CRASH_LOOP_DELETES {
+                .or_insert_with(|| (CrashLoopDeletes::default(), Instant::now()));
+            if !deletes.admit(&uid) {
                 return;
             }
-            *count += 1;
             *last = Instant::now();
         }
         let node = plan::node_name(&pod).unwrap_or_default().to_string();

@@ -17,6 +17,27 @@ pub const MAINTENANCE_ANNOTATION: &str = "podmon.csi-suite.io/maintenance";
 /// CrashLoopBackOff deletes per pod before podmon gives up on it (Dell's limit).
 pub const MAX_CRASH_LOOP_DELETES: u32 = 5;
 
+/// The crash-loop deletes of one pod name, until it is Ready again.
+#[derive(Debug, Clone, Default)]
+pub struct CrashLoopDeletes {
+    count: u32,
+    /// The incarnation deleted last: a cache that has not seen its deletion yet still shows it
+    /// crash-looping, and deleting it again would spend one of the five on nothing.
+    last_uid: String,
+}
+
+impl CrashLoopDeletes {
+    /// Whether the pod incarnation `uid` may be deleted now; records the delete when it may.
+    pub fn admit(&mut self, uid: &str) -> bool {
+        if self.count >= MAX_CRASH_LOOP_DELETES || self.last_uid == uid {
+            return false;
+        }
+        self.count += 1;
+        self.last_uid = uid.to_string();
+        true
+    }
+}
+
 /// The node Annotation holding the CSI node IDs of the registered drivers (kubelet's).
 pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 

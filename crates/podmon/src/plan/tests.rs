@@ -338,3 +338,15 @@ fn claims_of_a_pod_include_generic_ephemeral_volumes() {
     .unwrap();
     assert_eq!(claim_names(&pod), ["data-app-0", "app-0-scratch"]);
 }
+
+#[test]
+fn a_crash_looping_pod_name_is_deleted_once_per_incarnation_at_most_five_times() {
+    let mut deletes = CrashLoopDeletes::default();
+    // A stale cache shows the deleted incarnation again: not a second delete.
+    assert!(deletes.admit("u1"));
+    assert!(!deletes.admit("u1"));
+    for uid in ["u2", "u3", "u4", "u5"] {
+        assert!(deletes.admit(uid), "{uid}");
+    }
+    assert!(!deletes.admit("u6"), "a sixth incarnation is left alone");
+}
