@@ -32,7 +32,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAtta
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kube_sim::ApiServer;
-use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
+use kube_sim::roles::kubelet::{Kubelet, KubeletConfig, StagingLayout};
 use kube_sim::roles::{Role, Timing};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -134,6 +134,9 @@ pub struct Options {
     pub pool_bytes: Option<u64>,
     /// Whether the driver serves the podmon connectivity extension.
     pub podmon_extension: bool,
+    /// Where the simulated kubelets stage filesystem volumes (their Kubernetes version's
+    /// layout).
+    pub staging_layout: StagingLayout,
 }
 
 impl Default for Options {
@@ -145,6 +148,7 @@ impl Default for Options {
             attach_required: true,
             pool_bytes: None,
             podmon_extension: true,
+            staging_layout: StagingLayout::default(),
         }
     }
 }
@@ -255,6 +259,7 @@ impl Cluster {
         for node in &nodes {
             let mut config =
                 KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
+            config.staging_layout = options.staging_layout;
             // A zone of its own: kube-controller-manager judges zone health over all the nodes
             // of a zone (no unreachable:NoExecute taints while most of a zone is down), which
             // must not mix scenarios running at once on one cluster.

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
+use kube_sim::roles::kubelet::StagingLayout;
 use podmon::metrics::FailoverResult;
 use podmon::plan::{MAINTENANCE_ANNOTATION, fenced_taint_key};
 use serde_json::json;
@@ -443,11 +444,17 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
         cluster,
         attacher,
         controller,
+        pv,
         target: old_target,
         ..
     }) = scene(
         "podmon-node-restart",
-        nodes(&["node-a", "node-b"]),
+        // The kubelets stage as v1.19's does (the real node of `make test-node`): node-podmon
+        // must unstage there, not at the newer layout's path.
+        Options {
+            staging_layout: StagingLayout::PvName,
+            ..nodes(&["node-a", "node-b"])
+        },
         |_, t| t.skip_validation = true,
     )
     .await
@@ -482,6 +489,15 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     assert!(
         !old_target.exists(),
         "the zombie's mount is cleaned by node-podmon (kubelet was down)"
+    );
+    let handle = cluster.volume_handle(&pv).await;
+    let state = cluster.driver_store().read().expect("the driver's state");
+    assert!(
+        state.volumes[&handle]
+            .nodes
+            .get(&cluster.node("node-a"))
+            .is_none_or(|used| used.staged.is_none()),
+        "node-podmon unstaged the volume at the path the kubelet staged it"
     );
 
     // A reboot while tainted again: the new boot is noticed and the node is untainted.

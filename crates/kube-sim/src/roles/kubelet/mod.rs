@@ -65,6 +65,19 @@ pub struct KubeletConfig {
     /// Drivers registered without a registration socket (as if a registrar had announced
     /// them), e.g. before a node-driver-registrar runs.
     pub driver_endpoints: Vec<Endpoint>,
+    /// Where filesystem volumes are staged: the layout of the kubelet version simulated.
+    pub staging_layout: StagingLayout,
+}
+
+/// Where a kubelet stages a CSI filesystem volume: it changed in Kubernetes 1.24
+/// (kubernetes#107065), and node agents that clean up after a kubelet must find either.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StagingLayout {
+    /// Kubernetes 1.24 and later: `csi/<driver>/<sha256(volumeHandle)>/globalmount`.
+    #[default]
+    VolumeHandleDigest,
+    /// Before 1.24 (the real node of `make test-node` runs v1.19): `csi/pv/<pv>/globalmount`.
+    PvName,
 }
 
 impl KubeletConfig {
@@ -75,6 +88,7 @@ impl KubeletConfig {
             timing,
             labels: BTreeMap::new(),
             driver_endpoints: Vec::new(),
+            staging_layout: StagingLayout::default(),
         }
     }
 

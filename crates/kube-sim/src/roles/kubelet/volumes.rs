@@ -13,6 +13,7 @@ use csi::node_service_capability::rpc::Type as NodeCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, access_mode, volume_capability};
 use csi_sidecar::events::EventType;
+use csi_sidecar::kubelet_paths::legacy_staging_path;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference,
 };
@@ -27,7 +28,7 @@ use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
 use super::plugins::{CSI_TIMEOUT, RegisteredDriver};
-use super::{Shared, WRITE_TO_ANNOTATION};
+use super::{Shared, StagingLayout, WRITE_TO_ANNOTATION};
 use crate::roles::{
     Informers, RoleError, force_delete_pod, lock, merge_patch_status, now, reconcile_loop,
 };
@@ -431,13 +432,16 @@ async fn publish(
     let spec = volume.pv.spec.clone().unwrap_or_default();
     let source = spec.csi.clone().unwrap_or_default();
     let root = &shared.config.root;
-    let staging = staging_path(
-        root,
-        &volume.driver,
-        &volume.handle,
-        &volume.pv_name,
-        volume.block,
-    );
+    let staging = match shared.config.staging_layout {
+        StagingLayout::PvName if !volume.block => legacy_staging_path(root, &volume.pv_name),
+        _ => staging_path(
+            root,
+            &volume.driver,
+            &volume.handle,
+            &volume.pv_name,
+            volume.block,
+        ),
+    };
     let target = target_path(root, uid, &volume.pv_name, volume.block);
     let mode_name = spec
         .access_modes
