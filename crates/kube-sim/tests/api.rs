@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -1415,4 +1415,144 @@ async fn pods_need_their_service_account() {
         admitted.spec.unwrap().service_account_name.as_deref(),
         Some("runner")
     );
+}
+
+/// The node's taints with `key`, as `key:effect`.
+fn taints_of(node: &Node, key: &str) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key == key)
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect()
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls `check` on `node` until it holds; kube-controller-manager needs its node grace period
+/// (40 s by default) plus a monitor period to notice a silent node, so this waits up to 3 min.
+async fn until_node(nodes: &Api<Node>, node: &str, what: &str, check: impl Fn(&Node) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let current = nodes.get(node).await.unwrap();
+        if check(&current) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {:?} {:?}",
+            current.spec.map(|s| s.taints),
+            current.status.map(|s| s.conditions)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn silent_nodes_are_tainted_as_their_zone_allows() {
+    const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+    let c = cluster("zone-disruption").await;
+    // On kube-sim, the role that plays kube-controller-manager's node lifecycle controller.
+    let _node_lifecycle = c.sim.as_ref().map(|_| {
+        kube_sim::roles::start_control_plane(
+            c.client.clone(),
+            &[Role::NodeLifecycle],
+            Timing::fast(),
+            CancellationToken::new(),
+        )
+    });
+    let zone = c.namespace.clone();
+    let names = [format!("{zone}-1"), format!("{zone}-2")];
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    for name in &names {
+        let node =
+            json!({"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}}});
+        let created = nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(node).unwrap(),
+            )
+            .await
+            .unwrap();
+        // A Node's spec is a struct value: stored as {} when none was sent, so the JSON patch
+        // that adds /spec/taints finds its parent.
+        assert!(created.spec.is_some(), "a Node always has a spec");
+    }
+    // The test is the kubelet of both nodes: Ready heartbeats until a node is "stopped".
+    let alive = std::sync::Arc::new(std::sync::Mutex::new(names.to_vec()));
+    let heartbeats = tokio::spawn({
+        let nodes = nodes.clone();
+        let alive = alive.clone();
+        async move {
+            loop {
+                let beating = alive.lock().unwrap().clone();
+                for name in beating {
+                    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    );
+                    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                        "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+                    let _ = nodes
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    for name in &names {
+        until_node(&nodes, name, "the node Ready", is_ready).await;
+    }
+
+    // One of the zone's two nodes goes silent: a normal zone, so NoSchedule and NoExecute.
+    alive.lock().unwrap().retain(|n| *n != names[0]);
+    until_node(&nodes, &names[0], "NoExecute on the silent node", |n| {
+        taints_of(n, UNREACHABLE).contains(&format!("{UNREACHABLE}:NoExecute"))
+    })
+    .await;
+
+    // The whole zone goes silent. With a Ready node elsewhere, the zone is evicted as usual;
+    // with none, the controller assumes it is the one cut off and lifts every NoExecute taint.
+    alive.lock().unwrap().clear();
+    until_node(&nodes, &names[1], "NoSchedule on the second node", |n| {
+        taints_of(n, UNREACHABLE).contains(&format!("{UNREACHABLE}:NoSchedule"))
+    })
+    .await;
+    let ready_elsewhere = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|n| !names.contains(&n.name_any()) && is_ready(n));
+    if ready_elsewhere {
+        until_node(
+            &nodes,
+            &names[1],
+            "NoExecute in a fully disrupted zone",
+            |n| taints_of(n, UNREACHABLE).contains(&format!("{UNREACHABLE}:NoExecute")),
+        )
+        .await;
+    } else {
+        for name in &names {
+            until_node(
+                &nodes,
+                name,
+                "only NoSchedule once every zone is down",
+                |n| taints_of(n, UNREACHABLE) == [format!("{UNREACHABLE}:NoSchedule")],
+            )
+            .await;
+        }
+    }
+    heartbeats.abort();
+    for name in &names {
+        nodes.delete(name, &DeleteParams::default()).await.unwrap();
+    }
 }

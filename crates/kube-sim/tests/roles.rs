@@ -592,6 +592,18 @@ async fn node_lifecycle_taints_silent_nodes_evicts_after_toleration_and_collects
     let client = &sim.client;
     create(&Api::<Node>::all(client.clone()), node("n1", json!({}))).await;
     make_ready(client, "n1").await;
+    // A healthy second node of the zone: with every node of every zone down, the controller
+    // would assume it is the one cut off and add no NoExecute taint.
+    create(&Api::<Node>::all(client.clone()), node("n2", json!({}))).await;
+    let healthy = tokio::spawn({
+        let client = client.clone();
+        async move {
+            loop {
+                make_ready(&client, "n2").await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
     let short = json!({"metadata": {"name": "short"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "pause"}],
         "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]}});
     let forever = json!({"metadata": {"name": "forever"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "pause"}],
@@ -654,4 +666,5 @@ async fn node_lifecycle_taints_silent_nodes_evicts_after_toleration_and_collects
             .is_none_or(|t| t.iter().all(|t| t.key != "node.kubernetes.io/unreachable"))
     })
     .await;
+    healthy.abort();
 }

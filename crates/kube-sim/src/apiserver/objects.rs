@@ -131,7 +131,36 @@ pub fn prepare_create(
         meta["generation"] = json!(1);
     }
     default_status(rt, &mut object);
+    default_spec(rt, &mut object);
     Ok(object)
+}
+
+/// Built-in kinds whose Go type holds the spec as a struct value, so a real server always
+/// stores and returns one (`{}` at least): a JSON patch that adds `/spec/taints` to a Node
+/// created without a spec succeeds there.
+fn default_spec(rt: &ResourceType, object: &mut Value) {
+    let struct_spec = match rt.group.as_str() {
+        "" => matches!(
+            rt.kind.as_str(),
+            "Node"
+                | "Pod"
+                | "PersistentVolume"
+                | "PersistentVolumeClaim"
+                | "Namespace"
+                | "Service"
+                | "ReplicationController"
+        ),
+        "apps" => rt.kind != "ControllerRevision",
+        "storage.k8s.io" => matches!(
+            rt.kind.as_str(),
+            "CSIDriver" | "CSINode" | "VolumeAttachment"
+        ),
+        "coordination.k8s.io" => rt.kind == "Lease",
+        _ => false,
+    };
+    if struct_spec && !object["spec"].is_object() {
+        object["spec"] = json!({});
+    }
 }
 
 /// Kinds whose objects carry a generation: those with a spec whose strategies set it to 1 on
@@ -235,6 +264,7 @@ pub fn prepare_update(
     };
     next["kind"] = json!(rt.kind);
     next["apiVersion"] = json!(rt.api_version());
+    default_spec(rt, &mut next);
     if has_spec(rt) && spec_of(&next) != spec_of(current) {
         let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
         next["metadata"]["generation"] = json!(generation + 1);

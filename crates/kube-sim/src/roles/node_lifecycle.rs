@@ -4,8 +4,12 @@
 //! and gets the `node.kubernetes.io/unreachable` NoSchedule and NoExecute taints (`not-ready`
 //! for Ready=False); pods that do not tolerate a NoExecute taint are evicted (after their
 //! tolerationSeconds); pods bound to a node that no longer exists are force-deleted.
+//!
+//! NoExecute taints follow kube-controller-manager's zone disruption judgement: no new ones in
+//! a partially disrupted small zone, and none at all (existing ones removed) while every zone
+//! is fully disrupted, since the controller then assumes it is the one cut off.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -98,6 +102,98 @@ fn ready_condition(node: &Node) -> Option<&NodeCondition> {
         .find(|c| c.type_ == "Ready")
 }
 
+/// `--unhealthy-zone-threshold`: the share of not-Ready nodes (more than two) that makes a
+/// zone partially disrupted.
+const UNHEALTHY_ZONE_THRESHOLD: f64 = 0.55;
+/// `--large-cluster-size-threshold`: a partially disrupted zone of more nodes still evicts,
+/// slowly; a smaller one stops.
+const LARGE_CLUSTER_THRESHOLD: usize = 50;
+
+/// A zone's health, as kube-controller-manager's `ComputeZoneState` judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ZoneState {
+    Normal,
+    PartialDisruption,
+    FullDisruption,
+}
+
+/// The zone a node belongs to: region and zone labels (GA, else the beta ones), as
+/// `GetZoneKey`; nodes without them share one zone.
+fn zone_key(node: &Node) -> String {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let label = |ga: &str, beta: &str| {
+        labels
+            .get(ga)
+            .or_else(|| labels.get(beta))
+            .cloned()
+            .unwrap_or_default()
+    };
+    format!(
+        "{}:\0:{}",
+        label(
+            "topology.kubernetes.io/region",
+            "failure-domain.beta.kubernetes.io/region"
+        ),
+        label(
+            "topology.kubernetes.io/zone",
+            "failure-domain.beta.kubernetes.io/zone"
+        )
+    )
+}
+
+fn zone_state(ready: usize, not_ready: usize) -> ZoneState {
+    if ready == 0 && not_ready > 0 {
+        ZoneState::FullDisruption
+    } else if not_ready > 2
+        && not_ready as f64 / (not_ready + ready) as f64 >= UNHEALTHY_ZONE_THRESHOLD
+    {
+        ZoneState::PartialDisruption
+    } else {
+        ZoneState::Normal
+    }
+}
+
+/// What may happen to a node's unreachable/not-ready NoExecute taints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NoExecute {
+    /// Added when the node's condition wants them (a healthy or fully disrupted zone).
+    Taint,
+    /// Kept where present, none added (a partially disrupted small zone).
+    Hold,
+    /// Removed: every zone is fully disrupted.
+    Lift,
+}
+
+/// The NoExecute policy per zone, from each node's zone and whether it is Ready.
+fn no_execute_policies(nodes: &[(String, bool)]) -> BTreeMap<String, NoExecute> {
+    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (zone, ready) in nodes {
+        let (r, n) = counts.entry(zone).or_default();
+        if *ready {
+            *r += 1;
+        } else {
+            *n += 1;
+        }
+    }
+    let states: BTreeMap<&str, ZoneState> = counts
+        .iter()
+        .map(|(zone, (r, n))| (*zone, zone_state(*r, *n)))
+        .collect();
+    let all_down = states.values().all(|s| *s == ZoneState::FullDisruption);
+    states
+        .into_iter()
+        .map(|(zone, state)| {
+            let (r, n) = counts[zone];
+            let policy = match state {
+                _ if all_down => NoExecute::Lift,
+                ZoneState::PartialDisruption if r + n <= LARGE_CLUSTER_THRESHOLD => NoExecute::Hold,
+                _ => NoExecute::Taint,
+            };
+            (zone.to_string(), policy)
+        })
+        .collect()
+}
+
 /// The taint key the node should carry, from its (possibly just-updated) Ready status.
 fn wanted_taint(stale: bool, ready: Option<&str>) -> Option<&'static str> {
     match (stale, ready) {
@@ -107,17 +203,24 @@ fn wanted_taint(stale: bool, ready: Option<&str>) -> Option<&'static str> {
     }
 }
 
-/// The node's taints with ours replaced by `wanted` (NoSchedule and NoExecute), keeping the
-/// timeAdded of taints that stay.
-fn with_taints(current: &[Taint], wanted: Option<&str>) -> Vec<Taint> {
+/// The node's taints with ours replaced by `wanted` (NoSchedule, and NoExecute as `no_execute`
+/// allows), keeping the timeAdded of taints that stay.
+fn with_taints(current: &[Taint], wanted: Option<&str>, no_execute: NoExecute) -> Vec<Taint> {
     let ours = [UNREACHABLE_TAINT, NOT_READY_TAINT];
     let mut taints: Vec<Taint> = current
         .iter()
-        .filter(|t| !ours.contains(&t.key.as_str()) || Some(t.key.as_str()) == wanted)
+        .filter(|t| {
+            !ours.contains(&t.key.as_str())
+                || (Some(t.key.as_str()) == wanted
+                    && (t.effect != "NoExecute" || no_execute != NoExecute::Lift))
+        })
         .cloned()
         .collect();
     if let Some(key) = wanted {
         for effect in ["NoSchedule", "NoExecute"] {
+            if effect == "NoExecute" && no_execute != NoExecute::Taint {
+                continue;
+            }
             if !taints.iter().any(|t| t.key == key && t.effect == effect) {
                 taints.push(Taint {
                     key: key.to_string(),
@@ -140,6 +243,7 @@ async fn pass(
 ) -> Result<(), RoleError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let grace = timing.node_grace_period.as_secs_f64();
+    let mut health = Vec::new();
     for node in caches.nodes.state() {
         let name = node.name_any();
         // A node that never reported gets the grace period from its creation, as upstream.
@@ -161,12 +265,25 @@ async fn pass(
         if stale {
             mark_pods_not_ready(&client, &caches, &name).await?;
         }
+        health.push((node, stale, ready));
+    }
+    let zones: Vec<(String, bool)> = health
+        .iter()
+        .map(|(node, _, ready)| (zone_key(node), ready.as_deref() == Some("True")))
+        .collect();
+    let policies = no_execute_policies(&zones);
+    for ((node, stale, ready), (zone, _)) in health.into_iter().zip(zones) {
+        let name = node.name_any();
         let current = node
             .spec
             .as_ref()
             .and_then(|s| s.taints.clone())
             .unwrap_or_default();
-        let taints = with_taints(&current, wanted_taint(stale, ready.as_deref()));
+        let taints = with_taints(
+            &current,
+            wanted_taint(stale, ready.as_deref()),
+            policies[&zone],
+        );
         if taints != current {
             let patch = json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": node.metadata.resource_version},
@@ -389,6 +506,49 @@ mod tests {
     }
 
     #[test]
+    fn zone_disruption() {
+        let zone = |z: &str, ready: bool| (format!(":\0:{z}"), ready);
+        let policy =
+            |nodes: &[(String, bool)], z: &str| no_execute_policies(nodes)[&format!(":\0:{z}")];
+        // One node down of two: a normal zone.
+        assert_eq!(
+            policy(&[zone("a", true), zone("a", false)], "a"),
+            NoExecute::Taint
+        );
+        // The only zone fully down: the controller assumes it is cut off itself.
+        assert_eq!(policy(&[zone("a", false)], "a"), NoExecute::Lift);
+        assert_eq!(
+            policy(&[zone("a", false), zone("b", false)], "b"),
+            NoExecute::Lift
+        );
+        // A zone fully down while another is healthy: evicted at the normal rate.
+        assert_eq!(
+            policy(&[zone("a", false), zone("b", true)], "a"),
+            NoExecute::Taint
+        );
+        // Three of four down: partial disruption; a small zone stops evicting.
+        let partial = [
+            zone("a", false),
+            zone("a", false),
+            zone("a", false),
+            zone("a", true),
+        ];
+        assert_eq!(policy(&partial, "a"), NoExecute::Hold);
+        // Two of three down is not "more than two".
+        assert_eq!(
+            policy(&[zone("a", false), zone("a", false), zone("a", true)], "a"),
+            NoExecute::Taint
+        );
+        let mut large = vec![zone("a", true); 20];
+        large.extend(vec![zone("a", false); 40]);
+        assert_eq!(
+            policy(&large, "a"),
+            NoExecute::Taint,
+            "a large zone evicts slowly"
+        );
+    }
+
+    #[test]
     fn taint_plans() {
         assert_eq!(wanted_taint(true, Some("True")), Some(UNREACHABLE_TAINT));
         assert_eq!(
@@ -399,7 +559,11 @@ mod tests {
         assert_eq!(wanted_taint(false, Some("True")), None);
 
         let other = taint("podmon", "NoSchedule");
-        let added = with_taints(std::slice::from_ref(&other), Some(UNREACHABLE_TAINT));
+        let added = with_taints(
+            std::slice::from_ref(&other),
+            Some(UNREACHABLE_TAINT),
+            NoExecute::Taint,
+        );
         let keys: Vec<_> = added
             .iter()
             .map(|t| (t.key.as_str(), t.effect.as_str()))
@@ -414,12 +578,30 @@ mod tests {
         );
         assert!(added[2].time_added.is_some());
         assert_eq!(
-            with_taints(&added, Some(UNREACHABLE_TAINT)),
+            with_taints(&added, Some(UNREACHABLE_TAINT), NoExecute::Taint),
             added,
             "existing taints are kept as they are"
         );
-        assert_eq!(with_taints(&added, None), vec![other.clone()]);
-        let switched = with_taints(&added, Some(NOT_READY_TAINT));
+        assert_eq!(
+            with_taints(&added, Some(UNREACHABLE_TAINT), NoExecute::Hold),
+            added,
+            "a held zone keeps the NoExecute taints it has"
+        );
+        assert_eq!(
+            with_taints(&added[..2], Some(UNREACHABLE_TAINT), NoExecute::Hold),
+            added[..2],
+            "a held zone gets no new NoExecute taint"
+        );
+        assert_eq!(
+            with_taints(&added, Some(UNREACHABLE_TAINT), NoExecute::Lift),
+            added[..2],
+            "every zone down: NoExecute taints lifted, NoSchedule kept"
+        );
+        assert_eq!(
+            with_taints(&added, None, NoExecute::Taint),
+            vec![other.clone()]
+        );
+        let switched = with_taints(&added, Some(NOT_READY_TAINT), NoExecute::Taint);
         assert!(switched.iter().all(|t| t.key != UNREACHABLE_TAINT));
         assert_eq!(
             switched.iter().filter(|t| t.key == NOT_READY_TAINT).count(),
