@@ -1,7 +1,7 @@
 //! podmon scenarios: a failed node's protected pod is fenced, failed over and its zombie
 //! cleaned up (with the data proof: no write of the zombie lands after the fence); the
 //! driver's "connected" and "I/O in progress" answers stop a cleanup; a driver without the
-//! extension fails over on taints alone; crash-looping pods are deleted at most five times;
+//! extension fails over on taints alone, but one that does not answer yet holds cleanups; crash-looping pods are deleted at most five times;
 //! the circuit breaker and the maintenance switch hold cleanups; node-podmon survives a
 //! restart and a reboot mid-cleanup.
 
@@ -64,6 +64,36 @@ async fn scene(
         pv,
         target,
     })
+}
+
+/// Waits for podmon's abort of app-0's cleanup because the driver still hears node-a.
+async fn aborted_as_connected(cluster: &Cluster, uid: &str) {
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!(
+                "podmon aborted pod cleanup [{uid} {}] array connected or recent I/O",
+                cluster.node("node-a")
+            ),
+        )
+        .await;
+}
+
+/// node-a is back on both networks and app-0 Ready again where it was; then all stops.
+async fn end_with_the_pod_in_place<const N: usize>(cluster: Cluster, sidecars: [Sidecar; N]) {
+    cluster.recover_node(&cluster.node("node-a"));
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .wait_for(&pods, "app-0", "the pod Ready again in place", is_running)
+        .await;
+    for sidecar in sidecars {
+        sidecar.stop().await;
+    }
+    cluster
+        .delete_and_wait(&pods, "app-0", "the pod deleted")
+        .await;
+    cluster.stop().await;
 }
 
 #[tokio::test]
@@ -160,16 +190,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
 
     // Only the control plane lost the node: the driver still hears it and sees its writes.
     cluster.kubelet(&cluster.node("node-a")).partition();
-    cluster
-        .wait_for_event(
-            "app-0",
-            "NodeFailure",
-            &format!(
-                "podmon aborted pod cleanup [{uid} {}] array connected or recent I/O",
-                cluster.node("node-a")
-            ),
-        )
-        .await;
+    aborted_as_connected(&cluster, &uid).await;
     // Now the storage network too: the node is disconnected but the zombie's I/O is seen.
     cluster
         .driver_store()
@@ -194,21 +215,61 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     assert!(!cluster.podmon_tainted(&cluster.node("node-a")).await);
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
 
-    cluster.recover_node(&cluster.node("node-a"));
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
+}
+
+#[tokio::test]
+async fn podmon_holds_cleanups_until_the_driver_says_whether_it_serves_the_extension() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start_with("podmon-ext-unknown", nodes(&["node-a", "node-b"])).await;
+    let attacher = cluster.start_attacher().await;
+    let (pod, pv, _) =
+        running_pod_with_static_volume(&cluster, "app-0", &cluster.node("node-a"), |p| {
+            cluster.protect(p)
+        })
+        .await;
+    let uid = pod.uid().unwrap();
+    let handle = cluster.volume_handle(&pv).await;
+    // The driver does not answer while podmon starts: whether it serves the extension is
+    // unknown, and taints alone must not decide meanwhile.
+    let (proxy, through_proxy) = cluster.csi_proxy().await;
+    proxy.fail_with(Some((tonic::Code::Unavailable, "the driver is restarting")));
+    let controller = cluster
+        .start_podmon_controller_via(through_proxy, |_, _| {})
+        .await;
+    // Only the control plane loses node-a: the driver still hears it and sees its writes.
+    cluster.kubelet(&cluster.node("node-a")).partition();
     cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
+        .wait_for_event(
             "app-0",
-            "the pod Ready again in place",
-            is_running,
+            "NodeFailure",
+            &format!(
+                "podmon held the cleanup of pod [{uid} {}]: the driver has not said yet whether it serves the podmon extension",
+                cluster.node("node-a")
+            ),
         )
         .await;
-    controller.sidecar.stop().await;
-    attacher.stop().await;
-    cluster
-        .delete_and_wait(&cluster.namespaced::<Pod>(), "app-0", "the pod deleted")
+    controller
+        .two_passes(&cluster, "podmon judged the pod again")
         .await;
-    cluster.stop().await;
+    let pods = cluster.namespaced::<Pod>();
+    let current = pods.get("app-0").await.unwrap();
+    assert_eq!(current.uid().as_deref(), Some(uid.as_str()), "no failover");
+    assert_eq!(proxy.forwarded("ControllerUnpublishVolume"), 0);
+    assert!(!cluster.is_fenced(&handle, &cluster.node("node-a")));
+    assert!(!cluster.podmon_tainted(&cluster.node("node-a")).await);
+
+    // The driver answers again: podmon learns it serves the extension and asks it first.
+    proxy.fail_with(None);
+    aborted_as_connected(&cluster, &uid).await;
+    let current = pods.get("app-0").await.unwrap();
+    assert_eq!(current.uid().as_deref(), Some(uid.as_str()), "no failover");
+    assert!(!cluster.is_fenced(&handle, &cluster.node("node-a")));
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
 }
 
 #[tokio::test]

@@ -10,7 +10,9 @@
 //! One cleanup per node at a time; pods of a node are cleaned together (fencing is per node
 //! and volume, so pods sharing a volume there share its fate). On any doubt — a failed call,
 //! a missing node ID, the driver's "connected" — the cleanup is aborted, reported and retried
-//! with backoff; nothing is fenced or force-deleted on a guess.
+//! with backoff; nothing is fenced or force-deleted on a guess. Whether the driver serves the
+//! extension is asked at start and, until it answers (only UNIMPLEMENTED means "no"), again
+//! with backoff; meanwhile cleanups are held, as taints alone are not enough where it does.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,9 +39,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LiveConfig;
 use crate::metrics::{FailoverResult, PodmonMetrics};
 use crate::plan::{
-    self, Connectivity, CrashLoopDeletes, MAINTENANCE_ANNOTATION, NO_EXECUTE, NO_SCHEDULE,
-    NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, PodAction,
-    Trigger,
+    self, Connectivity, CrashLoopDeletes, Extension, MAINTENANCE_ANNOTATION, NO_EXECUTE,
+    NO_SCHEDULE, NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+    PodAction, Trigger,
 };
 use crate::taints::update_taints;
 
@@ -68,9 +70,8 @@ pub struct Settings {
     pub label_value: String,
     /// The driver node pods' label (controller mode); `None` in standalone mode.
     pub driver_pod_label: Option<(String, String)>,
-    /// The driver serves `podmon.v1.Podmon` (probed at startup).
-    pub extension: bool,
-    /// Sample nodes' connectivity through the extension (controller mode with the extension).
+    /// Sample nodes' connectivity through the extension once the driver serves it (controller
+    /// mode).
     pub poll_connectivity: bool,
     /// The driver can fence (PUBLISH_UNPUBLISH_VOLUME).
     pub can_fence: bool,
@@ -145,6 +146,8 @@ struct State {
     cleaned: HashSet<String>,
     /// PVs fenced per node (and when), kept fenced while the node carries our taint.
     fenced: HashMap<String, (BTreeSet<String>, Instant)>,
+    /// Whether the driver serves the podmon extension; asked again until known.
+    extension: Extension,
 }
 
 struct Controller {
@@ -168,7 +171,7 @@ pub async fn run(
 ) -> Result<(), ControllerError> {
     let mut informers = Informers::new(&client, &shutdown);
     let selector = format!("{}={}", settings.label_key, settings.label_value);
-    tracing::info!(label_selector = %selector, driver = %settings.driver_name, extension = settings.extension, "controller-podmon watching protected pods");
+    tracing::info!(label_selector = %selector, driver = %settings.driver_name, "controller-podmon watching protected pods");
     let caches = Caches {
         pods: informers.watch(
             Api::all(client.clone()),
@@ -194,6 +197,7 @@ pub async fn run(
             Err(ControllerError::NotSynced)
         };
     };
+    let extension = probe_extension(&csi, settings.timeout).await;
     let controller = Arc::new(Controller {
         events: EventRecorder::new(client.clone(), "podmon", ""),
         client,
@@ -201,12 +205,18 @@ pub async fn run(
         settings,
         live,
         caches,
-        state: Mutex::new(State::default()),
+        state: Mutex::new(State {
+            extension,
+            ..State::default()
+        }),
         wake,
     });
-    // Cleanups and the sampler live in this set: when the run ends (leadership lost), they
-    // stop with it.
+    // Cleanups, the sampler and the prober live in this set: when the run ends (leadership
+    // lost), they stop with it.
     let mut tasks = JoinSet::new();
+    if extension == Extension::Unknown {
+        tasks.spawn(learn_extension(controller.clone(), shutdown.clone()));
+    }
     if controller.settings.poll_connectivity {
         tasks.spawn(connectivity_loop(controller.clone(), shutdown.clone()));
     }
@@ -219,6 +229,50 @@ pub async fn run(
             () = controller.wake.notified() => {}
             () = tokio::time::sleep(TICK) => {}
         }
+    }
+}
+
+/// Whether the driver serves `podmon.v1.Podmon`: an empty request is the presence probe.
+pub async fn probe_extension(csi: &CsiConnection, timeout: Duration) -> Extension {
+    let outcome = csi
+        .validate_volume_host_connectivity(
+            podmon::ValidateVolumeHostConnectivityRequest::default(),
+            timeout,
+        )
+        .await;
+    let extension = Extension::from_probe(outcome.as_ref().map(|_| ()).map_err(|s| s.code()));
+    match (&outcome, extension) {
+        (Ok(response), _) => {
+            tracing::info!(messages = ?response.messages, "the driver serves the podmon extension")
+        }
+        (Err(_), Extension::NotServed) => tracing::warn!(
+            "the driver does not serve the podmon extension: decisions rest on node taints only"
+        ),
+        (Err(status), _) => tracing::warn!(
+            code = ?status.code(),
+            error = %status.message(),
+            "cannot tell whether the driver serves the podmon extension: no cleanup until it answers"
+        ),
+    }
+    extension
+}
+
+/// Asks the driver again, with backoff, until it says whether it serves the extension.
+async fn learn_extension(controller: Arc<Controller>, shutdown: CancellationToken) {
+    let settings = &controller.settings;
+    let mut delay = settings.retry_start;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let extension = probe_extension(&controller.csi, settings.timeout).await;
+        if extension != Extension::Unknown {
+            controller.state().extension = extension;
+            controller.wake.notify_one();
+            return;
+        }
+        delay = (delay * 2).min(settings.retry_max);
     }
 }
 
@@ -314,6 +368,7 @@ impl Controller {
         }
 
         let now = Instant::now();
+        let extension = self.state().extension;
         for (node_name, (trigger, signals, pods)) in groups {
             {
                 let state = self.state();
@@ -325,6 +380,11 @@ impl Controller {
                 {
                     continue;
                 }
+            }
+            if extension == Extension::Unknown {
+                let why = "the driver has not said yet whether it serves the podmon extension";
+                self.hold(&node_name, &pods, trigger, why).await;
+                continue;
             }
             let node = self.node(&node_name);
             let paused_node = node
@@ -378,7 +438,7 @@ impl Controller {
             tasks.spawn(async move {
                 let started = Instant::now();
                 let outcome = controller
-                    .clean_up(&node_name, trigger, signals, pods)
+                    .clean_up(&node_name, trigger, signals, extension, pods)
                     .await;
                 let mut state = controller.state();
                 state.busy.remove(&node_name);
@@ -615,11 +675,12 @@ impl Controller {
         node_name: &str,
         trigger: Trigger,
         signals: NodeSignals,
+        extension: Extension,
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
         let reason = trigger.reason();
         let outcome = self
-            .clean_up_steps(node_name, reason, signals, pods.clone())
+            .clean_up_steps(node_name, reason, signals, extension, pods.clone())
             .await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
             for pod in &pods {
@@ -642,6 +703,7 @@ impl Controller {
         node_name: &str,
         reason: &str,
         signals: NodeSignals,
+        extension: Extension,
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
         // The pods as the cache has them now (a replaced pod has a new UID and is skipped),
@@ -729,7 +791,7 @@ impl Controller {
             let id = self
                 .node_id(node_name, &attachments)
                 .ok_or_else(|| Stop::Aborted("due to missing CSI annotations".to_string()))?;
-            if self.settings.extension {
+            if extension == Extension::Served {
                 self.validate(node_name, &id, &volumes, signals).await?;
             }
             node_id = Some(id);
@@ -1001,6 +1063,9 @@ async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationTo
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(poll_rate) => {}
+        }
+        if controller.state().extension != Extension::Served {
+            continue;
         }
         let nodes: BTreeSet<String> = controller
             .caches

@@ -244,6 +244,29 @@ pub fn pod_action(
     }
 }
 
+/// Whether the driver serves the podmon extension (`podmon.v1.Podmon`), as far as podmon knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Extension {
+    Served,
+    NotServed,
+    /// The presence probe got no answer yet: no cleanup may rest on taints alone meanwhile.
+    #[default]
+    Unknown,
+}
+
+impl Extension {
+    /// From the presence probe (an empty ValidateVolumeHostConnectivity): an answer means
+    /// served, only UNIMPLEMENTED means not served; any other error (a timeout, the driver
+    /// unavailable or restarting) says nothing.
+    pub fn from_probe(outcome: Result<(), tonic::Code>) -> Self {
+        match outcome {
+            Ok(()) => Self::Served,
+            Err(tonic::Code::Unimplemented) => Self::NotServed,
+            Err(_) => Self::Unknown,
+        }
+    }
+}
+
 /// Why a cleanup was triggered (the Event reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {

@@ -350,3 +350,17 @@ fn a_crash_looping_pod_name_is_deleted_once_per_incarnation_at_most_five_times()
     }
     assert!(!deletes.admit("u6"), "a sixth incarnation is left alone");
 }
+
+#[test]
+fn only_unimplemented_means_the_extension_is_not_served() {
+    for (outcome, expected) in [
+        (Ok(()), Extension::Served),
+        (Err(tonic::Code::Unimplemented), Extension::NotServed),
+        (Err(tonic::Code::Unavailable), Extension::Unknown),
+        (Err(tonic::Code::DeadlineExceeded), Extension::Unknown),
+        (Err(tonic::Code::Internal), Extension::Unknown),
+        (Err(tonic::Code::Cancelled), Extension::Unknown),
+    ] {
+        assert_eq!(Extension::from_probe(outcome), expected, "{outcome:?}");
+    }
+}
