@@ -3,16 +3,20 @@
 //! ControllerUnpublishVolume, taint the node, delete the VolumeAttachments, force-delete the
 //! pods — so their StatefulSet can recreate them elsewhere while the zombies cannot write.
 //! Also: crash-looping pods are deleted (at most five times each), nodes hosting protected pods
-//! are sampled for connectivity, driver node pods that are not Ready taint their node, a
-//! circuit breaker bounds how many nodes are evacuated at once, and a maintenance switch
-//! (dynamic config or a node annotation) pauses cleanups.
+//! are sampled for connectivity (a node the driver reports disconnected for the loss
+//! threshold, its plugin running, has its Ready pods with our volumes cleaned up if the driver
+//! also says so for their volumes), driver node pods that are not Ready taint their node
+//! (NoSchedule only), a circuit breaker bounds how many nodes are evacuated at once, and a
+//! maintenance switch (dynamic config or a node annotation) pauses cleanups.
 //!
 //! One cleanup per node at a time; pods of a node are cleaned together (fencing is per node
 //! and volume, so pods sharing a volume there share its fate). On any doubt — a failed call,
 //! a missing node ID, the driver's "connected" — the cleanup is aborted, reported and retried
-//! with backoff; nothing is fenced or force-deleted on a guess. Whether the driver serves the
-//! extension is asked at start and, until it answers (only UNIMPLEMENTED means "no"), again
-//! with backoff; meanwhile cleanups are held, as taints alone are not enough where it does.
+//! with backoff; nothing is fenced or force-deleted on a guess, nor on a stale cache: the node
+//! and the pods are read live before the first destructive step and right before the force
+//! delete. Whether the driver serves the extension is asked at start and, until it answers
+//! (only UNIMPLEMENTED means "no"), again with backoff; meanwhile cleanups are held, as taints
+//! alone are not enough where it does.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,7 +41,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LiveConfig;
-use crate::metrics::{FailoverResult, PodmonMetrics};
+use crate::metrics::{FailoverResult, PodmonMetrics, Sample};
 use crate::plan::{
     self, Connectivity, CrashLoopDeletes, Extension, MAINTENANCE_ANNOTATION, NO_EXECUTE,
     NO_SCHEDULE, NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
@@ -335,22 +339,30 @@ impl Controller {
                 continue;
             };
             let node = self.node(node_name);
-            match plan::pod_action(pod, node.as_deref(), &fenced_key, &offline_key) {
+            match plan::pod_action(pod, node.as_deref(), &fenced_key) {
                 PodAction::Nothing => {
                     if plan::is_ready(pod) {
                         self.state().crash_deletes.remove(&key(pod));
                     }
-                    if disconnected.contains(node_name) && pod.metadata.deletion_timestamp.is_none()
+                    // Connectivity concerns pods with our volumes only: the driver can say
+                    // nothing about the others.
+                    if disconnected.contains(node_name)
+                        && pod.metadata.deletion_timestamp.is_none()
+                        && self.volumes_of(pod).is_ok_and(|v| !v.is_empty())
                     {
                         let signals = node
-                            .map(|n| NodeSignals::of(&n, &fenced_key, &offline_key))
+                            .map(|n| NodeSignals::of(&n, &fenced_key))
                             .unwrap_or_default();
                         let group = groups.entry(node_name.to_string()).or_insert((
                             Trigger::ArrayConnectivityLoss,
                             signals,
                             Vec::new(),
                         ));
-                        group.2.push(pod.clone());
+                        // A node failed by Kubernetes' account is cleaned on that account; its
+                        // Ready pods wait to be judged by the stricter rule of their own.
+                        if group.0 == Trigger::ArrayConnectivityLoss {
+                            group.2.push(pod.clone());
+                        }
                     }
                 }
                 PodAction::CleanUp(signals) => {
@@ -359,6 +371,9 @@ impl Controller {
                         signals,
                         Vec::new(),
                     ));
+                    if group.0 != Trigger::NodeFailure {
+                        group.2.clear();
+                    }
                     group.0 = Trigger::NodeFailure;
                     group.1 = signals;
                     group.2.push(pod.clone());
@@ -592,6 +607,25 @@ impl Controller {
         }
     }
 
+    /// Whether the driver's node plugin on `node` can be believed running (see
+    /// [`plan::plugin_up`]).
+    fn plugin_up(&self, node: &str) -> bool {
+        let driver_pods = self
+            .caches
+            .driver_pods
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default();
+        plan::plugin_up(
+            self.node(node).as_deref(),
+            &self.settings.offline_key(),
+            driver_pods
+                .iter()
+                .filter(|p| plan::node_name(p) == Some(node))
+                .map(|p| p.as_ref()),
+        )
+    }
+
     /// The CSI node ID of `node` for our driver: the attacher's annotation on a VolumeAttachment
     /// there, else the CSINode, else kubelet's node annotation.
     fn node_id(&self, node: &str, attachments: &[Arc<VolumeAttachment>]) -> Option<String> {
@@ -680,7 +714,7 @@ impl Controller {
     ) -> Result<Cleaned, Stop> {
         let reason = trigger.reason();
         let outcome = self
-            .clean_up_steps(node_name, reason, signals, extension, pods.clone())
+            .clean_up_steps(node_name, trigger, signals, extension, pods.clone())
             .await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
             for pod in &pods {
@@ -701,7 +735,7 @@ impl Controller {
     async fn clean_up_steps(
         &self,
         node_name: &str,
-        reason: &str,
+        trigger: Trigger,
         signals: NodeSignals,
         extension: Extension,
         pods: Vec<Arc<Pod>>,
@@ -792,9 +826,22 @@ impl Controller {
                 .node_id(node_name, &attachments)
                 .ok_or_else(|| Stop::Aborted("due to missing CSI annotations".to_string()))?;
             if extension == Extension::Served {
-                self.validate(node_name, &id, &volumes, signals).await?;
+                self.validate(node_name, &id, &volumes, trigger, signals)
+                    .await?;
             }
             node_id = Some(id);
+        }
+        // The caches may lag: before the first step that cannot be undone, the live objects
+        // must still show what the decision rested on.
+        if self
+            .confirm_live(node_name, trigger, signals, &chosen)
+            .await?
+            .len()
+            != chosen.len()
+        {
+            return Err(Stop::Aborted(
+                "the pods changed since the decision".to_string(),
+            ));
         }
         // A deleting VolumeAttachment is one the attacher will not publish again (its
         // reconcile re-publishes attached ones the driver lost), so they go before the fence.
@@ -832,10 +879,14 @@ impl Controller {
         .await
         .map_err(|e| Stop::Failed(format!("couldn't taint node {node_name}: {e}")))?;
 
+        // Fencing and tainting took time: again, right before the force delete.
+        let chosen = self
+            .confirm_live(node_name, trigger, signals, &chosen)
+            .await?;
         for pod in chosen.values() {
             self.event(
                 pod,
-                reason,
+                trigger.reason(),
                 &format!(
                     "podmon cleaning pod {} with force delete",
                     pod_words(pod, node_name)
@@ -866,12 +917,52 @@ impl Controller {
         })
     }
 
-    /// Asks the driver (podmon extension) whether the node may be cleaned up: Dell's rule.
+    /// Reads the node and the pods live (not from the caches): a NodeFailure's node must still
+    /// be failed ([`plan::node_still_failed`]); pods that are gone, replaced or already being
+    /// deleted are left out ([`plan::pod_still_to_delete`]). Returns the pods still to delete.
+    async fn confirm_live(
+        &self,
+        node_name: &str,
+        trigger: Trigger,
+        signals: NodeSignals,
+        chosen: &BTreeMap<String, Arc<Pod>>,
+    ) -> Result<BTreeMap<String, Arc<Pod>>, Stop> {
+        if trigger == Trigger::NodeFailure {
+            let node = Api::<Node>::all(self.client.clone())
+                .get(node_name)
+                .await
+                .map_err(|e| Stop::Failed(format!("cannot read node {node_name}: {e}")))?;
+            plan::node_still_failed(signals, &node, &self.settings.fenced_key())
+                .map_err(|why| Stop::Aborted(why.to_string()))?;
+        }
+        let mut still = BTreeMap::new();
+        for (name, pod) in chosen {
+            let api: Api<Pod> =
+                Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            let live = api
+                .get_opt(&pod.name_any())
+                .await
+                .map_err(|e| Stop::Failed(format!("cannot read pod {name}: {e}")))?;
+            match plan::pod_still_to_delete(&uid(pod), live.as_ref()) {
+                Ok(()) => {
+                    still.insert(name.clone(), pod.clone());
+                }
+                Err(why) => {
+                    tracing::warn!(pod = %name, node = %node_name, %why, "not force-deleting the pod")
+                }
+            }
+        }
+        Ok(still)
+    }
+
+    /// Asks the driver (podmon extension) whether the node may be cleaned up
+    /// ([`plan::validation_allows`]).
     async fn validate(
         &self,
         node_name: &str,
         node_id: &str,
         volumes: &BTreeMap<String, Arc<PersistentVolume>>,
+        trigger: Trigger,
         signals: NodeSignals,
     ) -> Result<(), Stop> {
         let request = podmon::ValidateVolumeHostConnectivityRequest {
@@ -911,8 +1002,14 @@ impl Controller {
                 .and_then(|s| s.access_modes.as_ref())
                 .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"))
         });
-        plan::validation_allows(answer, rwx, signals, self.live.get().skip_validation)
-            .map_err(|why| Stop::Aborted(why.to_string()))
+        plan::validation_allows(
+            trigger,
+            answer,
+            rwx,
+            signals,
+            self.live.get().skip_validation,
+        )
+        .map_err(|why| Stop::Aborted(why.to_string()))
     }
 
     /// Deletes the named VolumeAttachments (gone ones are fine).
@@ -1084,26 +1181,40 @@ async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationTo
                 node_id,
                 ..Default::default()
             };
+            let metrics = &controller.settings.metrics;
             let connected = match controller
                 .csi
                 .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
                 .await
             {
-                Ok(response) => response.connected,
+                Ok(response) => {
+                    metrics.connectivity_sample(if response.connected {
+                        Sample::Connected
+                    } else {
+                        Sample::Disconnected
+                    });
+                    response.connected
+                }
                 Err(status) => {
+                    metrics.connectivity_sample(Sample::Failed);
                     tracing::debug!(%node, error = %status.message(), "connectivity sample failed; assuming connected");
                     true
                 }
             };
+            let plugin_up = controller.plugin_up(&node);
             let threshold = controller.live.get().loss_threshold;
             let mut state = controller.state();
-            if connected {
+            let previous = state.loss.get(&node).copied().unwrap_or(0);
+            let count = plan::loss_after_sample(previous, connected, plugin_up);
+            if count == 0 {
                 state.loss.remove(&node);
+                if !connected {
+                    tracing::info!(%node, "the driver reports the node disconnected while its driver plugin is down: not counted");
+                }
             } else {
-                let count = state.loss.entry(node.clone()).or_insert(0);
-                *count += 1;
-                tracing::warn!(%node, samples = *count, threshold, "the driver reports the node disconnected");
-                crossed |= *count == threshold;
+                state.loss.insert(node.clone(), count);
+                tracing::warn!(%node, samples = count, threshold, "the driver reports the node disconnected");
+                crossed |= count == threshold;
             }
         }
         if crossed {
