@@ -1,9 +1,11 @@
 //! podmon scenarios: a failed node's protected pod is fenced, failed over and its zombie
 //! cleaned up (with the data proof: no write of the zombie lands after the fence); the
 //! driver's "connected" and "I/O in progress" answers stop a cleanup; a driver without the
-//! extension fails over on taints alone, but one that does not answer yet holds cleanups; crash-looping pods are deleted at most five times;
-//! the circuit breaker and the maintenance switch hold cleanups; node-podmon survives a
-//! restart and a reboot mid-cleanup.
+//! extension fails over on taints alone, but one that does not answer yet holds cleanups;
+//! crash-looping pods are deleted at most five times; the circuit breaker and the maintenance
+//! switch hold cleanups; a driver rollout moves no Ready pod, and nothing is force-deleted
+//! once the node is back; node-podmon survives a restart and a reboot mid-cleanup, and leaves
+//! staged a volume an unprotected pod on the node still uses.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -1079,4 +1081,65 @@ async fn podmon_does_not_force_delete_once_the_failed_node_is_back() {
     );
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
     end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
+}
+
+#[tokio::test]
+async fn node_podmon_does_not_unstage_a_volume_an_unprotected_pod_on_the_node_still_uses() {
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        pv,
+        ..
+    }) = scene(
+        "podmon-shared-volume",
+        nodes(&["node-a", "node-b"]),
+        |_, t| t.skip_validation = true,
+    )
+    .await
+    else {
+        return;
+    };
+    let node = cluster.node("node-a");
+    let node_podmon = cluster.start_podmon_node(&node).await;
+    // An unprotected pod on the same node with the same claim (ReadWriteOnce lets the pods of
+    // one node share a volume); it rides out the failure in place, as podmon leaves it alone.
+    let pods = cluster.namespaced::<Pod>();
+    let mut manifest = pod("unprotected", &node, Some("app-0"), false);
+    manifest["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
+    cluster.create(&pods, manifest).await;
+    cluster
+        .wait_for(
+            &pods,
+            "unprotected",
+            "the unprotected pod Running",
+            is_running,
+        )
+        .await;
+    cluster
+        .eventually("node-podmon remembering the protected pod", || {
+            std::fs::read_to_string(cluster.podmon_state_file(&node))
+                .is_ok_and(|s| s.contains("app-0"))
+        })
+        .await;
+
+    cluster.fail_node(&node);
+    cluster
+        .wait_gone(&pods, "app-0", "the protected pod force-deleted")
+        .await;
+    cluster.recover_node(&node);
+    cluster
+        .wait_podmon_untainted(&node, "node-a cleaned and untainted")
+        .await;
+    let handle = cluster.volume_handle(&pv).await;
+    let staged = cluster.driver_store().read().unwrap().volumes[&handle]
+        .nodes
+        .get(&node)
+        .and_then(|usage| usage.staged.clone());
+    assert!(
+        staged.is_some(),
+        "node-podmon unstaged the volume the unprotected pod still uses"
+    );
+    assert!(pods.get_opt("unprotected").await.unwrap().is_some());
+    stop(cluster, [node_podmon, controller.sidecar, attacher]).await;
 }

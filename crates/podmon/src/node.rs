@@ -1,8 +1,9 @@
 //! node-podmon: remembers the protected pods of its node and their volumes — persisted, so a
 //! restart or a reboot does not forget a zombie — and once controller-podmon has fenced and
 //! tainted the node, cleans up what the replaced pods left behind (NodeUnpublishVolume,
-//! unmount and remove the target, NodeUnstageVolume when no other pod here uses the volume,
-//! unmount and remove the staging path). The taint goes only when every remembered pod is
+//! unmount and remove the target, NodeUnstageVolume when no other pod here uses the volume —
+//! protected or not, by kubelet's directories and the live API —, unmount and remove the
+//! staging path). The taint goes only when every remembered pod is
 //! cleaned and no protected pod is bound to the node any more.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -508,18 +509,12 @@ impl NodeAgent {
                     remove_unmounted(dir)?;
                 }
             }
-            let shared = self
-                .inventory
-                .pods
-                .values()
-                .filter(|other| other.uid != record.uid)
-                .any(|other| {
-                    other
-                        .volumes
-                        .iter()
-                        .any(|v| v.volume_handle == volume.volume_handle)
-                });
-            if shared || !self.settings.stage_unstage {
+            if !self.settings.stage_unstage {
+                continue;
+            }
+            let users = self.other_users(record, volume).await?;
+            if !users.is_empty() {
+                tracing::info!(pv = %volume.pv, ?users, "other pods on the node still use the volume: not unstaging it");
                 continue;
             }
             let staging = self.staging_path_of(volume);
@@ -538,6 +533,52 @@ impl NodeAgent {
         Ok(())
     }
 
+    /// The pods on this node other than the zombie `record` that still use `volume` (its
+    /// staging is theirs too): remembered protected pods, pods kubelet's directories still
+    /// hold the volume for, and pods bound here (live) whose claim is the volume's.
+    async fn other_users(
+        &self,
+        record: &PodRecord,
+        volume: &VolumeRecord,
+    ) -> Result<BTreeSet<String>, String> {
+        let mut users: BTreeSet<String> = self
+            .inventory
+            .pods
+            .values()
+            .filter(|other| other.uid != record.uid)
+            .filter(|other| {
+                other
+                    .volumes
+                    .iter()
+                    .any(|v| v.volume_handle == volume.volume_handle)
+            })
+            .map(|other| format!("{}/{}", other.namespace, other.name))
+            .collect();
+        let on_disk = users_on_disk(&self.settings.kubelet_dir, &volume.pv, &record.uid)
+            .map_err(|e| format!("reading kubelet's pod directories: {e}"))?;
+        users.extend(on_disk.into_iter().map(|uid| format!("uid {uid}")));
+        let pv = Api::<PersistentVolume>::all(self.client.clone())
+            .get_opt(&volume.pv)
+            .await
+            .map_err(|e| format!("reading PersistentVolume {}: {e}", volume.pv))?;
+        let Some(claim) = pv.and_then(|pv| pv.spec?.claim_ref) else {
+            return Ok(users);
+        };
+        let params =
+            ListParams::default().fields(&format!("spec.nodeName={}", self.settings.node_name));
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map_err(|e| format!("listing the node's pods: {e}"))?;
+        users.extend(plan::pods_using_claim(
+            &pods.items,
+            claim.namespace.as_deref().unwrap_or_default(),
+            claim.name.as_deref().unwrap_or_default(),
+            &record.uid,
+        ));
+        Ok(users)
+    }
+
     /// Where kubelet staged `volume`: the older layout (`csi/pv/<pv>/globalmount`, kubelet
     /// v1.19 among others) where its directory exists, else the recorded current one.
     fn staging_path_of(&self, volume: &VolumeRecord) -> PathBuf {
@@ -547,6 +588,32 @@ impl NodeAgent {
         } else {
             volume.staging_path.clone()
         }
+    }
+}
+
+/// The UIDs of the pods other than `except_uid` whose volume `pv` kubelet's directories on this
+/// node still hold: a filesystem volume's `pods/<uid>/volumes/kubernetes.io~csi/<pv>`, a block
+/// volume's `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`.
+fn users_on_disk(root: &Path, pv: &str, except_uid: &str) -> std::io::Result<BTreeSet<String>> {
+    let mut users: BTreeSet<String> = entries(&root.join("pods"))?
+        .into_iter()
+        .filter(|uid| kubelet_paths::pod_volume_dir(root, uid, pv).exists())
+        .collect();
+    if let Some(published) = kubelet_paths::target_path(root, except_uid, pv, true).parent() {
+        users.extend(entries(published)?);
+    }
+    users.remove(except_uid);
+    Ok(users)
+}
+
+/// The names in a directory; none when it does not exist.
+fn entries(dir: &Path) -> std::io::Result<Vec<String>> {
+    match std::fs::read_dir(dir) {
+        Ok(read) => read
+            .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(error),
     }
 }
 
@@ -666,6 +733,23 @@ mod tests {
                 "fsync /state",
             ]
         );
+    }
+
+    #[test]
+    fn kubelets_directories_show_which_other_pods_hold_a_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(users_on_disk(root, "pv-1", "u1").unwrap().is_empty());
+        for (uid, pv) in [("u1", "pv-1"), ("u2", "pv-1"), ("u3", "pv-2")] {
+            std::fs::create_dir_all(kubelet_paths::pod_volume_dir(root, uid, pv)).unwrap();
+        }
+        for uid in ["u1", "u4"] {
+            std::fs::create_dir_all(kubelet_paths::target_path(root, uid, "pv-b", true)).unwrap();
+        }
+        let uids = |list: &[&str]| list.iter().map(|u| u.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(users_on_disk(root, "pv-1", "u1").unwrap(), uids(&["u2"]));
+        assert_eq!(users_on_disk(root, "pv-2", "u3").unwrap(), uids(&[]));
+        assert_eq!(users_on_disk(root, "pv-b", "u1").unwrap(), uids(&["u4"]));
     }
 
     #[test]

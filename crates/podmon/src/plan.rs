@@ -446,6 +446,28 @@ pub fn breaker_allows<'a>(
     others < evacuation_limit(total_nodes, fraction)
 }
 
+/// The pods (as `namespace/name`) other than `except_uid` and not finished that use the claim
+/// `namespace/claim`.
+pub fn pods_using_claim(
+    pods: &[Pod],
+    namespace: &str,
+    claim: &str,
+    except_uid: &str,
+) -> Vec<String> {
+    pods.iter()
+        .filter(|p| p.metadata.uid.as_deref() != Some(except_uid))
+        .filter(|p| !matches!(phase(p), Some("Succeeded" | "Failed")))
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|p| claim_names(p).iter().any(|c| c == claim))
+        .map(|p| {
+            format!(
+                "{namespace}/{}",
+                p.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// How node mode judges a remembered pod against what the API says now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Remembered {

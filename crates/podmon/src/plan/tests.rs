@@ -555,3 +555,30 @@ fn only_unimplemented_means_the_extension_is_not_served() {
         assert_eq!(Extension::from_probe(outcome), expected, "{outcome:?}");
     }
 }
+
+#[test]
+fn other_pods_using_a_claim_count_protected_or_not_unless_finished() {
+    let using = |name: &str, uid: &str, namespace: &str, claim: &str, phase: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "spec": {"containers": [], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+            ]},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    };
+    let pods = [
+        using("zombie", "u1", "ns", "data", "Running"),
+        using("unprotected", "u2", "ns", "data", "Running"),
+        using("starting", "u3", "ns", "data", "Pending"),
+        using("done", "u4", "ns", "data", "Succeeded"),
+        using("elsewhere", "u5", "other", "data", "Running"),
+        using("another-claim", "u6", "ns", "logs", "Running"),
+    ];
+    assert_eq!(
+        pods_using_claim(&pods, "ns", "data", "u1"),
+        ["ns/unprotected", "ns/starting"]
+    );
+    assert!(pods_using_claim(&pods[..1], "ns", "data", "u1").is_empty());
+}
