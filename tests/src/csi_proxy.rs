@@ -25,7 +25,6 @@ pub struct Call {
     pub failed: bool,
 }
 
-#[derive(Default)]
 struct Shared {
     calls: Mutex<Vec<Call>>,
     /// While set, every call fails with this gRPC status code and message.
@@ -33,6 +32,19 @@ struct Shared {
     /// Calls whose path ends with this are answered only after this delay (the driver has
     /// done the work; the caller does not know yet).
     delay: Mutex<Option<(String, std::time::Duration)>>,
+    /// Calls whose path ends with this are answered only once it is cleared.
+    hold: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            calls: Mutex::default(),
+            failure: Mutex::default(),
+            delay: Mutex::default(),
+            hold: tokio::sync::watch::Sender::new(None),
+        }
+    }
 }
 
 /// The proxy; dropping it stops it.
@@ -90,6 +102,17 @@ impl CsiProxy {
     /// Holds the driver's answers to `method` for `delay` (`None`: answer at once).
     pub fn delay_responses(&self, delay: Option<(&str, std::time::Duration)>) {
         *lock(&self.shared.delay) = delay.map(|(method, delay)| (format!("/{method}"), delay));
+    }
+
+    /// Holds the driver's answers to `method` until [`CsiProxy::release_responses`] (the driver
+    /// has done the work; the caller waits).
+    pub fn hold_responses(&self, method: &str) {
+        self.shared.hold.send_replace(Some(format!("/{method}")));
+    }
+
+    /// Lets held answers through.
+    pub fn release_responses(&self) {
+        self.shared.hold.send_replace(None);
     }
 
     /// Makes every call fail with `code` (`None`: forward again).
@@ -154,6 +177,10 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
             if let Some((_, delay)) = delay {
                 tokio::time::sleep(delay).await;
             }
+            let mut hold = shared.hold.subscribe();
+            let _ = hold
+                .wait_for(|held| !held.as_ref().is_some_and(|m| path.ends_with(m.as_str())))
+                .await;
             Ok(response.map(|b| b.boxed()))
         }
     });

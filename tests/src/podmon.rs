@@ -125,6 +125,15 @@ impl Cluster {
             .await
     }
 
+    /// [`Cluster::start_podmon_controller`] talking to the driver through `csi`.
+    pub async fn start_podmon_controller_via(
+        &self,
+        csi: CsiConnection,
+        change: impl FnOnce(&mut Settings, &mut Tunables),
+    ) -> PodmonController {
+        self.start_podmon(None, csi, change).await
+    }
+
     /// A controller-podmon replica electing on the Lease `podmon-<driver>`, talking to the
     /// driver through `csi`.
     pub async fn start_podmon_replica(
@@ -142,15 +151,13 @@ impl Cluster {
         csi: CsiConnection,
         change: impl FnOnce(&mut Settings, &mut Tunables),
     ) -> PodmonController {
-        let extension = podmon::run::probe_extension(&csi, Duration::from_secs(5)).await;
         let metrics = PodmonMetrics::unregistered();
         let mut settings = Settings {
             driver_name: self.driver_name.clone(),
             label_key: LABEL_KEY.to_string(),
             label_value: self.driver_name.clone(),
             driver_pod_label: Some((DRIVER_POD_LABEL_KEY.to_string(), self.driver_name.clone())),
-            extension,
-            poll_connectivity: extension,
+            poll_connectivity: true,
             can_fence: true,
             ignore_volumeless_pods: false,
             out_of_service_taint: false,

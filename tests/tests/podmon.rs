@@ -1,12 +1,18 @@
 //! podmon scenarios: a failed node's protected pod is fenced, failed over and its zombie
 //! cleaned up (with the data proof: no write of the zombie lands after the fence); the
 //! driver's "connected" and "I/O in progress" answers stop a cleanup; a driver without the
-//! extension fails over on taints alone; crash-looping pods are deleted at most five times;
-//! the circuit breaker and the maintenance switch hold cleanups; node-podmon survives a
-//! restart and a reboot mid-cleanup.
+//! extension fails over on taints alone, but one that does not answer yet holds cleanups;
+//! crash-looping pods are deleted at most five times; the circuit breaker and the maintenance
+//! switch hold cleanups; a driver rollout moves no Ready pod, and nothing is force-deleted
+//! once the node is back; node-podmon survives a restart and a reboot mid-cleanup, and leaves
+//! staged a volume an unprotected pod on the node still uses.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use csi_proto::podmon::v1::ValidateVolumeHostConnectivityRequest;
+use csi_sidecar::conn::CsiConnection;
+use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
 use csi_suite_scenarios::podmon::{
     DRIVER_POD_LABEL_KEY, PodmonController, failover_story, records_of,
@@ -17,7 +23,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube_sim::roles::kubelet::StagingLayout;
-use podmon::metrics::FailoverResult;
+use podmon::metrics::{FailoverResult, Sample};
 use podmon::plan::{MAINTENANCE_ANNOTATION, fenced_taint_key};
 use serde_json::json;
 
@@ -49,22 +55,133 @@ async fn scene(
         return None;
     }
     let cluster = Cluster::start_with(name, options).await;
+    let csi = cluster.driver.controller.csi.clone();
+    Some(scene_on(cluster, csi, change).await)
+}
+
+/// [`scene`] with controller-podmon talking to the driver through a fault-injecting proxy,
+/// set up by `prepare` before controller-podmon starts.
+async fn scene_with_proxy(
+    name: &str,
+    options: Options,
+    prepare: impl FnOnce(&CsiProxy),
+    change: impl FnOnce(&mut podmon::controller::Settings, &mut podmon::config::Tunables),
+) -> Option<(Scene, CsiProxy)> {
+    if skip_without_root() {
+        return None;
+    }
+    let cluster = Cluster::start_with(name, options).await;
+    let (proxy, through_proxy) = cluster.csi_proxy().await;
+    prepare(&proxy);
+    Some((scene_on(cluster, through_proxy, change).await, proxy))
+}
+
+async fn scene_on(
+    cluster: Cluster,
+    csi: CsiConnection,
+    change: impl FnOnce(&mut podmon::controller::Settings, &mut podmon::config::Tunables),
+) -> Scene {
     let attacher = cluster.start_attacher().await;
-    let controller = cluster.start_podmon_controller(change).await;
+    let controller = cluster.start_podmon_controller_via(csi, change).await;
     let (pod, pv, target) =
         running_pod_with_static_volume(&cluster, "app-0", &cluster.node("node-a"), |p| {
             cluster.protect(p)
         })
         .await;
     let uid = pod.uid().unwrap();
-    Some(Scene {
+    Scene {
         cluster,
         attacher,
         controller,
         uid,
         pv,
         target,
-    })
+    }
+}
+
+/// Waits for podmon's abort of app-0's cleanup because the driver still hears node-a.
+async fn aborted_as_connected(cluster: &Cluster, uid: &str) {
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!(
+                "podmon aborted pod cleanup [{uid} {}] array connected or recent I/O",
+                cluster.node("node-a")
+            ),
+        )
+        .await;
+}
+
+/// node-a is back on both networks and app-0 Ready again where it was; then all stops.
+async fn end_with_the_pod_in_place<const N: usize>(cluster: Cluster, sidecars: [Sidecar; N]) {
+    cluster.recover_node(&cluster.node("node-a"));
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .wait_for(&pods, "app-0", "the pod Ready again in place", is_running)
+        .await;
+    cluster
+        .delete_and_wait(&pods, "app-0", "the pod deleted")
+        .await;
+    stop(cluster, sidecars).await;
+}
+
+/// Stops the sidecars, then the cluster.
+async fn stop<const N: usize>(cluster: Cluster, sidecars: [Sidecar; N]) {
+    for sidecar in sidecars {
+        sidecar.stop().await;
+    }
+    cluster.stop().await;
+}
+
+/// A cluster on node-a and node-b with the attacher and controller-podmon (the fixture's
+/// settings); `None` (after saying why) without root.
+async fn podmon_cluster(name: &str) -> Option<(Cluster, Sidecar, PodmonController)> {
+    if skip_without_root() {
+        return None;
+    }
+    let cluster = Cluster::start_with(name, nodes(&["node-a", "node-b"])).await;
+    let attacher = cluster.start_attacher().await;
+    let controller = cluster.start_podmon_controller(|_, _| {}).await;
+    Some((cluster, attacher, controller))
+}
+
+/// Waits until the driver has reported a node disconnected more times than the loss
+/// threshold, and asserts that pod `name` is still the pod `uid` (should it go, nothing
+/// samples its node any more: the wait ends then too).
+async fn stays_while_sampled_past_the_threshold(
+    cluster: &Cluster,
+    controller: &PodmonController,
+    name: &str,
+    uid: &str,
+) {
+    let pods = cluster.namespaced::<Pod>();
+    let current = || async {
+        let pod = pods.get_opt(name).await.unwrap();
+        pod.and_then(|p| p.uid())
+    };
+    let threshold = u64::from(controller.live.get().loss_threshold);
+    let target = controller
+        .metrics
+        .connectivity_samples(Sample::Disconnected)
+        + threshold;
+    cluster
+        .eventually_async(
+            "the node sampled disconnected past the threshold",
+            || async {
+                controller
+                    .metrics
+                    .connectivity_samples(Sample::Disconnected)
+                    > target
+                    || current().await.as_deref() != Some(uid)
+            },
+        )
+        .await;
+    assert_eq!(
+        current().await.as_deref(),
+        Some(uid),
+        "{name} moved on connectivity samples"
+    );
 }
 
 #[tokio::test]
@@ -161,16 +278,7 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
 
     // Only the control plane lost the node: the driver still hears it and sees its writes.
     cluster.kubelet(&cluster.node("node-a")).partition();
-    cluster
-        .wait_for_event(
-            "app-0",
-            "NodeFailure",
-            &format!(
-                "podmon aborted pod cleanup [{uid} {}] array connected or recent I/O",
-                cluster.node("node-a")
-            ),
-        )
-        .await;
+    aborted_as_connected(&cluster, &uid).await;
     // Now the storage network too: the node is disconnected but the zombie's I/O is seen.
     cluster
         .driver_store()
@@ -195,21 +303,67 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     assert!(!cluster.podmon_tainted(&cluster.node("node-a")).await);
     assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
 
-    cluster.recover_node(&cluster.node("node-a"));
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
+}
+
+#[tokio::test]
+async fn podmon_holds_cleanups_until_the_driver_says_whether_it_serves_the_extension() {
+    // The driver does not answer while podmon starts: whether it serves the extension is
+    // unknown, and taints alone must not decide meanwhile.
+    let unavailable =
+        |proxy: &CsiProxy| proxy.fail_with(Some((tonic::Code::Unavailable, "restarting")));
+    let Some((
+        Scene {
+            cluster,
+            attacher,
+            controller,
+            uid,
+            pv,
+            ..
+        },
+        proxy,
+    )) = scene_with_proxy(
+        "podmon-ext-unknown",
+        nodes(&["node-a", "node-b"]),
+        unavailable,
+        |_, _| {},
+    )
+    .await
+    else {
+        return;
+    };
+    let handle = cluster.volume_handle(&pv).await;
+    // Only the control plane loses node-a: the driver still hears it and sees its writes.
+    cluster.kubelet(&cluster.node("node-a")).partition();
     cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
+        .wait_for_event(
             "app-0",
-            "the pod Ready again in place",
-            is_running,
+            "NodeFailure",
+            &format!(
+                "podmon held the cleanup of pod [{uid} {}]: the driver has not said yet whether it serves the podmon extension",
+                cluster.node("node-a")
+            ),
         )
         .await;
-    controller.sidecar.stop().await;
-    attacher.stop().await;
-    cluster
-        .delete_and_wait(&cluster.namespaced::<Pod>(), "app-0", "the pod deleted")
+    controller
+        .two_passes(&cluster, "podmon judged the pod again")
         .await;
-    cluster.stop().await;
+    let pods = cluster.namespaced::<Pod>();
+    let current = pods.get("app-0").await.unwrap();
+    assert_eq!(current.uid().as_deref(), Some(uid.as_str()), "no failover");
+    assert_eq!(proxy.forwarded("ControllerUnpublishVolume"), 0);
+    assert!(!cluster.is_fenced(&handle, &cluster.node("node-a")));
+    assert!(!cluster.podmon_tainted(&cluster.node("node-a")).await);
+
+    // The driver answers again: podmon learns it serves the extension and asks it first.
+    proxy.fail_with(None);
+    aborted_as_connected(&cluster, &uid).await;
+    let current = pods.get("app-0").await.unwrap();
+    assert_eq!(current.uid().as_deref(), Some(uid.as_str()), "no failover");
+    assert!(!cluster.is_fenced(&handle, &cluster.node("node-a")));
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
 }
 
 #[tokio::test]
@@ -614,22 +768,42 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     cluster.stop().await;
 }
 
+/// A protected pod `name` on `node` with a static volume it does not write to: the driver
+/// sees no I/O once the volume's last write is 10 s old. Returns its UID and the PV.
+async fn idle_protected_pod(cluster: &Cluster, name: &str, node: &str) -> (String, String) {
+    let pv = csi_suite_scenarios::fixtures::static_claim(cluster, name).await;
+    let mut manifest = pod(name, node, Some(name), false);
+    cluster.protect(&mut manifest);
+    let pods = cluster.namespaced::<Pod>();
+    let created: Pod = cluster.create(&pods, manifest).await;
+    cluster
+        .wait_for(&pods, name, "the pod Running", is_running)
+        .await;
+    (created.uid().unwrap(), pv)
+}
+
+/// A driver node pod on `node`, labelled as podmon finds them; it tolerates podmon's taints
+/// (else a restarted one could not come back).
+fn driver_pod(cluster: &Cluster, name: &str, node: &str) -> serde_json::Value {
+    let mut manifest = pod(name, node, None, false);
+    manifest["metadata"]["labels"] = json!({DRIVER_POD_LABEL_KEY: cluster.driver_name});
+    manifest["spec"]["tolerations"] = json!([{"operator": "Exists", "effect": "NoSchedule"}]);
+    manifest
+}
+
 #[tokio::test]
 async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
     let cluster = Cluster::start_with("podmon-driver-pod", nodes(&["node-a", "node-b"])).await;
     let controller = cluster.start_podmon_controller(|_, _| {}).await;
     let offline = podmon::plan::offline_taint_key(&cluster.driver_name);
     let offline_on = |node: &Node| podmon::plan::has_taint(node, &offline, "NoSchedule");
-    // Driver node pods tolerate podmon's taints (else a restarted one could not come back).
-    let driver_pod = || {
-        let mut manifest = pod("driver-node-a", &cluster.node("node-a"), None, false);
-        manifest["metadata"]["labels"] = json!({DRIVER_POD_LABEL_KEY: cluster.driver_name});
-        manifest["spec"]["tolerations"] =
-            json!([{"key": offline, "operator": "Exists", "effect": "NoSchedule"}]);
-        manifest
-    };
     let pods = cluster.namespaced::<Pod>();
-    cluster.create(&pods, driver_pod()).await;
+    cluster
+        .create(
+            &pods,
+            driver_pod(&cluster, "driver-node-a", &cluster.node("node-a")),
+        )
+        .await;
     cluster
         .wait_for(&pods, "driver-node-a", "the driver pod Ready", is_running)
         .await;
@@ -653,9 +827,12 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
     cluster
         .delete_and_wait(&pods, "driver-node-a", "the crashing driver pod gone")
         .await;
-    let mut manifest = driver_pod();
-    manifest["metadata"]["name"] = json!("driver-node-a-2");
-    cluster.create(&pods, manifest).await;
+    cluster
+        .create(
+            &pods,
+            driver_pod(&cluster, "driver-node-a-2", &cluster.node("node-a")),
+        )
+        .await;
     cluster
         .wait_for(
             &nodes,
@@ -670,23 +847,19 @@ async fn podmon_taints_a_node_whose_driver_pod_is_not_ready() {
 
 #[tokio::test]
 async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
-    if skip_without_root() {
+    let Some((cluster, attacher, controller)) = podmon_cluster("podmon-array-loss").await else {
         return;
-    }
-    let cluster = Cluster::start_with("podmon-array-loss", nodes(&["node-a", "node-b"])).await;
-    let attacher = cluster.start_attacher().await;
-    let controller = cluster.start_podmon_controller(|_, _| {}).await;
-    let pv = csi_suite_scenarios::fixtures::static_claim(&cluster, "app-0").await;
-    // An idle pod: the driver sees no I/O once its volume's last write is 10 s old.
-    let mut manifest = pod("app-0", &cluster.node("node-a"), Some("app-0"), false);
+    };
+    let (uid, pv) = idle_protected_pod(&cluster, "app-0", &cluster.node("node-a")).await;
+    // A protected pod without volumes beside it: storage connectivity is nothing to it.
+    let mut manifest = pod("app-v", &cluster.node("node-a"), None, false);
     cluster.protect(&mut manifest);
-    let created: Pod = cluster.create(&cluster.namespaced::<Pod>(), manifest).await;
-    let uid = created.uid().unwrap();
+    let volumeless: Pod = cluster.create(&cluster.namespaced::<Pod>(), manifest).await;
     cluster
         .wait_for(
             &cluster.namespaced::<Pod>(),
-            "app-0",
-            "the pod Running",
+            "app-v",
+            "the volumeless pod Running",
             is_running,
         )
         .await;
@@ -714,13 +887,18 @@ async fn podmon_fails_over_a_pod_whose_node_lost_its_storage_network() {
             .published
             .contains_key(&cluster.node("node-a"))
     );
+    let volumeless = volumeless.uid().unwrap();
+    stays_while_sampled_past_the_threshold(&cluster, &controller, "app-v", &volumeless).await;
+    controller
+        .two_passes(&cluster, "podmon judged the volumeless pod")
+        .await;
+    let current = cluster.namespaced::<Pod>().get("app-v").await.unwrap();
+    assert_eq!(current.uid(), Some(volumeless), "a volumeless pod moved");
     cluster
         .driver_store()
         .set_link(&cluster.node("node-a"), true)
         .unwrap();
-    controller.sidecar.stop().await;
-    attacher.stop().await;
-    cluster.stop().await;
+    stop(cluster, [controller.sidecar, attacher]).await;
 }
 
 #[tokio::test]
@@ -766,4 +944,218 @@ async fn podmon_ignores_volumeless_pods_when_asked() {
     );
     controller.sidecar.stop().await;
     cluster.stop().await;
+}
+
+#[tokio::test]
+async fn podmon_does_not_fail_over_ready_pods_during_a_driver_rollout() {
+    let Some((cluster, attacher, controller)) = podmon_cluster("podmon-rollout").await else {
+        return;
+    };
+    let pods = cluster.namespaced::<Pod>();
+    let nodes = cluster.cluster_scoped::<Node>();
+    let offline = podmon::plan::offline_taint_key(&cluster.driver_name);
+    let offline_on = |node: &Node| podmon::plan::has_taint(node, &offline, "NoSchedule");
+    // Per node: its driver pod and an idle protected pod with a volume.
+    let mut apps = Vec::new();
+    for (app, node) in [("app-a", "node-a"), ("app-b", "node-b")] {
+        let node = cluster.node(node);
+        let driver = format!("driver-{app}");
+        cluster
+            .create(&pods, driver_pod(&cluster, &driver, &node))
+            .await;
+        cluster
+            .wait_for(&pods, &driver, "the driver pod Ready", is_running)
+            .await;
+        let (uid, pv) = idle_protected_pod(&cluster, app, &node).await;
+        let handle = cluster.volume_handle(&pv).await;
+        apps.push((app, uid, handle, node, driver));
+    }
+    // Idle as the driver sees it: Dell's rule would let a disconnected node's pods go.
+    for (_, _, handle, node, _) in &apps {
+        cluster
+            .eventually_async("the driver sees no I/O on the volume", || async {
+                let request = ValidateVolumeHostConnectivityRequest {
+                    node_id: node.clone(),
+                    volume_ids: vec![handle.clone()],
+                    ..Default::default()
+                };
+                cluster
+                    .driver
+                    .controller
+                    .csi
+                    .validate_volume_host_connectivity(request, Duration::from_secs(5))
+                    .await
+                    .is_ok_and(|r| !r.ios_in_progress)
+            })
+            .await;
+    }
+
+    // The DaemonSet replaces each node's driver pod in turn: the old one stops being Ready and
+    // its plugin stops beating (the driver reports the node disconnected) for longer than the
+    // loss threshold; then the new one is Ready.
+    for (app, uid, _, node, driver) in &apps {
+        cluster.kubelet(node).crash_loop(&cluster.namespace, driver);
+        cluster
+            .wait_for(&nodes, node, "the driver-offline taint", offline_on)
+            .await;
+        cluster.driver_store().set_link(node, false).unwrap();
+        stays_while_sampled_past_the_threshold(&cluster, &controller, app, uid).await;
+        cluster.driver_store().set_link(node, true).unwrap();
+        cluster
+            .delete_and_wait(&pods, driver, "the old driver pod gone")
+            .await;
+        cluster
+            .create(&pods, driver_pod(&cluster, &format!("{driver}-2"), node))
+            .await;
+        cluster
+            .wait_for(&nodes, node, "the driver-offline taint lifted", |n| {
+                !offline_on(n)
+            })
+            .await;
+    }
+    controller
+        .two_passes(&cluster, "podmon judged the pods after the rollout")
+        .await;
+    for (app, uid, handle, node, _) in &apps {
+        let current = pods.get(app).await.unwrap();
+        assert_eq!(current.uid().as_ref(), Some(uid), "{app} was failed over");
+        assert!(
+            !cluster.is_fenced(handle, node),
+            "{app}'s volume was fenced"
+        );
+        assert!(!cluster.podmon_tainted(node).await, "{node} was tainted");
+    }
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+    stop(cluster, [controller.sidecar, attacher]).await;
+}
+
+#[tokio::test]
+async fn podmon_does_not_force_delete_once_the_failed_node_is_back() {
+    let skip = |_: &mut podmon::controller::Settings, t: &mut podmon::config::Tunables| {
+        t.skip_validation = true
+    };
+    let Some((
+        Scene {
+            cluster,
+            attacher,
+            controller,
+            uid,
+            ..
+        },
+        proxy,
+    )) = scene_with_proxy(
+        "podmon-node-back",
+        nodes(&["node-a", "node-b"]),
+        |_| {},
+        skip,
+    )
+    .await
+    else {
+        return;
+    };
+    // The fence reaches the driver, but podmon hears back only after the node is back.
+    proxy.hold_responses("csi.v1.Controller/ControllerUnpublishVolume");
+    cluster.fail_node(&cluster.node("node-a"));
+    cluster
+        .eventually("podmon fencing", || {
+            proxy.forwarded("ControllerUnpublishVolume") > 0
+        })
+        .await;
+    cluster.recover_node(&cluster.node("node-a"));
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<Node>(),
+            &cluster.node("node-a"),
+            "node-a Ready, no longer unreachable",
+            |n| {
+                podmon::plan::node_is_ready(n)
+                    && !podmon::plan::has_taint(n, "node.kubernetes.io/unreachable", "NoExecute")
+                    && !podmon::plan::has_taint(n, "node.kubernetes.io/unreachable", "NoSchedule")
+            },
+        )
+        .await;
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .wait_for(&pods, "app-0", "the pod Ready again", is_running)
+        .await;
+    proxy.release_responses();
+    cluster
+        .wait_for_event(
+            "app-0",
+            "NodeFailure",
+            &format!(
+                "podmon aborted pod cleanup [{uid} {}] the node is no longer unreachable",
+                cluster.node("node-a")
+            ),
+        )
+        .await;
+    let current = pods.get("app-0").await.unwrap();
+    assert_eq!(
+        current.uid().as_deref(),
+        Some(uid.as_str()),
+        "force-deleted on a node that is back"
+    );
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
+}
+
+#[tokio::test]
+async fn node_podmon_does_not_unstage_a_volume_an_unprotected_pod_on_the_node_still_uses() {
+    let Some(Scene {
+        cluster,
+        attacher,
+        controller,
+        pv,
+        ..
+    }) = scene(
+        "podmon-shared-volume",
+        nodes(&["node-a", "node-b"]),
+        |_, t| t.skip_validation = true,
+    )
+    .await
+    else {
+        return;
+    };
+    let node = cluster.node("node-a");
+    let node_podmon = cluster.start_podmon_node(&node).await;
+    // An unprotected pod on the same node with the same claim (ReadWriteOnce lets the pods of
+    // one node share a volume); it rides out the failure in place, as podmon leaves it alone.
+    let pods = cluster.namespaced::<Pod>();
+    let mut manifest = pod("unprotected", &node, Some("app-0"), false);
+    manifest["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]);
+    cluster.create(&pods, manifest).await;
+    cluster
+        .wait_for(
+            &pods,
+            "unprotected",
+            "the unprotected pod Running",
+            is_running,
+        )
+        .await;
+    cluster
+        .eventually("node-podmon remembering the protected pod", || {
+            std::fs::read_to_string(cluster.podmon_state_file(&node))
+                .is_ok_and(|s| s.contains("app-0"))
+        })
+        .await;
+
+    cluster.fail_node(&node);
+    cluster
+        .wait_gone(&pods, "app-0", "the protected pod force-deleted")
+        .await;
+    cluster.recover_node(&node);
+    cluster
+        .wait_podmon_untainted(&node, "node-a cleaned and untainted")
+        .await;
+    let handle = cluster.volume_handle(&pv).await;
+    let staged = cluster.driver_store().read().unwrap().volumes[&handle]
+        .nodes
+        .get(&node)
+        .and_then(|usage| usage.staged.clone());
+    assert!(
+        staged.is_some(),
+        "node-podmon unstaged the volume the unprotected pod still uses"
+    );
+    assert!(pods.get_opt("unprotected").await.unwrap().is_some());
+    stop(cluster, [node_podmon, controller.sidecar, attacher]).await;
 }

@@ -3,14 +3,20 @@
 //! ControllerUnpublishVolume, taint the node, delete the VolumeAttachments, force-delete the
 //! pods — so their StatefulSet can recreate them elsewhere while the zombies cannot write.
 //! Also: crash-looping pods are deleted (at most five times each), nodes hosting protected pods
-//! are sampled for connectivity, driver node pods that are not Ready taint their node, a
-//! circuit breaker bounds how many nodes are evacuated at once, and a maintenance switch
-//! (dynamic config or a node annotation) pauses cleanups.
+//! are sampled for connectivity (a node the driver reports disconnected for the loss
+//! threshold, its plugin running, has its Ready pods with our volumes cleaned up if the driver
+//! also says so for their volumes), driver node pods that are not Ready taint their node
+//! (NoSchedule only), a circuit breaker bounds how many nodes are evacuated at once, and a
+//! maintenance switch (dynamic config or a node annotation) pauses cleanups.
 //!
 //! One cleanup per node at a time; pods of a node are cleaned together (fencing is per node
 //! and volume, so pods sharing a volume there share its fate). On any doubt — a failed call,
 //! a missing node ID, the driver's "connected" — the cleanup is aborted, reported and retried
-//! with backoff; nothing is fenced or force-deleted on a guess.
+//! with backoff; nothing is fenced or force-deleted on a guess, nor on a stale cache: the node
+//! and the pods are read live before the first destructive step and right before the force
+//! delete. Whether the driver serves the extension is asked at start and, until it answers
+//! (only UNIMPLEMENTED means "no"), again with backoff; meanwhile cleanups are held, as taints
+//! alone are not enough where it does.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,11 +41,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LiveConfig;
-use crate::metrics::{FailoverResult, PodmonMetrics};
+use crate::metrics::{FailoverResult, PodmonMetrics, Sample};
 use crate::plan::{
-    self, Connectivity, CrashLoopDeletes, MAINTENANCE_ANNOTATION, NO_EXECUTE, NO_SCHEDULE,
-    NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, PodAction,
-    Trigger,
+    self, Connectivity, CrashLoopDeletes, Extension, MAINTENANCE_ANNOTATION, NO_EXECUTE,
+    NO_SCHEDULE, NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+    PodAction, Trigger,
 };
 use crate::taints::update_taints;
 
@@ -68,9 +74,8 @@ pub struct Settings {
     pub label_value: String,
     /// The driver node pods' label (controller mode); `None` in standalone mode.
     pub driver_pod_label: Option<(String, String)>,
-    /// The driver serves `podmon.v1.Podmon` (probed at startup).
-    pub extension: bool,
-    /// Sample nodes' connectivity through the extension (controller mode with the extension).
+    /// Sample nodes' connectivity through the extension once the driver serves it (controller
+    /// mode).
     pub poll_connectivity: bool,
     /// The driver can fence (PUBLISH_UNPUBLISH_VOLUME).
     pub can_fence: bool,
@@ -145,6 +150,8 @@ struct State {
     cleaned: HashSet<String>,
     /// PVs fenced per node (and when), kept fenced while the node carries our taint.
     fenced: HashMap<String, (BTreeSet<String>, Instant)>,
+    /// Whether the driver serves the podmon extension; asked again until known.
+    extension: Extension,
 }
 
 struct Controller {
@@ -168,7 +175,7 @@ pub async fn run(
 ) -> Result<(), ControllerError> {
     let mut informers = Informers::new(&client, &shutdown);
     let selector = format!("{}={}", settings.label_key, settings.label_value);
-    tracing::info!(label_selector = %selector, driver = %settings.driver_name, extension = settings.extension, "controller-podmon watching protected pods");
+    tracing::info!(label_selector = %selector, driver = %settings.driver_name, "controller-podmon watching protected pods");
     let caches = Caches {
         pods: informers.watch(
             Api::all(client.clone()),
@@ -194,6 +201,7 @@ pub async fn run(
             Err(ControllerError::NotSynced)
         };
     };
+    let extension = probe_extension(&csi, settings.timeout).await;
     let controller = Arc::new(Controller {
         events: EventRecorder::new(client.clone(), "podmon", ""),
         client,
@@ -201,12 +209,18 @@ pub async fn run(
         settings,
         live,
         caches,
-        state: Mutex::new(State::default()),
+        state: Mutex::new(State {
+            extension,
+            ..State::default()
+        }),
         wake,
     });
-    // Cleanups and the sampler live in this set: when the run ends (leadership lost), they
-    // stop with it.
+    // Cleanups, the sampler and the prober live in this set: when the run ends (leadership
+    // lost), they stop with it.
     let mut tasks = JoinSet::new();
+    if extension == Extension::Unknown {
+        tasks.spawn(learn_extension(controller.clone(), shutdown.clone()));
+    }
     if controller.settings.poll_connectivity {
         tasks.spawn(connectivity_loop(controller.clone(), shutdown.clone()));
     }
@@ -219,6 +233,50 @@ pub async fn run(
             () = controller.wake.notified() => {}
             () = tokio::time::sleep(TICK) => {}
         }
+    }
+}
+
+/// Whether the driver serves `podmon.v1.Podmon`: an empty request is the presence probe.
+pub async fn probe_extension(csi: &CsiConnection, timeout: Duration) -> Extension {
+    let outcome = csi
+        .validate_volume_host_connectivity(
+            podmon::ValidateVolumeHostConnectivityRequest::default(),
+            timeout,
+        )
+        .await;
+    let extension = Extension::from_probe(outcome.as_ref().map(|_| ()).map_err(|s| s.code()));
+    match (&outcome, extension) {
+        (Ok(response), _) => {
+            tracing::info!(messages = ?response.messages, "the driver serves the podmon extension")
+        }
+        (Err(_), Extension::NotServed) => tracing::warn!(
+            "the driver does not serve the podmon extension: decisions rest on node taints only"
+        ),
+        (Err(status), _) => tracing::warn!(
+            code = ?status.code(),
+            error = %status.message(),
+            "cannot tell whether the driver serves the podmon extension: no cleanup until it answers"
+        ),
+    }
+    extension
+}
+
+/// Asks the driver again, with backoff, until it says whether it serves the extension.
+async fn learn_extension(controller: Arc<Controller>, shutdown: CancellationToken) {
+    let settings = &controller.settings;
+    let mut delay = settings.retry_start;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let extension = probe_extension(&controller.csi, settings.timeout).await;
+        if extension != Extension::Unknown {
+            controller.state().extension = extension;
+            controller.wake.notify_one();
+            return;
+        }
+        delay = (delay * 2).min(settings.retry_max);
     }
 }
 
@@ -281,22 +339,30 @@ impl Controller {
                 continue;
             };
             let node = self.node(node_name);
-            match plan::pod_action(pod, node.as_deref(), &fenced_key, &offline_key) {
+            match plan::pod_action(pod, node.as_deref(), &fenced_key) {
                 PodAction::Nothing => {
                     if plan::is_ready(pod) {
                         self.state().crash_deletes.remove(&key(pod));
                     }
-                    if disconnected.contains(node_name) && pod.metadata.deletion_timestamp.is_none()
+                    // Connectivity concerns pods with our volumes only: the driver can say
+                    // nothing about the others.
+                    if disconnected.contains(node_name)
+                        && pod.metadata.deletion_timestamp.is_none()
+                        && self.volumes_of(pod).is_ok_and(|v| !v.is_empty())
                     {
                         let signals = node
-                            .map(|n| NodeSignals::of(&n, &fenced_key, &offline_key))
+                            .map(|n| NodeSignals::of(&n, &fenced_key))
                             .unwrap_or_default();
                         let group = groups.entry(node_name.to_string()).or_insert((
                             Trigger::ArrayConnectivityLoss,
                             signals,
                             Vec::new(),
                         ));
-                        group.2.push(pod.clone());
+                        // A node failed by Kubernetes' account is cleaned on that account; its
+                        // Ready pods wait to be judged by the stricter rule of their own.
+                        if group.0 == Trigger::ArrayConnectivityLoss {
+                            group.2.push(pod.clone());
+                        }
                     }
                 }
                 PodAction::CleanUp(signals) => {
@@ -305,6 +371,9 @@ impl Controller {
                         signals,
                         Vec::new(),
                     ));
+                    if group.0 != Trigger::NodeFailure {
+                        group.2.clear();
+                    }
                     group.0 = Trigger::NodeFailure;
                     group.1 = signals;
                     group.2.push(pod.clone());
@@ -314,6 +383,7 @@ impl Controller {
         }
 
         let now = Instant::now();
+        let extension = self.state().extension;
         for (node_name, (trigger, signals, pods)) in groups {
             {
                 let state = self.state();
@@ -325,6 +395,11 @@ impl Controller {
                 {
                     continue;
                 }
+            }
+            if extension == Extension::Unknown {
+                let why = "the driver has not said yet whether it serves the podmon extension";
+                self.hold(&node_name, &pods, trigger, why).await;
+                continue;
             }
             let node = self.node(&node_name);
             let paused_node = node
@@ -378,7 +453,7 @@ impl Controller {
             tasks.spawn(async move {
                 let started = Instant::now();
                 let outcome = controller
-                    .clean_up(&node_name, trigger, signals, pods)
+                    .clean_up(&node_name, trigger, signals, extension, pods)
                     .await;
                 let mut state = controller.state();
                 state.busy.remove(&node_name);
@@ -532,6 +607,25 @@ impl Controller {
         }
     }
 
+    /// Whether the driver's node plugin on `node` can be believed running (see
+    /// [`plan::plugin_up`]).
+    fn plugin_up(&self, node: &str) -> bool {
+        let driver_pods = self
+            .caches
+            .driver_pods
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default();
+        plan::plugin_up(
+            self.node(node).as_deref(),
+            &self.settings.offline_key(),
+            driver_pods
+                .iter()
+                .filter(|p| plan::node_name(p) == Some(node))
+                .map(|p| p.as_ref()),
+        )
+    }
+
     /// The CSI node ID of `node` for our driver: the attacher's annotation on a VolumeAttachment
     /// there, else the CSINode, else kubelet's node annotation.
     fn node_id(&self, node: &str, attachments: &[Arc<VolumeAttachment>]) -> Option<String> {
@@ -615,11 +709,12 @@ impl Controller {
         node_name: &str,
         trigger: Trigger,
         signals: NodeSignals,
+        extension: Extension,
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
         let reason = trigger.reason();
         let outcome = self
-            .clean_up_steps(node_name, reason, signals, pods.clone())
+            .clean_up_steps(node_name, trigger, signals, extension, pods.clone())
             .await;
         if let Err(Stop::Aborted(why) | Stop::Failed(why)) = &outcome {
             for pod in &pods {
@@ -640,8 +735,9 @@ impl Controller {
     async fn clean_up_steps(
         &self,
         node_name: &str,
-        reason: &str,
+        trigger: Trigger,
         signals: NodeSignals,
+        extension: Extension,
         pods: Vec<Arc<Pod>>,
     ) -> Result<Cleaned, Stop> {
         // The pods as the cache has them now (a replaced pod has a new UID and is skipped),
@@ -729,10 +825,23 @@ impl Controller {
             let id = self
                 .node_id(node_name, &attachments)
                 .ok_or_else(|| Stop::Aborted("due to missing CSI annotations".to_string()))?;
-            if self.settings.extension {
-                self.validate(node_name, &id, &volumes, signals).await?;
+            if extension == Extension::Served {
+                self.validate(node_name, &id, &volumes, trigger, signals)
+                    .await?;
             }
             node_id = Some(id);
+        }
+        // The caches may lag: before the first step that cannot be undone, the live objects
+        // must still show what the decision rested on.
+        if self
+            .confirm_live(node_name, trigger, signals, &chosen)
+            .await?
+            .len()
+            != chosen.len()
+        {
+            return Err(Stop::Aborted(
+                "the pods changed since the decision".to_string(),
+            ));
         }
         // A deleting VolumeAttachment is one the attacher will not publish again (its
         // reconcile re-publishes attached ones the driver lost), so they go before the fence.
@@ -770,10 +879,14 @@ impl Controller {
         .await
         .map_err(|e| Stop::Failed(format!("couldn't taint node {node_name}: {e}")))?;
 
+        // Fencing and tainting took time: again, right before the force delete.
+        let chosen = self
+            .confirm_live(node_name, trigger, signals, &chosen)
+            .await?;
         for pod in chosen.values() {
             self.event(
                 pod,
-                reason,
+                trigger.reason(),
                 &format!(
                     "podmon cleaning pod {} with force delete",
                     pod_words(pod, node_name)
@@ -804,12 +917,52 @@ impl Controller {
         })
     }
 
-    /// Asks the driver (podmon extension) whether the node may be cleaned up: Dell's rule.
+    /// Reads the node and the pods live (not from the caches): a NodeFailure's node must still
+    /// be failed ([`plan::node_still_failed`]); pods that are gone, replaced or already being
+    /// deleted are left out ([`plan::pod_still_to_delete`]). Returns the pods still to delete.
+    async fn confirm_live(
+        &self,
+        node_name: &str,
+        trigger: Trigger,
+        signals: NodeSignals,
+        chosen: &BTreeMap<String, Arc<Pod>>,
+    ) -> Result<BTreeMap<String, Arc<Pod>>, Stop> {
+        if trigger == Trigger::NodeFailure {
+            let node = Api::<Node>::all(self.client.clone())
+                .get(node_name)
+                .await
+                .map_err(|e| Stop::Failed(format!("cannot read node {node_name}: {e}")))?;
+            plan::node_still_failed(signals, &node, &self.settings.fenced_key())
+                .map_err(|why| Stop::Aborted(why.to_string()))?;
+        }
+        let mut still = BTreeMap::new();
+        for (name, pod) in chosen {
+            let api: Api<Pod> =
+                Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            let live = api
+                .get_opt(&pod.name_any())
+                .await
+                .map_err(|e| Stop::Failed(format!("cannot read pod {name}: {e}")))?;
+            match plan::pod_still_to_delete(&uid(pod), live.as_ref()) {
+                Ok(()) => {
+                    still.insert(name.clone(), pod.clone());
+                }
+                Err(why) => {
+                    tracing::warn!(pod = %name, node = %node_name, %why, "not force-deleting the pod")
+                }
+            }
+        }
+        Ok(still)
+    }
+
+    /// Asks the driver (podmon extension) whether the node may be cleaned up
+    /// ([`plan::validation_allows`]).
     async fn validate(
         &self,
         node_name: &str,
         node_id: &str,
         volumes: &BTreeMap<String, Arc<PersistentVolume>>,
+        trigger: Trigger,
         signals: NodeSignals,
     ) -> Result<(), Stop> {
         let request = podmon::ValidateVolumeHostConnectivityRequest {
@@ -849,8 +1002,14 @@ impl Controller {
                 .and_then(|s| s.access_modes.as_ref())
                 .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"))
         });
-        plan::validation_allows(answer, rwx, signals, self.live.get().skip_validation)
-            .map_err(|why| Stop::Aborted(why.to_string()))
+        plan::validation_allows(
+            trigger,
+            answer,
+            rwx,
+            signals,
+            self.live.get().skip_validation,
+        )
+        .map_err(|why| Stop::Aborted(why.to_string()))
     }
 
     /// Deletes the named VolumeAttachments (gone ones are fine).
@@ -1002,6 +1161,9 @@ async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationTo
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(poll_rate) => {}
         }
+        if controller.state().extension != Extension::Served {
+            continue;
+        }
         let nodes: BTreeSet<String> = controller
             .caches
             .pods
@@ -1019,26 +1181,40 @@ async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationTo
                 node_id,
                 ..Default::default()
             };
+            let metrics = &controller.settings.metrics;
             let connected = match controller
                 .csi
                 .validate_volume_host_connectivity(request, VALIDATE_TIMEOUT)
                 .await
             {
-                Ok(response) => response.connected,
+                Ok(response) => {
+                    metrics.connectivity_sample(if response.connected {
+                        Sample::Connected
+                    } else {
+                        Sample::Disconnected
+                    });
+                    response.connected
+                }
                 Err(status) => {
+                    metrics.connectivity_sample(Sample::Failed);
                     tracing::debug!(%node, error = %status.message(), "connectivity sample failed; assuming connected");
                     true
                 }
             };
+            let plugin_up = controller.plugin_up(&node);
             let threshold = controller.live.get().loss_threshold;
             let mut state = controller.state();
-            if connected {
+            let previous = state.loss.get(&node).copied().unwrap_or(0);
+            let count = plan::loss_after_sample(previous, connected, plugin_up);
+            if count == 0 {
                 state.loss.remove(&node);
+                if !connected {
+                    tracing::info!(%node, "the driver reports the node disconnected while its driver plugin is down: not counted");
+                }
             } else {
-                let count = state.loss.entry(node.clone()).or_insert(0);
-                *count += 1;
-                tracing::warn!(%node, samples = *count, threshold, "the driver reports the node disconnected");
-                crossed |= *count == threshold;
+                state.loss.insert(node.clone(), count);
+                tracing::warn!(%node, samples = count, threshold, "the driver reports the node disconnected");
+                crossed |= count == threshold;
             }
         }
         if crossed {

@@ -1,4 +1,5 @@
-//! podmon's metrics: failovers by result, cleanup duration, tainted nodes.
+//! podmon's metrics: failovers by result, connectivity samples by result, cleanup duration,
+//! tainted nodes.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,9 +37,29 @@ impl FailoverResult {
     }
 }
 
+/// Outcomes of a connectivity sample of a node (ValidateVolumeHostConnectivity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    Connected,
+    Disconnected,
+    /// The call failed: no evidence either way.
+    Failed,
+}
+
+impl Sample {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Disconnected => "disconnected",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PodmonMetrics {
     failovers: Family<ResultLabel, Counter>,
+    connectivity_samples: Family<ResultLabel, Counter>,
     cleanup_seconds: Histogram,
     tainted_nodes: Gauge,
     passes: Counter,
@@ -51,6 +72,12 @@ impl PodmonMetrics {
             "podmon_failover",
             "Cleanups of pods on failed nodes, by result",
             metrics.failovers.clone(),
+        );
+        registry.register(
+            "podmon_connectivity_checks",
+            "Connectivity samples of nodes hosting protected pods through the driver's podmon \
+             extension, by result",
+            metrics.connectivity_samples.clone(),
         );
         registry.register(
             "podmon_cleanup_seconds",
@@ -75,6 +102,7 @@ impl PodmonMetrics {
     pub fn unregistered() -> Self {
         Self {
             failovers: Family::default(),
+            connectivity_samples: Family::default(),
             cleanup_seconds: Histogram::new([
                 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0,
             ]),
@@ -84,19 +112,20 @@ impl PodmonMetrics {
     }
 
     pub fn failover(&self, result: FailoverResult) {
-        self.failovers
-            .get_or_create(&ResultLabel {
-                result: result.as_str().to_string(),
-            })
-            .inc();
+        counter(&self.failovers, result.as_str()).inc();
     }
 
     pub fn failovers(&self, result: FailoverResult) -> u64 {
-        self.failovers
-            .get_or_create(&ResultLabel {
-                result: result.as_str().to_string(),
-            })
-            .get()
+        counter(&self.failovers, result.as_str()).get()
+    }
+
+    pub fn connectivity_sample(&self, sample: Sample) {
+        counter(&self.connectivity_samples, sample.as_str()).inc();
+    }
+
+    /// How many connectivity samples had this result.
+    pub fn connectivity_samples(&self, sample: Sample) -> u64 {
+        counter(&self.connectivity_samples, sample.as_str()).get()
     }
 
     pub fn cleanup_took(&self, seconds: f64) {
@@ -116,4 +145,13 @@ impl PodmonMetrics {
         self.tainted_nodes
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
+}
+
+/// The counter of `family` for `result` (sharing its value).
+fn counter(family: &Family<ResultLabel, Counter>, result: &str) -> Counter {
+    family
+        .get_or_create(&ResultLabel {
+            result: result.to_string(),
+        })
+        .clone()
 }

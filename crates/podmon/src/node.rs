@@ -1,8 +1,9 @@
 //! node-podmon: remembers the protected pods of its node and their volumes — persisted, so a
 //! restart or a reboot does not forget a zombie — and once controller-podmon has fenced and
 //! tainted the node, cleans up what the replaced pods left behind (NodeUnpublishVolume,
-//! unmount and remove the target, NodeUnstageVolume when no other pod here uses the volume,
-//! unmount and remove the staging path). The taint goes only when every remembered pod is
+//! unmount and remove the target, NodeUnstageVolume when no other pod here uses the volume —
+//! protected or not, by kubelet's directories and the live API —, unmount and remove the
+//! staging path). The taint goes only when every remembered pod is
 //! cleaned and no protected pod is bound to the node any more.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -117,24 +118,59 @@ impl Inventory {
         }
     }
 
-    /// Writes atomically (temporary file, fsync, rename).
+    /// Writes atomically and durably: a temporary file, fsynced, renamed over the old one,
+    /// then the directory fsynced (else a power cut can lose the rename, and with it a zombie).
     pub fn save(&self, path: &Path) -> Result<(), NodeError> {
+        self.save_on(&mut SystemDisk, path)
+    }
+
+    fn save_on(&self, disk: &mut impl Disk, path: &Path) -> Result<(), NodeError> {
         let write = |source| NodeError::Write {
             path: path.to_path_buf(),
             source,
         };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(write)?;
-        }
-        let temp = path.with_extension("tmp");
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| write(std::io::Error::other(e)))?;
-        {
-            use std::io::Write;
-            let mut file = std::fs::File::create(&temp).map_err(write)?;
-            file.write_all(&bytes).map_err(write)?;
-            file.sync_all().map_err(write)?;
-        }
-        std::fs::rename(&temp, path).map_err(write)
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let temp = path.with_extension("tmp");
+        disk.create_dir_all(dir).map_err(write)?;
+        disk.write_synced(&temp, &bytes).map_err(write)?;
+        disk.rename(&temp, path).map_err(write)?;
+        disk.sync_dir(dir).map_err(write)
+    }
+}
+
+/// The filesystem steps of a durable replace, apart so a test can see their order.
+trait Disk {
+    fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()>;
+    /// Creates (or truncates) `path` with `bytes` and fsyncs it.
+    fn write_synced(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()>;
+    fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()>;
+}
+
+struct SystemDisk;
+
+impl Disk for SystemDisk {
+    fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+
+    fn write_synced(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut file = std::fs::File::create(path)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    }
+
+    fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()> {
+        std::fs::File::open(dir)?.sync_all()
     }
 }
 
@@ -473,18 +509,12 @@ impl NodeAgent {
                     remove_unmounted(dir)?;
                 }
             }
-            let shared = self
-                .inventory
-                .pods
-                .values()
-                .filter(|other| other.uid != record.uid)
-                .any(|other| {
-                    other
-                        .volumes
-                        .iter()
-                        .any(|v| v.volume_handle == volume.volume_handle)
-                });
-            if shared || !self.settings.stage_unstage {
+            if !self.settings.stage_unstage {
+                continue;
+            }
+            let users = self.other_users(record, volume).await?;
+            if !users.is_empty() {
+                tracing::info!(pv = %volume.pv, ?users, "other pods on the node still use the volume: not unstaging it");
                 continue;
             }
             let staging = self.staging_path_of(volume);
@@ -503,6 +533,52 @@ impl NodeAgent {
         Ok(())
     }
 
+    /// The pods on this node other than the zombie `record` that still use `volume` (its
+    /// staging is theirs too): remembered protected pods, pods kubelet's directories still
+    /// hold the volume for, and pods bound here (live) whose claim is the volume's.
+    async fn other_users(
+        &self,
+        record: &PodRecord,
+        volume: &VolumeRecord,
+    ) -> Result<BTreeSet<String>, String> {
+        let mut users: BTreeSet<String> = self
+            .inventory
+            .pods
+            .values()
+            .filter(|other| other.uid != record.uid)
+            .filter(|other| {
+                other
+                    .volumes
+                    .iter()
+                    .any(|v| v.volume_handle == volume.volume_handle)
+            })
+            .map(|other| format!("{}/{}", other.namespace, other.name))
+            .collect();
+        let on_disk = users_on_disk(&self.settings.kubelet_dir, &volume.pv, &record.uid)
+            .map_err(|e| format!("reading kubelet's pod directories: {e}"))?;
+        users.extend(on_disk.into_iter().map(|uid| format!("uid {uid}")));
+        let pv = Api::<PersistentVolume>::all(self.client.clone())
+            .get_opt(&volume.pv)
+            .await
+            .map_err(|e| format!("reading PersistentVolume {}: {e}", volume.pv))?;
+        let Some(claim) = pv.and_then(|pv| pv.spec?.claim_ref) else {
+            return Ok(users);
+        };
+        let params =
+            ListParams::default().fields(&format!("spec.nodeName={}", self.settings.node_name));
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map_err(|e| format!("listing the node's pods: {e}"))?;
+        users.extend(plan::pods_using_claim(
+            &pods.items,
+            claim.namespace.as_deref().unwrap_or_default(),
+            claim.name.as_deref().unwrap_or_default(),
+            &record.uid,
+        ));
+        Ok(users)
+    }
+
     /// Where kubelet staged `volume`: the older layout (`csi/pv/<pv>/globalmount`, kubelet
     /// v1.19 among others) where its directory exists, else the recorded current one.
     fn staging_path_of(&self, volume: &VolumeRecord) -> PathBuf {
@@ -512,6 +588,32 @@ impl NodeAgent {
         } else {
             volume.staging_path.clone()
         }
+    }
+}
+
+/// The UIDs of the pods other than `except_uid` whose volume `pv` kubelet's directories on this
+/// node still hold: a filesystem volume's `pods/<uid>/volumes/kubernetes.io~csi/<pv>`, a block
+/// volume's `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`.
+fn users_on_disk(root: &Path, pv: &str, except_uid: &str) -> std::io::Result<BTreeSet<String>> {
+    let mut users: BTreeSet<String> = entries(&root.join("pods"))?
+        .into_iter()
+        .filter(|uid| kubelet_paths::pod_volume_dir(root, uid, pv).exists())
+        .collect();
+    if let Some(published) = kubelet_paths::target_path(root, except_uid, pv, true).parent() {
+        users.extend(entries(published)?);
+    }
+    users.remove(except_uid);
+    Ok(users)
+}
+
+/// The names in a directory; none when it does not exist.
+fn entries(dir: &Path) -> std::io::Result<Vec<String>> {
+    match std::fs::read_dir(dir) {
+        Ok(read) => read
+            .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(error),
     }
 }
 
@@ -587,6 +689,67 @@ mod tests {
             Inventory::load(&path),
             Err(NodeError::Corrupt { .. })
         ));
+    }
+
+    /// What a [`Disk`] was asked to do, in order.
+    #[derive(Default)]
+    struct Recorded(Vec<String>);
+
+    impl Disk for Recorded {
+        fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()> {
+            self.0.push(format!("mkdir {}", dir.display()));
+            Ok(())
+        }
+
+        fn write_synced(&mut self, path: &Path, _: &[u8]) -> std::io::Result<()> {
+            self.0.push(format!("write+fsync {}", path.display()));
+            Ok(())
+        }
+
+        fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
+            self.0
+                .push(format!("rename {} {}", from.display(), to.display()));
+            Ok(())
+        }
+
+        fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()> {
+            self.0.push(format!("fsync {}", dir.display()));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_inventory_is_fsynced_before_the_rename_and_its_directory_after() {
+        let mut disk = Recorded::default();
+        Inventory::default()
+            .save_on(&mut disk, Path::new("/state/podmon.json"))
+            .unwrap();
+        assert_eq!(
+            disk.0,
+            [
+                "mkdir /state",
+                "write+fsync /state/podmon.tmp",
+                "rename /state/podmon.tmp /state/podmon.json",
+                "fsync /state",
+            ]
+        );
+    }
+
+    #[test]
+    fn kubelets_directories_show_which_other_pods_hold_a_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(users_on_disk(root, "pv-1", "u1").unwrap().is_empty());
+        for (uid, pv) in [("u1", "pv-1"), ("u2", "pv-1"), ("u3", "pv-2")] {
+            std::fs::create_dir_all(kubelet_paths::pod_volume_dir(root, uid, pv)).unwrap();
+        }
+        for uid in ["u1", "u4"] {
+            std::fs::create_dir_all(kubelet_paths::target_path(root, uid, "pv-b", true)).unwrap();
+        }
+        let uids = |list: &[&str]| list.iter().map(|u| u.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(users_on_disk(root, "pv-1", "u1").unwrap(), uids(&["u2"]));
+        assert_eq!(users_on_disk(root, "pv-2", "u3").unwrap(), uids(&[]));
+        assert_eq!(users_on_disk(root, "pv-b", "u1").unwrap(), uids(&["u4"]));
     }
 
     #[test]

@@ -129,28 +129,42 @@ pub fn without_taint(current: &[Taint], key: &str) -> Option<Vec<Taint>> {
         .then(|| current.iter().filter(|t| t.key != key).cloned().collect())
 }
 
-/// What the node's taints say about it.
+/// What the node's taints say about it. The driver-offline taint is not among them, unlike
+/// Dell's: a driver node pod that is not Ready (a DaemonSet rollout restarts each one) says
+/// nothing about the node's pods or storage, so it keeps new pods away (NoSchedule) and no
+/// more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NodeSignals {
     pub unreachable_no_schedule: bool,
     pub unreachable_no_execute: bool,
-    /// Our fenced or driver-offline taint.
+    /// Our fenced taint: podmon fenced the node before.
     pub podmon: bool,
 }
 
 impl NodeSignals {
-    pub fn of(node: &Node, fenced_key: &str, offline_key: &str) -> Self {
+    pub fn of(node: &Node, fenced_key: &str) -> Self {
         Self {
             unreachable_no_schedule: has_taint(node, UNREACHABLE_TAINT, NO_SCHEDULE),
             unreachable_no_execute: has_taint(node, UNREACHABLE_TAINT, NO_EXECUTE),
-            podmon: has_taint(node, fenced_key, NO_SCHEDULE)
-                || has_taint(node, offline_key, NO_SCHEDULE),
+            podmon: has_taint(node, fenced_key, NO_SCHEDULE),
         }
     }
 
     pub fn failed(self) -> bool {
-        self.unreachable_no_schedule || self.unreachable_no_execute || self.podmon
+        self.unreachable() || self.podmon
     }
+
+    fn unreachable(self) -> bool {
+        self.unreachable_no_schedule || self.unreachable_no_execute
+    }
+}
+
+/// The node's Ready condition is True.
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 pub fn is_ready(pod: &Pod) -> bool {
@@ -218,29 +232,49 @@ pub enum PodAction {
 }
 
 /// Dell's trigger: a scheduled pod that is not Ready, on a node with the unreachable taint
-/// (NoSchedule or NoExecute) or ours → clean up; else not Ready and crash-looping → delete.
-/// Finished pods are left alone.
-pub fn pod_action(
-    pod: &Pod,
-    node: Option<&Node>,
-    fenced_key: &str,
-    offline_key: &str,
-) -> PodAction {
+/// (NoSchedule or NoExecute) or our fenced taint → clean up; else not Ready and crash-looping
+/// → delete. Finished pods are left alone, and so are pods someone already deletes (forcing
+/// that deletion would race whoever decided it).
+pub fn pod_action(pod: &Pod, node: Option<&Node>, fenced_key: &str) -> PodAction {
     if is_ready(pod)
         || node_name(pod).is_none()
         || matches!(phase(pod), Some("Succeeded" | "Failed"))
+        || pod.metadata.deletion_timestamp.is_some()
     {
         return PodAction::Nothing;
     }
     let signals = node
-        .map(|n| NodeSignals::of(n, fenced_key, offline_key))
+        .map(|n| NodeSignals::of(n, fenced_key))
         .unwrap_or_default();
     if signals.failed() {
         PodAction::CleanUp(signals)
-    } else if is_crash_looping(pod) && pod.metadata.deletion_timestamp.is_none() {
+    } else if is_crash_looping(pod) {
         PodAction::DeleteCrashLooping
     } else {
         PodAction::Nothing
+    }
+}
+
+/// Whether the driver serves the podmon extension (`podmon.v1.Podmon`), as far as podmon knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Extension {
+    Served,
+    NotServed,
+    /// The presence probe got no answer yet: no cleanup may rest on taints alone meanwhile.
+    #[default]
+    Unknown,
+}
+
+impl Extension {
+    /// From the presence probe (an empty ValidateVolumeHostConnectivity): an answer means
+    /// served, only UNIMPLEMENTED means not served; any other error (a timeout, the driver
+    /// unavailable or restarting) says nothing.
+    pub fn from_probe(outcome: Result<(), tonic::Code>) -> Self {
+        match outcome {
+            Ok(()) => Self::Served,
+            Err(tonic::Code::Unimplemented) => Self::NotServed,
+            Err(_) => Self::Unknown,
+        }
     }
 }
 
@@ -271,16 +305,34 @@ pub enum Connectivity {
     Error,
 }
 
-/// Whether cleanup may go on after the driver's answer (Dell's rule): abort when the node is
-/// still connected (unless our taint says it failed before), when I/O is in progress (ignored
-/// for ReadWriteMany volumes, which several nodes may write), or on an error — unless
-/// `--skipArrayConnectionValidation` and the node has the unreachable NoExecute taint.
+/// Whether cleanup may go on after the driver's answer.
+///
+/// NodeFailure (Dell's rule): abort when the node is still connected (unless our fenced taint
+/// says it failed before), when I/O is in progress (ignored for ReadWriteMany volumes, which
+/// several nodes may write), or on an error — unless `--skipArrayConnectionValidation` and the
+/// node has the unreachable NoExecute taint.
+///
+/// ArrayConnectivityLoss — Ready pods on a node Kubernetes still sees Ready: only the driver's
+/// own "not connected and no I/O in progress" for the pods' volumes, asked right before acting,
+/// allows it. Nothing overrides it (as Dell, which ignores its taints on this path; and unlike
+/// Dell, not RWX either: a Ready pod's own I/O on such a volume shows the node reaches it).
 pub fn validation_allows(
+    trigger: Trigger,
     answer: Connectivity,
     rwx: bool,
     signals: NodeSignals,
     skip_validation: bool,
 ) -> Result<(), &'static str> {
+    if trigger == Trigger::ArrayConnectivityLoss {
+        return match answer {
+            Connectivity::Answer {
+                connected: false,
+                ios_in_progress: false,
+            } => Ok(()),
+            Connectivity::Answer { .. } => Err("array connected or recent I/O"),
+            Connectivity::Error => Err("due to error while validating volume host connectivity"),
+        };
+    }
     let verdict = match answer {
         Connectivity::Error => Err("due to error while validating volume host connectivity"),
         Connectivity::Answer {
@@ -298,6 +350,76 @@ pub fn validation_allows(
         return Ok(());
     }
     verdict
+}
+
+/// The loss count of a node after one connectivity sample: "connected" resets it, and so does
+/// a sample taken while the node's driver plugin is down (not Ready): a plugin that is not
+/// running cannot report the node, and its silence (a heartbeat gap, a rollout) is no evidence
+/// that the node lost its storage.
+pub fn loss_after_sample(previous: u32, connected: bool, plugin_up: bool) -> u32 {
+    if connected || !plugin_up {
+        0
+    } else {
+        previous + 1
+    }
+}
+
+/// Whether the driver's node plugin on a node can be believed running: the node has no
+/// driver-offline taint and, if it has driver node pods, one of them is Ready and not being
+/// deleted. (Without driver node pods podmon cannot tell, and goes by the driver's word.)
+pub fn plugin_up<'a>(
+    node: Option<&Node>,
+    offline_key: &str,
+    driver_pods: impl IntoIterator<Item = &'a Pod>,
+) -> bool {
+    if node.is_some_and(|n| has_taint(n, offline_key, NO_SCHEDULE)) {
+        return false;
+    }
+    let mut any = false;
+    for pod in driver_pods {
+        if is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+            return true;
+        }
+        any = true;
+    }
+    !any
+}
+
+/// Whether the node still shows the failure a NodeFailure cleanup was decided on, read live
+/// right before acting: decided on the unreachable taint, the node must still carry it and not
+/// be Ready; decided on our fenced taint alone, that taint must still be there.
+pub fn node_still_failed(
+    decided: NodeSignals,
+    live: &Node,
+    fenced_key: &str,
+) -> Result<(), &'static str> {
+    let now = NodeSignals::of(live, fenced_key);
+    if decided.unreachable() {
+        if !now.unreachable() {
+            return Err("the node is no longer unreachable");
+        }
+        if node_is_ready(live) {
+            return Err("the node is Ready again");
+        }
+        Ok(())
+    } else if now.podmon {
+        Ok(())
+    } else {
+        Err("the node's podmon taint is gone")
+    }
+}
+
+/// Whether the pod decided on (by UID) may still be force-deleted, read live right before: it
+/// must still be that pod and nobody may be deleting it already.
+pub fn pod_still_to_delete(uid: &str, live: Option<&Pod>) -> Result<(), &'static str> {
+    match live {
+        None => Err("the pod is gone"),
+        Some(pod) if pod.metadata.uid.as_deref() != Some(uid) => Err("the pod was replaced"),
+        Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
+            Err("the pod is already being deleted")
+        }
+        Some(_) => Ok(()),
+    }
 }
 
 /// The circuit breaker: how many nodes may be evacuated (fenced and tainted) at once — the
@@ -322,6 +444,28 @@ pub fn breaker_allows<'a>(
         others += 1;
     }
     others < evacuation_limit(total_nodes, fraction)
+}
+
+/// The pods (as `namespace/name`) other than `except_uid` and not finished that use the claim
+/// `namespace/claim`.
+pub fn pods_using_claim(
+    pods: &[Pod],
+    namespace: &str,
+    claim: &str,
+    except_uid: &str,
+) -> Vec<String> {
+    pods.iter()
+        .filter(|p| p.metadata.uid.as_deref() != Some(except_uid))
+        .filter(|p| !matches!(phase(p), Some("Succeeded" | "Failed")))
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|p| claim_names(p).iter().any(|c| c == claim))
+        .map(|p| {
+            format!(
+                "{namespace}/{}",
+                p.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
 }
 
 /// How node mode judges a remembered pod against what the API says now.

@@ -1,13 +1,12 @@
 //! Startup: Kubernetes client, the driver's socket (bounded wait, Probe until ready, exit on
-//! loss), its name and capabilities, the podmon extension probe (an empty
-//! ValidateVolumeHostConnectivity: an answer means the driver serves it), metrics and /healthz
-//! on `--http-endpoint`; then controller mode (elected, Lease `podmon-<driver>`) or node mode.
+//! loss), its name and capabilities, metrics and /healthz on `--http-endpoint`; then
+//! controller mode (elected, Lease `podmon-<driver>`; it probes for the podmon extension) or
+//! node mode.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
-use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::LeaderElectionError;
@@ -42,26 +41,6 @@ pub enum RunError {
     Node(#[from] NodeError),
 }
 
-/// Whether the driver serves `podmon.v1.Podmon`: an empty request is the presence probe.
-pub async fn probe_extension(csi: &csi_sidecar::conn::CsiConnection, timeout: Duration) -> bool {
-    match csi
-        .validate_volume_host_connectivity(
-            podmon::ValidateVolumeHostConnectivityRequest::default(),
-            timeout,
-        )
-        .await
-    {
-        Ok(response) => {
-            tracing::info!(messages = ?response.messages, "the driver serves the podmon extension");
-            true
-        }
-        Err(status) => {
-            tracing::warn!(code = ?status.code(), error = %status.message(), "the driver does not serve the podmon extension: decisions rest on node taints only");
-            false
-        }
-    }
-}
-
 pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let client = csi_sidecar::kube::client(&args.sidecar.kube).await?;
     let mut sidecar = args.sidecar.clone();
@@ -86,7 +65,6 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
     } else {
         args.label_value.clone()
     };
-    let extension = probe_extension(&csi, sidecar.csi.timeout).await;
     let status = csi_sidecar::startup::serve_http(&sidecar, registry, shutdown.clone()).await?;
 
     if args.mode == Mode::Node {
@@ -144,8 +122,7 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
                 args.driver_pod_label_value.clone(),
             )
         }),
-        extension,
-        poll_connectivity: extension && args.mode == Mode::Controller,
+        poll_connectivity: args.mode == Mode::Controller,
         can_fence: driver
             .has_controller(csi::controller_service_capability::rpc::Type::PublishUnpublishVolume),
         ignore_volumeless_pods: args.ignore_volumeless_pods,

@@ -56,7 +56,9 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
     let offline = node(&[(OFFLINE, NO_SCHEDULE)]);
     let not_ready_taint = node(&[("node.kubernetes.io/not-ready", NO_EXECUTE)]);
     let healthy = node(&[]);
-    let clean = |n: &Node| PodAction::CleanUp(NodeSignals::of(n, FENCED, OFFLINE));
+    let clean = |n: &Node| PodAction::CleanUp(NodeSignals::of(n, FENCED));
+    let mut deleting = pod("False", false, "Running");
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
     for (pod, node, expected, why) in [
         (
             pod("False", false, "Running"),
@@ -79,8 +81,14 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
         (
             pod("False", false, "Running"),
             Some(&offline),
-            clean(&offline),
-            "driver offline",
+            PodAction::Nothing,
+            "a driver plugin that is not Ready is no node failure",
+        ),
+        (
+            deleting,
+            Some(&unreachable),
+            PodAction::Nothing,
+            "someone already deletes the pod",
         ),
         (
             pod("True", false, "Running"),
@@ -131,12 +139,12 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
             "ready again",
         ),
     ] {
-        assert_eq!(pod_action(&pod, node, FENCED, OFFLINE), expected, "{why}");
+        assert_eq!(pod_action(&pod, node, FENCED), expected, "{why}");
     }
     let mut unscheduled = pod("False", false, "Pending");
     unscheduled.spec.as_mut().unwrap().node_name = None;
     assert_eq!(
-        pod_action(&unscheduled, Some(&unreachable), FENCED, OFFLINE),
+        pod_action(&unscheduled, Some(&unreachable), FENCED),
         PodAction::Nothing
     );
     assert_eq!(
@@ -167,6 +175,7 @@ fn validation_follows_dells_rule() {
         podmon: true,
         ..plain
     };
+    let failure = Trigger::NodeFailure;
     for (answer, rwx, signals, skip, allowed, why) in [
         (
             answer(false, false),
@@ -250,15 +259,197 @@ fn validation_follows_dells_rule() {
         ),
     ] {
         assert_eq!(
-            validation_allows(answer, rwx, signals, skip).is_ok(),
+            validation_allows(failure, answer, rwx, signals, skip).is_ok(),
             allowed,
             "{why}"
         );
     }
     assert_eq!(
-        validation_allows(Connectivity::Error, false, plain, false),
+        validation_allows(failure, Connectivity::Error, false, plain, false),
         Err("due to error while validating volume host connectivity")
     );
+}
+
+#[test]
+fn ready_pods_of_a_ready_node_move_only_when_the_driver_says_disconnected_and_idle() {
+    let answer = |connected, ios_in_progress| Connectivity::Answer {
+        connected,
+        ios_in_progress,
+    };
+    let none = NodeSignals::default();
+    let fenced = NodeSignals {
+        podmon: true,
+        ..none
+    };
+    let no_execute = NodeSignals {
+        unreachable_no_execute: true,
+        ..none
+    };
+    for (answer, rwx, signals, skip, allowed, why) in [
+        (
+            answer(false, false),
+            false,
+            none,
+            false,
+            true,
+            "disconnected, idle",
+        ),
+        (answer(true, false), false, none, false, false, "connected"),
+        (
+            answer(true, false),
+            false,
+            fenced,
+            false,
+            false,
+            "our taint does not make connected unbelievable here",
+        ),
+        (
+            answer(false, true),
+            true,
+            none,
+            false,
+            false,
+            "RWX I/O may be the Ready pod's own",
+        ),
+        (
+            answer(true, true),
+            false,
+            no_execute,
+            true,
+            false,
+            "skipArrayConnectionValidation does not apply",
+        ),
+        (
+            Connectivity::Error,
+            false,
+            no_execute,
+            true,
+            false,
+            "an error is no answer",
+        ),
+    ] {
+        assert_eq!(
+            validation_allows(Trigger::ArrayConnectivityLoss, answer, rwx, signals, skip).is_ok(),
+            allowed,
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn a_silent_node_counts_only_while_its_driver_plugin_is_up() {
+    for (previous, connected, plugin_up, expected, why) in [
+        (0, false, true, 1, "first disconnected sample"),
+        (2, false, true, 3, "one more"),
+        (2, true, true, 0, "connected resets"),
+        (2, false, false, 0, "plugin down: no evidence, reset"),
+        (0, true, false, 0, "plugin down and connected"),
+    ] {
+        assert_eq!(
+            loss_after_sample(previous, connected, plugin_up),
+            expected,
+            "{why}"
+        );
+    }
+    let ready = pod("True", false, "Running");
+    let not_ready = pod("False", false, "Running");
+    let mut terminating = pod("True", false, "Running");
+    terminating.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    let offline = node(&[(OFFLINE, NO_SCHEDULE)]);
+    let healthy = node(&[]);
+    for (node, pods, expected, why) in [
+        (Some(&healthy), vec![&ready], true, "a Ready driver pod"),
+        (Some(&healthy), vec![&not_ready], false, "not Ready"),
+        (Some(&healthy), vec![&terminating], false, "being replaced"),
+        (
+            Some(&healthy),
+            vec![&terminating, &ready],
+            true,
+            "the new one is Ready",
+        ),
+        (Some(&offline), vec![&ready], false, "the offline taint"),
+        (Some(&healthy), vec![], true, "no driver pods: cannot tell"),
+        (None, vec![], true, "unknown node"),
+    ] {
+        assert_eq!(plugin_up(node, OFFLINE, pods), expected, "{why}");
+    }
+}
+
+#[test]
+fn the_live_node_and_pod_must_still_show_what_the_cleanup_was_decided_on() {
+    let with_ready = |taints: &[(&str, &str)], ready: &str| {
+        let mut n = node(taints);
+        n.status = Some(
+            serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": ready}]}))
+                .unwrap(),
+        );
+        n
+    };
+    let unreachable = NodeSignals {
+        unreachable_no_execute: true,
+        ..Default::default()
+    };
+    let fenced = NodeSignals {
+        podmon: true,
+        ..Default::default()
+    };
+    for (decided, live, expected, why) in [
+        (
+            unreachable,
+            with_ready(&[(UNREACHABLE_TAINT, NO_EXECUTE)], "Unknown"),
+            Ok(()),
+            "still unreachable",
+        ),
+        (
+            unreachable,
+            with_ready(
+                &[(UNREACHABLE_TAINT, NO_EXECUTE), (FENCED, NO_SCHEDULE)],
+                "Unknown",
+            ),
+            Ok(()),
+            "still unreachable, tainted by this cleanup",
+        ),
+        (
+            unreachable,
+            with_ready(&[(FENCED, NO_SCHEDULE)], "Unknown"),
+            Err("the node is no longer unreachable"),
+            "our own fresh taint is no evidence",
+        ),
+        (
+            unreachable,
+            with_ready(&[(UNREACHABLE_TAINT, NO_EXECUTE)], "True"),
+            Err("the node is Ready again"),
+            "Ready before the taint went",
+        ),
+        (
+            fenced,
+            with_ready(&[(FENCED, NO_SCHEDULE)], "True"),
+            Ok(()),
+            "fenced before, still tainted",
+        ),
+        (
+            fenced,
+            with_ready(&[], "True"),
+            Err("the node's podmon taint is gone"),
+            "node-podmon cleaned it meanwhile",
+        ),
+    ] {
+        assert_eq!(node_still_failed(decided, &live, FENCED), expected, "{why}");
+    }
+
+    let same = pod("False", false, "Running");
+    let mut replaced = pod("False", false, "Running");
+    replaced.metadata.uid = Some("u2".into());
+    let mut deleting = pod("False", false, "Running");
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    for (live, expected) in [
+        (Some(&same), Ok(())),
+        (None, Err("the pod is gone")),
+        (Some(&replaced), Err("the pod was replaced")),
+        (Some(&deleting), Err("the pod is already being deleted")),
+    ] {
+        assert_eq!(pod_still_to_delete("u1", live), expected);
+    }
 }
 
 #[test]
@@ -349,4 +540,45 @@ fn a_crash_looping_pod_name_is_deleted_once_per_incarnation_at_most_five_times()
         assert!(deletes.admit(uid), "{uid}");
     }
     assert!(!deletes.admit("u6"), "a sixth incarnation is left alone");
+}
+
+#[test]
+fn only_unimplemented_means_the_extension_is_not_served() {
+    for (outcome, expected) in [
+        (Ok(()), Extension::Served),
+        (Err(tonic::Code::Unimplemented), Extension::NotServed),
+        (Err(tonic::Code::Unavailable), Extension::Unknown),
+        (Err(tonic::Code::DeadlineExceeded), Extension::Unknown),
+        (Err(tonic::Code::Internal), Extension::Unknown),
+        (Err(tonic::Code::Cancelled), Extension::Unknown),
+    ] {
+        assert_eq!(Extension::from_probe(outcome), expected, "{outcome:?}");
+    }
+}
+
+#[test]
+fn other_pods_using_a_claim_count_protected_or_not_unless_finished() {
+    let using = |name: &str, uid: &str, namespace: &str, claim: &str, phase: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "spec": {"containers": [], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+            ]},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    };
+    let pods = [
+        using("zombie", "u1", "ns", "data", "Running"),
+        using("unprotected", "u2", "ns", "data", "Running"),
+        using("starting", "u3", "ns", "data", "Pending"),
+        using("done", "u4", "ns", "data", "Succeeded"),
+        using("elsewhere", "u5", "other", "data", "Running"),
+        using("another-claim", "u6", "ns", "logs", "Running"),
+    ];
+    assert_eq!(
+        pods_using_claim(&pods, "ns", "data", "u1"),
+        ["ns/unprotected", "ns/starting"]
+    );
+    assert!(pods_using_claim(&pods[..1], "ns", "data", "u1").is_empty());
 }
