@@ -17,3 +17,4 @@ pub mod node;
 pub mod rules;
 pub mod server;
 pub mod state;
+pub mod tree;
