@@ -84,6 +84,12 @@ pub fn remove(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes a snapshot's data and the partial copy an interrupted snapshot left beside it.
+pub fn remove_snapshot(path: &Path) -> io::Result<()> {
+    remove(&temporary(path))?;
+    remove(path)
+}
+
 /// Bytes and inodes used under `path`.
 pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
     let (mut bytes, mut inodes) = (0, 0);
