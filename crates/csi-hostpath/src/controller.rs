@@ -173,7 +173,7 @@ impl Driver {
         let _guard = self.locks.acquire(&keys)?;
 
         let volume = self.store.update(|state| {
-            if let Some(existing) = state.volume_by_name(name) {
+            if let Some(existing) = state.volume_by_name_mut(name) {
                 let fits = existing.capacity_bytes >= size
                     && (limit == 0 || existing.capacity_bytes <= limit);
                 if existing.access_type != access_type || !fits || existing.source != source {
@@ -181,8 +181,14 @@ impl Driver {
                         "volume {name} exists with different capacity, access type or source"
                     )));
                 }
-                if existing.phase == Phase::Deleting {
-                    return Err(Status::aborted(format!("volume {name} is being deleted")));
+                match existing.phase {
+                    Phase::Deleting => {
+                        return Err(Status::aborted(format!("volume {name} is being deleted")));
+                    }
+                    Phase::Creating => {
+                        self.claim_creation(&mut existing.creator, &format!("volume {name}"))?;
+                    }
+                    Phase::Ready => {}
                 }
                 return Ok(existing.clone());
             }
@@ -242,6 +248,7 @@ impl Driver {
                 published: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 fenced: BTreeMap::new(),
+                creator: Some(self.instance.id.clone()),
             };
             state.volumes.insert(volume.id.clone(), volume.clone());
             Ok(volume)
@@ -264,7 +271,10 @@ impl Driver {
                     size,
                 ),
             };
-            made.map_err(|e| io_failed(&format!("creating data of volume {name}"), e))?;
+            if let Err(error) = made {
+                self.roll_back_volume(&volume.id, access_type);
+                return Err(io_failed(&format!("creating data of volume {name}"), error));
+            }
             self.store.update(|state| {
                 if let Some(v) = state.volumes.get_mut(&volume.id) {
                     v.phase = Phase::Ready;
@@ -327,15 +337,10 @@ impl Driver {
             volume.phase = Phase::Deleting;
             Ok(Some(volume.access_type))
         })?;
-        let Some(access_type) = found else {
-            return Ok(());
-        };
-        data::remove(&self.store.volume_data(id, access_type))
-            .map_err(|e| io_failed(&format!("removing data of volume {id}"), e))?;
-        self.store.update(|state| {
-            state.volumes.remove(id);
-            Ok::<_, Status>(())
-        })
+        match found {
+            Some(access_type) => self.finish_deleting_volume(id, access_type),
+            None => Ok(()),
+        }
     }
 
     fn controller_publish(
@@ -535,11 +540,14 @@ impl Driver {
         let source = required(&request.source_volume_id, "source_volume_id")?;
         let _guard = self.locks.acquire(&[&format!("snapshot/{name}"), source])?;
         let snapshot = self.store.update(|state| {
-            if let Some(existing) = state.snapshot_by_name(name) {
+            if let Some(existing) = state.snapshot_by_name_mut(name) {
                 if existing.source_volume_id != source {
                     return Err(Status::already_exists(format!(
                         "snapshot {name} exists for another source volume"
                     )));
+                }
+                if existing.phase == Phase::Creating {
+                    self.claim_creation(&mut existing.creator, &format!("snapshot {name}"))?;
                 }
                 return Ok(existing.clone());
             }
@@ -557,6 +565,7 @@ impl Driver {
                 phase: Phase::Creating,
                 created_unix_nanos: now_nanos(),
                 group_snapshot_id: None,
+                creator: Some(self.instance.id.clone()),
             };
             state
                 .snapshots
@@ -564,12 +573,15 @@ impl Driver {
             Ok(snapshot)
         })?;
         let snapshot = if snapshot.phase == Phase::Creating {
-            data::snapshot(
+            let taken = data::snapshot(
                 &self.store.volume_data(source, snapshot.access_type),
                 &self.store.snapshot_data(&snapshot.id, snapshot.access_type),
                 snapshot.access_type,
-            )
-            .map_err(|e| io_failed(&format!("taking snapshot {name}"), e))?;
+            );
+            if let Err(error) = taken {
+                self.roll_back_snapshots(std::slice::from_ref(&snapshot.id), None);
+                return Err(io_failed(&format!("taking snapshot {name}"), error));
+            }
             self.store.update(|state| {
                 let s = state.snapshots.get_mut(&snapshot.id).ok_or_else(|| {
                     Status::aborted(format!("snapshot {name} was deleted meanwhile"))
@@ -590,7 +602,7 @@ impl Driver {
         let _guard = self.locks.acquire(&[id])?;
         let found = self.store.update(|state| {
             let Some(snapshot) = state.snapshots.get_mut(id) else {
-                return Ok(None);
+                return Ok(false);
             };
             if let Some(group) = &snapshot.group_snapshot_id {
                 return Err(Status::failed_precondition(format!(
@@ -598,15 +610,10 @@ impl Driver {
                 )));
             }
             snapshot.phase = Phase::Deleting;
-            Ok(Some(snapshot.access_type))
+            Ok(true)
         })?;
-        if let Some(access_type) = found {
-            data::remove(&self.store.snapshot_data(id, access_type))
-                .map_err(|e| io_failed(&format!("removing snapshot {id}"), e))?;
-            self.store.update(|state| {
-                state.snapshots.remove(id);
-                Ok::<_, Status>(())
-            })?;
+        if found {
+            self.finish_deleting_snapshots(&[id.to_string()], None)?;
         }
         Ok(())
     }

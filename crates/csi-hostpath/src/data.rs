@@ -1,6 +1,7 @@
 //! Volume and snapshot data on disk: directories for filesystem volumes, sparse image files
 //! for block volumes, tar archives and image copies for snapshots. Writes that must survive a
-//! crash go to a temporary name first and are renamed into place.
+//! crash go to a temporary name first and are renamed into place. A filesystem volume's tree
+//! belongs to a tenant who may change it while we read it: it is only read through [`tree`].
 
 use std::fs::{self, File};
 use std::io;
@@ -8,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::state::AccessType;
+use crate::tree;
 
 /// Creates an empty volume (any partial leftover from a crashed attempt is replaced).
 pub fn create_empty(path: &Path, access_type: AccessType, size: u64) -> io::Result<()> {
@@ -31,7 +33,7 @@ pub fn clone_volume(
 ) -> io::Result<()> {
     remove(path)?;
     match access_type {
-        AccessType::Mount => copy_dir(source, path),
+        AccessType::Mount => tree::copy(source, path),
         AccessType::Block => copy_image(source, path, size),
     }
 }
@@ -40,10 +42,7 @@ pub fn clone_volume(
 pub fn restore(snapshot: &Path, path: &Path, access_type: AccessType, size: u64) -> io::Result<()> {
     remove(path)?;
     match access_type {
-        AccessType::Mount => {
-            fs::create_dir_all(path)?;
-            tar::Archive::new(File::open(snapshot)?).unpack(path)
-        }
+        AccessType::Mount => tree::extract(File::open(snapshot)?, path),
         AccessType::Block => copy_image(snapshot, path, size),
     }
 }
@@ -52,12 +51,7 @@ pub fn restore(snapshot: &Path, path: &Path, access_type: AccessType, size: u64)
 pub fn snapshot(volume: &Path, snapshot: &Path, access_type: AccessType) -> io::Result<()> {
     let temp = temporary(snapshot);
     match access_type {
-        AccessType::Mount => {
-            let mut builder = tar::Builder::new(File::create(&temp)?);
-            builder.follow_symlinks(false);
-            builder.append_dir_all(".", volume)?;
-            builder.into_inner()?.sync_all()?;
-        }
+        AccessType::Mount => tree::archive(volume, File::create(&temp)?)?.sync_all()?,
         AccessType::Block => {
             fs::copy(volume, &temp)?;
             File::open(&temp)?.sync_all()?;
@@ -90,13 +84,18 @@ pub fn remove(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes a snapshot's data and the partial copy an interrupted snapshot left beside it.
+pub fn remove_snapshot(path: &Path) -> io::Result<()> {
+    remove(&temporary(path))?;
+    remove(path)
+}
+
 /// Bytes and inodes used under `path`.
 pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
-    let mut bytes = 0;
-    let mut inodes = 1;
-    walk(path, &mut |meta| {
-        if meta.is_file() {
-            bytes += meta.len();
+    let (mut bytes, mut inodes) = (0, 0);
+    tree::each_node(path, |node| {
+        if node.kind() == tree::Kind::File {
+            bytes += node.size();
         }
         inodes += 1;
     })?;
@@ -105,46 +104,9 @@ pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
 
 /// The latest modification time of anything under `path` (or of the file itself).
 pub fn last_write(path: &Path) -> io::Result<SystemTime> {
-    let mut latest = fs::metadata(path)?.modified()?;
-    walk(path, &mut |meta| {
-        if let Ok(modified) = meta.modified() {
-            latest = latest.max(modified);
-        }
-    })?;
+    let mut latest = SystemTime::UNIX_EPOCH;
+    tree::each_node(path, |node| latest = latest.max(node.modified()))?;
     Ok(latest)
-}
-
-fn walk(path: &Path, visit: &mut dyn FnMut(&fs::Metadata)) -> io::Result<()> {
-    let meta = fs::symlink_metadata(path)?;
-    if !meta.is_dir() {
-        return Ok(());
-    }
-    for entry in fs::read_dir(path)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        visit(&meta);
-        if meta.is_dir() {
-            walk(&entry.path(), visit)?;
-        }
-    }
-    Ok(())
-}
-
-fn copy_dir(source: &Path, target: &Path) -> io::Result<()> {
-    fs::create_dir_all(target)?;
-    for entry in fs::read_dir(source)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        let to = target.join(entry.file_name());
-        if kind.is_dir() {
-            copy_dir(&entry.path(), &to)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(entry.path())?, &to)?;
-        } else {
-            fs::copy(entry.path(), &to)?;
-        }
-    }
-    Ok(())
 }
 
 fn copy_image(source: &Path, target: &Path, size: u64) -> io::Result<()> {
@@ -214,5 +176,154 @@ mod tests {
             4 << 20,
             "never shrinks"
         );
+    }
+
+    /// Runs `work` on a thread of its own and fails (rather than hangs) if it is still blocked
+    /// on the FIFO at `fifo` after a generous while; the blocked reader is then released so the
+    /// test process can end.
+    fn without_hanging_on(fifo: &Path, work: impl FnOnce() -> io::Result<()> + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(work()));
+        match finished.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(result) => result.unwrap(),
+            Err(_) => {
+                use std::os::unix::fs::OpenOptionsExt;
+                let _ = fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                    .open(fifo);
+                panic!("still blocked reading the FIFO {}", fifo.display());
+            }
+        }
+    }
+
+    #[test]
+    fn a_fifo_in_a_volume_is_recreated_never_read() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("vol");
+        create_empty(&volume, AccessType::Mount, 0).unwrap();
+        fs::write(volume.join("file"), b"hello").unwrap();
+        let fifo = volume.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (source, cloned) = (volume.clone(), dir.path().join("cloned"));
+        let into = cloned.clone();
+        without_hanging_on(&fifo, move || {
+            clone_volume(&source, &into, AccessType::Mount, 0)
+        });
+        let (source, snap) = (volume.clone(), dir.path().join("snap.tar"));
+        let into = snap.clone();
+        without_hanging_on(&fifo, move || snapshot(&source, &into, AccessType::Mount));
+        let restored = dir.path().join("restored");
+        restore(&snap, &restored, AccessType::Mount, 0).unwrap();
+        for copy in [&cloned, &restored] {
+            assert!(
+                fs::symlink_metadata(copy.join("fifo"))
+                    .unwrap()
+                    .file_type()
+                    .is_fifo(),
+                "{}",
+                copy.display()
+            );
+            assert_eq!(fs::read(copy.join("file")).unwrap(), b"hello");
+        }
+    }
+
+    #[test]
+    fn a_symlink_out_of_a_volume_is_copied_as_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("state.json");
+        fs::write(&secret, b"host secret").unwrap();
+        let volume = dir.path().join("vol");
+        create_empty(&volume, AccessType::Mount, 0).unwrap();
+        std::os::unix::fs::symlink(&secret, volume.join("leak")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), volume.join("host")).unwrap();
+        let cloned = dir.path().join("cloned");
+        clone_volume(&volume, &cloned, AccessType::Mount, 0).unwrap();
+        let snap = dir.path().join("snap.tar");
+        snapshot(&volume, &snap, AccessType::Mount).unwrap();
+        let restored = dir.path().join("restored");
+        restore(&snap, &restored, AccessType::Mount, 0).unwrap();
+        for copy in [&cloned, &restored] {
+            for (name, target) in [("leak", secret.as_path()), ("host", dir.path())] {
+                let link = copy.join(name);
+                assert!(fs::symlink_metadata(&link).unwrap().is_symlink());
+                assert_eq!(fs::read_link(&link).unwrap(), target);
+            }
+        }
+    }
+
+    /// Name, type, and body (the target of a symlink) of an archive entry.
+    type RawEntry<'a> = (&'a [u8], tar::EntryType, &'a [u8]);
+
+    /// An archive whose entry names are written raw, as a hostile archive's could be.
+    fn raw_archive(entries: &[RawEntry<'_>]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, kind, body) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.as_old_mut().name[..name.len()].copy_from_slice(name);
+            header.set_entry_type(*kind);
+            header.set_mode(0o644);
+            if *kind == tar::EntryType::Symlink {
+                header.as_old_mut().linkname[..body.len()].copy_from_slice(body);
+                header.set_size(0);
+                header.set_cksum();
+                builder.append(&header, io::empty()).unwrap();
+            } else {
+                header.set_size(body.len() as u64);
+                header.set_cksum();
+                builder.append(&header, *body).unwrap();
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn restore_refuses_entries_that_leave_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let outside_text = outside.to_str().unwrap().as_bytes().to_vec();
+        let absolute = format!("{}/abs", outside.display());
+        let table: [(&str, Vec<RawEntry<'_>>); 3] = [
+            (
+                "dot-dot",
+                vec![(b"../outside/dotdot", tar::EntryType::Regular, b"x")],
+            ),
+            (
+                "absolute",
+                vec![(absolute.as_bytes(), tar::EntryType::Regular, b"x")],
+            ),
+            (
+                "through an extracted symlink",
+                vec![
+                    (b"link", tar::EntryType::Symlink, &outside_text),
+                    (b"link/through", tar::EntryType::Regular, b"x"),
+                ],
+            ),
+        ];
+        for (case, entries) in table {
+            let snap = dir.path().join(format!("{case}.tar"));
+            fs::write(&snap, raw_archive(&entries)).unwrap();
+            let result = restore(
+                &snap,
+                &dir.path().join(format!("vol-{case}")),
+                AccessType::Mount,
+                0,
+            );
+            assert!(result.is_err(), "{case}: restored");
+            assert_eq!(
+                fs::read_dir(&outside).unwrap().count(),
+                0,
+                "{case}: wrote outside the volume"
+            );
+        }
     }
 }

@@ -8,7 +8,7 @@ use csi_proto::csi::v1 as csi;
 use tonic::Status;
 
 use crate::config::Config;
-use crate::state::{ContentSource, Phase, Snapshot, State, Store, StoreError, Volume};
+use crate::state::{ContentSource, Instance, Phase, Snapshot, State, Store, StoreError, Volume};
 
 impl From<StoreError> for Status {
     fn from(error: StoreError) -> Self {
@@ -68,15 +68,35 @@ pub struct Driver {
     pub config: Config,
     pub store: Store,
     pub locks: OperationLocks,
+    /// This process, as the creator of what it records in `Creating`.
+    pub instance: Instance,
 }
 
 impl Driver {
-    pub fn new(config: Config, store: Store) -> Arc<Self> {
+    pub fn new(config: Config, store: Store, instance: Instance) -> Arc<Self> {
         Arc::new(Self {
             config,
             store,
             locks: OperationLocks::default(),
+            instance,
         })
+    }
+
+    /// Makes this instance the creator of a record found `Creating`: one whose creator is gone
+    /// (a crash) is taken over and finished; one another running instance is still creating
+    /// is `ABORTED`, as an operation pending elsewhere.
+    pub fn claim_creation(&self, creator: &mut Option<String>, what: &str) -> Result<(), Status> {
+        match creator {
+            Some(id) if *id != self.instance.id && self.store.instance_alive(id) => {
+                Err(Status::aborted(format!(
+                    "{what} is being created by another driver instance"
+                )))
+            }
+            _ => {
+                *creator = Some(self.instance.id.clone());
+                Ok(())
+            }
+        }
     }
 
     /// Runs blocking work (files, mounts, the state lock) off the async executor.

@@ -57,11 +57,14 @@ impl Driver {
         keys.push(&name_key);
         let _guard = self.locks.acquire(&keys)?;
         let group = self.store.update(|state| {
-            if let Some(existing) = state.groups.values().find(|g| g.name == name) {
+            if let Some(existing) = state.groups.values_mut().find(|g| g.name == name) {
                 if existing.source_volume_ids.iter().collect::<BTreeSet<_>>() != sources {
                     return Err(Status::already_exists(format!(
                         "group snapshot {name} exists with other source volumes"
                     )));
+                }
+                if existing.phase == Phase::Creating {
+                    self.claim_creation(&mut existing.creator, &format!("group snapshot {name}"))?;
                 }
                 return Ok(existing.clone());
             }
@@ -85,6 +88,8 @@ impl Driver {
                     phase: Phase::Creating,
                     created_unix_nanos: created,
                     group_snapshot_id: Some(group_id.clone()),
+                    // Members are created, and rolled back, with their group.
+                    creator: None,
                 };
                 snapshot_ids.push(snapshot.id.clone());
                 state.snapshots.insert(snapshot.id.clone(), snapshot);
@@ -96,6 +101,7 @@ impl Driver {
                 snapshot_ids,
                 phase: Phase::Creating,
                 created_unix_nanos: created,
+                creator: Some(self.instance.id.clone()),
             };
             state.groups.insert(group.id.clone(), group.clone());
             Ok(group)
@@ -107,14 +113,17 @@ impl Driver {
                     .snapshots
                     .get(id)
                     .ok_or_else(|| Status::aborted(format!("member snapshot {id} disappeared")))?;
-                data::snapshot(
+                let taken = data::snapshot(
                     &self
                         .store
                         .volume_data(&snapshot.source_volume_id, snapshot.access_type),
                     &self.store.snapshot_data(id, snapshot.access_type),
                     snapshot.access_type,
-                )
-                .map_err(|e| io_failed(&format!("taking member snapshot {id}"), e))?;
+                );
+                if let Err(error) = taken {
+                    self.roll_back_snapshots(&group.snapshot_ids, Some(&group.id));
+                    return Err(io_failed(&format!("taking member snapshot {id}"), error));
+                }
             }
             self.store.update(|state| {
                 for id in &group.snapshot_ids {
@@ -172,23 +181,10 @@ impl Driver {
             }
             Ok::<_, Status>(group)
         })?;
-        let Some(group) = group else {
-            return Ok(());
-        };
-        let state = self.store.read()?;
-        for member in &group.snapshot_ids {
-            if let Some(snapshot) = state.snapshots.get(member) {
-                data::remove(&self.store.snapshot_data(member, snapshot.access_type))
-                    .map_err(|e| io_failed(&format!("removing member snapshot {member}"), e))?;
-            }
+        match group {
+            Some(group) => self.finish_deleting_snapshots(&group.snapshot_ids, Some(id)),
+            None => Ok(()),
         }
-        self.store.update(|state| {
-            for member in &group.snapshot_ids {
-                state.snapshots.remove(member);
-            }
-            state.groups.remove(id);
-            Ok(())
-        })
     }
 
     fn get_group(

@@ -14,6 +14,8 @@ pub mod identity;
 pub mod local;
 pub mod mounts;
 pub mod node;
+pub mod recovery;
 pub mod rules;
 pub mod server;
 pub mod state;
+pub mod tree;

@@ -1,5 +1,5 @@
-//! Serving the driver: load the state (refusing a corrupt one), finish deletions a crash
-//! interrupted, bind the Unix socket, serve the services the mode selects, and on node
+//! Serving the driver: load the state (refusing a corrupt one), recover what a crash
+//! interrupted (controllers), bind the Unix socket, serve the services the mode selects, and on node
 //! instances keep a heartbeat and the fencing watch running.
 
 use std::os::unix::fs::PermissionsExt;
@@ -18,12 +18,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::controller::ControllerService;
-use crate::data;
 use crate::driver::Driver;
 use crate::group::GroupControllerService;
 use crate::identity::{IdentityService, PodmonService};
 use crate::node::NodeService;
-use crate::state::{Phase, Store, StoreError};
+use crate::recovery;
+use crate::state::{Store, StoreError};
 
 /// How often node instances beat and check fencing (fencing must take < 1 s).
 pub const NODE_LOOP_PERIOD: Duration = Duration::from_millis(200);
@@ -51,10 +51,11 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let store = Store::open(&config.state_dir)?;
-    let driver = Driver::new(config, store);
+    let instance = store.register_instance()?;
+    let driver = Driver::new(config, store, instance);
     if driver.config.mode.controller() {
         let recovering = driver.clone();
-        tokio::task::spawn_blocking(move || finish_interrupted_deletions(&recovering))
+        tokio::task::spawn_blocking(move || recovery::recover(&recovering))
             .await
             .map_err(|e| StoreError::Io {
                 path: driver.store.state_file(),
@@ -125,46 +126,6 @@ fn listen(endpoint: &Endpoint) -> Result<UnixListener, ServeError> {
 
 /// Read-write for the driver's user and group, nothing for others.
 const SOCKET_MODE: u32 = 0o660;
-
-/// Removes the data and records of volumes and snapshots whose deletion a crash interrupted.
-fn finish_interrupted_deletions(driver: &Driver) -> Result<(), StoreError> {
-    let state = driver.store.read()?;
-    for volume in state
-        .volumes
-        .values()
-        .filter(|v| v.phase == Phase::Deleting)
-    {
-        if let Err(error) = data::remove(&driver.store.volume_data(&volume.id, volume.access_type))
-        {
-            tracing::warn!(volume = %volume.id, %error, "cannot finish deleting volume data");
-            continue;
-        }
-        driver.store.update(|s| {
-            s.volumes.remove(&volume.id);
-            Ok::<_, StoreError>(())
-        })?;
-        tracing::info!(volume = %volume.id, "finished an interrupted deletion");
-    }
-    for snapshot in state
-        .snapshots
-        .values()
-        .filter(|s| s.phase == Phase::Deleting)
-    {
-        if data::remove(
-            &driver
-                .store
-                .snapshot_data(&snapshot.id, snapshot.access_type),
-        )
-        .is_ok()
-        {
-            driver.store.update(|s| {
-                s.snapshots.remove(&snapshot.id);
-                Ok::<_, StoreError>(())
-            })?;
-        }
-    }
-    Ok(())
-}
 
 /// Heartbeat of a node instance, on its own task so slow fencing never delays it.
 async fn heartbeat_loop(driver: Arc<Driver>, shutdown: CancellationToken) {

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 const STATE_FILE: &str = "state.json";
 const LOCK_FILE: &str = "state.lock";
 const STATE_VERSION: u32 = 1;
+const INSTANCES: &str = "instances";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -111,6 +112,9 @@ pub struct Volume {
     pub nodes: BTreeMap<String, NodeUse>,
     /// Nodes whose access was fenced after ControllerUnpublishVolume, with the time (ms).
     pub fenced: BTreeMap<String, u64>,
+    /// The instance creating the volume's data (see [`Store::register_instance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +129,9 @@ pub struct Snapshot {
     /// The group snapshot this snapshot belongs to, if any.
     #[serde(default)]
     pub group_snapshot_id: Option<String>,
+    /// The instance taking the snapshot (see [`Store::register_instance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
 }
 
 /// A VolumeGroupSnapshot: member snapshots taken together.
@@ -136,6 +143,9 @@ pub struct GroupSnapshot {
     pub snapshot_ids: Vec<String>,
     pub phase: Phase,
     pub created_unix_nanos: u128,
+    /// The instance taking the member snapshots (see [`Store::register_instance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,12 +158,12 @@ pub struct State {
 }
 
 impl State {
-    pub fn volume_by_name(&self, name: &str) -> Option<&Volume> {
-        self.volumes.values().find(|v| v.name == name)
+    pub fn volume_by_name_mut(&mut self, name: &str) -> Option<&mut Volume> {
+        self.volumes.values_mut().find(|v| v.name == name)
     }
 
-    pub fn snapshot_by_name(&self, name: &str) -> Option<&Snapshot> {
-        self.snapshots.values().find(|s| s.name == name)
+    pub fn snapshot_by_name_mut(&mut self, name: &str) -> Option<&mut Snapshot> {
+        self.snapshots.values_mut().find(|s| s.name == name)
     }
 
     /// Bytes used on `node` in pool `kind`.
@@ -183,7 +193,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the state directory and checks the state file loads.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        for sub in ["", "volumes", "snapshots", "nodes"] {
+        for sub in ["", "volumes", "snapshots", "nodes", INSTANCES] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(io_error(&path))?;
         }
@@ -216,6 +226,38 @@ impl Store {
             AccessType::Mount => self.dir.join("snapshots").join(format!("{id}.tar")),
             AccessType::Block => self.dir.join("snapshots").join(format!("{id}.img")),
         }
+    }
+
+    /// Volume and snapshot data no record names. The directories are listed before the state
+    /// is read: data is only ever made after its record, so whatever was listed and has no
+    /// record in the state read next was never recorded, or was deleted meanwhile.
+    pub fn data_without_record(&self) -> Result<Vec<PathBuf>, StoreError> {
+        let list = |sub: &str| {
+            let dir = self.dir.join(sub);
+            let entries = fs::read_dir(&dir).map_err(io_error(&dir))?;
+            let mut found = Vec::new();
+            for entry in entries {
+                let path = entry.map_err(io_error(&dir))?.path();
+                // `<id>`, `<id>.img`, `<id>.tar`, `<id>.tar.partial`, ...
+                let id = path
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .and_then(|name| name.split('.').next())
+                    .unwrap_or_default()
+                    .to_string();
+                found.push((id, path));
+            }
+            Ok::<_, StoreError>(found)
+        };
+        let (volumes, snapshots) = (list("volumes")?, list("snapshots")?);
+        let state = self.read()?;
+        let volumes = volumes
+            .into_iter()
+            .filter(|(id, _)| !state.volumes.contains_key(id));
+        let snapshots = snapshots
+            .into_iter()
+            .filter(|(id, _)| !state.snapshots.contains_key(id));
+        Ok(volumes.chain(snapshots).map(|(_, path)| path).collect())
     }
 
     /// The heartbeat file of a node instance.
@@ -355,6 +397,60 @@ impl Store {
     }
 }
 
+/// A running instance of the driver, known to every other instance on the state directory
+/// by a file it holds an exclusive `flock` on until it exits: the kernel releases the lock
+/// however the process ends, so a record whose creator's lock is free was abandoned by a
+/// crash, and one whose creator's lock is held is still being worked on.
+#[derive(Debug)]
+pub struct Instance {
+    pub id: String,
+    _lock: File,
+}
+
+impl Store {
+    pub fn register_instance(&self) -> Result<Instance, StoreError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let path = self.dir.join(INSTANCES).join(&id);
+        let lock = File::create(&path).map_err(io_error(&path))?;
+        lock.lock().map_err(io_error(&path))?;
+        Ok(Instance { id, _lock: lock })
+    }
+
+    /// Whether the instance `id` still runs. Only a registered instance's own file is ever
+    /// locked, so one found unlocked is gone for good and its file is removed.
+    pub fn instance_alive(&self, id: &str) -> bool {
+        if uuid::Uuid::parse_str(id).is_err() {
+            return false;
+        }
+        let path = self.dir.join(INSTANCES).join(id);
+        let Ok(file) = File::open(&path) else {
+            return false;
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = fs::remove_file(&path);
+                false
+            }
+            Err(std::fs::TryLockError::WouldBlock) => true,
+            Err(std::fs::TryLockError::Error(error)) => {
+                tracing::warn!(instance = id, %error, "cannot tell whether an instance runs; assuming it does");
+                true
+            }
+        }
+    }
+
+    /// Removes the files of instances that are gone.
+    pub fn forget_gone_instances(&self) {
+        let entries = fs::read_dir(self.dir.join(INSTANCES)).into_iter().flatten();
+        for name in entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+        {
+            self.instance_alive(&name);
+        }
+    }
+}
+
 /// Node IDs name heartbeat files; one that could escape the nodes directory names no node.
 pub fn valid_node_name(node: &str) -> bool {
     !node.is_empty() && !node.contains('/') && !node.starts_with('.')
@@ -392,6 +488,7 @@ mod tests {
             published: BTreeMap::new(),
             nodes: BTreeMap::new(),
             fenced: BTreeMap::new(),
+            creator: None,
         }
     }
 
@@ -491,5 +588,22 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         store.beat("n1").unwrap();
         assert_ne!(fs::read_to_string(store.heartbeat("n1")).unwrap(), first);
+    }
+
+    #[test]
+    fn an_instance_is_alive_while_its_process_holds_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let instance = store.register_instance().unwrap();
+        let id = instance.id.clone();
+        assert!(store.instance_alive(&id));
+        assert!(store.instance_alive(&id), "asking does not end it");
+        drop(instance);
+        assert!(!store.instance_alive(&id));
+        assert!(
+            !dir.path().join("instances").join(&id).exists(),
+            "forgotten"
+        );
+        assert!(!store.instance_alive("../state.json"));
     }
 }
