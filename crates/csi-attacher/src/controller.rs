@@ -207,10 +207,11 @@ pub async fn run(
             attacher.workers.resync();
             last_resync = Instant::now();
         }
+        let pass_started = Instant::now();
         attacher.pass(&mut tasks);
         let next = attacher
             .workers
-            .next_retry()
+            .next_retry(pass_started)
             .unwrap_or(attacher.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -258,7 +259,16 @@ impl Attacher {
         }
         self.settings.metrics.set_pending("attach", attaching);
         self.settings.metrics.set_pending("detach", detaching);
-        for pv in self.caches.volumes.state() {
+        let volumes = self.caches.volumes.state();
+        // Attachments and volumes this pass does not offer (nothing to do, or our write not
+        // seen yet) keep their backoff; only those that are gone are forgotten.
+        self.workers.forget_absent(
+            attachments
+                .iter()
+                .map(|va| Key::Attachment(va.name_any()))
+                .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any()))),
+        );
+        for pv in volumes {
             if pv.metadata.deletion_timestamp.is_some() && pv.finalizers().contains(&self.finalizer)
             {
                 offered.push(((Key::Volume(pv.name_any()), pv.resource_version()), VOLUME));

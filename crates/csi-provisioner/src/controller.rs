@@ -177,10 +177,11 @@ pub async fn run(
             provisioner.resync();
             last_resync = Instant::now();
         }
+        let pass_started = Instant::now();
         provisioner.pass(&mut tasks);
         let next = provisioner
             .workers
-            .next_retry()
+            .next_retry(pass_started)
             .unwrap_or(provisioner.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -220,7 +221,11 @@ impl Provisioner {
             .state()
             .into_iter()
             .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-        for (key, version) in self.workers.changed(claims.chain(volumes)) {
+        let offered: Vec<(Key, Option<String>)> = claims.chain(volumes).collect();
+        tracing::trace!(offered = offered.len(), "pass over the caches");
+        self.workers
+            .forget_absent(offered.iter().map(|(key, _)| key.clone()));
+        for (key, version) in self.workers.changed(offered) {
             let this = self.clone();
             let sync_key = key.clone();
             self.workers
