@@ -425,6 +425,12 @@ impl Provisioner {
         self.events
             .publish(&reference, EventType::Normal, "Provisioning", &message)
             .await;
+        // Checked first: a request we cannot read must never reach the driver as 0 bytes (a
+        // default-sized volume that no claim binds to).
+        let requested = match claims::requested_size(claim) {
+            Ok(bytes) => bytes,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
         let driver = &self.settings.driver;
         let mut protected_source = None;
         let content_source = match claims::data_source(claim) {
@@ -542,14 +548,6 @@ impl Provisioner {
             Ok(capabilities) => capabilities,
             Err(error) => return self.failed(claim, error.to_string()).await,
         };
-        let requested = spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .and_then(|q| csi_sidecar::quantity::parse(&q.0))
-            .and_then(|b| i64::try_from(b).ok())
-            .unwrap_or(0);
         let topology_supported = driver.plugin.volume_accessibility_constraints;
         let accessibility = if topology_supported {
             match self.topology(claim, class, selected_node.as_deref()) {
