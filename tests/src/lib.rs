@@ -995,6 +995,9 @@ async fn provisioner_settings(
         retry_max: Duration::from_secs(5),
         workers: 16,
         metrics: Default::default(),
+        cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+            csi_sidecar::informers::SYNC_GRACE_PERIOD,
+        ),
         resync: Duration::from_secs(5),
         prevent_volume_mode_conversion: true,
         snapshot_orphan_sweep_interval: Duration::from_secs(1),
@@ -1024,6 +1027,9 @@ async fn attacher_settings(
         max_entries: 0,
         attach_error_codes: true,
         metrics: Default::default(),
+        cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+            csi_sidecar::informers::SYNC_GRACE_PERIOD,
+        ),
     };
     change(&mut settings);
     settings

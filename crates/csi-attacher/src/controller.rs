@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{add_finalizer, set_finalizers, without};
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
@@ -49,6 +49,8 @@ pub struct Settings {
     /// Put the gRPC code of a failed attach into `attachError.errorCode`.
     pub attach_error_codes: bool,
     pub metrics: AttacherMetrics,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,7 +166,7 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), AttacherError> {
-    let mut informers = Informers::new(&client, &shutdown);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let caches = Caches {
         attachments: informers.all(),
         volumes: informers.all(),

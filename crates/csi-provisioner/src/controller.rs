@@ -12,7 +12,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, remove_finalizer, set_finalizers, without};
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -51,6 +51,8 @@ pub struct Settings {
     pub retry_max: Duration,
     pub workers: usize,
     pub metrics: crate::metrics::ProvisionerMetrics,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
     /// Periodic pass on top of change-triggered ones (upstream resyncs claims every 15 min).
     pub resync: Duration,
     /// Refuse restores that change the volume mode without the content's permission.
@@ -130,7 +132,7 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), ProvisionerError> {
-    let mut informers = Informers::new(&client, &shutdown);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let caches = Caches {
         claims: informers.all(),
         volumes: informers.all(),
