@@ -15,6 +15,7 @@ pub mod bench;
 pub mod csi_proxy;
 pub mod fixtures;
 pub mod image;
+pub mod logs;
 pub mod manifests;
 pub mod podmon;
 pub mod rbac;
@@ -104,15 +105,19 @@ pub fn init_logging() {
 
 /// Logs at `level` for our crates (the first call in a process wins; `RUST_LOG` overrides).
 pub fn init_logging_at(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(log_filter(level))
+        .with_test_writer()
+        .try_init();
+}
+
+/// Our crates at `level`, chatty dependencies at warn; `RUST_LOG` overrides.
+fn log_filter(level: &str) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
             "{level},kube_runtime=warn,hyper=warn,h2=warn,tower=warn"
         ))
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
+    })
 }
 
 /// What a scenario needs from its cluster.
@@ -995,6 +1000,9 @@ async fn provisioner_settings(
         retry_max: Duration::from_secs(5),
         workers: 16,
         metrics: Default::default(),
+        cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+            csi_sidecar::informers::SYNC_GRACE_PERIOD,
+        ),
         resync: Duration::from_secs(5),
         prevent_volume_mode_conversion: true,
         snapshot_orphan_sweep_interval: Duration::from_secs(1),
@@ -1024,6 +1032,9 @@ async fn attacher_settings(
         max_entries: 0,
         attach_error_codes: true,
         metrics: Default::default(),
+        cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+            csi_sidecar::informers::SYNC_GRACE_PERIOD,
+        ),
     };
     change(&mut settings);
     settings

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{add_finalizer, set_finalizers, without};
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
@@ -49,6 +49,8 @@ pub struct Settings {
     /// Put the gRPC code of a failed attach into `attachError.errorCode`.
     pub attach_error_codes: bool,
     pub metrics: AttacherMetrics,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,7 +166,7 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), AttacherError> {
-    let mut informers = Informers::new(&client, &shutdown);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let caches = Caches {
         attachments: informers.all(),
         volumes: informers.all(),
@@ -207,10 +209,11 @@ pub async fn run(
             attacher.workers.resync();
             last_resync = Instant::now();
         }
+        let pass_started = Instant::now();
         attacher.pass(&mut tasks);
         let next = attacher
             .workers
-            .next_retry()
+            .next_retry(pass_started)
             .unwrap_or(attacher.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -258,7 +261,16 @@ impl Attacher {
         }
         self.settings.metrics.set_pending("attach", attaching);
         self.settings.metrics.set_pending("detach", detaching);
-        for pv in self.caches.volumes.state() {
+        let volumes = self.caches.volumes.state();
+        // Attachments and volumes this pass does not offer (nothing to do, or our write not
+        // seen yet) keep their backoff; only those that are gone are forgotten.
+        self.workers.forget_absent(
+            attachments
+                .iter()
+                .map(|va| Key::Attachment(va.name_any()))
+                .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any()))),
+        );
+        for pv in volumes {
             if pv.metadata.deletion_timestamp.is_some() && pv.finalizers().contains(&self.finalizer)
             {
                 offered.push(((Key::Volume(pv.name_any()), pv.resource_version()), VOLUME));

@@ -6,6 +6,7 @@
 
 use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::flags::FeatureGate;
+use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
 use csi_sidecar::metrics::CsiOperationMetrics;
@@ -67,7 +68,13 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
     if !support.publish_unpublish {
         tracing::info!(driver = %driver.name, "the driver does not publish volumes: VolumeAttachments are marked attached without calling it");
     }
-    let status = csi_sidecar::startup::serve_http(sidecar, registry, shutdown.clone()).await?;
+    let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
+        sidecar,
+        registry,
+        SYNC_GRACE_PERIOD,
+        shutdown.clone(),
+    )
+    .await?;
 
     let settings = Settings {
         driver_name: driver.name.clone(),
@@ -82,6 +89,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
         max_entries: args.max_entries,
         attach_error_codes: gate(ERROR_CODE_GATE),
         metrics: attacher_metrics,
+        cache_sync,
     };
     let lock_name = format!("external-attacher-leader-{}", driver.name);
     let work_client = client.clone();

@@ -24,6 +24,12 @@ pub enum ClaimError {
     DataSource(String),
     #[error("{0}")]
     CloneSource(String),
+    /// A storage request that is no size in bytes: never sent to the driver as 0 bytes.
+    #[error("storage request of claim {claim}: {source}")]
+    StorageRequest {
+        claim: String,
+        source: csi_sidecar::quantity::QuantityError,
+    },
 }
 
 /// What to do with one claim.
@@ -160,16 +166,22 @@ pub fn still_needed_by_pending_claims<'a>(
     })
 }
 
-pub(crate) fn requested_bytes(claim: &PersistentVolumeClaim) -> Option<String> {
-    claim
+/// The claim's storage request in bytes; none at all is 0, as upstream's `Quantity.Value()`
+/// of an absent request.
+pub fn requested_size(claim: &PersistentVolumeClaim) -> Result<i64, ClaimError> {
+    let request = claim
         .spec
-        .as_ref()?
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get("storage")
-        .map(|q| q.0.clone())
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"));
+    let Some(request) = request else {
+        return Ok(0);
+    };
+    csi_sidecar::quantity::bytes(&request.0).map_err(|source| ClaimError::StorageRequest {
+        claim: claim.name_any(),
+        source,
+    })
 }
 
 /// Validates a clone source (`getPVCSource`) and returns the source volume's handle: the source
@@ -199,12 +211,7 @@ pub fn clone_source(
     if source_spec.storage_class_name.is_none() || target_spec.storage_class_name.is_none() {
         return fail("both the clone and its source claim need a storage class".to_string());
     }
-    let size = |claim| {
-        requested_bytes(claim)
-            .and_then(|q| csi_sidecar::quantity::parse(&q))
-            .unwrap_or(0)
-    };
-    if size(target) < size(source) {
+    if requested_size(target)? < requested_size(source)? {
         return fail(format!(
             "the requested size is smaller than the size of the source claim {name}"
         ));
@@ -427,6 +434,13 @@ mod tests {
         assert!(
             matches!(clone_source(&small, DRIVER, &source, Some(&volume)), Err(ClaimError::CloneSource(m)) if m.contains("smaller"))
         );
+        let unreadable = claim(
+            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "-2Gi"}}}}),
+        );
+        assert!(matches!(
+            clone_source(&unreadable, DRIVER, &source, Some(&volume)),
+            Err(ClaimError::StorageRequest { .. })
+        ));
         let block = claim(
             json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "volumeMode": "Block", "resources": {"requests": {"storage": "2Gi"}}}}),
         );
@@ -437,6 +451,39 @@ mod tests {
             json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast"}, "status": {"phase": "Pending"}}),
         );
         assert!(clone_source(&target, DRIVER, &pending, Some(&volume)).is_err());
+    }
+
+    /// Every form the API server stores is read in whole bytes, rounded up; a request that is
+    /// no size is an error naming the claim, never 0 bytes.
+    #[test]
+    fn storage_requests_in_bytes() {
+        let with = |request: Option<&str>| {
+            let requests = request.map(|q| json!({"storage": q}));
+            claim(json!({"metadata": {"name": "data", "namespace": "apps"},
+                "spec": {"resources": {"requests": requests}}}))
+        };
+        let table: &[(Option<&str>, Result<i64, &str>)] = &[
+            (None, Ok(0)),
+            (Some("1126400m"), Ok(1127)),
+            (Some("5e9"), Ok(5_000_000_000)),
+            (Some("1.5Gi"), Ok(3 << 29)),
+            (Some("+1Ki"), Ok(1024)),
+            (Some("-1Gi"), Err("negative")),
+            (Some("1e30"), Err("more than 9223372036854775807 bytes")),
+            (Some("lots"), Err("malformed")),
+        ];
+        for (request, want) in table {
+            let got = requested_size(&with(*request)).map_err(|e| e.to_string());
+            match (want, &got) {
+                (Ok(bytes), Ok(got)) => assert_eq!(got, bytes, "{request:?}"),
+                (Err(text), Err(message)) => assert!(
+                    message.starts_with("storage request of claim data: ")
+                        && message.contains(text),
+                    "{request:?}: {message}"
+                ),
+                _ => panic!("{request:?}: {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, remove_finalizer, set_finalizers, without};
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -51,6 +51,8 @@ pub struct Settings {
     pub retry_max: Duration,
     pub workers: usize,
     pub metrics: crate::metrics::ProvisionerMetrics,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
     /// Periodic pass on top of change-triggered ones (upstream resyncs claims every 15 min).
     pub resync: Duration,
     /// Refuse restores that change the volume mode without the content's permission.
@@ -130,7 +132,7 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), ProvisionerError> {
-    let mut informers = Informers::new(&client, &shutdown);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let caches = Caches {
         claims: informers.all(),
         volumes: informers.all(),
@@ -177,10 +179,11 @@ pub async fn run(
             provisioner.resync();
             last_resync = Instant::now();
         }
+        let pass_started = Instant::now();
         provisioner.pass(&mut tasks);
         let next = provisioner
             .workers
-            .next_retry()
+            .next_retry(pass_started)
             .unwrap_or(provisioner.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -220,7 +223,11 @@ impl Provisioner {
             .state()
             .into_iter()
             .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-        for (key, version) in self.workers.changed(claims.chain(volumes)) {
+        let offered: Vec<(Key, Option<String>)> = claims.chain(volumes).collect();
+        tracing::trace!(offered = offered.len(), "pass over the caches");
+        self.workers
+            .forget_absent(offered.iter().map(|(key, _)| key.clone()));
+        for (key, version) in self.workers.changed(offered) {
             let this = self.clone();
             let sync_key = key.clone();
             self.workers
@@ -420,6 +427,12 @@ impl Provisioner {
         self.events
             .publish(&reference, EventType::Normal, "Provisioning", &message)
             .await;
+        // Checked first: a request we cannot read must never reach the driver as 0 bytes (a
+        // default-sized volume that no claim binds to).
+        let requested = match claims::requested_size(claim) {
+            Ok(bytes) => bytes,
+            Err(error) => return self.failed(claim, error.to_string()).await,
+        };
         let driver = &self.settings.driver;
         let mut protected_source = None;
         let content_source = match claims::data_source(claim) {
@@ -537,14 +550,6 @@ impl Provisioner {
             Ok(capabilities) => capabilities,
             Err(error) => return self.failed(claim, error.to_string()).await,
         };
-        let requested = spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .and_then(|q| csi_sidecar::quantity::parse(&q.0))
-            .and_then(|b| i64::try_from(b).ok())
-            .unwrap_or(0);
         let topology_supported = driver.plugin.volume_accessibility_constraints;
         let accessibility = if topology_supported {
             match self.topology(claim, class, selected_node.as_deref()) {

@@ -5,6 +5,7 @@
 
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_sidecar::conn::{ConnError, Services};
+use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
 use csi_sidecar::metrics::CsiOperationMetrics;
@@ -87,7 +88,13 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     if !driver.plugin.controller_service {
         return Err(RunError::NoControllerService);
     }
-    let status = csi_sidecar::startup::serve_http(sidecar, registry, shutdown.clone()).await?;
+    let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
+        sidecar,
+        registry,
+        SYNC_GRACE_PERIOD,
+        shutdown.clone(),
+    )
+    .await?;
 
     let capacity = match (capacity_client, capacity_metrics) {
         (Some(client), Some(metrics)) => {
@@ -111,6 +118,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         retry_max: sidecar.workers.retry_interval_max,
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
         metrics: provisioner_metrics,
+        cache_sync,
         resync: RESYNC,
         prevent_volume_mode_conversion: args.prevent_volume_mode_conversion,
         snapshot_orphan_sweep_interval: args.snapshot_orphan_sweep_interval,

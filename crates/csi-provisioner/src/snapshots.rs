@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 
-use crate::claims::{ClaimError, SNAPSHOT_GROUP, requested_bytes};
+use crate::claims::{ClaimError, SNAPSHOT_GROUP, requested_size};
 
 /// The finalizer a VolumeSnapshot carries while a claim is restored from it (v6.2+).
 pub const SOURCE_PROTECTION: &str =
@@ -214,19 +214,14 @@ pub fn snapshot_source(
             content.name_any()
         )));
     };
-    let restore_size = status
-        .restore_size
-        .and_then(|s| u128::try_from(s).ok())
-        .or_else(|| {
-            snapshot
-                .status
-                .as_ref()
-                .and_then(|s| s.restore_size.as_deref())
-                .and_then(csi_sidecar::quantity::parse)
-        });
-    let requested = requested_bytes(claim)
-        .and_then(|q| csi_sidecar::quantity::parse(&q))
-        .unwrap_or(0);
+    let restore_size = status.restore_size.or_else(|| {
+        snapshot
+            .status
+            .as_ref()
+            .and_then(|s| s.restore_size.as_deref())
+            .and_then(|size| csi_sidecar::quantity::bytes(size).ok())
+    });
+    let requested = requested_size(claim)?;
     if let Some(size) = restore_size
         && requested < size
     {

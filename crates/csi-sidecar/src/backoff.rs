@@ -38,6 +38,11 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
         self.lock().remove(key);
     }
 
+    /// Forgets the failures of every key `keep` refuses.
+    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+        self.lock().retain(|key, _| keep(key));
+    }
+
     /// How many consecutive failures `key` has had.
     pub fn failures(&self, key: &K) -> u32 {
         self.lock().get(key).copied().unwrap_or(0)

@@ -1,10 +1,18 @@
 //! Shared caches (kube-runtime reflectors) for controllers: one wake-up signal for all of a
 //! controller's caches, and one wait for their initial lists. The sidecars and kube-sim's
 //! cluster roles use it alike.
+//!
+//! A cache whose list or watch fails (a 403 from a missing RBAC verb, say) retries forever;
+//! so that this is no silent hang, the failures are logged as warnings naming the resource and
+//! what the API said (at most once per [`WARN_INTERVAL`] per cache), and a
+//! [`CacheSyncHealth`] makes `/healthz` fail while a cache has no initial list after a grace
+//! period.
 
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -12,7 +20,80 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// How long caches may take for their initial lists before `/healthz` reports them
+/// (controller-runtime's default `CacheSyncTimeout`).
+pub const SYNC_GRACE_PERIOD: Duration = Duration::from_secs(120);
+
+/// The shortest time between two warnings about one cache's failing list or watch; the ones
+/// in between are logged at debug level.
+pub const WARN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Which caches still wait for their initial list, for `/healthz`: unhealthy, naming them,
+/// once one has waited longer than the grace period. Caches register when they start and
+/// drop out when they stop (shutdown, or leadership ended).
+#[derive(Debug)]
+pub struct CacheSyncHealth {
+    grace: Duration,
+    caches: Mutex<Vec<Weak<CacheState>>>,
+}
+
+#[derive(Debug)]
+struct CacheState {
+    resource: String,
+    started: Instant,
+    synced: AtomicBool,
+}
+
+impl CacheSyncHealth {
+    pub fn new(grace: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            grace,
+            caches: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The health check: `Err` names the caches not synced within the grace period.
+    pub fn check(&self) -> Result<(), String> {
+        let now = Instant::now();
+        let mut late: Vec<String> = self
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|cache| !cache.synced.load(Ordering::Acquire))
+            .filter(|cache| now.duration_since(cache.started) > self.grace)
+            .map(|cache| cache.resource.clone())
+            .collect();
+        if late.is_empty() {
+            return Ok(());
+        }
+        late.sort();
+        late.dedup();
+        Err(format!(
+            "caches not synced after {}: {} (see the warnings about their list/watch)",
+            crate::flags::format_go_duration(self.grace),
+            late.join(", ")
+        ))
+    }
+
+    fn register(&self, resource: String) -> Arc<CacheState> {
+        let state = Arc::new(CacheState {
+            resource,
+            started: Instant::now(),
+            synced: AtomicBool::new(false),
+        });
+        let mut caches = self.lock();
+        caches.retain(|cache| cache.strong_count() > 0);
+        caches.push(Arc::downgrade(&state));
+        state
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<CacheState>>> {
+        self.caches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// Reflector-backed caches of one controller: every change in any of them wakes the
 /// controller, and [`Informers::synced`] waits for all of their initial lists.
@@ -21,6 +102,7 @@ pub struct Informers {
     wake: Arc<Notify>,
     shutdown: CancellationToken,
     synced: Vec<futures::future::BoxFuture<'static, bool>>,
+    health: Option<Arc<CacheSyncHealth>>,
 }
 
 impl Informers {
@@ -30,7 +112,14 @@ impl Informers {
             wake: Arc::new(Notify::new()),
             shutdown: shutdown.clone(),
             synced: Vec::new(),
+            health: None,
         }
+    }
+
+    /// Reports the caches made from now on to `health` (the sidecar's `/healthz`).
+    pub fn reporting_to(mut self, health: &Arc<CacheSyncHealth>) -> Self {
+        self.health = Some(health.clone());
+        self
     }
 
     /// A cache of every object of a cluster-wide or all-namespaces kind.
@@ -52,14 +141,33 @@ impl Informers {
         let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
         let wake = self.wake.clone();
         let shutdown = self.shutdown.clone();
+        let resource = resource_name::<K>();
+        // Held by the task: the cache drops out of the health check when it stops.
+        let state = self
+            .health
+            .as_ref()
+            .map(|health| health.register(resource.clone()));
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
+            let mut warnings = WarnLimiter::default();
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     event = stream.next() => match event {
-                        Some(Ok(_)) => wake.notify_one(),
-                        Some(Err(error)) => tracing::debug!(%error, "watch error, retrying"),
+                        Some(Ok(event)) => {
+                            if let (watcher::Event::InitDone, Some(state)) = (&event, &state) {
+                                state.synced.store(true, Ordering::Release);
+                            }
+                            wake.notify_one();
+                        }
+                        Some(Err(error)) => {
+                            let message = api_message(&error);
+                            if warnings.allow(Instant::now()) {
+                                tracing::warn!(%resource, error = %message, "failed to list or watch; retrying");
+                            } else {
+                                tracing::debug!(%resource, error = %message, "failed to list or watch; retrying");
+                            }
+                        }
                         None => return,
                     },
                 }
@@ -89,10 +197,108 @@ impl Informers {
     }
 }
 
+/// Lets one warning through per [`WARN_INTERVAL`]: a cache retrying with backoff would
+/// otherwise warn every few seconds for as long as the cause lasts.
+#[derive(Debug, Default)]
+struct WarnLimiter {
+    last: Option<Instant>,
+}
+
+impl WarnLimiter {
+    fn allow(&mut self, now: Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|at| now.duration_since(at) < WARN_INTERVAL)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// A kind's resource as RBAC rules and kubectl name it: `persistentvolumeclaims`,
+/// `volumeattachments.storage.k8s.io`.
+fn resource_name<K>() -> String
+where
+    K: Resource,
+    K::DynamicType: Default,
+{
+    let kind = K::DynamicType::default();
+    let (plural, group) = (K::plural(&kind), K::group(&kind));
+    if group.is_empty() {
+        plural.into_owned()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+/// What the API answered (code, reason and message, e.g. a 403's "... cannot list resource
+/// ..."), else the error itself.
+fn api_message(error: &watcher::Error) -> String {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status,
+        other => return other.to_string(),
+    };
+    format!("{} {}: {}", status.code, status.reason, status.message)
+}
+
 impl std::fmt::Debug for Informers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Informers")
             .field("caches", &self.synced.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn caches_not_synced_after_the_grace_period_are_named() {
+        let health = CacheSyncHealth::new(Duration::from_secs(60));
+        let claims = health.register("persistentvolumeclaims".into());
+        let nodes = health.register("csinodes.storage.k8s.io".into());
+        assert_eq!(health.check(), Ok(()), "within the grace period");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(
+            health.check(),
+            Err("caches not synced after 1m0s: csinodes.storage.k8s.io, persistentvolumeclaims (see the warnings about their list/watch)".into())
+        );
+        claims.synced.store(true, Ordering::Release);
+        let error = health.check().unwrap_err();
+        assert!(
+            error.contains("csinodes") && !error.contains("persistentvolumeclaims"),
+            "{error}"
+        );
+        drop(nodes);
+        assert_eq!(
+            health.check(),
+            Ok(()),
+            "a stopped cache (leadership ended) is not checked"
+        );
+        let late = health.register("persistentvolumes".into());
+        assert_eq!(
+            health.check(),
+            Ok(()),
+            "a new cache gets its own grace period"
+        );
+        drop(late);
+    }
+
+    #[test]
+    fn one_warning_per_interval() {
+        let start = Instant::now();
+        let mut warnings = WarnLimiter::default();
+        let at = |seconds| start + Duration::from_secs(seconds);
+        let allowed: Vec<u64> = [0, 1, 2, 29, 30, 31, 59, 60, 95]
+            .into_iter()
+            .filter(|seconds| warnings.allow(at(*seconds)))
+            .collect();
+        assert_eq!(allowed, [0, 30, 60, 95]);
     }
 }

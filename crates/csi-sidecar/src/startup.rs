@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::Client;
 use prometheus_client::registry::Registry;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::conn::{ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, connect};
 use crate::flags::{CsiArgs, SidecarArgs};
 use crate::http::{HealthCheck, HttpError};
+use crate::informers::CacheSyncHealth;
 use crate::leader::{LeaderElectionConfig, LeaderElectionError, LeaderStatus};
 use crate::metrics::CsiOperationMetrics;
 
@@ -41,8 +43,33 @@ pub async fn serve_http(
     registry: Registry,
     shutdown: CancellationToken,
 ) -> Result<Arc<LeaderStatus>, HttpError> {
+    serve_checks(sidecar, registry, Vec::new(), shutdown).await
+}
+
+/// [`serve_http`] with `/healthz/informer-sync` (as kube-controller-manager's check is named):
+/// unhealthy while a cache of the controller has no initial list after `grace`. Returns the
+/// [`CacheSyncHealth`] the controller's informers report to.
+pub async fn serve_http_with_caches(
+    sidecar: &SidecarArgs,
+    registry: Registry,
+    grace: Duration,
+    shutdown: CancellationToken,
+) -> Result<(Arc<LeaderStatus>, Arc<CacheSyncHealth>), HttpError> {
+    let caches = CacheSyncHealth::new(grace);
+    let check = caches.clone();
+    let checks: Vec<(String, HealthCheck)> =
+        vec![("informer-sync".to_string(), Arc::new(move || check.check()))];
+    let status = serve_checks(sidecar, registry, checks, shutdown).await?;
+    Ok((status, caches))
+}
+
+async fn serve_checks(
+    sidecar: &SidecarArgs,
+    registry: Registry,
+    mut checks: Vec<(String, HealthCheck)>,
+    shutdown: CancellationToken,
+) -> Result<Arc<LeaderStatus>, HttpError> {
     let status = LeaderStatus::new(sidecar.leader_election.leader_election_lease_duration);
-    let mut checks: Vec<(String, HealthCheck)> = Vec::new();
     if sidecar.leader_election.leader_election {
         let status = status.clone();
         checks.push((

@@ -100,14 +100,17 @@ where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Synced, String>> + Send + 'static,
     {
-        if lock(&self.not_before)
-            .get(&key)
-            .is_some_and(|at| *at > Instant::now())
         {
-            return;
-        }
-        if !lock(&self.in_flight).insert(key.clone()) {
-            return;
+            let mut not_before = lock(&self.not_before);
+            if not_before.get(&key).is_some_and(|at| *at > Instant::now()) {
+                return;
+            }
+            if !lock(&self.in_flight).insert(key.clone()) {
+                return;
+            }
+            // The retry is under way: a deadline left behind would wake the loop for nothing
+            // for as long as the sync runs.
+            not_before.remove(&key);
         }
         let this = self.clone();
         tasks.spawn(async move {
@@ -118,7 +121,6 @@ where
             let failed = match sync().await {
                 Ok(synced) => {
                     this.backoff.reset(&key);
-                    lock(&this.not_before).remove(&key);
                     match (synced, version) {
                         (Synced::Done, Some(version)) => {
                             lock(&this.synced).insert(key.clone(), version);
@@ -149,13 +151,26 @@ where
         lock(&self.in_flight).contains(key)
     }
 
-    /// The shortest wait until a backing-off key may run again.
-    pub fn next_retry(&self) -> Option<Duration> {
+    /// The shortest wait until a backing-off key may run again, counting only deadlines after
+    /// `pass_started` (the start of the pass that just ran): that pass already ran the keys
+    /// whose deadline had come, and a key it did not offer must not wake the loop again and
+    /// again. A deadline reached during the pass gives zero: one more pass runs it.
+    pub fn next_retry(&self, pass_started: Instant) -> Option<Duration> {
         let now = Instant::now();
         lock(&self.not_before)
             .values()
+            .filter(|at| **at > pass_started)
             .map(|at| at.saturating_duration_since(now))
             .min()
+    }
+
+    /// Forgets the failures, retry deadlines and synced versions of every key not `present`
+    /// (its object is gone), so they neither wake the loop nor pile up.
+    pub fn forget_absent(&self, present: impl IntoIterator<Item = K>) {
+        let present: HashSet<K> = present.into_iter().collect();
+        lock(&self.not_before).retain(|key, _| present.contains(key));
+        lock(&self.synced).retain(|key, _| present.contains(key));
+        self.backoff.retain(|key| present.contains(key));
     }
 
     /// Resolves when a sync failed (its retry needs scheduling).
@@ -203,7 +218,7 @@ mod tests {
             });
         }
         while tasks.join_next().await.is_some() {}
-        let waiting = workers.next_retry().expect("backing off");
+        let waiting = workers.next_retry(Instant::now()).expect("backing off");
         assert!(waiting > Duration::from_secs(30), "{waiting:?}");
         // The same version, and a new one (e.g. the sync's own error written into the status):
         // neither cuts the backoff short.
@@ -225,6 +240,63 @@ mod tests {
             1,
             "everything runs after a resync"
         );
+    }
+
+    async fn fail(workers: &Arc<KeyedWorkers<&'static str>>, key: &'static str) {
+        let mut tasks = JoinSet::new();
+        workers.schedule(0, key, None, &mut tasks, || async {
+            Err("broken".to_string())
+        });
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// A key whose object is gone loses its retry state; and no deadline that a pass has
+    /// already seen (or whose retry is running) makes the loop wait zero again.
+    #[tokio::test]
+    async fn vanished_keys_are_forgotten_and_seen_deadlines_never_spin() {
+        // Zero backoff: every deadline is due the moment the sync fails.
+        let workers = KeyedWorkers::<&'static str>::new(2, Duration::ZERO, Duration::ZERO);
+        let before_failures = Instant::now();
+        fail(&workers, "gone").await;
+        fail(&workers, "kept").await;
+        assert_eq!(
+            workers.next_retry(before_failures),
+            Some(Duration::ZERO),
+            "deadlines the last pass did not see bring one more pass"
+        );
+        let pass_started = Instant::now();
+        assert_eq!(
+            workers.next_retry(pass_started),
+            None,
+            "deadlines a pass saw do not wake the loop again"
+        );
+
+        workers.forget_absent(["kept"]);
+        assert_eq!(workers.backoff.failures(&"gone"), 0);
+        assert_eq!(workers.backoff.failures(&"kept"), 1);
+        assert_eq!(
+            lock(&workers.not_before)
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            ["kept"],
+            "only the present key keeps its deadline"
+        );
+
+        // While the retry of a due key runs, its old deadline wakes nobody.
+        let mut tasks = JoinSet::new();
+        let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (running, blocked) = (started.clone(), release.clone());
+        workers.schedule(0, "kept", None, &mut tasks, move || async move {
+            running.notify_one();
+            blocked.notified().await;
+            Ok(Synced::Done)
+        });
+        started.notified().await;
+        assert_eq!(workers.next_retry(before_failures), None);
+        release.notify_one();
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(workers.backoff.failures(&"kept"), 0, "success forgets");
     }
 
     /// A lane whose workers are all busy does not hold up another lane, and a key never runs

@@ -14,7 +14,8 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, error::ErrorKind};
 
 pub use values::{
-    format_go_duration, parse_colon_map, parse_feature_gate_map, parse_go_bool, parse_go_duration,
+    MIN_POSITIVE_KUBE_API_QPS, format_go_duration, parse_colon_map, parse_feature_gate_map,
+    parse_go_bool, parse_go_duration, parse_kube_api_qps,
 };
 
 use crate::conn::Endpoint;
@@ -93,7 +94,7 @@ pub struct KubeArgs {
     /// Client-side QPS limit toward the API server. Upstream's default is 5; unlike upstream we
     /// set no client-side limit unless this or --kube-api-burst is given (API Priority and
     /// Fairness protects the server, and 429 + Retry-After is always honoured).
-    #[arg(long, value_name = "QPS")]
+    #[arg(long, value_name = "QPS", value_parser = parse_kube_api_qps)]
     pub kube_api_qps: Option<f32>,
 
     /// Client-side burst toward the API server (upstream default 10; see --kube-api-qps).

@@ -330,3 +330,29 @@ fn feature_gates_resolve_like_component_base() {
     let same = BTreeMap::from([("Locked".to_string(), true)]);
     assert!(resolve_feature_gates(&same, TABLE).is_ok());
 }
+
+/// A QPS no token bucket can pace (not finite, or so small that the wait for one token
+/// overflows a timer) is a usage error naming the flag; every QPS the flag accepts paces
+/// requests past the burst without panicking.
+#[test]
+fn kube_api_qps_refuses_values_no_token_bucket_can_pace() {
+    for qps in ["1e-300", "1e-40", "0.000001", "NaN", "inf", "-inf", "1e39"] {
+        let flag = format!("--kube-api-qps={qps}");
+        let error = attacher(&[&flag]).expect_err(&format!("{flag} must be rejected"));
+        assert_eq!(error.exit_code(), 2, "{flag}");
+        assert!(error.to_string().contains("--kube-api-qps"), "{error}");
+    }
+    let smallest = MIN_POSITIVE_KUBE_API_QPS.to_string();
+    for qps in [&smallest, "0.5", "0", "-1", "-1e-300", "1e30"] {
+        let flag = format!("--kube-api-qps={qps}");
+        let args = attacher(&[&flag, "--kube-api-burst=1"]).expect(&flag);
+        let limit = crate::kube::RateLimit::from_flags(args.kube.kube_api_qps, Some(1));
+        if let Some(limit) = limit {
+            let start = tokio::time::Instant::now();
+            let mut bucket = crate::kube::TokenBucket::new(limit, start);
+            let waits: Vec<Duration> = (0..3).map(|_| bucket.reserve(start)).collect();
+            assert_eq!(waits[0], Duration::ZERO, "{flag}");
+            assert!(waits.is_sorted(), "{flag}: {waits:?}");
+        }
+    }
+}

@@ -96,6 +96,33 @@ fn trim_float(value: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// The smallest positive `--kube-api-qps`: one request a day. Below it the wait for a single
+/// token outgrows what a timer can represent, and no sidecar could do its work anyway.
+pub const MIN_POSITIVE_KUBE_API_QPS: f64 = 1.0 / 86_400.0;
+
+/// Parses `--kube-api-qps`: a finite number; zero means the default and a negative value
+/// disables the limit (client-go's meaning), a positive one must be at least
+/// [`MIN_POSITIVE_KUBE_API_QPS`].
+pub fn parse_kube_api_qps(input: &str) -> Result<f32, String> {
+    // Parsed as f64 first so a value that underflows or overflows f32 is seen as what it is.
+    let wide: f64 = input
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid number {input:?}"))?;
+    let qps = wide as f32;
+    if !wide.is_finite() || !qps.is_finite() {
+        return Err(format!(
+            "{input:?} is not a finite number of queries per second"
+        ));
+    }
+    if wide > 0.0 && wide < MIN_POSITIVE_KUBE_API_QPS {
+        return Err(format!(
+            "{input:?} is below one request a day ({MIN_POSITIVE_KUBE_API_QPS:.7}); use 0 for the default or a negative value to disable the limit"
+        ));
+    }
+    Ok(qps)
+}
+
 /// Parses a boolean the way Go's `strconv.ParseBool` does.
 pub fn parse_go_bool(input: &str) -> Result<bool, String> {
     match input {

@@ -177,7 +177,9 @@ pub enum Attempt {
 
 /// One candidate's view of the Lease. The expiry of someone else's lease is measured on our
 /// own monotonic clock from when we last saw the record change, never from the timestamps in
-/// it, so clock skew between hosts does not matter (as client-go).
+/// it, so clock skew between hosts does not matter; and for the duration the record states,
+/// not our own, so candidates with different `--leader-election-lease-duration` (a rolling
+/// upgrade) never lead at once (as client-go).
 #[derive(Debug, Clone)]
 pub struct Candidate {
     identity: String,
@@ -217,7 +219,14 @@ impl Candidate {
         let observed_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
         let holder = current.holder_identity.clone().unwrap_or_default();
         let held_by_me = holder == self.identity;
-        if !holder.is_empty() && !held_by_me && observed_at + self.lease_duration > now {
+        // A record without a duration has expired, as in client-go (zero seconds).
+        let holder_duration = Duration::from_secs(
+            current
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(0),
+        );
+        if !holder.is_empty() && !held_by_me && observed_at + holder_duration > now {
             return Attempt::HeldBy(holder);
         }
         let transitions = current.lease_transitions.unwrap_or(0);

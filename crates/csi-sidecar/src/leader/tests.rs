@@ -138,6 +138,62 @@ fn a_renewing_holder_is_never_taken_over() {
     }
 }
 
+/// A rolling upgrade changes `--leader-election-lease-duration`: a candidate with a short
+/// duration judges the holder by the duration the holder wrote into the Lease, not its own, so
+/// it does not take over (and lead alongside) while that lease is still valid.
+#[test]
+fn expiry_is_judged_by_the_duration_in_the_record() {
+    let start = Instant::now();
+    let mut long = Candidate::new("long", Duration::from_secs(60));
+    let Attempt::Create(written) = long.plan(None, start, wall(0)) else {
+        panic!("expected Create");
+    };
+    assert_eq!(written.lease_duration_seconds, Some(60));
+    long.wrote(written.clone(), start);
+
+    // The holder stops renewing (it hangs, or its node is partitioned).
+    let mut short = Candidate::new("short", Duration::from_secs(15));
+    let at = |seconds| start + Duration::from_secs(seconds);
+    for seconds in [0, 15, 20, 59] {
+        assert_eq!(
+            short.plan(Some(&written), at(seconds), wall(0)),
+            Attempt::HeldBy("long".into()),
+            "{seconds}s after the last renewal the 60s lease is still valid"
+        );
+    }
+    let Attempt::Update(taken) = short.plan(Some(&written), at(60), wall(60)) else {
+        panic!("a 60s lease unchanged for 60s has expired");
+    };
+    assert_eq!(taken.holder_identity.as_deref(), Some("short"));
+    assert_eq!(
+        taken.lease_duration_seconds,
+        Some(15),
+        "the new holder writes its own duration"
+    );
+
+    // The other way round, the long candidate waits out the 15 s the short holder wrote.
+    let mut long = Candidate::new("long", Duration::from_secs(60));
+    assert_eq!(
+        long.plan(Some(&taken), at(60), wall(60)),
+        Attempt::HeldBy("short".into())
+    );
+    assert!(matches!(
+        long.plan(Some(&taken), at(75), wall(75)),
+        Attempt::Update(_)
+    ));
+
+    // A record without a duration has expired (client-go reads zero seconds).
+    let without_duration = LeaseSpec {
+        lease_duration_seconds: None,
+        ..held_by("other", 1, 0)
+    };
+    let mut me = Candidate::new("me", LEASE);
+    assert!(matches!(
+        me.plan(Some(&without_duration), start, wall(0)),
+        Attempt::Update(_)
+    ));
+}
+
 #[test]
 fn release_only_what_we_hold() {
     let now = Instant::now();
