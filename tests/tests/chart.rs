@@ -202,15 +202,19 @@ fn has_arg(container: &Value, arg: &str) -> bool {
     args(container).iter().any(|a| a == arg)
 }
 
+/// The container's command line: its command's first word, then its expanded args.
+fn argv(container: &Value) -> Vec<String> {
+    std::iter::once(str(&container["command"][0]).to_string())
+        .chain(args(container))
+        .collect()
+}
+
 /// Parses the container's args with the flag parser of the binary its command names (ours
 /// only); panics with clap's message when a flag or value is not accepted.
 fn parse_with_binary(container: &Value) -> bool {
     use csi_sidecar::flags::try_parse_from as parse;
-    let command = str(&container["command"][0]);
-    let argv: Vec<String> = std::iter::once(command.to_string())
-        .chain(args(container))
-        .collect();
-    let parsed = match command {
+    let argv = argv(container);
+    let parsed = match argv[0].as_str() {
         "csi-provisioner" => {
             parse::<csi_provisioner::flags::ProvisionerArgs, _, _>(&argv).map(drop)
         }
@@ -254,6 +258,113 @@ fn host_path(pod: &Value, volume: &str) -> String {
         .find(|v| v["name"] == volume)
         .unwrap_or_else(|| panic!("no volume {volume}"));
     str(&volume["hostPath"]["path"]).to_string()
+}
+
+/// The paths a container of ours writes (its sockets, state and mount points), from its args
+/// as its binary parses them; nothing for a binary that is not ours.
+fn written_paths(container: &Value) -> Vec<PathBuf> {
+    use csi_sidecar::flags::try_parse_from as parse;
+    let argv = argv(container);
+    match argv[0].as_str() {
+        "csi-hostpath" => {
+            let driver: csi_hostpath::config::DriverArgs = parse(&argv).unwrap();
+            let socket = driver.endpoint.trim_start_matches("unix://");
+            let mut paths = vec![driver.statedir, PathBuf::from(socket)];
+            if driver.mode.node() {
+                paths.extend(driver.allowed_path_roots);
+            }
+            paths
+        }
+        "podmon" => {
+            let podmon: podmon::flags::PodmonArgs = parse(&argv).unwrap();
+            if podmon.mode == podmon::flags::Mode::Node {
+                assert!(
+                    !podmon.state_file.is_empty(),
+                    "node-podmon names its state file"
+                );
+                vec![PathBuf::from(podmon.state_file), podmon.kubelet_dir]
+            } else {
+                Vec::new()
+            }
+        }
+        "csi-node-driver-registrar" => {
+            let registrar: csi_node_driver_registrar::flags::RegistrarArgs = parse(&argv).unwrap();
+            vec![PathBuf::from(registrar.plugin_registration_path)]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// How a container of the chart runs beyond the runtime's defaults.
+#[derive(Clone, Copy, Debug)]
+enum Privilege {
+    /// Privileged, as root: it mounts pods' volumes with Bidirectional propagation.
+    Mounts,
+    /// As root, with only these capabilities added back.
+    Root(&'static [&'static str]),
+    /// As a user other than root, with no capability.
+    NonRoot,
+}
+
+/// Both pods run under the runtime's default seccomp profile, and each container as
+/// `expected` says (pod, container, privilege; every container listed): everything dropped but
+/// what it adds back, no privilege escalation unless privileged, and a read-only root
+/// filesystem, every path it writes being on a writable volume.
+fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) {
+    for (pod_name, pod) in [
+        ("controller", rendering.controller()),
+        ("node", rendering.node()),
+    ] {
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{pod_name} pod"
+        );
+        let listed: Vec<&str> = expected
+            .iter()
+            .filter(|(p, _, _)| *p == pod_name)
+            .map(|(_, c, _)| *c)
+            .collect();
+        assert_eq!(container_names(pod), listed, "{pod_name} pod");
+        for (_, name, privilege) in expected.iter().filter(|(p, _, _)| *p == pod_name) {
+            let container = container(pod, name).unwrap();
+            let security = &container["securityContext"];
+            let at = format!("{pod_name}/{name}");
+            assert_eq!(security["readOnlyRootFilesystem"], true, "{at}");
+            let root = security["runAsUser"] == 0 && security["runAsNonRoot"] != true;
+            let (as_root, added): (bool, &[&str]) = match privilege {
+                Privilege::Mounts => {
+                    assert_eq!(security["privileged"], true, "{at}");
+                    (true, &[])
+                }
+                Privilege::Root(added) => (true, added),
+                Privilege::NonRoot => {
+                    assert_eq!(security["runAsNonRoot"], true, "{at}");
+                    (false, &[])
+                }
+            };
+            assert_eq!(root, as_root, "{at}: runs as root");
+            if !matches!(privilege, Privilege::Mounts) {
+                assert!(security["privileged"] != true, "{at}");
+                assert_eq!(security["allowPrivilegeEscalation"], false, "{at}");
+                assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"], "{at}");
+                assert_eq!(strings(&security["capabilities"]["add"]), added, "{at}");
+            }
+            let writable: Vec<String> = container["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["readOnly"] != true)
+                .map(|m| str(&m["mountPath"]).to_string())
+                .collect();
+            for path in written_paths(container) {
+                assert!(
+                    writable.iter().any(|mount| path.starts_with(mount)),
+                    "{at} writes {} outside its writable volumes {writable:?}",
+                    path.display()
+                );
+            }
+        }
+    }
 }
 
 const CONTROLLER_RBAC: [&str; 3] = [
@@ -474,6 +585,42 @@ fn default_values_run_the_reference_driver_with_every_component() {
         ["get", "patch"]
     );
     assert_least_privilege(&rendering);
+}
+
+/// Least privilege per container, for the reference driver and a vendor's: only the node
+/// containers that mount are privileged; the reference driver's controller is root with the
+/// two capabilities its volume data needs; the registrar and the node livenessprobe use the
+/// driver's and kubelet's root-owned sockets on hostPath volumes (no fsGroup there) as root,
+/// without capabilities; every other container runs as non-root with none.
+#[test]
+fn every_container_runs_with_least_privilege() {
+    use Privilege::{Mounts, NonRoot, Root};
+    let node = [
+        ("node", "driver", Mounts),
+        ("node", "node-driver-registrar", Root(&[])),
+        ("node", "podmon", Mounts),
+        ("node", "liveness-probe", Root(&[])),
+    ];
+    let sidecars = [
+        ("controller", "csi-provisioner", NonRoot),
+        ("controller", "csi-attacher", NonRoot),
+        ("controller", "podmon", NonRoot),
+        ("controller", "liveness-probe", NonRoot),
+    ];
+    let external = external_driver_values();
+    for (values, controller_driver) in [
+        ("{}", Root(&["DAC_OVERRIDE", "FOWNER"])),
+        (external.as_str(), NonRoot),
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
+            .chain(sidecars)
+            .chain(node)
+            .collect();
+        assert_hardened(&rendering, &expected);
+    }
 }
 
 #[test]
