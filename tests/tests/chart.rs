@@ -87,7 +87,12 @@ struct Rendering {
 impl Rendering {
     /// Renders with `values` (YAML) over the chart's defaults (see [`template`]).
     fn of(values: &str) -> Option<Self> {
-        let output = template(values)?;
+        Self::for_version(values, None)
+    }
+
+    /// [`Rendering::of`] for a cluster of Kubernetes `version` (helm's default when `None`).
+    fn for_version(values: &str, version: Option<&str>) -> Option<Self> {
+        let output = template_for(values, version)?;
         assert!(
             output.status.success(),
             "helm template failed:\n{}",
@@ -367,6 +372,68 @@ fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) 
     }
 }
 
+/// Whether the container's binary calls the Kubernetes API (the registrar, livenessprobe and
+/// the reference driver have no API client).
+fn calls_api(container: &Value) -> bool {
+    matches!(
+        str(&container["command"][0]),
+        "csi-provisioner" | "csi-attacher" | "podmon"
+    )
+}
+
+/// Values without any container that calls the API.
+const NO_API_CALLERS: &str =
+    "provisioner:\n  enabled: false\nattacher:\n  enabled: false\npodmon:\n  enabled: false\n";
+
+/// Where in-cluster clients read the token, the cluster CA and the namespace.
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The API token reaches only the containers that call the API. `projected`: no pod automounts
+/// a token, and each of those containers (only they) mounts a projected one, with the CA and
+/// the namespace, at the in-cluster path; otherwise a pod automounts it when one of its
+/// containers calls the API, and none mounts a projected one.
+fn assert_tokens(rendering: &Rendering, projected: bool) {
+    for pod in [rendering.controller(), rendering.node()] {
+        let containers = pod["containers"].as_array().unwrap();
+        let pod_calls = containers.iter().any(calls_api);
+        let automount = pod["automountServiceAccountToken"].as_bool();
+        assert_eq!(
+            automount,
+            Some(!projected && pod_calls),
+            "{:?}",
+            container_names(pod)
+        );
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "kube-api-access");
+        assert_eq!(volume.is_some(), projected && pod_calls);
+        for container in containers {
+            let mounts = mounts(container);
+            let token = mounts.iter().find(|(_, path, _)| path == TOKEN_DIR);
+            assert_eq!(
+                token.is_some(),
+                projected && calls_api(container),
+                "{}",
+                str(&container["name"])
+            );
+            if let Some((name, _, _)) = token {
+                assert_eq!(name, "kube-api-access");
+            }
+        }
+        if let Some(volume) = volume {
+            let sources = &volume["projected"]["sources"];
+            assert_eq!(sources[0]["serviceAccountToken"]["path"], "token");
+            assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+            assert_eq!(sources[1]["configMap"]["items"][0]["path"], "ca.crt");
+            let namespace = &sources[2]["downwardAPI"]["items"][0];
+            assert_eq!(namespace["path"], "namespace");
+            assert_eq!(namespace["fieldRef"]["fieldPath"], "metadata.namespace");
+        }
+    }
+}
+
 const CONTROLLER_RBAC: [&str; 3] = [
     "csi-suite-external-provisioner-runner",
     "csi-suite-external-attacher-runner",
@@ -620,6 +687,51 @@ fn every_container_runs_with_least_privilege() {
             .chain(node)
             .collect();
         assert_hardened(&rendering, &expected);
+    }
+}
+
+/// No pod automounts the API token; provisioner, attacher and podmon (and only they) mount a
+/// projected one, for the reference driver and a vendor's, and a pod without any of them
+/// gets none.
+#[test]
+fn api_tokens_reach_only_the_containers_that_call_the_api() {
+    let external = external_driver_values();
+    for values in [
+        "{}",
+        external.as_str(),
+        "podmon:\n  enabled: false\n",
+        NO_API_CALLERS,
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        assert_tokens(&rendering, true);
+    }
+}
+
+/// Before 1.20 the kube-root-ca.crt ConfigMap a projected token's CA comes from is not
+/// published (v1.19, where make test-node runs): with `projectedToken: auto` the pods that call
+/// the API automount the token and the others do not; `true` and `false` choose either way on
+/// any version.
+#[test]
+fn before_1_20_only_pods_that_call_the_api_automount_a_token() {
+    let cases = [
+        ("{}", "1.19.16", false),
+        ("podmon:\n  enabled: false\n", "1.19.16", false),
+        (NO_API_CALLERS, "1.19.16", false),
+        ("{}", "1.20.0", true),
+        ("serviceAccount:\n  projectedToken: true\n", "1.19.16", true),
+        (
+            "serviceAccount:\n  projectedToken: false\n",
+            "1.33.0",
+            false,
+        ),
+    ];
+    for (values, version, projected) in cases {
+        let Some(rendering) = Rendering::for_version(values, Some(version)) else {
+            return;
+        };
+        assert_tokens(&rendering, projected);
     }
 }
 
@@ -973,6 +1085,10 @@ fn bad_values_are_refused_with_the_field_named() {
         (
             "storageClass:\n  parameters:\n    replicas: 3\n",
             "/storageClass/parameters/replicas",
+        ),
+        (
+            "serviceAccount:\n  projectedToken: maybe\n",
+            "/serviceAccount/projectedToken",
         ),
     ];
     for (values, field) in cases {
