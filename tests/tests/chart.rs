@@ -1090,6 +1090,10 @@ fn bad_values_are_refused_with_the_field_named() {
             "serviceAccount:\n  projectedToken: maybe\n",
             "/serviceAccount/projectedToken",
         ),
+        (
+            "driver:\n  controller:\n    node: -node-1\n",
+            "/driver/controller/node",
+        ),
     ];
     for (values, field) in cases {
         let Some(output) = template(values) else {
@@ -1202,29 +1206,70 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
     }
 }
 
+/// The NOTES of `helm install --dry-run=client` (with a StorageClass) and `extra` arguments;
+/// None when helm is missing.
+fn notes(extra: &[&str]) -> Option<String> {
+    let output = Command::new(helm()?)
+        .current_dir(workspace())
+        .args(["install", "csi-suite", CHART, "--namespace", "storage"])
+        .args(["--dry-run=client", "--set", "storageClass.create=true"])
+        .args(extra)
+        .output()
+        .expect("helm runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Some(text[text.find("NOTES:").expect("helm prints the notes")..].to_string())
+}
+
+/// The reference driver's controller keeps its state in a hostPath directory: with
+/// driver.controller.node it is pinned to that node (on top of controller.nodeSelector);
+/// without, it goes anywhere and the notes warn. A vendor's driver (no hostPath) is neither
+/// pinned nor warned about.
+#[test]
+fn the_reference_driver_controller_stays_on_the_node_holding_its_state() {
+    let pinned =
+        "driver:\n  controller:\n    node: node-1\ncontroller:\n  nodeSelector:\n    disk: ssd\n";
+    let Some(rendering) = Rendering::of(pinned) else {
+        return;
+    };
+    assert_eq!(
+        rendering.controller()["nodeSelector"],
+        serde_json::json!({"disk": "ssd", "kubernetes.io/hostname": "node-1"})
+    );
+    let unpinned = Rendering::of("{}").unwrap();
+    assert!(unpinned.controller()["nodeSelector"].is_null());
+    let external = Rendering::of(&external_driver_values()).unwrap();
+    assert!(
+        external.controller()["nodeSelector"]
+            .get("kubernetes.io/hostname")
+            .is_none()
+    );
+
+    let warning = "WARNING: the driver's controller keeps its state on its node \
+                   (/var/lib/csi-hostpath-data, a hostPath)";
+    let warned = notes(&[]).unwrap();
+    assert!(warned.contains(warning), "{warned}");
+    assert!(warned.contains("--set driver.controller.node=<node>"));
+    let examples = format!("{CHART}/examples/external-driver.yaml");
+    for extra in [
+        &["--set", "driver.controller.node=node-1"][..],
+        &["--values", &examples][..],
+    ] {
+        let text = notes(extra).unwrap();
+        assert!(!text.contains("WARNING"), "{extra:?}: {text}");
+    }
+}
+
 /// NOTES.txt tells the user what was installed and how to check it, following the values.
 #[test]
 fn the_notes_say_what_was_installed_and_how_to_check_it() {
-    let Some(helm) = helm() else {
+    let Some(default) = notes(&[]) else {
         return;
     };
-    let notes = |extra: &[&str]| {
-        let output = Command::new(&helm)
-            .current_dir(workspace())
-            .args(["install", "csi-suite", CHART, "--namespace", "storage"])
-            .args(["--dry-run=client", "--set", "storageClass.create=true"])
-            .args(extra)
-            .output()
-            .expect("helm runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let text = String::from_utf8(output.stdout).unwrap();
-        text[text.find("NOTES:").expect("helm prints the notes")..].to_string()
-    };
-    let default = notes(&[]);
     for expected in [
         "Deployment csi-suite-controller (1 replica(s), leader election false)",
         "csi-provisioner, csi-attacher, podmon (controller), livenessprobe",
@@ -1243,7 +1288,8 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     let trimmed = notes(&[
         "--set",
         "attacher.enabled=false,podmon.enabled=false,controller.replicas=2",
-    ]);
+    ])
+    .unwrap();
     assert!(
         trimmed.contains("(2 replica(s), leader election true)"),
         "{trimmed}"
