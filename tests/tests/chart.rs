@@ -87,7 +87,12 @@ struct Rendering {
 impl Rendering {
     /// Renders with `values` (YAML) over the chart's defaults (see [`template`]).
     fn of(values: &str) -> Option<Self> {
-        let output = template(values)?;
+        Self::for_version(values, None)
+    }
+
+    /// [`Rendering::of`] for a cluster of Kubernetes `version` (helm's default when `None`).
+    fn for_version(values: &str, version: Option<&str>) -> Option<Self> {
+        let output = template_for(values, version)?;
         assert!(
             output.status.success(),
             "helm template failed:\n{}",
@@ -202,15 +207,19 @@ fn has_arg(container: &Value, arg: &str) -> bool {
     args(container).iter().any(|a| a == arg)
 }
 
+/// The container's command line: its command's first word, then its expanded args.
+fn argv(container: &Value) -> Vec<String> {
+    std::iter::once(str(&container["command"][0]).to_string())
+        .chain(args(container))
+        .collect()
+}
+
 /// Parses the container's args with the flag parser of the binary its command names (ours
 /// only); panics with clap's message when a flag or value is not accepted.
 fn parse_with_binary(container: &Value) -> bool {
     use csi_sidecar::flags::try_parse_from as parse;
-    let command = str(&container["command"][0]);
-    let argv: Vec<String> = std::iter::once(command.to_string())
-        .chain(args(container))
-        .collect();
-    let parsed = match command {
+    let argv = argv(container);
+    let parsed = match argv[0].as_str() {
         "csi-provisioner" => {
             parse::<csi_provisioner::flags::ProvisionerArgs, _, _>(&argv).map(drop)
         }
@@ -254,6 +263,175 @@ fn host_path(pod: &Value, volume: &str) -> String {
         .find(|v| v["name"] == volume)
         .unwrap_or_else(|| panic!("no volume {volume}"));
     str(&volume["hostPath"]["path"]).to_string()
+}
+
+/// The paths a container of ours writes (its sockets, state and mount points), from its args
+/// as its binary parses them; nothing for a binary that is not ours.
+fn written_paths(container: &Value) -> Vec<PathBuf> {
+    use csi_sidecar::flags::try_parse_from as parse;
+    let argv = argv(container);
+    match argv[0].as_str() {
+        "csi-hostpath" => {
+            let driver: csi_hostpath::config::DriverArgs = parse(&argv).unwrap();
+            let socket = driver.endpoint.trim_start_matches("unix://");
+            let mut paths = vec![driver.statedir, PathBuf::from(socket)];
+            if driver.mode.node() {
+                paths.extend(driver.allowed_path_roots);
+            }
+            paths
+        }
+        "podmon" => {
+            let podmon: podmon::flags::PodmonArgs = parse(&argv).unwrap();
+            if podmon.mode == podmon::flags::Mode::Node {
+                assert!(
+                    !podmon.state_file.is_empty(),
+                    "node-podmon names its state file"
+                );
+                vec![PathBuf::from(podmon.state_file), podmon.kubelet_dir]
+            } else {
+                Vec::new()
+            }
+        }
+        "csi-node-driver-registrar" => {
+            let registrar: csi_node_driver_registrar::flags::RegistrarArgs = parse(&argv).unwrap();
+            vec![PathBuf::from(registrar.plugin_registration_path)]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// How a container of the chart runs beyond the runtime's defaults.
+#[derive(Clone, Copy, Debug)]
+enum Privilege {
+    /// Privileged, as root: it mounts pods' volumes with Bidirectional propagation.
+    Mounts,
+    /// As root, with only these capabilities added back.
+    Root(&'static [&'static str]),
+    /// As a user other than root, with no capability.
+    NonRoot,
+}
+
+/// Both pods run under the runtime's default seccomp profile, and each container as
+/// `expected` says (pod, container, privilege; every container listed): everything dropped but
+/// what it adds back, no privilege escalation unless privileged, and a read-only root
+/// filesystem, every path it writes being on a writable volume.
+fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) {
+    for (pod_name, pod) in [
+        ("controller", rendering.controller()),
+        ("node", rendering.node()),
+    ] {
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{pod_name} pod"
+        );
+        let listed: Vec<&str> = expected
+            .iter()
+            .filter(|(p, _, _)| *p == pod_name)
+            .map(|(_, c, _)| *c)
+            .collect();
+        assert_eq!(container_names(pod), listed, "{pod_name} pod");
+        for (_, name, privilege) in expected.iter().filter(|(p, _, _)| *p == pod_name) {
+            let container = container(pod, name).unwrap();
+            let security = &container["securityContext"];
+            let at = format!("{pod_name}/{name}");
+            assert_eq!(security["readOnlyRootFilesystem"], true, "{at}");
+            let root = security["runAsUser"] == 0 && security["runAsNonRoot"] != true;
+            let (as_root, added): (bool, &[&str]) = match privilege {
+                Privilege::Mounts => {
+                    assert_eq!(security["privileged"], true, "{at}");
+                    (true, &[])
+                }
+                Privilege::Root(added) => (true, added),
+                Privilege::NonRoot => {
+                    assert_eq!(security["runAsNonRoot"], true, "{at}");
+                    (false, &[])
+                }
+            };
+            assert_eq!(root, as_root, "{at}: runs as root");
+            if !matches!(privilege, Privilege::Mounts) {
+                assert!(security["privileged"] != true, "{at}");
+                assert_eq!(security["allowPrivilegeEscalation"], false, "{at}");
+                assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"], "{at}");
+                assert_eq!(strings(&security["capabilities"]["add"]), added, "{at}");
+            }
+            let writable: Vec<String> = container["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["readOnly"] != true)
+                .map(|m| str(&m["mountPath"]).to_string())
+                .collect();
+            for path in written_paths(container) {
+                assert!(
+                    writable.iter().any(|mount| path.starts_with(mount)),
+                    "{at} writes {} outside its writable volumes {writable:?}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// Whether the container's binary calls the Kubernetes API (the registrar, livenessprobe and
+/// the reference driver have no API client).
+fn calls_api(container: &Value) -> bool {
+    matches!(
+        str(&container["command"][0]),
+        "csi-provisioner" | "csi-attacher" | "podmon"
+    )
+}
+
+/// Values without any container that calls the API.
+const NO_API_CALLERS: &str =
+    "provisioner:\n  enabled: false\nattacher:\n  enabled: false\npodmon:\n  enabled: false\n";
+
+/// Where in-cluster clients read the token, the cluster CA and the namespace.
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The API token reaches only the containers that call the API. `projected`: no pod automounts
+/// a token, and each of those containers (only they) mounts a projected one, with the CA and
+/// the namespace, at the in-cluster path; otherwise a pod automounts it when one of its
+/// containers calls the API, and none mounts a projected one.
+fn assert_tokens(rendering: &Rendering, projected: bool) {
+    for pod in [rendering.controller(), rendering.node()] {
+        let containers = pod["containers"].as_array().unwrap();
+        let pod_calls = containers.iter().any(calls_api);
+        let automount = pod["automountServiceAccountToken"].as_bool();
+        assert_eq!(
+            automount,
+            Some(!projected && pod_calls),
+            "{:?}",
+            container_names(pod)
+        );
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "kube-api-access");
+        assert_eq!(volume.is_some(), projected && pod_calls);
+        for container in containers {
+            let mounts = mounts(container);
+            let token = mounts.iter().find(|(_, path, _)| path == TOKEN_DIR);
+            assert_eq!(
+                token.is_some(),
+                projected && calls_api(container),
+                "{}",
+                str(&container["name"])
+            );
+            if let Some((name, _, _)) = token {
+                assert_eq!(name, "kube-api-access");
+            }
+        }
+        if let Some(volume) = volume {
+            let sources = &volume["projected"]["sources"];
+            assert_eq!(sources[0]["serviceAccountToken"]["path"], "token");
+            assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+            assert_eq!(sources[1]["configMap"]["items"][0]["path"], "ca.crt");
+            let namespace = &sources[2]["downwardAPI"]["items"][0];
+            assert_eq!(namespace["path"], "namespace");
+            assert_eq!(namespace["fieldRef"]["fieldPath"], "metadata.namespace");
+        }
+    }
 }
 
 const CONTROLLER_RBAC: [&str; 3] = [
@@ -474,6 +652,87 @@ fn default_values_run_the_reference_driver_with_every_component() {
         ["get", "patch"]
     );
     assert_least_privilege(&rendering);
+}
+
+/// Least privilege per container, for the reference driver and a vendor's: only the node
+/// containers that mount are privileged; the reference driver's controller is root with the
+/// two capabilities its volume data needs; the registrar and the node livenessprobe use the
+/// driver's and kubelet's root-owned sockets on hostPath volumes (no fsGroup there) as root,
+/// without capabilities; every other container runs as non-root with none.
+#[test]
+fn every_container_runs_with_least_privilege() {
+    use Privilege::{Mounts, NonRoot, Root};
+    let node = [
+        ("node", "driver", Mounts),
+        ("node", "node-driver-registrar", Root(&[])),
+        ("node", "podmon", Mounts),
+        ("node", "liveness-probe", Root(&[])),
+    ];
+    let sidecars = [
+        ("controller", "csi-provisioner", NonRoot),
+        ("controller", "csi-attacher", NonRoot),
+        ("controller", "podmon", NonRoot),
+        ("controller", "liveness-probe", NonRoot),
+    ];
+    let external = external_driver_values();
+    for (values, controller_driver) in [
+        ("{}", Root(&["DAC_OVERRIDE", "FOWNER"])),
+        (external.as_str(), NonRoot),
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
+            .chain(sidecars)
+            .chain(node)
+            .collect();
+        assert_hardened(&rendering, &expected);
+    }
+}
+
+/// No pod automounts the API token; provisioner, attacher and podmon (and only they) mount a
+/// projected one, for the reference driver and a vendor's, and a pod without any of them
+/// gets none.
+#[test]
+fn api_tokens_reach_only_the_containers_that_call_the_api() {
+    let external = external_driver_values();
+    for values in [
+        "{}",
+        external.as_str(),
+        "podmon:\n  enabled: false\n",
+        NO_API_CALLERS,
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        assert_tokens(&rendering, true);
+    }
+}
+
+/// Before 1.20 the kube-root-ca.crt ConfigMap a projected token's CA comes from is not
+/// published (v1.19, where make test-node runs): with `projectedToken: auto` the pods that call
+/// the API automount the token and the others do not; `true` and `false` choose either way on
+/// any version.
+#[test]
+fn before_1_20_only_pods_that_call_the_api_automount_a_token() {
+    let cases = [
+        ("{}", "1.19.16", false),
+        ("podmon:\n  enabled: false\n", "1.19.16", false),
+        (NO_API_CALLERS, "1.19.16", false),
+        ("{}", "1.20.0", true),
+        ("serviceAccount:\n  projectedToken: true\n", "1.19.16", true),
+        (
+            "serviceAccount:\n  projectedToken: false\n",
+            "1.33.0",
+            false,
+        ),
+    ];
+    for (values, version, projected) in cases {
+        let Some(rendering) = Rendering::for_version(values, Some(version)) else {
+            return;
+        };
+        assert_tokens(&rendering, projected);
+    }
 }
 
 #[test]
@@ -827,6 +1086,14 @@ fn bad_values_are_refused_with_the_field_named() {
             "storageClass:\n  parameters:\n    replicas: 3\n",
             "/storageClass/parameters/replicas",
         ),
+        (
+            "serviceAccount:\n  projectedToken: maybe\n",
+            "/serviceAccount/projectedToken",
+        ),
+        (
+            "driver:\n  controller:\n    node: -node-1\n",
+            "/driver/controller/node",
+        ),
     ];
     for (values, field) in cases {
         let Some(output) = template(values) else {
@@ -939,29 +1206,70 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
     }
 }
 
+/// The NOTES of `helm install --dry-run=client` (with a StorageClass) and `extra` arguments;
+/// None when helm is missing.
+fn notes(extra: &[&str]) -> Option<String> {
+    let output = Command::new(helm()?)
+        .current_dir(workspace())
+        .args(["install", "csi-suite", CHART, "--namespace", "storage"])
+        .args(["--dry-run=client", "--set", "storageClass.create=true"])
+        .args(extra)
+        .output()
+        .expect("helm runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Some(text[text.find("NOTES:").expect("helm prints the notes")..].to_string())
+}
+
+/// The reference driver's controller keeps its state in a hostPath directory: with
+/// driver.controller.node it is pinned to that node (on top of controller.nodeSelector);
+/// without, it goes anywhere and the notes warn. A vendor's driver (no hostPath) is neither
+/// pinned nor warned about.
+#[test]
+fn the_reference_driver_controller_stays_on_the_node_holding_its_state() {
+    let pinned =
+        "driver:\n  controller:\n    node: node-1\ncontroller:\n  nodeSelector:\n    disk: ssd\n";
+    let Some(rendering) = Rendering::of(pinned) else {
+        return;
+    };
+    assert_eq!(
+        rendering.controller()["nodeSelector"],
+        serde_json::json!({"disk": "ssd", "kubernetes.io/hostname": "node-1"})
+    );
+    let unpinned = Rendering::of("{}").unwrap();
+    assert!(unpinned.controller()["nodeSelector"].is_null());
+    let external = Rendering::of(&external_driver_values()).unwrap();
+    assert!(
+        external.controller()["nodeSelector"]
+            .get("kubernetes.io/hostname")
+            .is_none()
+    );
+
+    let warning = "WARNING: the driver's controller keeps its state on its node \
+                   (/var/lib/csi-hostpath-data, a hostPath)";
+    let warned = notes(&[]).unwrap();
+    assert!(warned.contains(warning), "{warned}");
+    assert!(warned.contains("--set driver.controller.node=<node>"));
+    let examples = format!("{CHART}/examples/external-driver.yaml");
+    for extra in [
+        &["--set", "driver.controller.node=node-1"][..],
+        &["--values", &examples][..],
+    ] {
+        let text = notes(extra).unwrap();
+        assert!(!text.contains("WARNING"), "{extra:?}: {text}");
+    }
+}
+
 /// NOTES.txt tells the user what was installed and how to check it, following the values.
 #[test]
 fn the_notes_say_what_was_installed_and_how_to_check_it() {
-    let Some(helm) = helm() else {
+    let Some(default) = notes(&[]) else {
         return;
     };
-    let notes = |extra: &[&str]| {
-        let output = Command::new(&helm)
-            .current_dir(workspace())
-            .args(["install", "csi-suite", CHART, "--namespace", "storage"])
-            .args(["--dry-run=client", "--set", "storageClass.create=true"])
-            .args(extra)
-            .output()
-            .expect("helm runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let text = String::from_utf8(output.stdout).unwrap();
-        text[text.find("NOTES:").expect("helm prints the notes")..].to_string()
-    };
-    let default = notes(&[]);
     for expected in [
         "Deployment csi-suite-controller (1 replica(s), leader election false)",
         "csi-provisioner, csi-attacher, podmon (controller), livenessprobe",
@@ -980,7 +1288,8 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     let trimmed = notes(&[
         "--set",
         "attacher.enabled=false,podmon.enabled=false,controller.replicas=2",
-    ]);
+    ])
+    .unwrap();
     assert!(
         trimmed.contains("(2 replica(s), leader election true)"),
         "{trimmed}"

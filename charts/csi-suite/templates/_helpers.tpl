@@ -107,3 +107,49 @@ csi-suite.io/driver-node
       fieldPath: spec.nodeName
 {{- end -}}
 
+
+{{/* "true" when the containers that call the API get a projected token and no pod automounts
+     one: serviceAccount.projectedToken, or with auto, from Kubernetes 1.20, where every
+     namespace has the kube-root-ca.crt ConfigMap the projection reads the CA from. */}}
+{{- define "csi-suite.projectedToken" -}}
+{{- $mode := .Values.serviceAccount.projectedToken -}}
+{{- if eq (toString $mode) "auto" -}}
+{{- semverCompare ">=1.20.0-0" .Capabilities.KubeVersion.Version -}}
+{{- else -}}
+{{- $mode -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A pod's automountServiceAccountToken: (dict "root" $ "callsApi" <bool>). Without projected
+     tokens, a pod with a container that calls the API has the token in every container. */}}
+{{- define "csi-suite.automountToken" -}}
+automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .root) "true") .callsApi }}
+{{- end -}}
+
+{{/* What the kubelet would automount, for one container: a bound token (renewed by the
+     kubelet; the clients re-read it every minute), the cluster CA, the namespace. */}}
+{{- define "csi-suite.apiAccessVolume" -}}
+- name: kube-api-access
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3600
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end -}}
+
+{{- define "csi-suite.apiAccessMount" -}}
+- name: kube-api-access
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
+{{- end -}}
