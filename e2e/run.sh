@@ -42,7 +42,8 @@ kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 echo "== install the chart"
 "$helm" upgrade --install csi-suite charts/csi-suite --namespace "$NAMESPACE" --create-namespace \
-  --set image.tag=e2e --set storageClass.create=true --wait --timeout 5m
+  --set image.tag=e2e --set storageClass.create=true \
+  --set driver.controller.node="${CLUSTER}-control-plane" --wait --timeout 5m
 "$kubectl" -n "$NAMESPACE" rollout status daemonset/csi-suite-node --timeout 3m
 "$kubectl" -n "$NAMESPACE" rollout status deployment/csi-suite-controller --timeout 3m
 

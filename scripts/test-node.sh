@@ -98,8 +98,8 @@ echo "== install the chart"
 namespace "$NAMESPACE"
 installed=1
 "$helm" install "$RELEASE" charts/csi-suite --namespace "$NAMESPACE" \
-  --set storageClass.create=true --set podmon.skipArrayConnectionValidation=true \
-  --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
+  --set storageClass.create=true --set driver.controller.node="$NODE" \
+  --set podmon.skipArrayConnectionValidation=true --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
   --wait --timeout "${TIMEOUT}s"
 registered() {
   "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw "$DRIVER"
