@@ -165,6 +165,9 @@ impl Cluster {
             retry_start: Duration::from_millis(200),
             retry_max: Duration::from_secs(2),
             metrics: metrics.clone(),
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
         };
         let mut tunables = Tunables {
             poll_rate: Duration::from_secs(1),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::kubelet_paths;
 use k8s_openapi::api::core::v1::{
     Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -86,6 +86,8 @@ pub struct Settings {
     pub retry_start: Duration,
     pub retry_max: Duration,
     pub metrics: PodmonMetrics,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
 }
 
 impl Settings {
@@ -173,7 +175,7 @@ pub async fn run(
     live: LiveConfig,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let mut informers = Informers::new(&client, &shutdown);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let selector = format!("{}={}", settings.label_key, settings.label_value);
     tracing::info!(label_selector = %selector, driver = %settings.driver_name, "controller-podmon watching protected pods");
     let caches = Caches {

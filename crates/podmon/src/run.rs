@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{ConnError, Services};
+use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::LeaderElectionError;
 use csi_sidecar::metrics::CsiOperationMetrics;
@@ -65,9 +66,10 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
     } else {
         args.label_value.clone()
     };
-    let status = csi_sidecar::startup::serve_http(&sidecar, registry, shutdown.clone()).await?;
-
     if args.mode == Mode::Node {
+        // No informer-sync check: node-podmon of a node cut off from the API server works on
+        // from its persisted inventory, and a restart by its liveness probe would not help.
+        csi_sidecar::startup::serve_http(&sidecar, registry, shutdown.clone()).await?;
         let state_file = if args.state_file.is_empty() {
             args.kubelet_dir
                 .join("plugins")
@@ -112,6 +114,13 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
             shutdown.clone(),
         )?
     };
+    let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
+        &sidecar,
+        registry,
+        SYNC_GRACE_PERIOD,
+        shutdown.clone(),
+    )
+    .await?;
     let settings = Settings {
         driver_name: driver_name.clone(),
         label_key: args.label_key.clone(),
@@ -131,6 +140,7 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
         retry_start: sidecar.workers.retry_interval_start,
         retry_max: sidecar.workers.retry_interval_max,
         metrics,
+        cache_sync,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
