@@ -1,9 +1,13 @@
 //! A missing secret and a driver that is unavailable are reported as Events, and
-//! provisioning recovers once they are fixed — with one volume per PV.
+//! provisioning recovers once they are fixed — with one volume per PV. A volume whose claim
+//! and class went away before its PV existed is not stranded.
 
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use kube::api::DeleteParams;
 use serde_json::json;
 
 #[tokio::test]
@@ -67,5 +71,60 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
     handles.sort();
     assert_eq!(on_driver, handles, "one volume per PV");
     provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// The provisioner dies while the driver creates a volume; before it comes back, the claim
+/// and its StorageClass are deleted. The claim still holds the provisioning-protection
+/// finalizer, and the new provisioner has no class to repeat CreateVolume with: it uses the
+/// class recorded with the finalizer, so the volume gets its PV, is deleted with it, and the
+/// claim goes.
+#[tokio::test]
+async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
+    let cluster = Cluster::start("stranded-class").await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    proxy.hold_responses("CreateVolume");
+    let first = cluster.start_provisioner_via(csi, |_| {}).await;
+    let class_name = cluster
+        .storage_class("gone", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("data", &class_name)).await;
+    cluster
+        .wait_for(&claims, "data", "the claim protected", |c| {
+            c.finalizers()
+                .iter()
+                .any(|f| f == "csi-suite.io/provisioning-protection")
+        })
+        .await;
+    cluster
+        .eventually_async("the volume created on the driver", || async {
+            cluster.driver_volumes().await.len() == 1
+        })
+        .await;
+    first.kill().await;
+    proxy.release_responses();
+
+    cluster
+        .delete_and_wait(
+            &cluster.cluster_scoped::<StorageClass>(),
+            &class_name,
+            "the class gone",
+        )
+        .await;
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = cluster.start_provisioner().await;
+    cluster
+        .wait_gone(&claims, "data", "the claim released and gone")
+        .await;
+    cluster
+        .eventually_async("the volume deleted with its PV", || async {
+            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+        })
+        .await;
+    second.stop().await;
     cluster.stop().await;
 }

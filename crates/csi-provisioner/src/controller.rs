@@ -11,7 +11,9 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::finalizers::{FinalizerError, remove_finalizer, set_finalizers, without};
+use csi_sidecar::finalizers::{
+    FinalizerError, remove_finalizer, set_finalizers, set_finalizers_and_annotations, without,
+};
 use csi_sidecar::informers::Informers;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -31,6 +33,7 @@ use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotCo
 /// this in memory only and leaks volumes on restart: external-provisioner #486.)
 pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
+use crate::protection::{self, PROVISIONING_CLASS};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome};
 use crate::topology::{self, Inputs, SelectedNode};
@@ -301,7 +304,7 @@ impl Provisioner {
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
-        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let live_class = self.caches.classes.get(&ObjectRef::new(&class_name));
         let name = request::volume_name(
             &self.settings.volume_name_prefix,
             uid,
@@ -334,6 +337,12 @@ impl Provisioner {
         if claim.metadata.deletion_timestamp.is_some() && !protected {
             return Ok(Synced::Done);
         }
+        // Once protected, a class deleted meanwhile is replaced by its record: the volume
+        // may exist, and only a CreateVolume like the first can find it.
+        let class = match live_class {
+            None if protected => self.recorded_class(&claim),
+            live => live,
+        };
         let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
             Ok(decision) => decision,
             Err(error) => {
@@ -600,7 +609,7 @@ impl Provisioner {
             accessibility_requirements: accessibility,
             mutable_parameters: HashMap::new(),
         };
-        let claim = &self.protect(claim).await?;
+        let claim = &self.protect(claim, class).await?;
         if let Some(source) = &protected_source {
             self.protect_source(source).await?;
         }
@@ -865,29 +874,50 @@ impl Provisioner {
     }
 
     /// Adds the provisioning-protection finalizer before the first CreateVolume, so neither a
-    /// crash nor a deleted claim can lose track of a volume being created.
+    /// crash nor a deleted claim can lose track of a volume being created; the class is
+    /// recorded in the same patch (also on a claim protected before records existed).
     async fn protect(
         &self,
         claim: &PersistentVolumeClaim,
+        class: &StorageClass,
     ) -> Result<PersistentVolumeClaim, String> {
-        if claim
+        let protected = claim
             .finalizers()
             .iter()
-            .any(|f| f == PROVISIONING_PROTECTION)
-        {
+            .any(|f| f == PROVISIONING_PROTECTION);
+        if protected && claim.annotations().contains_key(PROVISIONING_CLASS) {
             return Ok(claim.clone());
         }
         let mut finalizers = claim.finalizers().to_vec();
-        finalizers.push(PROVISIONING_PROTECTION.to_string());
-        self.set_claim_finalizers(claim, finalizers)
+        if !protected {
+            finalizers.push(PROVISIONING_PROTECTION.to_string());
+        }
+        let record = protection::record(class).map_err(|e| format!("recording the class: {e}"))?;
+        let annotations = BTreeMap::from([(PROVISIONING_CLASS, Some(record))]);
+        self.patch_claim(claim, finalizers, &annotations)
             .await?
             .ok_or_else(|| format!("claim {} is gone", claim.name_any()))
     }
 
-    /// Removes the provisioning-protection finalizer (the PV exists, or nothing was created).
+    /// Removes the provisioning-protection finalizer and its record (the PV exists, or
+    /// nothing was created).
     async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
-        self.set_claim_finalizers(claim, finalizers).await.map(drop)
+        let annotations = BTreeMap::from([(PROVISIONING_CLASS, None)]);
+        self.patch_claim(claim, finalizers, &annotations)
+            .await
+            .map(drop)
+    }
+
+    /// The class a protected claim's provisioning started with (a broken record is logged).
+    fn recorded_class(&self, claim: &PersistentVolumeClaim) -> Option<Arc<StorageClass>> {
+        match protection::recorded_class(claim.annotations())? {
+            Ok(class) => Some(Arc::new(class)),
+            Err(error) => {
+                tracing::warn!(claim = %claim.name_any(), %error, "the recorded StorageClass is unreadable");
+                None
+            }
+        }
     }
 
     async fn set_claim_finalizers(
@@ -895,9 +925,18 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         finalizers: Vec<String>,
     ) -> Result<Option<PersistentVolumeClaim>, String> {
+        self.patch_claim(claim, finalizers, &BTreeMap::new()).await
+    }
+
+    async fn patch_claim(
+        &self,
+        claim: &PersistentVolumeClaim,
+        finalizers: Vec<String>,
+        annotations: &BTreeMap<&str, Option<String>>,
+    ) -> Result<Option<PersistentVolumeClaim>, String> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let updated = set_finalizers(&api, claim, finalizers)
+        let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations)
             .await
             .map_err(String::from)?;
         if let (Some(uid), Some(replaced)) = (claim.uid(), claim.resource_version()) {
