@@ -1,6 +1,7 @@
 //! A missing secret and a driver that is unavailable are reported as Events, and
 //! provisioning recovers once they are fixed — with one volume per PV. A volume whose claim
-//! and class went away before its PV existed is not stranded.
+//! and class went away before its PV existed is not stranded, and one the provisioner cannot
+//! keep is deleted with its secret.
 
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
@@ -10,18 +11,23 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
 
+/// A class whose provisioner secret is `secret` in the claim's namespace.
+async fn class_with_provisioner_secret(cluster: &Cluster, secret: &str) -> String {
+    let parameters = json!({
+        "csi.storage.k8s.io/provisioner-secret-name": secret,
+        "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+    });
+    cluster
+        .storage_class("secret", "Immediate", "Delete", parameters)
+        .await
+}
+
 #[tokio::test]
 async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered() {
     let cluster = Cluster::start("failures").await;
     let (proxy, csi) = cluster.csi_proxy().await;
     let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
-    let parameters = json!({
-        "csi.storage.k8s.io/provisioner-secret-name": "late-creds",
-        "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
-    });
-    let with_secret = cluster
-        .storage_class("secret", "Immediate", "Delete", parameters)
-        .await;
+    let with_secret = class_with_provisioner_secret(&cluster, "late-creds").await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     cluster.create(&claims, claim("first", &with_secret)).await;
     let message = cluster
@@ -126,5 +132,48 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
         })
         .await;
     second.stop().await;
+    cluster.stop().await;
+}
+
+/// A new volume the provisioner cannot keep (the driver says it is smaller than asked) is
+/// deleted with the class's provisioner secret, as its CreateVolume had it; once the claim is
+/// deleted, the volume is deleted once more and the claim goes instead of being provisioned
+/// again.
+#[tokio::test]
+async fn an_unusable_new_volume_is_deleted_with_its_secret() {
+    let cluster = Cluster::start("abandon-secret").await;
+    let password = format!("pw-{}", cluster.namespace);
+    secret(&cluster, "creds", &password).await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    proxy.shrink_created_volumes(true);
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    let class_name = class_with_provisioner_secret(&cluster, "creds").await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("data", &class_name)).await;
+    cluster
+        .wait_for_event("data", "ProvisioningFailed", "smaller than requested")
+        .await;
+    let deletes = proxy.delete_volume_requests();
+    assert!(!deletes.is_empty(), "the unusable volume deleted");
+    assert!(
+        deletes
+            .iter()
+            .all(|d| d.secrets.get("password") == Some(&password)),
+        "DeleteVolume carries the provisioner secret"
+    );
+
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(&claims, "data", "the claim released and gone")
+        .await;
+    assert!(
+        cluster.driver_volumes().await.is_empty(),
+        "no volume left on the driver"
+    );
+    assert!(cluster.driver_pvs().await.is_empty(), "and no PV");
+    provisioner.stop().await;
     cluster.stop().await;
 }

@@ -17,7 +17,7 @@ use csi_sidecar::finalizers::{
 use csi_sidecar::informers::Informers;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -384,33 +384,32 @@ impl Provisioner {
         result.map(|()| Synced::Done)
     }
 
+    /// A warning Event with `reason` on `object`; the sync fails with `message`.
+    async fn warn(
+        &self,
+        object: &ObjectReference,
+        reason: &str,
+        message: String,
+    ) -> Result<(), String> {
+        self.events
+            .publish(object, EventType::Warning, reason, &message)
+            .await;
+        Err(message)
+    }
+
     /// A `VolumeFailedDelete` warning on the PV; the sync fails with `message`.
     async fn delete_failed(
         &self,
         volume: &PersistentVolume,
         message: String,
     ) -> Result<(), String> {
-        self.events
-            .publish(
-                &volume.object_ref(&()),
-                EventType::Warning,
-                "VolumeFailedDelete",
-                &message,
-            )
-            .await;
-        Err(message)
+        self.warn(&volume.object_ref(&()), "VolumeFailedDelete", message)
+            .await
     }
 
     async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
-        self.events
-            .publish(
-                &claim.object_ref(&()),
-                EventType::Warning,
-                "ProvisioningFailed",
-                &message,
-            )
-            .await;
-        Err(message)
+        self.warn(&claim.object_ref(&()), "ProvisioningFailed", message)
+            .await
     }
 
     async fn provision(
@@ -604,7 +603,7 @@ impl Provisioner {
             }),
             volume_capabilities: capabilities,
             parameters: create_parameters.into_iter().collect(),
-            secrets,
+            secrets: secrets.clone(),
             volume_content_source: content_source.clone(),
             accessibility_requirements: accessibility,
             mutable_parameters: HashMap::new(),
@@ -659,7 +658,7 @@ impl Provisioner {
                 .await;
         };
         let Some(bytes) = request::provisioned_bytes(requested, volume.capacity_bytes) else {
-            self.abandon(&volume.volume_id).await;
+            self.abandon(claim, &volume.volume_id, secrets).await?;
             return self
                 .failed(
                     claim,
@@ -671,7 +670,7 @@ impl Provisioner {
                 .await;
         };
         if content_source.is_some() && volume.content_source.is_none() {
-            self.abandon(&volume.volume_id).await;
+            self.abandon(claim, &volume.volume_id, secrets).await?;
             return self
                 .failed(
                     claim,
@@ -945,15 +944,39 @@ impl Provisioner {
         Ok(updated)
     }
 
-    /// Deletes a volume the provisioner must not keep (too small, or without its source).
-    async fn abandon(&self, volume_id: &str) {
+    /// Deletes a new volume the provisioner must not keep (too small, or without its source)
+    /// with the secrets its CreateVolume had (the class's provisioner secret serves both). A
+    /// failure is a `ProvisioningCleanupFailed` warning and a retry, which finds the volume
+    /// again by its name. Once it is gone, a claim on its way out is released: nothing is left
+    /// to protect, and a new attempt would only create another volume to delete.
+    async fn abandon(
+        &self,
+        claim: &PersistentVolumeClaim,
+        volume_id: &str,
+        secrets: HashMap<String, String>,
+    ) -> Result<(), String> {
         let request = csi::DeleteVolumeRequest {
             volume_id: volume_id.to_string(),
-            secrets: HashMap::new(),
+            secrets,
         };
         if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-            tracing::warn!(%volume_id, error = %status.message(), "deleting an unusable new volume failed");
+            let message = format!(
+                "Error cleaning provisioned volume {volume_id} for claim {}/{}: rpc error: code = {:?} desc = {}",
+                claim.namespace().unwrap_or_default(),
+                claim.name_any(),
+                status.code(),
+                status.message()
+            );
+            return self
+                .warn(&claim.object_ref(&()), "ProvisioningCleanupFailed", message)
+                .await;
         }
+        tracing::info!(claim = %claim.name_any(), %volume_id, "deleted a new volume the provisioner cannot keep");
+        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+        if claim.metadata.deletion_timestamp.is_some() {
+            self.release(claim).await?;
+        }
+        Ok(())
     }
 
     /// Gives the scheduler another choice: removes selected-node from the claim.
