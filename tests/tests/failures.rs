@@ -1,25 +1,42 @@
 //! A missing secret and a driver that is unavailable are reported as Events, and
 //! provisioning recovers once they are fixed — with one volume per PV. A volume whose claim
 //! and class went away before its PV existed is not stranded, and one the provisioner cannot
-//! keep is deleted with its secret.
+//! keep (or whose PV the API server refuses) is deleted with its secret.
 
-use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use csi_suite_scenarios::{Cluster, real_cluster};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
 
-/// A class whose provisioner secret is `secret` in the claim's namespace.
-async fn class_with_provisioner_secret(cluster: &Cluster, secret: &str) -> String {
-    let parameters = json!({
+/// Class parameters naming `secret` in the claim's namespace as the provisioner secret.
+fn provisioner_secret(secret: &str) -> serde_json::Value {
+    json!({
         "csi.storage.k8s.io/provisioner-secret-name": secret,
         "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
-    });
+    })
+}
+
+/// Creates a class `<namespace>-<suffix>` with `parameters` and a claim `name` of it; returns
+/// the class's name.
+async fn claim_of_new_class(
+    cluster: &Cluster,
+    name: &str,
+    suffix: &str,
+    parameters: serde_json::Value,
+) -> String {
+    let class_name = cluster
+        .storage_class(suffix, "Immediate", "Delete", parameters)
+        .await;
     cluster
-        .storage_class("secret", "Immediate", "Delete", parameters)
-        .await
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim(name, &class_name),
+        )
+        .await;
+    class_name
 }
 
 #[tokio::test]
@@ -27,9 +44,14 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
     let cluster = Cluster::start("failures").await;
     let (proxy, csi) = cluster.csi_proxy().await;
     let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
-    let with_secret = class_with_provisioner_secret(&cluster, "late-creds").await;
+    claim_of_new_class(
+        &cluster,
+        "first",
+        "secret",
+        provisioner_secret("late-creds"),
+    )
+    .await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim("first", &with_secret)).await;
     let message = cluster
         .wait_for_event("first", "ProvisioningFailed", "late-creds")
         .await;
@@ -49,10 +71,7 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
         .await;
 
     proxy.fail_with(Some((tonic::Code::Unavailable, "driver restarting")));
-    let plain = cluster
-        .storage_class("plain", "Immediate", "Delete", json!({}))
-        .await;
-    cluster.create(&claims, claim("second", &plain)).await;
+    claim_of_new_class(&cluster, "second", "plain", json!({})).await;
     let message = cluster
         .wait_for_event("second", "ProvisioningFailed", "driver restarting")
         .await;
@@ -91,11 +110,8 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
     let (proxy, csi) = cluster.csi_proxy().await;
     proxy.hold_responses("CreateVolume");
     let first = cluster.start_provisioner_via(csi, |_| {}).await;
-    let class_name = cluster
-        .storage_class("gone", "Immediate", "Delete", json!({}))
-        .await;
+    let class_name = claim_of_new_class(&cluster, "data", "gone", json!({})).await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim("data", &class_name)).await;
     cluster
         .wait_for(&claims, "data", "the claim protected", |c| {
             c.finalizers()
@@ -147,9 +163,8 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
     let (proxy, csi) = cluster.csi_proxy().await;
     proxy.shrink_created_volumes(true);
     let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
-    let class_name = class_with_provisioner_secret(&cluster, "creds").await;
+    claim_of_new_class(&cluster, "data", "secret", provisioner_secret("creds")).await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim("data", &class_name)).await;
     cluster
         .wait_for_event("data", "ProvisioningFailed", "smaller than requested")
         .await;
@@ -174,6 +189,75 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
         "no volume left on the driver"
     );
     assert!(cluster.driver_pvs().await.is_empty(), "and no PV");
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// The API server refuses the PV of a new volume (422, five times in a row): the volume is
+/// deleted after the fifth refusal and reported, and provisioning starts over with a new
+/// volume, whose PV is accepted.
+#[tokio::test]
+async fn a_refused_pv_costs_its_volume_after_five_refusals() {
+    if real_cluster() {
+        eprintln!("skipped: injects apiserver faults (kube-sim only)");
+        return;
+    }
+    let cluster = Cluster::start("pv-refused").await;
+    let sim = cluster.sim.as_ref().expect("kube-sim");
+    sim.fail_next(
+        "POST",
+        "persistentvolumes",
+        http::StatusCode::UNPROCESSABLE_ENTITY,
+        5,
+        None,
+    );
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    claim_of_new_class(&cluster, "data", "refused", json!({})).await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let message = cluster
+        .wait_for_event("data", "ProvisioningFailed", "Deleting the volume")
+        .await;
+    assert!(
+        message.starts_with(&format!(
+            "Error creating provisioned PV object for claim {}/data: ",
+            cluster.namespace
+        )) && message.contains("injected failure"),
+        "{message}"
+    );
+    let bound_claim = cluster
+        .wait_for(&claims, "data", "the claim Bound to a new volume", bound)
+        .await;
+    let pv_name = bound_claim.spec.unwrap().volume_name.unwrap();
+    let handle = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .csi
+        .unwrap()
+        .volume_handle;
+    let deleted: Vec<String> = proxy
+        .delete_volume_requests()
+        .into_iter()
+        .map(|d| d.volume_id)
+        .collect();
+    assert_eq!(deleted.len(), 1, "one volume deleted: {deleted:?}");
+    let pv_creates: u64 = sim
+        .request_counts()
+        .iter()
+        .filter(|(key, _)| key.verb == "create" && key.resource == "persistentvolumes")
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(pv_creates, 6, "five refused, then the new volume's PV");
+    assert_ne!(deleted[0], handle, "not the one with a PV");
+    assert_eq!(
+        cluster.driver_volumes().await,
+        [handle],
+        "only the volume with a PV is left"
+    );
     provisioner.stop().await;
     cluster.stop().await;
 }

@@ -35,7 +35,7 @@ pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection"
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
 use crate::protection::{self, PROVISIONING_CLASS};
 use crate::pv::{PvInputs, persistent_volume};
-use crate::request::{self, Outcome};
+use crate::request::{self, Outcome, SaveFailure};
 use crate::topology::{self, Inputs, SelectedNode};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
@@ -92,6 +92,8 @@ struct Provisioner {
     pinned: Mutex<HashMap<String, PinnedTopology>>,
     workers: Arc<KeyedWorkers<Key>>,
     unseen: UnseenWrites,
+    /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
+    save_refusals: Mutex<HashMap<String, u32>>,
 }
 
 /// Our writes the caches do not show yet. A sync that read the older state would redo them
@@ -158,6 +160,7 @@ pub async fn run(
         caches,
         pinned: Mutex::new(HashMap::new()),
         unseen: UnseenWrites::default(),
+        save_refusals: Mutex::new(HashMap::new()),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -248,6 +251,7 @@ impl Provisioner {
             .filter_map(|c| c.uid())
             .collect();
         lock(&self.pinned).retain(|uid, _| uids.contains(uid));
+        lock(&self.save_refusals).retain(|uid, _| uids.contains(uid));
     }
 
     /// Drops the unseen-write records the caches have caught up with.
@@ -691,7 +695,7 @@ impl Provisioner {
             controller_publish_readonly: self.settings.controller_publish_readonly,
             topology: topology_supported,
         });
-        self.save(claim, pv).await?;
+        self.save(claim, pv, &volume.volume_id, secrets).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
         self.events
             .publish(
@@ -849,25 +853,54 @@ impl Provisioner {
         }
     }
 
-    /// Creates the PV; AlreadyExists counts as done. A save failure never deletes the volume:
-    /// the claim is retried and CreateVolume (idempotent by name) returns the same volume.
+    /// Creates the PV; AlreadyExists counts as done. After a failure the claim is retried
+    /// and CreateVolume (idempotent by name) returns the same volume, until the API server
+    /// has refused the PV [`request::PV_SAVE_REFUSALS`] times: then the volume is deleted
+    /// (with `secrets`) and reported, and provisioning starts over, as the library does.
     async fn save(
         &self,
         claim: &PersistentVolumeClaim,
         pv: serde_json::Value,
+        volume_id: &str,
+        secrets: HashMap<String, String>,
     ) -> Result<(), String> {
         let object: PersistentVolume =
             serde_json::from_value(pv).map_err(|e| format!("building the PV: {e}"))?;
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        match api.create(&PostParams::default(), &object).await {
+        let uid = claim.uid().unwrap_or_default();
+        let error = match api.create(&PostParams::default(), &object).await {
             Ok(_) => {
                 lock(&self.unseen.created_volumes).insert(object.name_any());
-                Ok(())
+                lock(&self.save_refusals).remove(&uid);
+                return Ok(());
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            Err(error) => {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                lock(&self.save_refusals).remove(&uid);
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        let code = match &error {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        };
+        let refusals = lock(&self.save_refusals).get(&uid).copied().unwrap_or(0);
+        match request::save_failure(refusals, code) {
+            SaveFailure::Retry { refusals } => {
+                lock(&self.save_refusals).insert(uid, refusals);
                 self.failed(claim, format!("saving PV {}: {error}", object.name_any()))
                     .await
+            }
+            SaveFailure::DeleteVolume => {
+                let message = format!(
+                    "Error creating provisioned PV object for claim {}/{}: {error}. Deleting the volume.",
+                    claim.namespace().unwrap_or_default(),
+                    claim.name_any()
+                );
+                let failure = self.failed(claim, message).await;
+                self.abandon(claim, volume_id, secrets).await?;
+                lock(&self.save_refusals).remove(&uid);
+                failure
             }
         }
     }
@@ -944,11 +977,12 @@ impl Provisioner {
         Ok(updated)
     }
 
-    /// Deletes a new volume the provisioner must not keep (too small, or without its source)
-    /// with the secrets its CreateVolume had (the class's provisioner secret serves both). A
-    /// failure is a `ProvisioningCleanupFailed` warning and a retry, which finds the volume
-    /// again by its name. Once it is gone, a claim on its way out is released: nothing is left
-    /// to protect, and a new attempt would only create another volume to delete.
+    /// Deletes a new volume the provisioner must not keep (too small, without its source, or
+    /// without a PV the API server accepts) with the secrets its CreateVolume had (the class's
+    /// provisioner secret serves both). A failure is a `ProvisioningCleanupFailed` warning and
+    /// a retry, which finds the volume again by its name. Once it is gone, a claim on its way
+    /// out is released: nothing is left to protect, and a new attempt would only create
+    /// another volume to delete.
     async fn abandon(
         &self,
         claim: &PersistentVolumeClaim,
