@@ -1,6 +1,7 @@
 //! A gRPC proxy in front of the reference driver's socket: it records every CSI request (to
-//! check what a sidecar sent, secrets included) and can make the driver look unavailable (to
-//! prove a sidecar reports it and recovers).
+//! check what a sidecar sent, secrets included), can make the driver look unavailable (to
+//! prove a sidecar reports it and recovers) and can make it answer CreateVolume with less
+//! capacity than it made (to prove a sidecar deletes a volume it must not keep).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,8 @@ struct Shared {
     delay: Mutex<Option<(String, std::time::Duration)>>,
     /// Calls whose path ends with this are answered only once it is cleared.
     hold: tokio::sync::watch::Sender<Option<String>>,
+    /// While set, CreateVolume answers report a volume of 1 byte.
+    shrink: Mutex<bool>,
 }
 
 impl Default for Shared {
@@ -43,6 +46,7 @@ impl Default for Shared {
             failure: Mutex::default(),
             delay: Mutex::default(),
             hold: tokio::sync::watch::Sender::new(None),
+            shrink: Mutex::default(),
         }
     }
 }
@@ -83,10 +87,20 @@ impl CsiProxy {
 
     /// The CreateVolume requests so far.
     pub fn create_volume_requests(&self) -> Vec<csi_proto::csi::v1::CreateVolumeRequest> {
+        self.requests("CreateVolume")
+    }
+
+    /// The DeleteVolume requests so far (those failed by the proxy too).
+    pub fn delete_volume_requests(&self) -> Vec<csi_proto::csi::v1::DeleteVolumeRequest> {
+        self.requests("DeleteVolume")
+    }
+
+    fn requests<M: Message + Default>(&self, method: &str) -> Vec<M> {
+        let suffix = format!("/{method}");
         self.calls()
             .into_iter()
-            .filter(|c| c.path.ends_with("/CreateVolume"))
-            .filter_map(|c| csi_proto::csi::v1::CreateVolumeRequest::decode(c.message).ok())
+            .filter(|c| c.path.ends_with(&suffix))
+            .filter_map(|c| M::decode(c.message).ok())
             .collect()
     }
 
@@ -113,6 +127,11 @@ impl CsiProxy {
     /// Lets held answers through.
     pub fn release_responses(&self) {
         self.shared.hold.send_replace(None);
+    }
+
+    /// Makes the driver's CreateVolume answers say the volume has 1 byte (`false`: as made).
+    pub fn shrink_created_volumes(&self, shrink: bool) {
+        *lock(&self.shared.shrink) = shrink;
     }
 
     /// Makes every call fail with `code` (`None`: forward again).
@@ -181,12 +200,43 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
             let _ = hold
                 .wait_for(|held| !held.as_ref().is_some_and(|m| path.ends_with(m.as_str())))
                 .await;
+            if *lock(&shared.shrink) && path.ends_with("/CreateVolume") {
+                return shrunk(response).await;
+            }
             Ok(response.map(|b| b.boxed()))
         }
     });
     let _ = server::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(stream), service)
         .await;
+}
+
+/// A CreateVolume answer with the volume's capacity set to 1 byte; the status trailers kept.
+async fn shrunk(response: http::Response<Incoming>) -> Result<Response, hyper::Error> {
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await?;
+    let trailers = collected.trailers().cloned();
+    let mut bytes = collected.to_bytes();
+    let answer = bytes
+        .get(5..)
+        .filter(|message| !message.is_empty())
+        .and_then(|message| csi_proto::csi::v1::CreateVolumeResponse::decode(message).ok());
+    if let Some(mut answer) = answer {
+        if let Some(volume) = answer.volume.as_mut() {
+            volume.capacity_bytes = 1;
+        }
+        let message = answer.encode_to_vec();
+        let length = u32::try_from(message.len()).expect("a small message");
+        let mut framed = vec![0];
+        framed.extend_from_slice(&length.to_be_bytes());
+        framed.extend_from_slice(&message);
+        bytes = Bytes::from(framed);
+    }
+    let body = Full::new(bytes)
+        .map_err(|never| match never {})
+        .with_trailers(async move { trailers.map(Ok) })
+        .boxed();
+    Ok(http::Response::from_parts(parts, body))
 }
 
 /// A gRPC "trailers-only" error response.

@@ -1,27 +1,58 @@
 //! A missing secret and a driver that is unavailable are reported as Events, and
 //! provisioning recovers once they are fixed — with one volume per PV. A storage request that
-//! is no size in bytes is reported, never sent to the driver.
+//! is no size in bytes is reported, never sent to the driver. A volume whose claim and class
+//! went away before its PV existed is not stranded, and one the provisioner cannot keep (or
+//! whose PV the API server refuses) is deleted with its secret.
 
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
-use csi_suite_scenarios::{Cluster, report_skip};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::PostParams;
+use csi_suite_scenarios::{Cluster, real_cluster, report_skip};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
+
+/// Class parameters naming `secret` in the claim's namespace as the provisioner secret.
+fn provisioner_secret(secret: &str) -> serde_json::Value {
+    json!({
+        "csi.storage.k8s.io/provisioner-secret-name": secret,
+        "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+    })
+}
+
+/// Creates a class `<namespace>-<suffix>` with `parameters` and a claim `name` of it; returns
+/// the class's name.
+async fn claim_of_new_class(
+    cluster: &Cluster,
+    name: &str,
+    suffix: &str,
+    parameters: serde_json::Value,
+) -> String {
+    let class_name = cluster
+        .storage_class(suffix, "Immediate", "Delete", parameters)
+        .await;
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim(name, &class_name),
+        )
+        .await;
+    class_name
+}
 
 #[tokio::test]
 async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered() {
     let cluster = Cluster::start("failures").await;
     let (proxy, csi) = cluster.csi_proxy().await;
     let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
-    let parameters = json!({
-        "csi.storage.k8s.io/provisioner-secret-name": "late-creds",
-        "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
-    });
-    let with_secret = cluster
-        .storage_class("secret", "Immediate", "Delete", parameters)
-        .await;
+    claim_of_new_class(
+        &cluster,
+        "first",
+        "secret",
+        provisioner_secret("late-creds"),
+    )
+    .await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim("first", &with_secret)).await;
     let message = cluster
         .wait_for_event("first", "ProvisioningFailed", "late-creds")
         .await;
@@ -41,10 +72,7 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
         .await;
 
     proxy.fail_with(Some((tonic::Code::Unavailable, "driver restarting")));
-    let plain = cluster
-        .storage_class("plain", "Immediate", "Delete", json!({}))
-        .await;
-    cluster.create(&claims, claim("second", &plain)).await;
+    claim_of_new_class(&cluster, "second", "plain", json!({})).await;
     let message = cluster
         .wait_for_event("second", "ProvisioningFailed", "driver restarting")
         .await;
@@ -123,6 +151,169 @@ async fn storage_requests_reach_the_driver_in_bytes_or_are_reported() {
         .collect();
     assert!(!sizes.is_empty(), "the claim milli was provisioned");
     assert!(sizes.iter().all(|s| *s == 1127), "{sizes:?}");
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// The provisioner dies while the driver creates a volume; before it comes back, the claim
+/// and its StorageClass are deleted. The claim still holds the provisioning-protection
+/// finalizer, and the new provisioner has no class to repeat CreateVolume with: it uses the
+/// class recorded with the finalizer, so the volume gets its PV, is deleted with it, and the
+/// claim goes.
+#[tokio::test]
+async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
+    let cluster = Cluster::start("stranded-class").await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    proxy.hold_responses("CreateVolume");
+    let first = cluster.start_provisioner_via(csi, |_| {}).await;
+    let class_name = claim_of_new_class(&cluster, "data", "gone", json!({})).await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .wait_for(&claims, "data", "the claim protected", |c| {
+            c.finalizers()
+                .iter()
+                .any(|f| f == "csi-suite.io/provisioning-protection")
+        })
+        .await;
+    cluster
+        .eventually_async("the volume created on the driver", || async {
+            cluster.driver_volumes().await.len() == 1
+        })
+        .await;
+    first.kill().await;
+    proxy.release_responses();
+
+    cluster
+        .delete_and_wait(
+            &cluster.cluster_scoped::<StorageClass>(),
+            &class_name,
+            "the class gone",
+        )
+        .await;
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = cluster.start_provisioner().await;
+    cluster
+        .wait_gone(&claims, "data", "the claim released and gone")
+        .await;
+    cluster
+        .eventually_async("the volume deleted with its PV", || async {
+            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+        })
+        .await;
+    second.stop().await;
+    cluster.stop().await;
+}
+
+/// A new volume the provisioner cannot keep (the driver says it is smaller than asked) is
+/// deleted with the class's provisioner secret, as its CreateVolume had it; once the claim is
+/// deleted, the volume is deleted once more and the claim goes instead of being provisioned
+/// again.
+#[tokio::test]
+async fn an_unusable_new_volume_is_deleted_with_its_secret() {
+    let cluster = Cluster::start("abandon-secret").await;
+    let password = format!("pw-{}", cluster.namespace);
+    secret(&cluster, "creds", &password).await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    proxy.shrink_created_volumes(true);
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    claim_of_new_class(&cluster, "data", "secret", provisioner_secret("creds")).await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .wait_for_event("data", "ProvisioningFailed", "smaller than requested")
+        .await;
+    let deletes = proxy.delete_volume_requests();
+    assert!(!deletes.is_empty(), "the unusable volume deleted");
+    assert!(
+        deletes
+            .iter()
+            .all(|d| d.secrets.get("password") == Some(&password)),
+        "DeleteVolume carries the provisioner secret"
+    );
+
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(&claims, "data", "the claim released and gone")
+        .await;
+    assert!(
+        cluster.driver_volumes().await.is_empty(),
+        "no volume left on the driver"
+    );
+    assert!(cluster.driver_pvs().await.is_empty(), "and no PV");
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// The API server refuses the PV of a new volume (422, five times in a row): the volume is
+/// deleted after the fifth refusal and reported, and provisioning starts over with a new
+/// volume, whose PV is accepted.
+#[tokio::test]
+async fn a_refused_pv_costs_its_volume_after_five_refusals() {
+    if real_cluster() {
+        eprintln!("skipped: injects apiserver faults (kube-sim only)");
+        return;
+    }
+    let cluster = Cluster::start("pv-refused").await;
+    let sim = cluster.sim.as_ref().expect("kube-sim");
+    sim.fail_next(
+        "POST",
+        "persistentvolumes",
+        http::StatusCode::UNPROCESSABLE_ENTITY,
+        5,
+        None,
+    );
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    claim_of_new_class(&cluster, "data", "refused", json!({})).await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let message = cluster
+        .wait_for_event("data", "ProvisioningFailed", "Deleting the volume")
+        .await;
+    assert!(
+        message.starts_with(&format!(
+            "Error creating provisioned PV object for claim {}/data: ",
+            cluster.namespace
+        )) && message.contains("injected failure"),
+        "{message}"
+    );
+    let bound_claim = cluster
+        .wait_for(&claims, "data", "the claim Bound to a new volume", bound)
+        .await;
+    let pv_name = bound_claim.spec.unwrap().volume_name.unwrap();
+    let handle = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .csi
+        .unwrap()
+        .volume_handle;
+    let deleted: Vec<String> = proxy
+        .delete_volume_requests()
+        .into_iter()
+        .map(|d| d.volume_id)
+        .collect();
+    assert_eq!(deleted.len(), 1, "one volume deleted: {deleted:?}");
+    let pv_creates: u64 = sim
+        .request_counts()
+        .iter()
+        .filter(|(key, _)| key.verb == "create" && key.resource == "persistentvolumes")
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(pv_creates, 6, "five refused, then the new volume's PV");
+    assert_ne!(deleted[0], handle, "not the one with a PV");
+    assert_eq!(
+        cluster.driver_volumes().await,
+        [handle],
+        "only the volume with a PV is left"
+    );
     provisioner.stop().await;
     cluster.stop().await;
 }

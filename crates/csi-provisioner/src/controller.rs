@@ -11,11 +11,13 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::finalizers::{FinalizerError, remove_finalizer, set_finalizers, without};
+use csi_sidecar::finalizers::{
+    FinalizerError, remove_finalizer, set_finalizers, set_finalizers_and_annotations, without,
+};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -31,8 +33,9 @@ use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotCo
 /// this in memory only and leaks volumes on restart: external-provisioner #486.)
 pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
+use crate::protection::{self, PROVISIONING_CLASS};
 use crate::pv::{PvInputs, persistent_volume};
-use crate::request::{self, Outcome};
+use crate::request::{self, Outcome, SaveFailure};
 use crate::topology::{self, Inputs, SelectedNode};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
@@ -91,6 +94,8 @@ struct Provisioner {
     pinned: Mutex<HashMap<String, PinnedTopology>>,
     workers: Arc<KeyedWorkers<Key>>,
     unseen: UnseenWrites,
+    /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
+    save_refusals: Mutex<HashMap<String, u32>>,
 }
 
 /// Our writes the caches do not show yet. A sync that read the older state would redo them
@@ -157,6 +162,7 @@ pub async fn run(
         caches,
         pinned: Mutex::new(HashMap::new()),
         unseen: UnseenWrites::default(),
+        save_refusals: Mutex::new(HashMap::new()),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -252,6 +258,7 @@ impl Provisioner {
             .filter_map(|c| c.uid())
             .collect();
         lock(&self.pinned).retain(|uid, _| uids.contains(uid));
+        lock(&self.save_refusals).retain(|uid, _| uids.contains(uid));
     }
 
     /// Drops the unseen-write records the caches have caught up with.
@@ -308,7 +315,7 @@ impl Provisioner {
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
-        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let live_class = self.caches.classes.get(&ObjectRef::new(&class_name));
         let name = request::volume_name(
             &self.settings.volume_name_prefix,
             uid,
@@ -341,6 +348,12 @@ impl Provisioner {
         if claim.metadata.deletion_timestamp.is_some() && !protected {
             return Ok(Synced::Done);
         }
+        // Once protected, a class deleted meanwhile is replaced by its record: the volume
+        // may exist, and only a CreateVolume like the first can find it.
+        let class = match live_class {
+            None if protected => self.recorded_class(&claim),
+            live => live,
+        };
         let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
             Ok(decision) => decision,
             Err(error) => {
@@ -382,33 +395,32 @@ impl Provisioner {
         result.map(|()| Synced::Done)
     }
 
+    /// A warning Event with `reason` on `object`; the sync fails with `message`.
+    async fn warn(
+        &self,
+        object: &ObjectReference,
+        reason: &str,
+        message: String,
+    ) -> Result<(), String> {
+        self.events
+            .publish(object, EventType::Warning, reason, &message)
+            .await;
+        Err(message)
+    }
+
     /// A `VolumeFailedDelete` warning on the PV; the sync fails with `message`.
     async fn delete_failed(
         &self,
         volume: &PersistentVolume,
         message: String,
     ) -> Result<(), String> {
-        self.events
-            .publish(
-                &volume.object_ref(&()),
-                EventType::Warning,
-                "VolumeFailedDelete",
-                &message,
-            )
-            .await;
-        Err(message)
+        self.warn(&volume.object_ref(&()), "VolumeFailedDelete", message)
+            .await
     }
 
     async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
-        self.events
-            .publish(
-                &claim.object_ref(&()),
-                EventType::Warning,
-                "ProvisioningFailed",
-                &message,
-            )
-            .await;
-        Err(message)
+        self.warn(&claim.object_ref(&()), "ProvisioningFailed", message)
+            .await
     }
 
     async fn provision(
@@ -600,12 +612,12 @@ impl Provisioner {
             }),
             volume_capabilities: capabilities,
             parameters: create_parameters.into_iter().collect(),
-            secrets,
+            secrets: secrets.clone(),
             volume_content_source: content_source.clone(),
             accessibility_requirements: accessibility,
             mutable_parameters: HashMap::new(),
         };
-        let claim = &self.protect(claim).await?;
+        let claim = &self.protect(claim, class).await?;
         if let Some(source) = &protected_source {
             self.protect_source(source).await?;
         }
@@ -655,7 +667,7 @@ impl Provisioner {
                 .await;
         };
         let Some(bytes) = request::provisioned_bytes(requested, volume.capacity_bytes) else {
-            self.abandon(&volume.volume_id).await;
+            self.abandon(claim, &volume.volume_id, secrets).await?;
             return self
                 .failed(
                     claim,
@@ -667,7 +679,7 @@ impl Provisioner {
                 .await;
         };
         if content_source.is_some() && volume.content_source.is_none() {
-            self.abandon(&volume.volume_id).await;
+            self.abandon(claim, &volume.volume_id, secrets).await?;
             return self
                 .failed(
                     claim,
@@ -688,7 +700,7 @@ impl Provisioner {
             controller_publish_readonly: self.settings.controller_publish_readonly,
             topology: topology_supported,
         });
-        self.save(claim, pv).await?;
+        self.save(claim, pv, &volume.volume_id, secrets).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
         self.events
             .publish(
@@ -846,53 +858,103 @@ impl Provisioner {
         }
     }
 
-    /// Creates the PV; AlreadyExists counts as done. A save failure never deletes the volume:
-    /// the claim is retried and CreateVolume (idempotent by name) returns the same volume.
+    /// Creates the PV; AlreadyExists counts as done. After a failure the claim is retried
+    /// and CreateVolume (idempotent by name) returns the same volume, until the API server
+    /// has refused the PV [`request::PV_SAVE_REFUSALS`] times: then the volume is deleted
+    /// (with `secrets`) and reported, and provisioning starts over, as the library does.
     async fn save(
         &self,
         claim: &PersistentVolumeClaim,
         pv: serde_json::Value,
+        volume_id: &str,
+        secrets: HashMap<String, String>,
     ) -> Result<(), String> {
         let object: PersistentVolume =
             serde_json::from_value(pv).map_err(|e| format!("building the PV: {e}"))?;
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        match api.create(&PostParams::default(), &object).await {
+        let uid = claim.uid().unwrap_or_default();
+        let error = match api.create(&PostParams::default(), &object).await {
             Ok(_) => {
                 lock(&self.unseen.created_volumes).insert(object.name_any());
-                Ok(())
+                lock(&self.save_refusals).remove(&uid);
+                return Ok(());
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            Err(error) => {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                lock(&self.save_refusals).remove(&uid);
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        let code = match &error {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        };
+        let refusals = lock(&self.save_refusals).get(&uid).copied().unwrap_or(0);
+        match request::save_failure(refusals, code) {
+            SaveFailure::Retry { refusals } => {
+                lock(&self.save_refusals).insert(uid, refusals);
                 self.failed(claim, format!("saving PV {}: {error}", object.name_any()))
                     .await
+            }
+            SaveFailure::DeleteVolume => {
+                let message = format!(
+                    "Error creating provisioned PV object for claim {}/{}: {error}. Deleting the volume.",
+                    claim.namespace().unwrap_or_default(),
+                    claim.name_any()
+                );
+                let failure = self.failed(claim, message).await;
+                self.abandon(claim, volume_id, secrets).await?;
+                lock(&self.save_refusals).remove(&uid);
+                failure
             }
         }
     }
 
     /// Adds the provisioning-protection finalizer before the first CreateVolume, so neither a
-    /// crash nor a deleted claim can lose track of a volume being created.
+    /// crash nor a deleted claim can lose track of a volume being created; the class is
+    /// recorded in the same patch (also on a claim protected before records existed).
     async fn protect(
         &self,
         claim: &PersistentVolumeClaim,
+        class: &StorageClass,
     ) -> Result<PersistentVolumeClaim, String> {
-        if claim
+        let protected = claim
             .finalizers()
             .iter()
-            .any(|f| f == PROVISIONING_PROTECTION)
-        {
+            .any(|f| f == PROVISIONING_PROTECTION);
+        if protected && claim.annotations().contains_key(PROVISIONING_CLASS) {
             return Ok(claim.clone());
         }
         let mut finalizers = claim.finalizers().to_vec();
-        finalizers.push(PROVISIONING_PROTECTION.to_string());
-        self.set_claim_finalizers(claim, finalizers)
+        if !protected {
+            finalizers.push(PROVISIONING_PROTECTION.to_string());
+        }
+        let record = protection::record(class).map_err(|e| format!("recording the class: {e}"))?;
+        let annotations = BTreeMap::from([(PROVISIONING_CLASS, Some(record))]);
+        self.patch_claim(claim, finalizers, &annotations)
             .await?
             .ok_or_else(|| format!("claim {} is gone", claim.name_any()))
     }
 
-    /// Removes the provisioning-protection finalizer (the PV exists, or nothing was created).
+    /// Removes the provisioning-protection finalizer and its record (the PV exists, or
+    /// nothing was created).
     async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
-        self.set_claim_finalizers(claim, finalizers).await.map(drop)
+        let annotations = BTreeMap::from([(PROVISIONING_CLASS, None)]);
+        self.patch_claim(claim, finalizers, &annotations)
+            .await
+            .map(drop)
+    }
+
+    /// The class a protected claim's provisioning started with (a broken record is logged).
+    fn recorded_class(&self, claim: &PersistentVolumeClaim) -> Option<Arc<StorageClass>> {
+        match protection::recorded_class(claim.annotations())? {
+            Ok(class) => Some(Arc::new(class)),
+            Err(error) => {
+                tracing::warn!(claim = %claim.name_any(), %error, "the recorded StorageClass is unreadable");
+                None
+            }
+        }
     }
 
     async fn set_claim_finalizers(
@@ -900,9 +962,18 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         finalizers: Vec<String>,
     ) -> Result<Option<PersistentVolumeClaim>, String> {
+        self.patch_claim(claim, finalizers, &BTreeMap::new()).await
+    }
+
+    async fn patch_claim(
+        &self,
+        claim: &PersistentVolumeClaim,
+        finalizers: Vec<String>,
+        annotations: &BTreeMap<&str, Option<String>>,
+    ) -> Result<Option<PersistentVolumeClaim>, String> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let updated = set_finalizers(&api, claim, finalizers)
+        let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations)
             .await
             .map_err(String::from)?;
         if let (Some(uid), Some(replaced)) = (claim.uid(), claim.resource_version()) {
@@ -911,15 +982,40 @@ impl Provisioner {
         Ok(updated)
     }
 
-    /// Deletes a volume the provisioner must not keep (too small, or without its source).
-    async fn abandon(&self, volume_id: &str) {
+    /// Deletes a new volume the provisioner must not keep (too small, without its source, or
+    /// without a PV the API server accepts) with the secrets its CreateVolume had (the class's
+    /// provisioner secret serves both). A failure is a `ProvisioningCleanupFailed` warning and
+    /// a retry, which finds the volume again by its name. Once it is gone, a claim on its way
+    /// out is released: nothing is left to protect, and a new attempt would only create
+    /// another volume to delete.
+    async fn abandon(
+        &self,
+        claim: &PersistentVolumeClaim,
+        volume_id: &str,
+        secrets: HashMap<String, String>,
+    ) -> Result<(), String> {
         let request = csi::DeleteVolumeRequest {
             volume_id: volume_id.to_string(),
-            secrets: HashMap::new(),
+            secrets,
         };
         if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-            tracing::warn!(%volume_id, error = %status.message(), "deleting an unusable new volume failed");
+            let message = format!(
+                "Error cleaning provisioned volume {volume_id} for claim {}/{}: rpc error: code = {:?} desc = {}",
+                claim.namespace().unwrap_or_default(),
+                claim.name_any(),
+                status.code(),
+                status.message()
+            );
+            return self
+                .warn(&claim.object_ref(&()), "ProvisioningCleanupFailed", message)
+                .await;
         }
+        tracing::info!(claim = %claim.name_any(), %volume_id, "deleted a new volume the provisioner cannot keep");
+        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+        if claim.metadata.deletion_timestamp.is_some() {
+            self.release(claim).await?;
+        }
+        Ok(())
     }
 
     /// Gives the scheduler another choice: removes selected-node from the claim.

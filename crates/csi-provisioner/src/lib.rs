@@ -1,7 +1,7 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan) and [`snapshots`] (restore checks).
+//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records) and [`snapshots`] (restore checks).
 
 pub mod capacity;
 pub mod claims;
@@ -9,6 +9,7 @@ pub mod controller;
 pub mod deletion;
 pub mod flags;
 pub mod metrics;
+pub mod protection;
 pub mod pv;
 pub mod request;
 pub mod run;

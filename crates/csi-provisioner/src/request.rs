@@ -1,7 +1,8 @@
 //! The pure pieces of a provisioning: the volume name, fsType, capabilities, extra metadata,
-//! the classification of CreateVolume errors, and the PV's size and node affinity — as
+//! the classification of CreateVolume errors, the PV's size and node affinity — as
 //! external-provisioner builds them (pkg/controller/controller.go `prepareProvision`,
-//! `Provision`, `checkError`, `makeVolumeName`).
+//! `Provision`, `checkError`, `makeVolumeName`) — and when a PV the API server refuses
+//! costs the volume.
 
 use std::collections::BTreeMap;
 
@@ -192,9 +193,66 @@ pub fn provisioned_bytes(requested: i64, returned: i64) -> Option<i64> {
     }
 }
 
+/// How many times the API server may refuse a new volume's PV before the volume is deleted
+/// and provisioning starts over: sig-storage-lib-external-provisioner's default
+/// `createProvisionedPVRetryCount`. (external-provisioner retries the PV for good instead,
+/// and the volume outlives its claim when the refusal is permanent.)
+pub const PV_SAVE_REFUSALS: u32 = 5;
+
+/// What one failed PV create leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveFailure {
+    /// Retry; the claim's PV has been refused `refusals` times.
+    Retry { refusals: u32 },
+    /// Delete the volume: its PV was refused [`PV_SAVE_REFUSALS`] times.
+    DeleteVolume,
+}
+
+/// `refusals` earlier refusals, then a failure with HTTP status `code` (`None`: no answer).
+/// Only a refusal counts: a 4xx status says the server did not create the PV and will not
+/// for the same object (a timeout, a conflict, throttling or an authentication error may
+/// pass, and a lost answer may hide a created PV, whose volume must stay).
+pub fn save_failure(refusals: u32, code: Option<u16>) -> SaveFailure {
+    let refused =
+        code.is_some_and(|c| (400..500).contains(&c) && ![401, 408, 409, 429].contains(&c));
+    if !refused {
+        return SaveFailure::Retry { refusals };
+    }
+    match refusals + 1 {
+        n if n >= PV_SAVE_REFUSALS => SaveFailure::DeleteVolume,
+        n => SaveFailure::Retry { refusals: n },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_pvs_cost_the_volume_after_five_refusals() {
+        let retry = |refusals| SaveFailure::Retry { refusals };
+        let table = [
+            ("the first 422", 0, Some(422), retry(1)),
+            ("a 403", 2, Some(403), retry(3)),
+            ("the fifth refusal", 4, Some(422), SaveFailure::DeleteVolume),
+            (
+                "refused again after a failed delete",
+                5,
+                Some(400),
+                SaveFailure::DeleteVolume,
+            ),
+            ("no answer", 4, None, retry(4)),
+            ("a server error", 4, Some(500), retry(4)),
+            ("a timeout", 4, Some(504), retry(4)),
+            ("throttled", 4, Some(429), retry(4)),
+            ("unauthenticated", 4, Some(401), retry(4)),
+            ("a conflict", 4, Some(409), retry(4)),
+            ("a request timeout", 4, Some(408), retry(4)),
+        ];
+        for (what, refusals, code, expected) in table {
+            assert_eq!(save_failure(refusals, code), expected, "{what}");
+        }
+    }
 
     const UID: &str = "0b6f1c2e-5d4a-4c3b-9a8f-112233445566";
 

@@ -2,6 +2,9 @@
 //! of the list we read, so a finalizer someone else added or removed meanwhile is never lost
 //! or brought back (external-provisioner #1217) — the patch fails and the sync retries.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -63,17 +66,22 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let current = object.meta().finalizers.clone();
-    let patch = match current {
-        Some(current) => json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": current},
-            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
-        ]),
-        None => json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
-        ]),
-    };
+    set_finalizers_and_annotations(api, object, finalizers, &BTreeMap::new()).await
+}
+
+/// [`set_finalizers`] that also sets (`Some`) or removes (`None`) annotations in the same
+/// patch, so what a finalizer needs is written with it, in one request.
+pub async fn set_finalizers_and_annotations<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizers: Vec<String>,
+    annotations: &BTreeMap<&str, Option<String>>,
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let patch = guarded_patch(object.meta(), finalizers, annotations);
     let patch: json_patch::Patch =
         serde_json::from_value(patch).map_err(|e| FinalizerError::Patch(e.to_string()))?;
     let what = format!("{} {}", K::kind(&Default::default()), object.name_any());
@@ -90,6 +98,64 @@ where
         Err(kube::Error::Api(status)) if status.code == 403 => Err(FinalizerError::Forbidden(what)),
         Err(error) => Err(FinalizerError::Failed(what, error)),
     }
+}
+
+/// The JSON patch: a `test` of the finalizers read (of the resourceVersion when there were
+/// none, or when the whole annotation map is added: an `add` of a map would replace one
+/// written meanwhile), the new list, then one operation per annotation. Removing an
+/// annotation `meta` does not have is no operation.
+fn guarded_patch(
+    meta: &ObjectMeta,
+    finalizers: Vec<String>,
+    annotations: &BTreeMap<&str, Option<String>>,
+) -> serde_json::Value {
+    let version_test =
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": meta.resource_version});
+    let mut operations = match &meta.finalizers {
+        Some(current) => vec![
+            json!({"op": "test", "path": "/metadata/finalizers", "value": current}),
+            json!({"op": "replace", "path": "/metadata/finalizers", "value": finalizers}),
+        ],
+        None => vec![
+            version_test.clone(),
+            json!({"op": "add", "path": "/metadata/finalizers", "value": finalizers}),
+        ],
+    };
+    match &meta.annotations {
+        Some(current) => {
+            for (key, value) in annotations {
+                let path = format!("/metadata/annotations/{}", pointer_token(key));
+                match value {
+                    Some(value) => {
+                        operations.push(json!({"op": "add", "path": path, "value": value}));
+                    }
+                    None if current.contains_key(*key) => {
+                        operations.push(json!({"op": "remove", "path": path}));
+                    }
+                    None => {}
+                }
+            }
+        }
+        None => {
+            let added: BTreeMap<&str, &String> = annotations
+                .iter()
+                .filter_map(|(key, value)| Some((*key, value.as_ref()?)))
+                .collect();
+            if !added.is_empty() {
+                if meta.finalizers.is_some() {
+                    operations.insert(0, version_test);
+                }
+                operations
+                    .push(json!({"op": "add", "path": "/metadata/annotations", "value": added}));
+            }
+        }
+    }
+    serde_json::Value::Array(operations)
+}
+
+/// A map key as one JSON pointer token (RFC 6901: `~` and `/` escaped).
+fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
 }
 
 /// Whether a guarded patch failed because the object changed since it was read: a failed
@@ -132,5 +198,96 @@ where
             }
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(finalizers: Option<&[&str]>, annotations: Option<&[(&str, &str)]>) -> ObjectMeta {
+        ObjectMeta {
+            resource_version: Some("7".into()),
+            finalizers: finalizers.map(|f| f.iter().map(|s| s.to_string()).collect()),
+            annotations: annotations.map(|a| {
+                a.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn guarded_patches() {
+        let record = "example.com/record";
+        let set = BTreeMap::from([(record, Some("v".to_string()))]);
+        let unset = BTreeMap::from([(record, None)]);
+        let version = json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"});
+        let none = BTreeMap::new();
+        let table = [
+            (
+                "finalizers only",
+                meta(Some(&["a"]), None),
+                &none,
+                json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": ["a", "f"]},
+                ]),
+            ),
+            (
+                "no finalizers yet: guarded by the resourceVersion",
+                meta(None, Some(&[])),
+                &none,
+                json!([version, {"op": "add", "path": "/metadata/finalizers", "value": ["a", "f"]}]),
+            ),
+            (
+                "an annotation set, its key escaped",
+                meta(Some(&["a"]), Some(&[("other", "x")])),
+                &set,
+                json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": ["a", "f"]},
+                    {"op": "add", "path": "/metadata/annotations/example.com~1record", "value": "v"},
+                ]),
+            ),
+            (
+                "the first annotation: the map added, guarded by the resourceVersion too",
+                meta(Some(&["a"]), None),
+                &set,
+                json!([
+                    version,
+                    {"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": ["a", "f"]},
+                    {"op": "add", "path": "/metadata/annotations", "value": {record: "v"}},
+                ]),
+            ),
+            (
+                "an annotation removed",
+                meta(Some(&["a"]), Some(&[(record, "v")])),
+                &unset,
+                json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": ["a", "f"]},
+                    {"op": "remove", "path": "/metadata/annotations/example.com~1record"},
+                ]),
+            ),
+            (
+                "removing an absent annotation is no operation",
+                meta(Some(&["a"]), Some(&[])),
+                &unset,
+                json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "replace", "path": "/metadata/finalizers", "value": ["a", "f"]},
+                ]),
+            ),
+        ];
+        for (what, meta, annotations, expected) in table {
+            let finalizers = vec!["a".to_string(), "f".to_string()];
+            let patch = guarded_patch(&meta, finalizers, annotations);
+            assert_eq!(patch, expected, "{what}");
+            serde_json::from_value::<json_patch::Patch>(patch).expect("a valid JSON patch");
+        }
+        assert_eq!(pointer_token("a~b/c"), "a~0b~1c");
     }
 }
