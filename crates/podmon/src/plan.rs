@@ -239,16 +239,18 @@ pub fn pod_action(pod: &Pod, node: Option<&Node>, fenced_key: &str) -> PodAction
     if is_ready(pod)
         || node_name(pod).is_none()
         || matches!(phase(pod), Some("Succeeded" | "Failed"))
-        || pod.metadata.deletion_timestamp.is_some()
     {
         return PodAction::Nothing;
     }
     let signals = node
         .map(|n| NodeSignals::of(n, fenced_key))
         .unwrap_or_default();
+    // A pod being deleted on a failed node (e.g. evicted by the unreachable NoExecute taint)
+    // stays Terminating until its kubelet confirms, which a dead kubelet never does: it is
+    // cleaned up like any other.
     if signals.failed() {
         PodAction::CleanUp(signals)
-    } else if is_crash_looping(pod) {
+    } else if is_crash_looping(pod) && pod.metadata.deletion_timestamp.is_none() {
         PodAction::DeleteCrashLooping
     } else {
         PodAction::Nothing
@@ -410,14 +412,12 @@ pub fn node_still_failed(
 }
 
 /// Whether the pod decided on (by UID) may still be force-deleted, read live right before: it
-/// must still be that pod and nobody may be deleting it already.
+/// must still be that pod. A graceful deletion already under way (taint eviction) is finished
+/// with grace 0, since the failed node's kubelet will never confirm it.
 pub fn pod_still_to_delete(uid: &str, live: Option<&Pod>) -> Result<(), &'static str> {
     match live {
         None => Err("the pod is gone"),
         Some(pod) if pod.metadata.uid.as_deref() != Some(uid) => Err("the pod was replaced"),
-        Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
-            Err("the pod is already being deleted")
-        }
         Some(_) => Ok(()),
     }
 }

@@ -85,10 +85,21 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
             "a driver plugin that is not Ready is no node failure",
         ),
         (
-            deleting,
+            deleting.clone(),
             Some(&unreachable),
+            clean(&unreachable),
+            "evicted on a failed node: Terminating until forced",
+        ),
+        (
+            {
+                let mut crash_looping = pod("False", true, "Running");
+                crash_looping.metadata.deletion_timestamp =
+                    deleting.metadata.deletion_timestamp.clone();
+                crash_looping
+            },
+            Some(&healthy),
             PodAction::Nothing,
-            "someone already deletes the pod",
+            "a crash-looping pod already being deleted",
         ),
         (
             pod("True", false, "Running"),
@@ -446,7 +457,7 @@ fn the_live_node_and_pod_must_still_show_what_the_cleanup_was_decided_on() {
         (Some(&same), Ok(())),
         (None, Err("the pod is gone")),
         (Some(&replaced), Err("the pod was replaced")),
-        (Some(&deleting), Err("the pod is already being deleted")),
+        (Some(&deleting), Ok(())),
     ] {
         assert_eq!(pod_still_to_delete("u1", live), expected);
     }
