@@ -35,6 +35,6 @@ KUBE_SIM_COMPARE_KUBECONFIG=$KUBECONFIG $CARGO test --locked -p kube-sim --test 
 $CARGO test --locked -p csi-suite-scenarios --no-fail-fast || status=1
 
 count=$(wc -l < "$skips")
-echo "test-real: $count scenario part(s) skipped for an API this server does not serve:"
+echo "test-real: $count scenario part(s) skipped on this server (an API it does not serve, or kube-sim's fault injection):"
 sed 's/^/  /' "$skips"
 exit $status

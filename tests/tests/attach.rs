@@ -13,7 +13,9 @@ use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{
     is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv, static_pvc,
 };
-use csi_suite_scenarios::{Cluster, Options, Sidecar, real_cluster, skip_without_root};
+use csi_suite_scenarios::{
+    Cluster, Options, Sidecar, real_cluster, report_skip, skip_without_root,
+};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::ResourceExt;
@@ -464,7 +466,10 @@ async fn attach_reconcile_publishes_again_what_the_driver_lost() {
 #[tokio::test]
 async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
     if real_cluster() {
-        eprintln!("skipped: injects apiserver faults (kube-sim only)");
+        report_skip(
+            "attach_conflicts_and_driver_restarts_cause_no_duplicate_calls",
+            "injects API faults (kube-sim only)",
+        );
         return;
     }
     let cluster = Cluster::start_with("attach-conflicts", options("a-conflict.io")).await;

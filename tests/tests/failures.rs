@@ -255,7 +255,10 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
 #[tokio::test]
 async fn a_refused_pv_costs_its_volume_after_five_refusals() {
     if real_cluster() {
-        eprintln!("skipped: injects apiserver faults (kube-sim only)");
+        report_skip(
+            "a_refused_pv_costs_its_volume_after_five_refusals",
+            "injects API faults (kube-sim only)",
+        );
         return;
     }
     let cluster = Cluster::start("pv-refused").await;
