@@ -2,7 +2,8 @@
 # `make test-real`: the scenario suite, and kube-sim's API tests in compare mode, on a real
 # control plane: the cluster of KUBECONFIG when it is set (kind, or any cluster), else the one
 # `../shared/k8s/control-plane` brings up here, and takes down again when the run ends.
-# Scenarios that need an API the server lacks report a named skip; this script counts them.
+# Scenarios that need an API the server lacks, or kube-sim's fault injection, report a named skip;
+# this script counts them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
