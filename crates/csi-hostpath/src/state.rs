@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -327,18 +326,11 @@ impl Store {
 
     fn persist(&self, state: &State) -> Result<(), StoreError> {
         let path = self.state_file();
-        let temp = self.dir.join(format!("{STATE_FILE}.tmp"));
         let text = serde_json::to_vec(state).map_err(|e| StoreError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        let mut file = File::create(&temp).map_err(io_error(&temp))?;
-        file.write_all(&text).map_err(io_error(&temp))?;
-        file.sync_all().map_err(io_error(&temp))?;
-        fs::rename(&temp, &path).map_err(io_error(&path))?;
-        File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(io_error(&self.dir))
+        csi_sidecar::durable::replace(&path, &text).map_err(io_error(&path))
     }
 
     /// Marks `node`'s storage link down (`up == false`) or up again: a node whose link is down

@@ -28,6 +28,7 @@
 pub mod backoff;
 pub mod capability;
 pub mod conn;
+pub mod durable;
 pub mod events;
 pub mod finalizers;
 pub mod flags;

@@ -118,59 +118,14 @@ impl Inventory {
         }
     }
 
-    /// Writes atomically and durably: a temporary file, fsynced, renamed over the old one,
-    /// then the directory fsynced (else a power cut can lose the rename, and with it a zombie).
+    /// Writes atomically and durably (a crash or power cut must not forget a zombie).
     pub fn save(&self, path: &Path) -> Result<(), NodeError> {
-        self.save_on(&mut SystemDisk, path)
-    }
-
-    fn save_on(&self, disk: &mut impl Disk, path: &Path) -> Result<(), NodeError> {
         let write = |source| NodeError::Write {
             path: path.to_path_buf(),
             source,
         };
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| write(std::io::Error::other(e)))?;
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let temp = path.with_extension("tmp");
-        disk.create_dir_all(dir).map_err(write)?;
-        disk.write_synced(&temp, &bytes).map_err(write)?;
-        disk.rename(&temp, path).map_err(write)?;
-        disk.sync_dir(dir).map_err(write)
-    }
-}
-
-/// The filesystem steps of a durable replace, apart so a test can see their order.
-trait Disk {
-    fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()>;
-    /// Creates (or truncates) `path` with `bytes` and fsyncs it.
-    fn write_synced(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
-    fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()>;
-    fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()>;
-}
-
-struct SystemDisk;
-
-impl Disk for SystemDisk {
-    fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)
-    }
-
-    fn write_synced(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        use std::io::Write;
-        let mut file = std::fs::File::create(path)?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    }
-
-    fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
-        std::fs::rename(from, to)
-    }
-
-    fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()> {
-        std::fs::File::open(dir)?.sync_all()
+        csi_sidecar::durable::replace(path, &bytes).map_err(write)
     }
 }
 
@@ -689,50 +644,6 @@ mod tests {
             Inventory::load(&path),
             Err(NodeError::Corrupt { .. })
         ));
-    }
-
-    /// What a [`Disk`] was asked to do, in order.
-    #[derive(Default)]
-    struct Recorded(Vec<String>);
-
-    impl Disk for Recorded {
-        fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()> {
-            self.0.push(format!("mkdir {}", dir.display()));
-            Ok(())
-        }
-
-        fn write_synced(&mut self, path: &Path, _: &[u8]) -> std::io::Result<()> {
-            self.0.push(format!("write+fsync {}", path.display()));
-            Ok(())
-        }
-
-        fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
-            self.0
-                .push(format!("rename {} {}", from.display(), to.display()));
-            Ok(())
-        }
-
-        fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()> {
-            self.0.push(format!("fsync {}", dir.display()));
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn the_inventory_is_fsynced_before_the_rename_and_its_directory_after() {
-        let mut disk = Recorded::default();
-        Inventory::default()
-            .save_on(&mut disk, Path::new("/state/podmon.json"))
-            .unwrap();
-        assert_eq!(
-            disk.0,
-            [
-                "mkdir /state",
-                "write+fsync /state/podmon.tmp",
-                "rename /state/podmon.tmp /state/podmon.json",
-                "fsync /state",
-            ]
-        );
     }
 
     #[test]
