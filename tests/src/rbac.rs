@@ -83,6 +83,16 @@ impl Rule {
             })
             .collect()
     }
+
+    /// The rule as a (Cluster)Role's `rules` entry.
+    pub fn to_json(&self) -> Value {
+        let mut rule = serde_json::json!({"apiGroups": self.api_groups,
+            "resources": self.resources, "verbs": self.verbs});
+        if !self.resource_names.is_empty() {
+            rule["resourceNames"] = serde_json::json!(self.resource_names);
+        }
+        rule
+    }
 }
 
 /// The rules of the (Cluster)Roles named `roles` in a multi-document manifest.
@@ -100,6 +110,58 @@ pub fn rules_of(manifest: &str, roles: &[&str]) -> Vec<Rule> {
 /// Whether any of `rules` allows `verb` on `group`/`resource`.
 pub fn allows(rules: &[Rule], verb: &str, group: &str, resource: &str) -> bool {
     rules.iter().any(|rule| rule.allows(verb, group, resource))
+}
+
+/// `rules` less `verb` on `group`/`resource`, everything else they allow kept (a rule that
+/// allows it is split: the other groups, the other resources, the other verbs).
+pub fn without(rules: &[Rule], verb: &str, group: &str, resource: &str) -> Vec<Rule> {
+    let others = |entries: &[String], value: &str| -> Vec<String> {
+        assert!(
+            !entries.iter().any(|e| e == "*"),
+            "a wildcard cannot be narrowed to leave out {verb} {group}/{resource}"
+        );
+        entries.iter().filter(|e| *e != value).cloned().collect()
+    };
+    let only = |value: &str| vec![value.to_string()];
+    rules
+        .iter()
+        .flat_map(|rule| {
+            if !rule.allows(verb, group, resource) {
+                return vec![rule.clone()];
+            }
+            vec![
+                Rule {
+                    api_groups: others(&rule.api_groups, group),
+                    ..rule.clone()
+                },
+                Rule {
+                    api_groups: only(group),
+                    resources: others(&rule.resources, resource),
+                    ..rule.clone()
+                },
+                Rule {
+                    api_groups: only(group),
+                    resources: only(resource),
+                    verbs: others(&rule.verbs, verb),
+                    resource_names: rule.resource_names.clone(),
+                },
+            ]
+            .into_iter()
+            .filter(|rule| {
+                !(rule.api_groups.is_empty() || rule.resources.is_empty() || rule.verbs.is_empty())
+            })
+            .collect()
+        })
+        .collect()
+}
+
+/// The rules the chart grants `component` (one of the names above), its Roles' included.
+pub fn granted(component: &str) -> &'static [Rule] {
+    grants()
+        .iter()
+        .find(|(c, _)| *c == component)
+        .map(|(_, rules)| rules.as_slice())
+        .unwrap_or_else(|| panic!("the chart grants {component} nothing"))
 }
 
 fn grants() -> &'static [(&'static str, Vec<Rule>)] {
@@ -140,6 +202,17 @@ pub fn denied(counts: &RequestCounts) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Checks whether `rules` allow each `(verb, group, resource)` as the case says.
+    fn assert_allows(rules: &[Rule], cases: &[(&str, &str, &str, bool)]) {
+        for (verb, group, resource, allowed) in cases {
+            assert_eq!(
+                allows(rules, verb, group, resource),
+                *allowed,
+                "{verb} {group}/{resource}"
+            );
+        }
+    }
+
     #[test]
     fn rule_matching_follows_the_rbac_authorizer() {
         let rule = Rule {
@@ -158,13 +231,7 @@ mod tests {
             ("patch", "", "volumeattachments", false),
             ("patch", "storage.k8s.io", "csinodes", false),
         ];
-        for (verb, group, resource, allowed) in cases {
-            assert_eq!(
-                allows(std::slice::from_ref(&rule), verb, group, resource),
-                allowed,
-                "{verb} {group}/{resource}"
-            );
-        }
+        assert_allows(std::slice::from_ref(&rule), &cases);
         let wildcard = Rule {
             api_groups: vec!["*".into()],
             resources: vec!["*".into()],
@@ -182,6 +249,35 @@ mod tests {
             ..wildcard
         };
         assert!(!allows(&[named], "get", "", "secrets"));
+    }
+
+    #[test]
+    fn without_leaves_out_one_verb_and_keeps_the_rest() {
+        let rules = without(granted(ATTACHER), "list", "storage.k8s.io", "csinodes");
+        assert!(!allows(&rules, "list", "storage.k8s.io", "csinodes"));
+        assert!(allows(&rules, "watch", "storage.k8s.io", "csinodes"));
+        assert!(allows(
+            &rules,
+            "list",
+            "storage.k8s.io",
+            "volumeattachments"
+        ));
+        assert!(allows(&rules, "patch", "", "persistentvolumes"));
+        let shared = Rule {
+            api_groups: vec!["".into(), "storage.k8s.io".into()],
+            resources: vec!["csinodes".into(), "nodes".into()],
+            verbs: vec!["list".into(), "watch".into()],
+            resource_names: vec![],
+        };
+        let rules = without(&[shared], "list", "storage.k8s.io", "csinodes");
+        let cases = [
+            ("list", "storage.k8s.io", "csinodes", false),
+            ("watch", "storage.k8s.io", "csinodes", true),
+            ("list", "", "csinodes", true),
+            ("list", "storage.k8s.io", "nodes", true),
+            ("list", "", "nodes", true),
+        ];
+        assert_allows(&rules, &cases);
     }
 
     #[test]
