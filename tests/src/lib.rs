@@ -20,17 +20,21 @@ pub mod manifests;
 pub mod podmon;
 pub mod rbac;
 pub mod registration;
+pub mod service_accounts;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Client, Resource, ResourceExt};
 use kube_sim::ApiServer;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig, StagingLayout};
@@ -247,6 +251,7 @@ impl Cluster {
             namespace: namespace.clone(),
             driver_name: driver_name.clone(),
             nodes: nodes.clone(),
+            made: Arc::default(),
         }));
         let node_names: Vec<&str> = nodes.iter().map(String::as_str).collect();
         let driver = LocalCluster::start(root.path(), &node_names, |config| {
@@ -620,9 +625,20 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
         change: impl FnOnce(&mut csi_attacher::controller::Settings),
     ) -> Sidecar {
+        self.start_attacher_as(self.component_client(rbac::ATTACHER), csi, change)
+            .await
+    }
+
+    /// [`Cluster::start_attacher_via`] calling the API with `client` (another identity's, say:
+    /// see [`Cluster::service_account_client`]).
+    pub async fn start_attacher_as(
+        &self,
+        client: Client,
+        csi: csi_sidecar::conn::CsiConnection,
+        change: impl FnOnce(&mut csi_attacher::controller::Settings),
+    ) -> Sidecar {
         let settings = attacher_settings(&csi, change).await;
         let shutdown = CancellationToken::new();
-        let client = self.component_client(rbac::ATTACHER);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = csi_attacher::controller::run(client, csi, settings, token).await {
@@ -789,13 +805,54 @@ impl Cluster {
     /// A client for `component` (its User-Agent names it, so the API server counts its
     /// requests apart and [`rbac::denied`] can check them against the chart's rules).
     pub fn component_client(&self, component: &str) -> Client {
+        Client::try_from(self.component_config(component)).expect("a client")
+    }
+
+    /// [`Cluster::component_client`] authenticating with the bearer `token` instead of the
+    /// scenario's credentials (the cluster's address and the trust in its certificate stay).
+    pub fn component_client_with_token(&self, component: &str, token: &str) -> Client {
+        let mut config = self.component_config(component);
+        config.auth_info = object(serde_json::json!({ "token": token }));
+        Client::try_from(config).expect("a client")
+    }
+
+    fn component_config(&self, component: &str) -> kube::Config {
         let mut config = self.config.clone();
         config.headers.push((
             http::header::USER_AGENT,
             http::HeaderValue::from_str(component).expect("a component name is a header value"),
         ));
-        Client::try_from(config).expect("a client")
+        config
     }
+
+    /// Has the cleanup (at [`Cluster::stop`], or when the scenario fails) delete `name`, an
+    /// object the fixture does not otherwise find as the scenario's (in `namespace`, or
+    /// cluster-scoped): the last one registered is deleted first.
+    pub fn delete_at_cleanup<K>(&self, namespace: Option<&str>, name: &str)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let Some(sweep) = &self.sweep_on_panic.0 else {
+            return;
+        };
+        sweep
+            .made
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Made {
+                resource: ApiResource::erase::<K>(&()),
+                namespace: namespace.map(str::to_string),
+                name: name.to_string(),
+            });
+    }
+}
+
+/// An object a scenario made that its [`Sweep`] deletes by name.
+#[derive(Clone, Debug)]
+struct Made {
+    resource: ApiResource,
+    namespace: Option<String>,
+    name: String,
 }
 
 /// Everything a scenario made in the cluster, found by its namespace, its driver's name and its
@@ -807,6 +864,8 @@ struct Sweep {
     namespace: String,
     driver_name: String,
     nodes: Vec<String>,
+    /// What the scenario registered with [`Cluster::delete_at_cleanup`].
+    made: Arc<Mutex<Vec<Made>>>,
 }
 
 impl Sweep {
@@ -815,6 +874,14 @@ impl Sweep {
             grace_period_seconds: Some(0),
             ..DeleteParams::default()
         };
+        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(PoisonError::into_inner));
+        for made in made.iter().rev() {
+            let api: Api<DynamicObject> = match &made.namespace {
+                Some(namespace) => Api::namespaced_with(client.clone(), namespace, &made.resource),
+                None => Api::all_with(client.clone(), &made.resource),
+            };
+            forget(&api, &made.name, &now).await;
+        }
         let pods: Api<Pod> = Api::namespaced(client.clone(), &self.namespace);
         if let Ok(list) = pods.list(&ListParams::default()).await {
             for pod in list.items {
