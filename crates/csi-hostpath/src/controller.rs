@@ -11,13 +11,15 @@ use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed, ready_volume, ready_volume_mut, to_btree};
+use crate::export;
 use crate::rules::{self, required};
-use crate::state::{
-    AccessType, ContentSource, Phase, Publication, Snapshot, State, Volume, now_nanos,
-};
+use crate::state::{ContentSource, Layout, Phase, Publication, Snapshot, State, Volume, now_nanos};
 
 /// Size of a volume whose request gives no capacity.
 pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
+
+/// The smallest ext4 volume: room for the journal and the metadata of a useful filesystem.
+pub const MIN_EXT4_VOLUME_SIZE: u64 = 16 << 20;
 
 /// The Controller service over a shared [`Driver`].
 #[derive(Debug, Clone)]
@@ -147,8 +149,18 @@ impl Driver {
     ) -> Result<csi::CreateVolumeResponse, Status> {
         let name = required(&request.name, "name")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
-        let (size, limit) =
+        let filesystem = rules::filesystem(&request.volume_capabilities)?;
+        let layout = Layout::of(access_type, filesystem);
+        let (mut size, limit) =
             requested_size(request.capacity_range.as_ref(), self.config.max_volume_size)?;
+        if layout == Layout::Ext4Image && size < MIN_EXT4_VOLUME_SIZE {
+            if limit > 0 && limit < MIN_EXT4_VOLUME_SIZE {
+                return Err(Status::out_of_range(format!(
+                    "an ext4 volume needs at least {MIN_EXT4_VOLUME_SIZE} bytes; limit_bytes is {limit}"
+                )));
+            }
+            size = MIN_EXT4_VOLUME_SIZE;
+        }
         self.check_mutable_names(request.mutable_parameters.keys())?;
         let source = match request
             .volume_content_source
@@ -176,7 +188,7 @@ impl Driver {
             if let Some(existing) = state.volume_by_name_mut(name) {
                 let fits = existing.capacity_bytes >= size
                     && (limit == 0 || existing.capacity_bytes <= limit);
-                if existing.access_type != access_type || !fits || existing.source != source {
+                if existing.layout() != layout || !fits || existing.source != source {
                     return Err(Status::already_exists(format!(
                         "volume {name} exists with different capacity, access type or source"
                     )));
@@ -202,7 +214,7 @@ impl Driver {
                             .snapshots
                             .get(id)
                             .filter(|s| s.phase == Phase::Ready)
-                            .map(|s| (s.access_type, s.size_bytes)),
+                            .map(|s| (s.layout(), s.size_bytes)),
                     ),
                     ContentSource::Volume(id) => (
                         "volume",
@@ -211,14 +223,14 @@ impl Driver {
                             .volumes
                             .get(id)
                             .filter(|v| v.phase == Phase::Ready)
-                            .map(|v| (v.access_type, v.capacity_bytes)),
+                            .map(|v| (v.layout(), v.capacity_bytes)),
                     ),
                 };
-                let (source_type, source_bytes) = found
+                let (source_layout, source_bytes) = found
                     .ok_or_else(|| Status::not_found(format!("source {what} {id} not found")))?;
-                if source_type != access_type {
+                if source_layout != layout {
                     return Err(Status::invalid_argument(format!(
-                        "source {what} and new volume access types differ"
+                        "source {what} and new volume differ in access type or fs_type"
                     )));
                 }
                 if source_bytes > size {
@@ -238,6 +250,7 @@ impl Driver {
                 name: name.to_string(),
                 capacity_bytes: size,
                 access_type,
+                filesystem,
                 phase: Phase::Creating,
                 home_node,
                 kind: kind.clone(),
@@ -248,6 +261,7 @@ impl Driver {
                 published: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 fenced: BTreeMap::new(),
+                exports: BTreeMap::new(),
                 creator: Some(self.instance.id.clone()),
             };
             state.volumes.insert(volume.id.clone(), volume.clone());
@@ -255,24 +269,27 @@ impl Driver {
         })?;
 
         if volume.phase == Phase::Creating {
-            let path = self.store.volume_data(&volume.id, access_type);
+            let path = self.store.volume_data(&volume.id, layout);
             let made = match &volume.source {
-                None => data::create_empty(&path, access_type, size),
+                None => data::create_empty(&path, layout, volume.capacity_bytes),
                 Some(ContentSource::Snapshot(id)) => data::restore(
-                    &self.store.snapshot_data(id, access_type),
+                    &self.store.snapshot_data(id, layout),
                     &path,
-                    access_type,
-                    size,
+                    layout,
+                    volume.capacity_bytes,
                 ),
-                Some(ContentSource::Volume(id)) => data::clone_volume(
-                    &self.store.volume_data(id, access_type),
-                    &path,
-                    access_type,
-                    size,
-                ),
+                Some(ContentSource::Volume(id)) => {
+                    self.flush_exports(id);
+                    data::clone_volume(
+                        &self.store.volume_data(id, layout),
+                        &path,
+                        layout,
+                        volume.capacity_bytes,
+                    )
+                }
             };
             if let Err(error) = made {
-                self.roll_back_volume(&volume.id, access_type);
+                self.roll_back_volume(&volume.id, layout);
                 return Err(io_failed(&format!("creating data of volume {name}"), error));
             }
             self.store.update(|state| {
@@ -335,10 +352,10 @@ impl Driver {
                 )));
             }
             volume.phase = Phase::Deleting;
-            Ok(Some(volume.access_type))
+            Ok(Some(volume.layout()))
         })?;
         match found {
-            Some(access_type) => self.finish_deleting_volume(id, access_type),
+            Some(layout) => self.finish_deleting_volume(id, layout),
             None => Ok(()),
         }
     }
@@ -357,7 +374,7 @@ impl Driver {
         let (access_type, mode) = rules::capability(capability)?;
         let readonly = request.readonly && self.config.enable_attach;
         let _guard = self.locks.acquire(&[id])?;
-        self.store.update(|state| {
+        let volume = self.store.update(|state| {
             let max = self.config.max_volumes_per_node;
             let count = state.published_count(node);
             let volume = ready_volume_mut(state, id)?;
@@ -371,7 +388,7 @@ impl Driver {
             }
             if let Some(existing) = volume.published.get(node) {
                 return if existing.readonly == readonly {
-                    Ok(())
+                    Ok(volume.clone())
                 } else {
                     Err(Status::already_exists(format!(
                         "volume {id} is already published to node {node} with readonly={}",
@@ -394,8 +411,11 @@ impl Driver {
             volume
                 .published
                 .insert(node.to_string(), Publication { readonly });
-            Ok(())
+            Ok(volume.clone())
         })?;
+        if volume.layout() == Layout::Ext4Image {
+            self.ensure_export(&volume, node)?;
+        }
         Ok(csi::ControllerPublishVolumeResponse {
             publish_context: [("readonly".to_string(), readonly.to_string())].into(),
         })
@@ -408,13 +428,19 @@ impl Driver {
         self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.acquire(&[id])?;
+        let unpublished = |node: &str| request.node_id.is_empty() || node == request.node_id;
+        if let Some(volume) = self.store.read()?.volumes.get(id) {
+            for node in volume.exports.keys().filter(|node| unpublished(node)) {
+                let let_go = volume
+                    .nodes
+                    .get(node)
+                    .is_none_or(|u| u.staged.is_none() && u.targets.is_empty());
+                self.end_export(volume, node, let_go)?;
+            }
+        }
         self.store.update(|state| {
             if let Some(volume) = state.volumes.get_mut(id) {
-                if request.node_id.is_empty() {
-                    volume.published.clear();
-                } else {
-                    volume.published.remove(&request.node_id);
-                }
+                volume.published.retain(|node, _| !unpublished(node));
             }
             Ok::<_, Status>(())
         })
@@ -562,6 +588,7 @@ impl Driver {
                 source_volume_id: source.to_string(),
                 size_bytes: volume.capacity_bytes,
                 access_type: volume.access_type,
+                filesystem: volume.filesystem,
                 phase: Phase::Creating,
                 created_unix_nanos: now_nanos(),
                 group_snapshot_id: None,
@@ -573,10 +600,12 @@ impl Driver {
             Ok(snapshot)
         })?;
         let snapshot = if snapshot.phase == Phase::Creating {
+            self.flush_exports(source);
+            let layout = snapshot.layout();
             let taken = data::snapshot(
-                &self.store.volume_data(source, snapshot.access_type),
-                &self.store.snapshot_data(&snapshot.id, snapshot.access_type),
-                snapshot.access_type,
+                &self.store.volume_data(source, layout),
+                &self.store.snapshot_data(&snapshot.id, layout),
+                layout,
             );
             if let Err(error) = taken {
                 self.roll_back_snapshots(std::slice::from_ref(&snapshot.id), None);
@@ -687,12 +716,17 @@ impl Driver {
             Ok(volume)
         })?;
         let new_size = size.max(volume.capacity_bytes);
-        data::expand(
-            &self.store.volume_data(id, volume.access_type),
-            volume.access_type,
-            new_size,
-        )
-        .map_err(|e| io_failed(&format!("expanding volume {id}"), e))?;
+        let layout = volume.layout();
+        data::expand(&self.store.volume_data(id, layout), layout, new_size)
+            .map_err(|e| io_failed(&format!("expanding volume {id}"), e))?;
+        for (node, export) in &volume.exports {
+            export::grow(&export.device).map_err(|e| {
+                io_failed(
+                    &format!("growing the export of volume {id} to node {node}"),
+                    e,
+                )
+            })?;
+        }
         self.store.update(|state| {
             if let Some(v) = state.volumes.get_mut(id) {
                 v.capacity_bytes = new_size;
@@ -701,7 +735,7 @@ impl Driver {
         })?;
         Ok(csi::ControllerExpandVolumeResponse {
             capacity_bytes: i64::try_from(new_size).unwrap_or(i64::MAX),
-            node_expansion_required: volume.access_type == AccessType::Block,
+            node_expansion_required: layout.is_image(),
         })
     }
 

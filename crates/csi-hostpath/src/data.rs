@@ -1,5 +1,5 @@
-//! Volume and snapshot data on disk: directories for filesystem volumes, sparse image files
-//! for block volumes, tar archives and image copies for snapshots. Writes that must survive a
+//! Volume and snapshot data on disk: directories for filesystem volumes without fsType, sparse
+//! image files for block and ext4 volumes, tar archives and image copies for snapshots. Writes that must survive a
 //! crash go to a temporary name first and are renamed into place. A filesystem volume's tree
 //! belongs to a tenant who may change it while we read it: it is only read through [`tree`].
 
@@ -8,51 +8,48 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::state::AccessType;
+use crate::export;
+use crate::state::Layout;
 use crate::tree;
 
 /// Creates an empty volume (any partial leftover from a crashed attempt is replaced).
-pub fn create_empty(path: &Path, access_type: AccessType, size: u64) -> io::Result<()> {
+pub fn create_empty(path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     remove(path)?;
-    match access_type {
-        AccessType::Mount => fs::create_dir_all(path),
-        AccessType::Block => {
-            let file = File::create(path)?;
-            file.set_len(size)?;
-            file.sync_all()
-        }
+    if layout == Layout::Directory {
+        return fs::create_dir_all(path);
     }
+    let file = File::create(path)?;
+    file.set_len(size)?;
+    if layout == Layout::Ext4Image {
+        export::format(path)?;
+    }
+    file.sync_all()
 }
 
 /// Creates a volume as a copy of another volume's data.
-pub fn clone_volume(
-    source: &Path,
-    path: &Path,
-    access_type: AccessType,
-    size: u64,
-) -> io::Result<()> {
+pub fn clone_volume(source: &Path, path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     remove(path)?;
-    match access_type {
-        AccessType::Mount => tree::copy(source, path),
-        AccessType::Block => copy_image(source, path, size),
+    match layout {
+        Layout::Directory => tree::copy(source, path),
+        Layout::Image | Layout::Ext4Image => copy_image(source, path, size),
     }
 }
 
 /// Creates a volume from a snapshot's data.
-pub fn restore(snapshot: &Path, path: &Path, access_type: AccessType, size: u64) -> io::Result<()> {
+pub fn restore(snapshot: &Path, path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     remove(path)?;
-    match access_type {
-        AccessType::Mount => tree::extract(File::open(snapshot)?, path),
-        AccessType::Block => copy_image(snapshot, path, size),
+    match layout {
+        Layout::Directory => tree::extract(File::open(snapshot)?, path),
+        Layout::Image | Layout::Ext4Image => copy_image(snapshot, path, size),
     }
 }
 
-/// Takes a snapshot of a volume's data: archived for filesystems, copied for block.
-pub fn snapshot(volume: &Path, snapshot: &Path, access_type: AccessType) -> io::Result<()> {
+/// Takes a snapshot of a volume's data: a directory is archived, an image copied.
+pub fn snapshot(volume: &Path, snapshot: &Path, layout: Layout) -> io::Result<()> {
     let temp = temporary(snapshot);
-    match access_type {
-        AccessType::Mount => tree::archive(volume, File::create(&temp)?)?.sync_all()?,
-        AccessType::Block => {
+    match layout {
+        Layout::Directory => tree::archive(volume, File::create(&temp)?)?.sync_all()?,
+        Layout::Image | Layout::Ext4Image => {
             fs::copy(volume, &temp)?;
             File::open(&temp)?.sync_all()?;
         }
@@ -60,9 +57,9 @@ pub fn snapshot(volume: &Path, snapshot: &Path, access_type: AccessType) -> io::
     fs::rename(&temp, snapshot)
 }
 
-/// Grows a block image (filesystem volumes are directories: nothing to grow).
-pub fn expand(path: &Path, access_type: AccessType, size: u64) -> io::Result<()> {
-    if access_type == AccessType::Block {
+/// Grows an image (a directory has nothing to grow; an ext4 filesystem grows on the node).
+pub fn expand(path: &Path, layout: Layout, size: u64) -> io::Result<()> {
+    if layout.is_image() {
         let file = fs::OpenOptions::new().write(true).open(path)?;
         if file.metadata()?.len() < size {
             file.set_len(size)?;
@@ -132,19 +129,19 @@ mod tests {
     fn filesystem_volume_snapshot_restore_and_clone() {
         let dir = tempfile::tempdir().unwrap();
         let volume = dir.path().join("vol");
-        create_empty(&volume, AccessType::Mount, 0).unwrap();
+        create_empty(&volume, Layout::Directory, 0).unwrap();
         fs::create_dir(volume.join("sub")).unwrap();
         fs::write(volume.join("sub/file"), b"hello").unwrap();
         let snap = dir.path().join("snap.tar");
-        snapshot(&volume, &snap, AccessType::Mount).unwrap();
+        snapshot(&volume, &snap, Layout::Directory).unwrap();
         assert!(!dir.path().join("snap.tar.partial").exists());
 
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, AccessType::Mount, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 0).unwrap();
         assert_eq!(fs::read(restored.join("sub/file")).unwrap(), b"hello");
 
         let cloned = dir.path().join("cloned");
-        clone_volume(&volume, &cloned, AccessType::Mount, 0).unwrap();
+        clone_volume(&volume, &cloned, Layout::Directory, 0).unwrap();
         assert_eq!(fs::read(cloned.join("sub/file")).unwrap(), b"hello");
         assert_eq!(
             usage(&cloned).unwrap(),
@@ -161,16 +158,16 @@ mod tests {
     fn block_images_are_sized_copied_and_grown() {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("vol.img");
-        create_empty(&image, AccessType::Block, 1 << 20).unwrap();
+        create_empty(&image, Layout::Image, 1 << 20).unwrap();
         assert_eq!(fs::metadata(&image).unwrap().len(), 1 << 20);
         let snap = dir.path().join("snap.img");
-        snapshot(&image, &snap, AccessType::Block).unwrap();
+        snapshot(&image, &snap, Layout::Image).unwrap();
         let bigger = dir.path().join("bigger.img");
-        restore(&snap, &bigger, AccessType::Block, 2 << 20).unwrap();
+        restore(&snap, &bigger, Layout::Image, 2 << 20).unwrap();
         assert_eq!(fs::metadata(&bigger).unwrap().len(), 2 << 20);
-        expand(&image, AccessType::Block, 4 << 20).unwrap();
+        expand(&image, Layout::Image, 4 << 20).unwrap();
         assert_eq!(fs::metadata(&image).unwrap().len(), 4 << 20);
-        expand(&image, AccessType::Block, 1 << 20).unwrap();
+        expand(&image, Layout::Image, 1 << 20).unwrap();
         assert_eq!(
             fs::metadata(&image).unwrap().len(),
             4 << 20,
@@ -202,7 +199,7 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         let dir = tempfile::tempdir().unwrap();
         let volume = dir.path().join("vol");
-        create_empty(&volume, AccessType::Mount, 0).unwrap();
+        create_empty(&volume, Layout::Directory, 0).unwrap();
         fs::write(volume.join("file"), b"hello").unwrap();
         let fifo = volume.join("fifo");
         rustix::fs::mknodat(
@@ -216,13 +213,13 @@ mod tests {
         let (source, cloned) = (volume.clone(), dir.path().join("cloned"));
         let into = cloned.clone();
         without_hanging_on(&fifo, move || {
-            clone_volume(&source, &into, AccessType::Mount, 0)
+            clone_volume(&source, &into, Layout::Directory, 0)
         });
         let (source, snap) = (volume.clone(), dir.path().join("snap.tar"));
         let into = snap.clone();
-        without_hanging_on(&fifo, move || snapshot(&source, &into, AccessType::Mount));
+        without_hanging_on(&fifo, move || snapshot(&source, &into, Layout::Directory));
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, AccessType::Mount, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 0).unwrap();
         for copy in [&cloned, &restored] {
             assert!(
                 fs::symlink_metadata(copy.join("fifo"))
@@ -242,15 +239,15 @@ mod tests {
         let secret = dir.path().join("state.json");
         fs::write(&secret, b"host secret").unwrap();
         let volume = dir.path().join("vol");
-        create_empty(&volume, AccessType::Mount, 0).unwrap();
+        create_empty(&volume, Layout::Directory, 0).unwrap();
         std::os::unix::fs::symlink(&secret, volume.join("leak")).unwrap();
         std::os::unix::fs::symlink(dir.path(), volume.join("host")).unwrap();
         let cloned = dir.path().join("cloned");
-        clone_volume(&volume, &cloned, AccessType::Mount, 0).unwrap();
+        clone_volume(&volume, &cloned, Layout::Directory, 0).unwrap();
         let snap = dir.path().join("snap.tar");
-        snapshot(&volume, &snap, AccessType::Mount).unwrap();
+        snapshot(&volume, &snap, Layout::Directory).unwrap();
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, AccessType::Mount, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 0).unwrap();
         for copy in [&cloned, &restored] {
             for (name, target) in [("leak", secret.as_path()), ("host", dir.path())] {
                 let link = copy.join(name);
@@ -315,7 +312,7 @@ mod tests {
             let result = restore(
                 &snap,
                 &dir.path().join(format!("vol-{case}")),
-                AccessType::Mount,
+                Layout::Directory,
                 0,
             );
             assert!(result.is_err(), "{case}: restored");

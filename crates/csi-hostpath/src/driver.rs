@@ -126,7 +126,7 @@ impl Driver {
 
     /// A volume's health: its data must exist.
     pub fn condition(&self, volume: &Volume) -> csi::VolumeCondition {
-        let path = self.store.volume_data(&volume.id, volume.access_type);
+        let path = self.store.volume_data(&volume.id, volume.layout());
         if path.exists() {
             csi::VolumeCondition {
                 abnormal: false,

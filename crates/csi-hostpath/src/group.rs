@@ -85,6 +85,7 @@ impl Driver {
                     source_volume_id: source.clone(),
                     size_bytes: volume.capacity_bytes,
                     access_type: volume.access_type,
+                    filesystem: volume.filesystem,
                     phase: Phase::Creating,
                     created_unix_nanos: created,
                     group_snapshot_id: Some(group_id.clone()),
@@ -113,12 +114,12 @@ impl Driver {
                     .snapshots
                     .get(id)
                     .ok_or_else(|| Status::aborted(format!("member snapshot {id} disappeared")))?;
+                self.flush_exports(&snapshot.source_volume_id);
+                let layout = snapshot.layout();
                 let taken = data::snapshot(
-                    &self
-                        .store
-                        .volume_data(&snapshot.source_volume_id, snapshot.access_type),
-                    &self.store.snapshot_data(id, snapshot.access_type),
-                    snapshot.access_type,
+                    &self.store.volume_data(&snapshot.source_volume_id, layout),
+                    &self.store.snapshot_data(id, layout),
+                    layout,
                 );
                 if let Err(error) = taken {
                     self.roll_back_snapshots(&group.snapshot_ids, Some(&group.id));

@@ -131,7 +131,7 @@ impl Driver {
                 messages.push(format!("volume {id} not found"));
                 continue;
             };
-            let written = data::last_write(&self.store.volume_data(id, volume.access_type))
+            let written = data::last_write(&self.store.volume_data(id, volume.layout()))
                 .is_ok_and(|at| at >= since);
             if written {
                 ios_in_progress = true;

@@ -9,6 +9,7 @@ pub mod config;
 pub mod controller;
 pub mod data;
 pub mod driver;
+pub mod export;
 pub mod group;
 pub mod identity;
 pub mod local;

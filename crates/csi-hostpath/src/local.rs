@@ -151,16 +151,27 @@ impl LocalCluster {
     /// Stops every instance and waits for them.
     pub async fn stop(self) {
         for instance in std::iter::once(self.controller).chain(self.nodes) {
-            instance.shutdown.cancel();
-            match instance.task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(node = %instance.node_id, %error, "instance failed")
-                }
-                Err(error) => {
-                    tracing::warn!(node = %instance.node_id, %error, "instance task failed")
-                }
-            }
+            instance.stop().await;
+        }
+    }
+
+    /// Stops one node instance, as a node that fails: it serves and fences nothing more.
+    pub async fn fail_node(&mut self, name: &str) {
+        let at = self.nodes.iter().position(|n| n.node_id == name);
+        let instance = self
+            .nodes
+            .remove(at.unwrap_or_else(|| panic!("no node instance {name}")));
+        instance.stop().await;
+    }
+}
+
+impl Instance {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(node = %self.node_id, %error, "instance failed"),
+            Err(error) => tracing::warn!(node = %self.node_id, %error, "instance task failed"),
         }
     }
 }

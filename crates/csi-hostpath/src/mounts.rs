@@ -58,9 +58,14 @@ pub use csi_sidecar::mounts::unmount_all;
 
 /// Attaches `image` to a loop device, reusing one already attached to it.
 pub fn loop_attach(image: &Path) -> io::Result<String> {
-    if let Some(device) = loop_device_of(image)? {
-        return Ok(device);
+    match loop_device_of(image)? {
+        Some(device) => Ok(device),
+        None => loop_attach_new(image),
     }
+}
+
+/// Attaches `image` to a new loop device of its own, even when others are attached to it.
+pub fn loop_attach_new(image: &Path) -> io::Result<String> {
     let output = losetup(&["--find", "--show", &image.display().to_string()])?;
     Ok(output.trim().to_string())
 }

@@ -13,9 +13,10 @@ use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed, ready_volume};
+use crate::export;
 use crate::mounts;
 use crate::rules::{self, required};
-use crate::state::{AccessType, NodeUse, Staging, Target, Volume, now_millis};
+use crate::state::{AccessType, Layout, NodeUse, Staging, Target, Volume, now_millis};
 
 #[derive(Debug, Clone)]
 pub struct NodeService {
@@ -103,7 +104,11 @@ impl Driver {
             };
         }
         need_mounts()?;
-        let data = self.store.volume_data(id, access_type);
+        let layout = volume.layout();
+        let data = match layout {
+            Layout::Ext4Image => self.export_of(&volume)?,
+            Layout::Directory | Layout::Image => self.store.volume_data(id, layout),
+        };
         let device = match access_type {
             AccessType::Mount => {
                 fs::create_dir_all(&staging)
@@ -147,7 +152,28 @@ impl Driver {
         if let Some(device) = &staged.device {
             mounts::loop_detach(device).map_err(|e| io_failed("detaching the loop device", e))?;
         }
+        if !self.config.enable_attach {
+            self.end_export(&volume, &self.config.node_id, true)?;
+        }
         self.record_node_use(id, |usage| usage.staged = None)
+    }
+
+    /// Where this node reaches an ext4 volume: its export. With attach enabled the export is
+    /// ControllerPublishVolume's to make; without, staging makes it.
+    fn export_of(&self, volume: &Volume) -> Result<PathBuf, Status> {
+        let node = &self.config.node_id;
+        let at = self.store.export_path(node, &volume.id);
+        if !self.config.enable_attach {
+            self.ensure_export(volume, node)?;
+        } else if !volume.exports.contains_key(node)
+            || !mounts::is_mount_point(&at).map_err(|e| io_failed("reading mounts", e))?
+        {
+            return Err(Status::failed_precondition(format!(
+                "volume {} has no export to node {node}: ControllerPublishVolume makes it",
+                volume.id
+            )));
+        }
+        Ok(at)
     }
 
     fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), Status> {
@@ -277,17 +303,37 @@ impl Driver {
         let id = required(&request.volume_id, "volume_id")?;
         let path = required(&request.volume_path, "volume_path")?;
         let volume = self.volume_at(id, path)?;
-        let data = self.store.volume_data(id, volume.access_type);
+        let layout = volume.layout();
+        let data = self.store.volume_data(id, layout);
         let total = i64::try_from(volume.capacity_bytes).unwrap_or(i64::MAX);
         let mut usage = vec![];
-        match volume.access_type {
-            AccessType::Block => usage.push(csi::VolumeUsage {
+        match layout {
+            Layout::Image => usage.push(csi::VolumeUsage {
                 available: 0,
                 total,
                 used: 0,
                 unit: Unit::Bytes as i32,
             }),
-            AccessType::Mount => {
+            Layout::Ext4Image => {
+                let fs = rustix::fs::statvfs(path).map_err(|e| io_failed("statvfs", e.into()))?;
+                let bytes = |blocks: u64| {
+                    i64::try_from(blocks.saturating_mul(fs.f_frsize)).unwrap_or(i64::MAX)
+                };
+                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                usage.push(csi::VolumeUsage {
+                    available: bytes(fs.f_bavail),
+                    total: bytes(fs.f_blocks),
+                    used: bytes(fs.f_blocks.saturating_sub(fs.f_bfree)),
+                    unit: Unit::Bytes as i32,
+                });
+                usage.push(csi::VolumeUsage {
+                    available: count(fs.f_ffree),
+                    total: count(fs.f_files),
+                    used: count(fs.f_files.saturating_sub(fs.f_ffree)),
+                    unit: Unit::Inodes as i32,
+                });
+            }
+            Layout::Directory => {
                 let (bytes, inodes) =
                     data::usage(&data).map_err(|e| io_failed("measuring usage", e))?;
                 let used = i64::try_from(bytes).unwrap_or(i64::MAX);
@@ -347,6 +393,19 @@ impl Driver {
             rules::capability(capability)?;
         }
         let volume = self.volume_at(id, path)?;
+        if let Some(export) = volume.exports.get(&self.config.node_id) {
+            let bytes = export::device_bytes(&export.device)
+                .map_err(|e| io_failed("reading the export's size", e))?;
+            export::resize_filesystem(Path::new(path), bytes).map_err(|error| {
+                if error.kind() == std::io::ErrorKind::PermissionDenied {
+                    Status::failed_precondition(
+                        "growing an ext4 filesystem online needs CAP_SYS_RESOURCE, which this node plugin lacks",
+                    )
+                } else {
+                    io_failed("growing the ext4 filesystem", error)
+                }
+            })?;
+        }
         if let Some(device) = volume
             .nodes
             .get(&self.config.node_id)

@@ -9,11 +9,11 @@ use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed};
-use crate::state::{AccessType, Phase, StoreError};
+use crate::state::{Layout, Phase, StoreError};
 
 impl Driver {
     /// Rolls back a volume whose data creation failed.
-    pub fn roll_back_volume(&self, id: &str, access_type: AccessType) {
+    pub fn roll_back_volume(&self, id: &str, layout: Layout) {
         let rolled_back = self
             .store
             .update(|state| {
@@ -22,7 +22,7 @@ impl Driver {
                 }
                 Ok::<_, Status>(())
             })
-            .and_then(|()| self.finish_deleting_volume(id, access_type));
+            .and_then(|()| self.finish_deleting_volume(id, layout));
         if let Err(status) = rolled_back {
             tracing::warn!(volume = id, error = %status.message(), "rollback of a failed creation incomplete; the next start finishes it");
         }
@@ -50,8 +50,8 @@ impl Driver {
     }
 
     /// Removes the data, then the record, of a volume marked `Deleting`.
-    pub fn finish_deleting_volume(&self, id: &str, access_type: AccessType) -> Result<(), Status> {
-        data::remove(&self.store.volume_data(id, access_type))
+    pub fn finish_deleting_volume(&self, id: &str, layout: Layout) -> Result<(), Status> {
+        data::remove(&self.store.volume_data(id, layout))
             .map_err(|e| io_failed(&format!("removing data of volume {id}"), e))?;
         self.store.update(|state| {
             state.volumes.remove(id);
@@ -68,7 +68,7 @@ impl Driver {
         let state = self.store.read()?;
         for id in ids {
             if let Some(snapshot) = state.snapshots.get(id) {
-                data::remove_snapshot(&self.store.snapshot_data(id, snapshot.access_type))
+                data::remove_snapshot(&self.store.snapshot_data(id, snapshot.layout()))
                     .map_err(|e| io_failed(&format!("removing snapshot {id}"), e))?;
             }
         }
@@ -124,7 +124,7 @@ pub fn recover(driver: &Driver) -> Result<(), StoreError> {
     let mut finished = Vec::new();
     for volume in state.volumes.values() {
         if volume.phase == Phase::Deleting {
-            finished.push(driver.finish_deleting_volume(&volume.id, volume.access_type));
+            finished.push(driver.finish_deleting_volume(&volume.id, volume.layout()));
         }
     }
     for group in state.groups.values() {

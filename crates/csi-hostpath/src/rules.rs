@@ -7,7 +7,7 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType as CapabilityAccess};
 use tonic::Status;
 
-use crate::state::AccessType;
+use crate::state::{AccessType, Filesystem};
 
 /// `INVALID_ARGUMENT` unless `value` is non-empty.
 pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
@@ -54,6 +54,46 @@ pub fn capabilities(list: &[VolumeCapability]) -> Result<AccessType, Status> {
         }
     }
     found.ok_or_else(|| Status::invalid_argument("volume_capabilities are required"))
+}
+
+/// The filesystem the mount capabilities of a CreateVolume ask for: none (no fs_type: a
+/// directory volume) or ext4. ext4 is not a cluster filesystem, so an ext4 volume is
+/// single-node; every other fs_type is refused.
+pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, Status> {
+    let mut asked: Option<&str> = None;
+    for cap in list {
+        let Some(CapabilityAccess::Mount(mount)) = &cap.access_type else {
+            continue;
+        };
+        match asked {
+            Some(previous) if previous != mount.fs_type => {
+                return Err(Status::invalid_argument(format!(
+                    "volume capabilities ask for different fs_types ({previous:?} and {:?})",
+                    mount.fs_type
+                )));
+            }
+            _ => asked = Some(&mount.fs_type),
+        }
+    }
+    let filesystem = match asked.unwrap_or_default() {
+        "" => return Ok(None),
+        "ext4" => Filesystem::Ext4,
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "fs_type {other:?} is not supported: ext4, or none for a directory volume"
+            )));
+        }
+    };
+    let multi_node = list
+        .iter()
+        .filter_map(|cap| cap.access_mode.as_ref())
+        .any(|mode| !single_node(mode.mode()));
+    if multi_node {
+        return Err(Status::invalid_argument(
+            "an ext4 volume is single-node: a multi-node access mode needs a volume without fs_type",
+        ));
+    }
+    Ok(Some(filesystem))
 }
 
 /// Modes that allow the volume on one node at a time.
@@ -185,6 +225,53 @@ mod tests {
             capabilities(&mixed).unwrap_err().code(),
             Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn filesystem_table() {
+        let fs = |fs_type: &str, mode: Mode| {
+            cap(
+                Some(CapabilityAccess::Mount(MountVolume {
+                    fs_type: fs_type.into(),
+                    ..MountVolume::default()
+                })),
+                Some(mode),
+            )
+        };
+        let table = [
+            (vec![fs("", Mode::MultiNodeMultiWriter)], Ok(None)),
+            (vec![cap(block(), Some(Mode::SingleNodeWriter))], Ok(None)),
+            (
+                vec![fs("ext4", Mode::SingleNodeWriter)],
+                Ok(Some(Filesystem::Ext4)),
+            ),
+            (
+                vec![
+                    fs("ext4", Mode::SingleNodeWriter),
+                    fs("ext4", Mode::SingleNodeReaderOnly),
+                ],
+                Ok(Some(Filesystem::Ext4)),
+            ),
+            (
+                vec![fs("ext4", Mode::MultiNodeReaderOnly)],
+                Err(Code::InvalidArgument),
+            ),
+            (
+                vec![fs("xfs", Mode::SingleNodeWriter)],
+                Err(Code::InvalidArgument),
+            ),
+            (
+                vec![
+                    fs("ext4", Mode::SingleNodeWriter),
+                    fs("", Mode::SingleNodeWriter),
+                ],
+                Err(Code::InvalidArgument),
+            ),
+        ];
+        for (input, want) in table {
+            let got = filesystem(&input).map_err(|s| s.code());
+            assert_eq!(got, want, "{input:?}");
+        }
     }
 
     #[test]

@@ -43,6 +43,41 @@ pub enum AccessType {
     Block,
 }
 
+/// The filesystem a mount volume carries. Without one (no fsType) the volume is a directory on
+/// the state disk; with ext4 it is an image file each node reaches only through its own loop
+/// device (its export), which ControllerUnpublishVolume cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Filesystem {
+    Ext4,
+}
+
+/// How a volume's or snapshot's data is kept in the state directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// A directory (a mount volume without fsType); its snapshots are tar archives.
+    Directory,
+    /// A sparse image file (a block volume); its snapshots are copies.
+    Image,
+    /// An ext4 filesystem in a sparse image file; its snapshots are copies.
+    Ext4Image,
+}
+
+impl Layout {
+    pub fn of(access_type: AccessType, filesystem: Option<Filesystem>) -> Self {
+        match (access_type, filesystem) {
+            (AccessType::Block, _) => Self::Image,
+            (AccessType::Mount, None) => Self::Directory,
+            (AccessType::Mount, Some(Filesystem::Ext4)) => Self::Ext4Image,
+        }
+    }
+
+    /// Image layouts are copied as files; a directory is walked.
+    pub fn is_image(self) -> bool {
+        self != Self::Directory
+    }
+}
+
 /// Where a volume is in its life; only `Ready` volumes are visible to the CO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -89,12 +124,22 @@ pub struct Target {
     pub access_mode: i32,
 }
 
+/// A node's own way to an ext4 volume's data: a loop device on the image, mounted at
+/// [`Store::export_path`]. NodeStageVolume bind-mounts the export; cutting it ends every access
+/// through it, whatever mounts or open files the node still has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Export {
+    pub device: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Volume {
     pub id: String,
     pub name: String,
     pub capacity_bytes: u64,
     pub access_type: AccessType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<Filesystem>,
     pub phase: Phase,
     /// Node whose capacity the volume uses.
     pub home_node: String,
@@ -111,6 +156,9 @@ pub struct Volume {
     pub nodes: BTreeMap<String, NodeUse>,
     /// Nodes whose access was fenced after ControllerUnpublishVolume, with the time (ms).
     pub fenced: BTreeMap<String, u64>,
+    /// Exports of an ext4 volume by node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exports: BTreeMap<String, Export>,
     /// The instance creating the volume's data (see [`Store::register_instance`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creator: Option<String>,
@@ -123,6 +171,8 @@ pub struct Snapshot {
     pub source_volume_id: String,
     pub size_bytes: u64,
     pub access_type: AccessType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<Filesystem>,
     pub phase: Phase,
     pub created_unix_nanos: u128,
     /// The group snapshot this snapshot belongs to, if any.
@@ -154,6 +204,18 @@ pub struct State {
     pub snapshots: BTreeMap<String, Snapshot>,
     #[serde(default)]
     pub groups: BTreeMap<String, GroupSnapshot>,
+}
+
+impl Volume {
+    pub fn layout(&self) -> Layout {
+        Layout::of(self.access_type, self.filesystem)
+    }
+}
+
+impl Snapshot {
+    pub fn layout(&self) -> Layout {
+        Layout::of(self.access_type, self.filesystem)
+    }
 }
 
 impl State {
@@ -211,20 +273,27 @@ impl Store {
         self.dir.join(STATE_FILE)
     }
 
-    /// Where a volume's data lives: a directory (mount) or an image file (block).
-    pub fn volume_data(&self, id: &str, access_type: AccessType) -> PathBuf {
-        match access_type {
-            AccessType::Mount => self.dir.join("volumes").join(id),
-            AccessType::Block => self.dir.join("volumes").join(format!("{id}.img")),
+    /// Where a volume's data lives: a directory or an image file.
+    pub fn volume_data(&self, id: &str, layout: Layout) -> PathBuf {
+        match layout {
+            Layout::Directory => self.dir.join("volumes").join(id),
+            Layout::Image | Layout::Ext4Image => self.dir.join("volumes").join(format!("{id}.img")),
         }
     }
 
-    /// Where a snapshot's data lives: a tar archive (mount) or an image copy (block).
-    pub fn snapshot_data(&self, id: &str, access_type: AccessType) -> PathBuf {
-        match access_type {
-            AccessType::Mount => self.dir.join("snapshots").join(format!("{id}.tar")),
-            AccessType::Block => self.dir.join("snapshots").join(format!("{id}.img")),
+    /// Where a snapshot's data lives: a tar archive (directory) or an image copy.
+    pub fn snapshot_data(&self, id: &str, layout: Layout) -> PathBuf {
+        match layout {
+            Layout::Directory => self.dir.join("snapshots").join(format!("{id}.tar")),
+            Layout::Image | Layout::Ext4Image => {
+                self.dir.join("snapshots").join(format!("{id}.img"))
+            }
         }
+    }
+
+    /// Where a node's export of an ext4 volume is mounted.
+    pub fn export_path(&self, node: &str, id: &str) -> PathBuf {
+        self.dir.join("exports").join(node).join(id)
     }
 
     /// Volume and snapshot data no record names. The directories are listed before the state
@@ -470,6 +539,7 @@ mod tests {
             name: format!("name-{id}"),
             capacity_bytes: 10,
             access_type: AccessType::Mount,
+            filesystem: None,
             phase: Phase::Ready,
             home_node: "n1".into(),
             kind: String::new(),
@@ -480,6 +550,7 @@ mod tests {
             published: BTreeMap::new(),
             nodes: BTreeMap::new(),
             fenced: BTreeMap::new(),
+            exports: BTreeMap::new(),
             creator: None,
         }
     }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi::volume_capability::access_mode::Mode;
@@ -107,4 +108,105 @@ impl Drop for MountCleanup {
             }
         }
     }
+}
+
+pub fn publish_to(
+    volume: &str,
+    node: &str,
+    capability: csi::VolumeCapability,
+) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: volume.into(),
+        node_id: node.into(),
+        volume_capability: Some(capability),
+        ..Default::default()
+    }
+}
+
+pub fn stage(
+    volume: &str,
+    staging: &Path,
+    capability: csi::VolumeCapability,
+) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability),
+        ..Default::default()
+    }
+}
+
+pub fn publish(
+    volume: &str,
+    staging: &Path,
+    target: &Path,
+    capability: csi::VolumeCapability,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(capability),
+        readonly,
+        ..Default::default()
+    }
+}
+
+pub fn unpublish(volume: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: volume.into(),
+        target_path: target.display().to_string(),
+    }
+}
+
+pub fn unstage(volume: &str, staging: &Path) -> csi::NodeUnstageVolumeRequest {
+    csi::NodeUnstageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+    }
+}
+
+/// Paths the simulated kubelet of `node` would use for `volume`.
+pub fn paths(cluster: &LocalCluster, node: &str, volume: &str) -> (PathBuf, PathBuf) {
+    let base = cluster.kubelet_dir(node);
+    let staging = base.join("plugins").join(volume).join("globalmount");
+    std::fs::create_dir_all(&staging).unwrap();
+    let pod = base.join("pods").join("pod-1").join("volumes");
+    std::fs::create_dir_all(&pod).unwrap();
+    (staging, pod.join(volume))
+}
+
+/// ControllerPublish to `node`, then NodeStage and NodePublish there, as the attach/detach
+/// controller and the kubelet would; returns the staging and target paths.
+pub async fn attach_and_mount(
+    cluster: &LocalCluster,
+    node: &str,
+    volume: &str,
+    cap: &csi::VolumeCapability,
+) -> (PathBuf, PathBuf) {
+    let (staging, target) = paths(cluster, node, volume);
+    let csi = &cluster.node(node).csi;
+    cluster
+        .controller
+        .csi
+        .controller_publish_volume(publish_to(volume, node, cap.clone()), T)
+        .await
+        .unwrap();
+    csi.node_stage_volume(stage(volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    csi.node_publish_volume(publish(volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    (staging, target)
+}
+
+pub async fn teardown(node: &CsiConnection, volume: &str, staging: &Path, target: &Path) {
+    node.node_unpublish_volume(unpublish(volume, target), T)
+        .await
+        .unwrap();
+    node.node_unstage_volume(unstage(volume, staging), T)
+        .await
+        .unwrap();
 }

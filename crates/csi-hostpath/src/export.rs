@@ -1,0 +1,368 @@
+//! Exports of ext4 volumes: the data-layer fence. Each node reaches an ext4 volume only
+//! through its own loop device on the volume's image, mounted by the driver at the node's
+//! export path; NodeStageVolume bind-mounts that export. Cutting an export ends the node's
+//! access at the storage, whatever mount namespaces, bind mounts or open files the node's
+//! containers still hold, and without the node's cooperation:
+//!
+//! 1. `syncfs` makes everything written before the cut durable;
+//! 2. `EXT4_IOC_SHUTDOWN` makes every later read or write of that filesystem instance fail
+//!    with EIO at the system call, in every mount namespace (it is one superblock);
+//! 3. the loop device is shrunk to zero sectors, so no I/O of that instance (delayed
+//!    writeback, the superblock written when its last mount finally goes) reaches the image;
+//! 4. the export is unmounted lazily and the loop device set to detach on its last close.
+//!
+//! A later export to another node is a fresh loop device and mount: ext4 replays its journal
+//! as after a crash, and the cut instance can never write over it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use rustix::mount::{MountFlags, UnmountFlags};
+
+use tonic::Status;
+
+use crate::driver::{Driver, io_failed};
+use crate::mounts;
+use crate::state::{Export, Volume};
+
+/// Attaches a fresh loop device to `image` and mounts its ext4 filesystem at `at`. Returns
+/// the device.
+pub fn open(image: &Path, at: &Path) -> io::Result<String> {
+    fs::create_dir_all(at)?;
+    let device = mounts::loop_attach_new(image)?;
+    if let Err(error) = rustix::mount::mount(
+        device.as_str(),
+        at,
+        "ext4",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        None,
+    ) {
+        let _ = mounts::loop_detach(&device);
+        return Err(io::Error::other(format!(
+            "mounting the ext4 filesystem of {} ({device}) at {}: {error}",
+            image.display(),
+            at.display()
+        )));
+    }
+    Ok(device)
+}
+
+/// Cuts the export of `image` mounted at `at` through `device` (see the module comment).
+/// Safe to repeat: a device no longer bound to `image` (cut before, or reused for another
+/// image after a restart) is left alone, and so is an export no longer mounted.
+pub fn cut(at: &Path, device: &str, image: &Path) -> io::Result<()> {
+    if mounts::is_mount_point(at)? {
+        let root = File::open(at)?;
+        sync(&root, at);
+        shut_down(&root)?;
+    }
+    let bound = bound_to(device, image)?;
+    if let Some(loop_device) = &bound {
+        revoke_loop(loop_device)?;
+    }
+    if mounts::is_mount_point(at)? {
+        rustix::mount::unmount(at, UnmountFlags::DETACH)?;
+    }
+    if bound.is_some() {
+        // Busy while the node still has mounts: then it detaches on its last close.
+        mounts::loop_detach(device)?;
+    }
+    remove_dir(at)
+}
+
+/// Closes the export of a node that has let go of the volume (unstaged it): a clean unmount,
+/// so the image needs no journal replay. Anything that still holds the filesystem (the
+/// node's record was wrong) gets the cut instead.
+pub fn close(at: &Path, device: &str, image: &Path) -> io::Result<()> {
+    if mounts::is_mount_point(at)? {
+        sync(&File::open(at)?, at);
+        match rustix::mount::unmount(at, UnmountFlags::empty()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::BUSY) => return cut(at, device, image),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    if let Some(loop_device) = bound_to(device, image)? {
+        if still_mounted(device)? {
+            tracing::warn!(%device, image = %image.display(), "an export closed as unused is still mounted elsewhere: revoking it");
+            revoke_loop(&loop_device)?;
+        }
+        mounts::loop_detach(device)?;
+    }
+    remove_dir(at)
+}
+
+/// Whether a filesystem on `device` is mounted anywhere (it holds the device exclusively).
+fn still_mounted(device: &str) -> io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::EXCL.bits() as i32)
+        .open(device)
+    {
+        Ok(_) => Ok(false),
+        Err(error) if error.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+            Ok(true)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn remove_dir(at: &Path) -> io::Result<()> {
+    match fs::remove_dir(at) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// Flushes an export's filesystem (before its image is copied), when it is mounted.
+pub fn flush(at: &Path) -> io::Result<()> {
+    if mounts::is_mount_point(at)? {
+        sync(&File::open(at)?, at);
+    }
+    Ok(())
+}
+
+fn sync(root: &File, at: &Path) {
+    if let Err(error) = rustix::fs::syncfs(root) {
+        tracing::warn!(export = %at.display(), %error, "syncfs of an export failed");
+    }
+}
+
+/// Makes an export's loop device see its grown image.
+pub fn grow(device: &str) -> io::Result<()> {
+    mounts::loop_refresh(device)
+}
+
+/// Grows the ext4 filesystem mounted at `mount` to the size of its device, online.
+pub fn resize_filesystem(mount: &Path, device_bytes: u64) -> io::Result<()> {
+    let root = File::open(mount)?;
+    let block_size = rustix::fs::fstatvfs(&root)?.f_frsize;
+    if block_size == 0 {
+        return Err(io::Error::other("the filesystem reports a block size of 0"));
+    }
+    resize(&root, device_bytes / block_size)
+}
+
+/// The size in bytes of a block device (a loop device's current capacity).
+pub fn device_bytes(device: &str) -> io::Result<u64> {
+    let name = Path::new(device)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io::Error::other(format!("{device} is not a device path")))?;
+    let sectors = fs::read_to_string(format!("/sys/block/{name}/size"))?;
+    sectors
+        .trim()
+        .parse::<u64>()
+        .map(|s| s * 512)
+        .map_err(|e| io::Error::other(format!("size of {device}: {e}")))
+}
+
+/// Formats an image as ext4 (the whole image, no blocks reserved for root: a volume's
+/// capacity is the tenant's).
+pub fn format(image: &Path) -> io::Result<()> {
+    let output = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
+        .arg("lazy_itable_init=1,lazy_journal_init=1")
+        .arg(image)
+        .output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "mke2fs {}: {}",
+            image.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+/// The loop device opened, when it is still bound to `image` (same inode and filesystem).
+fn bound_to(device: &str, image: &Path) -> io::Result<Option<File>> {
+    let not_there = |error: &io::Error| {
+        error.kind() == io::ErrorKind::NotFound
+            || error.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error())
+    };
+    let file = match OpenOptions::new().read(true).open(device) {
+        Err(error) if not_there(&error) => return Ok(None),
+        other => other?,
+    };
+    let status = match loop_status(&file) {
+        Err(error) if not_there(&error) => return Ok(None),
+        other => other?,
+    };
+    let image = match fs::metadata(image) {
+        Err(error) if not_there(&error) => return Ok(None),
+        other => other?,
+    };
+    Ok((status.inode == image.ino() && status.device == image.dev()).then_some(file))
+}
+
+/// The kernel's `struct loop_info64` (linux/loop.h).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    size_limit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+const LOOP_SET_STATUS64: rustix::ioctl::Opcode = 0x4C04;
+const LOOP_GET_STATUS64: rustix::ioctl::Opcode = 0x4C05;
+const EXT4_IOC_SHUTDOWN: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u32>(b'X', 125);
+const EXT4_IOC_RESIZE_FS: rustix::ioctl::Opcode = rustix::ioctl::opcode::write::<u64>(b'f', 16);
+/// Shut down without flushing the journal: [`cut`] has synced what came before.
+const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+
+/// Moves the loop device's window past the end of its image: its capacity becomes zero
+/// sectors and every I/O through it fails, whoever holds it open.
+fn revoke_loop(device: &File) -> io::Result<()> {
+    let mut info = loop_status(device)?;
+    info.offset = 1 << 62;
+    info.size_limit = 0;
+    set_loop_status(device, info)
+}
+
+#[allow(unsafe_code)]
+fn loop_status(device: &impl AsFd) -> io::Result<LoopInfo64> {
+    // SAFETY: LOOP_GET_STATUS64 writes a `struct loop_info64`, which `LoopInfo64` mirrors.
+    let getter = unsafe { rustix::ioctl::Getter::<LOOP_GET_STATUS64, LoopInfo64>::new() };
+    // SAFETY: the fd is a loop device (the kernel refuses the opcode on anything else).
+    Ok(unsafe { rustix::ioctl::ioctl(device, getter) }?)
+}
+
+#[allow(unsafe_code)]
+fn set_loop_status(device: &impl AsFd, info: LoopInfo64) -> io::Result<()> {
+    // SAFETY: LOOP_SET_STATUS64 reads a `struct loop_info64`, which `LoopInfo64` mirrors.
+    let setter = unsafe { rustix::ioctl::Setter::<LOOP_SET_STATUS64, LoopInfo64>::new(info) };
+    // SAFETY: as above; the kernel only reads the struct.
+    Ok(unsafe { rustix::ioctl::ioctl(device, setter) }?)
+}
+
+#[allow(unsafe_code)]
+fn shut_down(root: &impl AsFd) -> io::Result<()> {
+    // SAFETY: EXT4_IOC_SHUTDOWN reads a `__u32` of flags through the pointer it is given.
+    let setter = unsafe {
+        rustix::ioctl::Setter::<EXT4_IOC_SHUTDOWN, u32>::new(EXT4_GOING_FLAGS_NOLOGFLUSH)
+    };
+    // SAFETY: an fd on an ext4 filesystem (other filesystems refuse the opcode).
+    Ok(unsafe { rustix::ioctl::ioctl(root, setter) }?)
+}
+
+#[allow(unsafe_code)]
+fn resize(root: &impl AsFd, blocks: u64) -> io::Result<()> {
+    // SAFETY: EXT4_IOC_RESIZE_FS reads a `__u64` block count through the pointer it is given.
+    let setter = unsafe { rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(blocks) };
+    // SAFETY: an fd on an ext4 filesystem (other filesystems refuse the opcode).
+    Ok(unsafe { rustix::ioctl::ioctl(root, setter) }?)
+}
+
+impl Driver {
+    /// Makes sure `node` has its export of an ext4 volume, recorded and mounted. One recorded
+    /// but no longer mounted (the machine restarted) is cut and opened afresh.
+    pub fn ensure_export(&self, volume: &Volume, node: &str) -> Result<(), Status> {
+        let at = self.store.export_path(node, &volume.id);
+        let image = self.store.volume_data(&volume.id, volume.layout());
+        let failed =
+            |what: &str, e| io_failed(&format!("{what} volume {} to node {node}", volume.id), e);
+        if let Some(export) = volume.exports.get(node) {
+            if mounts::is_mount_point(&at).map_err(|e| failed("checking the export of", e))? {
+                return Ok(());
+            }
+            cut(&at, &export.device, &image).map_err(|e| failed("cutting a stale export of", e))?;
+        }
+        let device = open(&image, &at).map_err(|e| failed("exporting", e))?;
+        let recorded = self.store.update(|state| {
+            let Some(v) = state.volumes.get_mut(&volume.id) else {
+                return Err(Status::not_found(format!("volume {} not found", volume.id)));
+            };
+            v.exports.insert(
+                node.to_string(),
+                Export {
+                    device: device.clone(),
+                },
+            );
+            Ok(())
+        });
+        if recorded.is_err() {
+            let _ = cut(&at, &device, &image);
+        }
+        recorded
+    }
+
+    /// Ends `node`'s export of an ext4 volume and forgets it: closed cleanly when the node has
+    /// let go of the volume, cut (the fence) while it still has it staged or published.
+    pub fn end_export(&self, volume: &Volume, node: &str, node_let_go: bool) -> Result<(), Status> {
+        let Some(export) = volume.exports.get(node) else {
+            return Ok(());
+        };
+        let at = self.store.export_path(node, &volume.id);
+        let image = self.store.volume_data(&volume.id, volume.layout());
+        let ended = if node_let_go {
+            close(&at, &export.device, &image)
+        } else {
+            cut(&at, &export.device, &image)
+        };
+        ended.map_err(|e| {
+            io_failed(
+                &format!("ending the export of volume {} to node {node}", volume.id),
+                e,
+            )
+        })?;
+        if node_let_go {
+            tracing::info!(volume = %volume.id, %node, device = %export.device, "export closed");
+        } else {
+            tracing::warn!(volume = %volume.id, %node, device = %export.device, "export cut: the node still had the volume, and reaches its data no more");
+        }
+        self.store.update(|state| {
+            if let Some(v) = state.volumes.get_mut(&volume.id) {
+                v.exports.remove(node);
+            }
+            Ok(())
+        })
+    }
+
+    /// Flushes every export of a volume before its image is copied (clone, snapshot), so the
+    /// copy holds what its nodes wrote.
+    pub fn flush_exports(&self, id: &str) {
+        let Ok(state) = self.store.read() else {
+            return;
+        };
+        for node in state
+            .volumes
+            .get(id)
+            .into_iter()
+            .flat_map(|v| v.exports.keys())
+        {
+            if let Err(error) = flush(&self.store.export_path(node, id)) {
+                tracing::warn!(volume = %id, %node, %error, "flushing an export failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_abi() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(EXT4_IOC_SHUTDOWN, 0x8004_587D);
+        assert_eq!(EXT4_IOC_RESIZE_FS, 0x4008_6610);
+    }
+}
