@@ -18,12 +18,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && for binary in csi-provisioner csi-attacher csi-node-driver-registrar livenessprobe podmon csi-hostpath; do \
       cp "target/release/$binary" /out/bin/; \
     done
-# csi-hostpath attaches block volumes with losetup (Debian's mount package); it and its one
-# library beyond libc come along into the distroless image.
-RUN multiarch="$(gcc -print-multiarch)" \
+# csi-hostpath attaches loop devices with losetup (Debian's mount package) and formats ext4
+# volumes with mke2fs (e2fsprogs); they and their libraries beyond glibc come along into the
+# distroless image.
+RUN apt-get update && apt-get install -y --no-install-recommends e2fsprogs \
+ && multiarch="$(gcc -print-multiarch)" \
  && mkdir -p "/out/lib/$multiarch" \
  && cp /usr/sbin/losetup /out/bin/ \
- && cp -L "$(ldd /usr/sbin/losetup | awk '/libsmartcols/ {print $3}')" "/out/lib/$multiarch/"
+ && cp /usr/sbin/mke2fs /out/bin/ \
+ && ldd /usr/sbin/losetup /usr/sbin/mke2fs | awk '$3 ~ /^\// && $1 !~ /^libc\.so/ {print $3}' | sort -u \
+  | xargs -I{} cp -L {} "/out/lib/$multiarch/"
 
 # glibc and libgcc only, no shell; runs as 65532 (nonroot) unless a container asks for root,
 # as the chart does for the node driver (privileged), the registrar and node podmon.

@@ -52,6 +52,7 @@ cleanup() {
   if [ -n "$managed" ]; then
     "$K8S/node" down || true
     "$K8S/control-plane" down || true
+    umount -l "$STATE_DIR" 2>/dev/null || true
   fi
   exit $status
 }
@@ -76,7 +77,13 @@ if [ -z "${KUBECONFIG:-}" ]; then
   eval "$(CP_POD_NETWORK=1 "$K8S/control-plane" up | grep '^export KUBECONFIG=')"
   "$K8S/node" up
   # The reference driver's volumes of an earlier run on this test node.
+  umount -l "$STATE_DIR" 2>/dev/null || true
   rm -rf "$STATE_DIR"
+  # The controller's exports of ext4 volumes reach the node pod by mount propagation, which
+  # needs the state directory on a shared mount: systemd hosts share /, this machine does not.
+  mkdir -p "$STATE_DIR"
+  mount --bind "$STATE_DIR" "$STATE_DIR"
+  mount --make-shared "$STATE_DIR"
 fi
 export KUBECONFIG
 
@@ -122,7 +129,8 @@ pv=$("$kubectl" -n smoke get pvc smoke -o jsonpath='{.spec.volumeName}')
 "$kubectl" delete namespace smoke --wait --timeout "${TIMEOUT}s" >/dev/null
 until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
 if findmnt -rn -o TARGET | grep -q "/$pv/"; then fail "a mount of $pv is left on the host"; fi
-echo "   ok: PV, volume and mounts gone"
+[ -z "$(ls "$STATE_DIR/exports/$NODE" 2>/dev/null)" ] || fail "an export is left in $STATE_DIR/exports/$NODE"
+echo "   ok: PV, volume, export and mounts gone"
 
 if [ -z "$managed" ]; then
   echo "skipped fencing against a real writer: it stops the kubelet of $K8S/node"
@@ -171,9 +179,22 @@ YAML
 "$kubectl" -n fence wait pod/writer --for=condition=Ready --timeout "${TIMEOUT}s" >/dev/null
 pv=$("$kubectl" -n fence get pvc data -o jsonpath='{.spec.volumeName}')
 handle=$("$kubectl" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
-records="$STATE_DIR/volumes/$handle/records"
+# The volume is ext4 (the chart's StorageClass): while the node's export is up, the records
+# show through it on the host.
+records="$STATE_DIR/exports/$NODE/$handle/records"
 count() { [ -f "$records" ] && wc -l < "$records" || echo 0; }
 until_ok 60 "the writer writing" sh -c "[ \$(wc -l < '$records') -gt 20 ]"
+# image_records: the records the image itself holds, read through a loop device of our own
+# once the export is cut (ext4 replays its journal, as after a crash).
+image_records() {
+  local dev
+  mkdir -p "$WORK/image"
+  dev=$(losetup --find --show "$STATE_DIR/volumes/$handle.img")
+  mount -o ro "$dev" "$WORK/image"
+  cat "$WORK/image/records"
+  umount "$WORK/image"
+  losetup -d "$dev"
+}
 
 kill "$(cat "$NODE_DIR/kubelet.pid")"
 stopped_at=$(count)
@@ -186,7 +207,8 @@ sys.exit(0 if sys.argv[3] in state["volumes"].get(sys.argv[2], {}).get("fenced",
 PY
 }
 until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
-at_fence=$(count)
+[ ! -e "$STATE_DIR/exports/$NODE/$handle" ] || fail "the export of $handle to $NODE is still there"
+at_fence=$(image_records | wc -l)
 writer_gone() { ! "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}' | grep -qx "$1"; }
 container=$("$K8S/node" ctr containers ls -q \
   'labels."io.kubernetes.pod.namespace"==fence,labels."io.kubernetes.container.name"==writer' | head -n 1)
@@ -195,8 +217,9 @@ until_ok 30 "the writer's container stopped" writer_gone "$container"
 until_ok "$TIMEOUT" "podmon force-deleted the pod" sh -c "! '$kubectl' -n fence get pod writer"
 "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | grep -q "podmon.storage/fenced" ||
   fail "$NODE does not carry podmon's fenced taint"
-final=$(count)
-last=$(tail -n 1 "$records")
+image_records > "$WORK/records"
+final=$(wc -l < "$WORK/records")
+last=$(tail -n 1 "$WORK/records")
 echo "   records: $stopped_at when the kubelet stopped, $at_fence at the fence, $final now (last: $last)"
 [ "$final" -eq "$at_fence" ] || fail "$((final - at_fence)) record(s) landed after the fence"
 [ "$last" -eq "$final" ] || fail "the records are not contiguous (last $last of $final)"

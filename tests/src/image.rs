@@ -1,5 +1,5 @@
 //! The suite's container image without a container engine: the Dockerfile's runtime stage
-//! (the release binaries, losetup, the shared libraries they load, the nonroot user) written as
+//! (the release binaries, losetup and mke2fs, the shared libraries they load, the nonroot user) written as
 //! an image tarball in `docker save` layout, which `ctr images import` (and `node import`) load.
 //! No base image can be pulled offline, so the libraries come from this machine, found by
 //! `ldd`: the same glibc and libgcc the distroless cc image carries. The Dockerfile stays what
@@ -22,9 +22,9 @@ pub const BINARIES: [&str; 6] = [
     "csi-hostpath",
 ];
 
-/// Host tools the image carries beside them: the reference driver attaches block volumes
-/// with losetup.
-pub const TOOLS: [&str; 1] = ["/usr/sbin/losetup"];
+/// Host tools the image carries beside them: the reference driver attaches loop devices
+/// with losetup and formats ext4 volumes with mke2fs.
+pub const TOOLS: [&str; 2] = ["/usr/sbin/losetup", "/usr/sbin/mke2fs"];
 
 /// Where the binaries go in the image (on the default PATH).
 pub const BIN_DIR: &str = "/usr/local/bin";

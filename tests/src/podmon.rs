@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use csi_hostpath::state::{AccessType, Store};
+use csi_hostpath::state::{Layout, Store};
 use csi_sidecar::conn::CsiConnection;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use podmon::config::{LiveConfig, Tunables};
@@ -78,7 +78,7 @@ impl Cluster {
     /// The volume's data directory in the driver's state (what every node's mount shows).
     pub async fn volume_data(&self, pv: &str) -> std::path::PathBuf {
         let handle = self.volume_handle(pv).await;
-        self.driver_store().volume_data(&handle, AccessType::Mount)
+        self.driver_store().volume_data(&handle, Layout::Directory)
     }
 
     /// Whether the driver has fenced `node` from the volume `handle`.

@@ -537,9 +537,23 @@ fn default_values_run_the_reference_driver_with_every_component() {
     }
     assert_eq!(controller["volumes"][0]["emptyDir"], serde_json::json!({}));
 
+    // The controller driver's exports of ext4 volumes reach the host, and from there the node
+    // driver, which stages them.
+    let exporter = container(controller, "driver").unwrap();
+    assert_eq!(exporter["securityContext"]["privileged"], true);
+    assert!(mounts(exporter).contains(&(
+        "csi-data-dir".into(),
+        "/csi-data-dir".into(),
+        "Bidirectional".into()
+    )));
     // The node driver: privileged, its mounts propagate back to the host's kubelet dir.
     let driver = container(node, "driver").unwrap();
     assert_eq!(driver["securityContext"]["privileged"], true);
+    assert!(mounts(driver).contains(&(
+        "csi-data-dir".into(),
+        "/csi-data-dir".into(),
+        "HostToContainer".into()
+    )));
     assert!(mounts(driver).contains(&(
         "kubelet-dir".into(),
         "/var/lib/kubelet".into(),
@@ -654,9 +668,9 @@ fn default_values_run_the_reference_driver_with_every_component() {
     assert_least_privilege(&rendering);
 }
 
-/// Least privilege per container, for the reference driver and a vendor's: only the node
-/// containers that mount are privileged; the reference driver's controller is root with the
-/// two capabilities its volume data needs; the registrar and the node livenessprobe use the
+/// Least privilege per container, for the reference driver and a vendor's: only the
+/// containers that mount are privileged (the node's, and the reference driver's controller,
+/// which exports ext4 volumes to nodes and cuts those exports to fence); the registrar and the node livenessprobe use the
 /// driver's and kubelet's root-owned sockets on hostPath volumes (no fsGroup there) as root,
 /// without capabilities; every other container runs as non-root with none.
 #[test]
@@ -675,10 +689,7 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "liveness-probe", NonRoot),
     ];
     let external = external_driver_values();
-    for (values, controller_driver) in [
-        ("{}", Root(&["DAC_OVERRIDE", "FOWNER"])),
-        (external.as_str(), NonRoot),
-    ] {
+    for (values, controller_driver) in [("{}", Mounts), (external.as_str(), NonRoot)] {
         let Some(rendering) = Rendering::of(values) else {
             return;
         };

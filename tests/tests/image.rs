@@ -40,7 +40,10 @@ fn the_image_carries_what_the_dockerfile_carries() {
             "{tool} copied"
         );
     }
-    assert!(text.contains("libsmartcols"), "losetup's library copied");
+    assert!(
+        text.contains(&format!("ldd {} |", TOOLS.join(" "))),
+        "the tools' libraries copied"
+    );
     let runtime = &text[text.rfind("\nFROM ").expect("a runtime stage")..];
     assert!(runtime.contains(&format!("USER {USER}")), "same user");
     assert!(
@@ -64,14 +67,14 @@ fn the_image_is_a_docker_archive_with_binaries_libraries_and_user() {
     let dir = tempfile::tempdir().unwrap();
     let files = ImageFiles::runtime_stage(&stand_in_release(dir.path())).unwrap();
     let paths: BTreeSet<PathBuf> = files.paths().map(Path::to_path_buf).collect();
-    for binary in BINARIES.iter().chain(["losetup"].iter()) {
+    for binary in BINARIES.iter().chain(["losetup", "mke2fs"].iter()) {
         assert!(paths.contains(&Path::new(BIN_DIR).join(binary)), "{binary}");
     }
     let names: Vec<String> = paths
         .iter()
         .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
         .collect();
-    for library in ["libc.so.6", "libsmartcols.so.1"] {
+    for library in ["libc.so.6", "libsmartcols.so.1", "libext2fs.so.2"] {
         assert!(names.iter().any(|n| n == library), "{library} in {names:?}");
     }
     assert!(

@@ -12,7 +12,8 @@
 //! 4. the export is unmounted lazily and the loop device set to detach on its last close.
 //!
 //! A later export to another node is a fresh loop device and mount: ext4 replays its journal
-//! as after a crash, and the cut instance can never write over it.
+//! as after a crash, and the cut instance can never write over it. The export of a node that
+//! has let go of the volume (unstaged it) is closed instead: a clean unmount.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;

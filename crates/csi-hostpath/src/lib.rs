@@ -1,9 +1,10 @@
 //! `csi-hostpath`: the suite's reference CSI driver. A complete CSI v1 plugin (Identity,
-//! Controller, Node) on a state directory shared by every instance on a machine: filesystem
-//! volumes are directories bind-mounted on nodes, block volumes are images on loop devices,
-//! snapshots are archives or copies. State changes are crash-safe transactions; operations on
-//! one volume never wait for another; a node ControllerUnpublished from a volume it still uses
-//! is fenced (its writers stopped). It also serves the podmon connectivity extension.
+//! Controller, Node) on a state directory shared by every instance on a machine: ext4
+//! volumes are images each node reaches through its own export, other filesystem volumes are
+//! directories bind-mounted on nodes, block volumes are images on loop devices, snapshots are
+//! archives or copies. State changes are crash-safe transactions; operations on one volume
+//! never wait for another; a node ControllerUnpublished from a volume it still uses is fenced
+//! (its export cut; its writers stopped). It also serves the podmon connectivity extension.
 
 pub mod config;
 pub mod controller;
