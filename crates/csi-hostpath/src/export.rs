@@ -19,7 +19,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
@@ -30,8 +30,16 @@ use crate::driver::{Driver, io_failed};
 use crate::mounts;
 use crate::state::{Export, Volume};
 
-/// Attaches a fresh loop device to `image` and mounts its ext4 filesystem at `at`. Returns
-/// the device.
+/// The directory of an export that nodes stage: not the filesystem's root, so a staging
+/// mount's root differs from the export's and the kubelet does not count the export among the
+/// staging path's references (it refuses to unstage while a mount shares device and root).
+/// It also keeps `lost+found` out of the volume.
+pub fn volume_root(at: &Path) -> PathBuf {
+    at.join("volume")
+}
+
+/// Attaches a fresh loop device to `image` and mounts its ext4 filesystem at `at`, with its
+/// [`volume_root`]. Returns the device.
 pub fn open(image: &Path, at: &Path) -> io::Result<String> {
     fs::create_dir_all(at)?;
     let device = mounts::loop_attach_new(image)?;
@@ -48,6 +56,10 @@ pub fn open(image: &Path, at: &Path) -> io::Result<String> {
             image.display(),
             at.display()
         )));
+    }
+    if let Err(error) = fs::create_dir_all(volume_root(at)) {
+        let _ = cut(at, &device, image);
+        return Err(error);
     }
     Ok(device)
 }

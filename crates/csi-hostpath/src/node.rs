@@ -173,7 +173,7 @@ impl Driver {
                 volume.id
             )));
         }
-        Ok(at)
+        Ok(export::volume_root(&at))
     }
 
     fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), Status> {

@@ -85,6 +85,19 @@ fn records(path: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// The root (within its filesystem) of the mount at `point`, from mountinfo.
+fn mount_root(point: &Path) -> String {
+    let point = point.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .rev()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields[4] == point)
+        .map(|fields| fields[3].to_string())
+        .unwrap_or_else(|| panic!("{point} is not mounted"))
+}
+
 /// Whether this process has CAP_SYS_RESOURCE, which online ext4 resizing needs.
 fn may_resize_online() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
@@ -259,6 +272,11 @@ async fn ext4_volumes_export_clone_snapshot_expand_and_refuse_what_ext4_cannot_d
     assert_eq!(code(early), Code::FailedPrecondition);
 
     let at = attach_and_mount(&cluster, "node-a", &volume, &ext4(Mode::SingleNodeWriter)).await;
+    // The kubelet refuses to unstage while another mount shares the staging mount's device
+    // and root: the export's root must differ.
+    let export = cluster.state_dir.join("exports/node-a").join(&volume);
+    assert_eq!(mount_root(&export), "/");
+    assert_eq!(mount_root(&at.0), "/volume");
     std::fs::write(at.1.join("proof"), "written on node-a").unwrap();
     let snapshot = c
         .create_snapshot(
