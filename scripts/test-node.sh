@@ -181,7 +181,7 @@ pv=$("$kubectl" -n fence get pvc data -o jsonpath='{.spec.volumeName}')
 handle=$("$kubectl" get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
 # The volume is ext4 (the chart's StorageClass): while the node's export is up, the records
 # show through it on the host.
-records="$STATE_DIR/exports/$NODE/$handle/records"
+records="$STATE_DIR/exports/$NODE/$handle/volume/records"
 count() { [ -f "$records" ] && wc -l < "$records" || echo 0; }
 until_ok 60 "the writer writing" sh -c "[ \$(wc -l < '$records') -gt 20 ]"
 # image_records: the records the image itself holds, read through a loop device of our own
@@ -191,7 +191,7 @@ image_records() {
   mkdir -p "$WORK/image"
   dev=$(losetup --find --show "$STATE_DIR/volumes/$handle.img")
   mount -o ro "$dev" "$WORK/image"
-  cat "$WORK/image/records"
+  cat "$WORK/image/volume/records"
   umount "$WORK/image"
   losetup -d "$dev"
 }
