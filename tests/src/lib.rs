@@ -1066,6 +1066,8 @@ async fn provisioner_settings(
         retry_start: Duration::from_millis(200),
         retry_max: Duration::from_secs(5),
         workers: 16,
+        cloning_protection_workers: 1,
+        topology: true,
         metrics: Default::default(),
         cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
             csi_sidecar::informers::SYNC_GRACE_PERIOD,

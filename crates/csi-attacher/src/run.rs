@@ -5,7 +5,7 @@
 //! `external-attacher-leader-<driver>` when asked (losing it exits).
 
 use csi_sidecar::conn::{ConnError, Services};
-use csi_sidecar::flags::FeatureGate;
+use csi_sidecar::flags::{FeatureGate, Stage};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
@@ -21,6 +21,7 @@ use crate::flags::AttacherArgs;
 pub const ERROR_CODE_GATE: FeatureGate = FeatureGate {
     name: "MutableCSINodeAllocatableCount",
     default: true,
+    stage: Stage::Ga,
     locked: false,
 };
 
@@ -47,7 +48,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
         &[RELEASE_ON_EXIT_GATE, ERROR_CODE_GATE],
     )
     .map_err(RunError::FeatureGates)?;
-    let gate = |gate: FeatureGate| gates.get(gate.name).copied().unwrap_or(gate.default);
+    let gate = |gate: FeatureGate| gates.get(gate);
     let client = csi_sidecar::kube::client(&sidecar.kube).await?;
 
     let mut registry = Registry::default();

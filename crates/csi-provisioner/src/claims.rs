@@ -7,7 +7,6 @@ use kube::ResourceExt;
 
 pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-pub const MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 /// The finalizer a clone's source claim carries while the clone is provisioned.
@@ -42,10 +41,19 @@ pub enum ClaimDecision {
     Provision {
         selected_node: Option<String>,
     },
+    /// The class names another provisioner: upstream's library logs "Unknown provisioner
+    /// requested in claim's StorageClass" and leaves the claim. This is where a claim of CSI
+    /// migration lands (`pv.kubernetes.io/migrated-to` naming the driver, its class naming the
+    /// in-tree plugin), as upstream for a driver csi-translation-lib has no translation for:
+    /// it is not provisioned with untranslated in-tree parameters.
+    ForeignClass {
+        provisioner: String,
+    },
 }
 
 /// The claim is ours and ready to provision? The storage-provisioner annotation (GA, else beta)
-/// or `migrated-to` must name the driver; a WaitForFirstConsumer class needs selected-node.
+/// must name the driver, as upstream's `shouldProvision` (`migrated-to` alone does not make a
+/// claim ours), and so must its class; a WaitForFirstConsumer class needs selected-node.
 pub fn decide(
     claim: &PersistentVolumeClaim,
     driver: &str,
@@ -59,9 +67,7 @@ pub fn decide(
     let provisioner = annotations
         .get(STORAGE_PROVISIONER)
         .or_else(|| annotations.get(BETA_STORAGE_PROVISIONER));
-    let ours = provisioner.is_some_and(|p| p == driver)
-        || annotations.get(MIGRATED_TO).is_some_and(|p| p == driver);
-    if !ours {
+    if provisioner.is_none_or(|p| p != driver) {
         return Ok(ClaimDecision::Ignore);
     }
     let class_name = spec.storage_class_name.unwrap_or_default();
@@ -77,6 +83,11 @@ pub fn decide(
     let delayed = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
     if delayed && selected_node.is_none() {
         return Ok(ClaimDecision::WaitForNode);
+    }
+    if class.provisioner != driver {
+        return Ok(ClaimDecision::ForeignClass {
+            provisioner: class.provisioner.clone(),
+        });
     }
     Ok(ClaimDecision::Provision { selected_node })
 }
@@ -255,6 +266,8 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
+    use crate::deletion::MIGRATED_TO;
+
     const DRIVER: &str = "csi.example.com";
 
     fn claim(value: Value) -> PersistentVolumeClaim {
@@ -272,6 +285,10 @@ mod tests {
     fn which_claims() {
         let immediate = class("Immediate");
         let delayed = class("WaitForFirstConsumer");
+        let in_tree = StorageClass {
+            provisioner: "kubernetes.io/gce-pd".into(),
+            ..class("Immediate")
+        };
         let ours = |annotations: Value| {
             claim(
                 json!({"metadata": {"name": "c", "annotations": annotations}, "spec": {"storageClassName": "fast"}}),
@@ -295,11 +312,25 @@ mod tests {
                 }),
             ),
             (
-                "migrated",
+                "migrated-to alone",
                 ours(json!({STORAGE_PROVISIONER: "kubernetes.io/gce-pd", MIGRATED_TO: DRIVER})),
                 Some(&immediate),
-                Ok(ClaimDecision::Provision {
-                    selected_node: None,
+                Ok(ClaimDecision::Ignore),
+            ),
+            (
+                "migrated, no translation",
+                ours(json!({STORAGE_PROVISIONER: DRIVER, MIGRATED_TO: DRIVER})),
+                Some(&in_tree),
+                Ok(ClaimDecision::ForeignClass {
+                    provisioner: "kubernetes.io/gce-pd".into(),
+                }),
+            ),
+            (
+                "class of another provisioner",
+                ours(json!({STORAGE_PROVISIONER: DRIVER})),
+                Some(&in_tree),
+                Ok(ClaimDecision::ForeignClass {
+                    provisioner: "kubernetes.io/gce-pd".into(),
                 }),
             ),
             (

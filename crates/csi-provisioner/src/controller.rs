@@ -53,6 +53,13 @@ pub struct Settings {
     pub retry_start: Duration,
     pub retry_max: Duration,
     pub workers: usize,
+    /// Workers releasing deleted clone sources (`--cloning-protection-threads`): a pool of
+    /// their own, as upstream's CloningProtectionController has, so a storm of provisioning
+    /// cannot hold up the release of sources (nor the other way round).
+    pub cloning_protection_workers: usize,
+    /// The Topology gate: off, the driver's topology support is not used (upstream's
+    /// `SupportsTopology` is the driver's capability and the gate).
+    pub topology: bool,
     pub metrics: crate::metrics::ProvisionerMetrics,
     /// Where the caches report whether they got their initial lists (`/healthz`).
     pub cache_sync: Arc<CacheSyncHealth>,
@@ -81,6 +88,29 @@ struct Caches {
 enum Key {
     Claim(ObjectRef<PersistentVolumeClaim>),
     Volume(String),
+    /// A deleted claim whose cloning-protection finalizer waits for its clones.
+    CloneSource(ObjectRef<PersistentVolumeClaim>),
+}
+
+impl Key {
+    /// The worker pool the key runs in: provisioning and deletion share `--worker-threads`;
+    /// clone sources have `--cloning-protection-threads`.
+    fn lane(&self) -> usize {
+        match self {
+            Key::Claim(_) | Key::Volume(_) => 0,
+            Key::CloneSource(_) => 1,
+        }
+    }
+}
+
+/// The work a claim brings: its provisioning, and while it is being deleted with the
+/// cloning-protection finalizer, the release of that finalizer.
+fn claim_keys(claim: &PersistentVolumeClaim) -> impl Iterator<Item = Key> + use<> {
+    let reference = ObjectRef::from_obj(claim);
+    let clone_source = (claim.metadata.deletion_timestamp.is_some()
+        && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION))
+    .then(|| Key::CloneSource(reference.clone()));
+    std::iter::once(Key::Claim(reference)).chain(clone_source)
 }
 
 struct Provisioner {
@@ -96,6 +126,9 @@ struct Provisioner {
     unseen: UnseenWrites,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
     save_refusals: Mutex<HashMap<String, u32>>,
+    /// An error that ends the provisioner (set once; `stop` is then cancelled).
+    fatal: std::sync::OnceLock<request::RequestError>,
+    stop: CancellationToken,
 }
 
 /// Our writes the caches do not show yet. A sync that read the older state would redo them
@@ -128,6 +161,9 @@ struct PinnedTopology {
 pub enum ProvisionerError {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// No claim can be given a volume name (upstream panics on the first claim it provisions).
+    #[error(transparent)]
+    VolumeName(request::RequestError),
 }
 
 /// Runs the provisioner until `shutdown`.
@@ -155,7 +191,11 @@ pub async fn run(
     let identity = format!("{started}-{}-{}", rand_suffix(), settings.driver.name);
     let provisioner = Arc::new(Provisioner {
         events: EventRecorder::new(client.clone(), "external-provisioner", ""),
-        workers: KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max),
+        workers: KeyedWorkers::with_lane_sizes(
+            &[settings.workers, settings.cloning_protection_workers],
+            settings.retry_start,
+            settings.retry_max,
+        ),
         client,
         csi,
         identity,
@@ -163,6 +203,8 @@ pub async fn run(
         pinned: Mutex::new(HashMap::new()),
         unseen: UnseenWrites::default(),
         save_refusals: Mutex::new(HashMap::new()),
+        fatal: std::sync::OnceLock::new(),
+        stop: CancellationToken::new(),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -193,6 +235,10 @@ pub async fn run(
             .unwrap_or(provisioner.settings.resync);
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
+            () = provisioner.stop.cancelled() => {
+                let error = provisioner.fatal.get().cloned().map(ProvisionerError::VolumeName);
+                return error.map_or(Ok(()), Err);
+            }
             () = wake.notified() => {}
             () = provisioner.workers.retry_due() => {}
             () = tokio::time::sleep(next) => {}
@@ -217,12 +263,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Provisioner {
     fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
         self.forget_seen_writes();
-        let claims = self
-            .caches
-            .claims
-            .state()
-            .into_iter()
-            .map(|c| (Key::Claim(ObjectRef::from_obj(&*c)), c.resource_version()));
+        let claims = self.caches.claims.state().into_iter().flat_map(|c| {
+            let version = c.resource_version();
+            claim_keys(&c).map(move |key| (key, version.clone()))
+        });
         let volumes = self
             .caches
             .volumes
@@ -237,10 +281,11 @@ impl Provisioner {
             let this = self.clone();
             let sync_key = key.clone();
             self.workers
-                .schedule(0, key, version, tasks, move || async move {
+                .schedule(key.lane(), key, version, tasks, move || async move {
                     match &sync_key {
                         Key::Claim(reference) => this.sync_claim(reference).await,
                         Key::Volume(name) => this.sync_volume(name).await,
+                        Key::CloneSource(reference) => this.sync_clone_source(reference).await,
                     }
                 });
         }
@@ -282,26 +327,47 @@ impl Provisioner {
             .retain(|name| volumes.get(&ObjectRef::new(name)).is_some());
     }
 
+    /// The cached claim, unless the cache does not show our last write to it yet (`Err`:
+    /// the sync waits for it).
+    fn current_claim(
+        &self,
+        reference: &ObjectRef<PersistentVolumeClaim>,
+    ) -> Result<Option<Arc<PersistentVolumeClaim>>, Synced> {
+        let Some(claim) = self.caches.claims.get(reference) else {
+            return Ok(None);
+        };
+        let uid = claim.uid().unwrap_or_default();
+        if lock(&self.unseen.claims).get(&uid) == claim.resource_version().as_ref() {
+            return Err(Synced::Waiting);
+        }
+        Ok(Some(claim))
+    }
+
     async fn sync_claim(
         &self,
         reference: &ObjectRef<PersistentVolumeClaim>,
     ) -> Result<Synced, String> {
-        let Some(claim) = self.caches.claims.get(reference) else {
-            return Ok(Synced::Done);
-        };
-        let uid = &claim.uid().unwrap_or_default();
-        if lock(&self.unseen.claims).get(uid) == claim.resource_version().as_ref() {
-            return Ok(Synced::Waiting);
+        match self.current_claim(reference) {
+            Ok(Some(claim)) => {
+                self.sync_claim_provisioning(&claim, &claim.uid().unwrap_or_default())
+                    .await
+            }
+            Ok(None) => Ok(Synced::Done),
+            Err(waiting) => Ok(waiting),
         }
-        let mut outcome = Synced::Done;
-        if claim.metadata.deletion_timestamp.is_some()
-            && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION)
-        {
-            outcome = self.release_clone_source(&claim).await?;
+    }
+
+    async fn sync_clone_source(
+        &self,
+        reference: &ObjectRef<PersistentVolumeClaim>,
+    ) -> Result<Synced, String> {
+        match self.current_claim(reference) {
+            Ok(Some(claim)) if claim_keys(&claim).any(|k| matches!(k, Key::CloneSource(_))) => {
+                self.release_clone_source(&claim).await
+            }
+            Ok(_) => Ok(Synced::Done),
+            Err(waiting) => Ok(waiting),
         }
-        self.sync_claim_provisioning(&claim, uid)
-            .await
-            .map(|done| if done == Synced::Done { outcome } else { done })
     }
 
     async fn sync_claim_provisioning(
@@ -316,12 +382,21 @@ impl Provisioner {
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
         let live_class = self.caches.classes.get(&ObjectRef::new(&class_name));
-        let name = request::volume_name(
+        let name = match request::volume_name(
             &self.settings.volume_name_prefix,
             uid,
             self.settings.volume_name_uuid_length,
-        )
-        .map_err(|e| e.to_string())?;
+        ) {
+            Ok(name) => name,
+            Err(error @ request::RequestError::UuidLength { .. }) => {
+                // As upstream, whose name slicing panics: the provisioner stops.
+                let message = error.to_string();
+                let _ = self.fatal.set(error);
+                self.stop.cancel();
+                return Err(message);
+            }
+            Err(error) => return Err(error.to_string()),
+        };
         let protected = claim
             .finalizers()
             .iter()
@@ -363,8 +438,13 @@ impl Provisioner {
                     .map(|()| Synced::Done);
             }
         };
-        let ClaimDecision::Provision { selected_node } = decision else {
-            return Ok(Synced::Done);
+        let selected_node = match decision {
+            ClaimDecision::Provision { selected_node } => selected_node,
+            ClaimDecision::ForeignClass { provisioner } => {
+                tracing::error!(claim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %provisioner, "Unknown provisioner requested in claim's StorageClass");
+                return Ok(Synced::Done);
+            }
+            ClaimDecision::Ignore | ClaimDecision::WaitForNode => return Ok(Synced::Done),
         };
         let Some(class) = class else {
             return Ok(Synced::Done);
@@ -562,7 +642,8 @@ impl Provisioner {
             Ok(capabilities) => capabilities,
             Err(error) => return self.failed(claim, error.to_string()).await,
         };
-        let topology_supported = driver.plugin.volume_accessibility_constraints;
+        let topology_supported =
+            self.settings.topology && driver.plugin.volume_accessibility_constraints;
         let accessibility = if topology_supported {
             match self.topology(claim, class, selected_node.as_deref()) {
                 Ok(requirement) => requirement,
@@ -1253,6 +1334,33 @@ impl Provisioner {
                 tracing::warn!(volume = %volume.name_any(), %error, "deleting without secrets");
                 HashMap::new()
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deleted clone source brings a second key, run by the cloning-protection pool.
+    #[test]
+    fn clone_sources_run_in_their_own_lane() {
+        let claim = |deleting: bool, finalizers: &[&str]| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {
+                "name": "src", "namespace": "apps", "finalizers": finalizers,
+                "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+            }}))
+            .unwrap()
+        };
+        let table = [
+            (claim(false, &[CLONING_PROTECTION]), vec![0]),
+            (claim(true, &[]), vec![0]),
+            (claim(true, &["other"]), vec![0]),
+            (claim(true, &[CLONING_PROTECTION]), vec![0, 1]),
+        ];
+        for (claim, lanes) in table {
+            let keys: Vec<usize> = claim_keys(&claim).map(|k| k.lane()).collect();
+            assert_eq!(keys, lanes, "{:?}", claim.metadata);
         }
     }
 }

@@ -1,17 +1,17 @@
 //! The csi-provisioner command line: every flag of external-provisioner v6.3 with its name and
 //! default (upstream-flags/csi-provisioner.tsv, from its `--help`), on top of the shared sidecar flags.
 //! Flags for features this provisioner does not build yet are accepted and, when turned on,
-//! refused with a clear error — never silently ignored.
+//! refused with a clear error — never silently ignored. `--feature-gates` takes every gate
+//! upstream takes ([`crate::gates::TABLE`]).
 
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 use csi_sidecar::flags::{
-    DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration,
+    DefaultOverrides, ResolvedGates, SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration,
 };
 
-/// Feature gates of external-provisioner for features not built here yet.
-const UNSUPPORTED_GATES: [&str; 2] = ["CrossNamespaceVolumeDataSource", "VolumeAttributesClass"];
+use crate::gates;
 
 /// csi-provisioner: creates and deletes CSI volumes for PersistentVolumeClaims.
 #[derive(Parser, Debug, Clone)]
@@ -25,7 +25,9 @@ pub struct ProvisionerArgs {
     pub volume_name_prefix: String,
 
     /// Cut the claim UID (dashes removed) to this many characters in volume names; -1 keeps
-    /// the whole UID with dashes.
+    /// the whole UID with dashes. As upstream: 0 names every volume `<prefix>-`, and a length
+    /// no UID has (over 32, or below -1) stops the provisioner at the first claim it
+    /// provisions.
     #[arg(long, default_value = "-1", allow_hyphen_values = true)]
     pub volume_name_uuid_length: i64,
 
@@ -58,7 +60,8 @@ pub struct ProvisionerArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub prevent_volume_mode_conversion: bool,
 
-    /// Workers removing the cloning-protection finalizer.
+    /// Workers removing the cloning-protection finalizer from deleted clone sources: a pool
+    /// of its own beside --worker-threads.
     #[arg(long, default_value = "1")]
     pub cloning_protection_threads: u32,
 
@@ -121,11 +124,31 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value = "")]
     pub master: String,
 
-    /// Serve Go's /debug/pprof on the HTTP endpoint. Accepted; there is no Go runtime to
-    /// profile here.
+    /// Upstream serves Go's /debug/pprof profiles on --http-endpoint. This binary has no Go
+    /// runtime to profile: accepted when false, refused when true.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_pprof: bool,
+}
+
+impl ProvisionerArgs {
+    /// `--feature-gates` against upstream's table, as component-base resolves them; a gate of
+    /// a feature not built yet is refused when the flags turn it on (named true, or an alpha
+    /// or beta gate that is off by default switched on by AllAlpha/AllBeta). Pure.
+    pub fn gates(&self) -> Result<ResolvedGates, String> {
+        let given = &self.sidecar.feature_gates;
+        let resolved = csi_sidecar::flags::resolve_gates(given, gates::TABLE)?;
+        let turned_on = |gate: &csi_sidecar::flags::FeatureGate| {
+            resolved.get(*gate) && (given.contains_key(gate.name) || !gate.default)
+        };
+        if let Some(gate) = gates::NOT_BUILT_YET.iter().find(|g| turned_on(g)) {
+            return Err(format!(
+                "--feature-gates={}=true is not supported yet by this csi-provisioner",
+                gate.name
+            ));
+        }
+        Ok(resolved)
+    }
 }
 
 impl SidecarCli for ProvisionerArgs {
@@ -137,12 +160,8 @@ impl SidecarCli for ProvisionerArgs {
         if self.volume_name_prefix.is_empty() {
             return Err("--volume-name-prefix must not be empty".to_string());
         }
-        // 0 would give every volume the same name; more than 32 is longer than a UID without
-        // dashes (upstream accepts both and then misbehaves).
-        if self.volume_name_uuid_length != -1 && !(1..=32).contains(&self.volume_name_uuid_length) {
-            return Err(
-                "--volume-name-uuid-length must be -1 (whole UID) or between 1 and 32".to_string(),
-            );
+        if self.enable_pprof {
+            return Err("--enable-pprof: this csi-provisioner is not a Go program and has no /debug/pprof profiles to serve; remove the flag".to_string());
         }
         if self.cloning_protection_threads == 0 {
             return Err("--cloning-protection-threads must be at least 1 (0 would never release clone sources)".to_string());
@@ -153,14 +172,7 @@ impl SidecarCli for ProvisionerArgs {
                 "{flag} is not supported yet by this csi-provisioner"
             ));
         }
-        for gate in UNSUPPORTED_GATES {
-            if self.sidecar.feature_gates.get(gate) == Some(&true) {
-                return Err(format!(
-                    "--feature-gates={gate}=true is not supported yet by this csi-provisioner"
-                ));
-            }
-        }
-        Ok(())
+        self.gates().map(drop)
     }
 }
 
@@ -244,15 +256,12 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 8] = [
-            (&["--volume-name-uuid-length=0"], "between 1 and 32"),
-            (&["--volume-name-uuid-length=33"], "between 1 and 32"),
+        let table: [(&[&str], &str); 9] = [
             (&["--cloning-protection-threads=0"], "at least 1"),
             (
                 &["--volume-name-prefix="],
                 "--volume-name-prefix must not be empty",
             ),
-            (&["--volume-name-uuid-length=-2"], "must be -1"),
             (
                 &["--node-deployment"],
                 "--node-deployment is not supported yet",
@@ -265,12 +274,177 @@ mod tests {
                 &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
                 "CrossNamespaceVolumeDataSource=true is not supported yet",
             ),
+            (
+                &["--feature-gates=AllAlpha=true"],
+                "CrossNamespaceVolumeDataSource=true is not supported yet",
+            ),
+            (
+                &["--enable-pprof"],
+                "--enable-pprof: this csi-provisioner is not a Go program",
+            ),
+            (
+                &["--log-text-split-stream"],
+                "options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled",
+            ),
+            (
+                &["--log-json-info-buffer-size=1Mi"],
+                "options.json.infoBufferSize: Forbidden: Feature LoggingAlphaOptions is disabled",
+            ),
         ];
         for (args, message) in table {
             let error = parse(args).unwrap_err();
             assert!(error.to_string().contains(message), "{args:?}: {error}");
             assert_eq!(error.exit_code(), 2, "{args:?}");
         }
-        assert!(parse(&["--feature-gates=VolumeAttributesClass=false"]).is_ok());
+        for accepted in [
+            "--feature-gates=VolumeAttributesClass=false",
+            "--feature-gates=AllAlpha=true,CrossNamespaceVolumeDataSource=false",
+            "--enable-pprof=false",
+            "--log-text-info-buffer-size=0",
+            "--log-json-split-stream=false",
+        ] {
+            assert!(parse(&[accepted]).is_ok(), "{accepted}");
+        }
+    }
+
+    /// As upstream, which checks no length at startup: 0 names every volume `<prefix>-`; a
+    /// length no UID has stops the provisioner at its first claim (request::volume_name).
+    #[test]
+    fn every_volume_name_uuid_length_starts() {
+        for length in ["-1", "0", "16", "32", "33", "-2"] {
+            let args = parse(&[&format!("--volume-name-uuid-length={length}")]);
+            assert_eq!(
+                args.map(|a| a.volume_name_uuid_length.to_string()).ok(),
+                Some(length.to_string())
+            );
+        }
+    }
+
+    /// Every gate upstream v6.3.0 accepts, by the rules of component-base: its own four, the
+    /// generic ones linked in with k8s.io/apiserver v0.36.1, AllAlpha and AllBeta. A row per
+    /// kind of gate; then every name of the table alone at its default is accepted.
+    #[test]
+    fn feature_gates_as_upstream() {
+        let gate = |args: &ProvisionerArgs, name: &str| args.gates().unwrap().enabled[name];
+        let defaults = parse(&[]).unwrap();
+        assert!(gate(&defaults, "Topology") && gate(&defaults, "VolumeAttributesClass"));
+        assert!(!gate(&defaults, "CrossNamespaceVolumeDataSource"));
+        assert!(!gate(&defaults, "ReleaseLeaderElectionOnExit"));
+
+        /// The flag's value; the gate it sets, its value and how many warnings, or the error.
+        type Row<'a> = (&'a str, Result<(&'a str, bool, usize), &'a str>);
+        let table: [Row; 12] = [
+            ("Topology=true", Ok(("Topology", true, 1))),
+            ("Topology=false", Ok(("Topology", false, 1))),
+            (
+                "ReleaseLeaderElectionOnExit=true",
+                Ok(("ReleaseLeaderElectionOnExit", true, 0)),
+            ),
+            (
+                "AllAlpha=true,CrossNamespaceVolumeDataSource=false",
+                Ok(("ReleaseLeaderElectionOnExit", true, 0)),
+            ),
+            (
+                "VolumeAttributesClass=false",
+                Ok(("VolumeAttributesClass", false, 1)),
+            ),
+            ("WatchList=false", Ok(("WatchList", false, 0))),
+            ("APIServerTracing=true", Ok(("APIServerTracing", true, 1))),
+            ("KMSv1=true", Ok(("KMSv1", true, 1))),
+            (
+                "APIServerTracing=false",
+                Err("cannot set feature gate APIServerTracing to false, feature is locked to true"),
+            ),
+            (
+                "SeparateCacheWatchRPC=true",
+                Err(
+                    "cannot set feature gate SeparateCacheWatchRPC to true, feature is locked to false",
+                ),
+            ),
+            (
+                "CSIStorageCapacity=true",
+                Err("unrecognized feature gate: CSIStorageCapacity"),
+            ),
+            (
+                "LoggingBetaOptions=true",
+                Err("unrecognized feature gate: LoggingBetaOptions"),
+            ),
+        ];
+        for (flag, expected) in table {
+            let parsed = parse(&[&format!("--feature-gates={flag}")]);
+            match (parsed, expected) {
+                (Ok(args), Ok((name, value, warnings))) => {
+                    let resolved = args.gates().unwrap();
+                    assert_eq!(resolved.enabled[name], value, "{flag}");
+                    assert_eq!(resolved.warnings.len(), warnings, "{flag}");
+                }
+                (Err(error), Err(message)) => {
+                    assert!(error.to_string().contains(message), "{flag}: {error}");
+                    assert_eq!(error.exit_code(), 2, "{flag}");
+                }
+                (parsed, expected) => panic!("{flag}: {parsed:?}, expected {expected:?}"),
+            }
+        }
+        for gate in crate::gates::TABLE {
+            let flag = format!("--feature-gates={}={}", gate.name, gate.default);
+            // VolumeAttributesClass=true is upstream's default, but named it asks for a
+            // feature not built yet.
+            let not_built = gate.default && crate::gates::NOT_BUILT_YET.contains(gate);
+            assert_eq!(parse(&[&flag]).is_ok(), !not_built, "{flag}");
+        }
+        let names: std::collections::BTreeSet<_> =
+            crate::gates::TABLE.iter().map(|g| g.name).collect();
+        assert_eq!(names.len(), crate::gates::TABLE.len(), "no gate twice");
+        assert_eq!(
+            names.len(),
+            4 + 42 + 2,
+            "upstream's gates, AllAlpha/AllBeta aside"
+        );
+    }
+
+    /// The bar of a drop-in: csi-provisioner's args in upstream's example Deployment and in
+    /// two vendors' manifests parse unchanged.
+    #[test]
+    fn upstream_and_vendor_manifests_args_parse() {
+        let manifests: [(&str, &[&str]); 3] = [
+            (
+                // kubernetes-csi/external-provisioner v6.3.0, deploy/kubernetes/deployment.yaml
+                "external-provisioner",
+                &[
+                    "--csi-address=$(ADDRESS)",
+                    "--leader-election",
+                    "--http-endpoint=:8080",
+                ],
+            ),
+            (
+                // kubernetes-sigs/aws-ebs-csi-driver 014d11ef9ff4,
+                // deploy/kubernetes/base/controller.yaml (rendered from its Helm chart)
+                "aws-ebs-csi-driver",
+                &[
+                    "--csi-address=$(ADDRESS)",
+                    "--v=2",
+                    "--feature-gates=Topology=true",
+                    "--extra-create-metadata",
+                    "--leader-election=true",
+                    "--default-fstype=ext4",
+                ],
+            ),
+            (
+                // kubernetes-csi/csi-driver-nfs 008c21bad40c, deploy/csi-nfs-controller.yaml
+                "csi-driver-nfs",
+                &["-v=2", "--csi-address=$(ADDRESS)", "--leader-election"],
+            ),
+        ];
+        for (source, args) in manifests {
+            // $(ADDRESS) is expanded by the kubelet from the container's env.
+            let expanded: Vec<String> = args
+                .iter()
+                .map(|a| a.replace("$(ADDRESS)", "/csi/csi.sock"))
+                .collect();
+            let refs: Vec<&str> = expanded.iter().map(String::as_str).collect();
+            if let Err(error) = parse(&refs) {
+                panic!("{source}: {args:?}: {error}");
+            }
+        }
     }
 }

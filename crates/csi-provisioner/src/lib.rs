@@ -8,6 +8,7 @@ pub mod claims;
 pub mod controller;
 pub mod deletion;
 pub mod flags;
+pub mod gates;
 pub mod metrics;
 pub mod protection;
 pub mod pv;

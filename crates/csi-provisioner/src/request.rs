@@ -28,10 +28,11 @@ pub enum RequestError {
     EmptyPrefix,
     #[error("corrupted PVC object, it is missing UID")]
     MissingUid,
+    /// Go's message for the slice upstream takes, which panics there.
     #[error(
-        "--volume-name-uuid-length {length} is longer than the {available} characters of the claim UID without dashes"
+        "--volume-name-uuid-length {length}: no claim UID has that many characters (runtime error: slice bounds out of range [:{length}] with length {available})"
     )]
-    UuidTooShort { length: usize, available: usize },
+    UuidLength { length: i64, available: usize },
     #[error("fstype specified in parameters with both \"fstype\" and \"{FSTYPE_KEY}\" keys")]
     ConflictingFsType,
     #[error("claim has no access modes")]
@@ -41,7 +42,8 @@ pub enum RequestError {
 }
 
 /// `<prefix>-<claim uid>`; with `--volume-name-uuid-length` N ≥ 0, the UID without dashes cut
-/// to N characters. The name is CreateVolume's idempotency key and the PV's name.
+/// to N characters (0: `<prefix>-`, for every claim, as upstream). The name is CreateVolume's
+/// idempotency key and the PV's name.
 pub fn volume_name(
     prefix: &str,
     claim_uid: &str,
@@ -53,15 +55,17 @@ pub fn volume_name(
     if claim_uid.is_empty() {
         return Err(RequestError::MissingUid);
     }
-    let Ok(length) = usize::try_from(uuid_length) else {
+    if uuid_length == -1 {
         return Ok(format!("{prefix}-{claim_uid}"));
-    };
+    }
     let compact: String = claim_uid.chars().filter(|c| *c != '-').collect();
-    // Upstream slices and would panic here; we refuse with a clear error instead.
-    let cut = compact.get(..length).ok_or(RequestError::UuidTooShort {
-        length,
-        available: compact.len(),
-    })?;
+    let cut = usize::try_from(uuid_length)
+        .ok()
+        .and_then(|length| compact.get(..length))
+        .ok_or(RequestError::UuidLength {
+            length: uuid_length,
+            available: compact.len(),
+        })?;
     Ok(format!("{prefix}-{cut}"))
 }
 
@@ -258,16 +262,25 @@ mod tests {
 
     #[test]
     fn volume_names() {
-        let table: [(&str, i64, Result<&str, RequestError>); 5] = [
+        let table: [(&str, i64, Result<&str, RequestError>); 7] = [
             ("pvc", -1, Ok("pvc-0b6f1c2e-5d4a-4c3b-9a8f-112233445566")),
             ("vol", 8, Ok("vol-0b6f1c2e")),
             ("vol", 0, Ok("vol-")),
             ("", -1, Err(RequestError::EmptyPrefix)),
+            ("vol", 32, Ok("vol-0b6f1c2e5d4a4c3b9a8f112233445566")),
             (
                 "pvc",
-                40,
-                Err(RequestError::UuidTooShort {
-                    length: 40,
+                33,
+                Err(RequestError::UuidLength {
+                    length: 33,
+                    available: 32,
+                }),
+            ),
+            (
+                "pvc",
+                -2,
+                Err(RequestError::UuidLength {
+                    length: -2,
                     available: 32,
                 }),
             ),

@@ -7,7 +7,7 @@ use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCa
 use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
+use csi_sidecar::leader::LeaderElectionError;
 use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
+use crate::gates::{RELEASE_ON_EXIT_GATE, TOPOLOGY};
 
 /// Upstream's claim resync period.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -47,9 +48,8 @@ pub enum RunError {
 
 pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates =
-        csi_sidecar::flags::resolve_feature_gates(&sidecar.feature_gates, &[RELEASE_ON_EXIT_GATE])
-            .map_err(RunError::FeatureGates)?;
+    let gates = args.gates().map_err(RunError::FeatureGates)?;
+    gates.log_warnings();
     let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
     if !args.master.is_empty() {
         config.cluster_url = args
@@ -117,6 +117,9 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         retry_start: sidecar.workers.retry_interval_start,
         retry_max: sidecar.workers.retry_interval_max,
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
+        cloning_protection_workers: usize::try_from(args.cloning_protection_threads)
+            .unwrap_or(usize::MAX),
+        topology: gates.get(TOPOLOGY),
         metrics: provisioner_metrics,
         cache_sync,
         resync: RESYNC,
@@ -125,10 +128,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         capacity,
         driver: driver.clone(),
     };
-    let release = gates
-        .get(RELEASE_ON_EXIT_GATE.name)
-        .copied()
-        .unwrap_or(false);
+    let release = gates.get(RELEASE_ON_EXIT_GATE);
     let lock_name = driver.name.clone();
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(

@@ -61,13 +61,25 @@ where
         retry_start: Duration,
         retry_max: Duration,
     ) -> Arc<Self> {
+        Self::with_lane_sizes(&vec![workers; lanes.max(1)], retry_start, retry_max)
+    }
+
+    /// One lane per entry of `sizes`, with that many workers (at least one), so that kinds of
+    /// work with their own worker flag (e.g. `--cloning-protection-threads`) get their own pool.
+    pub fn with_lane_sizes(
+        sizes: &[usize],
+        retry_start: Duration,
+        retry_max: Duration,
+    ) -> Arc<Self> {
+        let sizes = if sizes.is_empty() { &[1][..] } else { sizes };
         Arc::new(Self {
             backoff: Backoff::new(retry_start, retry_max),
             not_before: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashSet::new()),
             synced: Mutex::new(HashMap::new()),
-            lanes: (0..lanes.max(1))
-                .map(|_| Semaphore::new(workers.max(1)))
+            lanes: sizes
+                .iter()
+                .map(|workers| Semaphore::new((*workers).max(1)))
                 .collect(),
             retry: Notify::new(),
         })
@@ -297,6 +309,41 @@ mod tests {
         release.notify_one();
         while tasks.join_next().await.is_some() {}
         assert_eq!(workers.backoff.failures(&"kept"), 0, "success forgets");
+    }
+
+    /// Each lane runs at most its own number of syncs at once.
+    #[tokio::test]
+    async fn lanes_have_their_own_sizes() {
+        let workers = KeyedWorkers::<u32>::with_lane_sizes(
+            &[3, 1],
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let mut tasks = JoinSet::new();
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let peak = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let running = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        for key in 0..8u32 {
+            let lane = usize::from(key % 2 == 1);
+            let (release, peak, running) = (release.clone(), peak.clone(), running.clone());
+            workers.schedule(lane, key, None, &mut tasks, move || async move {
+                let now = running[lane].fetch_add(1, Ordering::SeqCst) + 1;
+                peak[lane].fetch_max(now, Ordering::SeqCst);
+                release.acquire().await.expect("open").forget();
+                running[lane].fetch_sub(1, Ordering::SeqCst);
+                Ok(Synced::Done)
+            });
+        }
+        // Let every task that can get a worker start, then let them all finish.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(running[0].load(Ordering::SeqCst), 3, "lane 0 is full");
+        assert_eq!(running[1].load(Ordering::SeqCst), 1, "lane 1 is full");
+        release.add_permits(8);
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(peak[0].load(Ordering::SeqCst), 3);
+        assert_eq!(peak[1].load(Ordering::SeqCst), 1);
     }
 
     /// A lane whose workers are all busy does not hold up another lane, and a key never runs

@@ -5,6 +5,7 @@
 //! accept `--flag`, `--flag=true` and `--flag=false`, and single-dash long flags
 //! (`-csi-address=/x`) are accepted like double-dash ones.
 
+mod gates;
 mod values;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,9 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, error::ErrorKind};
 
+pub use gates::{
+    FeatureGate, GateWarning, ResolvedGates, Stage, resolve_feature_gates, resolve_gates,
+};
 pub use values::{
     MIN_POSITIVE_KUBE_API_QPS, format_go_duration, parse_colon_map, parse_feature_gate_map,
     parse_go_bool, parse_go_duration, parse_kube_api_qps,
@@ -40,29 +44,78 @@ pub struct CommonArgs {
     #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
     pub log_flush_frequency: Duration,
 
-    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    /// [Alpha upstream] Split JSON logs into stderr (errors) and stdout (info). Accepted for
+    /// compatibility at its default; true is refused as upstream refuses it (it needs the
+    /// LoggingAlphaOptions gate, which no flag enables). Logs go to one stream here.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub log_json_split_stream: bool,
 
-    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    /// [Alpha upstream] Split text logs into stderr (errors) and stdout (info). Accepted for
+    /// compatibility at its default; true is refused as upstream refuses it (it needs the
+    /// LoggingAlphaOptions gate, which no flag enables). Logs go to one stream here.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub log_text_split_stream: bool,
 
-    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    /// [Alpha upstream] Buffer size of split JSON info logs. Accepted for compatibility at zero
+    /// (no buffering, what this binary does: logs are written unbuffered); any other size is
+    /// refused as upstream refuses it (LoggingAlphaOptions gate).
     #[arg(long, value_name = "QUANTITY")]
     pub log_json_info_buffer_size: Option<String>,
 
-    /// Accepted for compatibility (alpha upstream and not enableable there either).
+    /// [Alpha upstream] Buffer size of split text info logs. Accepted for compatibility at zero
+    /// (no buffering, what this binary does: logs are written unbuffered); any other size is
+    /// refused as upstream refuses it (LoggingAlphaOptions gate).
     #[arg(long, value_name = "QUANTITY")]
     pub log_text_info_buffer_size: Option<String>,
 
-    /// Accepted for compatibility: the Go runtime's GOMAXPROCS tuning has no Rust equivalent;
-    /// the Tokio runtime already sizes itself from the CPU quota.
+    /// Accepted for compatibility and changes nothing here: upstream sets Go's GOMAXPROCS from
+    /// the container's CPU quota; this binary's runtime always sizes its threads from that
+    /// quota (the standard library's available_parallelism reads the cgroup limits).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub automaxprocs: bool,
+}
+
+impl CommonArgs {
+    /// Refuses what component-base's logging validation refuses: the alpha logging options
+    /// away from their defaults (upstream's LoggingAlphaOptions gate is off and no flag turns
+    /// it on), with upstream's field paths and message.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = |size: &Option<String>| {
+            size.as_deref()
+                .is_some_and(|s| crate::quantity::parse(s) != Some(0))
+        };
+        let forbidden = [
+            (self.log_text_split_stream, "text.splitStream"),
+            (
+                nonzero(&self.log_text_info_buffer_size),
+                "text.infoBufferSize",
+            ),
+            (self.log_json_split_stream, "json.splitStream"),
+            (
+                nonzero(&self.log_json_info_buffer_size),
+                "json.infoBufferSize",
+            ),
+        ];
+        let errors: Vec<String> = forbidden
+            .iter()
+            .filter(|(set, _)| *set)
+            .map(|(_, field)| {
+                format!("options.{field}: Forbidden: Feature LoggingAlphaOptions is disabled")
+            })
+            .collect();
+        match errors.as_slice() {
+            [] => {}
+            [one] => return Err(one.clone()),
+            many => return Err(format!("[{}]", many.join(", "))),
+        }
+        if self.log_flush_frequency.is_zero() {
+            return Err("flushFrequency: Invalid value: \"0s\": Must be greater than zero".into());
+        }
+        Ok(())
+    }
 }
 
 /// How to reach the CSI driver.
@@ -240,6 +293,7 @@ pub struct SidecarArgs {
 impl SidecarArgs {
     /// Checks the combinations clap cannot express.
     pub fn validate(&self) -> Result<(), String> {
+        self.common.validate()?;
         self.csi.endpoint().map_err(|e| e.to_string())?;
         self.http.validate()?;
         self.workers.validate()?;
@@ -338,39 +392,6 @@ fn normalize_single_dash_long_flags(
         }
     })
     .collect()
-}
-
-/// One entry of a component's feature-gate table (component-base `featuregate` semantics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FeatureGate {
-    pub name: &'static str,
-    pub default: bool,
-    /// GA features locked to their default reject a different value.
-    pub locked: bool,
-}
-
-/// Resolves `--feature-gates` against a component's table: unknown names and changes to locked
-/// gates are errors, as in component-base.
-pub fn resolve_feature_gates(
-    given: &BTreeMap<String, bool>,
-    table: &[FeatureGate],
-) -> Result<BTreeMap<&'static str, bool>, String> {
-    let mut resolved: BTreeMap<&'static str, bool> =
-        table.iter().map(|gate| (gate.name, gate.default)).collect();
-    for (name, value) in given {
-        let gate = table
-            .iter()
-            .find(|gate| gate.name == name)
-            .ok_or_else(|| format!("unrecognized feature gate: {name}"))?;
-        if gate.locked && *value != gate.default {
-            return Err(format!(
-                "cannot set feature gate {name} to {value}, feature is locked to {}",
-                gate.default
-            ));
-        }
-        resolved.insert(gate.name, *value);
-    }
-    Ok(resolved)
 }
 
 #[cfg(test)]

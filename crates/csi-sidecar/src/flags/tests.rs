@@ -287,48 +287,92 @@ fn single_dash_rewrite_leaves_short_flags_and_values_alone() {
     );
 }
 
+/// component-base's rules, one row each: unknown names, locked gates, GA and deprecated
+/// warnings, and AllAlpha/AllBeta (explicit names win over them).
 #[test]
 fn feature_gates_resolve_like_component_base() {
     const TABLE: &[FeatureGate] = &[
-        FeatureGate {
-            name: "Topology",
-            default: true,
-            locked: false,
-        },
-        FeatureGate {
-            name: "Locked",
-            default: true,
-            locked: true,
-        },
-        FeatureGate {
-            name: "Alpha",
-            default: false,
-            locked: false,
-        },
+        FeatureGate::new("Topology", true, Stage::Ga, false),
+        FeatureGate::new("Locked", true, Stage::Ga, true),
+        FeatureGate::new("Alpha", false, Stage::Alpha, false),
+        FeatureGate::new("Beta", true, Stage::Beta, false),
+        FeatureGate::new("Old", false, Stage::Deprecated, false),
     ];
-    let resolved = resolve_feature_gates(&BTreeMap::new(), TABLE).unwrap();
-    assert_eq!(
-        resolved,
-        BTreeMap::from([("Topology", true), ("Locked", true), ("Alpha", false)])
+    let defaults = [
+        ("Alpha", false),
+        ("Beta", true),
+        ("Locked", true),
+        ("Old", false),
+        ("Topology", true),
+    ];
+    let warn = |name: &str, value, stage| GateWarning {
+        name: name.to_string(),
+        value,
+        stage,
+    };
+    type Row<'a> = (
+        &'a str,
+        Result<(Vec<(&'a str, bool)>, Vec<GateWarning>), &'a str>,
     );
-    let given = BTreeMap::from([("Topology".to_string(), false), ("Alpha".to_string(), true)]);
-    let resolved = resolve_feature_gates(&given, TABLE).unwrap();
-    assert!(!resolved["Topology"]);
-    assert!(resolved["Alpha"]);
-    let unknown = BTreeMap::from([("Nope".to_string(), true)]);
-    assert_eq!(
-        resolve_feature_gates(&unknown, TABLE).unwrap_err(),
-        "unrecognized feature gate: Nope"
-    );
-    let locked = BTreeMap::from([("Locked".to_string(), false)]);
+    let table: Vec<Row> = vec![
+        ("", Ok((vec![], vec![]))),
+        (
+            "Topology=false,Alpha=true",
+            Ok((
+                vec![("Topology", false), ("Alpha", true)],
+                vec![warn("Topology", false, Stage::Ga)],
+            )),
+        ),
+        (
+            "Topology=true",
+            Ok((vec![], vec![warn("Topology", true, Stage::Ga)])),
+        ),
+        (
+            "Locked=true",
+            Ok((vec![], vec![warn("Locked", true, Stage::Ga)])),
+        ),
+        (
+            "Old=true",
+            Ok((
+                vec![("Old", true)],
+                vec![warn("Old", true, Stage::Deprecated)],
+            )),
+        ),
+        ("Nope=true", Err("unrecognized feature gate: Nope")),
+        (
+            "Topology=true,Nope=false",
+            Err("unrecognized feature gate: Nope"),
+        ),
+        (
+            "Locked=false",
+            Err("cannot set feature gate Locked to false, feature is locked to true"),
+        ),
+        ("AllAlpha=true", Ok((vec![("Alpha", true)], vec![]))),
+        ("AllAlpha=true,Alpha=false", Ok((vec![], vec![]))),
+        ("AllBeta=false", Ok((vec![("Beta", false)], vec![]))),
+        (
+            "AllBeta=false,AllAlpha=true,Beta=true",
+            Ok((vec![("Alpha", true)], vec![])),
+        ),
+    ];
+    for (flag, expected) in table {
+        let given = parse_feature_gate_map(flag).unwrap();
+        let resolved = resolve_gates(&given, TABLE);
+        let expected = expected
+            .map(|(changed, warnings)| ResolvedGates {
+                enabled: defaults.iter().copied().chain(changed).collect(),
+                warnings,
+            })
+            .map_err(str::to_string);
+        assert_eq!(resolved, expected, "--feature-gates={flag}");
+    }
+    let resolved = resolve_gates(&BTreeMap::new(), TABLE).unwrap();
+    assert!(resolved.get(TABLE[0]));
+    let absent = FeatureGate::new("Absent", true, Stage::Beta, false);
     assert!(
-        resolve_feature_gates(&locked, TABLE)
-            .unwrap_err()
-            .contains("locked to true")
+        resolved.get(absent),
+        "a gate outside the table has its default"
     );
-    // Setting a locked gate to its own value is allowed.
-    let same = BTreeMap::from([("Locked".to_string(), true)]);
-    assert!(resolve_feature_gates(&same, TABLE).is_ok());
 }
 
 /// A QPS no token bucket can pace (not finite, or so small that the wait for one token

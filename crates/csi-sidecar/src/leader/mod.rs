@@ -17,12 +17,13 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::{FeatureGate, LeaderElectionArgs, format_go_duration};
+use crate::flags::{FeatureGate, LeaderElectionArgs, Stage, format_go_duration};
 
 /// Feature gate shared by the controller sidecars: on SIGTERM, drain and release the Lease.
 pub const RELEASE_ON_EXIT_GATE: FeatureGate = FeatureGate {
     name: "ReleaseLeaderElectionOnExit",
     default: false,
+    stage: Stage::Alpha,
     locked: false,
 };
 
