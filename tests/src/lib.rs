@@ -24,7 +24,7 @@ pub mod service_accounts;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -185,7 +185,29 @@ pub struct Cluster {
     control_plane: tokio::task::JoinSet<()>,
     /// Deletes what the scenario made in a real cluster if it fails before [`Cluster::stop`].
     sweep_on_panic: SweepOnDrop,
-    root: tempfile::TempDir,
+    root: ScratchRoot,
+}
+
+/// A scenario's scratch directory. Dropping it first unmounts what the scenario's kubelets and
+/// driver left mounted under it (a node that fails never unstages), so neither the directory
+/// nor a mount outlives the scenario.
+struct ScratchRoot(tempfile::TempDir);
+
+impl ScratchRoot {
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for ScratchRoot {
+    fn drop(&mut self) {
+        let points = csi_sidecar::mounts::mount_points_under(self.path()).unwrap_or_default();
+        for point in points {
+            if let Err(error) = csi_sidecar::mounts::unmount_all(&point) {
+                eprintln!("scenario cleanup: unmounting {}: {error}", point.display());
+            }
+        }
+    }
 }
 
 impl Debug for Cluster {
@@ -207,10 +229,12 @@ impl Cluster {
     pub async fn start_with(scenario: &str, options: Options) -> Self {
         init_logging();
         let id = scenario_id();
-        let root = tempfile::Builder::new()
-            .prefix("s-")
-            .tempdir_in(scratch_dir())
-            .expect("a scratch directory");
+        let root = ScratchRoot(
+            tempfile::Builder::new()
+                .prefix("s-")
+                .tempdir_in(scratch_dir())
+                .expect("a scratch directory"),
+        );
         let timing = Timing::fast();
         let shutdown = CancellationToken::new();
         let mut control_plane = tokio::task::JoinSet::new();
