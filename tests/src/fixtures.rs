@@ -365,3 +365,29 @@ pub async fn pv_nodes(
         .flat_map(|e| e.values.unwrap_or_default())
         .collect()
 }
+
+/// Waits until the claim `name` of `claims` is Bound (`what` says which claim) and returns
+/// the spec of its PV.
+pub async fn bound_volume(
+    cluster: &crate::Cluster,
+    claims: &Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    name: &str,
+    what: &str,
+) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
+    let claim = cluster.wait_for(claims, name, what, bound).await;
+    let volume = claim.spec.unwrap().volume_name.unwrap();
+    cluster
+        .cluster_scoped::<k8s_openapi::api::core::v1::PersistentVolume>()
+        .get(&volume)
+        .await
+        .unwrap_or_else(|error| panic!("the PV {volume}: {error}"))
+        .spec
+        .unwrap_or_default()
+}
+
+/// The reference driver's state: what it made of each CSI call.
+pub fn driver_state(cluster: &crate::Cluster) -> csi_hostpath::state::State {
+    csi_hostpath::state::Store::open(&cluster.driver.state_dir)
+        .and_then(|store| store.read())
+        .expect("the driver's state")
+}

@@ -687,7 +687,7 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
-        let settings = provisioner_settings(&csi, change).await;
+        let settings = provisioner_settings(&self.client, &csi, change).await;
         let shutdown = CancellationToken::new();
         let client = self.component_client(rbac::PROVISIONER);
         let token = shutdown.clone();
@@ -707,7 +707,7 @@ impl Cluster {
         identity: &str,
         csi: csi_sidecar::conn::CsiConnection,
     ) -> Sidecar {
-        let settings = provisioner_settings(&csi, |_| {}).await;
+        let settings = provisioner_settings(&self.client, &csi, |_| {}).await;
         let client = self.component_client(rbac::PROVISIONER);
         let lease = self.driver_name.clone();
         self.elected(
@@ -1047,8 +1047,10 @@ fn scratch_dir() -> PathBuf {
 }
 
 /// csi-provisioner's settings for scenarios: upstream's defaults with fast retries, after
-/// discovering the driver behind `csi`.
+/// discovering the driver behind `csi` and, as the binary does, whether `client`'s server
+/// serves VolumeAttributesClasses.
 async fn provisioner_settings(
+    client: &Client,
     csi: &csi_sidecar::conn::CsiConnection,
     change: impl FnOnce(&mut csi_provisioner::controller::Settings),
 ) -> csi_provisioner::controller::Settings {
@@ -1074,6 +1076,12 @@ async fn provisioner_settings(
         prevent_volume_mode_conversion: true,
         snapshot_orphan_sweep_interval: Duration::from_secs(1),
         capacity: None,
+        volume_attributes_classes: csi_provisioner::vac::discover(
+            client,
+            csi_provisioner::vac::GATE.default,
+            false,
+        )
+        .await,
     };
     change(&mut settings);
     settings

@@ -17,6 +17,7 @@ use csi_sidecar::finalizers::{
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
+use crate::vac::{self, VacError, VolumeAttributesClass};
 
 /// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
 /// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
@@ -65,6 +67,8 @@ pub struct Settings {
     /// Capacity tracking, when `--enable-capacity` (runs with the controller, so only on the
     /// leader).
     pub capacity: Option<crate::capacity::controller::CapacitySettings>,
+    /// Claims' VolumeAttributesClasses: the gate after discovery (see [`vac::discover`]).
+    pub volume_attributes_classes: vac::Support,
 }
 
 struct Caches {
@@ -74,6 +78,8 @@ struct Caches {
     csi_nodes: Store<CSINode>,
     nodes: Store<Node>,
     attachments: Store<VolumeAttachment>,
+    /// With [`vac::Support::Served`] only.
+    attribute_classes: Option<Store<VolumeAttributesClass>>,
 }
 
 /// The work item of one claim or one PV.
@@ -138,6 +144,11 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ProvisionerError> {
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    // Upstream GETs a claim's class when it provisions and its sample RBAC grants no access
+    // to classes: the cache of them must neither hold up provisioning nor fail /healthz when
+    // it cannot list (its warnings name the cause, and claims naming a class say it is not
+    // synced).
+    let mut optional = Informers::new(&client, &shutdown);
     let caches = Caches {
         claims: informers.all(),
         volumes: informers.all(),
@@ -145,7 +156,10 @@ pub async fn run(
         csi_nodes: informers.all(),
         nodes: informers.all(),
         attachments: informers.all(),
+        attribute_classes: (settings.volume_attributes_classes == vac::Support::Served)
+            .then(|| optional.all()),
     };
+    drop(optional);
     let Some(wake) = informers.synced().await else {
         return Ok(());
     };
@@ -542,6 +556,13 @@ impl Provisioner {
                 )
                 .await;
         }
+        let attributes_class = vac::class_name(claim, self.settings.volume_attributes_classes);
+        if attributes_class.is_some() && !driver.has_controller(ControllerCapability::ModifyVolume)
+        {
+            return self
+                .failed(claim, VacError::NoModifyVolume.to_string())
+                .await;
+        }
         let parameters = class.parameters.clone().unwrap_or_default();
         let fs_type = match request::fs_type(&parameters, &self.settings.default_fstype) {
             Ok(fs_type) => fs_type,
@@ -596,6 +617,13 @@ impl Provisioner {
                 }
             }
         };
+        let mutable_parameters = match &attributes_class {
+            None => BTreeMap::new(),
+            Some(name) => match self.attributes_class_parameters(name) {
+                Ok(parameters) => parameters,
+                Err(error) => return self.failed(claim, error.to_string()).await,
+            },
+        };
         if self.settings.extra_create_metadata {
             request::add_extra_metadata(
                 &mut create_parameters,
@@ -615,7 +643,7 @@ impl Provisioner {
             secrets: secrets.clone(),
             volume_content_source: content_source.clone(),
             accessibility_requirements: accessibility,
-            mutable_parameters: HashMap::new(),
+            mutable_parameters: mutable_parameters.into_iter().collect(),
         };
         let claim = &self.protect(claim, class).await?;
         if let Some(source) = &protected_source {
@@ -699,6 +727,7 @@ impl Provisioner {
             secrets: &secret_refs,
             controller_publish_readonly: self.settings.controller_publish_readonly,
             topology: topology_supported,
+            attributes_class: attributes_class.as_deref(),
         });
         self.save(claim, pv, &volume.volume_id, secrets).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
@@ -715,6 +744,21 @@ impl Provisioner {
                 .await;
         }
         self.release(claim).await
+    }
+
+    /// The parameters of the VolumeAttributesClass `name`, from the cache.
+    fn attributes_class_parameters(
+        &self,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, VacError> {
+        let Some(classes) = &self.caches.attribute_classes else {
+            return Err(VacError::NotServed(name.to_string()));
+        };
+        if classes.wait_until_ready().now_or_never().is_none() {
+            return Err(VacError::NotSynced(name.to_string()));
+        }
+        let class = classes.get(&ObjectRef::new(name));
+        vac::mutable_parameters(name, class.as_deref(), &self.settings.driver.name)
     }
 
     /// GETs the snapshot and its content (live, as upstream: the caches hold no snapshots)

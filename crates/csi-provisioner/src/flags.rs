@@ -11,7 +11,7 @@ use csi_sidecar::flags::{
 };
 
 /// Feature gates of external-provisioner for features not built here yet.
-const UNSUPPORTED_GATES: [&str; 2] = ["CrossNamespaceVolumeDataSource", "VolumeAttributesClass"];
+const UNSUPPORTED_GATES: [&str; 1] = ["CrossNamespaceVolumeDataSource"];
 
 /// csi-provisioner: creates and deletes CSI volumes for PersistentVolumeClaims.
 #[derive(Parser, Debug, Clone)]
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 8] = [
+        let table: [(&[&str], &str); 7] = [
             (&["--volume-name-uuid-length=0"], "between 1 and 32"),
             (&["--volume-name-uuid-length=33"], "between 1 and 32"),
             (&["--cloning-protection-threads=0"], "at least 1"),
@@ -258,10 +258,6 @@ mod tests {
                 "--node-deployment is not supported yet",
             ),
             (
-                &["--feature-gates=VolumeAttributesClass=true"],
-                "VolumeAttributesClass=true is not supported yet",
-            ),
-            (
                 &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
                 "CrossNamespaceVolumeDataSource=true is not supported yet",
             ),
@@ -271,6 +267,6 @@ mod tests {
             assert!(error.to_string().contains(message), "{args:?}: {error}");
             assert_eq!(error.exit_code(), 2, "{args:?}");
         }
-        assert!(parse(&["--feature-gates=VolumeAttributesClass=false"]).is_ok());
+        assert!(parse(&["--feature-gates=VolumeAttributesClass=true"]).is_ok());
     }
 }

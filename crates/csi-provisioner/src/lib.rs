@@ -1,7 +1,8 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records) and [`snapshots`] (restore checks).
+//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks)
+//! and [`vac`] (VolumeAttributesClasses: mutable parameters).
 
 /// `kube::Resource` for a type of ours of one fixed group, version, kind and plural: kinds
 /// k8s-openapi's v1_33 set lacks, and custom resources. The type has a `metadata: ObjectMeta`.
@@ -47,3 +48,4 @@ pub mod request;
 pub mod run;
 pub mod snapshots;
 pub mod topology;
+pub mod vac;

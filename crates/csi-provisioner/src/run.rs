@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
+use crate::vac;
 
 /// Upstream's claim resync period.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -47,9 +48,11 @@ pub enum RunError {
 
 pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates =
-        csi_sidecar::flags::resolve_feature_gates(&sidecar.feature_gates, &[RELEASE_ON_EXIT_GATE])
-            .map_err(RunError::FeatureGates)?;
+    let gates = csi_sidecar::flags::resolve_feature_gates(
+        &sidecar.feature_gates,
+        &[RELEASE_ON_EXIT_GATE, vac::GATE],
+    )
+    .map_err(RunError::FeatureGates)?;
     let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
     if !args.master.is_empty() {
         config.cluster_url = args
@@ -72,6 +75,15 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         })
         .transpose()?;
     let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
+    let gate = |gate: csi_sidecar::flags::FeatureGate| {
+        gates.get(gate.name).copied().unwrap_or(gate.default)
+    };
+    let volume_attributes_classes = vac::discover(
+        &client,
+        gate(vac::GATE),
+        sidecar.feature_gates.contains_key(vac::GATE.name),
+    )
+    .await;
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
@@ -124,6 +136,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         snapshot_orphan_sweep_interval: args.snapshot_orphan_sweep_interval,
         capacity,
         driver: driver.clone(),
+        volume_attributes_classes,
     };
     let release = gates
         .get(RELEASE_ON_EXIT_GATE.name)
