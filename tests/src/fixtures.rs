@@ -211,38 +211,91 @@ pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool 
 /// Serves snapshot.storage.k8s.io/v1 VolumeSnapshots and VolumeSnapshotContents (a real
 /// cluster that has the external-snapshotter CRDs keeps its own).
 pub async fn install_snapshot_crds(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
+    // annotation (external-snapshotter's CRDs carry the same one).
+    let approval = "https://github.com/kubernetes-csi/external-snapshotter/pull/419";
     for (kind, plural, scope) in [
         ("VolumeSnapshot", "volumesnapshots", "Namespaced"),
         ("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
     ] {
-        let name = format!("{plural}.snapshot.storage.k8s.io");
-        // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
-        // annotation (external-snapshotter's CRDs carry the same one).
-        let crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io":
-                "https://github.com/kubernetes-csi/external-snapshotter/pull/419"}},
-            "spec": {"group": "snapshot.storage.k8s.io", "scope": scope,
-                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-        }))
-        .expect("a CRD");
-        match crds.create(&Default::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => panic!("creating the {plural} CRD: {error}"),
-        }
-        let deadline = std::time::Instant::now() + step_timeout();
-        while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the {name} CRD is not Established"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let crd = Crd {
+            group: "snapshot.storage.k8s.io",
+            version: "v1",
+            kind,
+            plural,
+            scope,
+            status: true,
+            approval,
+        };
+        install_crd(client, &crd).await;
+    }
+}
+
+/// Serves gateway.networking.k8s.io/v1beta1 ReferenceGrants (a real cluster that has the
+/// Gateway API CRDs keeps its own).
+pub async fn install_reference_grant_crd(client: &Client) {
+    let crd = Crd {
+        group: "gateway.networking.k8s.io",
+        version: "v1beta1",
+        kind: "ReferenceGrant",
+        plural: "referencegrants",
+        scope: "Namespaced",
+        status: false,
+        // The annotation of the Gateway API's own CRDs (a protected `*.k8s.io` group).
+        approval: "https://github.com/kubernetes-sigs/gateway-api/pull/2466",
+    };
+    install_crd(client, &crd).await;
+}
+
+/// A CustomResourceDefinition of one version that keeps any fields.
+struct Crd {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    scope: &'static str,
+    status: bool,
+    /// The `api-approved.kubernetes.io` annotation.
+    approval: &'static str,
+}
+
+/// Creates `crd` (unless it exists) and waits until it is Established.
+async fn install_crd(client: &Client, crd: &Crd) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Crd {
+        group,
+        version,
+        kind,
+        plural,
+        scope,
+        ..
+    } = *crd;
+    let name = format!("{plural}.{group}");
+    let mut served = json!({"name": version, "served": true, "storage": true,
+        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}});
+    if crd.status {
+        served["subresources"] = json!({"status": {}});
+    }
+    let object: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io": crd.approval}},
+        "spec": {"group": group, "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [served]}
+    }))
+    .expect("a CRD");
+    match crds.create(&Default::default(), &object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("creating the {plural} CRD: {error}"),
+    }
+    let deadline = std::time::Instant::now() + step_timeout();
+    while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the {name} CRD is not Established"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -400,6 +400,34 @@ impl Cluster {
         kept
     }
 
+    /// Whether the server keeps a claim's `spec.dataSourceRef.namespace` (only with its
+    /// CrossNamespaceVolumeDataSource feature, alpha since Kubernetes 1.26; older servers have
+    /// no `dataSourceRef` at all). Probed on a claim of a class nobody provisions; reports the
+    /// scenario's skip when the field is dropped.
+    pub async fn keeps_cross_namespace_data_sources(&self) -> bool {
+        let claims = self.namespaced::<PersistentVolumeClaim>();
+        let name = "cross-namespace-probe";
+        let probe = serde_json::json!({"metadata": {"name": name}, "spec": {
+            "storageClassName": format!("{}-probe", self.namespace),
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}},
+            "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "source",
+                "namespace": format!("{}-probe", self.namespace)}}});
+        let created: PersistentVolumeClaim = self.create(&claims, probe).await;
+        forget(&claims, name, &DeleteParams::default()).await;
+        let kept = created
+            .spec
+            .and_then(|s| s.data_source_ref)
+            .and_then(|r| r.namespace)
+            .is_some();
+        if !kept {
+            report_skip(
+                &self.scenario,
+                "PersistentVolumeClaim spec.dataSourceRef.namespace not served (dropped: no CrossNamespaceVolumeDataSource in the API server)",
+            );
+        }
+        kept
+    }
+
     /// A pod affinity that keeps the scheduler on the scenario's nodes (a real cluster has
     /// other scenarios' nodes too).
     pub fn on_scenario_nodes(&self) -> serde_json::Value {
@@ -1082,6 +1110,7 @@ async fn provisioner_settings(
             false,
         )
         .await,
+        cross_namespace_data_sources: csi_provisioner::grants::GATE.default,
     };
     change(&mut settings);
     settings

@@ -27,6 +27,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::grants::{self, ReferenceGrant};
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use crate::vac::{self, VacError, VolumeAttributesClass};
 
@@ -69,6 +70,9 @@ pub struct Settings {
     pub capacity: Option<crate::capacity::controller::CapacitySettings>,
     /// Claims' VolumeAttributesClasses: the gate after discovery (see [`vac::discover`]).
     pub volume_attributes_classes: vac::Support,
+    /// The CrossNamespaceVolumeDataSource gate: `dataSourceRef.namespace` honoured when a
+    /// ReferenceGrant allows it.
+    pub cross_namespace_data_sources: bool,
 }
 
 struct Caches {
@@ -80,6 +84,8 @@ struct Caches {
     attachments: Store<VolumeAttachment>,
     /// With [`vac::Support::Served`] only.
     attribute_classes: Option<Store<VolumeAttributesClass>>,
+    /// With the CrossNamespaceVolumeDataSource gate only.
+    reference_grants: Option<Store<ReferenceGrant>>,
 }
 
 /// The work item of one claim or one PV.
@@ -158,6 +164,10 @@ pub async fn run(
         attachments: informers.all(),
         attribute_classes: (settings.volume_attributes_classes == vac::Support::Served)
             .then(|| optional.all()),
+        // As upstream, the gate makes the provisioner wait for this cache too.
+        reference_grants: settings
+            .cross_namespace_data_sources
+            .then(|| informers.all()),
     };
     drop(optional);
     let Some(wake) = informers.synced().await else {
@@ -393,7 +403,7 @@ impl Provisioner {
             source: source.unwrap_or_default(),
         };
         let populated = matches!(
-            claims::data_source(&claim),
+            claims::data_source(&claim, self.settings.cross_namespace_data_sources),
             Ok(DataSource::Populator { .. })
         );
         let started = Instant::now();
@@ -461,7 +471,14 @@ impl Provisioner {
         };
         let driver = &self.settings.driver;
         let mut protected_source = None;
-        let content_source = match claims::data_source(claim) {
+        let data_source = claims::data_source(claim, self.settings.cross_namespace_data_sources);
+        if data_source.is_ok()
+            && let Some(grants) = &self.caches.reference_grants
+            && let Err(error) = grants::check(claim, grants.state().iter().map(|g| &**g))
+        {
+            return self.failed(claim, error.to_string()).await;
+        }
+        let content_source = match data_source {
             Err(error) => return self.failed(claim, error.to_string()).await,
             Ok(DataSource::None) => None,
             Ok(DataSource::Populator { kind, .. }) => {
@@ -840,7 +857,13 @@ impl Provisioner {
             namespace: snapshot.namespace().unwrap_or_default(),
         };
         let claims = self.caches.claims.state();
-        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &source, except) {
+        let cross_namespace = self.settings.cross_namespace_data_sources;
+        if claims::still_needed_by_pending_claims(
+            claims.iter().map(|c| &**c),
+            &source,
+            except,
+            cross_namespace,
+        ) {
             return;
         }
         let api: Api<VolumeSnapshot> = Api::namespaced(
@@ -860,7 +883,13 @@ impl Provisioner {
             namespace: source.namespace().unwrap_or_default(),
         };
         let claims = self.caches.claims.state();
-        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &wanted, None) {
+        let cross_namespace = self.settings.cross_namespace_data_sources;
+        if claims::still_needed_by_pending_claims(
+            claims.iter().map(|c| &**c),
+            &wanted,
+            None,
+            cross_namespace,
+        ) {
             return Ok(Synced::Waiting);
         }
         let finalizers = without(source.finalizers(), CLONING_PROTECTION);

@@ -10,9 +10,6 @@ use csi_sidecar::flags::{
     DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration,
 };
 
-/// Feature gates of external-provisioner for features not built here yet.
-const UNSUPPORTED_GATES: [&str; 1] = ["CrossNamespaceVolumeDataSource"];
-
 /// csi-provisioner: creates and deletes CSI volumes for PersistentVolumeClaims.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "csi-provisioner", version)]
@@ -153,13 +150,6 @@ impl SidecarCli for ProvisionerArgs {
                 "{flag} is not supported yet by this csi-provisioner"
             ));
         }
-        for gate in UNSUPPORTED_GATES {
-            if self.sidecar.feature_gates.get(gate) == Some(&true) {
-                return Err(format!(
-                    "--feature-gates={gate}=true is not supported yet by this csi-provisioner"
-                ));
-            }
-        }
         Ok(())
     }
 }
@@ -244,7 +234,7 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 7] = [
+        let table: [(&[&str], &str); 6] = [
             (&["--volume-name-uuid-length=0"], "between 1 and 32"),
             (&["--volume-name-uuid-length=33"], "between 1 and 32"),
             (&["--cloning-protection-threads=0"], "at least 1"),
@@ -257,16 +247,17 @@ mod tests {
                 &["--node-deployment"],
                 "--node-deployment is not supported yet",
             ),
-            (
-                &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
-                "CrossNamespaceVolumeDataSource=true is not supported yet",
-            ),
         ];
         for (args, message) in table {
             let error = parse(args).unwrap_err();
             assert!(error.to_string().contains(message), "{args:?}: {error}");
             assert_eq!(error.exit_code(), 2, "{args:?}");
         }
-        assert!(parse(&["--feature-gates=VolumeAttributesClass=true"]).is_ok());
+        assert!(
+            parse(&[
+                "--feature-gates=VolumeAttributesClass=true,CrossNamespaceVolumeDataSource=true"
+            ])
+            .is_ok()
+        );
     }
 }

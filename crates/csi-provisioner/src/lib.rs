@@ -1,8 +1,9 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks)
-//! and [`vac`] (VolumeAttributesClasses: mutable parameters).
+//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks),
+//! [`vac`] (VolumeAttributesClasses: mutable parameters) and [`grants`] (ReferenceGrants for
+//! cross-namespace data sources).
 
 /// `kube::Resource` for a type of ours of one fixed group, version, kind and plural: kinds
 /// k8s-openapi's v1_33 set lacks, and custom resources. The type has a `metadata: ObjectMeta`.
@@ -41,6 +42,7 @@ pub mod claims;
 pub mod controller;
 pub mod deletion;
 pub mod flags;
+pub mod grants;
 pub mod metrics;
 pub mod protection;
 pub mod pv;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
-use crate::vac;
+use crate::{grants, vac};
 
 /// Upstream's claim resync period.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -50,7 +50,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let sidecar = &args.sidecar;
     let gates = csi_sidecar::flags::resolve_feature_gates(
         &sidecar.feature_gates,
-        &[RELEASE_ON_EXIT_GATE, vac::GATE],
+        &[RELEASE_ON_EXIT_GATE, vac::GATE, grants::GATE],
     )
     .map_err(RunError::FeatureGates)?;
     let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
@@ -137,6 +137,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         capacity,
         driver: driver.clone(),
         volume_attributes_classes,
+        cross_namespace_data_sources: gate(grants::GATE),
     };
     let release = gates
         .get(RELEASE_ON_EXIT_GATE.name)
