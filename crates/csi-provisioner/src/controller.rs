@@ -856,14 +856,7 @@ impl Provisioner {
             name: snapshot.name_any(),
             namespace: snapshot.namespace().unwrap_or_default(),
         };
-        let claims = self.caches.claims.state();
-        let cross_namespace = self.settings.cross_namespace_data_sources;
-        if claims::still_needed_by_pending_claims(
-            claims.iter().map(|c| &**c),
-            &source,
-            except,
-            cross_namespace,
-        ) {
+        if self.still_needed(&source, except) {
             return;
         }
         let api: Api<VolumeSnapshot> = Api::namespaced(
@@ -875,21 +868,26 @@ impl Provisioner {
         }
     }
 
+    /// Whether a Pending claim other than `except` still has `source` as its data source
+    /// (claims of every namespace with the CrossNamespaceVolumeDataSource gate).
+    fn still_needed(&self, source: &DataSource, except: Option<&str>) -> bool {
+        let claims = self.caches.claims.state();
+        claims::still_needed_by_pending_claims(
+            claims.iter().map(|c| &**c),
+            source,
+            except,
+            self.settings.cross_namespace_data_sources,
+        )
+    }
+
     /// The cloning-protection controller's job: a source claim being deleted loses its
-    /// finalizer once no Pending claim of its namespace clones from it.
+    /// finalizer once no Pending claim clones from it.
     async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<Synced, String> {
         let wanted = DataSource::Claim {
             name: source.name_any(),
             namespace: source.namespace().unwrap_or_default(),
         };
-        let claims = self.caches.claims.state();
-        let cross_namespace = self.settings.cross_namespace_data_sources;
-        if claims::still_needed_by_pending_claims(
-            claims.iter().map(|c| &**c),
-            &wanted,
-            None,
-            cross_namespace,
-        ) {
+        if self.still_needed(&wanted, None) {
             return Ok(Synced::Waiting);
         }
         let finalizers = without(source.finalizers(), CLONING_PROTECTION);
