@@ -211,38 +211,91 @@ pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool 
 /// Serves snapshot.storage.k8s.io/v1 VolumeSnapshots and VolumeSnapshotContents (a real
 /// cluster that has the external-snapshotter CRDs keeps its own).
 pub async fn install_snapshot_crds(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
+    // annotation (external-snapshotter's CRDs carry the same one).
+    let approval = "https://github.com/kubernetes-csi/external-snapshotter/pull/419";
     for (kind, plural, scope) in [
         ("VolumeSnapshot", "volumesnapshots", "Namespaced"),
         ("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
     ] {
-        let name = format!("{plural}.snapshot.storage.k8s.io");
-        // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
-        // annotation (external-snapshotter's CRDs carry the same one).
-        let crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io":
-                "https://github.com/kubernetes-csi/external-snapshotter/pull/419"}},
-            "spec": {"group": "snapshot.storage.k8s.io", "scope": scope,
-                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-        }))
-        .expect("a CRD");
-        match crds.create(&Default::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => panic!("creating the {plural} CRD: {error}"),
-        }
-        let deadline = std::time::Instant::now() + step_timeout();
-        while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the {name} CRD is not Established"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let crd = Crd {
+            group: "snapshot.storage.k8s.io",
+            version: "v1",
+            kind,
+            plural,
+            scope,
+            status: true,
+            approval,
+        };
+        install_crd(client, &crd).await;
+    }
+}
+
+/// Serves gateway.networking.k8s.io/v1beta1 ReferenceGrants (a real cluster that has the
+/// Gateway API CRDs keeps its own).
+pub async fn install_reference_grant_crd(client: &Client) {
+    let crd = Crd {
+        group: "gateway.networking.k8s.io",
+        version: "v1beta1",
+        kind: "ReferenceGrant",
+        plural: "referencegrants",
+        scope: "Namespaced",
+        status: false,
+        // The annotation of the Gateway API's own CRDs (a protected `*.k8s.io` group).
+        approval: "https://github.com/kubernetes-sigs/gateway-api/pull/2466",
+    };
+    install_crd(client, &crd).await;
+}
+
+/// A CustomResourceDefinition of one version that keeps any fields.
+struct Crd {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    scope: &'static str,
+    status: bool,
+    /// The `api-approved.kubernetes.io` annotation.
+    approval: &'static str,
+}
+
+/// Creates `crd` (unless it exists) and waits until it is Established.
+async fn install_crd(client: &Client, crd: &Crd) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let Crd {
+        group,
+        version,
+        kind,
+        plural,
+        scope,
+        ..
+    } = *crd;
+    let name = format!("{plural}.{group}");
+    let mut served = json!({"name": version, "served": true, "storage": true,
+        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}});
+    if crd.status {
+        served["subresources"] = json!({"status": {}});
+    }
+    let object: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io": crd.approval}},
+        "spec": {"group": group, "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [served]}
+    }))
+    .expect("a CRD");
+    match crds.create(&Default::default(), &object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("creating the {plural} CRD: {error}"),
+    }
+    let deadline = std::time::Instant::now() + step_timeout();
+    while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the {name} CRD is not Established"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -364,4 +417,30 @@ pub async fn pv_nodes(
         .flat_map(|t| t.match_expressions.unwrap_or_default())
         .flat_map(|e| e.values.unwrap_or_default())
         .collect()
+}
+
+/// Waits until the claim `name` of `claims` is Bound (`what` says which claim) and returns
+/// the spec of its PV.
+pub async fn bound_volume(
+    cluster: &crate::Cluster,
+    claims: &Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    name: &str,
+    what: &str,
+) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
+    let claim = cluster.wait_for(claims, name, what, bound).await;
+    let volume = claim.spec.unwrap().volume_name.unwrap();
+    cluster
+        .cluster_scoped::<k8s_openapi::api::core::v1::PersistentVolume>()
+        .get(&volume)
+        .await
+        .unwrap_or_else(|error| panic!("the PV {volume}: {error}"))
+        .spec
+        .unwrap_or_default()
+}
+
+/// The reference driver's state: what it made of each CSI call.
+pub fn driver_state(cluster: &crate::Cluster) -> csi_hostpath::state::State {
+    csi_hostpath::state::Store::open(&cluster.driver.state_dir)
+        .and_then(|store| store.read())
+        .expect("the driver's state")
 }

@@ -424,6 +424,34 @@ impl Cluster {
         kept
     }
 
+    /// Whether the server keeps a claim's `spec.dataSourceRef.namespace` (only with its
+    /// CrossNamespaceVolumeDataSource feature, alpha since Kubernetes 1.26; older servers have
+    /// no `dataSourceRef` at all). Probed on a claim of a class nobody provisions; reports the
+    /// scenario's skip when the field is dropped.
+    pub async fn keeps_cross_namespace_data_sources(&self) -> bool {
+        let claims = self.namespaced::<PersistentVolumeClaim>();
+        let name = "cross-namespace-probe";
+        let probe = serde_json::json!({"metadata": {"name": name}, "spec": {
+            "storageClassName": format!("{}-probe", self.namespace),
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}},
+            "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "source",
+                "namespace": format!("{}-probe", self.namespace)}}});
+        let created: PersistentVolumeClaim = self.create(&claims, probe).await;
+        forget(&claims, name, &DeleteParams::default()).await;
+        let kept = created
+            .spec
+            .and_then(|s| s.data_source_ref)
+            .and_then(|r| r.namespace)
+            .is_some();
+        if !kept {
+            report_skip(
+                &self.scenario,
+                "PersistentVolumeClaim spec.dataSourceRef.namespace not served (dropped: no CrossNamespaceVolumeDataSource in the API server)",
+            );
+        }
+        kept
+    }
+
     /// A pod affinity that keeps the scheduler on the scenario's nodes (a real cluster has
     /// other scenarios' nodes too).
     pub fn on_scenario_nodes(&self) -> serde_json::Value {
@@ -711,7 +739,7 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
-        let settings = provisioner_settings(&csi, change).await;
+        let settings = provisioner_settings(&self.client, &csi, change).await;
         let shutdown = CancellationToken::new();
         let client = self.component_client(rbac::PROVISIONER);
         let token = shutdown.clone();
@@ -731,7 +759,7 @@ impl Cluster {
         identity: &str,
         csi: csi_sidecar::conn::CsiConnection,
     ) -> Sidecar {
-        let settings = provisioner_settings(&csi, |_| {}).await;
+        let settings = provisioner_settings(&self.client, &csi, |_| {}).await;
         let client = self.component_client(rbac::PROVISIONER);
         let lease = self.driver_name.clone();
         self.elected(
@@ -1071,8 +1099,10 @@ fn scratch_dir() -> PathBuf {
 }
 
 /// csi-provisioner's settings for scenarios: upstream's defaults with fast retries, after
-/// discovering the driver behind `csi`.
+/// discovering the driver behind `csi` and, as the binary does, whether `client`'s server
+/// serves VolumeAttributesClasses.
 async fn provisioner_settings(
+    client: &Client,
     csi: &csi_sidecar::conn::CsiConnection,
     change: impl FnOnce(&mut csi_provisioner::controller::Settings),
 ) -> csi_provisioner::controller::Settings {
@@ -1100,6 +1130,13 @@ async fn provisioner_settings(
         prevent_volume_mode_conversion: true,
         snapshot_orphan_sweep_interval: Duration::from_secs(1),
         capacity: None,
+        volume_attributes_classes: csi_provisioner::vac::discover(
+            client,
+            csi_provisioner::vac::GATE.default,
+            false,
+        )
+        .await,
+        cross_namespace_data_sources: csi_provisioner::grants::GATE.default,
     };
     change(&mut settings);
     settings

@@ -111,12 +111,15 @@ pub enum DataSource {
     },
 }
 
-/// `spec.dataSource` wins (in the claim's namespace), else `spec.dataSourceRef`; a
-/// namespace on the latter needs the CrossNamespaceVolumeDataSource gate, which this
-/// provisioner does not support yet.
-pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ClaimError> {
+/// `spec.dataSource` wins (in the claim's namespace), else `spec.dataSourceRef`, in its
+/// `namespace` with the CrossNamespaceVolumeDataSource gate (`cross_namespace`; whether a
+/// ReferenceGrant allows it is [`crate::grants::check`]'s question), refused without.
+pub fn data_source(
+    claim: &PersistentVolumeClaim,
+    cross_namespace: bool,
+) -> Result<DataSource, ClaimError> {
     let spec = claim.spec.clone().unwrap_or_default();
-    let namespace = claim.namespace().unwrap_or_default();
+    let mut namespace = claim.namespace().unwrap_or_default();
     let (kind, api_group, name) = if let Some(source) = spec.data_source {
         (
             source.kind,
@@ -124,14 +127,15 @@ pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ClaimErr
             source.name,
         )
     } else if let Some(source) = spec.data_source_ref {
-        if source
-            .namespace
-            .as_deref()
-            .is_some_and(|ns| !ns.is_empty() && ns != namespace)
-        {
-            return Err(ClaimError::DataSource(
-                "dataSourceRef.namespace needs the CrossNamespaceVolumeDataSource feature, which this csi-provisioner does not support yet".to_string(),
-            ));
+        match source.namespace.filter(|ns| !ns.is_empty()) {
+            Some(other) if cross_namespace => namespace = other,
+            // Upstream refuses any namespace without the gate; the claim's own is harmless.
+            Some(other) if other != namespace => {
+                return Err(ClaimError::DataSource(
+                    "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled".to_string(),
+                ));
+            }
+            _ => {}
         }
         (
             source.kind,
@@ -161,10 +165,15 @@ pub fn data_source(claim: &PersistentVolumeClaim) -> Result<DataSource, ClaimErr
 /// Whether a Pending claim other than `except` (a UID) still has `source` as its data source:
 /// a source keeps its protection finalizer until none does (`CloningProtectionController`,
 /// `SnapshotFinalizerController`; both look at `dataSource` and `dataSourceRef`).
+///
+/// With `cross_namespace`, claims of other namespaces count too (upstream's
+/// `CloningProtectionController` looks in the source's namespace only, and would let a source
+/// go while a cross-namespace clone still copies from it).
 pub fn still_needed_by_pending_claims<'a>(
     claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
     source: &DataSource,
     except: Option<&str>,
+    cross_namespace: bool,
 ) -> bool {
     claims.into_iter().any(|claim| {
         let pending = matches!(
@@ -173,7 +182,7 @@ pub fn still_needed_by_pending_claims<'a>(
         );
         pending
             && claim.metadata.uid.as_deref() != except
-            && data_source(claim).as_ref() == Ok(source)
+            && data_source(claim, cross_namespace).as_ref() == Ok(source)
     })
 }
 
@@ -416,23 +425,43 @@ mod tests {
             ),
         ];
         for (claim, expected) in table {
-            assert_eq!(data_source(&claim), expected);
+            assert_eq!(data_source(&claim, false), expected);
         }
         let wrong_group = with(
             json!({"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "example.com", "name": "s"}}),
         );
         assert!(
-            matches!(data_source(&wrong_group), Err(ClaimError::DataSource(m)) if m.contains("example.com"))
+            matches!(data_source(&wrong_group, false), Err(ClaimError::DataSource(m)) if m.contains("example.com"))
         );
         let cross = with(
             json!({"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "s", "namespace": "other"}}),
         );
-        assert!(
-            matches!(data_source(&cross), Err(ClaimError::DataSource(m)) if m.contains("not support yet"))
+        assert_eq!(
+            data_source(&cross, false),
+            Err(ClaimError::DataSource(
+                "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled".to_string()
+            ))
+        );
+        assert_eq!(
+            data_source(&cross, true),
+            Ok(DataSource::Claim {
+                name: "s".into(),
+                namespace: "other".into()
+            })
+        );
+        let own = with(
+            json!({"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "s", "namespace": "apps"}}),
+        );
+        assert_eq!(
+            data_source(&own, false),
+            Ok(DataSource::Claim {
+                name: "s".into(),
+                namespace: "apps".into()
+            })
         );
         let unnamed = with(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": ""}}));
         assert!(matches!(
-            data_source(&unnamed),
+            data_source(&unnamed, false),
             Err(ClaimError::DataSource(_))
         ));
     }
@@ -570,10 +599,24 @@ mod tests {
         ];
         for (name, claim, except, expected) in cases {
             assert_eq!(
-                still_needed_by_pending_claims([&claim], &source, except),
+                still_needed_by_pending_claims([&claim], &source, except, false),
                 expected,
                 "{name}"
             );
         }
+        let cross = claim(json!({
+            "metadata": {"name": "copy", "namespace": "web", "uid": "t2"},
+            "spec": {"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src", "namespace": "apps"}},
+        }));
+        assert!(
+            still_needed_by_pending_claims([&cross], &source, None, true),
+            "a pending clone from another namespace"
+        );
+        assert!(!still_needed_by_pending_claims(
+            [&cross],
+            &source,
+            None,
+            false
+        ));
     }
 }

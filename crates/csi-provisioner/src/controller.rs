@@ -17,6 +17,7 @@ use csi_sidecar::finalizers::{
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -26,7 +27,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::grants::{self, ReferenceGrant};
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
+use crate::vac::{self, VacError, VolumeAttributesClass};
 
 /// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
 /// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
@@ -72,6 +75,11 @@ pub struct Settings {
     /// Capacity tracking, when `--enable-capacity` (runs with the controller, so only on the
     /// leader).
     pub capacity: Option<crate::capacity::controller::CapacitySettings>,
+    /// Claims' VolumeAttributesClasses: the gate after discovery (see [`vac::discover`]).
+    pub volume_attributes_classes: vac::Support,
+    /// The CrossNamespaceVolumeDataSource gate: `dataSourceRef.namespace` honoured when a
+    /// ReferenceGrant allows it.
+    pub cross_namespace_data_sources: bool,
 }
 
 struct Caches {
@@ -81,6 +89,10 @@ struct Caches {
     csi_nodes: Store<CSINode>,
     nodes: Store<Node>,
     attachments: Store<VolumeAttachment>,
+    /// With [`vac::Support::Served`] only.
+    attribute_classes: Option<Store<VolumeAttributesClass>>,
+    /// With the CrossNamespaceVolumeDataSource gate only.
+    reference_grants: Option<Store<ReferenceGrant>>,
 }
 
 /// The work item of one claim or one PV.
@@ -174,6 +186,11 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ProvisionerError> {
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    // Upstream GETs a claim's class when it provisions and its sample RBAC grants no access
+    // to classes: the cache of them must neither hold up provisioning nor fail /healthz when
+    // it cannot list (its warnings name the cause, and claims naming a class say it is not
+    // synced).
+    let mut optional = Informers::new(&client, &shutdown);
     let caches = Caches {
         claims: informers.all(),
         volumes: informers.all(),
@@ -181,7 +198,14 @@ pub async fn run(
         csi_nodes: informers.all(),
         nodes: informers.all(),
         attachments: informers.all(),
+        attribute_classes: (settings.volume_attributes_classes == vac::Support::Served)
+            .then(|| optional.all()),
+        // As upstream, the gate makes the provisioner wait for this cache too.
+        reference_grants: settings
+            .cross_namespace_data_sources
+            .then(|| informers.all()),
     };
+    drop(optional);
     let Some(wake) = informers.synced().await else {
         return Ok(());
     };
@@ -459,7 +483,7 @@ impl Provisioner {
             source: source.unwrap_or_default(),
         };
         let populated = matches!(
-            claims::data_source(&claim),
+            claims::data_source(&claim, self.settings.cross_namespace_data_sources),
             Ok(DataSource::Populator { .. })
         );
         let started = Instant::now();
@@ -527,7 +551,14 @@ impl Provisioner {
         };
         let driver = &self.settings.driver;
         let mut protected_source = None;
-        let content_source = match claims::data_source(claim) {
+        let data_source = claims::data_source(claim, self.settings.cross_namespace_data_sources);
+        if data_source.is_ok()
+            && let Some(grants) = &self.caches.reference_grants
+            && let Err(error) = grants::check(claim, grants.state().iter().map(|g| &**g))
+        {
+            return self.failed(claim, error.to_string()).await;
+        }
+        let content_source = match data_source {
             Err(error) => return self.failed(claim, error.to_string()).await,
             Ok(DataSource::None) => None,
             Ok(DataSource::Populator { kind, .. }) => {
@@ -622,6 +653,13 @@ impl Provisioner {
                 )
                 .await;
         }
+        let attributes_class = vac::class_name(claim, self.settings.volume_attributes_classes);
+        if attributes_class.is_some() && !driver.has_controller(ControllerCapability::ModifyVolume)
+        {
+            return self
+                .failed(claim, VacError::NoModifyVolume.to_string())
+                .await;
+        }
         let parameters = class.parameters.clone().unwrap_or_default();
         let fs_type = match request::fs_type(&parameters, &self.settings.default_fstype) {
             Ok(fs_type) => fs_type,
@@ -677,6 +715,13 @@ impl Provisioner {
                 }
             }
         };
+        let mutable_parameters = match &attributes_class {
+            None => BTreeMap::new(),
+            Some(name) => match self.attributes_class_parameters(name) {
+                Ok(parameters) => parameters,
+                Err(error) => return self.failed(claim, error.to_string()).await,
+            },
+        };
         if self.settings.extra_create_metadata {
             request::add_extra_metadata(
                 &mut create_parameters,
@@ -696,7 +741,7 @@ impl Provisioner {
             secrets: secrets.clone(),
             volume_content_source: content_source.clone(),
             accessibility_requirements: accessibility,
-            mutable_parameters: HashMap::new(),
+            mutable_parameters: mutable_parameters.into_iter().collect(),
         };
         let claim = &self.protect(claim, class).await?;
         if let Some(source) = &protected_source {
@@ -780,6 +825,7 @@ impl Provisioner {
             secrets: &secret_refs,
             controller_publish_readonly: self.settings.controller_publish_readonly,
             topology: topology_supported,
+            attributes_class: attributes_class.as_deref(),
         });
         self.save(claim, pv, &volume.volume_id, secrets).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
@@ -796,6 +842,21 @@ impl Provisioner {
                 .await;
         }
         self.release(claim).await
+    }
+
+    /// The parameters of the VolumeAttributesClass `name`, from the cache.
+    fn attributes_class_parameters(
+        &self,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, VacError> {
+        let Some(classes) = &self.caches.attribute_classes else {
+            return Err(VacError::NotServed(name.to_string()));
+        };
+        if classes.wait_until_ready().now_or_never().is_none() {
+            return Err(VacError::NotSynced(name.to_string()));
+        }
+        let class = classes.get(&ObjectRef::new(name));
+        vac::mutable_parameters(name, class.as_deref(), &self.settings.driver.name)
     }
 
     /// GETs the snapshot and its content (live, as upstream: the caches hold no snapshots)
@@ -876,8 +937,7 @@ impl Provisioner {
             name: snapshot.name_any(),
             namespace: snapshot.namespace().unwrap_or_default(),
         };
-        let claims = self.caches.claims.state();
-        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &source, except) {
+        if self.still_needed(&source, except) {
             return;
         }
         let api: Api<VolumeSnapshot> = Api::namespaced(
@@ -889,15 +949,26 @@ impl Provisioner {
         }
     }
 
+    /// Whether a Pending claim other than `except` still has `source` as its data source
+    /// (claims of every namespace with the CrossNamespaceVolumeDataSource gate).
+    fn still_needed(&self, source: &DataSource, except: Option<&str>) -> bool {
+        let claims = self.caches.claims.state();
+        claims::still_needed_by_pending_claims(
+            claims.iter().map(|c| &**c),
+            source,
+            except,
+            self.settings.cross_namespace_data_sources,
+        )
+    }
+
     /// The cloning-protection controller's job: a source claim being deleted loses its
-    /// finalizer once no Pending claim of its namespace clones from it.
+    /// finalizer once no Pending claim clones from it.
     async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<Synced, String> {
         let wanted = DataSource::Claim {
             name: source.name_any(),
             namespace: source.namespace().unwrap_or_default(),
         };
-        let claims = self.caches.claims.state();
-        if claims::still_needed_by_pending_claims(claims.iter().map(|c| &**c), &wanted, None) {
+        if self.still_needed(&wanted, None) {
             return Ok(Synced::Waiting);
         }
         let finalizers = without(source.finalizers(), CLONING_PROTECTION);

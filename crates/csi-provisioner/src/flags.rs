@@ -132,22 +132,9 @@ pub struct ProvisionerArgs {
 }
 
 impl ProvisionerArgs {
-    /// `--feature-gates` against upstream's table, as component-base resolves them; a gate of
-    /// a feature not built yet is refused when the flags turn it on (named true, or an alpha
-    /// or beta gate that is off by default switched on by AllAlpha/AllBeta). Pure.
+    /// `--feature-gates` against upstream's table, as component-base resolves them. Pure.
     pub fn gates(&self) -> Result<ResolvedGates, String> {
-        let given = &self.sidecar.feature_gates;
-        let resolved = csi_sidecar::flags::resolve_gates(given, gates::TABLE)?;
-        let turned_on = |gate: &csi_sidecar::flags::FeatureGate| {
-            resolved.get(*gate) && (given.contains_key(gate.name) || !gate.default)
-        };
-        if let Some(gate) = gates::NOT_BUILT_YET.iter().find(|g| turned_on(g)) {
-            return Err(format!(
-                "--feature-gates={}=true is not supported yet by this csi-provisioner",
-                gate.name
-            ));
-        }
-        Ok(resolved)
+        csi_sidecar::flags::resolve_gates(&self.sidecar.feature_gates, gates::TABLE)
     }
 }
 
@@ -256,7 +243,7 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 9] = [
+        let table: [(&[&str], &str); 6] = [
             (&["--cloning-protection-threads=0"], "at least 1"),
             (
                 &["--volume-name-prefix="],
@@ -265,18 +252,6 @@ mod tests {
             (
                 &["--node-deployment"],
                 "--node-deployment is not supported yet",
-            ),
-            (
-                &["--feature-gates=VolumeAttributesClass=true"],
-                "VolumeAttributesClass=true is not supported yet",
-            ),
-            (
-                &["--feature-gates=CrossNamespaceVolumeDataSource=true"],
-                "CrossNamespaceVolumeDataSource=true is not supported yet",
-            ),
-            (
-                &["--feature-gates=AllAlpha=true"],
-                "CrossNamespaceVolumeDataSource=true is not supported yet",
             ),
             (
                 &["--enable-pprof"],
@@ -387,10 +362,7 @@ mod tests {
         }
         for gate in crate::gates::TABLE {
             let flag = format!("--feature-gates={}={}", gate.name, gate.default);
-            // VolumeAttributesClass=true is upstream's default, but named it asks for a
-            // feature not built yet.
-            let not_built = gate.default && crate::gates::NOT_BUILT_YET.contains(gate);
-            assert_eq!(parse(&[&flag]).is_ok(), !not_built, "{flag}");
+            assert!(parse(&[&flag]).is_ok(), "{flag}");
         }
         let names: std::collections::BTreeSet<_> =
             crate::gates::TABLE.iter().map(|g| g.name).collect();

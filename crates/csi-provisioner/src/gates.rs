@@ -17,11 +17,6 @@ pub const CROSS_NAMESPACE_VOLUME_DATA_SOURCE: FeatureGate =
 pub const VOLUME_ATTRIBUTES_CLASS: FeatureGate =
     FeatureGate::new("VolumeAttributesClass", true, Stage::Ga, false);
 
-/// Gates of features this provisioner does not build yet: turning one on is refused
-/// ("not supported yet") rather than ignored. Remove a gate from here once it is built.
-pub const NOT_BUILT_YET: [FeatureGate; 2] =
-    [CROSS_NAMESPACE_VOLUME_DATA_SOURCE, VOLUME_ATTRIBUTES_CLASS];
-
 /// Every gate upstream accepts.
 pub const TABLE: &[FeatureGate] = &[
     TOPOLOGY,

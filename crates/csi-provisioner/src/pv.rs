@@ -34,6 +34,9 @@ pub struct PvInputs<'a> {
     pub controller_publish_readonly: bool,
     /// Whether the driver has VOLUME_ACCESSIBILITY_CONSTRAINTS (else no node affinity).
     pub topology: bool,
+    /// The claim's VolumeAttributesClass whose parameters the volume was created with (see
+    /// [`crate::vac::class_name`]).
+    pub attributes_class: Option<&'a str>,
 }
 
 /// The PV as JSON for a create.
@@ -93,6 +96,9 @@ pub fn persistent_volume(inputs: &PvInputs<'_>) -> Value {
     });
     if let Some(options) = inputs.class.mount_options.clone().filter(|o| !o.is_empty()) {
         spec["mountOptions"] = json!(options);
+    }
+    if let Some(class) = inputs.attributes_class {
+        spec["volumeAttributesClassName"] = json!(class);
     }
     if inputs.topology
         && let Some(affinity) = node_affinity(&inputs.volume.accessible_topology)
@@ -156,6 +162,7 @@ mod tests {
             secrets: &secrets,
             controller_publish_readonly: true,
             topology: true,
+            attributes_class: Some("gold"),
         });
         let pv: PersistentVolume = serde_json::from_value(value).expect("a valid PersistentVolume");
         assert_eq!(pv.finalizers(), [PV_FINALIZER]);
@@ -190,5 +197,6 @@ mod tests {
         assert_eq!(attributes[PROVISIONER_IDENTITY_KEY], "1-2-csi.example.com");
         assert_eq!(attributes["origin"], "test");
         assert!(spec.node_affinity.is_some());
+        assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
     }
 }

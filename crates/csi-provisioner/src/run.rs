@@ -16,6 +16,7 @@ use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
 use crate::gates::{RELEASE_ON_EXIT_GATE, TOPOLOGY};
+use crate::{grants, vac};
 
 /// Upstream's claim resync period.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -72,6 +73,12 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         })
         .transpose()?;
     let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
+    let volume_attributes_classes = vac::discover(
+        &client,
+        gates.get(vac::GATE),
+        sidecar.feature_gates.contains_key(vac::GATE.name),
+    )
+    .await;
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
@@ -127,6 +134,8 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         snapshot_orphan_sweep_interval: args.snapshot_orphan_sweep_interval,
         capacity,
         driver: driver.clone(),
+        volume_attributes_classes,
+        cross_namespace_data_sources: gates.get(grants::GATE),
     };
     let release = gates.get(RELEASE_ON_EXIT_GATE);
     let lock_name = driver.name.clone();

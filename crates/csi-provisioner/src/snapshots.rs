@@ -2,8 +2,6 @@
 //! snapshot.storage.k8s.io/v1 kinds the provisioner reads, and the pure checks that turn a
 //! snapshot and its content into the CSI snapshot id.
 
-use std::borrow::Cow;
-
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -107,53 +105,23 @@ impl Serialize for VolumeSnapshotContent {
     }
 }
 
-impl Resource for VolumeSnapshot {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
+fixed_resource!(
+    VolumeSnapshot,
+    NamespaceResourceScope,
+    SNAPSHOT_GROUP,
+    VERSION,
+    "VolumeSnapshot",
+    "volumesnapshots"
+);
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        "VolumeSnapshot".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        SNAPSHOT_GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "volumesnapshots".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl Resource for VolumeSnapshotContent {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "VolumeSnapshotContent".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        SNAPSHOT_GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "volumesnapshotcontents".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+fixed_resource!(
+    VolumeSnapshotContent,
+    k8s_openapi::ClusterResourceScope,
+    SNAPSHOT_GROUP,
+    VERSION,
+    "VolumeSnapshotContent",
+    "volumesnapshotcontents"
+);
 
 /// The content a usable snapshot is bound to. A snapshot being deleted is only usable when it
 /// carries our finalizer: provisioning had started before (external-provisioner #1448).

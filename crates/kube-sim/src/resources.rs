@@ -207,6 +207,17 @@ pub fn builtin() -> Vec<ResourceType> {
             &[],
             &[],
         ),
+        // GA in Kubernetes 1.34 (v1beta1 before): what csi-provisioner reads a claim's
+        // mutable parameters from.
+        r(
+            "storage.k8s.io",
+            "v1",
+            "volumeattributesclasses",
+            "VolumeAttributesClass",
+            false,
+            &[],
+            &["vac"],
+        ),
         r(
             "coordination.k8s.io",
             "v1",

@@ -1556,3 +1556,62 @@ async fn silent_nodes_are_tainted_as_their_zone_allows() {
         nodes.delete(name, &DeleteParams::default()).await.unwrap();
     }
 }
+
+// storage.k8s.io/v1 VolumeAttributesClass (GA in 1.34): served cluster-wide, with its
+// driverName and parameters at the top level (no spec), as csi-provisioner reads them.
+#[tokio::test]
+async fn volume_attributes_classes_are_cluster_scoped() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("vac").await;
+    let discovered = c
+        .client
+        .list_api_group_resources("storage.k8s.io/v1")
+        .await
+        .unwrap();
+    let Some(entry) = discovered
+        .resources
+        .iter()
+        .find(|r| r.name == "volumeattributesclasses")
+    else {
+        assert!(c.sim.is_none(), "kube-sim serves VolumeAttributesClass");
+        eprintln!(
+            "skipping volume_attributes_classes_are_cluster_scoped: storage.k8s.io/v1 volumeattributesclasses not served"
+        );
+        return;
+    };
+    assert_eq!(
+        (entry.kind.as_str(), entry.namespaced),
+        ("VolumeAttributesClass", false)
+    );
+    assert!(
+        entry.verbs.iter().any(|v| v == "watch"),
+        "{:?}",
+        entry.verbs
+    );
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("storage.k8s.io", "v1", "VolumeAttributesClass"),
+        "volumeattributesclasses",
+    );
+    let classes: Api<DynamicObject> = Api::all_with(c.client.clone(), &resource);
+    let name = format!("{}-gold", c.namespace);
+    let mut class = DynamicObject::new(&name, &resource);
+    class.data = json!({"driverName": "csi.example.com", "parameters": {"iops": "3000"}});
+    let created = classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.namespace, None);
+    let read = classes.get(&name).await.unwrap();
+    assert_eq!(read.data["driverName"], "csi.example.com");
+    assert_eq!(read.data["parameters"]["iops"], "3000");
+    assert!(
+        names(&classes, &ListParams::default())
+            .await
+            .contains(&name)
+    );
+    classes
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(code(classes.get(&name).await), 404);
+}

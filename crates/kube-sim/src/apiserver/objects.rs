@@ -176,6 +176,7 @@ fn has_spec(rt: &ResourceType) -> bool {
             | "Namespace"
             | "PersistentVolumeClaim"
             | "PersistentVolume"
+            | "VolumeAttributesClass"
     )
 }
 

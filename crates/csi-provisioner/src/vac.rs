@@ -1,0 +1,225 @@
+//! VolumeAttributesClass (storage.k8s.io/v1, GA in Kubernetes 1.34): a claim's
+//! `spec.volumeAttributesClassName` names a class whose `parameters` CreateVolume sends as
+//! `mutable_parameters`, and the PV names the class (external-provisioner's
+//! `prepareProvision` and `Provision`, gate `VolumeAttributesClass`). The gate and API
+//! discovery decide whether classes are read at all; the checks are pure.
+
+use std::collections::BTreeMap;
+
+use csi_sidecar::flags::FeatureGate;
+use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+/// external-provisioner's gate: GA, on by default, not locked (pkg/features/features.go).
+pub const GATE: FeatureGate = crate::gates::VOLUME_ATTRIBUTES_CLASS;
+
+const GROUP: &str = "storage.k8s.io";
+const VERSION: &str = "v1";
+const KIND: &str = "VolumeAttributesClass";
+
+/// The fields the provisioner reads (the type is not in k8s-openapi's v1_33 API set).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAttributesClass {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub driver_name: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+fixed_resource!(
+    VolumeAttributesClass,
+    ClusterResourceScope,
+    GROUP,
+    VERSION,
+    KIND,
+    "volumeattributesclasses"
+);
+
+/// What the provisioner does with claims' classes, from the gate and the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Gate off: classes are ignored (no mutable parameters, no class on the PV).
+    Disabled,
+    /// Gate on and the v1 API served: classes are read from a cache.
+    Served,
+    /// Gate set on explicitly but the v1 API not served: claims naming a class fail.
+    NotServed,
+}
+
+/// upstream's log line when discovery turns the gate off (cmd/csi-provisioner).
+pub const DISABLED_MESSAGE: &str = "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available";
+
+/// The gate after discovery, as upstream: a gate left at its default is turned off when the
+/// server does not serve the v1 API; an explicit setting stays; a failed discovery (`None`)
+/// changes nothing.
+pub fn support(enabled: bool, explicitly_set: bool, served: Option<bool>) -> Support {
+    match (enabled, served) {
+        (false, _) => Support::Disabled,
+        (true, Some(false)) if explicitly_set => Support::NotServed,
+        (true, Some(false)) => Support::Disabled,
+        (true, _) => Support::Served,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VacError {
+    #[error(
+        "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
+    )]
+    NoModifyVolume,
+    #[error(
+        "volumeattributesclasses.storage.k8s.io \"{0}\": the API server does not serve storage.k8s.io/v1 VolumeAttributesClass"
+    )]
+    NotServed(String),
+    /// The cache has no initial list yet (a 403 on `list volumeattributesclasses`, say: its
+    /// warnings name the cause).
+    #[error(
+        "volumeattributesclasses.storage.k8s.io \"{0}\": the VolumeAttributesClass cache is not synced yet"
+    )]
+    NotSynced(String),
+    #[error("volumeattributesclasses.storage.k8s.io \"{0}\" not found")]
+    NotFound(String),
+    #[error(
+        "VAC {name} referenced in PVC is for driver {driver} which does not match driver name {ours}"
+    )]
+    OtherDriver {
+        name: String,
+        driver: String,
+        ours: String,
+    },
+}
+
+/// The class a claim names, when classes are not ignored.
+pub fn class_name(claim: &PersistentVolumeClaim, support: Support) -> Option<String> {
+    if support == Support::Disabled {
+        return None;
+    }
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_attributes_class_name.clone())
+        .filter(|name| !name.is_empty())
+}
+
+/// CreateVolume's `mutable_parameters`: the parameters of `class` (the cached class named
+/// `name`, if any), which must be for `driver`.
+pub fn mutable_parameters(
+    name: &str,
+    class: Option<&VolumeAttributesClass>,
+    driver: &str,
+) -> Result<BTreeMap<String, String>, VacError> {
+    let class = class.ok_or_else(|| VacError::NotFound(name.to_string()))?;
+    if class.driver_name != driver {
+        return Err(VacError::OtherDriver {
+            name: name.to_string(),
+            driver: class.driver_name.clone(),
+            ours: driver.to_string(),
+        });
+    }
+    Ok(class.parameters.clone())
+}
+
+/// Asks discovery whether the server serves storage.k8s.io/v1 VolumeAttributesClass
+/// (upstream's `IsVolumeAttributesClassV1Enabled`); `None` when discovery failed.
+pub async fn served(client: &kube::Client) -> Option<bool> {
+    match client
+        .list_api_group_resources(&format!("{GROUP}/{VERSION}"))
+        .await
+    {
+        Ok(list) => Some(list.resources.iter().any(|r| r.kind == KIND)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Some(false),
+        Err(error) => {
+            tracing::warn!(%error, "discovery of {GROUP}/{VERSION} failed; the VolumeAttributesClass gate stays as set");
+            None
+        }
+    }
+}
+
+/// The gate after discovery, logging upstream's line when it is turned off.
+pub async fn discover(client: &kube::Client, enabled: bool, explicitly_set: bool) -> Support {
+    if !enabled {
+        return Support::Disabled;
+    }
+    let support = support(enabled, explicitly_set, served(client).await);
+    if support == Support::Disabled {
+        tracing::info!("{DISABLED_MESSAGE}");
+    }
+    support
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn discovery_turns_only_a_default_gate_off() {
+        let table = [
+            ("off", false, false, Some(true), Support::Disabled),
+            ("default, served", true, false, Some(true), Support::Served),
+            (
+                "default, not served",
+                true,
+                false,
+                Some(false),
+                Support::Disabled,
+            ),
+            (
+                "explicit, not served",
+                true,
+                true,
+                Some(false),
+                Support::NotServed,
+            ),
+            ("discovery failed", true, false, None, Support::Served),
+        ];
+        for (what, enabled, explicit, served, expected) in table {
+            assert_eq!(support(enabled, explicit, served), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn mutable_parameters_come_from_a_class_of_this_driver() {
+        let class: VolumeAttributesClass = serde_json::from_value(json!({
+            "metadata": {"name": "gold"}, "driverName": "csi.example.com",
+            "parameters": {"iops": "3000"}}))
+        .unwrap();
+        assert_eq!(
+            mutable_parameters("gold", Some(&class), "csi.example.com"),
+            Ok(BTreeMap::from([("iops".to_string(), "3000".to_string())]))
+        );
+        assert_eq!(
+            mutable_parameters("gold", Some(&class), "other.example.com")
+                .unwrap_err()
+                .to_string(),
+            "VAC gold referenced in PVC is for driver csi.example.com which does not match driver name other.example.com"
+        );
+        assert_eq!(
+            mutable_parameters("silver", None, "csi.example.com"),
+            Err(VacError::NotFound("silver".to_string()))
+        );
+    }
+
+    #[test]
+    fn the_class_name_counts_only_with_the_gate() {
+        let claim: PersistentVolumeClaim = serde_json::from_value(
+            json!({"metadata": {"name": "c"}, "spec": {"volumeAttributesClassName": "gold"}}),
+        )
+        .unwrap();
+        assert_eq!(class_name(&claim, Support::Served).as_deref(), Some("gold"));
+        assert_eq!(
+            class_name(&claim, Support::NotServed).as_deref(),
+            Some("gold")
+        );
+        assert_eq!(class_name(&claim, Support::Disabled), None);
+        let empty: PersistentVolumeClaim = serde_json::from_value(
+            json!({"metadata": {"name": "c"}, "spec": {"volumeAttributesClassName": ""}}),
+        )
+        .unwrap();
+        assert_eq!(class_name(&empty, Support::Served), None);
+    }
+}
