@@ -282,6 +282,8 @@ impl Cluster {
             config.driver_name = driver_name.clone();
             config.enable_attach = options.attach_required;
             config.podmon_extension = options.podmon_extension;
+            // What the scenarios' VolumeAttributesClasses set.
+            config.accepted_mutable_parameters = ["iops".to_string()].into();
             if let Some(bytes) = options.pool_bytes {
                 config.capacity.insert(String::new(), bytes);
             }

@@ -83,7 +83,8 @@ pub struct DriverArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_podmon_extension: bool,
 
-    /// Parameter names ControllerModifyVolume accepts (comma-separated); empty accepts any.
+    /// Mutable parameter names CreateVolume and ControllerModifyVolume accept (comma-separated);
+    /// any other name is INVALID_ARGUMENT, as with upstream's hostpath driver. None by default.
     #[arg(long, value_delimiter = ',')]
     pub accepted_mutable_parameter_names: Vec<String>,
 

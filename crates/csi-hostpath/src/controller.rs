@@ -321,7 +321,7 @@ impl Driver {
     ) -> Result<(), Status> {
         let accepted = &self.config.accepted_mutable_parameters;
         for name in names {
-            if !accepted.is_empty() && !accepted.contains(name) {
+            if !accepted.contains(name) {
                 return Err(Status::invalid_argument(format!(
                     "mutable parameter {name:?} is not accepted (accepted: {accepted:?})"
                 )));

@@ -690,6 +690,35 @@ async fn validate_list_get_expand_modify() {
     cluster.stop().await;
 }
 
+/// With no `--accepted-mutable-parameter-names`, as upstream's hostpath driver: every mutable
+/// parameter is refused (csi-sanity's "invalid volume attribute class" specs).
+#[tokio::test]
+async fn no_mutable_parameter_is_accepted_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = csi_hostpath::local::LocalCluster::start(dir.path(), &[], |_| {})
+        .await
+        .unwrap();
+    let c = &cluster.controller.csi;
+    let fake = || [("XXX_FakeKey".to_string(), "XXX_FakeValue".to_string())].into();
+    let mut request = create_request("fake-class", GI, mount(Mode::SingleNodeWriter));
+    request.mutable_parameters = fake();
+    assert_eq!(
+        code(c.create_volume(request, T).await),
+        Code::InvalidArgument
+    );
+    let volume = create(c, "plain", GI).await.volume_id;
+    let modify = csi::ControllerModifyVolumeRequest {
+        volume_id: volume,
+        mutable_parameters: fake(),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(c.controller_modify_volume(modify, T).await),
+        Code::InvalidArgument
+    );
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn snapshots_and_clones_carry_data() {
     let dir = tempfile::tempdir().unwrap();
