@@ -1137,6 +1137,7 @@ async fn provisioner_settings(
         )
         .await,
         cross_namespace_data_sources: csi_provisioner::grants::GATE.default,
+        node_deployment: None,
     };
     change(&mut settings);
     settings

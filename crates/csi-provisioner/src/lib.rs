@@ -45,6 +45,7 @@ pub mod flags;
 pub mod gates;
 pub mod grants;
 pub mod metrics;
+pub mod node_deployment;
 pub mod protection;
 pub mod pv;
 pub mod request;
