@@ -124,7 +124,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
             if !driver.has_controller(ControllerCapability::GetCapacity) {
                 return Err(RunError::NoGetCapacity);
             }
-            Some(capacity_settings(&args, client, metrics).await?)
+            Some(capacity_settings(&args, client, metrics, node_deployment.as_ref()).await?)
         }
         _ => None,
     };
@@ -201,6 +201,7 @@ async fn capacity_settings(
     args: &ProvisionerArgs,
     client: kube::Client,
     metrics: CapacityMetrics,
+    node_deployment: Option<&NodeDeployment>,
 ) -> Result<CapacitySettings, RunError> {
     let env = |name: &'static str| {
         std::env::var(name)
@@ -232,5 +233,10 @@ async fn capacity_settings(
         retry_max: sidecar.workers.retry_interval_max,
         metrics,
         refresh: Default::default(),
+        managed_by: node_deployment.map_or_else(
+            || crate::capacity::MANAGED_BY.to_string(),
+            |nd| crate::capacity::node_managed_by(&nd.node_name),
+        ),
+        node_segment: node_deployment.map(|nd| nd.segments.clone()),
     })
 }
