@@ -44,7 +44,7 @@ pub struct CapacitySettings {
     pub retry_max: Duration,
     pub metrics: CapacityMetrics,
     pub refresh: Refresh,
-    /// The objects' managed-by label: [`MANAGED_BY`], or with `--node-deployment`
+    /// The objects' managed-by label: [`super::MANAGED_BY`], or with `--node-deployment`
     /// [`super::node_managed_by`].
     pub managed_by: String,
     /// With `--node-deployment`: the node's segment (NodeGetInfo) is the only one; Nodes and
