@@ -41,8 +41,8 @@ pub enum NodeCheck {
 }
 
 impl NodeDeployment {
-    /// Upstream's `checkNode`. `strict` and `immediate_topology` are the topology flags with
-    /// which the requirements are computed when the class restricts topologies.
+    /// Upstream's `checkNode`. `topology_supported` (the driver's capability and the Topology
+    /// gate) and `strict` (`--strict-topology`) say how a class's allowedTopologies are judged.
     pub fn check(
         &self,
         selected_node: Option<&str>,
@@ -82,6 +82,7 @@ impl NodeDeployment {
             node_labels: std::slice::from_ref(&self.segments),
             allowed_topologies: allowed,
             strict,
+            // Only consulted without a selected node.
             immediate_topology: true,
             claim_name: "",
             fallback_hash: 0,
