@@ -1257,12 +1257,14 @@ impl Provisioner {
                 backoff.forget(&uid);
                 return Ok(Synced::Done);
             };
-            let owner = current
+            let owned = current
                 .annotations()
                 .get(SELECTED_NODE)
-                .filter(|n| !n.is_empty());
-            if owner.is_some_and(|n| *n != nd.node_name) {
-                // Another instance was faster; a reschedule later starts from the base delay.
+                .is_some_and(|n| !n.is_empty());
+            if owned {
+                // Another instance was faster (or, upstream's sanity check, this one already
+                // owns it): its update brings the claim back. A reschedule later starts from
+                // the base delay.
                 backoff.forget(&uid);
                 return Ok(Synced::Done);
             }
