@@ -717,6 +717,30 @@ impl Cluster {
             .await
     }
 
+    /// Capacity tracking for the scenario's namespace, as the central deployment's; refreshes
+    /// come from volume changes and failures, not from the (hour-long) poll.
+    pub fn capacity_settings(
+        &self,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> csi_provisioner::capacity::controller::CapacitySettings {
+        csi_provisioner::capacity::controller::CapacitySettings {
+            client: self.component_client(rbac::PROVISIONER),
+            namespace: self.namespace.clone(),
+            owner,
+            poll_interval: Duration::from_secs(3600),
+            workers: 2,
+            immediate_binding: false,
+            default_fstype: String::new(),
+            timeout: Duration::from_secs(10),
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(2),
+            metrics: Default::default(),
+            refresh: Default::default(),
+            managed_by: csi_provisioner::capacity::MANAGED_BY.to_string(),
+            node_segment: None,
+        }
+    }
+
     /// A proxy in front of the driver's controller socket, and a connection through it.
     pub async fn csi_proxy(&self) -> (csi_proxy::CsiProxy, csi_sidecar::conn::CsiConnection) {
         let socket = self
@@ -1139,6 +1163,7 @@ async fn provisioner_settings(
         )
         .await,
         cross_namespace_data_sources: csi_provisioner::grants::GATE.default,
+        node_deployment: None,
     };
     change(&mut settings);
     settings

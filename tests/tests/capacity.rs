@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use csi_provisioner::capacity::controller::{CapacityMetrics, CapacitySettings};
 use csi_provisioner::capacity::{DRIVER_NAME_LABEL, MANAGED_BY_LABEL};
 use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod};
 use csi_suite_scenarios::{Cluster, Options, skip_without_root};
@@ -81,25 +80,6 @@ async fn wait_for_capacities(
     }
 }
 
-/// Capacity tracking for the scenario's namespace; refreshes come from volume changes and
-/// failures, not from the (hour-long) poll.
-fn capacity_settings(cluster: &Cluster, owner: Option<OwnerReference>) -> CapacitySettings {
-    CapacitySettings {
-        client: cluster.component_client(csi_suite_scenarios::rbac::PROVISIONER),
-        namespace: cluster.namespace.clone(),
-        owner,
-        poll_interval: Duration::from_secs(3600),
-        workers: 2,
-        immediate_binding: false,
-        default_fstype: String::new(),
-        timeout: Duration::from_secs(10),
-        retry_start: Duration::from_millis(200),
-        retry_max: Duration::from_secs(2),
-        metrics: CapacityMetrics::default(),
-        refresh: Default::default(),
-    }
-}
-
 /// The only CSIStorageCapacity version csi-provisioner uses (as upstream since it dropped
 /// v1beta1; Kubernetes serves v1 since 1.24).
 const CAPACITY_API: &str = "storage.k8s.io/v1";
@@ -140,7 +120,7 @@ async fn capacity_objects_appear_follow_volumes_and_vanish() {
     .await
     .expect("the owner Pod");
     assert_eq!(owner_ref.uid, owner.uid().unwrap());
-    let settings = capacity_settings(&cluster, Some(owner_ref));
+    let settings = cluster.capacity_settings(Some(owner_ref));
     let provisioner = cluster
         .start_provisioner_with(|s| s.capacity = Some(settings))
         .await;
@@ -257,7 +237,7 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
             json!({"metadata": {"name": driver}, "spec": {"attachRequired": true, "storageCapacity": true}}),
         )
         .await;
-    let settings = capacity_settings(&cluster, None);
+    let settings = cluster.capacity_settings(None);
     let provisioner = cluster
         .start_provisioner_with(|s| {
             s.capacity = Some(settings);

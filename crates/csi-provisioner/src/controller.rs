@@ -36,6 +36,7 @@ use crate::vac::{self, VacError, VolumeAttributesClass};
 /// this in memory only and leaks volumes on restart: external-provisioner #486.)
 pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
+use crate::node_deployment::{NodeCheck, NodeDeployment, OwnerBackoff};
 use crate::protection::{self, PROVISIONING_CLASS};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
@@ -80,19 +81,40 @@ pub struct Settings {
     /// The CrossNamespaceVolumeDataSource gate: `dataSourceRef.namespace` honoured when a
     /// ReferenceGrant allows it.
     pub cross_namespace_data_sources: bool,
+    /// `--node-deployment`: this instance serves one node only.
+    pub node_deployment: Option<NodeDeployment>,
 }
 
 struct Caches {
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
     classes: Store<StorageClass>,
-    csi_nodes: Store<CSINode>,
-    nodes: Store<Node>,
+    topology: NodeTopology,
     attachments: Store<VolumeAttachment>,
     /// With [`vac::Support::Served`] only.
     attribute_classes: Option<Store<VolumeAttributesClass>>,
     /// With the CrossNamespaceVolumeDataSource gate only.
     reference_grants: Option<Store<ReferenceGrant>>,
+}
+
+/// The node of a `--node-deployment` instance, and the delays before it tries to own
+/// Immediate claims.
+struct OwnNode {
+    deployment: NodeDeployment,
+    backoff: OwnerBackoff,
+}
+
+/// Where the topology of nodes comes from.
+enum NodeTopology {
+    /// Every CSINode and Node.
+    Watched {
+        csi_nodes: Store<CSINode>,
+        nodes: Store<Node>,
+    },
+    /// `--node-deployment`, as upstream: this node as its driver's NodeGetInfo describes it
+    /// is all the topology code needs (only claims selecting it are provisioned), and Nodes,
+    /// which change often, are not watched.
+    Own(SelectedNode),
 }
 
 /// The work item of one claim or one PV.
@@ -138,6 +160,8 @@ struct Provisioner {
     unseen: UnseenWrites,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
     save_refusals: Mutex<HashMap<String, u32>>,
+    /// With `--node-deployment`: the node served.
+    node: Option<OwnNode>,
     /// An error that ends the provisioner (set once; `stop` is then cancelled).
     fatal: std::sync::OnceLock<request::RequestError>,
     stop: CancellationToken,
@@ -195,8 +219,13 @@ pub async fn run(
         claims: informers.all(),
         volumes: informers.all(),
         classes: informers.all(),
-        csi_nodes: informers.all(),
-        nodes: informers.all(),
+        topology: match &settings.node_deployment {
+            Some(nd) => NodeTopology::Own(nd.selected_node()),
+            None => NodeTopology::Watched {
+                csi_nodes: informers.all(),
+                nodes: informers.all(),
+            },
+        },
         attachments: informers.all(),
         attribute_classes: (settings.volume_attributes_classes == vac::Support::Served)
             .then(|| optional.all()),
@@ -212,7 +241,11 @@ pub async fn run(
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let identity = format!("{started}-{}-{}", rand_suffix(), settings.driver.name);
+    let mut identity = format!("{started}-{}-{}", rand_suffix(), settings.driver.name);
+    // As upstream: the identity PVs record in their volume attributes names the node.
+    if let Some(nd) = &settings.node_deployment {
+        identity = format!("{identity}-{}", nd.node_name);
+    }
     let provisioner = Arc::new(Provisioner {
         events: EventRecorder::new(client.clone(), "external-provisioner", ""),
         workers: KeyedWorkers::with_lane_sizes(
@@ -227,6 +260,10 @@ pub async fn run(
         pinned: Mutex::new(HashMap::new()),
         unseen: UnseenWrites::default(),
         save_refusals: Mutex::new(HashMap::new()),
+        node: settings.node_deployment.clone().map(|deployment| OwnNode {
+            backoff: OwnerBackoff::new(deployment.base_delay, deployment.max_delay),
+            deployment,
+        }),
         fatal: std::sync::OnceLock::new(),
         stop: CancellationToken::new(),
         settings,
@@ -268,6 +305,14 @@ pub async fn run(
             () = tokio::time::sleep(next) => {}
         }
     }
+}
+
+/// A number in [0, 1) that differs between instances and calls (`RandomState` is seeded
+/// randomly), for the jitter that keeps node instances from trying to own a claim at once.
+fn random_fraction(uid: &str) -> f64 {
+    use std::hash::BuildHasher;
+    let hash = std::collections::hash_map::RandomState::new().hash_one(uid);
+    (hash >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A few random digits, as upstream's identity carries (`rand.Intn(10000)`).
@@ -328,6 +373,9 @@ impl Provisioner {
             .collect();
         lock(&self.pinned).retain(|uid, _| uids.contains(uid));
         lock(&self.save_refusals).retain(|uid, _| uids.contains(uid));
+        if let Some(node) = &self.node {
+            node.backoff.retain(&uids);
+        }
     }
 
     /// Drops the unseen-write records the caches have caught up with.
@@ -473,6 +521,20 @@ impl Provisioner {
         let Some(class) = class else {
             return Ok(Synced::Done);
         };
+        if let Some(node) = &self.node {
+            let topology_supported = self.settings.topology
+                && self.settings.driver.plugin.volume_accessibility_constraints;
+            match node.deployment.check(
+                selected_node.as_deref(),
+                &class,
+                topology_supported,
+                self.settings.strict_topology,
+            ) {
+                NodeCheck::Provision => {}
+                NodeCheck::Ignore => return Ok(Synced::Done),
+                NodeCheck::BecomeOwner => return self.become_owner(node, &claim, &class).await,
+            }
+        }
         let source = claim
             .spec
             .as_ref()
@@ -1170,6 +1232,142 @@ impl Provisioner {
         Ok(())
     }
 
+    /// Upstream's `becomeOwner`: waits this claim's delay (watching the cache for another
+    /// node taking it meanwhile), checks that the node has room for it, then sets
+    /// selected-node to this node. The write carries the resourceVersion read, so of
+    /// instances writing at once only one succeeds; the others see the winner in their cache.
+    async fn become_owner(
+        &self,
+        node: &OwnNode,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+    ) -> Result<Synced, String> {
+        let (nd, backoff) = (&node.deployment, &node.backoff);
+        let uid = claim.uid().unwrap_or_default();
+        let delay = backoff.next(&uid, random_fraction(&uid));
+        tracing::debug!(claim = %claim.name_any(), ?delay, "will try to become owner of the claim");
+        // A high base delay means checking less often; many instances waiting at once make it
+        // likely that one wins early, so not much less often either.
+        let poll = (nd.base_delay / 100).max(Duration::from_millis(10));
+        let reference = ObjectRef::from_obj(claim);
+        let deadline = tokio::time::Instant::now() + delay;
+        let current = loop {
+            let current = self.caches.claims.get(&reference);
+            let Some(current) = current.filter(|c| c.uid().as_deref() == Some(uid.as_str())) else {
+                backoff.forget(&uid);
+                return Ok(Synced::Done);
+            };
+            let owned = current
+                .annotations()
+                .get(SELECTED_NODE)
+                .is_some_and(|n| !n.is_empty());
+            if owned {
+                // Another instance was faster (or, upstream's sanity check, this one already
+                // owns it): its update brings the claim back. A reschedule later starts from
+                // the base delay.
+                backoff.forget(&uid);
+                return Ok(Synced::Done);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break current;
+            }
+            tokio::time::sleep(poll.min(deadline - tokio::time::Instant::now())).await;
+        };
+        // As upstream, a failed check does not keep the claim from being owned: provisioning
+        // then fails the same way and says so in an event.
+        match self.enough_capacity(nd, &current, class).await {
+            Ok(false) => {
+                tracing::debug!(claim = %claim.name_any(), "not enough capacity on this node");
+                return Ok(Synced::Done);
+            }
+            Ok(true) => {}
+            Err(error) => {
+                tracing::info!(claim = %claim.name_any(), %error, "becoming owner although the capacity check failed");
+            }
+        }
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(
+            self.client.clone(),
+            &current.namespace().unwrap_or_default(),
+        );
+        let patch = json!({"metadata": {
+            "resourceVersion": current.resource_version(),
+            "annotations": {SELECTED_NODE: nd.node_name},
+        }});
+        match api
+            .patch(
+                &current.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                backoff.forget(&uid);
+                if let Some(version) = current.resource_version() {
+                    lock(&self.unseen.claims).insert(uid, version);
+                }
+                tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
+                Ok(Synced::Done)
+            }
+            // Lost the race (or another change came first): the newer claim in the cache is
+            // offered again and tried with the next, longer delay unless someone owns it.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Synced::Waiting),
+            Err(error) => Err(format!(
+                "selecting node {:?} for the claim: {error}",
+                nd.node_name
+            )),
+        }
+    }
+
+    /// Upstream's `checkCapacity`: GetCapacity for this node's topology with the parameters
+    /// and capabilities CreateVolume would get; a driver without GET_CAPACITY always has room.
+    async fn enough_capacity(
+        &self,
+        nd: &NodeDeployment,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+    ) -> Result<bool, String> {
+        let requested = claims::requested_size(claim).map_err(|e| e.to_string())?;
+        if requested == 0
+            || !self
+                .settings
+                .driver
+                .has_controller(ControllerCapability::GetCapacity)
+        {
+            return Ok(true);
+        }
+        let parameters = class.parameters.clone().unwrap_or_default();
+        let fs_type = request::fs_type(&parameters, &self.settings.default_fstype)
+            .map_err(|e| e.to_string())?;
+        let spec = claim.spec.clone().unwrap_or_default();
+        let volume_capabilities = request::volume_capabilities(
+            &spec.access_modes.clone().unwrap_or_default(),
+            spec.volume_mode.as_deref(),
+            &fs_type,
+            &class.mount_options.clone().unwrap_or_default(),
+            self.settings
+                .driver
+                .has_controller(ControllerCapability::SingleNodeMultiWriter),
+        )
+        .map_err(|e| e.to_string())?;
+        let request = csi::GetCapacityRequest {
+            volume_capabilities,
+            parameters: secrets::remove_reserved_parameters(&parameters)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .collect(),
+            accessible_topology: (!nd.segments.is_empty()).then(|| csi::Topology {
+                segments: nd.segments.clone().into_iter().collect(),
+            }),
+        };
+        let response = self
+            .csi
+            .get_capacity(request, self.settings.timeout)
+            .await
+            .map_err(|status| format!("GetCapacity: {}", status.message()))?;
+        Ok(requested <= response.available_capacity)
+    }
+
     /// Gives the scheduler another choice: removes selected-node from the claim.
     async fn reschedule(
         &self,
@@ -1234,36 +1432,34 @@ impl Provisioner {
     }
 
     fn gather_topology(&self, selected_node: Option<&str>) -> PinnedTopology {
+        let (csi_nodes, nodes) = match &self.caches.topology {
+            NodeTopology::Watched { csi_nodes, nodes } => (csi_nodes, nodes),
+            NodeTopology::Own(node) => {
+                return PinnedTopology {
+                    selected: selected_node.map(|_| node.clone()),
+                    immediate_keys: node.keys.clone().unwrap_or_default(),
+                    node_labels: vec![node.labels.clone()],
+                };
+            }
+        };
         let selected = selected_node.map(|name| SelectedNode {
             name: name.to_string(),
-            keys: self
-                .caches
-                .csi_nodes
+            keys: csi_nodes
                 .get(&ObjectRef::new(name))
                 .and_then(|c| self.keys_of(&c)),
-            labels: self
-                .caches
-                .nodes
+            labels: nodes
                 .get(&ObjectRef::new(name))
                 .map(|n| n.labels().clone())
                 .unwrap_or_default(),
         });
         // Upstream takes a random CSINode; any one with keys for this driver will do.
-        let immediate_keys = self
-            .caches
-            .csi_nodes
+        let immediate_keys = csi_nodes
             .state()
             .iter()
             .filter_map(|c| self.keys_of(c))
             .find(|keys| !keys.is_empty())
             .unwrap_or_default();
-        let node_labels = self
-            .caches
-            .nodes
-            .state()
-            .iter()
-            .map(|n| n.labels().clone())
-            .collect();
+        let node_labels = nodes.state().iter().map(|n| n.labels().clone()).collect();
         PinnedTopology {
             selected,
             immediate_keys,
@@ -1327,6 +1523,16 @@ impl Provisioner {
                 let node = attached_to.unwrap_or_default();
                 let message = format!("persistentvolume {name} is still attached to node {node}");
                 self.delete_failed(&volume, message).await
+            }
+            // As upstream, a node's instance deletes only what it can have created: volumes
+            // accessible from its node (other nodes' instances delete theirs).
+            VolumePlan::Delete { .. }
+                if self
+                    .node
+                    .as_ref()
+                    .is_some_and(|node| !node.deployment.created_here(&volume)) =>
+            {
+                Ok(())
             }
             VolumePlan::Delete { volume_id, secret } => {
                 let started = Instant::now();

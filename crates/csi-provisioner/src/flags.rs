@@ -101,12 +101,14 @@ pub struct ProvisionerArgs {
     #[arg(long, value_name = "BURST")]
     pub kube_api_capacity_burst: Option<u32>,
 
-    /// Run one provisioner per node (not supported yet).
+    /// Run one provisioner per node, next to a driver for node-local volumes (needs the
+    /// NODE_NAME environment variable): it provisions only for claims that selected its node.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub node_deployment: bool,
 
-    /// Per-node provisioning: also handle Immediate claims.
+    /// Per-node provisioning: also handle Immediate claims, by setting their selected node to
+    /// this node after a delay.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub node_deployment_immediate_binding: bool,
@@ -152,12 +154,6 @@ impl SidecarCli for ProvisionerArgs {
         }
         if self.cloning_protection_threads == 0 {
             return Err("--cloning-protection-threads must be at least 1 (0 would never release clone sources)".to_string());
-        }
-        let unsupported = [(self.node_deployment, "--node-deployment")];
-        if let Some((_, flag)) = unsupported.iter().find(|(on, _)| *on) {
-            return Err(format!(
-                "{flag} is not supported yet by this csi-provisioner"
-            ));
         }
         self.gates().map(drop)
     }
@@ -243,15 +239,11 @@ mod tests {
 
     #[test]
     fn refused_combinations() {
-        let table: [(&[&str], &str); 6] = [
+        let table: [(&[&str], &str); 5] = [
             (&["--cloning-protection-threads=0"], "at least 1"),
             (
                 &["--volume-name-prefix="],
                 "--volume-name-prefix must not be empty",
-            ),
-            (
-                &["--node-deployment"],
-                "--node-deployment is not supported yet",
             ),
             (
                 &["--enable-pprof"],

@@ -2,8 +2,9 @@
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
 //! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks),
-//! [`vac`] (VolumeAttributesClasses: mutable parameters) and [`grants`] (ReferenceGrants for
-//! cross-namespace data sources).
+//! [`vac`] (VolumeAttributesClasses: mutable parameters), [`grants`] (ReferenceGrants for
+//! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
+//! instance handles, and its delays before owning an Immediate claim).
 
 /// `kube::Resource` for a type of ours of one fixed group, version, kind and plural: kinds
 /// k8s-openapi's v1_33 set lacks, and custom resources. The type has a `metadata: ObjectMeta`.
@@ -45,6 +46,7 @@ pub mod flags;
 pub mod gates;
 pub mod grants;
 pub mod metrics;
+pub mod node_deployment;
 pub mod protection;
 pub mod pv;
 pub mod request;

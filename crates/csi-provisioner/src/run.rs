@@ -3,6 +3,7 @@
 //! health on `--http-endpoint`, then the controller — under leader election when asked (the
 //! Lease is the driver name, sanitized; losing it exits).
 
+use csi_proto::csi::v1::NodeGetInfoRequest;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
@@ -16,6 +17,7 @@ use crate::capacity::controller::{CapacityMetrics, CapacitySettings};
 use crate::controller::{self, ProvisionerError, Settings};
 use crate::flags::ProvisionerArgs;
 use crate::gates::{RELEASE_ON_EXIT_GATE, TOPOLOGY};
+use crate::node_deployment::NodeDeployment;
 use crate::{grants, vac};
 
 /// Upstream's claim resync period.
@@ -43,6 +45,10 @@ pub enum RunError {
     NoGetCapacity,
     #[error("--enable-capacity needs the {0} environment variable (set it from the downward API)")]
     MissingEnv(&'static str),
+    #[error("The NODE_NAME environment variable must be set when using --node-deployment.")]
+    MissingNodeName,
+    #[error("Failed to get node info from CSI driver: {0}")]
+    NodeInfo(String),
     #[error("--enable-capacity: finding the owner of CSIStorageCapacity objects: {0}")]
     CapacityOwner(#[from] crate::capacity::owner::OwnerError),
 }
@@ -51,6 +57,11 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let sidecar = &args.sidecar;
     let gates = args.gates().map_err(RunError::FeatureGates)?;
     gates.log_warnings();
+    // Checked before anything connects, as upstream.
+    let node_name = std::env::var("NODE_NAME").unwrap_or_default();
+    if args.node_deployment && node_name.is_empty() {
+        return Err(RunError::MissingNodeName);
+    }
     let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
     if !args.master.is_empty() {
         config.cluster_url = args
@@ -95,6 +106,11 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     if !driver.plugin.controller_service {
         return Err(RunError::NoControllerService);
     }
+    let node_deployment = if args.node_deployment {
+        Some(node_deployment(&args, &csi, node_name).await?)
+    } else {
+        None
+    };
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
@@ -108,7 +124,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
             if !driver.has_controller(ControllerCapability::GetCapacity) {
                 return Err(RunError::NoGetCapacity);
             }
-            Some(capacity_settings(&args, client, metrics).await?)
+            Some(capacity_settings(&args, client, metrics, node_deployment.as_ref()).await?)
         }
         _ => None,
     };
@@ -136,6 +152,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         driver: driver.clone(),
         volume_attributes_classes,
         cross_namespace_data_sources: gates.get(grants::GATE),
+        node_deployment,
     };
     let release = gates.get(RELEASE_ON_EXIT_GATE);
     let lock_name = driver.name.clone();
@@ -153,12 +170,38 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     Ok(())
 }
 
+/// Who this node's instance is: `NODE_NAME` and the driver's NodeGetInfo (its topology).
+async fn node_deployment(
+    args: &ProvisionerArgs,
+    csi: &csi_sidecar::conn::CsiConnection,
+    node_name: String,
+) -> Result<NodeDeployment, RunError> {
+    let info = csi
+        .node_get_info(NodeGetInfoRequest {}, args.sidecar.csi.timeout)
+        .await
+        .map_err(|status| RunError::NodeInfo(status.message().to_string()))?;
+    let segments = info
+        .accessible_topology
+        .map(|t| t.segments.into_iter().collect())
+        .unwrap_or_default();
+    let deployment = NodeDeployment {
+        node_name,
+        segments,
+        immediate_binding: args.node_deployment_immediate_binding,
+        base_delay: args.node_deployment_base_delay,
+        max_delay: args.node_deployment_max_delay,
+    };
+    tracing::info!(node = %deployment.node_name, node_id = %info.node_id, segments = ?deployment.segments, "using local topology");
+    Ok(deployment)
+}
+
 /// Capacity tracking's settings: the objects live in `NAMESPACE`, owned (unless
 /// `--capacity-ownerref-level` is negative) by the owner found from `POD_NAME`, as upstream.
 async fn capacity_settings(
     args: &ProvisionerArgs,
     client: kube::Client,
     metrics: CapacityMetrics,
+    node_deployment: Option<&NodeDeployment>,
 ) -> Result<CapacitySettings, RunError> {
     let env = |name: &'static str| {
         std::env::var(name)
@@ -190,5 +233,10 @@ async fn capacity_settings(
         retry_max: sidecar.workers.retry_interval_max,
         metrics,
         refresh: Default::default(),
+        managed_by: node_deployment.map_or_else(
+            || crate::capacity::MANAGED_BY.to_string(),
+            |nd| crate::capacity::node_managed_by(&nd.node_name),
+        ),
+        node_segment: node_deployment.map(|nd| nd.segments.clone()),
     })
 }

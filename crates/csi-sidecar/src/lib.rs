@@ -42,6 +42,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mounts;
 pub mod names;
+pub mod node_selector;
 pub mod quantity;
 pub mod secrets;
 pub mod shutdown;

@@ -22,8 +22,8 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Capacity, DRIVER_NAME_LABEL, Item, MANAGED_BY, MANAGED_BY_LABEL, affected_items,
-    capacity_request, items, new_object, reconcile, segments, updated_object,
+    Capacity, DRIVER_NAME_LABEL, Item, MANAGED_BY_LABEL, affected_items, capacity_request, items,
+    new_object, reconcile, segments, updated_object,
 };
 
 /// How capacity tracking is set up (from `--enable-capacity` and its flags).
@@ -44,6 +44,12 @@ pub struct CapacitySettings {
     pub retry_max: Duration,
     pub metrics: CapacityMetrics,
     pub refresh: Refresh,
+    /// The objects' managed-by label: [`super::MANAGED_BY`], or with `--node-deployment`
+    /// [`super::node_managed_by`].
+    pub managed_by: String,
+    /// With `--node-deployment`: the node's segment (NodeGetInfo) is the only one; Nodes and
+    /// CSINodes are not watched, as upstream's fixed node topology.
+    pub node_segment: Option<super::Segment>,
 }
 
 /// Asks capacity tracking to refresh the items of a class: after a failed CreateVolume the
@@ -113,9 +119,16 @@ impl CapacityMetrics {
     }
 }
 
+/// Where the segments come from.
+enum Segments {
+    /// Every node's CSINode and Node.
+    Watched(Store<CSINode>, Store<Node>),
+    /// `--node-deployment`: the node's own.
+    Fixed(super::Segment),
+}
+
 struct Caches {
-    csi_nodes: Store<CSINode>,
-    nodes: Store<Node>,
+    segments: Segments,
     classes: Store<StorageClass>,
     volumes: Store<PersistentVolume>,
     objects: Store<CSIStorageCapacity>,
@@ -143,10 +156,15 @@ pub async fn run(
 ) {
     let client = settings.client.clone();
     let mut informers = Informers::new(&client, &shutdown);
-    let selector = format!("{DRIVER_NAME_LABEL}={driver},{MANAGED_BY_LABEL}={MANAGED_BY}");
+    let selector = format!(
+        "{DRIVER_NAME_LABEL}={driver},{MANAGED_BY_LABEL}={}",
+        settings.managed_by
+    );
     let caches = Caches {
-        csi_nodes: informers.all(),
-        nodes: informers.all(),
+        segments: match settings.node_segment.clone() {
+            Some(segment) => Segments::Fixed(segment),
+            None => Segments::Watched(informers.all(), informers.all()),
+        },
         classes: informers.all(),
         volumes: informers.all(),
         objects: informers.watch(
@@ -193,10 +211,15 @@ impl Tracker {
     /// until the next poll or retry.
     async fn pass(&self, state: &mut State) -> Duration {
         let now = Instant::now();
-        let nodes = self.caches.nodes.state();
-        let nodes_by_name = nodes.iter().map(|n| (n.name_any(), &**n)).collect();
-        let csi_nodes = self.caches.csi_nodes.state();
-        let segments = segments(csi_nodes.iter().map(|c| &**c), &nodes_by_name, &self.driver);
+        let segments = match &self.caches.segments {
+            Segments::Fixed(segment) => BTreeSet::from([segment.clone()]),
+            Segments::Watched(csi_nodes, nodes) => {
+                let nodes = nodes.state();
+                let nodes_by_name = nodes.iter().map(|n| (n.name_any(), &**n)).collect();
+                let csi_nodes = csi_nodes.state();
+                segments(csi_nodes.iter().map(|c| &**c), &nodes_by_name, &self.driver)
+            }
+        };
         let classes = self.caches.classes.state();
         let wanted = items(
             &segments,
@@ -377,6 +400,7 @@ impl Tracker {
                     item,
                     &self.settings.namespace,
                     &self.driver,
+                    &self.settings.managed_by,
                     capacity,
                     owner,
                 );

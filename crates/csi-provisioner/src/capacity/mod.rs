@@ -22,6 +22,38 @@ pub const DRIVER_NAME_LABEL: &str = "csi.storage.k8s.io/drivername";
 pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
 /// The managed-by value of the central (controller) deployment.
 pub const MANAGED_BY: &str = "external-provisioner";
+/// The managed-by value of the objects of a `--node-deployment` instance on `node`, so that
+/// each instance manages (and deletes as obsolete) only its own: upstream's
+/// `getNameWithMaxLength("external-provisioner", node, 63)`.
+pub fn node_managed_by(node: &str) -> String {
+    const BASE: &str = MANAGED_BY;
+    const MAX: usize = 63;
+    let name = format!("{BASE}-{node}");
+    if name.len() <= MAX {
+        return name;
+    }
+    let base_length = MAX as isize - 10 - node.len() as isize;
+    if base_length <= 0 {
+        let prefix = &BASE[..BASE.len().min(MAX - 9)];
+        let short = format!("{prefix}-{}", fnv32a(&name));
+        return short[..short.len().min(MAX)].to_string();
+    }
+    let base_length = usize::try_from(base_length).unwrap_or_default();
+    format!(
+        "{}-{}-{node}",
+        &BASE[..BASE.len().min(base_length)],
+        fnv32a(BASE)
+    )
+}
+
+/// Upstream's `hash`: FNV-1a 32 bit, as 8 hex digits.
+fn fnv32a(text: &str) -> String {
+    let hash = text.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    format!("{hash:08x}")
+}
+
 /// Upstream's `generateName` for the objects.
 const GENERATE_NAME: &str = "csisc-";
 
@@ -215,6 +247,7 @@ pub fn new_object(
     item: &Item,
     namespace: &str,
     driver: &str,
+    managed_by: &str,
     capacity: Capacity,
     owner: Option<&OwnerReference>,
 ) -> CSIStorageCapacity {
@@ -222,7 +255,7 @@ pub fn new_object(
         "metadata": {
             "generateName": GENERATE_NAME,
             "namespace": namespace,
-            "labels": {DRIVER_NAME_LABEL: driver, MANAGED_BY_LABEL: MANAGED_BY},
+            "labels": {DRIVER_NAME_LABEL: driver, MANAGED_BY_LABEL: managed_by},
         },
         "storageClassName": item.class,
     }))

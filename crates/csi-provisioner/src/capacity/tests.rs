@@ -226,6 +226,7 @@ fn objects_are_built_and_updated_only_on_change() {
         &item("late", &[(ZONE, "z1")]),
         "ns",
         DRIVER,
+        MANAGED_BY,
         capacity,
         Some(&owner("o1")),
     );
@@ -289,4 +290,21 @@ fn capacity_requests_carry_the_class_volumes() {
         everywhere.accessible_topology.is_none(),
         "the empty segment"
     );
+}
+
+/// Upstream's `TestGetNameWithMaxLength` cases for the base it uses (cmd/csi-provisioner).
+#[test]
+fn a_node_instance_labels_its_objects_with_its_node_within_63_characters() {
+    let node = |a: usize| format!("node{}", "a".repeat(a));
+    let cases = [
+        (node(0), "external-provisioner-node".to_string()),
+        (node(38), format!("external-provisioner-{}", node(38))),
+        (node(39), format!("external-p-53f40b57-{}", node(39))),
+        (node(48), format!("e-53f40b57-{}", node(48))),
+        (node(49), "external-provisioner-a3607ff1".to_string()),
+        (node(63), "external-provisioner-df38e37f".to_string()),
+    ];
+    for (node, want) in cases {
+        assert_eq!(node_managed_by(&node), want, "{node}");
+    }
 }

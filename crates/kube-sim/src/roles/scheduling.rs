@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelector, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaim, Taint,
-    Toleration,
+    Node, NodeSelector, PersistentVolume, PersistentVolumeClaim, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
@@ -51,49 +50,9 @@ pub fn label_selector_matches(
         })
 }
 
-fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&String>) -> bool {
-    let values = requirement.values.clone().unwrap_or_default();
-    let number = |v: &str| v.parse::<i64>().ok();
-    match requirement.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(actual), Some(bound)) = (
-                value.and_then(|v| number(v)),
-                values.first().and_then(|v| number(v)),
-            ) else {
-                return false;
-            };
-            if requirement.operator == "Gt" {
-                actual > bound
-            } else {
-                actual < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-/// `v1.NodeSelector`: terms are ORed, the requirements of a term ANDed; a term with no
-/// requirements matches nothing (component-helpers `MatchNodeSelectorTerms`).
+/// `v1.NodeSelector` against a Node (component-helpers `MatchNodeSelectorTerms`).
 pub fn node_selector_matches(selector: &NodeSelector, node: &Node) -> bool {
-    let labels = node.labels();
-    let name = node.name_any();
-    selector.node_selector_terms.iter().any(|term| {
-        let expressions = term.match_expressions.clone().unwrap_or_default();
-        let fields = term.match_fields.clone().unwrap_or_default();
-        if expressions.is_empty() && fields.is_empty() {
-            return false;
-        }
-        expressions
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key)))
-            && fields
-                .iter()
-                .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(&name)))
-    })
+    csi_sidecar::node_selector::matches(selector, &node.name_any(), node.labels())
 }
 
 /// The PV's required node affinity admits the node (no affinity: every node).
