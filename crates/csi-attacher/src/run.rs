@@ -44,7 +44,7 @@ pub enum RunError {
 pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
     let gates = csi_sidecar::flags::resolve_feature_gates(
-        &sidecar.feature_gates,
+        &sidecar.feature_gates(),
         &[RELEASE_ON_EXIT_GATE, ERROR_CODE_GATE],
     )
     .map_err(RunError::FeatureGates)?;

@@ -136,7 +136,7 @@ pub struct ProvisionerArgs {
 impl ProvisionerArgs {
     /// `--feature-gates` against upstream's table, as component-base resolves them. Pure.
     pub fn gates(&self) -> Result<ResolvedGates, String> {
-        csi_sidecar::flags::resolve_gates(&self.sidecar.feature_gates, gates::TABLE)
+        csi_sidecar::flags::resolve_gates(&self.sidecar.feature_gates(), gates::TABLE)
     }
 }
 

@@ -87,7 +87,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let volume_attributes_classes = vac::discover(
         &client,
         gates.get(vac::GATE),
-        sidecar.feature_gates.contains_key(vac::GATE.name),
+        sidecar.feature_gates().contains_key(vac::GATE.name),
     )
     .await;
 

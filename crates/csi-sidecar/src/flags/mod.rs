@@ -285,12 +285,22 @@ pub struct SidecarArgs {
     #[command(flatten)]
     pub workers: WorkerArgs,
 
-    /// Feature gates as Name=true,Name2=false.
-    #[arg(long, default_value = "", value_parser = parse_feature_gate_map)]
-    pub feature_gates: BTreeMap<String, bool>,
+    /// Feature gates as Name=true,Name2=false. The flag may be repeated: the maps add up,
+    /// a later value of a gate winning, as upstream's (a pflag map) do.
+    #[arg(long = "feature-gates", action = ArgAction::Append, value_parser = parse_feature_gate_map)]
+    feature_gate_flags: Vec<BTreeMap<String, bool>>,
 }
 
 impl SidecarArgs {
+    /// Every `--feature-gates` given, merged.
+    pub fn feature_gates(&self) -> BTreeMap<String, bool> {
+        self.feature_gate_flags
+            .iter()
+            .flatten()
+            .map(|(name, value)| (name.clone(), *value))
+            .collect()
+    }
+
     /// Checks the combinations clap cannot express.
     pub fn validate(&self) -> Result<(), String> {
         self.common.validate()?;

@@ -84,7 +84,7 @@ fn defaults_match_upstream_attacher() {
     assert_eq!(args.workers.worker_threads, 10);
     assert_eq!(args.workers.retry_interval_start, Duration::from_secs(1));
     assert_eq!(args.workers.retry_interval_max, Duration::from_secs(300));
-    assert!(args.feature_gates.is_empty());
+    assert!(args.feature_gates().is_empty());
     assert_eq!(args.common.verbosity, None);
     assert_eq!(args.common.logging_format, "text");
     assert_eq!(args.common.log_flush_frequency, Duration::from_secs(5));
@@ -140,6 +140,23 @@ fn booleans_accept_every_go_spelling() {
     assert!(attacher(&["--leader-election=yes"]).is_err());
 }
 
+/// pflag's map flags add up when repeated; a later value of the same gate wins.
+#[test]
+fn repeated_feature_gates_add_up() {
+    let args = attacher(&[
+        "--feature-gates=Topology=true,ReleaseLeaderElectionOnExit=false",
+        "--feature-gates=ReleaseLeaderElectionOnExit=true",
+    ])
+    .unwrap();
+    assert_eq!(
+        args.feature_gates(),
+        BTreeMap::from([
+            ("ReleaseLeaderElectionOnExit".into(), true),
+            ("Topology".into(), true)
+        ])
+    );
+}
+
 #[test]
 fn go_style_values() {
     let args = attacher(&[
@@ -172,7 +189,7 @@ fn go_style_values() {
         ])
     );
     assert_eq!(
-        args.feature_gates,
+        args.feature_gates(),
         BTreeMap::from([("ReleaseLeaderElectionOnExit".into(), true)])
     );
     assert_eq!(args.kube.kube_api_qps, Some(20.0));
