@@ -412,3 +412,48 @@ async fn ext4_volumes_export_clone_snapshot_expand_and_refuse_what_ext4_cannot_d
     );
     cluster.stop().await;
 }
+
+/// Without attach (no ControllerPublishVolume), NodeStageVolume opens the node's export itself
+/// and NodeUnstageVolume closes it cleanly: nothing stays mounted and the image needs no
+/// journal replay.
+#[tokio::test]
+async fn without_attach_staging_opens_and_unstaging_closes_the_export() {
+    if !root_or_skip("without_attach_staging_opens_and_unstaging_closes_the_export") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = LocalCluster::start(dir.path(), &["node-a"], |config| {
+        config.enable_attach = false;
+    })
+    .await
+    .unwrap();
+    let volume = create_ext4(&cluster.controller.csi, "unattached", 32 * MI)
+        .await
+        .volume_id;
+    let cap = ext4(Mode::SingleNodeWriter);
+    let (staging, target) = paths(&cluster, "node-a", &volume);
+    let node = &cluster.node("node-a").csi;
+    node.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    node.node_publish_volume(publish(&volume, &staging, &target, cap, false), T)
+        .await
+        .unwrap();
+    let export = cluster.state_dir.join("exports/node-a").join(&volume);
+    assert_eq!(mount_root(&export), "/");
+    std::fs::write(target.join("proof"), "kept").unwrap();
+    teardown(node, &volume, &staging, &target).await;
+    assert!(
+        mounts_under(dir.path()).is_empty(),
+        "{:?}",
+        mounts_under(dir.path())
+    );
+    image_is_clean(
+        &cluster
+            .state_dir
+            .join("volumes")
+            .join(format!("{volume}.img")),
+    );
+    cluster.stop().await;
+}
