@@ -11,7 +11,7 @@ use tonic::Status;
 
 use crate::data;
 use crate::driver::{Driver, io_failed, ready_volume, ready_volume_mut, to_btree};
-use crate::export;
+use crate::mounts;
 use crate::rules::{self, required};
 use crate::state::{ContentSource, Layout, Phase, Publication, Snapshot, State, Volume, now_nanos};
 
@@ -720,7 +720,7 @@ impl Driver {
         data::expand(&self.store.volume_data(id, layout), layout, new_size)
             .map_err(|e| io_failed(&format!("expanding volume {id}"), e))?;
         for (node, export) in &volume.exports {
-            export::grow(&export.device).map_err(|e| {
+            mounts::loop_refresh(&export.device).map_err(|e| {
                 io_failed(
                     &format!("growing the export of volume {id} to node {node}"),
                     e,

@@ -146,11 +146,6 @@ fn sync(root: &File, at: &Path) {
     }
 }
 
-/// Makes an export's loop device see its grown image.
-pub fn grow(device: &str) -> io::Result<()> {
-    mounts::loop_refresh(device)
-}
-
 /// Grows the ext4 filesystem mounted at `mount` to the size of its device, online.
 pub fn resize_filesystem(mount: &Path, device_bytes: u64) -> io::Result<()> {
     let root = File::open(mount)?;
