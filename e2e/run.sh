@@ -26,7 +26,7 @@ kubectl="$PWD/.tools/bin/kubectl"
 mkdir -p "$(dirname "$KUBECONFIG_FILE")"
 export KUBECONFIG="$KUBECONFIG_FILE"
 
-if ! kind get clusters | grep -qx "$CLUSTER"; then
+if ! kind get clusters | grep -x "$CLUSTER" >/dev/null; then
   kind create cluster --name "$CLUSTER" --config e2e/kind.yaml \
     ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} --kubeconfig "$KUBECONFIG_FILE" --wait 120s
   # Only a cluster this run created is deleted afterwards.
@@ -51,10 +51,10 @@ echo "== smoke: provision, attach, mount, write, read, delete"
 "$kubectl" create namespace smoke --dry-run=client -o yaml | "$kubectl" apply -f -
 "$kubectl" -n smoke apply -f e2e/smoke.yaml
 "$kubectl" -n smoke wait pod/smoke --for=condition=Ready --timeout 3m
-"$kubectl" -n smoke exec smoke -- cat /data/proof | grep -qx written-by-smoke
+"$kubectl" -n smoke exec smoke -- cat /data/proof | grep -x written-by-smoke >/dev/null
 pv="$("$kubectl" -n smoke get pvc smoke -o jsonpath='{.spec.volumeName}')"
 "$kubectl" get volumeattachments -o jsonpath='{range .items[*]}{.spec.source.persistentVolumeName} {.status.attached}{"\n"}{end}' \
-  | grep -qx "$pv true"
+  | grep -x "$pv true" >/dev/null
 "$kubectl" delete namespace smoke --wait --timeout 3m
 for _ in $(seq 60); do
   "$kubectl" get pv "$pv" >/dev/null 2>&1 || break

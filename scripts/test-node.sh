@@ -69,13 +69,41 @@ until_ok() {
   done
   echo "   ok: $what"
 }
+# has GREP-OPTIONS PATTERN COMMAND...: COMMAND succeeds and grep finds PATTERN in its output;
+# lacks ...: COMMAND succeeds and grep does not. The output is read whole before grep sees it:
+# under pipefail, `COMMAND | grep -q` fails, or `! COMMAND | grep -q` passes, whenever grep stops
+# reading at its match before COMMAND's last write and COMMAND dies of SIGPIPE.
+has() {
+  local options=$1 pattern=$2 out; shift 2
+  out=$("$@") || return 1
+  grep "$options" -- "$pattern" <<<"$out" >/dev/null
+}
+lacks() {
+  local options=$1 pattern=$2 out; shift 2
+  out=$("$@") || return 1
+  ! grep "$options" -- "$pattern" <<<"$out" >/dev/null
+}
+# again COMMAND...: ../shared/k8s's `up` scripts check for the pod bridge's address with exactly
+# such a pipeline, so when the address is already there (always, for `node up`) they try to add
+# it again about one time in ten and fail before doing anything else. Each step they take is
+# idempotent, so try again.
+again() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    "$@" && return 0
+    echo "test-node: $* failed (attempt $attempt), trying again" >&2
+    sleep 1
+  done
+  return 1
+}
 
 if [ -z "${KUBECONFIG:-}" ]; then
   [ -x "$K8S/node" ] || fail "set KUBECONFIG to a cluster, or put the node tools at $K8S"
   managed=1
   # Pods reach the API server through the kubernetes Service only on the pod network.
-  eval "$(CP_POD_NETWORK=1 "$K8S/control-plane" up | grep '^export KUBECONFIG=')"
-  "$K8S/node" up
+  cp_env=$(CP_POD_NETWORK=1 again "$K8S/control-plane" up) || fail "the control plane did not come up"
+  eval "$(grep '^export KUBECONFIG=' <<<"$cp_env")"
+  again "$K8S/node" up || fail "the node did not come up"
   # The reference driver's volumes of an earlier run on this test node.
   umount -l "$STATE_DIR" 2>/dev/null || true
   rm -rf "$STATE_DIR"
@@ -108,27 +136,26 @@ installed=1
   --set storageClass.create=true --set driver.controller.node="$NODE" \
   --set podmon.skipArrayConnectionValidation=true --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
   --wait --timeout "${TIMEOUT}s"
-registered() {
-  "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw "$DRIVER"
-}
-until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" registered
-"$kubectl" get node "$NODE" -o jsonpath='{.metadata.annotations.csi\.volume\.kubernetes\.io/nodeid}' \
-  | grep -q "$DRIVER" || fail "no node-ID annotation for $DRIVER on $NODE"
+until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" \
+  has -w "$DRIVER" "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}'
+has -F "$DRIVER" "$kubectl" get node "$NODE" -o jsonpath='{.metadata.annotations.csi\.volume\.kubernetes\.io/nodeid}' ||
+  fail "no node-ID annotation for $DRIVER on $NODE"
 
 echo "== smoke: provision, attach, stage, publish, write, read, delete"
 namespace smoke
 sed "s|image: busybox:1.36|image: ${BUSYBOX:-registry.local/busybox:1}|" e2e/smoke.yaml |
   "$kubectl" -n smoke apply -f - >/dev/null
 "$kubectl" -n smoke wait pod/smoke --for=condition=Ready --timeout "${TIMEOUT}s" >/dev/null
-"$kubectl" -n smoke exec smoke -- cat /data/proof | grep -qx written-by-smoke ||
+has -x written-by-smoke "$kubectl" -n smoke exec smoke -- cat /data/proof ||
   fail "the smoke pod did not read back what it wrote"
 echo "   ok: a real container wrote and read its volume"
 pv=$("$kubectl" -n smoke get pvc smoke -o jsonpath='{.spec.volumeName}')
-"$kubectl" get volumeattachments -o jsonpath='{range .items[*]}{.spec.source.persistentVolumeName} {.status.attached}{"\n"}{end}' |
-  grep -qx "$pv true" || fail "no attached VolumeAttachment for $pv"
+has -x "$pv true" "$kubectl" get volumeattachments \
+  -o jsonpath='{range .items[*]}{.spec.source.persistentVolumeName} {.status.attached}{"\n"}{end}' ||
+  fail "no attached VolumeAttachment for $pv"
 "$kubectl" delete namespace smoke --wait --timeout "${TIMEOUT}s" >/dev/null
 until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
-if findmnt -rn -o TARGET | grep -q "/$pv/"; then fail "a mount of $pv is left on the host"; fi
+lacks -F "/$pv/" findmnt -rn -o TARGET || fail "a mount of $pv is left on the host"
 [ -z "$(ls "$STATE_DIR/exports/$NODE" 2>/dev/null)" ] || fail "an export is left in $STATE_DIR/exports/$NODE"
 echo "   ok: PV, volume, export and mounts gone"
 
@@ -145,10 +172,8 @@ echo "== fencing: stop the kubelet under a writing container"
 target/release/kube-sim roles --kubeconfig "$KUBECONFIG" --roles kubelet \
   --nodes "$HEARTBEAT_NODE" --root "$PWD/$WORK/heartbeat" > "$WORK/heartbeat.log" 2>&1 &
 heartbeat=$!
-ready_heartbeat() {
-  "$kubectl" get node "$HEARTBEAT_NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
-}
-until_ok 60 "node $HEARTBEAT_NODE Ready" ready_heartbeat
+until_ok 60 "node $HEARTBEAT_NODE Ready" \
+  has -x True "$kubectl" get node "$HEARTBEAT_NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'
 "$kubectl" taint node "$HEARTBEAT_NODE" csi-suite.io/heartbeat-only=:NoSchedule >/dev/null
 namespace fence
 "$kubectl" -n fence apply -f - >/dev/null <<YAML
@@ -209,13 +234,13 @@ PY
 until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
 [ ! -e "$STATE_DIR/exports/$NODE/$handle" ] || fail "the export of $handle to $NODE is still there"
 at_fence=$(image_records | wc -l)
-writer_gone() { ! "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}' | grep -qx "$1"; }
+running_tasks() { "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}'; }
 container=$("$K8S/node" ctr containers ls -q \
-  'labels."io.kubernetes.pod.namespace"==fence,labels."io.kubernetes.container.name"==writer' | head -n 1)
+  'labels."io.kubernetes.pod.namespace"==fence,labels."io.kubernetes.container.name"==writer' | sed -n 1p)
 [ -n "$container" ] || fail "the writer's container is not on the node"
-until_ok 30 "the writer's container stopped" writer_gone "$container"
+until_ok 30 "the writer's container stopped" lacks -x "$container" running_tasks
 until_ok "$TIMEOUT" "podmon force-deleted the pod" sh -c "! '$kubectl' -n fence get pod writer"
-"$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | grep -q "podmon.storage/fenced" ||
+has -F podmon.storage/fenced "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' ||
   fail "$NODE does not carry podmon's fenced taint"
 image_records > "$WORK/records"
 final=$(wc -l < "$WORK/records")
@@ -226,9 +251,9 @@ echo "   records: $stopped_at when the kubelet stopped, $at_fence at the fence, 
 echo "   ok: zero writes after the fence"
 
 echo "== the kubelet comes back; node-podmon cleans up and lifts the taint"
-"$K8S/node" up >/dev/null
-untainted() { ! "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' | grep -q "podmon.storage/fenced"; }
-until_ok "$TIMEOUT" "$NODE untainted" untainted
+again "$K8S/node" up >/dev/null || fail "the node did not come back"
+until_ok "$TIMEOUT" "$NODE untainted" \
+  lacks -F podmon.storage/fenced "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}'
 "$kubectl" delete namespace fence --wait --timeout "${TIMEOUT}s" >/dev/null
 until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
 
@@ -236,7 +261,8 @@ echo "== uninstall: nothing left behind"
 "$helm" uninstall "$RELEASE" -n "$NAMESPACE" --wait --timeout "${TIMEOUT}s" >/dev/null
 installed=""
 until_ok "$TIMEOUT" "the suite's pods gone" sh -c "[ -z \"\$('$kubectl' -n '$NAMESPACE' get pods -o name)\" ]"
-until_ok "$TIMEOUT" "$DRIVER unregistered" sh -c "! '$kubectl' get csinode '$NODE' -o jsonpath='{.spec.drivers[*].name}' | grep -qw '$DRIVER'"
+until_ok "$TIMEOUT" "$DRIVER unregistered" \
+  lacks -w "$DRIVER" "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}'
 if findmnt -rn -o TARGET | grep -E "^/var/lib/kubelet/(pods/.*/volumes/kubernetes.io~csi|plugins/kubernetes.io/csi)/"; then
   fail "CSI mounts are left on the host"
 fi
