@@ -7,6 +7,7 @@ mod discovery;
 mod list;
 pub(crate) mod objects;
 mod openapi;
+mod update;
 mod watch;
 
 use std::collections::HashMap;
@@ -29,9 +30,10 @@ use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjectKey, Store};
 use crate::strategic;
 use create::{bind_pod, create};
-use delete::{after_removal, delete, delete_collection};
+use delete::{delete, delete_collection};
 use discovery::discovery;
 pub use objects::{now_rfc3339, rfc3339};
+use update::update;
 
 /// The Kubernetes version kube-sim reports (the oldest the workspace's k8s-openapi supports).
 pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
@@ -667,56 +669,6 @@ fn require_custom_resource_kind(rt: &ResourceType, body: &Value) -> Result<(), A
         kind = rt.kind,
         version = rt.version
     )))
-}
-
-/// Writes an update over the current object: optimistic concurrency on resourceVersion
-/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts), then the
-/// registry's update rules; an object being deleted whose last finalizer goes is removed
-/// (k8s.io/apiserver/pkg/registry/generic/registry/store.go Update, deleteWithoutFinalizers).
-fn update(
-    server: &Arc<Server>,
-    rt: &ResourceType,
-    ns: Option<&str>,
-    name: &str,
-    incoming: Value,
-    status_only: bool,
-) -> Result<Value, ApiError> {
-    let written = server.store.commit(&key(rt, ns, name), |current| {
-        let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
-        if let Some(expected) = objects::expected_version(&incoming)
-            && Some(expected) != current["metadata"]["resourceVersion"].as_str()
-        {
-            return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
-        }
-        // k8s.io/apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaUpdate.
-        if objects::is_deleting(current) && !objects::finalizers(current).is_empty() {
-            let added: Vec<String> = objects::finalizers(&incoming).into_iter().filter(|f| !objects::finalizers(current).contains(f)).collect();
-            if !status_only && !added.is_empty() {
-                return Err(ApiError::forbidden(format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}")));
-            }
-        }
-        let next = objects::prepare_update(rt, current, incoming, status_only)?;
-        if objects::is_deleting(&next) && objects::finalizers(&next).is_empty() && !is_pod_in_grace(rt, &next) {
-            return Ok(None);
-        }
-        Ok(Some(next))
-    })?;
-    let written = written.map(|o| (*o).clone()).unwrap_or_default();
-    if !objects::is_deleting(&written) || server.store.get(&key(rt, ns, name)).is_some() {
-        return Ok(written);
-    }
-    after_removal(server, rt, &written);
-    Ok(written)
-}
-
-/// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it
-/// (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination).
-fn is_pod_in_grace(rt: &ResourceType, object: &Value) -> bool {
-    rt.kind == "Pod"
-        && object["metadata"]["deletionGracePeriodSeconds"]
-            .as_i64()
-            .unwrap_or(0)
-            > 0
 }
 
 /// What a PATCH request names.
