@@ -7,6 +7,7 @@ mod discovery;
 mod list;
 pub(crate) mod objects;
 mod openapi;
+mod patch;
 mod update;
 mod watch;
 
@@ -28,11 +29,11 @@ use crate::resources::{Registry, ResourceType};
 use crate::roles;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjectKey, Store};
-use crate::strategic;
 use create::{bind_pod, create};
 use delete::{delete, delete_collection};
 use discovery::discovery;
 pub use objects::{now_rfc3339, rfc3339};
+use patch::{PatchRequest, patch};
 use update::update;
 
 /// The Kubernetes version kube-sim reports (the oldest the workspace's k8s-openapi supports).
@@ -671,121 +672,8 @@ fn require_custom_resource_kind(rt: &ResourceType, body: &Value) -> Result<(), A
     )))
 }
 
-/// What a PATCH request names.
-struct PatchRequest<'a> {
-    served: &'a ResourceType,
-    ns: Option<&'a str>,
-    name: &'a str,
-    status_only: bool,
-    content_type: &'a str,
-    query: &'a HashMap<String, String>,
-}
-
-/// Patch: the patch applies to the object as the client's group serves it (a patch through
-/// events.k8s.io names events.k8s.io fields), then it is stored like an update
-/// (k8s.io/apiserver/pkg/endpoints/handlers/patch.go; patch types:
-/// https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/).
-fn patch(server: &Arc<Server>, request: &PatchRequest, body: &Bytes) -> Result<Response, ApiError> {
-    let PatchRequest {
-        served,
-        ns,
-        name,
-        status_only,
-        content_type,
-        query,
-    } = *request;
-    let rt = &conversion::storage_type(served);
-    let out =
-        |object: &Value| json_response(StatusCode::OK, &conversion::to_served(served, object));
-    let media = content_type.split(';').next().unwrap_or_default().trim();
-    // Apply bodies are YAML (JSON is YAML too); the other patch types are JSON.
-    let patch: Value = if media == "application/apply-patch+yaml" {
-        serde_norway::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the apply body is not valid YAML: {e}")))?
-    } else {
-        parse_body(body)?
-    };
-    // A merge or strategic patch that names a resourceVersion is a guarded write.
-    let patch_sets_version = objects::expected_version(&patch).is_some();
-    let current = server.store.get(&key(rt, ns, name));
-    if media == "application/apply-patch+yaml" {
-        if query.get("fieldManager").is_none_or(String::is_empty) {
-            return Err(ApiError::bad_request(
-                "PATCH: fieldManager is required for apply requests",
-            ));
-        }
-        // Server-side apply, simplified: the applied configuration is merged into the live
-        // object without field ownership; an absent object is created from it
-        // (https://kubernetes.io/docs/reference/using-api/server-side-apply/).
-        let Some(current) = current else {
-            let created = create(server, rt, ns, conversion::to_storage(served, patch))?;
-            return Ok(json_response(
-                StatusCode::CREATED,
-                &conversion::to_served(served, &created),
-            ));
-        };
-        let mut merged = conversion::to_served(served, &current).into_owned();
-        json_patch::merge(&mut merged, &without_version(patch));
-        let merged = conversion::to_storage(served, merged);
-        return update(server, rt, ns, name, merged, status_only).map(|o| out(&o));
-    }
-    let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
-    let mut patched = conversion::to_served(served, &current).into_owned();
-    match media {
-        "application/merge-patch+json" => json_patch::merge(&mut patched, &patch),
-        "application/json-patch+json" => {
-            let operations: json_patch::Patch = serde_json::from_value(patch)
-                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut patched, &operations).map_err(|e| {
-                ApiError::invalid(
-                    &rt.kind,
-                    name,
-                    format!("the JSON patch could not be applied: {e}"),
-                )
-            })?;
-        }
-        "application/strategic-merge-patch+json" => {
-            if !strategic::supports_kind(&served.kind)
-                || !served.group.is_empty() && !is_builtin_group(&served.group)
-            {
-                return Err(ApiError::unsupported_media_type(format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (strategic merge patch is not supported for {})",
-                    served.kind
-                )));
-            }
-            patched =
-                strategic::apply_strategic_merge(&served.kind, &patched, &patch).map_err(|e| {
-                    let code = StatusCode::from_u16(e.http_status())
-                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                    ApiError::with_reason(code, e.reason(), e.to_string())
-                })?;
-        }
-        other => {
-            return Err(ApiError::unsupported_media_type(format!(
-                "the body of the request was in an unknown format: {other:?}"
-            )));
-        }
-    }
-    let mut patched = conversion::to_storage(served, patched);
-    // A patch that names no resourceVersion applies to whatever is current.
-    if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()
-        && !patch_sets_version
-        && let Some(meta) = patched["metadata"].as_object_mut()
-    {
-        meta.remove("resourceVersion");
-    }
-    update(server, rt, ns, name, patched, status_only).map(|o| out(&o))
-}
-
 fn is_builtin_group(group: &str) -> bool {
     crate::resources::builtin().iter().any(|t| t.group == group)
-}
-
-fn without_version(mut object: Value) -> Value {
-    if let Some(meta) = object["metadata"].as_object_mut() {
-        meta.remove("resourceVersion");
-    }
-    object
 }
 
 /// The chunked body of a watch.
