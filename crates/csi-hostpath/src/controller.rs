@@ -7,10 +7,10 @@ use csi::controller_server::Controller;
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_content_source::Type as SourceType;
 use csi_proto::csi::v1 as csi;
-use tonic::Status;
 
 use crate::data;
-use crate::driver::{Driver, io_failed, ready_volume, ready_volume_mut, to_btree};
+use crate::driver::{Driver, ready_volume, ready_volume_mut, to_btree};
+use crate::error::DriverError;
 use crate::mounts;
 use crate::rules::{self, required};
 use crate::state::{ContentSource, Layout, Phase, Publication, Snapshot, State, Volume, now_nanos};
@@ -35,18 +35,19 @@ impl ControllerService {
 
 /// The size a capacity range asks for: the required bytes, else the default capped by the
 /// limit. `OUT_OF_RANGE` when the range is contradictory or beyond the largest volume.
-pub fn requested_size(range: Option<&csi::CapacityRange>, max: u64) -> Result<(u64, u64), Status> {
+pub fn requested_size(
+    range: Option<&csi::CapacityRange>,
+    max: u64,
+) -> Result<(u64, u64), DriverError> {
     let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
     if required < 0 || limit < 0 {
-        return Err(Status::invalid_argument(
-            "capacity_range bytes must not be negative",
-        ));
+        return Err(DriverError::Negative {
+            field: "capacity_range bytes",
+        });
     }
     let (required, limit) = (required.unsigned_abs(), limit.unsigned_abs());
     if limit > 0 && required > limit {
-        return Err(Status::out_of_range(format!(
-            "required_bytes {required} exceeds limit_bytes {limit}"
-        )));
+        return Err(DriverError::RequiredAboveLimit { required, limit });
     }
     let size = match (required, limit) {
         (0, 0) => DEFAULT_VOLUME_SIZE,
@@ -54,16 +55,14 @@ pub fn requested_size(range: Option<&csi::CapacityRange>, max: u64) -> Result<(u
         (required, _) => required,
     };
     if size > max {
-        return Err(Status::out_of_range(format!(
-            "requested {size} bytes exceeds the maximum volume size {max}"
-        )));
+        return Err(DriverError::AboveMaximumSize { size, max });
     }
     Ok((size, limit))
 }
 
 impl Driver {
     /// Bytes per node available in pool `kind` (None: unlimited pools).
-    fn pool_capacity(&self, kind: &str) -> Result<Option<u64>, Status> {
+    fn pool_capacity(&self, kind: &str) -> Result<Option<u64>, DriverError> {
         if self.config.capacity.is_empty() {
             return Ok(None);
         }
@@ -72,19 +71,17 @@ impl Driver {
             .get(kind)
             .copied()
             .map(Some)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "parameter kind={kind:?} names no configured capacity pool"
-                ))
+            .ok_or_else(|| DriverError::UnknownCapacityPool {
+                kind: kind.to_string(),
             })
     }
 
-    fn available_bytes(&self, state: &State, node: &str, kind: &str) -> Result<u64, Status> {
+    fn available_bytes(&self, state: &State, node: &str, kind: &str) -> Result<u64, DriverError> {
         match self.pool_capacity(kind)? {
             Some(capacity) => Ok(capacity.saturating_sub(state.used_bytes(node, kind))),
             None => {
                 let stats = rustix::fs::statvfs(self.store.dir())
-                    .map_err(|e| io_failed("statvfs of the state directory", e.into()))?;
+                    .map_err(|e| DriverError::io("statvfs of the state directory", e.into()))?;
                 Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
             }
         }
@@ -98,16 +95,14 @@ impl Driver {
         requirement: Option<&csi::TopologyRequirement>,
         kind: &str,
         size: u64,
-    ) -> Result<(String, Vec<String>), Status> {
+    ) -> Result<(String, Vec<String>), DriverError> {
         let key = self.config.topology_key();
         let Some(requirement) =
             requirement.filter(|r| !r.requisite.is_empty() || !r.preferred.is_empty())
         else {
             let node = self.config.node_id.clone();
             if self.available_bytes(state, &node, kind)? < size {
-                return Err(Status::resource_exhausted(format!(
-                    "not enough capacity on node {node} for {size} bytes"
-                )));
+                return Err(DriverError::NoCapacityOnNode { node, size });
             }
             return Ok((node, Vec::new()));
         };
@@ -122,9 +117,7 @@ impl Driver {
             }
         }
         if candidates.is_empty() {
-            return Err(Status::resource_exhausted(format!(
-                "no node in the accessibility requirements is served by this driver (key {key})"
-            )));
+            return Err(DriverError::NoServedNode { key });
         }
         let mut home = None;
         for node in &candidates {
@@ -133,11 +126,12 @@ impl Driver {
                 break;
             }
         }
-        let home = home.ok_or_else(|| {
-            Status::resource_exhausted(format!(
-                "not enough capacity for {size} bytes on any of {candidates:?}"
-            ))
-        })?;
+        let Some(home) = home else {
+            return Err(DriverError::NoCapacityOnAnyNode {
+                size,
+                nodes: candidates,
+            });
+        };
         candidates.retain(|n| *n != home);
         candidates.insert(0, home.clone());
         Ok((home, candidates))
@@ -146,7 +140,7 @@ impl Driver {
     fn create_volume(
         &self,
         request: csi::CreateVolumeRequest,
-    ) -> Result<csi::CreateVolumeResponse, Status> {
+    ) -> Result<csi::CreateVolumeResponse, DriverError> {
         let name = required(&request.name, "name")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
         let filesystem = rules::filesystem(&request.volume_capabilities)?;
@@ -155,9 +149,10 @@ impl Driver {
             requested_size(request.capacity_range.as_ref(), self.config.max_volume_size)?;
         if layout == Layout::Ext4Image && size < MIN_EXT4_VOLUME_SIZE {
             if limit > 0 && limit < MIN_EXT4_VOLUME_SIZE {
-                return Err(Status::out_of_range(format!(
-                    "an ext4 volume needs at least {MIN_EXT4_VOLUME_SIZE} bytes; limit_bytes is {limit}"
-                )));
+                return Err(DriverError::LimitBelowExt4Minimum {
+                    min: MIN_EXT4_VOLUME_SIZE,
+                    limit,
+                });
             }
             size = MIN_EXT4_VOLUME_SIZE;
         }
@@ -189,16 +184,20 @@ impl Driver {
                 let fits = existing.capacity_bytes >= size
                     && (limit == 0 || existing.capacity_bytes <= limit);
                 if existing.layout() != layout || !fits || existing.source != source {
-                    return Err(Status::already_exists(format!(
-                        "volume {name} exists with different capacity, access type or source"
-                    )));
+                    return Err(DriverError::ExistsWithOtherParameters {
+                        kind: "volume",
+                        name: name.to_string(),
+                        how: "with different capacity, access type or source",
+                    });
                 }
                 match existing.phase {
                     Phase::Deleting => {
-                        return Err(Status::aborted(format!("volume {name} is being deleted")));
+                        return Err(DriverError::BeingDeleted {
+                            name: name.to_string(),
+                        });
                     }
                     Phase::Creating => {
-                        self.claim_creation(&mut existing.creator, &format!("volume {name}"))?;
+                        self.claim_creation(&mut existing.creator, "volume", name)?;
                     }
                     Phase::Ready => {}
                 }
@@ -206,7 +205,7 @@ impl Driver {
             }
             if let Some(source) = &source {
                 // Access type and size of a ready source.
-                let (what, id, found) = match source {
+                let (kind, id, found) = match source {
                     ContentSource::Snapshot(id) => (
                         "snapshot",
                         id,
@@ -226,17 +225,17 @@ impl Driver {
                             .map(|v| (v.layout(), v.capacity_bytes)),
                     ),
                 };
-                let (source_layout, source_bytes) = found
-                    .ok_or_else(|| Status::not_found(format!("source {what} {id} not found")))?;
+                let Some((source_layout, source_bytes)) = found else {
+                    return Err(DriverError::SourceNotFound {
+                        kind,
+                        id: id.clone(),
+                    });
+                };
                 if source_layout != layout {
-                    return Err(Status::invalid_argument(format!(
-                        "source {what} and new volume differ in access type or fs_type"
-                    )));
+                    return Err(DriverError::SourceLayoutMismatch { kind });
                 }
                 if source_bytes > size {
-                    return Err(Status::out_of_range(format!(
-                        "volume smaller than source {what} ({source_bytes} bytes)"
-                    )));
+                    return Err(DriverError::SmallerThanSource { kind, source_bytes });
                 }
             }
             let (home_node, accessible_nodes) = self.place(
@@ -290,13 +289,16 @@ impl Driver {
             };
             if let Err(error) = made {
                 self.roll_back_volume(&volume.id, layout);
-                return Err(io_failed(&format!("creating data of volume {name}"), error));
+                return Err(DriverError::io(
+                    format!("creating data of volume {name}"),
+                    error,
+                ));
             }
             self.store.update(|state| {
                 if let Some(v) = state.volumes.get_mut(&volume.id) {
                     v.phase = Phase::Ready;
                 }
-                Ok::<_, Status>(())
+                Ok::<_, DriverError>(())
             })?;
         }
         Ok(csi::CreateVolumeResponse {
@@ -305,32 +307,31 @@ impl Driver {
     }
 
     /// ControllerPublish/Unpublish are only served with `--enable-attach`.
-    fn attach_enabled(&self) -> Result<(), Status> {
+    fn attach_enabled(&self) -> Result<(), DriverError> {
         if self.config.enable_attach {
             Ok(())
         } else {
-            Err(Status::unimplemented(
-                "ControllerPublish/UnpublishVolume are disabled (--enable-attach=false)",
-            ))
+            Err(DriverError::AttachDisabled)
         }
     }
 
     fn check_mutable_names<'a>(
         &self,
         names: impl Iterator<Item = &'a String>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), DriverError> {
         let accepted = &self.config.accepted_mutable_parameters;
         for name in names {
             if !accepted.contains(name) {
-                return Err(Status::invalid_argument(format!(
-                    "mutable parameter {name:?} is not accepted (accepted: {accepted:?})"
-                )));
+                return Err(DriverError::MutableParameterNotAccepted {
+                    name: name.clone(),
+                    accepted: accepted.iter().cloned().collect(),
+                });
             }
         }
         Ok(())
     }
 
-    fn delete_volume(&self, request: &csi::DeleteVolumeRequest) -> Result<(), Status> {
+    fn delete_volume(&self, request: &csi::DeleteVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.acquire(&[id])?;
         let found = self.store.update(|state| {
@@ -342,14 +343,15 @@ impl Driver {
                 .values()
                 .any(|u| u.staged.is_some() || !u.targets.is_empty());
             if !volume.published.is_empty() || in_use {
-                return Err(Status::failed_precondition(format!(
-                    "volume {id} is still published to {:?}",
-                    volume
+                return Err(DriverError::StillPublished {
+                    id: id.to_string(),
+                    nodes: volume
                         .published
                         .keys()
                         .chain(volume.nodes.keys())
-                        .collect::<Vec<_>>()
-                )));
+                        .cloned()
+                        .collect(),
+                });
             }
             volume.phase = Phase::Deleting;
             Ok(Some(volume.layout()))
@@ -363,15 +365,11 @@ impl Driver {
     fn controller_publish(
         &self,
         request: &csi::ControllerPublishVolumeRequest,
-    ) -> Result<csi::ControllerPublishVolumeResponse, Status> {
+    ) -> Result<csi::ControllerPublishVolumeResponse, DriverError> {
         self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
         let node = required(&request.node_id, "node_id")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-        let (access_type, mode) = rules::capability(capability)?;
+        let (access_type, mode) = rules::required_capability(request.volume_capability.as_ref())?;
         let readonly = request.readonly && self.config.enable_attach;
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.store.update(|state| {
@@ -379,34 +377,35 @@ impl Driver {
             let count = state.published_count(node);
             let volume = ready_volume_mut(state, id)?;
             if !self.is_known_node(node) {
-                return Err(Status::not_found(format!("node {node} not found")));
+                return Err(DriverError::not_found("node", node));
             }
             if volume.access_type != access_type {
-                return Err(Status::invalid_argument(
-                    "volume_capability access type does not match the volume",
-                ));
+                return Err(DriverError::AccessTypeMismatch);
             }
             if let Some(existing) = volume.published.get(node) {
                 return if existing.readonly == readonly {
                     Ok(volume.clone())
                 } else {
-                    Err(Status::already_exists(format!(
-                        "volume {id} is already published to node {node} with readonly={}",
-                        existing.readonly
-                    )))
+                    Err(DriverError::PublishedWithOtherReadonly {
+                        id: id.to_string(),
+                        node: node.to_string(),
+                        readonly: existing.readonly,
+                    })
                 };
             }
             if rules::single_node(mode)
                 && let Some(other) = volume.published.keys().next()
             {
-                return Err(Status::failed_precondition(format!(
-                    "volume {id} is single-node and already published to node {other}"
-                )));
+                return Err(DriverError::SingleNodeInUse {
+                    id: id.to_string(),
+                    node: other.clone(),
+                });
             }
             if max > 0 && i64::try_from(count).unwrap_or(i64::MAX) >= max {
-                return Err(Status::resource_exhausted(format!(
-                    "node {node} already has the maximum of {max} volumes published"
-                )));
+                return Err(DriverError::NodeVolumeLimit {
+                    node: node.to_string(),
+                    max,
+                });
             }
             volume
                 .published
@@ -424,7 +423,7 @@ impl Driver {
     fn controller_unpublish(
         &self,
         request: &csi::ControllerUnpublishVolumeRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), DriverError> {
         self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.acquire(&[id])?;
@@ -442,14 +441,14 @@ impl Driver {
             if let Some(volume) = state.volumes.get_mut(id) {
                 volume.published.retain(|node, _| !unpublished(node));
             }
-            Ok::<_, Status>(())
+            Ok::<_, DriverError>(())
         })
     }
 
     fn validate(
         &self,
         request: &csi::ValidateVolumeCapabilitiesRequest,
-    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, Status> {
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
         let state = self.store.read()?;
@@ -474,7 +473,7 @@ impl Driver {
     fn list_volumes(
         &self,
         request: &csi::ListVolumesRequest,
-    ) -> Result<csi::ListVolumesResponse, Status> {
+    ) -> Result<csi::ListVolumesResponse, DriverError> {
         let max = page_size(request.max_entries)?;
         let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
         let state = self.store.read()?;
@@ -499,7 +498,7 @@ impl Driver {
     fn get_capacity(
         &self,
         request: &csi::GetCapacityRequest,
-    ) -> Result<csi::GetCapacityResponse, Status> {
+    ) -> Result<csi::GetCapacityResponse, DriverError> {
         if !request.volume_capabilities.is_empty() {
             rules::capabilities(&request.volume_capabilities)?;
         }
@@ -561,19 +560,21 @@ impl Driver {
     fn create_snapshot(
         &self,
         request: &csi::CreateSnapshotRequest,
-    ) -> Result<csi::CreateSnapshotResponse, Status> {
+    ) -> Result<csi::CreateSnapshotResponse, DriverError> {
         let name = required(&request.name, "name")?;
         let source = required(&request.source_volume_id, "source_volume_id")?;
         let _guard = self.locks.acquire(&[&format!("snapshot/{name}"), source])?;
         let snapshot = self.store.update(|state| {
             if let Some(existing) = state.snapshot_by_name_mut(name) {
                 if existing.source_volume_id != source {
-                    return Err(Status::already_exists(format!(
-                        "snapshot {name} exists for another source volume"
-                    )));
+                    return Err(DriverError::ExistsWithOtherParameters {
+                        kind: "snapshot",
+                        name: name.to_string(),
+                        how: "for another source volume",
+                    });
                 }
                 if existing.phase == Phase::Creating {
-                    self.claim_creation(&mut existing.creator, &format!("snapshot {name}"))?;
+                    self.claim_creation(&mut existing.creator, "snapshot", name)?;
                 }
                 return Ok(existing.clone());
             }
@@ -581,7 +582,10 @@ impl Driver {
                 .volumes
                 .get(source)
                 .filter(|v| v.phase == Phase::Ready)
-                .ok_or_else(|| Status::not_found(format!("source volume {source} not found")))?;
+                .ok_or_else(|| DriverError::SourceNotFound {
+                    kind: "volume",
+                    id: source.to_string(),
+                })?;
             let snapshot = Snapshot {
                 id: rules::new_id(),
                 name: name.to_string(),
@@ -609,14 +613,17 @@ impl Driver {
             );
             if let Err(error) = taken {
                 self.roll_back_snapshots(std::slice::from_ref(&snapshot.id), None);
-                return Err(io_failed(&format!("taking snapshot {name}"), error));
+                return Err(DriverError::io(format!("taking snapshot {name}"), error));
             }
             self.store.update(|state| {
                 let s = state.snapshots.get_mut(&snapshot.id).ok_or_else(|| {
-                    Status::aborted(format!("snapshot {name} was deleted meanwhile"))
+                    DriverError::DeletedMeanwhile {
+                        kind: "snapshot",
+                        name: name.to_string(),
+                    }
                 })?;
                 s.phase = Phase::Ready;
-                Ok::<_, Status>(s.clone())
+                Ok::<_, DriverError>(s.clone())
             })?
         } else {
             snapshot
@@ -626,7 +633,7 @@ impl Driver {
         })
     }
 
-    fn delete_snapshot(&self, request: &csi::DeleteSnapshotRequest) -> Result<(), Status> {
+    fn delete_snapshot(&self, request: &csi::DeleteSnapshotRequest) -> Result<(), DriverError> {
         let id = required(&request.snapshot_id, "snapshot_id")?;
         let _guard = self.locks.acquire(&[id])?;
         let found = self.store.update(|state| {
@@ -634,9 +641,10 @@ impl Driver {
                 return Ok(false);
             };
             if let Some(group) = &snapshot.group_snapshot_id {
-                return Err(Status::failed_precondition(format!(
-                    "snapshot {id} belongs to group snapshot {group}; delete the group instead"
-                )));
+                return Err(DriverError::SnapshotInGroup {
+                    id: id.to_string(),
+                    group: group.clone(),
+                });
             }
             snapshot.phase = Phase::Deleting;
             Ok(true)
@@ -650,7 +658,7 @@ impl Driver {
     fn list_snapshots(
         &self,
         request: &csi::ListSnapshotsRequest,
-    ) -> Result<csi::ListSnapshotsResponse, Status> {
+    ) -> Result<csi::ListSnapshotsResponse, DriverError> {
         let max = page_size(request.max_entries)?;
         let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
         let state = self.store.read()?;
@@ -675,14 +683,14 @@ impl Driver {
     fn get_snapshot(
         &self,
         request: &csi::GetSnapshotRequest,
-    ) -> Result<csi::GetSnapshotResponse, Status> {
+    ) -> Result<csi::GetSnapshotResponse, DriverError> {
         let id = required(&request.snapshot_id, "snapshot_id")?;
         let state = self.store.read()?;
         let snapshot = state
             .snapshots
             .get(id)
             .filter(|s| s.phase == Phase::Ready)
-            .ok_or_else(|| Status::not_found(format!("snapshot {id} not found")))?;
+            .ok_or_else(|| DriverError::not_found("snapshot", id))?;
         Ok(csi::GetSnapshotResponse {
             snapshot: Some(self.csi_snapshot(snapshot)),
         })
@@ -691,12 +699,14 @@ impl Driver {
     fn expand(
         &self,
         request: &csi::ControllerExpandVolumeRequest,
-    ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
+    ) -> Result<csi::ControllerExpandVolumeResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let range = request
             .capacity_range
             .as_ref()
-            .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
+            .ok_or(DriverError::Missing {
+                field: "capacity_range",
+            })?;
         if let Some(capability) = &request.volume_capability {
             rules::capability(capability)?;
         }
@@ -707,10 +717,11 @@ impl Driver {
             if size > volume.capacity_bytes {
                 let growth = size - volume.capacity_bytes;
                 if self.available_bytes(state, &volume.home_node, &volume.kind)? < growth {
-                    return Err(Status::resource_exhausted(format!(
-                        "not enough capacity on node {} to grow volume {id} to {size} bytes",
-                        volume.home_node
-                    )));
+                    return Err(DriverError::NoCapacityToGrow {
+                        node: volume.home_node,
+                        id: id.to_string(),
+                        size,
+                    });
                 }
             }
             Ok(volume)
@@ -718,11 +729,11 @@ impl Driver {
         let new_size = size.max(volume.capacity_bytes);
         let layout = volume.layout();
         data::expand(&self.store.volume_data(id, layout), layout, new_size)
-            .map_err(|e| io_failed(&format!("expanding volume {id}"), e))?;
+            .map_err(|e| DriverError::io(format!("expanding volume {id}"), e))?;
         for (node, export) in &volume.exports {
             mounts::loop_refresh(&export.device).map_err(|e| {
-                io_failed(
-                    &format!("growing the export of volume {id} to node {node}"),
+                DriverError::io(
+                    format!("growing the export of volume {id} to node {node}"),
                     e,
                 )
             })?;
@@ -731,7 +742,7 @@ impl Driver {
             if let Some(v) = state.volumes.get_mut(id) {
                 v.capacity_bytes = new_size;
             }
-            Ok::<_, Status>(())
+            Ok::<_, DriverError>(())
         })?;
         Ok(csi::ControllerExpandVolumeResponse {
             capacity_bytes: i64::try_from(new_size).unwrap_or(i64::MAX),
@@ -742,7 +753,7 @@ impl Driver {
     fn get_volume(
         &self,
         request: &csi::ControllerGetVolumeRequest,
-    ) -> Result<csi::ControllerGetVolumeResponse, Status> {
+    ) -> Result<csi::ControllerGetVolumeResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let state = self.store.read()?;
         let volume = ready_volume(&state, id)?;
@@ -755,7 +766,7 @@ impl Driver {
         })
     }
 
-    fn modify(&self, request: &csi::ControllerModifyVolumeRequest) -> Result<(), Status> {
+    fn modify(&self, request: &csi::ControllerModifyVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         self.check_mutable_names(request.mutable_parameters.keys())?;
         let _guard = self.locks.acquire(&[id])?;
@@ -770,9 +781,10 @@ impl Driver {
 }
 
 /// `max_entries` must not be negative; 0 means no limit.
-fn page_size(max_entries: i32) -> Result<usize, Status> {
-    usize::try_from(max_entries)
-        .map_err(|_| Status::invalid_argument("max_entries must not be negative"))
+fn page_size(max_entries: i32) -> Result<usize, DriverError> {
+    usize::try_from(max_entries).map_err(|_| DriverError::Negative {
+        field: "max_entries",
+    })
 }
 
 /// Items after `start` (by ID order), at most `max` (0: all), and the next token.
@@ -839,7 +851,7 @@ mod tests {
         ];
         for (input, want) in table {
             assert_eq!(
-                requested_size(input.as_ref(), max).map_err(|s| s.code()),
+                requested_size(input.as_ref(), max).map_err(|e| e.code()),
                 want,
                 "{input:?}"
             );

@@ -8,18 +8,8 @@ use csi_proto::csi::v1 as csi;
 use tonic::Status;
 
 use crate::config::Config;
-use crate::state::{ContentSource, Instance, Phase, Snapshot, State, Store, StoreError, Volume};
-
-impl From<StoreError> for Status {
-    fn from(error: StoreError) -> Self {
-        Status::internal(error.to_string())
-    }
-}
-
-/// `INTERNAL` for an I/O failure, naming what was being done.
-pub fn io_failed(what: &str, error: std::io::Error) -> Status {
-    Status::internal(format!("{what}: {error}"))
-}
+use crate::error::DriverError;
+use crate::state::{ContentSource, Instance, Phase, Snapshot, State, Store, Volume};
 
 /// Names and IDs with an operation in flight. A second operation on the same key is refused
 /// with `ABORTED` (the CSI spec's "operation pending"), and unrelated volumes never wait.
@@ -36,12 +26,12 @@ pub struct OperationGuard<'a> {
 }
 
 impl OperationLocks {
-    pub fn acquire(&self, keys: &[&str]) -> Result<OperationGuard<'_>, Status> {
+    pub fn acquire(&self, keys: &[&str]) -> Result<OperationGuard<'_>, DriverError> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(key) = keys.iter().find(|k| busy.contains(**k)) {
-            return Err(Status::aborted(format!(
-                "an operation on {key} is already in progress"
-            )));
+            return Err(DriverError::OperationPending {
+                key: (*key).to_string(),
+            });
         }
         for key in keys {
             busy.insert((*key).to_string());
@@ -85,12 +75,18 @@ impl Driver {
     /// Makes this instance the creator of a record found `Creating`: one whose creator is gone
     /// (a crash) is taken over and finished; one another running instance is still creating
     /// is `ABORTED`, as an operation pending elsewhere.
-    pub fn claim_creation(&self, creator: &mut Option<String>, what: &str) -> Result<(), Status> {
+    pub fn claim_creation(
+        &self,
+        creator: &mut Option<String>,
+        kind: &'static str,
+        name: &str,
+    ) -> Result<(), DriverError> {
         match creator {
             Some(id) if *id != self.instance.id && self.store.instance_alive(id) => {
-                Err(Status::aborted(format!(
-                    "{what} is being created by another driver instance"
-                )))
+                Err(DriverError::CreatingElsewhere {
+                    kind,
+                    name: name.to_string(),
+                })
             }
             _ => {
                 *creator = Some(self.instance.id.clone());
@@ -99,17 +95,20 @@ impl Driver {
         }
     }
 
-    /// Runs blocking work (files, mounts, the state lock) off the async executor.
+    /// Runs blocking work (files, mounts, the state lock) off the async executor; its error
+    /// becomes the RPC's status here.
     pub async fn blocking<T, F>(self: &Arc<Self>, work: F) -> Result<tonic::Response<T>, Status>
     where
         T: Send + 'static,
-        F: FnOnce(&Driver) -> Result<T, Status> + Send + 'static,
+        F: FnOnce(&Driver) -> Result<T, DriverError> + Send + 'static,
     {
         let driver = self.clone();
         tokio::task::spawn_blocking(move || work(&driver))
             .await
-            .map_err(|e| Status::internal(format!("driver task failed: {e}")))?
+            .map_err(DriverError::from)
+            .flatten()
             .map(tonic::Response::new)
+            .map_err(Status::from)
     }
 
     /// Nodes a volume can be placed on or published to: the ones whose instances registered,
@@ -208,21 +207,21 @@ pub fn timestamp(nanos: u128) -> prost_types::Timestamp {
 }
 
 /// A volume the CO may use (created and not being deleted), or `NOT_FOUND`.
-pub fn ready_volume<'a>(state: &'a State, id: &str) -> Result<&'a Volume, Status> {
+pub fn ready_volume<'a>(state: &'a State, id: &str) -> Result<&'a Volume, DriverError> {
     state
         .volumes
         .get(id)
         .filter(|v| v.phase == Phase::Ready)
-        .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
+        .ok_or_else(|| DriverError::not_found("volume", id))
 }
 
 /// [`ready_volume`], for changing it.
-pub fn ready_volume_mut<'a>(state: &'a mut State, id: &str) -> Result<&'a mut Volume, Status> {
+pub fn ready_volume_mut<'a>(state: &'a mut State, id: &str) -> Result<&'a mut Volume, DriverError> {
     state
         .volumes
         .get_mut(id)
         .filter(|v| v.phase == Phase::Ready)
-        .ok_or_else(|| Status::not_found(format!("volume {id} not found")))
+        .ok_or_else(|| DriverError::not_found("volume", id))
 }
 
 /// Converts the proto map type to ours.

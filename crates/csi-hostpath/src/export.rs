@@ -24,9 +24,8 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 
-use tonic::Status;
-
-use crate::driver::{Driver, io_failed};
+use crate::driver::Driver;
+use crate::error::DriverError;
 use crate::mounts;
 use crate::state::{Export, Volume};
 
@@ -282,11 +281,12 @@ fn resize(root: &impl AsFd, blocks: u64) -> io::Result<()> {
 impl Driver {
     /// Makes sure `node` has its export of an ext4 volume, recorded and mounted. One recorded
     /// but no longer mounted (the machine restarted) is cut and opened afresh.
-    pub fn ensure_export(&self, volume: &Volume, node: &str) -> Result<(), Status> {
+    pub fn ensure_export(&self, volume: &Volume, node: &str) -> Result<(), DriverError> {
         let at = self.store.export_path(node, &volume.id);
         let image = self.store.volume_data(&volume.id, volume.layout());
-        let failed =
-            |what: &str, e| io_failed(&format!("{what} volume {} to node {node}", volume.id), e);
+        let failed = |what: &str, e| {
+            DriverError::io(format!("{what} volume {} to node {node}", volume.id), e)
+        };
         if let Some(export) = volume.exports.get(node) {
             if mounts::is_mount_point(&at).map_err(|e| failed("checking the export of", e))? {
                 return Ok(());
@@ -296,7 +296,7 @@ impl Driver {
         let device = open(&image, &at).map_err(|e| failed("exporting", e))?;
         let recorded = self.store.update(|state| {
             let Some(v) = state.volumes.get_mut(&volume.id) else {
-                return Err(Status::not_found(format!("volume {} not found", volume.id)));
+                return Err(DriverError::not_found("volume", volume.id.as_str()));
             };
             v.exports.insert(
                 node.to_string(),
@@ -314,7 +314,12 @@ impl Driver {
 
     /// Ends `node`'s export of an ext4 volume and forgets it: closed cleanly when the node has
     /// let go of the volume, cut (the fence) while it still has it staged or published.
-    pub fn end_export(&self, volume: &Volume, node: &str, node_let_go: bool) -> Result<(), Status> {
+    pub fn end_export(
+        &self,
+        volume: &Volume,
+        node: &str,
+        node_let_go: bool,
+    ) -> Result<(), DriverError> {
         let Some(export) = volume.exports.get(node) else {
             return Ok(());
         };
@@ -326,8 +331,8 @@ impl Driver {
             cut(&at, &export.device, &image)
         };
         ended.map_err(|e| {
-            io_failed(
-                &format!("ending the export of volume {} to node {node}", volume.id),
+            DriverError::io(
+                format!("ending the export of volume {} to node {node}", volume.id),
                 e,
             )
         })?;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use csi::group_controller_server::GroupController;
 use csi::group_controller_service_capability::rpc::Type as Rpc;
 use csi_proto::csi::v1 as csi;
-use tonic::Status;
 
 use crate::data;
-use crate::driver::{Driver, io_failed, timestamp};
+use crate::driver::{Driver, timestamp};
+use crate::error::DriverError;
 use crate::rules::{self, required};
 use crate::state::{GroupSnapshot, Phase, Snapshot, State, now_nanos};
 
@@ -42,10 +42,12 @@ impl Driver {
     fn create_group(
         &self,
         request: &csi::CreateVolumeGroupSnapshotRequest,
-    ) -> Result<csi::CreateVolumeGroupSnapshotResponse, Status> {
+    ) -> Result<csi::CreateVolumeGroupSnapshotResponse, DriverError> {
         let name = required(&request.name, "name")?;
         if request.source_volume_ids.is_empty() {
-            return Err(Status::invalid_argument("source_volume_ids are required"));
+            return Err(DriverError::Missing {
+                field: "source_volume_ids",
+            });
         }
         let sources: BTreeSet<&String> = request.source_volume_ids.iter().collect();
         let mut keys: Vec<&str> = request
@@ -59,12 +61,14 @@ impl Driver {
         let group = self.store.update(|state| {
             if let Some(existing) = state.groups.values_mut().find(|g| g.name == name) {
                 if existing.source_volume_ids.iter().collect::<BTreeSet<_>>() != sources {
-                    return Err(Status::already_exists(format!(
-                        "group snapshot {name} exists with other source volumes"
-                    )));
+                    return Err(DriverError::ExistsWithOtherParameters {
+                        kind: "group snapshot",
+                        name: name.to_string(),
+                        how: "with other source volumes",
+                    });
                 }
                 if existing.phase == Phase::Creating {
-                    self.claim_creation(&mut existing.creator, &format!("group snapshot {name}"))?;
+                    self.claim_creation(&mut existing.creator, "group snapshot", name)?;
                 }
                 return Ok(existing.clone());
             }
@@ -76,8 +80,9 @@ impl Driver {
                     .volumes
                     .get(source)
                     .filter(|v| v.phase == Phase::Ready)
-                    .ok_or_else(|| {
-                        Status::not_found(format!("source volume {source} not found"))
+                    .ok_or_else(|| DriverError::SourceNotFound {
+                        kind: "volume",
+                        id: source.clone(),
                     })?;
                 let snapshot = Snapshot {
                     id: rules::new_id(),
@@ -110,10 +115,14 @@ impl Driver {
         if group.phase == Phase::Creating {
             let state = self.store.read()?;
             for id in &group.snapshot_ids {
-                let snapshot = state
-                    .snapshots
-                    .get(id)
-                    .ok_or_else(|| Status::aborted(format!("member snapshot {id} disappeared")))?;
+                let snapshot =
+                    state
+                        .snapshots
+                        .get(id)
+                        .ok_or_else(|| DriverError::DeletedMeanwhile {
+                            kind: "member snapshot",
+                            name: id.clone(),
+                        })?;
                 self.flush_exports(&snapshot.source_volume_id);
                 let layout = snapshot.layout();
                 let taken = data::snapshot(
@@ -123,7 +132,10 @@ impl Driver {
                 );
                 if let Err(error) = taken {
                     self.roll_back_snapshots(&group.snapshot_ids, Some(&group.id));
-                    return Err(io_failed(&format!("taking member snapshot {id}"), error));
+                    return Err(DriverError::io(
+                        format!("taking member snapshot {id}"),
+                        error,
+                    ));
                 }
             }
             self.store.update(|state| {
@@ -135,13 +147,17 @@ impl Driver {
                 if let Some(g) = state.groups.get_mut(&group.id) {
                     g.phase = Phase::Ready;
                 }
-                Ok::<_, Status>(())
+                Ok::<_, DriverError>(())
             })?;
         }
         let state = self.store.read()?;
-        let group = state.groups.get(&group.id).ok_or_else(|| {
-            Status::aborted(format!("group snapshot {name} was deleted meanwhile"))
-        })?;
+        let group = state
+            .groups
+            .get(&group.id)
+            .ok_or_else(|| DriverError::DeletedMeanwhile {
+                kind: "group snapshot",
+                name: name.to_string(),
+            })?;
         Ok(csi::CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(self.csi_group(&state, group)),
         })
@@ -152,20 +168,23 @@ impl Driver {
         state: &State,
         id: &str,
         snapshot_ids: &[String],
-    ) -> Result<Option<GroupSnapshot>, Status> {
+    ) -> Result<Option<GroupSnapshot>, DriverError> {
         let Some(group) = state.groups.get(id) else {
             return Ok(None);
         };
         let given: BTreeSet<&String> = snapshot_ids.iter().collect();
         if !given.is_empty() && given != group.snapshot_ids.iter().collect() {
-            return Err(Status::invalid_argument(format!(
-                "snapshot_ids do not match the members of group snapshot {id}"
-            )));
+            return Err(DriverError::GroupMembersMismatch {
+                group: id.to_string(),
+            });
         }
         Ok(Some(group.clone()))
     }
 
-    fn delete_group(&self, request: &csi::DeleteVolumeGroupSnapshotRequest) -> Result<(), Status> {
+    fn delete_group(
+        &self,
+        request: &csi::DeleteVolumeGroupSnapshotRequest,
+    ) -> Result<(), DriverError> {
         let id = required(&request.group_snapshot_id, "group_snapshot_id")?;
         let _guard = self.locks.acquire(&[id])?;
         let group = self.store.update(|state| {
@@ -180,7 +199,7 @@ impl Driver {
                     g.phase = Phase::Deleting;
                 }
             }
-            Ok::<_, Status>(group)
+            Ok::<_, DriverError>(group)
         })?;
         match group {
             Some(group) => self.finish_deleting_snapshots(&group.snapshot_ids, Some(id)),
@@ -191,12 +210,12 @@ impl Driver {
     fn get_group(
         &self,
         request: &csi::GetVolumeGroupSnapshotRequest,
-    ) -> Result<csi::GetVolumeGroupSnapshotResponse, Status> {
+    ) -> Result<csi::GetVolumeGroupSnapshotResponse, DriverError> {
         let id = required(&request.group_snapshot_id, "group_snapshot_id")?;
         let state = self.store.read()?;
         let group = Self::group_with_members(&state, id, &request.snapshot_ids)?
             .filter(|g| g.phase == Phase::Ready)
-            .ok_or_else(|| Status::not_found(format!("group snapshot {id} not found")))?;
+            .ok_or_else(|| DriverError::not_found("group snapshot", id))?;
         Ok(csi::GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(self.csi_group(&state, &group)),
         })

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::data;
 use crate::driver::Driver;
+use crate::error::DriverError;
 use crate::state::Phase;
 
 /// A node whose instance has not beaten for this long is not connected.
@@ -95,7 +96,7 @@ impl Driver {
     fn connectivity(
         &self,
         request: &podmon::ValidateVolumeHostConnectivityRequest,
-    ) -> Result<podmon::ValidateVolumeHostConnectivityResponse, Status> {
+    ) -> Result<podmon::ValidateVolumeHostConnectivityResponse, DriverError> {
         if request.volume_ids.is_empty() && request.node_id.is_empty() {
             return Ok(podmon::ValidateVolumeHostConnectivityResponse {
                 connected: false,

@@ -10,6 +10,7 @@ pub mod config;
 pub mod controller;
 pub mod data;
 pub mod driver;
+pub mod error;
 pub mod export;
 pub mod group;
 pub mod identity;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use csi::node_server::Node;
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi_proto::csi::v1 as csi;
-use tonic::Status;
 
 use crate::data;
-use crate::driver::{Driver, io_failed, ready_volume};
+use crate::driver::{Driver, ready_volume};
+use crate::error::DriverError;
 use crate::export;
 use crate::mounts;
 use crate::rules::{self, required};
@@ -29,18 +29,19 @@ impl NodeService {
     }
 }
 
-fn need_mounts() -> Result<(), Status> {
+fn need_mounts() -> Result<(), DriverError> {
     if mounts::can_mount() {
         Ok(())
     } else {
-        Err(Status::failed_precondition(
-            "mounting needs root privileges (CAP_SYS_ADMIN)",
-        ))
+        Err(DriverError::MissingPrivilege {
+            action: "mounting",
+            privilege: "root privileges (CAP_SYS_ADMIN)",
+        })
     }
 }
 
 impl Driver {
-    fn allowed(&self, path: &str, field: &str) -> Result<PathBuf, Status> {
+    fn allowed(&self, path: &str, field: &'static str) -> Result<PathBuf, DriverError> {
         rules::allowed_path(
             path,
             field,
@@ -49,7 +50,7 @@ impl Driver {
         )
     }
 
-    fn ready_volume(&self, id: &str) -> Result<Volume, Status> {
+    fn ready_volume(&self, id: &str) -> Result<Volume, DriverError> {
         ready_volume(&self.store.read()?, id).cloned()
     }
 
@@ -57,7 +58,7 @@ impl Driver {
         &self,
         id: &str,
         change: impl FnOnce(&mut crate::state::NodeUse),
-    ) -> Result<(), Status> {
+    ) -> Result<(), DriverError> {
         let node = self.config.node_id.clone();
         self.store.update(|state| {
             if let Some(volume) = state.volumes.get_mut(id) {
@@ -67,40 +68,35 @@ impl Driver {
                     volume.nodes.remove(&node);
                 }
             }
-            Ok::<_, Status>(())
+            Ok::<_, DriverError>(())
         })
     }
 
-    fn node_stage(&self, request: &csi::NodeStageVolumeRequest) -> Result<(), Status> {
+    fn node_stage(&self, request: &csi::NodeStageVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-        let (access_type, _) = rules::capability(capability)?;
+        let (access_type, _) = rules::required_capability(request.volume_capability.as_ref())?;
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
         let node = &self.config.node_id;
         if volume.access_type != access_type {
-            return Err(Status::invalid_argument(
-                "volume_capability access type does not match the volume",
-            ));
+            return Err(DriverError::AccessTypeMismatch);
         }
         let publication = volume.published.get(node);
         if self.config.enable_attach && publication.is_none() {
-            return Err(Status::failed_precondition(format!(
-                "volume {id} is not published to node {node}"
-            )));
+            return Err(DriverError::NotPublished {
+                id: id.to_string(),
+                node: node.clone(),
+            });
         }
         if let Some(staged) = volume.nodes.get(node).and_then(|u| u.staged.as_ref()) {
             return if Path::new(&staged.path) == staging {
                 Ok(())
             } else {
-                Err(Status::already_exists(format!(
-                    "volume {id} is already staged at {}",
-                    staged.path
-                )))
+                Err(DriverError::StagedElsewhere {
+                    id: id.to_string(),
+                    path: staged.path.clone(),
+                })
             };
         }
         need_mounts()?;
@@ -112,16 +108,17 @@ impl Driver {
         let device = match access_type {
             AccessType::Mount => {
                 fs::create_dir_all(&staging)
-                    .map_err(|e| io_failed("creating the staging path", e))?;
-                if !mounts::is_mount_point(&staging).map_err(|e| io_failed("reading mounts", e))? {
+                    .map_err(|e| DriverError::io("creating the staging path", e))?;
+                if !is_mount_point(&staging)? {
                     let readonly = publication.is_some_and(|p| p.readonly);
                     mounts::bind(&data, &staging, readonly)
-                        .map_err(|e| io_failed("bind-mounting the volume", e))?;
+                        .map_err(|e| DriverError::io("bind-mounting the volume", e))?;
                 }
                 None
             }
             AccessType::Block => Some(
-                mounts::loop_attach(&data).map_err(|e| io_failed("attaching a loop device", e))?,
+                mounts::loop_attach(&data)
+                    .map_err(|e| DriverError::io("attaching a loop device", e))?,
             ),
         };
         self.record_node_use(id, |usage| {
@@ -132,7 +129,7 @@ impl Driver {
         })
     }
 
-    fn node_unstage(&self, request: &csi::NodeUnstageVolumeRequest) -> Result<(), Status> {
+    fn node_unstage(&self, request: &csi::NodeUnstageVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
         let _guard = self.locks.acquire(&[id])?;
@@ -148,9 +145,11 @@ impl Driver {
             return Ok(());
         }
         need_mounts()?;
-        mounts::unmount_all(&staging).map_err(|e| io_failed("unmounting the staging path", e))?;
+        mounts::unmount_all(&staging)
+            .map_err(|e| DriverError::io("unmounting the staging path", e))?;
         if let Some(device) = &staged.device {
-            mounts::loop_detach(device).map_err(|e| io_failed("detaching the loop device", e))?;
+            mounts::loop_detach(device)
+                .map_err(|e| DriverError::io("detaching the loop device", e))?;
         }
         if !self.config.enable_attach {
             self.end_export(&volume, &self.config.node_id, true)?;
@@ -160,38 +159,30 @@ impl Driver {
 
     /// Where this node reaches an ext4 volume: its export. With attach enabled the export is
     /// ControllerPublishVolume's to make; without, staging makes it.
-    fn export_of(&self, volume: &Volume) -> Result<PathBuf, Status> {
+    fn export_of(&self, volume: &Volume) -> Result<PathBuf, DriverError> {
         let node = &self.config.node_id;
         let at = self.store.export_path(node, &volume.id);
         if !self.config.enable_attach {
             self.ensure_export(volume, node)?;
-        } else if !volume.exports.contains_key(node)
-            || !mounts::is_mount_point(&at).map_err(|e| io_failed("reading mounts", e))?
-        {
-            return Err(Status::failed_precondition(format!(
-                "volume {} has no export to node {node}: ControllerPublishVolume makes it",
-                volume.id
-            )));
+        } else if !volume.exports.contains_key(node) || !is_mount_point(&at)? {
+            return Err(DriverError::NoExport {
+                id: volume.id.clone(),
+                node: node.clone(),
+            });
         }
         Ok(export::volume_root(&at))
     }
 
-    fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), Status> {
+    fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let target = self.allowed(&request.target_path, "target_path")?;
         let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-        let (access_type, mode) = rules::capability(capability)?;
+        let (access_type, mode) = rules::required_capability(request.volume_capability.as_ref())?;
         let readonly = request.readonly || rules::read_only_mode(mode);
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
         if volume.access_type != access_type {
-            return Err(Status::invalid_argument(
-                "volume_capability access type does not match the volume",
-            ));
+            return Err(DriverError::AccessTypeMismatch);
         }
         let usage = volume
             .nodes
@@ -203,47 +194,44 @@ impl Driver {
             .as_ref()
             .filter(|s| Path::new(&s.path) == staging)
         else {
-            return Err(Status::failed_precondition(format!(
-                "volume {id} is not staged at {}",
-                staging.display()
-            )));
+            return Err(DriverError::NotStaged {
+                id: id.to_string(),
+                path: staging.display().to_string(),
+            });
         };
         let target_key = target.display().to_string();
         if let Some(existing) = usage.targets.get(&target_key) {
             return if existing.readonly == readonly && existing.access_mode == mode as i32 {
                 Ok(())
             } else {
-                Err(Status::already_exists(format!(
-                    "volume {id} is already published at {target_key} with other options"
-                )))
+                Err(DriverError::PublishedWithOtherOptions {
+                    id: id.to_string(),
+                    target: target_key,
+                })
             };
         }
         if rules::single_writer(mode) && !usage.targets.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "volume {id} is single-writer and already published at another target"
-            )));
+            return Err(DriverError::SingleWriterInUse { id: id.to_string() });
         }
         need_mounts()?;
-        if !mounts::is_mount_point(&target).map_err(|e| io_failed("reading mounts", e))? {
+        if !is_mount_point(&target)? {
             let source = match (access_type, &staged.device) {
                 (AccessType::Mount, _) => {
                     fs::create_dir_all(&target)
-                        .map_err(|e| io_failed("creating the target path", e))?;
+                        .map_err(|e| DriverError::io("creating the target path", e))?;
                     staging.clone()
                 }
                 (AccessType::Block, Some(device)) => {
                     fs::File::create(&target)
-                        .map_err(|e| io_failed("creating the target file", e))?;
+                        .map_err(|e| DriverError::io("creating the target file", e))?;
                     PathBuf::from(device)
                 }
                 (AccessType::Block, None) => {
-                    return Err(Status::internal(format!(
-                        "block volume {id} has no loop device"
-                    )));
+                    return Err(DriverError::NoLoopDevice { id: id.to_string() });
                 }
             };
             mounts::bind(&source, &target, readonly)
-                .map_err(|e| io_failed("bind-mounting the target", e))?;
+                .map_err(|e| DriverError::io("bind-mounting the target", e))?;
         }
         self.record_node_use(id, |usage| {
             usage.targets.insert(
@@ -256,14 +244,15 @@ impl Driver {
         })
     }
 
-    fn node_unpublish(&self, request: &csi::NodeUnpublishVolumeRequest) -> Result<(), Status> {
+    fn node_unpublish(&self, request: &csi::NodeUnpublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let target = self.allowed(&request.target_path, "target_path")?;
         let _guard = self.locks.acquire(&[id])?;
         self.ready_volume(id)?;
-        if mounts::is_mount_point(&target).map_err(|e| io_failed("reading mounts", e))? {
+        if is_mount_point(&target)? {
             need_mounts()?;
-            mounts::unmount_all(&target).map_err(|e| io_failed("unmounting the target", e))?;
+            mounts::unmount_all(&target)
+                .map_err(|e| DriverError::io("unmounting the target", e))?;
         }
         // Only an empty directory or our placeholder file: never delete data recursively.
         let removed = match fs::symlink_metadata(&target) {
@@ -272,7 +261,9 @@ impl Driver {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(error) => Err(error),
         };
-        removed.map_err(|e| io_failed(&format!("removing target path {}", target.display()), e))?;
+        removed.map_err(|e| {
+            DriverError::io(format!("removing target path {}", target.display()), e)
+        })?;
         let key = target.display().to_string();
         self.record_node_use(id, |usage| {
             usage.targets.remove(&key);
@@ -280,7 +271,7 @@ impl Driver {
     }
 
     /// The volume, if `path` is one of its staging or target paths on this node.
-    fn volume_at(&self, id: &str, path: &str) -> Result<Volume, Status> {
+    fn volume_at(&self, id: &str, path: &str) -> Result<Volume, DriverError> {
         let volume = self.ready_volume(id)?;
         let usage = volume.nodes.get(&self.config.node_id);
         let known = usage.is_some_and(|u| {
@@ -289,16 +280,17 @@ impl Driver {
         if known {
             Ok(volume)
         } else {
-            Err(Status::not_found(format!(
-                "volume {id} is not staged or published at {path}"
-            )))
+            Err(DriverError::NotAtPath {
+                id: id.to_string(),
+                path: path.to_string(),
+            })
         }
     }
 
     fn stats(
         &self,
         request: &csi::NodeGetVolumeStatsRequest,
-    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+    ) -> Result<csi::NodeGetVolumeStatsResponse, DriverError> {
         use csi::volume_usage::Unit;
         let id = required(&request.volume_id, "volume_id")?;
         let path = required(&request.volume_path, "volume_path")?;
@@ -315,7 +307,8 @@ impl Driver {
                 unit: Unit::Bytes as i32,
             }),
             Layout::Ext4Image => {
-                let fs = rustix::fs::statvfs(path).map_err(|e| io_failed("statvfs", e.into()))?;
+                let fs =
+                    rustix::fs::statvfs(path).map_err(|e| DriverError::io("statvfs", e.into()))?;
                 let bytes = |blocks: u64| {
                     i64::try_from(blocks.saturating_mul(fs.f_frsize)).unwrap_or(i64::MAX)
                 };
@@ -335,7 +328,7 @@ impl Driver {
             }
             Layout::Directory => {
                 let (bytes, inodes) =
-                    data::usage(&data).map_err(|e| io_failed("measuring usage", e))?;
+                    data::usage(&data).map_err(|e| DriverError::io("measuring usage", e))?;
                 let used = i64::try_from(bytes).unwrap_or(i64::MAX);
                 usage.push(csi::VolumeUsage {
                     available: (total - used).max(0),
@@ -343,7 +336,8 @@ impl Driver {
                     used,
                     unit: Unit::Bytes as i32,
                 });
-                let fs = rustix::fs::statvfs(&data).map_err(|e| io_failed("statvfs", e.into()))?;
+                let fs =
+                    rustix::fs::statvfs(&data).map_err(|e| DriverError::io("statvfs", e.into()))?;
                 let used_inodes = i64::try_from(inodes).unwrap_or(i64::MAX);
                 let free_inodes = i64::try_from(fs.f_ffree).unwrap_or(i64::MAX);
                 usage.push(csi::VolumeUsage {
@@ -386,7 +380,7 @@ impl Driver {
     fn node_expand(
         &self,
         request: &csi::NodeExpandVolumeRequest,
-    ) -> Result<csi::NodeExpandVolumeResponse, Status> {
+    ) -> Result<csi::NodeExpandVolumeResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let path = required(&request.volume_path, "volume_path")?;
         if let Some(capability) = &request.volume_capability {
@@ -395,14 +389,15 @@ impl Driver {
         let volume = self.volume_at(id, path)?;
         if let Some(export) = volume.exports.get(&self.config.node_id) {
             let bytes = export::device_bytes(&export.device)
-                .map_err(|e| io_failed("reading the export's size", e))?;
+                .map_err(|e| DriverError::io("reading the export's size", e))?;
             export::resize_filesystem(Path::new(path), bytes).map_err(|error| {
                 if error.kind() == std::io::ErrorKind::PermissionDenied {
-                    Status::failed_precondition(
-                        "growing an ext4 filesystem online needs CAP_SYS_RESOURCE, which this node plugin lacks",
-                    )
+                    DriverError::MissingPrivilege {
+                        action: "growing an ext4 filesystem online",
+                        privilege: "CAP_SYS_RESOURCE",
+                    }
                 } else {
-                    io_failed("growing the ext4 filesystem", error)
+                    DriverError::io("growing the ext4 filesystem", error)
                 }
             })?;
         }
@@ -412,7 +407,7 @@ impl Driver {
             .and_then(|u| u.staged.as_ref()?.device.clone())
         {
             mounts::loop_refresh(&device)
-                .map_err(|e| io_failed("refreshing the loop device size", e))?;
+                .map_err(|e| DriverError::io("refreshing the loop device size", e))?;
         }
         let required_bytes = request
             .capacity_range
@@ -430,7 +425,7 @@ impl Driver {
     /// fences the volumes unpublished from this node while it still uses them (kill its
     /// writers, remount read-only, record it), and lifts the fence once a volume is published
     /// to this node again. Returns the volumes whose fencing changed.
-    pub fn reconcile_fencing(&self) -> Result<Vec<String>, Status> {
+    pub fn reconcile_fencing(&self) -> Result<Vec<String>, DriverError> {
         if !self.config.enable_attach {
             return Ok(Vec::new());
         }
@@ -452,7 +447,7 @@ impl Driver {
         Ok(changed)
     }
 
-    fn fence(&self, volume: &Volume, usage: &NodeUse) -> Result<bool, Status> {
+    fn fence(&self, volume: &Volume, usage: &NodeUse) -> Result<bool, DriverError> {
         let node = &self.config.node_id;
         // Re-read right before acting: a volume published again meanwhile keeps its writers.
         let current = self.store.read()?;
@@ -476,7 +471,7 @@ impl Driver {
         }
         let republished = self.store.update(|state| {
             let Some(v) = state.volumes.get_mut(&volume.id) else {
-                return Ok::<_, Status>(false);
+                return Ok::<_, DriverError>(false);
             };
             if v.published.contains_key(node) {
                 return Ok(true);
@@ -495,7 +490,7 @@ impl Driver {
 
     /// A volume published to this node again must be writable before staging or publishing
     /// reuses its mounts, so the fence is lifted here too, not only by the periodic loop.
-    fn lift_fence_if_republished(&self, volume: Volume) -> Result<Volume, Status> {
+    fn lift_fence_if_republished(&self, volume: Volume) -> Result<Volume, DriverError> {
         let node = &self.config.node_id;
         if volume.fenced.contains_key(node) && volume.published.contains_key(node) {
             self.unfence(&volume)?;
@@ -505,21 +500,21 @@ impl Driver {
     }
 
     /// Lifts this node's fence on a volume published to it again.
-    fn unfence(&self, volume: &Volume) -> Result<(), Status> {
+    fn unfence(&self, volume: &Volume) -> Result<(), DriverError> {
         self.restore_access(volume)?;
         let node = &self.config.node_id;
         self.store.update(|state| {
             if let Some(v) = state.volumes.get_mut(&volume.id) {
                 v.fenced.remove(node);
             }
-            Ok::<_, Status>(())
+            Ok::<_, DriverError>(())
         })?;
         tracing::info!(volume = %volume.id, node = %node, "lifted fencing: volume published to this node again");
         Ok(())
     }
 
     /// Remounts this node's mounts of `volume` writable again, except read-only ones.
-    fn restore_access(&self, volume: &Volume) -> Result<(), Status> {
+    fn restore_access(&self, volume: &Volume) -> Result<(), DriverError> {
         let node = &self.config.node_id;
         let Some(usage) = volume.nodes.get(node) else {
             return Ok(());
@@ -538,7 +533,7 @@ impl Driver {
         for (path, readonly) in mounts {
             if !readonly && mounts::is_mount_point(&path).unwrap_or(false) {
                 mounts::remount_read_write(&path).map_err(|e| {
-                    io_failed(&format!("remounting {} writable", path.display()), e)
+                    DriverError::io(format!("remounting {} writable", path.display()), e)
                 })?;
             }
         }
@@ -572,6 +567,11 @@ impl Driver {
                 .collect(),
         }
     }
+}
+
+/// [`mounts::is_mount_point`], its failure an `INTERNAL` one.
+fn is_mount_point(path: &Path) -> Result<bool, DriverError> {
+    mounts::is_mount_point(path).map_err(|e| DriverError::io("reading mounts", e))
 }
 
 /// Stops writes under `paths`: kill the processes writing there, wait (bounded) until they

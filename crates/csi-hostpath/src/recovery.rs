@@ -5,10 +5,9 @@
 //! data no record names. Removal goes data first, record last, with the record marked
 //! `Deleting` before: a crash midway leaves a record the next start finishes.
 
-use tonic::Status;
-
 use crate::data;
-use crate::driver::{Driver, io_failed};
+use crate::driver::Driver;
+use crate::error::DriverError;
 use crate::state::{Layout, Phase, StoreError};
 
 impl Driver {
@@ -20,11 +19,11 @@ impl Driver {
                 if let Some(volume) = state.volumes.get_mut(id) {
                     volume.phase = Phase::Deleting;
                 }
-                Ok::<_, Status>(())
+                Ok::<_, DriverError>(())
             })
             .and_then(|()| self.finish_deleting_volume(id, layout));
-        if let Err(status) = rolled_back {
-            tracing::warn!(volume = id, error = %status.message(), "rollback of a failed creation incomplete; the next start finishes it");
+        if let Err(error) = rolled_back {
+            tracing::warn!(volume = id, %error, "rollback of a failed creation incomplete; the next start finishes it");
         }
     }
 
@@ -41,18 +40,18 @@ impl Driver {
                 if let Some(group) = group.and_then(|g| state.groups.get_mut(g)) {
                     group.phase = Phase::Deleting;
                 }
-                Ok::<_, Status>(())
+                Ok::<_, DriverError>(())
             })
             .and_then(|()| self.finish_deleting_snapshots(ids, group));
-        if let Err(status) = rolled_back {
-            tracing::warn!(snapshots = ?ids, ?group, error = %status.message(), "rollback of a failed snapshot incomplete; the next start finishes it");
+        if let Err(error) = rolled_back {
+            tracing::warn!(snapshots = ?ids, ?group, %error, "rollback of a failed snapshot incomplete; the next start finishes it");
         }
     }
 
     /// Removes the data, then the record, of a volume marked `Deleting`.
-    pub fn finish_deleting_volume(&self, id: &str, layout: Layout) -> Result<(), Status> {
+    pub fn finish_deleting_volume(&self, id: &str, layout: Layout) -> Result<(), DriverError> {
         data::remove(&self.store.volume_data(id, layout))
-            .map_err(|e| io_failed(&format!("removing data of volume {id}"), e))?;
+            .map_err(|e| DriverError::io(format!("removing data of volume {id}"), e))?;
         self.store.update(|state| {
             state.volumes.remove(id);
             Ok(())
@@ -64,12 +63,12 @@ impl Driver {
         &self,
         ids: &[String],
         group: Option<&str>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), DriverError> {
         let state = self.store.read()?;
         for id in ids {
             if let Some(snapshot) = state.snapshots.get(id) {
                 data::remove_snapshot(&self.store.snapshot_data(id, snapshot.layout()))
-                    .map_err(|e| io_failed(&format!("removing snapshot {id}"), e))?;
+                    .map_err(|e| DriverError::io(format!("removing snapshot {id}"), e))?;
             }
         }
         self.store.update(|state| {
@@ -142,8 +141,8 @@ pub fn recover(driver: &Driver) -> Result<(), StoreError> {
                 .push(driver.finish_deleting_snapshots(std::slice::from_ref(&snapshot.id), None));
         }
     }
-    for status in finished.into_iter().filter_map(Result::err) {
-        tracing::warn!(error = %status.message(), "cannot finish an interrupted deletion");
+    for error in finished.into_iter().filter_map(Result::err) {
+        tracing::warn!(%error, "cannot finish an interrupted deletion");
     }
 
     for path in driver.store.data_without_record()? {

@@ -5,28 +5,28 @@ use std::path::{Component, Path, PathBuf};
 use csi_proto::csi::v1::VolumeCapability;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType as CapabilityAccess};
-use tonic::Status;
 
+use crate::error::DriverError;
 use crate::state::{AccessType, Filesystem};
 
 /// `INVALID_ARGUMENT` unless `value` is non-empty.
-pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+pub fn required<'a>(value: &'a str, field: &'static str) -> Result<&'a str, DriverError> {
     if value.is_empty() {
-        Err(Status::invalid_argument(format!("{field} is required")))
+        Err(DriverError::Missing { field })
     } else {
         Ok(value)
     }
 }
 
 /// The access type and mode of one capability; both are required.
-pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), Status> {
+pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), DriverError> {
     let access_type = match &capability.access_type {
         Some(CapabilityAccess::Mount(_)) => AccessType::Mount,
         Some(CapabilityAccess::Block(_)) => AccessType::Block,
         None => {
-            return Err(Status::invalid_argument(
-                "volume capability access_type is required",
-            ));
+            return Err(DriverError::Missing {
+                field: "volume capability access_type",
+            });
         }
     };
     let mode = capability
@@ -34,32 +34,43 @@ pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), S
         .as_ref()
         .map(AccessMode::mode)
         .filter(|mode| *mode != Mode::Unknown)
-        .ok_or_else(|| Status::invalid_argument("volume capability access_mode is required"))?;
+        .ok_or(DriverError::Missing {
+            field: "volume capability access_mode",
+        })?;
     Ok((access_type, mode))
 }
 
+/// [`capability`] of a request's `volume_capability`, which is required.
+pub fn required_capability(
+    given: Option<&VolumeCapability>,
+) -> Result<(AccessType, Mode), DriverError> {
+    capability(given.ok_or(DriverError::Missing {
+        field: "volume_capability",
+    })?)
+}
+
 /// The one access type a list of capabilities asks for (mixing block and mount is invalid).
-pub fn capabilities(list: &[VolumeCapability]) -> Result<AccessType, Status> {
+pub fn capabilities(list: &[VolumeCapability]) -> Result<AccessType, DriverError> {
     let mut found = None;
     for cap in list {
         let (access_type, _) = capability(cap)?;
         match found {
             None => found = Some(access_type),
             Some(previous) if previous != access_type => {
-                return Err(Status::invalid_argument(
-                    "volume capabilities mix block and mount access types",
-                ));
+                return Err(DriverError::MixedAccessTypes);
             }
             Some(_) => {}
         }
     }
-    found.ok_or_else(|| Status::invalid_argument("volume_capabilities are required"))
+    found.ok_or(DriverError::Missing {
+        field: "volume_capabilities",
+    })
 }
 
 /// The filesystem the mount capabilities of a CreateVolume ask for: none (no fs_type: a
 /// directory volume) or ext4. ext4 is not a cluster filesystem, so an ext4 volume is
 /// single-node; every other fs_type is refused.
-pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, Status> {
+pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, DriverError> {
     let mut asked: Option<&str> = None;
     for cap in list {
         let Some(CapabilityAccess::Mount(mount)) = &cap.access_type else {
@@ -67,10 +78,10 @@ pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, Statu
         };
         match asked {
             Some(previous) if previous != mount.fs_type => {
-                return Err(Status::invalid_argument(format!(
-                    "volume capabilities ask for different fs_types ({previous:?} and {:?})",
-                    mount.fs_type
-                )));
+                return Err(DriverError::MixedFsTypes {
+                    first: previous.to_string(),
+                    second: mount.fs_type.clone(),
+                });
             }
             _ => asked = Some(&mount.fs_type),
         }
@@ -79,9 +90,9 @@ pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, Statu
         "" => return Ok(None),
         "ext4" => Filesystem::Ext4,
         other => {
-            return Err(Status::invalid_argument(format!(
-                "fs_type {other:?} is not supported: ext4, or none for a directory volume"
-            )));
+            return Err(DriverError::UnsupportedFsType {
+                fs_type: other.to_string(),
+            });
         }
     };
     let multi_node = list
@@ -89,9 +100,7 @@ pub fn filesystem(list: &[VolumeCapability]) -> Result<Option<Filesystem>, Statu
         .filter_map(|cap| cap.access_mode.as_ref())
         .any(|mode| !single_node(mode.mode()));
     if multi_node {
-        return Err(Status::invalid_argument(
-            "an ext4 volume is single-node: a multi-node access mode needs a volume without fs_type",
-        ));
+        return Err(DriverError::MultiNodeExt4);
     }
     Ok(Some(filesystem))
 }
@@ -122,42 +131,38 @@ pub fn read_only_mode(mode: Mode) -> bool {
 /// anywhere else.
 pub fn allowed_path(
     path: &str,
-    field: &str,
+    field: &'static str,
     roots: &[PathBuf],
     state_dir: &Path,
-) -> Result<PathBuf, Status> {
+) -> Result<PathBuf, DriverError> {
     let path = PathBuf::from(required(path, field)?);
-    if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(Status::invalid_argument(format!(
-            "{field} {} must be an absolute path without ..",
-            path.display()
-        )));
-    }
-    if path.starts_with(state_dir) || state_dir.starts_with(&path) {
-        return Err(Status::invalid_argument(format!(
-            "{field} {} overlaps the driver's state directory",
-            path.display()
-        )));
-    }
-    if !roots.iter().any(|root| path.starts_with(root)) {
-        return Err(Status::invalid_argument(format!(
-            "{field} {} is outside the allowed roots {:?}",
-            path.display(),
-            roots
-        )));
-    }
-    Ok(path)
+    let why = if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir))
+    {
+        "must be an absolute path without ..".to_string()
+    } else if path.starts_with(state_dir) || state_dir.starts_with(&path) {
+        "overlaps the driver's state directory".to_string()
+    } else if !roots.iter().any(|root| path.starts_with(root)) {
+        format!("is outside the allowed roots {roots:?}")
+    } else {
+        return Ok(path);
+    };
+    Err(DriverError::PathNotAllowed { field, path, why })
 }
 
 /// Paging tokens are the last returned ID; anything else is a bad token (`ABORTED`).
-pub fn page_start(token: &str, valid_id: impl Fn(&str) -> bool) -> Result<Option<String>, Status> {
+pub fn page_start(
+    token: &str,
+    valid_id: impl Fn(&str) -> bool,
+) -> Result<Option<String>, DriverError> {
     if token.is_empty() {
         return Ok(None);
     }
     if valid_id(token) {
         Ok(Some(token.to_string()))
     } else {
-        Err(Status::aborted(format!("invalid starting_token {token:?}")))
+        Err(DriverError::InvalidStartingToken {
+            token: token.to_string(),
+        })
     }
 }
 
@@ -213,7 +218,7 @@ mod tests {
             ),
         ];
         for (input, want) in table {
-            let got = capability(&input).map(|(t, _)| t).map_err(|s| s.code());
+            let got = capability(&input).map(|(t, _)| t).map_err(|e| e.code());
             assert_eq!(got, want, "{input:?}");
         }
         assert_eq!(capabilities(&[]).unwrap_err().code(), Code::InvalidArgument);
@@ -269,7 +274,7 @@ mod tests {
             ),
         ];
         for (input, want) in table {
-            let got = filesystem(&input).map_err(|s| s.code());
+            let got = filesystem(&input).map_err(|e| e.code());
             assert_eq!(got, want, "{input:?}");
         }
     }

@@ -154,7 +154,7 @@ async fn fencing_loop(driver: Arc<Driver>, shutdown: CancellationToken) {
         let fencing = driver.clone();
         match tokio::task::spawn_blocking(move || fencing.reconcile_fencing()).await {
             Ok(Ok(_)) => {}
-            Ok(Err(status)) => tracing::warn!(error = %status.message(), "fencing check failed"),
+            Ok(Err(error)) => tracing::warn!(%error, "fencing check failed"),
             Err(error) => tracing::warn!(%error, "fencing task failed"),
         }
     }

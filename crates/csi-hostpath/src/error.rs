@@ -1,0 +1,242 @@
+//! Every way a driver operation fails, and the one mapping of those failures to gRPC codes.
+//! The codes follow the CSI spec's error tables; messages name the objects concerned, never
+//! secrets (no variant carries request secrets).
+
+use std::path::PathBuf;
+
+use tonic::{Code, Status};
+
+use crate::state::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    // INVALID_ARGUMENT: the request itself is wrong.
+    #[error("{field} is required")]
+    Missing { field: &'static str },
+    #[error("{field} must not be negative")]
+    Negative { field: &'static str },
+    #[error("volume capabilities mix block and mount access types")]
+    MixedAccessTypes,
+    #[error("volume capabilities ask for different fs_types ({first:?} and {second:?})")]
+    MixedFsTypes { first: String, second: String },
+    #[error("fs_type {fs_type:?} is not supported: ext4, or none for a directory volume")]
+    UnsupportedFsType { fs_type: String },
+    #[error(
+        "an ext4 volume is single-node: a multi-node access mode needs a volume without fs_type"
+    )]
+    MultiNodeExt4,
+    #[error("volume_capability access type does not match the volume")]
+    AccessTypeMismatch,
+    #[error("source {kind} and new volume differ in access type or fs_type")]
+    SourceLayoutMismatch { kind: &'static str },
+    #[error("{field} {} {why}", path.display())]
+    PathNotAllowed {
+        field: &'static str,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("parameter kind={kind:?} names no configured capacity pool")]
+    UnknownCapacityPool { kind: String },
+    #[error("mutable parameter {name:?} is not accepted (accepted: {accepted:?})")]
+    MutableParameterNotAccepted { name: String, accepted: Vec<String> },
+    #[error("snapshot_ids do not match the members of group snapshot {group}")]
+    GroupMembersMismatch { group: String },
+
+    // OUT_OF_RANGE: a size the request asks for cannot be given.
+    #[error("required_bytes {required} exceeds limit_bytes {limit}")]
+    RequiredAboveLimit { required: u64, limit: u64 },
+    #[error("requested {size} bytes exceeds the maximum volume size {max}")]
+    AboveMaximumSize { size: u64, max: u64 },
+    #[error("an ext4 volume needs at least {min} bytes; limit_bytes is {limit}")]
+    LimitBelowExt4Minimum { min: u64, limit: u64 },
+    #[error("volume smaller than source {kind} ({source_bytes} bytes)")]
+    SmallerThanSource {
+        kind: &'static str,
+        source_bytes: u64,
+    },
+
+    // NOT_FOUND
+    #[error("{kind} {id} not found")]
+    NotFound { kind: &'static str, id: String },
+    #[error("source {kind} {id} not found")]
+    SourceNotFound { kind: &'static str, id: String },
+    #[error("volume {id} is not staged or published at {path}")]
+    NotAtPath { id: String, path: String },
+
+    // ALREADY_EXISTS: the name or place is taken by something incompatible with the request.
+    #[error("{kind} {name} exists {how}")]
+    ExistsWithOtherParameters {
+        kind: &'static str,
+        name: String,
+        how: &'static str,
+    },
+    #[error("volume {id} is already published to node {node} with readonly={readonly}")]
+    PublishedWithOtherReadonly {
+        id: String,
+        node: String,
+        readonly: bool,
+    },
+    #[error("volume {id} is already staged at {path}")]
+    StagedElsewhere { id: String, path: String },
+    #[error("volume {id} is already published at {target} with other options")]
+    PublishedWithOtherOptions { id: String, target: String },
+
+    // FAILED_PRECONDITION: the request is valid but the state of things refuses it now.
+    #[error("volume {id} is still published to {nodes:?}")]
+    StillPublished { id: String, nodes: Vec<String> },
+    #[error("volume {id} is single-node and already published to node {node}")]
+    SingleNodeInUse { id: String, node: String },
+    #[error("volume {id} is single-writer and already published at another target")]
+    SingleWriterInUse { id: String },
+    #[error("snapshot {id} belongs to group snapshot {group}; delete the group instead")]
+    SnapshotInGroup { id: String, group: String },
+    #[error("volume {id} is not published to node {node}")]
+    NotPublished { id: String, node: String },
+    #[error("volume {id} has no export to node {node}: ControllerPublishVolume makes it")]
+    NoExport { id: String, node: String },
+    #[error("volume {id} is not staged at {path}")]
+    NotStaged { id: String, path: String },
+    #[error("{action} needs {privilege}, which this node plugin lacks")]
+    MissingPrivilege {
+        action: &'static str,
+        privilege: &'static str,
+    },
+
+    // RESOURCE_EXHAUSTED
+    #[error("not enough capacity on node {node} for {size} bytes")]
+    NoCapacityOnNode { node: String, size: u64 },
+    #[error("not enough capacity for {size} bytes on any of {nodes:?}")]
+    NoCapacityOnAnyNode { size: u64, nodes: Vec<String> },
+    #[error("not enough capacity on node {node} to grow volume {id} to {size} bytes")]
+    NoCapacityToGrow { node: String, id: String, size: u64 },
+    #[error("no node in the accessibility requirements is served by this driver (key {key})")]
+    NoServedNode { key: String },
+    #[error("node {node} already has the maximum of {max} volumes published")]
+    NodeVolumeLimit { node: String, max: i64 },
+
+    // ABORTED: another operation is (or was just) at work on the same object; retrying helps.
+    #[error("an operation on {key} is already in progress")]
+    OperationPending { key: String },
+    #[error("{kind} {name} is being created by another driver instance")]
+    CreatingElsewhere { kind: &'static str, name: String },
+    #[error("volume {name} is being deleted")]
+    BeingDeleted { name: String },
+    #[error("{kind} {name} was deleted meanwhile")]
+    DeletedMeanwhile { kind: &'static str, name: String },
+    #[error("invalid starting_token {token:?}")]
+    InvalidStartingToken { token: String },
+
+    // UNIMPLEMENTED
+    #[error("ControllerPublish/UnpublishVolume are disabled (--enable-attach=false)")]
+    AttachDisabled,
+
+    // INTERNAL
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("block volume {id} has no loop device")]
+    NoLoopDevice { id: String },
+    #[error("driver task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl DriverError {
+    /// An I/O failure, with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn not_found(kind: &'static str, id: impl Into<String>) -> Self {
+        Self::NotFound {
+            kind,
+            id: id.into(),
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        use DriverError::*;
+        match self {
+            Missing { .. }
+            | Negative { .. }
+            | MixedAccessTypes
+            | MixedFsTypes { .. }
+            | UnsupportedFsType { .. }
+            | MultiNodeExt4
+            | AccessTypeMismatch
+            | SourceLayoutMismatch { .. }
+            | PathNotAllowed { .. }
+            | UnknownCapacityPool { .. }
+            | MutableParameterNotAccepted { .. }
+            | GroupMembersMismatch { .. } => Code::InvalidArgument,
+            RequiredAboveLimit { .. }
+            | AboveMaximumSize { .. }
+            | LimitBelowExt4Minimum { .. }
+            | SmallerThanSource { .. } => Code::OutOfRange,
+            NotFound { .. } | SourceNotFound { .. } | NotAtPath { .. } => Code::NotFound,
+            ExistsWithOtherParameters { .. }
+            | PublishedWithOtherReadonly { .. }
+            | StagedElsewhere { .. }
+            | PublishedWithOtherOptions { .. } => Code::AlreadyExists,
+            StillPublished { .. }
+            | SingleNodeInUse { .. }
+            | SingleWriterInUse { .. }
+            | SnapshotInGroup { .. }
+            | NotPublished { .. }
+            | NoExport { .. }
+            | NotStaged { .. }
+            | MissingPrivilege { .. } => Code::FailedPrecondition,
+            NoCapacityOnNode { .. }
+            | NoCapacityOnAnyNode { .. }
+            | NoCapacityToGrow { .. }
+            | NoServedNode { .. }
+            | NodeVolumeLimit { .. } => Code::ResourceExhausted,
+            OperationPending { .. }
+            | CreatingElsewhere { .. }
+            | BeingDeleted { .. }
+            | DeletedMeanwhile { .. }
+            | InvalidStartingToken { .. } => Code::Aborted,
+            AttachDisabled => Code::Unimplemented,
+            Io { .. } | Store(_) | NoLoopDevice { .. } | Task(_) => Code::Internal,
+        }
+    }
+}
+
+/// The only place the driver makes a gRPC status.
+impl From<DriverError> for Status {
+    fn from(error: DriverError) -> Self {
+        Status::new(error.code(), error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_keep_the_code_and_the_message() {
+        let status = Status::from(DriverError::PathNotAllowed {
+            field: "target_path",
+            path: PathBuf::from("/etc"),
+            why: "overlaps the driver's state directory".into(),
+        });
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "target_path /etc overlaps the driver's state directory"
+        );
+        let status = Status::from(DriverError::io(
+            "reading mounts",
+            std::io::Error::other("no /proc"),
+        ));
+        assert_eq!(status.code(), Code::Internal);
+        assert_eq!(status.message(), "reading mounts: no /proc");
+    }
+}
