@@ -25,6 +25,7 @@
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
+//! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume;
 //! - [`workers`] keyed workers: bounded concurrency, per-key backoff, skip unchanged objects.
 
 pub mod backoff;
@@ -51,4 +52,5 @@ pub mod quantity;
 pub mod secrets;
 pub mod shutdown;
 pub mod startup;
+pub mod volume_attachment;
 pub mod workers;

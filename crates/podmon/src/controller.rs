@@ -44,7 +44,7 @@ use crate::config::LiveConfig;
 use crate::metrics::{FailoverResult, PodmonMetrics, Sample};
 use crate::plan::{
     self, Connectivity, CrashLoopDeletes, Extension, MAINTENANCE_ANNOTATION, NO_EXECUTE,
-    NO_SCHEDULE, NODE_ID_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+    NO_SCHEDULE, NODE_IDS_ANNOTATION, NodeSignals, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
     PodAction, Trigger,
 };
 use crate::taints::update_taints;
@@ -634,7 +634,7 @@ impl Controller {
         let driver = &self.settings.driver_name;
         let from_attachment = attachments.iter().find_map(|va| {
             va.annotations()
-                .get(csi_attacher::attach::NODE_ID_ANNOTATION)
+                .get(csi_sidecar::volume_attachment::NODE_ID_ANNOTATION)
                 .filter(|id| !id.is_empty())
                 .cloned()
         });
@@ -653,7 +653,7 @@ impl Controller {
         let from_annotation = || {
             let node = self.node(node)?;
             let ids: BTreeMap<String, String> =
-                serde_json::from_str(node.annotations().get(NODE_ID_ANNOTATION)?).ok()?;
+                serde_json::from_str(node.annotations().get(NODE_IDS_ANNOTATION)?).ok()?;
             ids.get(driver).cloned()
         };
         from_attachment
@@ -1116,8 +1116,11 @@ impl Controller {
                 }
                 None => Default::default(),
             };
-            let request =
-                csi_attacher::attach::unpublish_request(&source.volume_handle, node_id, secrets);
+            let request = csi_sidecar::volume_attachment::unpublish_request(
+                &source.volume_handle,
+                node_id,
+                secrets,
+            );
             let mut attempt = 1;
             loop {
                 match self

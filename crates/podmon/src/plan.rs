@@ -38,8 +38,10 @@ impl CrashLoopDeletes {
     }
 }
 
-/// The node Annotation holding the CSI node IDs of the registered drivers (kubelet's).
-pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+/// The Node annotation kubelet writes on plugin registration: a JSON map of driver name → CSI
+/// node ID, one entry per registered driver. Not the VolumeAttachment annotation of the node ID
+/// an attach used (`csi_sidecar::volume_attachment::NODE_ID_ANNOTATION`, another string).
+pub const NODE_IDS_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 /// The first DNS label of the driver name, lower-cased, other characters as '-':
 /// `hostpath.csi-suite.io` → `hostpath`.
