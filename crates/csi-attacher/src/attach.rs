@@ -1,6 +1,7 @@
 //! The pure core of the attacher (external-attacher `pkg/controller/{csi_handler,util}.go`):
 //! which VolumeAttachments are ours and what to do with them, the volume they attach, the node
-//! ID to attach to, and the ControllerPublishVolume / ControllerUnpublishVolume requests.
+//! ID to attach to, and the ControllerPublishVolume request (ControllerUnpublishVolume's, shared
+//! with podmon, is in `csi_sidecar::volume_attachment`).
 
 use std::collections::HashMap;
 
@@ -11,14 +12,11 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_sidecar::conn::DriverInfo;
 use csi_sidecar::secrets::SecretRef;
+use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
-
-/// The CSI node ID a VolumeAttachment was attached with: the fallback for detaching once the
-/// CSINode has lost the driver (node deleted, driver pod gone).
-pub const NODE_ID_ANNOTATION: &str = "csi.alpha.kubernetes.io/node-id";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttachError {
@@ -272,18 +270,6 @@ pub fn publish_request(
             .into_iter()
             .collect(),
     })
-}
-
-pub fn unpublish_request(
-    volume_id: &str,
-    node_id: &str,
-    secrets: HashMap<String, String>,
-) -> csi::ControllerUnpublishVolumeRequest {
-    csi::ControllerUnpublishVolumeRequest {
-        volume_id: volume_id.to_string(),
-        node_id: node_id.to_string(),
-        secrets,
-    }
 }
 
 /// JSON patch ops (RFC 6902) that add our finalizer and the node-ID annotation in one write

@@ -12,6 +12,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
@@ -498,7 +499,7 @@ impl Attacher {
             .get(&ObjectRef::new(&va.spec.node_name));
         let node_id = attach::detach_node_id(va, csi_node.as_deref(), &self.settings.driver_name)?;
         let secrets = self.secrets(&volume).await?;
-        let request = attach::unpublish_request(&volume.csi.volume_handle, &node_id, secrets);
+        let request = unpublish_request(&volume.csi.volume_handle, &node_id, secrets);
         self.csi
             .controller_unpublish_volume(request, self.settings.timeout)
             .await?;

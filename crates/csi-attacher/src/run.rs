@@ -5,7 +5,7 @@
 //! `external-attacher-leader-<driver>` when asked (losing it exits).
 
 use csi_sidecar::conn::{ConnError, Services};
-use csi_sidecar::flags::{FeatureGate, Stage};
+use csi_sidecar::feature_gates::{FeatureGate, Stage};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
@@ -43,7 +43,7 @@ pub enum RunError {
 
 pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates = csi_sidecar::flags::resolve_feature_gates(
+    let gates = csi_sidecar::feature_gates::resolve_feature_gates(
         &sidecar.feature_gates(),
         &[RELEASE_ON_EXIT_GATE, ERROR_CODE_GATE],
     )

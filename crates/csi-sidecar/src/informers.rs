@@ -73,7 +73,7 @@ impl CacheSyncHealth {
         late.dedup();
         Err(format!(
             "caches not synced after {}: {} (see the warnings about their list/watch)",
-            crate::flags::format_go_duration(self.grace),
+            crate::go_duration::format_go_duration(self.grace),
             late.join(", ")
         ))
     }

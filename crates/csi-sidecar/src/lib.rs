@@ -6,6 +6,8 @@
 //! - [`grpc_authority`] gRPC servers on Unix sockets accept the `:authority` real clients send
 //!   (a socket path, or nothing);
 //! - [`flags`] upstream's standard flags with upstream names and defaults;
+//! - [`go_duration`] Go's duration syntax (`1m30s`), parsed and formatted;
+//! - [`feature_gates`] `--feature-gates` with component-base semantics;
 //! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
 //!   Retry-After);
 //! - [`leader`] Lease-based leader election with client-go semantics;
@@ -23,6 +25,7 @@
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
+//! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume;
 //! - [`workers`] keyed workers: bounded concurrency, per-key backoff, skip unchanged objects.
 
 pub mod backoff;
@@ -30,8 +33,10 @@ pub mod capability;
 pub mod conn;
 pub mod durable;
 pub mod events;
+pub mod feature_gates;
 pub mod finalizers;
 pub mod flags;
+pub mod go_duration;
 pub mod grpc_authority;
 pub mod http;
 pub mod informers;
@@ -47,4 +52,5 @@ pub mod quantity;
 pub mod secrets;
 pub mod shutdown;
 pub mod startup;
+pub mod volume_attachment;
 pub mod workers;

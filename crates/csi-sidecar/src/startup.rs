@@ -15,7 +15,7 @@ use crate::conn::{ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Se
 use crate::flags::{CsiArgs, SidecarArgs};
 use crate::http::{HealthCheck, HttpError};
 use crate::informers::CacheSyncHealth;
-use crate::leader::{LeaderElectionConfig, LeaderElectionError, LeaderStatus};
+use crate::leader::{LeaderElectionError, LeaderStatus};
 use crate::metrics::CsiOperationMetrics;
 
 /// Connects (waiting a bounded time for the socket), exits the process when the connection is
@@ -100,8 +100,7 @@ where
     if !sidecar.leader_election.leader_election {
         return Ok(work(shutdown).await);
     }
-    let election =
-        LeaderElectionConfig::from_args(&sidecar.leader_election, lock_name, release_on_exit);
+    let election = sidecar.leader_election.config(lock_name, release_on_exit);
     let mut outcome = Ok(());
     crate::leader::run(client, election, status, shutdown, |leading| async {
         outcome = work(leading).await;

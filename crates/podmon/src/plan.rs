@@ -1,9 +1,34 @@
 //! The pure core: what podmon's taints are called, when a protected pod must be cleaned up,
 //! whether the driver's connectivity answer allows it, whether the circuit breaker does, and
-//! how node mode judges a remembered pod. No I/O here.
+//! how node mode judges a remembered pod; controller-podmon's pass ([`pass()`]) and a node's
+//! cleanup ([`cleanup()`]) as plans the adapter executes. No I/O here.
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+mod cleanup;
+mod pass;
+
+pub use cleanup::{
+    Cleanup, CleanupInput, PENDING_RETRIES, Recheck, Refusal, Step, cleanup, cleanup_taints,
+    confirmed, fence_retry, node_id, volumes_of,
+};
+pub use pass::{
+    Action, CRASH_LOOP_MEMORY, Group, Groups, Hold, Memory, PassInput, TAINT_CACHE_GRACE,
+    driver_readiness, fenced_nodes, key, node_groups, pass, refenced_attachments, uid,
+};
+
+/// The cached objects the plans look up by name: the controller's reflector stores, plain maps
+/// in tests.
+pub trait Objects {
+    fn node(&self, name: &str) -> Option<Arc<Node>>;
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>>;
+    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
+    fn csi_node(&self, name: &str) -> Option<Arc<CSINode>>;
+}
 
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
@@ -38,8 +63,10 @@ impl CrashLoopDeletes {
     }
 }
 
-/// The node Annotation holding the CSI node IDs of the registered drivers (kubelet's).
-pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+/// The Node annotation kubelet writes on plugin registration: a JSON map of driver name → CSI
+/// node ID, one entry per registered driver. Not the VolumeAttachment annotation of the node ID
+/// an attach used (`csi_sidecar::volume_attachment::NODE_ID_ANNOTATION`, another string).
+pub const NODE_IDS_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 /// The first DNS label of the driver name, lower-cased, other characters as '-':
 /// `hostpath.csi-suite.io` → `hostpath`.

@@ -30,7 +30,7 @@ pub use driver::{
 };
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 
-use crate::flags::format_go_duration;
+use crate::go_duration::format_go_duration;
 use crate::grpc_authority::AuthorityStream;
 use crate::metrics::CsiOperationMetrics;
 

@@ -5,7 +5,6 @@
 //! accept `--flag`, `--flag=true` and `--flag=false`, and single-dash long flags
 //! (`-csi-address=/x`) are accepted like double-dash ones.
 
-mod gates;
 mod values;
 
 use std::collections::BTreeMap;
@@ -14,15 +13,16 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, error::ErrorKind};
 
-pub use gates::{
-    FeatureGate, GateWarning, ResolvedGates, Stage, resolve_feature_gates, resolve_gates,
-};
+// Where the other crates have always found them.
+pub use crate::feature_gates::{FeatureGate, ResolvedGates, Stage, resolve_gates};
+pub use crate::go_duration::parse_go_duration;
 pub use values::{
-    MIN_POSITIVE_KUBE_API_QPS, format_go_duration, parse_colon_map, parse_feature_gate_map,
-    parse_go_bool, parse_go_duration, parse_kube_api_qps,
+    MIN_POSITIVE_KUBE_API_QPS, parse_colon_map, parse_feature_gate_map, parse_go_bool,
+    parse_kube_api_qps,
 };
 
 use crate::conn::Endpoint;
+use crate::leader::{LeaderElectionConfig, LeaderElectionTimings};
 
 /// Logging and process flags every binary of the suite accepts (component-base's set).
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -185,6 +185,27 @@ pub struct LeaderElectionArgs {
     pub leader_election_labels: BTreeMap<String, String>,
 }
 
+impl LeaderElectionArgs {
+    pub fn timings(&self) -> LeaderElectionTimings {
+        LeaderElectionTimings {
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+        }
+    }
+
+    /// The election these flags describe for the Lease `lock_name`.
+    pub fn config(&self, lock_name: &str, release_on_exit: bool) -> LeaderElectionConfig {
+        LeaderElectionConfig::new(
+            lock_name,
+            &self.leader_election_namespace,
+            self.leader_election_labels.clone(),
+            self.timings(),
+            release_on_exit,
+        )
+    }
+}
+
 /// The diagnostics HTTP server.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct HttpArgs {
@@ -307,7 +328,7 @@ impl SidecarArgs {
         self.csi.endpoint().map_err(|e| e.to_string())?;
         self.http.validate()?;
         self.workers.validate()?;
-        crate::leader::LeaderElectionTimings::from_args(&self.leader_election).validate()
+        self.leader_election.timings().validate()
     }
 }
 

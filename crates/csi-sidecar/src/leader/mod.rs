@@ -17,7 +17,8 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::flags::{FeatureGate, LeaderElectionArgs, Stage, format_go_duration};
+use crate::feature_gates::{FeatureGate, Stage};
+use crate::go_duration::format_go_duration;
 
 /// Feature gate shared by the controller sidecars: on SIGTERM, drain and release the Lease.
 pub const RELEASE_ON_EXIT_GATE: FeatureGate = FeatureGate {
@@ -52,14 +53,6 @@ pub struct LeaderElectionTimings {
 }
 
 impl LeaderElectionTimings {
-    pub fn from_args(args: &LeaderElectionArgs) -> Self {
-        Self {
-            lease_duration: args.leader_election_lease_duration,
-            renew_deadline: args.leader_election_renew_deadline,
-            retry_period: args.leader_election_retry_period,
-        }
-    }
-
     /// client-go's `NewLeaderElector` checks.
     pub fn validate(&self) -> Result<(), String> {
         let show = |d: Duration| format_go_duration(d);
@@ -99,18 +92,26 @@ pub struct LeaderElectionConfig {
 }
 
 impl LeaderElectionConfig {
-    /// The configuration upstream derives from the flags for a given lock name.
-    pub fn from_args(args: &LeaderElectionArgs, lock_name: &str, release_on_exit: bool) -> Self {
+    /// The configuration upstream derives from the flags for a given lock name:
+    /// `namespace_flag` is `--leader-election-namespace` (empty: POD_NAMESPACE, then the
+    /// service account's namespace), `labels` `--leader-election-labels`.
+    pub fn new(
+        lock_name: &str,
+        namespace_flag: &str,
+        labels: BTreeMap<String, String>,
+        timings: LeaderElectionTimings,
+        release_on_exit: bool,
+    ) -> Self {
         Self {
             lease_name: sanitize_lease_name(lock_name),
             namespace: resolve_namespace(
-                &args.leader_election_namespace,
+                namespace_flag,
                 std::env::var("POD_NAMESPACE").ok(),
                 std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE).ok(),
             ),
             identity: hostname(),
-            labels: args.leader_election_labels.clone(),
-            timings: LeaderElectionTimings::from_args(args),
+            labels,
+            timings,
             release_on_exit,
         }
     }
