@@ -197,6 +197,7 @@ async fn repeated_events_are_patched_not_recreated() {
         .publish(&pvc, EventType::Normal, "Provisioning", "started")
         .await;
 
+    recorder.flush().await;
     let seen = seen.lock().unwrap();
     let calls: Vec<(Method, &str)> = seen
         .iter()
@@ -254,6 +255,7 @@ async fn expired_events_are_recreated() {
     recorder
         .publish(&pv, EventType::Normal, "Attached", "ok")
         .await;
+    recorder.flush().await;
     let methods: Vec<Method> = seen
         .lock()
         .unwrap()
