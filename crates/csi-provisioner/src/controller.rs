@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
-use crate::grants::{self, ReferenceGrant};
+use crate::grants::ReferenceGrant;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use crate::vac::{self, VacError, VolumeAttributesClass};
 
@@ -38,9 +38,10 @@ pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection"
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
 use crate::node_deployment::{NodeCheck, NodeDeployment, OwnerBackoff};
 use crate::protection::{self, PROVISIONING_CLASS};
+use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
-use crate::topology::{self, Inputs, SelectedNode};
+use crate::topology::{PinnedTopology, SelectedNode};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
 #[derive(Debug, Clone)]
@@ -184,13 +185,6 @@ struct UnseenWrites {
 enum ProtectedSource {
     Claim(Arc<PersistentVolumeClaim>),
     Snapshot(Box<VolumeSnapshot>),
-}
-
-#[derive(Clone, Debug)]
-struct PinnedTopology {
-    selected: Option<SelectedNode>,
-    immediate_keys: Vec<String>,
-    node_labels: Vec<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -562,12 +556,12 @@ impl Provisioner {
     }
 
     /// A warning Event with `reason` on `object`; the sync fails with `message`.
-    async fn warn(
+    async fn warn<T>(
         &self,
         object: &ObjectReference,
         reason: &str,
         message: String,
-    ) -> Result<(), String> {
+    ) -> Result<T, String> {
         self.events
             .publish(object, EventType::Warning, reason, &message)
             .await;
@@ -584,11 +578,12 @@ impl Provisioner {
             .await
     }
 
-    async fn failed(&self, claim: &PersistentVolumeClaim, message: String) -> Result<(), String> {
+    async fn failed<T>(&self, claim: &PersistentVolumeClaim, message: String) -> Result<T, String> {
         self.warn(&claim.object_ref(&()), "ProvisioningFailed", message)
             .await
     }
 
+    /// Provisions one claim: [`provision::plan`] decides, this carries the plan out.
     async fn provision(
         &self,
         claim: &PersistentVolumeClaim,
@@ -596,215 +591,26 @@ impl Provisioner {
         name: &str,
         selected_node: Option<String>,
     ) -> Result<(), String> {
-        let namespace = claim.namespace().unwrap_or_default();
-        let reference = claim.object_ref(&());
         let message = format!(
-            "External provisioner is provisioning volume for claim \"{namespace}/{}\"",
+            "External provisioner is provisioning volume for claim \"{}/{}\"",
+            claim.namespace().unwrap_or_default(),
             claim.name_any()
         );
-        self.events
-            .publish(&reference, EventType::Normal, "Provisioning", &message)
-            .await;
-        // Checked first: a request we cannot read must never reach the driver as 0 bytes (a
-        // default-sized volume that no claim binds to).
-        let requested = match claims::requested_size(claim) {
-            Ok(bytes) => bytes,
-            Err(error) => return self.failed(claim, error.to_string()).await,
+        self.note(claim, "Provisioning", &message).await;
+        let inputs = provision::Claim {
+            claim,
+            class,
+            name,
+            selected_node: selected_node.as_deref(),
+            fallback_hash: rand_suffix(),
         };
-        let driver = &self.settings.driver;
-        let mut protected_source = None;
-        let data_source = claims::data_source(claim, self.settings.cross_namespace_data_sources);
-        if data_source.is_ok()
-            && let Some(grants) = &self.caches.reference_grants
-            && let Err(error) = grants::check(claim, grants.state().iter().map(|g| &**g))
-        {
-            return self.failed(claim, error.to_string()).await;
-        }
-        let content_source = match data_source {
-            Err(error) => return self.failed(claim, error.to_string()).await,
-            Ok(DataSource::None) => None,
-            Ok(DataSource::Populator { kind, .. }) => {
-                let note = format!(
-                    "Assuming an external populator will provision the volume ({kind} data source)"
-                );
-                self.events
-                    .publish(&reference, EventType::Normal, "Provisioning", &note)
-                    .await;
-                return Ok(());
-            }
-            Ok(DataSource::Snapshot {
-                name: snapshot_name,
-                namespace: snapshot_namespace,
-            }) => {
-                if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
-                    return self
-                        .failed(
-                            claim,
-                            "the driver does not support restoring from snapshots (CREATE_DELETE_SNAPSHOT)"
-                                .to_string(),
-                        )
-                        .await;
-                }
-                match self
-                    .snapshot_source(claim, &snapshot_name, &snapshot_namespace)
-                    .await
-                {
-                    Ok((handle, snapshot)) => {
-                        protected_source = Some(ProtectedSource::Snapshot(Box::new(snapshot)));
-                        Some(csi::VolumeContentSource {
-                            r#type: Some(csi::volume_content_source::Type::Snapshot(
-                                csi::volume_content_source::SnapshotSource {
-                                    snapshot_id: handle,
-                                },
-                            )),
-                        })
-                    }
-                    Err(message) => return self.failed(claim, message).await,
-                }
-            }
-            Ok(DataSource::Claim {
-                name: source_name,
-                namespace: source_namespace,
-            }) => {
-                if !driver.has_controller(ControllerCapability::CloneVolume) {
-                    return self
-                        .failed(
-                            claim,
-                            "the driver does not support cloning (CLONE_VOLUME)".to_string(),
-                        )
-                        .await;
-                }
-                let source = self
-                    .caches
-                    .claims
-                    .get(&ObjectRef::new(&source_name).within(&source_namespace));
-                let Some(source) = source else {
-                    return self
-                        .failed(
-                            claim,
-                            format!("the source claim {source_name} is not found"),
-                        )
-                        .await;
-                };
-                let source_volume = source
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.volume_name.clone())
-                    .and_then(|v| self.caches.volumes.get(&ObjectRef::new(&v)));
-                match claims::clone_source(claim, &driver.name, &source, source_volume.as_deref()) {
-                    Ok(handle) => {
-                        protected_source = Some(ProtectedSource::Claim(source));
-                        Some(csi::VolumeContentSource {
-                            r#type: Some(csi::volume_content_source::Type::Volume(
-                                csi::volume_content_source::VolumeSource { volume_id: handle },
-                            )),
-                        })
-                    }
-                    Err(error) => return self.failed(claim, error.to_string()).await,
-                }
-            }
+        let Some(plan) = self.plan(&inputs).await? else {
+            return Ok(());
         };
-        if !driver.plugin.controller_service
-            || !driver.has_controller(ControllerCapability::CreateDeleteVolume)
-        {
-            return self
-                .failed(
-                    claim,
-                    "the driver does not support dynamic provisioning (CREATE_DELETE_VOLUME)"
-                        .to_string(),
-                )
-                .await;
-        }
-        let attributes_class = vac::class_name(claim, self.settings.volume_attributes_classes);
-        if attributes_class.is_some() && !driver.has_controller(ControllerCapability::ModifyVolume)
-        {
-            return self
-                .failed(claim, VacError::NoModifyVolume.to_string())
-                .await;
-        }
-        let parameters = class.parameters.clone().unwrap_or_default();
-        let fs_type = match request::fs_type(&parameters, &self.settings.default_fstype) {
-            Ok(fs_type) => fs_type,
-            Err(error) => return self.failed(claim, error.to_string()).await,
-        };
-        let mut create_parameters = match secrets::remove_reserved_parameters(&parameters) {
-            Ok(kept) => kept,
-            Err(error) => return self.failed(claim, error.to_string()).await,
-        };
-        let spec = claim.spec.clone().unwrap_or_default();
-        let capabilities = match request::volume_capabilities(
-            &spec.access_modes.clone().unwrap_or_default(),
-            spec.volume_mode.as_deref(),
-            &fs_type,
-            &class.mount_options.clone().unwrap_or_default(),
-            driver.has_controller(ControllerCapability::SingleNodeMultiWriter),
-        ) {
-            Ok(capabilities) => capabilities,
-            Err(error) => return self.failed(claim, error.to_string()).await,
-        };
-        let topology_supported =
-            self.settings.topology && driver.plugin.volume_accessibility_constraints;
-        let accessibility = if topology_supported {
-            match self.topology(claim, class, selected_node.as_deref()) {
-                Ok(requirement) => requirement,
-                Err(topology::TopologyError::Reschedule(node)) => {
-                    return self
-                        .reschedule(claim, format!("no CSINode for selected node {node}"))
-                        .await;
-                }
-                Err(error) => return self.failed(claim, error.to_string()).await,
-            }
-        } else {
-            None
-        };
-        let annotations = claim.annotations().clone();
-        let inputs = TemplateInputs {
-            pv_name: name,
-            pvc_name: &claim.name_any(),
-            pvc_namespace: &namespace,
-            pvc_annotations: &annotations,
-        };
-        let secret_refs = match SecretRefs::resolve(&parameters, &inputs) {
-            Ok(refs) => refs,
-            Err(error) => return self.failed(claim, error.to_string()).await,
-        };
-        let secrets = match &secret_refs.provisioner {
-            None => HashMap::new(),
-            Some(reference) => {
-                match secrets::fetch_secret_data(self.client.clone(), reference).await {
-                    Ok(data) => data.into_inner(),
-                    Err(error) => return self.failed(claim, error.to_string()).await,
-                }
-            }
-        };
-        let mutable_parameters = match &attributes_class {
-            None => BTreeMap::new(),
-            Some(name) => match self.attributes_class_parameters(name) {
-                Ok(parameters) => parameters,
-                Err(error) => return self.failed(claim, error.to_string()).await,
-            },
-        };
-        if self.settings.extra_create_metadata {
-            request::add_extra_metadata(
-                &mut create_parameters,
-                &claim.name_any(),
-                &namespace,
-                name,
-            );
-        }
-        let create = csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: requested,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: capabilities,
-            parameters: create_parameters.into_iter().collect(),
-            secrets: secrets.clone(),
-            volume_content_source: content_source.clone(),
-            accessibility_requirements: accessibility,
-            mutable_parameters: mutable_parameters.into_iter().collect(),
-        };
+        let (content_source, protected_source) = self.content_source(claim, &plan.source).await?;
+        let secrets = self.provisioner_secrets(claim, &plan.secret_refs).await?;
+        let from_source = content_source.is_some();
+        let create = request::create_volume(&plan, secrets.clone(), content_source);
         let claim = &self.protect(claim, class).await?;
         if let Some(source) = &protected_source {
             self.protect_source(source).await?;
@@ -812,93 +618,40 @@ impl Provisioner {
         let response = match self.csi.create_volume(create, self.settings.timeout).await {
             Ok(response) => response,
             Err(status) => {
-                if let Some(capacity) = &self.settings.capacity {
-                    capacity.refresh.class(&class.name_any());
-                }
-                let message = format!(
-                    "failed to provision volume with StorageClass \"{}\": rpc error: code = {:?} desc = {}",
-                    class.name_any(),
-                    status.code(),
-                    status.message()
-                );
-                return match request::classify(
-                    status.code(),
-                    topology_supported,
-                    selected_node.is_some(),
-                ) {
-                    Outcome::Reschedule => self.reschedule(claim, message).await,
-                    Outcome::InBackground => {
-                        self.events
-                            .publish(
-                                &reference,
-                                EventType::Warning,
-                                "ProvisioningFailed",
-                                &message,
-                            )
-                            .await;
-                        Err(message)
-                    }
-                    Outcome::Finished | Outcome::Infeasible => {
-                        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-                        // A final error means no volume: a claim on its way out may go.
-                        if claim.metadata.deletion_timestamp.is_some() {
-                            self.release(claim).await?;
-                        }
-                        self.failed(claim, message).await
-                    }
-                };
+                let has_selected_node = selected_node.is_some();
+                return self
+                    .create_failed(claim, class, &plan, has_selected_node, status)
+                    .await;
             }
         };
-        let Some(volume) = response.volume else {
-            return self
-                .failed(claim, "CreateVolume returned no volume".to_string())
-                .await;
-        };
-        let Some(bytes) = request::provisioned_bytes(requested, volume.capacity_bytes) else {
-            self.abandon(claim, &volume.volume_id, secrets).await?;
-            return self
-                .failed(
-                    claim,
-                    format!(
-                        "created volume capacity {} is smaller than requested {requested}",
-                        volume.capacity_bytes
-                    ),
-                )
-                .await;
-        };
-        if content_source.is_some() && volume.content_source.is_none() {
-            self.abandon(claim, &volume.volume_id, secrets).await?;
-            return self
-                .failed(
-                    claim,
-                    "the driver created the volume without its data source".to_string(),
-                )
-                .await;
-        }
+        let (volume, bytes) =
+            match request::created_volume(response, plan.requested_bytes, from_source) {
+                Ok(created) => created,
+                Err(error) => {
+                    if let Some(volume_id) = error.abandoned_volume() {
+                        self.abandon(claim, volume_id, secrets).await?;
+                    }
+                    return self.failed(claim, error.to_string()).await;
+                }
+            };
         let pv = persistent_volume(&PvInputs {
             name,
-            driver: &driver.name,
+            driver: &self.settings.driver.name,
             identity: &self.identity,
             claim,
             class,
             volume: &volume,
             bytes,
-            fs_type: &fs_type,
-            secrets: &secret_refs,
+            fs_type: &plan.fs_type,
+            secrets: &plan.secret_refs,
             controller_publish_readonly: self.settings.controller_publish_readonly,
-            topology: topology_supported,
-            attributes_class: attributes_class.as_deref(),
+            topology: plan.topology_supported,
+            attributes_class: plan.attributes_class.as_deref(),
         });
         self.save(claim, pv, &volume.volume_id, secrets).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-        self.events
-            .publish(
-                &reference,
-                EventType::Normal,
-                "ProvisioningSucceeded",
-                &format!("Successfully provisioned volume {name}"),
-            )
-            .await;
+        let message = format!("Successfully provisioned volume {name}");
+        self.note(claim, "ProvisioningSucceeded", &message).await;
         if let Some(ProtectedSource::Snapshot(snapshot)) = &protected_source {
             self.release_snapshot(snapshot, claim.uid().as_deref())
                 .await;
@@ -906,19 +659,125 @@ impl Provisioner {
         self.release(claim).await
     }
 
-    /// The parameters of the VolumeAttributesClass `name`, from the cache.
-    fn attributes_class_parameters(
+    /// A Normal Event on the claim.
+    async fn note(&self, claim: &PersistentVolumeClaim, reason: &str, message: &str) {
+        self.events
+            .publish(&claim.object_ref(&()), EventType::Normal, reason, message)
+            .await;
+    }
+
+    /// The plan of a claim to provision; `None` when there is nothing to provision now (an
+    /// external populator's claim, or one sent back to the scheduler). A refusal is reported.
+    async fn plan(
         &self,
-        name: &str,
-    ) -> Result<BTreeMap<String, String>, VacError> {
-        let Some(classes) = &self.caches.attribute_classes else {
-            return Err(VacError::NotServed(name.to_string()));
-        };
-        if classes.wait_until_ready().now_or_never().is_none() {
-            return Err(VacError::NotSynced(name.to_string()));
+        inputs: &provision::Claim<'_>,
+    ) -> Result<Option<Box<ProvisionPlan>>, String> {
+        let claim = inputs.claim;
+        match provision::plan(inputs, &self.policy(), self) {
+            Ok(Decision::Provision(plan)) => Ok(Some(plan)),
+            Ok(Decision::Populator { kind }) => {
+                let message = format!(
+                    "Assuming an external populator will provision the volume ({kind} data source)"
+                );
+                self.note(claim, "Provisioning", &message).await;
+                Ok(None)
+            }
+            Ok(Decision::Reschedule { node }) => {
+                let reason = format!("no CSINode for selected node {node}");
+                self.reschedule(claim, reason).await.map(|()| None)
+            }
+            Err(refusal) => self.failed(claim, refusal.to_string()).await,
         }
-        let class = classes.get(&ObjectRef::new(name));
-        vac::mutable_parameters(name, class.as_deref(), &self.settings.driver.name)
+    }
+
+    /// CreateVolume's content source and the object to protect while the driver copies from
+    /// it; a snapshot is read (and checked) now. A failure is reported.
+    async fn content_source(
+        &self,
+        claim: &PersistentVolumeClaim,
+        source: &PlannedSource,
+    ) -> Result<(Option<csi::VolumeContentSource>, Option<ProtectedSource>), String> {
+        Ok(match source {
+            PlannedSource::Empty => (None, None),
+            PlannedSource::Clone {
+                source,
+                volume_handle,
+            } => (
+                Some(request::volume_content(volume_handle.clone())),
+                Some(ProtectedSource::Claim(source.clone())),
+            ),
+            PlannedSource::Snapshot { name, namespace } => {
+                match self.snapshot_source(claim, name, namespace).await {
+                    Ok((handle, snapshot)) => (
+                        Some(request::snapshot_content(handle)),
+                        Some(ProtectedSource::Snapshot(Box::new(snapshot))),
+                    ),
+                    Err(message) => return self.failed(claim, message).await,
+                }
+            }
+        })
+    }
+
+    /// The provisioner secret's data (none without one); a failure is reported.
+    async fn provisioner_secrets(
+        &self,
+        claim: &PersistentVolumeClaim,
+        refs: &SecretRefs,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(reference) = &refs.provisioner else {
+            return Ok(HashMap::new());
+        };
+        match secrets::fetch_secret_data(self.client.clone(), reference).await {
+            Ok(data) => Ok(data.into_inner()),
+            Err(error) => self.failed(claim, error.to_string()).await,
+        }
+    }
+
+    /// A failed CreateVolume: rescheduled, retried as still in progress, or final (the claim
+    /// may then go, when it is being deleted: there is no volume).
+    async fn create_failed(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+        plan: &ProvisionPlan,
+        has_selected_node: bool,
+        status: tonic::Status,
+    ) -> Result<(), String> {
+        if let Some(capacity) = &self.settings.capacity {
+            capacity.refresh.class(&class.name_any());
+        }
+        let message = format!(
+            "failed to provision volume with StorageClass \"{}\": rpc error: code = {:?} desc = {}",
+            class.name_any(),
+            status.code(),
+            status.message()
+        );
+        match request::classify(status.code(), plan.topology_supported, has_selected_node) {
+            Outcome::Reschedule => self.reschedule(claim, message).await,
+            Outcome::InBackground => self.failed(claim, message).await,
+            Outcome::Finished | Outcome::Infeasible => {
+                lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+                if claim.metadata.deletion_timestamp.is_some() {
+                    self.release(claim).await?;
+                }
+                self.failed(claim, message).await
+            }
+        }
+    }
+
+    /// The flags and driver facts plans depend on.
+    fn policy(&self) -> Policy<'_> {
+        let settings = &self.settings;
+        Policy {
+            driver: &settings.driver,
+            default_fstype: &settings.default_fstype,
+            extra_create_metadata: settings.extra_create_metadata,
+            topology: settings.topology,
+            strict_topology: settings.strict_topology,
+            immediate_topology: settings.immediate_topology,
+            cross_namespace_data_sources: settings.cross_namespace_data_sources,
+            volume_attributes_classes: settings.volume_attributes_classes,
+        }
     }
 
     /// GETs the snapshot and its content (live, as upstream: the caches hold no snapshots)
@@ -1391,37 +1250,6 @@ impl Provisioner {
         failure
     }
 
-    /// Topology requirements from inputs pinned at the first attempt.
-    fn topology(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        selected_node: Option<&str>,
-    ) -> Result<Option<csi::TopologyRequirement>, topology::TopologyError> {
-        let uid = claim.uid().unwrap_or_default();
-        let pinned = lock(&self.pinned).get(&uid).cloned();
-        let pinned = match pinned {
-            Some(pinned) => pinned,
-            None => {
-                let fresh = self.gather_topology(selected_node);
-                lock(&self.pinned).insert(uid, fresh.clone());
-                fresh
-            }
-        };
-        let allowed = class.allowed_topologies.clone().unwrap_or_default();
-        let inputs = Inputs {
-            selected_node: pinned.selected.as_ref(),
-            immediate_keys: &pinned.immediate_keys,
-            node_labels: &pinned.node_labels,
-            allowed_topologies: &allowed,
-            strict: self.settings.strict_topology,
-            immediate_topology: self.settings.immediate_topology,
-            claim_name: &claim.name_any(),
-            fallback_hash: rand_suffix(),
-        };
-        Ok(topology::requirements(&inputs)?.map(|r| r.to_csi()))
-    }
-
     fn keys_of(&self, csi_node: &CSINode) -> Option<Vec<String>> {
         csi_node
             .spec
@@ -1612,6 +1440,42 @@ impl Provisioner {
                 HashMap::new()
             }
         }
+    }
+}
+
+impl provision::Lookups for Provisioner {
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.caches
+            .claims
+            .get(&ObjectRef::new(name).within(namespace))
+    }
+
+    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.caches.volumes.get(&ObjectRef::new(name))
+    }
+
+    fn reference_grants(&self) -> Option<Vec<Arc<ReferenceGrant>>> {
+        self.caches.reference_grants.as_ref().map(Store::state)
+    }
+
+    fn attributes_class(&self, name: &str) -> Result<Option<Arc<VolumeAttributesClass>>, VacError> {
+        let Some(classes) = &self.caches.attribute_classes else {
+            return Err(VacError::NotServed(name.to_string()));
+        };
+        if classes.wait_until_ready().now_or_never().is_none() {
+            return Err(VacError::NotSynced(name.to_string()));
+        }
+        Ok(classes.get(&ObjectRef::new(name)))
+    }
+
+    fn node_topology(&self, uid: &str, selected_node: Option<&str>) -> PinnedTopology {
+        let mut pinned = lock(&self.pinned);
+        if let Some(topology) = pinned.get(uid) {
+            return topology.clone();
+        }
+        let fresh = self.gather_topology(selected_node);
+        pinned.insert(uid.to_string(), fresh.clone());
+        fresh
     }
 }
 

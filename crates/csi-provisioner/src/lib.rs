@@ -48,6 +48,7 @@ pub mod grants;
 pub mod metrics;
 pub mod node_deployment;
 pub mod protection;
+pub mod provision;
 pub mod pv;
 pub mod request;
 pub mod run;

@@ -4,7 +4,7 @@
 //! `Provision`, `checkError`, `makeVolumeName`) — and when a PV the API server refuses
 //! costs the volume.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, CapabilityError, access_mode, volume_capability};
@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
 };
 use tonic::Code;
+
+use crate::provision::ProvisionPlan;
 
 /// The StorageClass parameter for the filesystem type.
 pub const FSTYPE_KEY: &str = "csi.storage.k8s.io/fstype";
@@ -195,6 +197,95 @@ pub fn provisioned_bytes(requested: i64, returned: i64) -> Option<i64> {
         n if n < requested => None,
         n => Some(n),
     }
+}
+
+/// The CreateVolumeRequest of a plan, with the provisioner secret's data and the content
+/// source (a snapshot's handle is read when the plan is carried out).
+pub fn create_volume(
+    plan: &ProvisionPlan,
+    secrets: HashMap<String, String>,
+    content_source: Option<csi::VolumeContentSource>,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: plan.name.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: plan.requested_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: plan.capabilities.clone(),
+        parameters: plan.parameters.clone().into_iter().collect(),
+        secrets,
+        volume_content_source: content_source,
+        accessibility_requirements: plan.accessibility.clone(),
+        mutable_parameters: plan.mutable_parameters.clone().into_iter().collect(),
+    }
+}
+
+/// A content source of a snapshot's handle.
+pub fn snapshot_content(snapshot_id: String) -> csi::VolumeContentSource {
+    csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource { snapshot_id },
+        )),
+    }
+}
+
+/// A content source of a volume's handle.
+pub fn volume_content(volume_id: String) -> csi::VolumeContentSource {
+    csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource { volume_id },
+        )),
+    }
+}
+
+/// A CreateVolume answer the PV cannot be made of.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CreatedVolumeError {
+    #[error("CreateVolume returned no volume")]
+    NoVolume,
+    #[error("created volume capacity {returned} is smaller than requested {requested}")]
+    TooSmall {
+        volume_id: String,
+        returned: i64,
+        requested: i64,
+    },
+    #[error("the driver created the volume without its data source")]
+    NoContentSource { volume_id: String },
+}
+
+impl CreatedVolumeError {
+    /// The volume that was created but no PV will record: it is deleted again.
+    pub fn abandoned_volume(&self) -> Option<&str> {
+        match self {
+            CreatedVolumeError::NoVolume => None,
+            CreatedVolumeError::TooSmall { volume_id, .. }
+            | CreatedVolumeError::NoContentSource { volume_id } => Some(volume_id),
+        }
+    }
+}
+
+/// The created volume and the size its PV records, checked against the request: not smaller
+/// than asked, and carrying the data source it was asked to copy.
+pub fn created_volume(
+    response: csi::CreateVolumeResponse,
+    requested: i64,
+    from_source: bool,
+) -> Result<(csi::Volume, i64), CreatedVolumeError> {
+    let volume = response.volume.ok_or(CreatedVolumeError::NoVolume)?;
+    let Some(bytes) = provisioned_bytes(requested, volume.capacity_bytes) else {
+        return Err(CreatedVolumeError::TooSmall {
+            volume_id: volume.volume_id,
+            returned: volume.capacity_bytes,
+            requested,
+        });
+    };
+    if from_source && volume.content_source.is_none() {
+        return Err(CreatedVolumeError::NoContentSource {
+            volume_id: volume.volume_id,
+        });
+    }
+    Ok((volume, bytes))
 }
 
 /// How many times the API server may refuse a new volume's PV before the volume is deleted

@@ -41,6 +41,17 @@ pub struct SelectedNode {
     pub labels: BTreeMap<String, String>,
 }
 
+/// The nodes' topology a claim's requests are computed from, gathered at its first attempt
+/// and kept for its retries, so they send the same request.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedTopology {
+    pub selected: Option<SelectedNode>,
+    /// The keys of one CSINode that has any for the driver.
+    pub immediate_keys: Vec<String>,
+    /// The labels of every Node.
+    pub node_labels: Vec<BTreeMap<String, String>>,
+}
+
 /// Everything the requirements depend on.
 #[derive(Debug, Clone)]
 pub struct Inputs<'a> {

@@ -3,9 +3,15 @@
 //! correlator, a repeat of the same event on the same object bumps `count` and `lastTimestamp`
 //! with one PATCH instead of creating a new Event. Recording never fails the caller: Events are
 //! best effort, failures are logged.
+//!
+//! Recording never waits for the API server either: as client-go's broadcaster, events go to a
+//! queue of [`QUEUE_LENGTH`] that one task writes out in order (so a repeat finds the Event it
+//! repeats), and an event that finds the queue full is dropped with a warning. A controller's
+//! operation is then as long as its own writes, not its writes plus two Events.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+
+use tokio::sync::{mpsc, oneshot};
 
 use ::kube::Client;
 use ::kube::api::{Api, Patch, PatchParams, PostParams};
@@ -18,6 +24,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// Bound of the de-duplication cache (client-go's LRU size).
 const CACHE_ENTRIES: usize = 4096;
+
+/// Events waiting to be written (client-go's `maxQueuedEvents`).
+pub const QUEUE_LENGTH: usize = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -52,36 +61,104 @@ struct Recorded {
 
 /// Records Events as one component (`source.component`, e.g. `external-provisioner`).
 pub struct EventRecorder {
-    client: Client,
+    queue: mpsc::Sender<Queued>,
     component: String,
-    host: String,
-    recorded: Mutex<HashMap<EventKey, Recorded>>,
 }
 
 impl std::fmt::Debug for EventRecorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventRecorder")
             .field("component", &self.component)
-            .field("host", &self.host)
             .finish_non_exhaustive()
     }
 }
 
+enum Queued {
+    Event {
+        object: Box<ObjectReference>,
+        event_type: EventType,
+        reason: String,
+        message: String,
+    },
+    /// Answered once every event queued before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
 impl EventRecorder {
-    /// `host` is the pod's node or host name (`source.host`, `reportingInstance`).
+    /// `host` is the pod's node or host name (`source.host`, `reportingInstance`). Starts the
+    /// writing task on the current tokio runtime; it ends when the recorder is dropped, after
+    /// writing what is queued.
     pub fn new(client: Client, component: impl Into<String>, host: impl Into<String>) -> Self {
-        Self {
+        let component = component.into();
+        let (queue, mut queued) = mpsc::channel(QUEUE_LENGTH);
+        let mut writer = Writer {
             client,
-            component: component.into(),
+            component: component.clone(),
             host: host.into(),
-            recorded: Mutex::new(HashMap::new()),
+            recorded: HashMap::new(),
+        };
+        tokio::spawn(async move {
+            while let Some(item) = queued.recv().await {
+                match item {
+                    Queued::Event {
+                        object,
+                        event_type,
+                        reason,
+                        message,
+                    } => writer.write(&object, event_type, &reason, &message).await,
+                    Queued::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        Self { queue, component }
+    }
+
+    /// Records an Event about `object`: queues it and returns. Reasons are the upstream
+    /// strings (e.g. `ProvisioningFailed`); messages must already be free of secrets.
+    pub async fn publish(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        let event = Queued::Event {
+            object: Box::new(object.clone()),
+            event_type,
+            reason: reason.to_string(),
+            message: message.to_string(),
+        };
+        if let Err(error) = self.queue.try_send(event) {
+            let state = match error {
+                mpsc::error::TrySendError::Full(_) => "full",
+                mpsc::error::TrySendError::Closed(_) => "closed",
+            };
+            tracing::warn!(reason, component = %self.component, "event queue {state}: event dropped");
         }
     }
 
-    /// Records an Event about `object`. Reasons are the upstream strings (e.g.
-    /// `ProvisioningFailed`); messages must already be free of secrets.
-    pub async fn publish(
-        &self,
+    /// Waits until every event published before has been written (or has failed).
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.queue.send(Queued::Flush(done)).await.is_ok() {
+            let _ = written.await;
+        }
+    }
+}
+
+/// The writing side: the task that owns the de-duplication cache.
+struct Writer {
+    client: Client,
+    component: String,
+    host: String,
+    recorded: HashMap<EventKey, Recorded>,
+}
+
+impl Writer {
+    async fn write(
+        &mut self,
         object: &ObjectReference,
         event_type: EventType,
         reason: &str,
@@ -96,7 +173,7 @@ impl EventRecorder {
             message: message.clone(),
         };
         let now = Timestamp::now();
-        let previous = self.lock().get(&key).cloned();
+        let previous = self.recorded.get(&key).cloned();
         if let Some(previous) = previous {
             let count = previous.count + 1;
             let api: Api<Event> = Api::namespaced(self.client.clone(), &previous.namespace);
@@ -177,16 +254,11 @@ impl EventRecorder {
         }
     }
 
-    fn remember(&self, key: EventKey, recorded: Recorded) {
-        let mut cache = self.lock();
-        if cache.len() >= CACHE_ENTRIES && !cache.contains_key(&key) {
-            cache.clear();
+    fn remember(&mut self, key: EventKey, recorded: Recorded) {
+        if self.recorded.len() >= CACHE_ENTRIES && !self.recorded.contains_key(&key) {
+            self.recorded.clear();
         }
-        cache.insert(key, recorded);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EventKey, Recorded>> {
-        self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+        self.recorded.insert(key, recorded);
     }
 }
 

@@ -138,7 +138,12 @@ impl Informers {
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     {
         let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        // No controller reads managedFields, and on a real API server they are often the
+        // larger part of an object: the caches do not keep them.
+        let watch = watcher(api, config)
+            .default_backoff()
+            .modify(|object: &mut K| object.meta_mut().managed_fields = None);
+        let stream = reflector::reflector(writer, watch);
         let wake = self.wake.clone();
         let shutdown = self.shutdown.clone();
         let resource = resource_name::<K>();
