@@ -334,6 +334,11 @@ impl Attacher {
         if updated.is_some_and(|u| u.resource_version() == va.resource_version()) {
             return;
         }
+        self.supersede(va);
+    }
+
+    /// Records that `va`'s version is older than our last write.
+    fn supersede(&self, va: &VolumeAttachment) {
         if let Some(version) = va.resource_version() {
             lock(&self.superseded)
                 .entry(va.name_any())
@@ -478,7 +483,15 @@ impl Attacher {
             let updated = set_finalizers(&self.attachments(), va, finalizers)
                 .await
                 .map_err(String::from)?;
-            self.wrote(va, updated.as_ref());
+            if gone {
+                // The answer may carry the version last stored, which cannot tell this write
+                // from a no-op; the cached VolumeAttachment is stale all the same until the
+                // watch brings its deletion (else the reconcile finds it attached and
+                // unpublished, and a forced sync unpublishes a second time).
+                self.supersede(va);
+            } else {
+                self.wrote(va, updated.as_ref());
+            }
             updated
         };
         lock(&self.unpublished).remove(&uid);
@@ -646,6 +659,7 @@ impl Attacher {
             let still = self.caches.attachments.get(&ObjectRef::new(&name));
             if still.is_none_or(|now| now.resource_version() != va.resource_version())
                 || self.workers.is_running(&Key::Attachment(name.clone()))
+                || self.is_superseded(&name, va.resource_version().as_deref())
             {
                 continue;
             }
