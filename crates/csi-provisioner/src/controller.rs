@@ -516,8 +516,7 @@ impl Provisioner {
             return Ok(Synced::Done);
         };
         if let Some(node) = &self.node {
-            let topology_supported = self.settings.topology
-                && self.settings.driver.plugin.volume_accessibility_constraints;
+            let topology_supported = self.policy().topology_supported();
             match node.deployment.check(
                 selected_node.as_deref(),
                 &class,
