@@ -1,6 +1,6 @@
-//! The attacher's adapters: caches of VolumeAttachments, PVs and CSINodes; a pass over them on
-//! every change plans each VolumeAttachment ([`crate::attach::plan`]) and hands the work to
-//! keyed workers — attaches, detaches and PV finalizer releases in separate lanes, so a detach
+//! The attacher's adapters: caches of VolumeAttachments, PVs and CSINodes; each change of a
+//! VolumeAttachment or PV triggers its key, a pass plans each triggered VolumeAttachment
+//! ([`crate::attach::plan`]) and hands the work to keyed workers — attaches, detaches and PV finalizer releases in separate lanes, so a detach
 //! storm never starves attaches (external-attacher #761) — and, when the driver can list
 //! published nodes, a periodic reconcile against ListVolumes.
 
@@ -119,11 +119,13 @@ struct Attacher {
     /// one of them from the cache would redo what we did (a second publish or unpublish), so it
     /// waits for the watch to bring our write.
     superseded: Mutex<HashMap<String, HashSet<String>>>,
-    /// VolumeAttachment UIDs whose volume was unpublished but whose finalizer is not removed
-    /// yet: a retry only removes the finalizer (never a second unpublish, upstream #587).
-    unpublished: Mutex<HashSet<String>>,
+    /// VolumeAttachment name → the UID whose volume was unpublished but whose finalizer is not
+    /// removed yet: a retry only removes the finalizer (never a second unpublish, upstream #587).
+    unpublished: Mutex<HashMap<String, String>>,
     /// VolumeAttachments the reconcile found out of step with the driver.
     forced: Mutex<HashSet<String>>,
+    /// VolumeAttachment name → the operation it waits for, as last planned (the gauges).
+    pending: Mutex<HashMap<String, &'static str>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -167,10 +169,25 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), AttacherError> {
+    let workers = KeyedWorkers::with_lanes(
+        3,
+        settings.workers,
+        settings.retry_start,
+        settings.retry_max,
+    );
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    let (attachment_work, volume_work) = (workers.clone(), workers.clone());
     let caches = Caches {
-        attachments: informers.all(),
-        volumes: informers.all(),
+        // A VolumeAttachment's change may also free its PV for release.
+        attachments: informers.all_with(move |va: &VolumeAttachment| {
+            attachment_work.trigger(Key::Attachment(va.name_any()));
+            if let Some(pv) = &va.spec.source.persistent_volume_name {
+                attachment_work.trigger(Key::Volume(pv.clone()));
+            }
+        }),
+        volumes: informers.all_with(move |pv: &PersistentVolume| {
+            volume_work.trigger(Key::Volume(pv.name_any()));
+        }),
         csi_nodes: informers.all(),
     };
     let Some(wake) = informers.synced().await else {
@@ -178,40 +195,33 @@ pub async fn run(
     };
     let attacher = Arc::new(Attacher {
         finalizer: attach::finalizer(&settings.driver_name),
-        workers: KeyedWorkers::with_lanes(
-            3,
-            settings.workers,
-            settings.retry_start,
-            settings.retry_max,
-        ),
+        workers,
         client,
         csi,
         caches,
         superseded: Mutex::default(),
         unpublished: Mutex::default(),
         forced: Mutex::default(),
+        pending: Mutex::default(),
         settings,
     });
     tracing::info!(driver = %attacher.settings.driver_name, support = ?attacher.settings.support, "attacher started");
     // The workers belong to this loop: when it stops every in-flight sync is dropped with it.
     let mut tasks = JoinSet::new();
-    let reconciled = Arc::new(tokio::sync::Notify::new());
     if attacher.settings.support.list_published_nodes {
-        tasks.spawn(
-            attacher
-                .clone()
-                .reconcile_loop(reconciled.clone(), shutdown.clone()),
-        );
+        tasks.spawn(attacher.clone().reconcile_loop(shutdown.clone()));
     }
     let mut last_resync = Instant::now();
+    let mut full = false;
     loop {
         while tasks.try_join_next().is_some() {}
         if last_resync.elapsed() >= attacher.settings.resync {
             attacher.workers.resync();
             last_resync = Instant::now();
+            full = true;
         }
         let pass_started = Instant::now();
-        attacher.pass(&mut tasks);
+        attacher.pass(&mut tasks, std::mem::take(&mut full));
         let next = attacher
             .workers
             .next_retry(pass_started)
@@ -219,72 +229,42 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = wake.notified() => {}
-            () = reconciled.notified() => {}
-            () = attacher.workers.retry_due() => {}
+            () = attacher.workers.wakened() => {}
             () = tokio::time::sleep(next) => {}
         }
     }
 }
 
 impl Attacher {
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
-        let attachments = self.caches.attachments.state();
-        self.forget(&attachments);
-        let forced = lock(&self.forced).clone();
-        let (mut attaching, mut detaching) = (0, 0);
-        let mut offered = Vec::new();
-        for va in &attachments {
-            let name = va.name_any();
-            let plan = attach::plan(
-                va,
-                &self.settings.driver_name,
-                self.settings.support,
-                forced.contains(&name),
-            );
-            let lane = match plan {
-                VaPlan::NotOurs | VaPlan::Nothing => continue,
-                VaPlan::Attach | VaPlan::MarkAttached => {
-                    attaching += 1;
-                    ATTACH
-                }
-                VaPlan::Detach => {
-                    detaching += 1;
-                    DETACH
-                }
-            };
-            let version = va.resource_version();
-            if self.is_superseded(&name, version.as_deref()) {
-                continue;
-            }
-            // A forced sync runs even if this version was synced before.
-            let version = version.filter(|_| !forced.contains(&name));
-            offered.push(((Key::Attachment(name), version), lane));
-        }
-        self.settings.metrics.set_pending("attach", attaching);
-        self.settings.metrics.set_pending("detach", detaching);
-        let volumes = self.caches.volumes.state();
-        // Attachments and volumes this pass does not offer (nothing to do, or our write not
-        // seen yet) keep their backoff; only those that are gone are forgotten.
-        self.workers.forget_absent(
-            attachments
+    /// Offers the keys the watches brought, those waiting and those due for a retry — or,
+    /// when `full` (the periodic resync), every VolumeAttachment and PV.
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
+        let keys: Vec<Key> = if full {
+            let attachments = self.caches.attachments.state();
+            let volumes = self.caches.volumes.state();
+            let keys: Vec<Key> = attachments
                 .iter()
                 .map(|va| Key::Attachment(va.name_any()))
-                .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any()))),
-        );
-        for pv in volumes {
-            if pv.metadata.deletion_timestamp.is_some() && pv.finalizers().contains(&self.finalizer)
-            {
-                offered.push(((Key::Volume(pv.name_any()), pv.resource_version()), VOLUME));
-            }
-        }
-        let lanes: HashMap<Key, usize> = offered
-            .iter()
-            .map(|((key, _), lane)| (key.clone(), *lane))
+                .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any())))
+                .collect();
+            // Attachments and volumes this pass does not offer (nothing to do, or our write
+            // not seen yet) keep their backoff; only those that are gone are forgotten.
+            self.workers.forget_absent(keys.iter().cloned());
+            keys
+        } else {
+            self.workers.due()
+        };
+        let mut lanes = HashMap::new();
+        let offered: Vec<(Key, Option<String>)> = keys
+            .into_iter()
+            .filter_map(|key| {
+                let (version, lane) = self.offer(&key)?;
+                lanes.insert(key.clone(), lane);
+                Some((key, version))
+            })
             .collect();
-        let changed = self
-            .workers
-            .changed(offered.into_iter().map(|(offer, _)| offer));
-        for (key, version) in changed {
+        self.count_pending();
+        for (key, version) in self.workers.changed(offered) {
             let lane = lanes.get(&key).copied().unwrap_or(ATTACH);
             let this = self.clone();
             let sync_key = key.clone();
@@ -298,25 +278,81 @@ impl Attacher {
         }
     }
 
-    /// Drops in-memory state of VolumeAttachments that are gone, and superseded versions the
-    /// cache has moved past.
-    fn forget(&self, attachments: &[Arc<VolumeAttachment>]) {
-        let current: HashMap<String, (Option<String>, Option<String>)> = attachments
-            .iter()
-            .map(|va| (va.name_any(), (va.resource_version(), va.uid())))
-            .collect();
-        lock(&self.superseded).retain(|name, versions| {
-            current
-                .get(name)
-                .and_then(|(version, _)| version.as_ref())
-                .is_some_and(|version| versions.contains(version))
-        });
-        let uids: HashSet<&String> = current
-            .values()
-            .filter_map(|(_, uid)| uid.as_ref())
-            .collect();
-        lock(&self.unpublished).retain(|uid| uids.contains(uid));
-        lock(&self.forced).retain(|name| current.contains_key(name));
+    /// Whether `key` has work, and then the version it is offered at and its lane; the
+    /// in-memory state of an object that is gone is dropped.
+    fn offer(&self, key: &Key) -> Option<(Option<String>, usize)> {
+        match key {
+            Key::Attachment(name) => {
+                let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
+                    self.forget(name);
+                    self.workers.forget(key);
+                    return None;
+                };
+                let version = va.resource_version();
+                // Superseded versions the cache has moved past are of no more use.
+                let mut superseded = lock(&self.superseded);
+                if superseded
+                    .get(name)
+                    .is_some_and(|versions| !version.as_ref().is_some_and(|v| versions.contains(v)))
+                {
+                    superseded.remove(name);
+                }
+                drop(superseded);
+                let (plan, forced) = self.plan(&va);
+                let (operation, lane) = match plan {
+                    VaPlan::NotOurs | VaPlan::Nothing => {
+                        lock(&self.pending).remove(name);
+                        return None;
+                    }
+                    VaPlan::Attach | VaPlan::MarkAttached => ("attach", ATTACH),
+                    VaPlan::Detach => ("detach", DETACH),
+                };
+                lock(&self.pending).insert(name.clone(), operation);
+                if self.is_superseded(name, version.as_deref()) {
+                    return None;
+                }
+                // A forced sync runs even if this version was synced before.
+                Some((version.filter(|_| !forced), lane))
+            }
+            Key::Volume(name) => {
+                let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+                    self.workers.forget(key);
+                    return None;
+                };
+                (pv.metadata.deletion_timestamp.is_some()
+                    && pv.finalizers().contains(&self.finalizer))
+                .then(|| (pv.resource_version(), VOLUME))
+            }
+        }
+    }
+
+    /// The VolumeAttachment's plan, and whether the reconcile forced its sync.
+    fn plan(&self, va: &VolumeAttachment) -> (VaPlan, bool) {
+        let forced = lock(&self.forced).contains(&va.name_any());
+        let plan = attach::plan(
+            va,
+            &self.settings.driver_name,
+            self.settings.support,
+            forced,
+        );
+        (plan, forced)
+    }
+
+    fn count_pending(&self) {
+        let pending = lock(&self.pending);
+        let attaching = pending.values().filter(|op| **op == "attach").count();
+        self.settings.metrics.set_pending("attach", attaching);
+        self.settings
+            .metrics
+            .set_pending("detach", pending.len() - attaching);
+    }
+
+    /// Drops the in-memory state of a VolumeAttachment that is gone.
+    fn forget(&self, name: &str) {
+        lock(&self.superseded).remove(name);
+        lock(&self.unpublished).remove(name);
+        lock(&self.forced).remove(name);
+        lock(&self.pending).remove(name);
     }
 
     fn is_superseded(&self, name: &str, version: Option<&str>) -> bool {
@@ -358,13 +394,7 @@ impl Attacher {
         if self.is_superseded(name, va.resource_version().as_deref()) {
             return Ok(Synced::Waiting);
         }
-        let forced = lock(&self.forced).contains(name);
-        let plan = attach::plan(
-            &va,
-            &self.settings.driver_name,
-            self.settings.support,
-            forced,
-        );
+        let (plan, forced) = self.plan(&va);
         let result = match plan {
             VaPlan::NotOurs | VaPlan::Nothing => Ok(()),
             VaPlan::MarkAttached => self.mark_attached(&va).await,
@@ -453,7 +483,7 @@ impl Attacher {
     async fn detach(&self, va: &VolumeAttachment) -> Result<(), String> {
         let name = va.name_any();
         let uid = va.uid().unwrap_or_default();
-        if !lock(&self.unpublished).contains(&uid) {
+        if lock(&self.unpublished).get(&name) != Some(&uid) {
             if let Err(failure) = self.unpublish(va).await {
                 let attached = va.status.as_ref().is_some_and(|s| s.attached);
                 let status = attach::error_status(
@@ -468,7 +498,7 @@ impl Attacher {
                 }
                 return Err(format!("detaching {name}: {}", failure.message));
             }
-            lock(&self.unpublished).insert(uid.clone());
+            lock(&self.unpublished).insert(name.clone(), uid.clone());
         }
         // The finalizer first, then the status (upstream #587: the other order let a sync see
         // "finalizer and not attached" and unpublish again).
@@ -494,7 +524,7 @@ impl Attacher {
             }
             updated
         };
-        lock(&self.unpublished).remove(&uid);
+        lock(&self.unpublished).remove(&name);
         if let Some(current) = current.filter(|_| !gone) {
             self.patch_status(&current, attach::detached_status())
                 .await?;
@@ -615,11 +645,7 @@ impl Attacher {
     /// Every `--reconcile-sync`: compares each VolumeAttachment's `status.attached` with the
     /// driver's published nodes and forces a sync of those out of step. The reconcile itself
     /// writes nothing, so it never races the workers.
-    async fn reconcile_loop(
-        self: Arc<Self>,
-        reconciled: Arc<tokio::sync::Notify>,
-        shutdown: CancellationToken,
-    ) {
+    async fn reconcile_loop(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -632,7 +658,6 @@ impl Attacher {
                         count,
                         "VolumeAttachments out of step with the driver, syncing them again"
                     );
-                    reconciled.notify_one();
                 }
                 Err(error) => tracing::warn!(%error, "reconcile with ListVolumes failed"),
             }
@@ -682,7 +707,8 @@ impl Attacher {
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
             if attached != found {
                 tracing::info!(attachment = %name, attached, published = found, "out of step with the driver");
-                lock(&self.forced).insert(name);
+                lock(&self.forced).insert(name.clone());
+                self.workers.trigger(Key::Attachment(name));
                 forced += 1;
             }
         }

@@ -173,8 +173,8 @@ struct Provisioner {
 /// wait for the watch event that brings the new state.
 #[derive(Default)]
 struct UnseenWrites {
-    /// Claim UID → the resourceVersion our last write replaced.
-    claims: Mutex<HashMap<String, String>>,
+    /// Claim → the resourceVersion our last write replaced.
+    claims: Mutex<HashMap<ObjectRef<PersistentVolumeClaim>, String>>,
     /// PVs we created.
     created_volumes: Mutex<HashSet<String>>,
     /// PVs we deleted (and released).
@@ -203,15 +203,25 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), ProvisionerError> {
+    let workers = KeyedWorkers::with_lane_sizes(
+        &[settings.workers, settings.cloning_protection_workers],
+        settings.retry_start,
+        settings.retry_max,
+    );
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     // Upstream GETs a claim's class when it provisions and its sample RBAC grants no access
     // to classes: the cache of them must neither hold up provisioning nor fail /healthz when
     // it cannot list (its warnings name the cause, and claims naming a class say it is not
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
+    let (claim_work, volume_work) = (workers.clone(), workers.clone());
     let caches = Caches {
-        claims: informers.all(),
-        volumes: informers.all(),
+        claims: informers.all_with(move |claim: &PersistentVolumeClaim| {
+            claim_keys(claim).for_each(|key| claim_work.trigger(key));
+        }),
+        volumes: informers.all_with(move |volume: &PersistentVolume| {
+            volume_work.trigger(Key::Volume(volume.name_any()));
+        }),
         classes: informers.all(),
         topology: match &settings.node_deployment {
             Some(nd) => NodeTopology::Own(nd.selected_node()),
@@ -242,11 +252,7 @@ pub async fn run(
     }
     let provisioner = Arc::new(Provisioner {
         events: EventRecorder::new(client.clone(), "external-provisioner", ""),
-        workers: KeyedWorkers::with_lane_sizes(
-            &[settings.workers, settings.cloning_protection_workers],
-            settings.retry_start,
-            settings.retry_max,
-        ),
+        workers,
         client,
         csi,
         identity,
@@ -267,6 +273,7 @@ pub async fn run(
     // dropped) every in-flight sync is dropped with it.
     let mut tasks = tokio::task::JoinSet::new();
     let mut last_resync = Instant::now();
+    let mut full = false;
     tasks.spawn(provisioner.clone().sweep_snapshots(shutdown.clone()));
     if let Some(capacity) = provisioner.settings.capacity.clone() {
         tasks.spawn(crate::capacity::controller::run(
@@ -281,9 +288,10 @@ pub async fn run(
         if last_resync.elapsed() >= provisioner.settings.resync {
             provisioner.resync();
             last_resync = Instant::now();
+            full = true;
         }
         let pass_started = Instant::now();
-        provisioner.pass(&mut tasks);
+        provisioner.pass(&mut tasks, std::mem::take(&mut full));
         let next = provisioner
             .workers
             .next_retry(pass_started)
@@ -295,7 +303,7 @@ pub async fn run(
                 return error.map_or(Ok(()), Err);
             }
             () = wake.notified() => {}
-            () = provisioner.workers.retry_due() => {}
+            () = provisioner.workers.wakened() => {}
             () = tokio::time::sleep(next) => {}
         }
     }
@@ -324,22 +332,39 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Provisioner {
-    fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
+    /// Offers the keys the watches brought, those waiting and those due for a retry — or,
+    /// when `full` (the periodic resync), every claim and PV.
+    fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>, full: bool) {
         self.forget_seen_writes();
-        let claims = self.caches.claims.state().into_iter().flat_map(|c| {
-            let version = c.resource_version();
-            claim_keys(&c).map(move |key| (key, version.clone()))
-        });
-        let volumes = self
-            .caches
-            .volumes
-            .state()
-            .into_iter()
-            .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-        let offered: Vec<(Key, Option<String>)> = claims.chain(volumes).collect();
-        tracing::trace!(offered = offered.len(), "pass over the caches");
-        self.workers
-            .forget_absent(offered.iter().map(|(key, _)| key.clone()));
+        let offered: Vec<(Key, Option<String>)> = if full {
+            let claims = self.caches.claims.state().into_iter().flat_map(|c| {
+                let version = c.resource_version();
+                claim_keys(&c).map(move |key| (key, version.clone()))
+            });
+            let volumes = self
+                .caches
+                .volumes
+                .state()
+                .into_iter()
+                .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
+            let offered: Vec<_> = claims.chain(volumes).collect();
+            self.workers
+                .forget_absent(offered.iter().map(|(key, _)| key.clone()));
+            offered
+        } else {
+            self.workers
+                .due()
+                .into_iter()
+                .filter_map(|key| match self.version(&key) {
+                    Some(version) => Some((key, version)),
+                    None => {
+                        self.workers.forget(&key);
+                        None
+                    }
+                })
+                .collect()
+        };
+        tracing::trace!(offered = offered.len(), full, "pass");
         for (key, version) in self.workers.changed(offered) {
             let this = self.clone();
             let sync_key = key.clone();
@@ -351,6 +376,29 @@ impl Provisioner {
                         Key::CloneSource(reference) => this.sync_clone_source(reference).await,
                     }
                 });
+        }
+    }
+
+    /// The resourceVersion of `key`'s object as cached; `None` when the object (or, for a
+    /// clone source, its release) is gone.
+    fn version(&self, key: &Key) -> Option<Option<String>> {
+        match key {
+            Key::Claim(reference) => self
+                .caches
+                .claims
+                .get(reference)
+                .map(|c| c.resource_version()),
+            Key::CloneSource(reference) => self
+                .caches
+                .claims
+                .get(reference)
+                .filter(|c| claim_keys(c).any(|k| matches!(k, Key::CloneSource(_))))
+                .map(|c| c.resource_version()),
+            Key::Volume(name) => self
+                .caches
+                .volumes
+                .get(&ObjectRef::new(name))
+                .map(|v| v.resource_version()),
         }
     }
 
@@ -374,18 +422,12 @@ impl Provisioner {
 
     /// Drops the unseen-write records the caches have caught up with.
     fn forget_seen_writes(&self) {
-        let mut claims = lock(&self.unseen.claims);
-        if !claims.is_empty() {
-            let current: HashMap<String, String> = self
-                .caches
-                .claims
-                .state()
-                .iter()
-                .filter_map(|c| Some((c.uid()?, c.resource_version()?)))
-                .collect();
-            claims.retain(|uid, replaced| current.get(uid) == Some(replaced));
-        }
-        drop(claims);
+        let claims = &self.caches.claims;
+        lock(&self.unseen.claims).retain(|reference, replaced| {
+            claims
+                .get(reference)
+                .is_some_and(|c| c.resource_version().as_ref() == Some(replaced))
+        });
         let volumes = &self.caches.volumes;
         lock(&self.unseen.created_volumes)
             .retain(|name| volumes.get(&ObjectRef::new(name)).is_none());
@@ -402,8 +444,7 @@ impl Provisioner {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(None);
         };
-        let uid = claim.uid().unwrap_or_default();
-        if lock(&self.unseen.claims).get(&uid) == claim.resource_version().as_ref() {
+        if lock(&self.unseen.claims).get(reference) == claim.resource_version().as_ref() {
             return Err(Synced::Waiting);
         }
         Ok(Some(claim))
@@ -1048,8 +1089,8 @@ impl Provisioner {
         let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations)
             .await
             .map_err(String::from)?;
-        if let (Some(uid), Some(replaced)) = (claim.uid(), claim.resource_version()) {
-            lock(&self.unseen.claims).insert(uid, replaced);
+        if let Some(replaced) = claim.resource_version() {
+            lock(&self.unseen.claims).insert(ObjectRef::from_obj(claim), replaced);
         }
         Ok(updated)
     }
@@ -1162,7 +1203,7 @@ impl Provisioner {
             Ok(_) => {
                 backoff.forget(&uid);
                 if let Some(version) = current.resource_version() {
-                    lock(&self.unseen.claims).insert(uid, version);
+                    lock(&self.unseen.claims).insert(ObjectRef::from_obj(&*current), version);
                 }
                 tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
                 Ok(Synced::Done)

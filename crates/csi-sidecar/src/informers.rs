@@ -131,8 +131,37 @@ impl Informers {
         self.watch(Api::all(self.client.clone()), watcher::Config::default())
     }
 
+    /// A cache of every object of a kind, calling `on_change` with each object the watch
+    /// brings (listed, added, modified or deleted), after the cache holds the change: so a
+    /// controller queues the keys that object concerns instead of scanning every cache.
+    pub fn all_with<K>(&mut self, on_change: impl Fn(&K) + Send + 'static) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.watch_with(
+            Api::all(self.client.clone()),
+            watcher::Config::default(),
+            on_change,
+        )
+    }
+
     /// A cache of what `api` and `config` select.
     pub fn watch<K>(&mut self, api: Api<K>, config: watcher::Config) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.watch_with(api, config, |_| {})
+    }
+
+    /// [`Informers::watch`] with [`Informers::all_with`]'s `on_change`.
+    pub fn watch_with<K>(
+        &mut self,
+        api: Api<K>,
+        config: watcher::Config,
+        on_change: impl Fn(&K) + Send + 'static,
+    ) -> Store<K>
     where
         K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
@@ -160,8 +189,16 @@ impl Informers {
                     () = shutdown.cancelled() => return,
                     event = stream.next() => match event {
                         Some(Ok(event)) => {
-                            if let (watcher::Event::InitDone, Some(state)) = (&event, &state) {
-                                state.synced.store(true, Ordering::Release);
+                            match &event {
+                                watcher::Event::Apply(object)
+                                | watcher::Event::InitApply(object)
+                                | watcher::Event::Delete(object) => on_change(object),
+                                watcher::Event::InitDone => {
+                                    if let Some(state) = &state {
+                                        state.synced.store(true, Ordering::Release);
+                                    }
+                                }
+                                watcher::Event::Init => {}
                             }
                             wake.notify_one();
                         }
