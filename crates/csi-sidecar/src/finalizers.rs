@@ -15,6 +15,8 @@ pub enum FinalizerError {
     Forbidden(String),
     #[error("updating the finalizers of {0}: {1}")]
     Failed(String, kube::Error),
+    #[error("getting {0}: {1}")]
+    Get(String, kube::Error),
     #[error("building the finalizer patch: {0}")]
     Patch(String),
 }
@@ -35,7 +37,11 @@ pub fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
 }
 
 /// Removes one finalizer from the current object (a GET: the caller's copy may be stale).
-pub async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), String>
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    name: &str,
+    finalizer: &str,
+) -> Result<(), FinalizerError>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
@@ -43,7 +49,7 @@ where
     let Some(current) = api
         .get_opt(name)
         .await
-        .map_err(|e| format!("getting {name}: {e}"))?
+        .map_err(|e| FinalizerError::Get(name.to_string(), e))?
     else {
         return Ok(());
     };
