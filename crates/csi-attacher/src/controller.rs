@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
-use csi_sidecar::finalizers::{add_finalizer, set_finalizers, without};
+use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -88,6 +88,40 @@ impl AttacherMetrics {
 pub enum AttacherError {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+}
+
+/// Why a sync failed; the runtime logs it and retries the key with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// ControllerPublishVolume or a check before it failed (also saved as `attachError`).
+    #[error("attaching {attachment}: {message}")]
+    Attach { attachment: String, message: String },
+    /// ControllerUnpublishVolume or a check before it failed (also saved as `detachError`).
+    #[error("detaching {attachment}: {message}")]
+    Detach { attachment: String, message: String },
+    #[error(transparent)]
+    Finalizers(#[from] FinalizerError),
+    #[error("building the patch: {0}")]
+    Patch(serde_json::Error),
+    #[error("adding the finalizer to VolumeAttachment {attachment}: {source}")]
+    Claim {
+        attachment: String,
+        source: kube::Error,
+    },
+    #[error("updating the status of VolumeAttachment {attachment}: {source}")]
+    Status {
+        attachment: String,
+        source: kube::Error,
+    },
+}
+
+/// Why a reconcile against ListVolumes failed (it runs again next period).
+#[derive(Debug, thiserror::Error)]
+enum ReconcileError {
+    #[error("ListVolumes took longer than {0:?}")]
+    Timeout(Duration),
+    #[error("ListVolumes: {}", .0.message())]
+    ListVolumes(tonic::Status),
 }
 
 /// The work item of one VolumeAttachment or one PV.
@@ -387,7 +421,7 @@ impl Attacher {
         Api::all(self.client.clone())
     }
 
-    async fn sync_attachment(&self, name: &str) -> Result<Synced, String> {
+    async fn sync_attachment(&self, name: &str) -> Result<Synced, SyncError> {
         let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
@@ -408,13 +442,13 @@ impl Attacher {
     }
 
     /// Trivial mode: attached, no finalizer, no CSI call.
-    async fn mark_attached(&self, va: &VolumeAttachment) -> Result<(), String> {
+    async fn mark_attached(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
         self.patch_status(va, attach::attached_status(&HashMap::new()))
             .await
             .map(drop)
     }
 
-    async fn attach(&self, va: &VolumeAttachment) -> Result<(), String> {
+    async fn attach(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
         let name = va.name_any();
         let published = match self.publish(va).await {
             Ok(published) => published,
@@ -430,7 +464,10 @@ impl Attacher {
                 if let Err(error) = self.patch_status(va, status).await {
                     tracing::warn!(attachment = %name, %error, "saving the attach error failed");
                 }
-                return Err(format!("attaching {name}: {}", failure.message));
+                return Err(SyncError::Attach {
+                    attachment: name,
+                    message: failure.message,
+                });
             }
         };
         let (current, context) = published;
@@ -470,7 +507,10 @@ impl Attacher {
             secrets,
         )?;
         let current = match attach::claim_patch(va, &self.finalizer, &node_id) {
-            Some(ops) => self.patch_metadata(va, ops).await.map_err(message)?,
+            Some(ops) => self
+                .patch_metadata(va, ops)
+                .await
+                .map_err(|e| message(e.to_string()))?,
             None => va.clone(),
         };
         let response = self
@@ -480,7 +520,7 @@ impl Attacher {
         Ok((current, response.publish_context.into_iter().collect()))
     }
 
-    async fn detach(&self, va: &VolumeAttachment) -> Result<(), String> {
+    async fn detach(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
         let name = va.name_any();
         let uid = va.uid().unwrap_or_default();
         if lock(&self.unpublished).get(&name) != Some(&uid) {
@@ -496,7 +536,10 @@ impl Attacher {
                 if let Err(error) = self.patch_status(va, status).await {
                     tracing::warn!(attachment = %name, %error, "saving the detach error failed");
                 }
-                return Err(format!("detaching {name}: {}", failure.message));
+                return Err(SyncError::Detach {
+                    attachment: name,
+                    message: failure.message,
+                });
             }
             lock(&self.unpublished).insert(name.clone(), uid.clone());
         }
@@ -510,9 +553,7 @@ impl Attacher {
         let current = if finalizers.len() == va.finalizers().len() {
             Some(va.clone())
         } else {
-            let updated = set_finalizers(&self.attachments(), va, finalizers)
-                .await
-                .map_err(String::from)?;
+            let updated = set_finalizers(&self.attachments(), va, finalizers).await?;
             if gone {
                 // The answer may carry the version last stored, which cannot tell this write
                 // from a no-op; the cached VolumeAttachment is stale all the same until the
@@ -569,9 +610,8 @@ impl Attacher {
         &self,
         va: &VolumeAttachment,
         ops: Value,
-    ) -> Result<VolumeAttachment, String> {
-        let ops: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|e| format!("building the patch: {e}"))?;
+    ) -> Result<VolumeAttachment, SyncError> {
+        let ops: json_patch::Patch = serde_json::from_value(ops).map_err(SyncError::Patch)?;
         let updated = self
             .attachments()
             .patch(
@@ -580,11 +620,9 @@ impl Attacher {
                 &Patch::Json::<()>(ops),
             )
             .await
-            .map_err(|e| {
-                format!(
-                    "adding the finalizer to VolumeAttachment {}: {e}",
-                    va.name_any()
-                )
+            .map_err(|source| SyncError::Claim {
+                attachment: va.name_any(),
+                source,
             })?;
         self.wrote(va, Some(&updated));
         Ok(updated)
@@ -595,7 +633,7 @@ impl Attacher {
         &self,
         va: &VolumeAttachment,
         status: Value,
-    ) -> Result<Option<VolumeAttachment>, String> {
+    ) -> Result<Option<VolumeAttachment>, SyncError> {
         match self
             .attachments()
             .patch_status(
@@ -610,15 +648,15 @@ impl Attacher {
                 Ok(Some(updated))
             }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(error) => Err(format!(
-                "updating the status of VolumeAttachment {}: {error}",
-                va.name_any()
-            )),
+            Err(source) => Err(SyncError::Status {
+                attachment: va.name_any(),
+                source,
+            }),
         }
     }
 
     /// Releases a PV being deleted once no VolumeAttachment names it.
-    async fn sync_volume(&self, name: &str) -> Result<Synced, String> {
+    async fn sync_volume(&self, name: &str) -> Result<Synced, SyncError> {
         let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
@@ -635,9 +673,7 @@ impl Attacher {
             return Ok(Synced::Waiting);
         }
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        set_finalizers(&api, &pv, without(pv.finalizers(), &self.finalizer))
-            .await
-            .map_err(String::from)?;
+        set_finalizers(&api, &pv, without(pv.finalizers(), &self.finalizer)).await?;
         tracing::info!(volume = %name, "released the PersistentVolume");
         Ok(Synced::Done)
     }
@@ -665,7 +701,7 @@ impl Attacher {
     }
 
     /// One reconcile pass; returns how many VolumeAttachments were forced.
-    async fn reconcile(&self) -> Result<usize, String> {
+    async fn reconcile(&self) -> Result<usize, ReconcileError> {
         // Read the VolumeAttachments before listing: one whose version changed meanwhile (or
         // whose sync runs) is in motion and is left to its worker.
         let before: Vec<Arc<VolumeAttachment>> = self
@@ -677,7 +713,7 @@ impl Attacher {
             .collect();
         let published = tokio::time::timeout(self.settings.timeout, self.published_nodes())
             .await
-            .map_err(|_| format!("ListVolumes took longer than {:?}", self.settings.timeout))??;
+            .map_err(|_| ReconcileError::Timeout(self.settings.timeout))??;
         let mut forced = 0;
         for va in before {
             let name = va.name_any();
@@ -716,7 +752,7 @@ impl Attacher {
     }
 
     /// Volume ID → the node IDs it is published to, over every ListVolumes page.
-    async fn published_nodes(&self) -> Result<HashMap<String, HashSet<String>>, String> {
+    async fn published_nodes(&self) -> Result<HashMap<String, HashSet<String>>, ReconcileError> {
         let mut published = HashMap::new();
         let mut token = String::new();
         loop {
@@ -728,7 +764,7 @@ impl Attacher {
                 .csi
                 .list_volumes(request, self.settings.timeout)
                 .await
-                .map_err(|status| format!("ListVolumes: {}", status.message()))?;
+                .map_err(ReconcileError::ListVolumes)?;
             for entry in page.entries {
                 let (Some(volume), Some(status)) = (entry.volume, entry.status) else {
                     continue;
