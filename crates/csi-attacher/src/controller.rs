@@ -12,6 +12,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
 use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -160,12 +161,6 @@ struct Attacher {
     forced: Mutex<HashSet<String>>,
     /// VolumeAttachment name → the operation it waits for, as last planned (the gauges).
     pending: Mutex<HashMap<String, &'static str>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A failed attach or detach: what goes into `attachError` / `detachError`.

@@ -26,7 +26,9 @@
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
 //! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume;
-//! - [`workers`] keyed workers: bounded concurrency, per-key backoff, skip unchanged objects.
+//! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
+//!   errors, skip unchanged objects;
+//! - [`lock`] a mutex lock that outlives a panicked holder.
 
 pub mod backoff;
 pub mod capability;
@@ -54,3 +56,11 @@ pub mod shutdown;
 pub mod startup;
 pub mod volume_attachment;
 pub mod workers;
+
+/// Locks `mutex` even if a holder panicked: the controllers keep plain maps and sets of keys
+/// behind their mutexes, which stay usable, and a controller must not stop over them.
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -29,13 +29,14 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::backoff::Backoff;
+use crate::lock;
 
 /// How a sync ended without error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,10 +67,6 @@ pub struct KeyedWorkers<K> {
     /// Woken when a key is triggered or a sync failed, so the next pass (or the retry) is
     /// scheduled without waiting for another change.
     wake: Notify,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl<K> KeyedWorkers<K>

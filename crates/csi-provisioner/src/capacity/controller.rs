@@ -1,15 +1,16 @@
 //! The capacity controller: caches of CSINodes, Nodes, classes, PVs and our
-//! CSIStorageCapacity objects; on every change it recomputes the wanted items and refreshes the
-//! ones that are new, missing, touched by a PV that came or went, or due for the poll.
+//! CSIStorageCapacity objects; on every change it recomputes the wanted items and hands the
+//! ones that are new, missing, touched by a PV that came or went, or due for the poll to the
+//! shared keyed workers (bounded by `--capacity-threads`, per-item backoff).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use csi_sidecar::backoff::Backoff;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
-use futures::StreamExt;
+use csi_sidecar::lock;
+use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -19,11 +20,12 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Capacity, DRIVER_NAME_LABEL, Item, MANAGED_BY_LABEL, affected_items, capacity_request, items,
-    new_object, reconcile, segments, updated_object,
+    Capacity, CapacityError, DRIVER_NAME_LABEL, Item, MANAGED_BY_LABEL, affected_items,
+    capacity_request, items, new_object, reconcile, segments, updated_object,
 };
 
 /// How capacity tracking is set up (from `--enable-capacity` and its flags).
@@ -62,18 +64,12 @@ pub struct Refresh {
 
 impl Refresh {
     pub fn class(&self, name: &str) {
-        self.lock().insert(name.to_string());
+        lock(&self.classes).insert(name.to_string());
         self.wake.notify_one();
     }
 
     fn take(&self) -> BTreeSet<String> {
-        std::mem::take(&mut *self.lock())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.classes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        std::mem::take(&mut *lock(&self.classes))
     }
 }
 
@@ -138,12 +134,12 @@ struct Caches {
 #[derive(Default)]
 struct State {
     wanted: BTreeSet<Item>,
-    /// Items to refresh, and not before when (after a failure).
-    due: BTreeMap<Item, Instant>,
+    /// Items to refresh (the workers back off those that failed).
+    due: BTreeSet<Item>,
     /// Objects created but not yet seen in the cache (so they are not created twice).
     created: HashMap<Item, String>,
-    /// The driver's PVs at the last pass, to see which came and went.
-    volumes: HashMap<String, Arc<PersistentVolume>>,
+    /// The names of the driver's PVs as of the last pass, to see which came and went.
+    volumes: HashSet<String>,
     next_poll: Option<Instant>,
 }
 
@@ -160,13 +156,24 @@ pub async fn run(
         "{DRIVER_NAME_LABEL}={driver},{MANAGED_BY_LABEL}={}",
         settings.managed_by
     );
+    let changed_volumes = ChangedVolumes::default();
+    let (changes, own_driver) = (changed_volumes.clone(), driver.clone());
     let caches = Caches {
         segments: match settings.node_segment.clone() {
             Some(segment) => Segments::Fixed(segment),
             None => Segments::Watched(informers.all(), informers.all()),
         },
         classes: informers.all(),
-        volumes: informers.all(),
+        volumes: informers.all_with(move |pv: &PersistentVolume| {
+            let ours = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == own_driver);
+            if ours {
+                lock(&changes).insert(pv.name_any(), Arc::new(pv.clone()));
+            }
+        }),
         objects: informers.watch(
             Api::namespaced(client.clone(), &settings.namespace),
             watcher::Config::default().labels(&selector),
@@ -175,27 +182,41 @@ pub async fn run(
     let Some(wake) = informers.synced().await else {
         return;
     };
-    let tracker = Tracker {
+    let tracker = Arc::new(Tracker {
         api: Api::namespaced(client, &settings.namespace),
-        backoff: Backoff::new(settings.retry_start, settings.retry_max),
+        workers: KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max),
         settings,
         csi,
         driver,
         caches,
-    };
-    let mut state = State::default();
+        changed_volumes,
+        state: Mutex::new(State::default()),
+    });
     tracing::info!(namespace = %tracker.settings.namespace, "capacity tracking started");
     let refresh = tracker.settings.refresh.wake.clone();
+    // The refreshes belong to this loop: they stop with it.
+    let mut tasks = JoinSet::new();
     loop {
-        let next = tracker.pass(&mut state).await;
+        while tasks.try_join_next().is_some() {}
+        let pass_started = Instant::now();
+        let poll = tracker.pass(&mut tasks).await;
+        let next = tracker
+            .workers
+            .next_retry(pass_started)
+            .map_or(poll, |retry| retry.min(poll));
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = wake.notified() => {}
             () = refresh.notified() => {}
+            () = tracker.workers.wakened() => {}
             () = tokio::time::sleep(next) => {}
         }
     }
 }
+
+/// PV name → the PV as the watch last brought it (deleted ones too), for the driver's PVs
+/// changed since the last pass.
+type ChangedVolumes = Arc<Mutex<HashMap<String, Arc<PersistentVolume>>>>;
 
 struct Tracker {
     settings: CapacitySettings,
@@ -203,13 +224,15 @@ struct Tracker {
     driver: String,
     caches: Caches,
     api: Api<CSIStorageCapacity>,
-    backoff: Backoff<Item>,
+    workers: Arc<KeyedWorkers<Item>>,
+    changed_volumes: ChangedVolumes,
+    state: Mutex<State>,
 }
 
 impl Tracker {
-    /// One pass: marks what is due, refreshes it, deletes obsolete objects; returns how long
-    /// until the next poll or retry.
-    async fn pass(&self, state: &mut State) -> Duration {
+    /// One pass: marks what is due, hands it to the workers, deletes obsolete objects;
+    /// returns how long until the next poll.
+    async fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Duration {
         let now = Instant::now();
         let segments = match &self.caches.segments {
             Segments::Fixed(segment) => BTreeSet::from([segment.clone()]),
@@ -229,77 +252,73 @@ impl Tracker {
         );
         let objects = self.caches.objects.state();
         let found = reconcile(&wanted, &objects.iter().map(|o| &**o).collect::<Vec<_>>());
-        state
-            .created
-            .retain(|_, name| !objects.iter().any(|o| o.name_any() == *name));
-
-        let mut due: BTreeSet<Item> = BTreeSet::new();
-        // New items, and items whose object is missing (never made, or deleted by someone).
-        due.extend(
-            wanted
-                .iter()
-                .filter(|item| {
-                    !state.wanted.contains(*item)
-                        || (!found.existing.contains_key(*item)
-                            && !state.created.contains_key(*item))
-                })
-                .cloned(),
-        );
-        let classes = self.settings.refresh.take();
-        due.extend(
-            wanted
-                .iter()
-                .filter(|i| classes.contains(&i.class))
-                .cloned(),
-        );
-        for volume in self.volume_changes(state) {
-            due.extend(affected_items(&wanted, &volume));
-        }
-        if state.next_poll.is_none_or(|at| at <= now) {
-            due.extend(wanted.iter().cloned());
-            state.next_poll = Some(now + self.settings.poll_interval);
-        }
-        for item in due {
-            state.due.entry(item).or_insert(now);
-        }
-        state.due.retain(|item, _| wanted.contains(item));
-        state.created.retain(|item, _| wanted.contains(item));
-        state.wanted = wanted;
-
-        let ready: Vec<Item> = state
-            .due
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(item, _)| item.clone())
-            .collect();
-        let results: Vec<(Item, Result<Option<String>, String>)> = futures::stream::iter(ready)
-            .map(|item| async {
-                let existing = found.existing.get(&item).and_then(|name| {
-                    self.caches
-                        .objects
-                        .get(&ObjectRef::new(name).within(&self.settings.namespace))
-                });
-                let result = self.refresh(&item, existing.as_deref()).await;
-                (item, result)
-            })
-            .buffer_unordered(self.settings.workers.max(1))
-            .collect()
-            .await;
-        for (item, result) in results {
-            match result {
-                Ok(created) => {
-                    self.backoff.reset(&item);
-                    state.due.remove(&item);
-                    if let Some(name) = created {
-                        state.created.insert(item, name);
-                    }
-                }
-                Err(error) => {
-                    let delay = self.backoff.next_delay(&item);
-                    tracing::warn!(class = %item.class, segment = ?item.segment, %error, retry_in = ?delay, "capacity update failed");
-                    state.due.insert(item, Instant::now() + delay);
-                }
+        let (ready, newly_due) = {
+            let mut state = lock(&self.state);
+            let state = &mut *state;
+            state
+                .created
+                .retain(|_, name| !objects.iter().any(|o| o.name_any() == *name));
+            let mut due: BTreeSet<Item> = self.workers.due().into_iter().collect();
+            // New items, and items whose object is missing (never made, or deleted by someone).
+            due.extend(
+                wanted
+                    .iter()
+                    .filter(|item| {
+                        !state.wanted.contains(*item)
+                            || (!found.existing.contains_key(*item)
+                                && !state.created.contains_key(*item))
+                    })
+                    .cloned(),
+            );
+            let classes = self.settings.refresh.take();
+            due.extend(
+                wanted
+                    .iter()
+                    .filter(|i| classes.contains(&i.class))
+                    .cloned(),
+            );
+            for volume in self.volume_changes(&mut state.volumes) {
+                due.extend(affected_items(&wanted, &volume));
             }
+            if state.next_poll.is_none_or(|at| at <= now) {
+                due.extend(wanted.iter().cloned());
+                state.next_poll = Some(now + self.settings.poll_interval);
+            }
+            state.due.extend(due.iter().cloned());
+            state.due.retain(|item| wanted.contains(item));
+            state.created.retain(|item, _| wanted.contains(item));
+            self.workers
+                .forget_absent(wanted.iter().cloned().collect::<Vec<_>>());
+            state.wanted = wanted;
+            (state.due.iter().cloned().collect::<Vec<_>>(), due)
+        };
+        // An item whose refresh runs is offered again only for a reason that came since (its
+        // refresh then runs once more when this one ends).
+        for item in ready {
+            if self.workers.is_running(&item) && !newly_due.contains(&item) {
+                continue;
+            }
+            let existing = found.existing.get(&item).and_then(|name| {
+                self.caches
+                    .objects
+                    .get(&ObjectRef::new(name).within(&self.settings.namespace))
+            });
+            let (this, key) = (self.clone(), item.clone());
+            self.workers
+                .schedule(0, item, None, tasks, move || async move {
+                    // Our object for it is not in the cache yet: creating another would duplicate
+                    // it, so the refresh waits for the watch to bring it.
+                    if existing.is_none() && lock(&this.state).created.contains_key(&key) {
+                        return Ok(Synced::Waiting);
+                    }
+                    let created = this.refresh(&key, existing.as_deref()).await?;
+                    let mut state = lock(&this.state);
+                    state.due.remove(&key);
+                    if let Some(name) = created {
+                        state.created.insert(key, name);
+                    }
+                    Ok::<_, CapacityError>(Synced::Done)
+                });
         }
         for name in &found.obsolete {
             match self.api.delete(name, &DeleteParams::default()).await {
@@ -310,47 +329,29 @@ impl Tracker {
                 }
             }
         }
-        self.report(state, &found);
-        let poll = state.next_poll.map_or(self.settings.poll_interval, |at| {
+        let state = lock(&self.state);
+        self.report(&state, &found);
+        state.next_poll.map_or(self.settings.poll_interval, |at| {
             at.saturating_duration_since(Instant::now())
-        });
-        let retry = state
-            .due
-            .values()
-            .map(|at| at.saturating_duration_since(Instant::now()))
-            .min();
-        retry.map_or(poll, |retry| retry.min(poll))
+        })
     }
 
-    /// The driver's PVs that appeared or disappeared since the last pass.
-    fn volume_changes(&self, state: &mut State) -> Vec<Arc<PersistentVolume>> {
-        let current: HashMap<String, Arc<PersistentVolume>> = self
-            .caches
-            .volumes
-            .state()
-            .into_iter()
-            .filter(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|c| c.driver == self.driver)
-            })
-            .map(|pv| (pv.name_any(), pv))
-            .collect();
-        let previous = std::mem::replace(&mut state.volumes, current);
-        let mut changed: Vec<_> = state
-            .volumes
-            .iter()
-            .filter(|(name, _)| !previous.contains_key(*name))
-            .map(|(_, pv)| pv.clone())
-            .collect();
-        changed.extend(
-            previous
-                .into_iter()
-                .filter(|(name, _)| !state.volumes.contains_key(name))
-                .map(|(_, pv)| pv),
-        );
+    /// The driver's PVs that appeared or disappeared since the last pass (`known`: the names
+    /// as of then, brought up to date).
+    fn volume_changes(&self, known: &mut HashSet<String>) -> Vec<Arc<PersistentVolume>> {
+        let changed = std::mem::take(&mut *lock(&self.changed_volumes));
         changed
+            .into_iter()
+            .filter_map(|(name, pv)| {
+                let present = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
+                let came_or_went = if present {
+                    known.insert(name)
+                } else {
+                    known.remove(&name)
+                };
+                came_or_went.then_some(pv)
+            })
+            .collect()
     }
 
     /// GetCapacity for the item, then create or update its object; returns the name of a
@@ -359,24 +360,18 @@ impl Tracker {
         &self,
         item: &Item,
         existing: Option<&CSIStorageCapacity>,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, CapacityError> {
         let class = self
             .caches
             .classes
             .get(&ObjectRef::new(&item.class))
-            .ok_or_else(|| format!("storage class {} is gone", item.class))?;
+            .ok_or_else(|| CapacityError::ClassGone(item.class.clone()))?;
         let request = capacity_request(item, &class, &self.settings.default_fstype)?;
         let response = self
             .csi
             .get_capacity(request, self.settings.timeout)
             .await
-            .map_err(|s| {
-                format!(
-                    "GetCapacity: rpc error: code = {:?} desc = {}",
-                    s.code(),
-                    s.message()
-                )
-            })?;
+            .map_err(CapacityError::GetCapacity)?;
         let capacity = Capacity {
             available: response.available_capacity,
             maximum_volume_size: response.maximum_volume_size,
@@ -390,8 +385,9 @@ impl Tracker {
                 self.api
                     .replace(&existing.name_any(), &PostParams::default(), &updated)
                     .await
-                    .map_err(|e| {
-                        format!("updating CSIStorageCapacity {}: {e}", existing.name_any())
+                    .map_err(|source| CapacityError::Update {
+                        name: existing.name_any(),
+                        source,
                     })?;
                 Ok(None)
             }
@@ -408,7 +404,7 @@ impl Tracker {
                     .api
                     .create(&PostParams::default(), &object)
                     .await
-                    .map_err(|e| format!("creating a CSIStorageCapacity: {e}"))?;
+                    .map_err(CapacityError::Create)?;
                 tracing::info!(object = %created.name_any(), class = %item.class, segment = ?item.segment, "created CSIStorageCapacity");
                 Ok(Some(created.name_any()))
             }

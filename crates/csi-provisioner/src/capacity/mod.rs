@@ -213,19 +213,17 @@ pub fn capacity_request(
     item: &Item,
     class: &StorageClass,
     default_fstype: &str,
-) -> Result<csi::GetCapacityRequest, String> {
+) -> Result<csi::GetCapacityRequest, CapacityError> {
     let parameters = class.parameters.clone().unwrap_or_default();
-    let fs_type = request::fs_type(&parameters, default_fstype).map_err(|e| e.to_string())?;
+    let fs_type = request::fs_type(&parameters, default_fstype)?;
     let capabilities = request::volume_capabilities(
         &["ReadWriteOnce".to_string()],
         None,
         &fs_type,
         &class.mount_options.clone().unwrap_or_default(),
         false,
-    )
-    .map_err(|e| e.to_string())?;
-    let parameters =
-        csi_sidecar::secrets::remove_reserved_parameters(&parameters).map_err(|e| e.to_string())?;
+    )?;
+    let parameters = csi_sidecar::secrets::remove_reserved_parameters(&parameters)?;
     Ok(csi::GetCapacityRequest {
         volume_capabilities: capabilities,
         parameters: parameters.into_iter().collect(),
@@ -233,6 +231,23 @@ pub fn capacity_request(
             segments: item.segment.clone().into_iter().collect(),
         }),
     })
+}
+
+/// Why an item's capacity could not be published; it is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    #[error("storage class {0} is gone")]
+    ClassGone(String),
+    #[error(transparent)]
+    Request(#[from] request::RequestError),
+    #[error(transparent)]
+    Parameters(#[from] csi_sidecar::secrets::SecretsError),
+    #[error("GetCapacity: rpc error: code = {:?} desc = {}", .0.code(), .0.message())]
+    GetCapacity(tonic::Status),
+    #[error("updating CSIStorageCapacity {name}: {source}")]
+    Update { name: String, source: kube::Error },
+    #[error("creating a CSIStorageCapacity: {0}")]
+    Create(kube::Error),
 }
 
 /// What GetCapacity said about an item.
