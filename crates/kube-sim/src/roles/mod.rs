@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 pub(crate) use csi_sidecar::informers::Informers;
+pub(crate) use csi_sidecar::lock;
 use tokio_util::sync::CancellationToken;
 
 pub mod attach_detach;
@@ -275,12 +276,6 @@ where
 /// True for "not found" and "already exists" answers, which a repeated idempotent write gets.
 pub(crate) fn is_benign(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409 && status.reason == "AlreadyExists")
-}
-
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Deletes a pod at once (grace 0), guarded by its UID so a new pod of the same name is never

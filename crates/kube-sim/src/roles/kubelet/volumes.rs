@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -72,6 +73,10 @@ struct PodRecord {
     reported: Option<PodState>,
     /// The last FailedMount message, so the Event is only recorded when it changes.
     failed_mount: Option<String>,
+    /// Node expansions done (PV name, bytes).
+    expanded: HashSet<(String, i64)>,
+    /// The last FileSystemResizeFailed message, so the Event is only recorded when it changes.
+    resize_failed: Option<String>,
     crash_started: Option<Instant>,
 }
 
@@ -262,6 +267,7 @@ fn reconstruct(root: &Path, state: &mut VolumeState) {
 #[derive(Clone, Debug)]
 struct CsiVolume {
     pod_volume: String,
+    claim: Arc<PersistentVolumeClaim>,
     pv: PersistentVolume,
     pv_name: String,
     driver: String,
@@ -337,17 +343,50 @@ async fn set_up(
         }
     }
     for volume in wanted {
-        if record
+        let published = match record
             .volumes
             .iter()
-            .any(|p| p.pod_volume == volume.pod_volume)
+            .find(|p| p.pod_volume == volume.pod_volume)
         {
+            Some(published) => published.clone(),
+            None => match publish(shared, caches, pod, &uid, &volume).await {
+                Ok(published) => {
+                    record.volumes.push(published.clone());
+                    published
+                }
+                Err(reason) => {
+                    waiting.get_or_insert(reason);
+                    continue;
+                }
+            },
+        };
+        let Some(bytes) = node_expansion_due(&volume) else {
+            continue;
+        };
+        // Until the claim's new status reaches the cache, the same expansion is not redone.
+        let expansion = (volume.pv_name.clone(), bytes);
+        if record.expanded.contains(&expansion) {
             continue;
         }
-        match publish(shared, caches, pod, &uid, &volume).await {
-            Ok(published) => record.volumes.push(published),
-            Err(reason) => {
-                waiting.get_or_insert(reason);
+        match expand_on_node(shared, pod, &volume, &published, bytes).await {
+            Ok(()) => {
+                record.expanded.insert(expansion);
+                record.resize_failed = None;
+            }
+            Err(message) => {
+                if record.resize_failed.as_deref() != Some(&message) {
+                    tracing::warn!(node = %shared.config.node, pod = %pod.name_any(), %message, "node expansion failed");
+                    shared
+                        .events
+                        .publish(
+                            &pod.object_ref(&()),
+                            EventType::Warning,
+                            "FileSystemResizeFailed",
+                            &message,
+                        )
+                        .await;
+                    record.resize_failed = Some(message);
+                }
             }
         }
     }
@@ -381,6 +420,7 @@ fn resolve(
         .ok_or_else(|| format!("persistentvolume \"{pv_name}\" is not a CSI volume"))?;
     Ok(CsiVolume {
         pod_volume: pod_volume.to_string(),
+        claim,
         pv_name,
         driver: source.driver,
         handle: source.volume_handle,
@@ -443,22 +483,7 @@ async fn publish(
         ),
     };
     let target = target_path(root, uid, &volume.pv_name, volume.block);
-    let mode_name = spec
-        .access_modes
-        .as_ref()
-        .and_then(|m| m.first().cloned())
-        .unwrap_or_else(|| "ReadWriteOnce".to_string());
-    let mode = access_mode(
-        &mode_name,
-        driver.can(NodeCapability::SingleNodeMultiWriter),
-    )
-    .map_err(|e| e.to_string())?;
-    let kind = AccessKind::from_volume_mode(
-        spec.volume_mode.as_deref(),
-        source.fs_type.clone().unwrap_or_default(),
-        spec.mount_options.clone().unwrap_or_default(),
-    );
-    let capability = volume_capability(&kind, mode);
+    let capability = capability_of(&driver, &volume.pv)?;
     let mut volume_context: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -563,6 +588,151 @@ async fn publish(
         })?;
     tracing::info!(node = %shared.config.node, pod = %pod.name_any(), volume = %volume.pv_name, target = %target.display(), "volume published");
     Ok(published)
+}
+
+/// The volume capability kubelet sends for `pv` to `driver`.
+fn capability_of(
+    driver: &RegisteredDriver,
+    pv: &PersistentVolume,
+) -> Result<csi::VolumeCapability, String> {
+    let spec = pv.spec.clone().unwrap_or_default();
+    let source = spec.csi.clone().unwrap_or_default();
+    let mode_name = spec
+        .access_modes
+        .as_ref()
+        .and_then(|m| m.first().cloned())
+        .unwrap_or_else(|| "ReadWriteOnce".to_string());
+    let mode = access_mode(
+        &mode_name,
+        driver.can(NodeCapability::SingleNodeMultiWriter),
+    )
+    .map_err(|e| e.to_string())?;
+    let kind = AccessKind::from_volume_mode(
+        spec.volume_mode.as_deref(),
+        source.fs_type.unwrap_or_default(),
+        spec.mount_options.unwrap_or_default(),
+    );
+    Ok(volume_capability(&kind, mode))
+}
+
+/// The size a published volume's filesystem must grow to: the PV's capacity, when the claim's
+/// `status.capacity` is smaller (the resizer expanded the volume and left the rest to the
+/// node, as kubelet's `volumeRequiresFSResize`). Read-only volumes are not grown.
+fn node_expansion_due(volume: &CsiVolume) -> Option<i64> {
+    let storage = |capacity: Option<&BTreeMap<String, Quantity>>| {
+        capacity
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| csi_sidecar::quantity::bytes(&q.0).ok())
+    };
+    let wanted = storage(volume.pv.spec.as_ref()?.capacity.as_ref())?;
+    let current = storage(volume.claim.status.as_ref()?.capacity.as_ref())?;
+    (current < wanted && !volume.read_only).then_some(wanted)
+}
+
+/// kubelet's online expansion (`ExpandInUseVolume`): NodeExpandVolume on the published
+/// volume, Events `FileSystemResizeSuccessful` on the pod and the claim, then the claim's
+/// `status.capacity` set to the PV's and its resize conditions removed (`MarkFSResizeFinished`).
+async fn expand_on_node(
+    shared: &Shared,
+    pod: &Pod,
+    volume: &CsiVolume,
+    published: &Published,
+    bytes: i64,
+) -> Result<(), String> {
+    let driver = shared
+        .drivers
+        .get(&volume.driver)
+        .ok_or_else(|| format!("driver {} is not registered", volume.driver))?;
+    let failed = |detail: String| {
+        format!(
+            "MountVolume.NodeExpandVolume failed for volume \"{}\" : {detail}",
+            volume.pv_name
+        )
+    };
+    if !driver.can(NodeCapability::ExpandVolume) {
+        return Err(failed(
+            "NodeExpand is not supported by the CSI driver".into(),
+        ));
+    }
+    let source = volume
+        .pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.clone())
+        .unwrap_or_default();
+    let secrets = secrets(&shared.client, source.node_expand_secret_ref.as_ref()).await?;
+    driver
+        .csi
+        .node_expand_volume(
+            csi::NodeExpandVolumeRequest {
+                volume_id: volume.handle.clone(),
+                volume_path: published.target_path.display().to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                staging_target_path: published.staging_path.display().to_string(),
+                volume_capability: Some(capability_of(&driver, &volume.pv)?),
+                secrets,
+            },
+            CSI_TIMEOUT,
+        )
+        .await
+        .map_err(|s| {
+            failed(format!(
+                "rpc error: code = {:?} desc = {}",
+                s.code(),
+                s.message()
+            ))
+        })?;
+    let message = format!(
+        "MountVolume.NodeExpandVolume succeeded for volume \"{}\"",
+        volume.pv_name
+    );
+    for object in [pod.object_ref(&()), volume.claim.object_ref(&())] {
+        shared
+            .events
+            .publish(
+                &object,
+                EventType::Normal,
+                "FileSystemResizeSuccessful",
+                &message,
+            )
+            .await;
+    }
+    let capacity = volume
+        .pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage").cloned());
+    let conditions: Vec<_> = volume
+        .claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != "Resizing" && c.type_ != "FileSystemResizePending")
+        .collect();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(
+        shared.client.clone(),
+        &volume.claim.namespace().unwrap_or_default(),
+    );
+    merge_patch_status(
+        &claims,
+        &volume.claim.name_any(),
+        json!({"status": {"capacity": {"storage": capacity}, "conditions": conditions}}),
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "marking the file system resize of {} finished: {e}",
+            volume.pv_name
+        )
+    })?;
+    tracing::info!(node = %shared.config.node, pod = %pod.name_any(), volume = %volume.pv_name, bytes, "volume expanded on the node");
+    Ok(())
 }
 
 /// A Secret's data as CSI secrets (kubelet GETs it each time; it keeps no secret cache).
