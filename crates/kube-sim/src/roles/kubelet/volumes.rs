@@ -204,19 +204,14 @@ async fn sync(shared: Arc<Shared>, caches: Arc<Caches>) -> Result<(), RoleError>
                 run_containers(&shared, pod, record).await?;
             }
             Some(message) => {
-                if record.failed_mount.as_deref() != Some(&message) {
-                    tracing::info!(node = %shared.config.node, pod = %pod.name_any(), %message, "pod volumes not ready");
-                    shared
-                        .events
-                        .publish(
-                            &pod.object_ref(&()),
-                            EventType::Warning,
-                            "FailedMount",
-                            &message,
-                        )
-                        .await;
-                    record.failed_mount = Some(message);
-                }
+                warn_once(
+                    &shared,
+                    pod,
+                    "FailedMount",
+                    message,
+                    &mut record.failed_mount,
+                )
+                .await;
             }
         }
     }
@@ -234,6 +229,25 @@ async fn sync(shared: Arc<Shared>, caches: Arc<Caches>) -> Result<(), RoleError>
         }
     }
     report_volumes_in_use(&shared, &caches, &mut state, in_use).await
+}
+
+/// A warning Event on the pod, unless `last` (the previous one of this kind) said the same.
+async fn warn_once(
+    shared: &Shared,
+    pod: &Pod,
+    reason: &str,
+    message: String,
+    last: &mut Option<String>,
+) {
+    if last.as_deref() == Some(&message) {
+        return;
+    }
+    tracing::info!(node = %shared.config.node, pod = %pod.name_any(), reason, %message, "a volume of the pod is not ready");
+    shared
+        .events
+        .publish(&pod.object_ref(&()), EventType::Warning, reason, &message)
+        .await;
+    *last = Some(message);
 }
 
 /// Reads back the volumes published before a restart from their `vol_data.json` files.
@@ -374,19 +388,8 @@ async fn set_up(
                 record.resize_failed = None;
             }
             Err(message) => {
-                if record.resize_failed.as_deref() != Some(&message) {
-                    tracing::warn!(node = %shared.config.node, pod = %pod.name_any(), %message, "node expansion failed");
-                    shared
-                        .events
-                        .publish(
-                            &pod.object_ref(&()),
-                            EventType::Warning,
-                            "FileSystemResizeFailed",
-                            &message,
-                        )
-                        .await;
-                    record.resize_failed = Some(message);
-                }
+                let last = &mut record.resize_failed;
+                warn_once(shared, pod, "FileSystemResizeFailed", message, last).await;
             }
         }
     }
