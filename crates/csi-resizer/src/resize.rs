@@ -590,7 +590,17 @@ pub fn finished_patch(pvc: &PersistentVolumeClaim, path: Path, bytes: i64) -> Va
         },
     });
     if path == Path::Recovering {
-        patch["status"]["allocatedResourceStatuses"] = json!({STORAGE: null});
+        // Without other resources the field goes, as upstream leaves it nil.
+        let others = pvc
+            .status
+            .as_ref()
+            .and_then(|s| s.allocated_resource_statuses.as_ref())
+            .is_some_and(|statuses| statuses.keys().any(|k| k != STORAGE));
+        patch["status"]["allocatedResourceStatuses"] = if others {
+            json!({STORAGE: null})
+        } else {
+            Value::Null
+        };
         if !has_annotation(pvc, NODE_EXPANSION_NOT_REQUIRED_ANNOTATION) {
             patch["metadata"]["annotations"] =
                 json!({NODE_EXPANSION_NOT_REQUIRED_ANNOTATION: "true"});

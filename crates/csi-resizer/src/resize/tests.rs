@@ -535,8 +535,16 @@ fn status_patches() {
         json!({
             "metadata": {"resourceVersion": "7", "annotations": {NODE_EXPANSION_NOT_REQUIRED_ANNOTATION: "true"}},
             "status": {"capacity": {"storage": "2Gi"}, "conditions": null,
-                "allocatedResourceStatuses": {"storage": null}}
+                "allocatedResourceStatuses": null}
         })
+    );
+    let with_other = pvc(
+        json!({"status": {"allocatedResourceStatuses": {"storage": "ControllerResizeInProgress", "example.com/iops": "ControllerResizeInProgress"}}}),
+    );
+    assert_eq!(
+        finished_patch(&with_other, Path::Recovering, 2 * GI)["status"]["allocatedResourceStatuses"],
+        json!({"storage": null}),
+        "other resources' statuses stay"
     );
     assert_eq!(
         finished_patch(&resizing_claim, Path::Legacy, 2 * GI),
