@@ -1,8 +1,9 @@
 //! The `csi-resizer` binary as users run it: against kube-sim (through a kubeconfig) and the
 //! reference driver's controller socket, with `--leader-election` and `--http-endpoint`. It
 //! takes the Lease `external-resizer-<driver>`, expands a bound claim's volume, records it on
-//! the PV and the claim with upstream's Events, and serves `/healthz` and its metrics; bad
-//! flags stop it with a usage error.
+//! the PV and the claim with upstream's Events, records an infeasible size and expands a
+//! lowered request after it, and serves `/healthz` and its metrics; bad flags stop it with a
+//! usage error.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -171,6 +172,54 @@ async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
         reasons.iter().any(|r| r == "VolumeResizeSuccessful"),
         "{reasons:?}"
     );
+
+    // More than the driver can have: infeasible, recorded; a lower request is then expanded.
+    let request = |size: &'static str| {
+        let claims = claims.clone();
+        async move {
+            claims
+                .patch(
+                    "data",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    request("2Pi").await;
+    let status = eventually("the infeasible expansion recorded", || async {
+        let status = claims.get("data").await.ok()?.status?;
+        let infeasible = status
+            .allocated_resource_statuses
+            .as_ref()?
+            .get("storage")?
+            == "ControllerResizeInfeasible";
+        infeasible.then_some(status)
+    })
+    .await;
+    let error = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "ControllerResizeError")
+        .expect("a ControllerResizeError condition");
+    assert!(
+        error
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("OutOfRange"),
+        "{error:?}"
+    );
+    request("3Mi").await;
+    eventually("the lowered request expanded", || async {
+        let status = claims.get("data").await.ok()?.status?;
+        (status.capacity?.get("storage")?.0 == "3Mi"
+            && status.allocated_resource_statuses.is_none())
+        .then_some(())
+    })
+    .await;
 
     let (code, health) = http_get(address, "/healthz").await.unwrap();
     assert_eq!(code, 200, "{health}");

@@ -12,25 +12,14 @@ const CONTROLLER: Resizer = Resizer::Controller {
     single_node_multi_writer: false,
 };
 
-fn json_merge(base: &mut Value, extra: Value) {
-    match (base, extra) {
-        (Value::Object(base), Value::Object(extra)) => {
-            for (key, value) in extra {
-                json_merge(base.entry(key).or_insert(Value::Null), value);
-            }
-        }
-        (base, extra) => *base = extra,
-    }
-}
-
-/// A Bound claim of 1Gi asking for 2Gi, with `extra` merged in.
+/// A Bound claim of 1Gi asking for 2Gi, with `extra` merged in (RFC 7386: null removes).
 fn pvc(extra: Value) -> PersistentVolumeClaim {
     let mut value = json!({
         "metadata": {"name": "data", "namespace": "apps", "uid": "uid-1", "resourceVersion": "7"},
         "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": "2Gi"}}},
         "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}}
     });
-    json_merge(&mut value, extra);
+    json_patch::merge(&mut value, &extra);
     serde_json::from_value(value).unwrap()
 }
 
@@ -42,7 +31,7 @@ fn pv(extra: Value) -> PersistentVolume {
             "claimRef": {"name": "data", "namespace": "apps", "uid": "uid-1"},
             "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}
     });
-    json_merge(&mut value, extra);
+    json_patch::merge(&mut value, &extra);
     serde_json::from_value(value).unwrap()
 }
 
