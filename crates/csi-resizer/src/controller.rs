@@ -422,13 +422,10 @@ impl Controller {
                 message: resize::grpc_message(&status),
                 code: Some(status.code()),
             })?;
-        // capacity_bytes is required; a driver that leaves it 0 must not shrink the PV to 0.
-        let capacity = if response.capacity_bytes > 0 {
-            response.capacity_bytes
-        } else {
-            bytes
-        };
-        Ok((capacity, response.node_expansion_required))
+        Ok((
+            resize::expanded_size(response.capacity_bytes, bytes),
+            response.node_expansion_required,
+        ))
     }
 
     /// The PV's new capacity, then the claim: node expansion pending, or finished.

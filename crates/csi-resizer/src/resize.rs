@@ -10,13 +10,15 @@
 //!   failed and the resizer retries the smaller size;
 //! - off: [`plan_legacy`] — conditions only.
 //!
-//! Old API servers: Kubernetes before 1.23 (v1.19 included) does not serve `allocatedResources`
-//! nor `allocatedResourceStatuses`, and a server that does not know a field drops it from a patch
-//! without an error. Like upstream we write them anyway and read them back as absent, which
-//! [`plan_recovering`] handles as upstream does: an absent status with the PV already expanded
-//! means "expand to the request again" (the driver call is idempotent) unless the claim has
-//! `FileSystemResizePending`; so on such a server the gate behaves like the legacy path plus two
-//! fields nobody keeps. The k8s-openapi types of this workspace (v1_33) have both fields.
+//! Old API servers: the two fields exist only where the API server's own
+//! RecoverVolumeExpansionFailure gate is on (alpha from 1.23, `allocatedResourceStatuses` from
+//! 1.28, on by default from 1.32); Kubernetes v1.19 serves neither, and a server that does not
+//! keep a field drops it from a patch without an error. Like upstream we write them anyway and
+//! read them back as absent, which [`plan_recovering`] handles as upstream does: no status with
+//! the PV already expanded means "expand to the request again" (the driver call is idempotent)
+//! unless the claim has `FileSystemResizePending`. On such a server the gate so behaves like the
+//! legacy path plus two fields nobody keeps. The k8s-openapi types of this workspace (v1_33)
+//! have both fields.
 //!
 //! Not carried over: in-tree volumes migrated to CSI (upstream translates them with
 //! csi-translation-lib when the claim's `volume.kubernetes.io/storage-resizer` names the driver);
@@ -24,7 +26,9 @@
 //! PV's `spec.csi.controllerExpandSecretRef`, as upstream: the StorageClass's
 //! `csi.storage.k8s.io/controller-expand-secret-*` parameters (templates included) are resolved
 //! into that reference by the provisioner when it creates the PV, and the resizer's RBAC has no
-//! access to StorageClasses.
+//! access to StorageClasses. Two guards upstream lacks: the pre-resize annotation is removed from
+//! our PVs only (upstream removes it from any PV whose claim it syncs), and a driver answering
+//! `capacity_bytes: 0` (a required field) leaves the PV at the requested size, not at 0.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -404,6 +408,17 @@ pub fn expand_request(
         secrets,
         volume_capability: Some(volume_capability(&kind, mode)),
     })
+}
+
+/// The size a volume has after ControllerExpandVolume answered `capacity_bytes` for a request
+/// of `requested`: the answer, unless the driver left that required field 0 (which must not
+/// shrink the PV to nothing).
+pub fn expanded_size(capacity_bytes: i64, requested: i64) -> i64 {
+    if capacity_bytes > 0 {
+        capacity_bytes
+    } else {
+        requested
+    }
 }
 
 /// How a failed ControllerExpandVolume counts (upstream `pkg/util` and `inUseError`).

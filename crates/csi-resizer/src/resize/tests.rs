@@ -397,6 +397,12 @@ fn the_expand_secret_is_the_pvs() {
 }
 
 #[test]
+fn the_expanded_size_is_the_drivers_answer() {
+    assert_eq!(expanded_size(3 * GI, 2 * GI), 3 * GI);
+    assert_eq!(expanded_size(0, 2 * GI), 2 * GI, "an answer without a size");
+}
+
+#[test]
 fn failures_are_classified_as_upstream() {
     let of = |code| FailureKind::of(Some(code));
     assert!(
