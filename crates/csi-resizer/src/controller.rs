@@ -292,7 +292,7 @@ impl Controller {
         match plan {
             Plan::Nothing => Ok(Synced::Done),
             Plan::RetryLater(wait) => {
-                tracing::debug!(claim = %key, ?wait, "expansion failed as infeasible before; retrying later");
+                tracing::debug!(claim = %claim_name(key), ?wait, "expansion failed as infeasible before; retrying later");
                 self.retry_after(key.clone(), wait);
                 Ok(Synced::Done)
             }
@@ -361,7 +361,8 @@ impl Controller {
         let uid = pvc.uid().unwrap_or_default();
         if lock(&self.in_use_errors).contains(&uid) && self.used_by_pod(pvc) {
             let message = format!(
-                "Unable to expand {key} because CSI driver {} only supports offline expansion and volume is currently in-use",
+                "Unable to expand {} because CSI driver {} only supports offline expansion and volume is currently in-use",
+                claim_name(key),
                 self.name
             );
             self.warn(&claim, reason::VOLUME_RESIZE_FAILED, &message)
@@ -469,7 +470,7 @@ impl Controller {
             )
             .await;
         }
-        tracing::info!(claim = %ObjectRef::from_obj(claim), volume = %pv.name_any(), bytes, node_expansion_required, "volume expanded");
+        tracing::info!(claim = %claim_name(&ObjectRef::from_obj(claim)), volume = %pv.name_any(), bytes, node_expansion_required, "volume expanded");
         Ok(())
     }
 
@@ -506,8 +507,9 @@ impl Controller {
         match self.patch_status(claim, &patch).await {
             Ok(_) => SyncError::Expand(message),
             Err(error) => SyncError::Expand(format!(
-                "resizing failed in controller with {} but failed to update PVC {key} with: {error}",
-                failure.message
+                "resizing failed in controller with {} but failed to update PVC {} with: {error}",
+                failure.message,
+                claim_name(key)
             )),
         }
     }
@@ -551,7 +553,7 @@ impl Controller {
             )
             .await
             .map_err(|source| SyncError::Status {
-                claim: format!("{namespace}/{}", pvc.name_any()),
+                claim: claim_name(&ObjectRef::from_obj(pvc)),
                 source,
             })?;
         if let Some(version) = pvc.resource_version()
@@ -592,6 +594,15 @@ impl Controller {
     async fn warn(&self, pvc: &PersistentVolumeClaim, reason: &str, message: &str) {
         self.event(pvc, EventType::Warning, reason, message).await;
     }
+}
+
+/// `namespace/name`, as upstream names claims in messages.
+fn claim_name(key: &Key) -> String {
+    format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    )
 }
 
 /// A 409 from a guarded status write: the claim changed meanwhile; retried without an Event.
