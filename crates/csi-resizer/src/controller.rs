@@ -1,0 +1,619 @@
+//! The resizer's adapters: caches of claims, PVs and (with `--handle-volume-inuse-error`) pods;
+//! a claim's change triggers its key, and so does a change of the PV its `claimRef` names. Each
+//! triggered claim is planned ([`crate::resize`]) and expanded on the keyed workers: the claim
+//! status marked, ControllerExpandVolume called, the PV's capacity patched, the claim status
+//! finished or marked for node expansion, with upstream's Events.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
+use csi_sidecar::workers::{KeyedWorkers, Synced};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::resize::{self, Expansion, FailureKind, Memory, Path, Plan, Resizer, reason};
+
+/// How the resizer is set up (from its flags and the driver's discovery).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver_name: String,
+    pub resizer: Resizer,
+    /// Deadline of each ControllerExpandVolume call (`--timeout`).
+    pub timeout: Duration,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    /// Concurrent syncs (`--workers`).
+    pub workers: usize,
+    /// Every claim is synced again this often (`--resync-period`).
+    pub resync: Duration,
+    /// `--handle-volume-inuse-error`: watch pods, and hold back a claim whose driver refused to
+    /// expand it in use while a pod uses it.
+    pub handle_volume_in_use_error: bool,
+    /// Gate `RecoverVolumeExpansionFailure`.
+    pub recover: bool,
+    /// Gate `AnnotateFsResize`.
+    pub annotate_fs_resize: bool,
+    /// Where the caches report whether they got their initial lists (`/healthz`).
+    pub cache_sync: Arc<CacheSyncHealth>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResizerError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Why a sync failed; the runtime logs it and retries the claim with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The expansion failed (the message is also the `VolumeResizeFailed` Event's).
+    #[error("{0}")]
+    Expand(String),
+    /// The driver cannot expand the volume online and a pod still uses the claim.
+    #[error("{0}")]
+    InUse(String),
+    #[error("updating the status of PersistentVolumeClaim {claim}: {source}")]
+    Status { claim: String, source: kube::Error },
+    #[error("updating PersistentVolume {volume}: {source}")]
+    Volume { volume: String, source: kube::Error },
+}
+
+type Key = ObjectRef<PersistentVolumeClaim>;
+
+struct Caches {
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    pods: Option<Store<Pod>>,
+}
+
+struct Controller {
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    caches: Caches,
+    workers: Arc<KeyedWorkers<Key>>,
+    events: EventRecorder,
+    /// Upstream's `Name()` in messages: the driver name.
+    name: String,
+    /// Claim → the resourceVersion our last status write replaced: a sync that reads it from
+    /// the cache waits for the watch to bring our write instead of planning from stale state.
+    superseded: Mutex<HashMap<Key, String>>,
+    /// UIDs of claims whose driver answered FailedPrecondition (cannot expand in use).
+    in_use_errors: Mutex<HashSet<String>>,
+    /// Claims whose last ControllerExpandVolume ended with a final error.
+    final_errors: Mutex<HashSet<Key>>,
+    /// Claims whose expansion was infeasible, since when (upstream's slow set).
+    infeasible_since: Mutex<HashMap<Key, Instant>>,
+    /// Claims with a delayed retry scheduled.
+    delayed: Mutex<HashSet<Key>>,
+}
+
+/// A failed expansion step: its message and, for a CSI error, the gRPC code.
+struct Failure {
+    message: String,
+    code: Option<tonic::Code>,
+}
+
+impl Failure {
+    fn other(message: impl ToString) -> Self {
+        Self {
+            message: message.to_string(),
+            code: None,
+        }
+    }
+}
+
+/// Runs the resizer until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), ResizerError> {
+    let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    let (claim_work, volume_work) = (workers.clone(), workers.clone());
+    let caches = Caches {
+        claims: informers.all_with(move |pvc: &PersistentVolumeClaim| {
+            claim_work.trigger(ObjectRef::from_obj(pvc));
+        }),
+        // A PV's change (its capacity, our annotation) concerns the claim it is bound to.
+        volumes: informers.all_with(move |pv: &PersistentVolume| {
+            let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+            if let Some((name, namespace)) =
+                claim.and_then(|c| Some((c.name.as_ref()?, c.namespace.as_ref()?)))
+            {
+                volume_work.trigger(ObjectRef::new(name).within(namespace));
+            }
+        }),
+        pods: settings
+            .handle_volume_in_use_error
+            .then(|| informers.all::<Pod>()),
+    };
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    let controller = Arc::new(Controller {
+        events: EventRecorder::new(
+            client.clone(),
+            format!("external-resizer {}", settings.driver_name),
+            "",
+        ),
+        name: settings.driver_name.clone(),
+        client,
+        csi,
+        caches,
+        workers,
+        superseded: Mutex::default(),
+        in_use_errors: Mutex::default(),
+        final_errors: Mutex::default(),
+        infeasible_since: Mutex::default(),
+        delayed: Mutex::default(),
+        settings,
+    });
+    tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
+    let mut tasks = JoinSet::new();
+    let mut last_resync = Instant::now();
+    let mut full = false;
+    loop {
+        while tasks.try_join_next().is_some() {}
+        if last_resync.elapsed() >= controller.settings.resync {
+            controller.workers.resync();
+            last_resync = Instant::now();
+            full = true;
+        }
+        let pass_started = Instant::now();
+        controller.pass(&mut tasks, std::mem::take(&mut full));
+        let next = controller
+            .workers
+            .next_retry(pass_started)
+            .unwrap_or(controller.settings.resync);
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = wake.notified() => {}
+            () = controller.workers.wakened() => {}
+            () = tokio::time::sleep(next) => {}
+        }
+    }
+}
+
+impl Controller {
+    /// Offers the claims the watches brought, those waiting and those due for a retry — or,
+    /// when `full` (the periodic resync), every claim.
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
+        let keys: Vec<Key> = if full {
+            let keys: Vec<Key> = self
+                .caches
+                .claims
+                .state()
+                .iter()
+                .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
+                .collect();
+            self.workers.forget_absent(keys.iter().cloned());
+            keys
+        } else {
+            self.workers.due()
+        };
+        let offered: Vec<(Key, Option<String>)> = keys
+            .into_iter()
+            .filter_map(|key| {
+                let version = self.version(&key)?;
+                Some((key, Some(version)))
+            })
+            .collect();
+        for (key, version) in self.workers.changed(offered) {
+            let this = self.clone();
+            let sync_key = key.clone();
+            self.workers
+                .schedule(0, key, version, tasks, move || async move {
+                    this.sync(&sync_key).await
+                });
+        }
+    }
+
+    /// The version a claim is offered at: its own and its PV's, since either changes the plan;
+    /// `None` (and its state dropped) when the claim is gone.
+    fn version(&self, key: &Key) -> Option<String> {
+        let Some(pvc) = self.caches.claims.get(key) else {
+            self.forget(key);
+            self.workers.forget(key);
+            return None;
+        };
+        let pv = self.volume_of(&pvc);
+        Some(format!(
+            "{}/{}",
+            pvc.resource_version().unwrap_or_default(),
+            pv.and_then(|pv| pv.resource_version()).unwrap_or_default()
+        ))
+    }
+
+    /// Drops the in-memory state of a claim that is gone.
+    fn forget(&self, key: &Key) {
+        lock(&self.superseded).remove(key);
+        lock(&self.final_errors).remove(key);
+        lock(&self.infeasible_since).remove(key);
+    }
+
+    fn volume_of(&self, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolume>> {
+        let name = pvc.spec.as_ref()?.volume_name.as_ref()?;
+        self.caches.volumes.get(&ObjectRef::new(name))
+    }
+
+    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+        let Some(pvc) = self.caches.claims.get(key) else {
+            return Ok(Synced::Done);
+        };
+        {
+            let mut superseded = lock(&self.superseded);
+            match superseded.get(key) {
+                Some(version) if pvc.resource_version().as_ref() == Some(version) => {
+                    return Ok(Synced::Waiting);
+                }
+                Some(_) => {
+                    superseded.remove(key);
+                }
+                None => {}
+            }
+        }
+        // A claim whose PV is not in the cache yet: the PV's arrival triggers it again.
+        let Some(pv) = self.volume_of(&pvc) else {
+            return Ok(Synced::Done);
+        };
+        let driver = &self.settings.driver_name;
+        if self.settings.annotate_fs_resize
+            && resize::is_ours(&pv, driver)
+            && resize::pre_resize_annotation_done(&pvc, &pv)
+        {
+            self.patch_volume(&pv, &resize::remove_pre_resize_annotation_patch())
+                .await?;
+        }
+        let plan = if self.settings.recover {
+            resize::plan_recovering(
+                &pvc,
+                &pv,
+                driver,
+                self.settings.resizer,
+                self.memory(key, &pvc),
+            )
+        } else {
+            resize::plan_legacy(&pvc, &pv, driver)
+        };
+        match plan {
+            Plan::Nothing => Ok(Synced::Done),
+            Plan::RetryLater(wait) => {
+                tracing::debug!(claim = %claim_name(key), ?wait, "expansion failed as infeasible before; retrying later");
+                self.retry_after(key.clone(), wait);
+                Ok(Synced::Done)
+            }
+            Plan::Expand(expansion) => self.expand(key, &pvc, &pv, expansion).await,
+        }
+    }
+
+    /// The controller's memory of the claim for the plan; an infeasible status starts (or
+    /// continues) its slow retry.
+    fn memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> Memory {
+        let mut infeasible = lock(&self.infeasible_since);
+        if resize::resize_status(pvc) == Some(resize::resize_status::CONTROLLER_RESIZE_INFEASIBLE) {
+            infeasible.entry(key.clone()).or_insert_with(Instant::now);
+        }
+        let infeasible_wait = infeasible
+            .get(key)
+            .map(|since| self.settings.retry_max.saturating_sub(since.elapsed()))
+            .filter(|wait| !wait.is_zero());
+        if infeasible_wait.is_none() {
+            infeasible.remove(key);
+        }
+        Memory {
+            final_error: lock(&self.final_errors).contains(key),
+            infeasible_wait,
+        }
+    }
+
+    /// Triggers `key` again after `wait` (once, however often asked meanwhile).
+    fn retry_after(self: &Arc<Self>, key: Key, wait: Duration) {
+        if !lock(&self.delayed).insert(key.clone()) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            lock(&this.delayed).remove(&key);
+            // Its version did not change: forget that it was synced, so it runs.
+            this.workers.forget(&key);
+            this.workers.trigger(key);
+        });
+    }
+
+    fn path(&self) -> Path {
+        if self.settings.recover {
+            Path::Recovering
+        } else {
+            Path::Legacy
+        }
+    }
+
+    /// Marks the claim, expands the volume and records the outcome.
+    async fn expand(
+        &self,
+        key: &Key,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        expansion: Expansion,
+    ) -> Result<Synced, SyncError> {
+        let path = self.path();
+        let claim = self
+            .patch_status(
+                pvc,
+                &resize::in_progress_patch(pvc, path, expansion, &now()),
+            )
+            .await?;
+        let uid = pvc.uid().unwrap_or_default();
+        if lock(&self.in_use_errors).contains(&uid) && self.used_by_pod(pvc) {
+            let message = format!(
+                "Unable to expand {} because CSI driver {} only supports offline expansion and volume is currently in-use",
+                claim_name(key),
+                self.name
+            );
+            self.warn(&claim, reason::VOLUME_RESIZE_FAILED, &message)
+                .await;
+            return Err(SyncError::InUse(message));
+        }
+        let pv_name = pv.name_any();
+        self.event(
+            &claim,
+            EventType::Normal,
+            reason::RESIZING,
+            &format!("External resizer is resizing volume {pv_name}"),
+        )
+        .await;
+        lock(&self.in_use_errors).remove(&uid);
+        let result = match self.call_driver(pv, expansion.bytes).await {
+            Ok(done) => {
+                lock(&self.final_errors).remove(key);
+                lock(&self.infeasible_since).remove(key);
+                self.record_success(&claim, pv, done).await
+            }
+            Err(failure) => Err(self.record_failure(key, &claim, &pv_name, failure).await),
+        };
+        if let Err(error) = &result
+            && !is_conflict(error)
+        {
+            self.warn(&claim, reason::VOLUME_RESIZE_FAILED, &error.to_string())
+                .await;
+        }
+        result.map(|()| Synced::Done)
+    }
+
+    /// ControllerExpandVolume (or, for a node-only driver, nothing): the new size and whether
+    /// the node must expand too.
+    async fn call_driver(&self, pv: &PersistentVolume, bytes: i64) -> Result<(i64, bool), Failure> {
+        let Resizer::Controller {
+            single_node_multi_writer,
+        } = self.settings.resizer
+        else {
+            return Ok((bytes, true));
+        };
+        let secrets = match resize::expand_secret(pv) {
+            Some(reference) => {
+                csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
+                    .await
+                    .map_err(Failure::other)?
+                    .into_inner()
+            }
+            None => HashMap::new(),
+        };
+        let request = resize::expand_request(pv, bytes, single_node_multi_writer, secrets)
+            .map_err(Failure::other)?;
+        let response = self
+            .csi
+            .controller_expand_volume(request, self.settings.timeout)
+            .await
+            .map_err(|status| Failure {
+                message: resize::grpc_message(&status),
+                code: Some(status.code()),
+            })?;
+        Ok((
+            resize::expanded_size(response.capacity_bytes, bytes),
+            response.node_expansion_required,
+        ))
+    }
+
+    /// The PV's new capacity, then the claim: node expansion pending, or finished.
+    async fn record_success(
+        &self,
+        claim: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        (bytes, node_expansion_required): (i64, bool),
+    ) -> Result<(), SyncError> {
+        let capacity = resize::claim_capacity_text(claim);
+        let patch = resize::volume_patch(
+            pv,
+            &capacity,
+            bytes,
+            node_expansion_required,
+            self.settings.annotate_fs_resize,
+        );
+        self.patch_volume(pv, &patch).await?;
+        let path = self.path();
+        if node_expansion_required {
+            self.patch_status(
+                claim,
+                &resize::node_expansion_pending_patch(claim, path, &now()),
+            )
+            .await?;
+            self.event(
+                claim,
+                EventType::Normal,
+                reason::FILE_SYSTEM_RESIZE_REQUIRED,
+                "Require file system resize of volume on node",
+            )
+            .await;
+        } else {
+            self.patch_status(claim, &resize::finished_patch(claim, path, bytes))
+                .await?;
+            self.event(
+                claim,
+                EventType::Normal,
+                reason::VOLUME_RESIZE_SUCCESSFUL,
+                "Resize volume succeeded",
+            )
+            .await;
+        }
+        tracing::info!(claim = %claim_name(&ObjectRef::from_obj(claim)), volume = %pv.name_any(), bytes, node_expansion_required, "volume expanded");
+        Ok(())
+    }
+
+    /// Remembers what the failure means for the next plan and, on the recovering path, records
+    /// a final one in the claim's status.
+    async fn record_failure(
+        &self,
+        key: &Key,
+        claim: &PersistentVolumeClaim,
+        pv_name: &str,
+        failure: Failure,
+    ) -> SyncError {
+        let kind = FailureKind::of(failure.code);
+        if kind.in_use {
+            lock(&self.in_use_errors).insert(claim.uid().unwrap_or_default());
+        }
+        let message = format!(
+            "resize volume {pv_name:?} by resizer {:?} failed: {}",
+            self.name, failure.message
+        );
+        if !self.settings.recover {
+            return SyncError::Expand(message);
+        }
+        if !kind.final_error {
+            lock(&self.final_errors).remove(key);
+            lock(&self.infeasible_since).remove(key);
+            return SyncError::Expand(message);
+        }
+        lock(&self.final_errors).insert(key.clone());
+        if !kind.infeasible {
+            lock(&self.infeasible_since).remove(key);
+        }
+        let patch = resize::failed_patch(claim, kind.infeasible, &failure.message, &now());
+        match self.patch_status(claim, &patch).await {
+            Ok(_) => SyncError::Expand(message),
+            Err(error) => SyncError::Expand(format!(
+                "resizing failed in controller with {} but failed to update PVC {} with: {error}",
+                failure.message,
+                claim_name(key)
+            )),
+        }
+    }
+
+    /// Whether a pod that has not terminated mounts the claim.
+    fn used_by_pod(&self, pvc: &PersistentVolumeClaim) -> bool {
+        let Some(pods) = &self.caches.pods else {
+            return false;
+        };
+        let (namespace, name) = (pvc.namespace(), pvc.name_any());
+        pods.state().iter().any(|pod| {
+            let terminated = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
+            !terminated
+                && pod.namespace() == namespace
+                && pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.volumes.iter().flatten())
+                    .filter_map(|v| v.persistent_volume_claim.as_ref())
+                    .any(|source| source.claim_name == name)
+        })
+    }
+
+    /// A merge patch of the claim's status subresource; records the version it replaced.
+    async fn patch_status(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        patch: &Value,
+    ) -> Result<PersistentVolumeClaim, SyncError> {
+        let namespace = pvc.namespace().unwrap_or_default();
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let updated = api
+            .patch_status(
+                &pvc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(|source| SyncError::Status {
+                claim: claim_name(&ObjectRef::from_obj(pvc)),
+                source,
+            })?;
+        if let Some(version) = pvc.resource_version()
+            && updated.resource_version().as_ref() != Some(&version)
+        {
+            lock(&self.superseded).insert(ObjectRef::from_obj(pvc), version);
+        }
+        Ok(updated)
+    }
+
+    async fn patch_volume(&self, pv: &PersistentVolume, patch: &Value) -> Result<(), SyncError> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        api.patch(
+            &pv.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| SyncError::Volume {
+            volume: pv.name_any(),
+            source,
+        })
+    }
+
+    async fn event(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        self.events
+            .publish(&pvc.object_ref(&()), event_type, reason, message)
+            .await;
+    }
+
+    async fn warn(&self, pvc: &PersistentVolumeClaim, reason: &str, message: &str) {
+        self.event(pvc, EventType::Warning, reason, message).await;
+    }
+}
+
+/// `namespace/name`, as upstream names claims in messages.
+fn claim_name(key: &Key) -> String {
+    format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    )
+}
+
+/// A 409 from a guarded status write: the claim changed meanwhile; retried without an Event.
+fn is_conflict(error: &SyncError) -> bool {
+    matches!(error, SyncError::Status { source: kube::Error::Api(status), .. } if status.code == 409)
+}
+
+fn now() -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
+    )
+}
