@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
@@ -235,33 +235,22 @@ pub async fn run(
         settings,
     });
     tracing::info!(driver = %attacher.settings.driver_name, support = ?attacher.settings.support, "attacher started");
-    // The workers belong to this loop: when it stops every in-flight sync is dropped with it.
+    // The reconcile belongs to the loop: when it stops, the reconcile stops with it.
     let mut tasks = JoinSet::new();
     if attacher.settings.support.list_published_nodes {
         tasks.spawn(attacher.clone().reconcile_loop(shutdown.clone()));
     }
-    let mut last_resync = Instant::now();
-    let mut full = false;
-    loop {
-        while tasks.try_join_next().is_some() {}
-        if last_resync.elapsed() >= attacher.settings.resync {
-            attacher.workers.resync();
-            last_resync = Instant::now();
-            full = true;
-        }
-        let pass_started = Instant::now();
-        attacher.pass(&mut tasks, std::mem::take(&mut full));
-        let next = attacher
-            .workers
-            .next_retry(pass_started)
-            .unwrap_or(attacher.settings.resync);
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = wake.notified() => {}
-            () = attacher.workers.wakened() => {}
-            () = tokio::time::sleep(next) => {}
-        }
-    }
+    attacher
+        .workers
+        .run(
+            tasks,
+            &wake,
+            attacher.settings.resync,
+            &shutdown,
+            |tasks, full| attacher.pass(tasks, full),
+        )
+        .await;
+    Ok(())
 }
 
 impl Attacher {

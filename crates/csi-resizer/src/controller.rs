@@ -163,29 +163,17 @@ pub async fn run(
         settings,
     });
     tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
-    let mut tasks = JoinSet::new();
-    let mut last_resync = Instant::now();
-    let mut full = false;
-    loop {
-        while tasks.try_join_next().is_some() {}
-        if last_resync.elapsed() >= controller.settings.resync {
-            controller.workers.resync();
-            last_resync = Instant::now();
-            full = true;
-        }
-        let pass_started = Instant::now();
-        controller.pass(&mut tasks, std::mem::take(&mut full));
-        let next = controller
-            .workers
-            .next_retry(pass_started)
-            .unwrap_or(controller.settings.resync);
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = wake.notified() => {}
-            () = controller.workers.wakened() => {}
-            () = tokio::time::sleep(next) => {}
-        }
-    }
+    controller
+        .workers
+        .run(
+            JoinSet::new(),
+            &wake,
+            controller.settings.resync,
+            &shutdown,
+            |tasks, full| controller.pass(tasks, full),
+        )
+        .await;
+    Ok(())
 }
 
 impl Controller {

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::lock;
@@ -231,6 +232,40 @@ where
             .filter(|at| **at > pass_started)
             .map(|at| at.saturating_duration_since(now))
             .min()
+    }
+
+    /// The loop of a keyed controller, until `stop`: a pass on every wake-up (`wake`: a change
+    /// in the controller's caches; a triggered key; a failed sync), and when the next retry is
+    /// due; every `resync` a full pass (`pass(tasks, true)`: the controller offers all of its
+    /// keys and forgets the state of objects that are gone) after [`KeyedWorkers::resync`].
+    /// `tasks` holds the syncs and whatever else lives as long as the loop: they are dropped
+    /// (aborted) with it.
+    pub async fn run(
+        &self,
+        mut tasks: JoinSet<()>,
+        wake: &Notify,
+        resync: Duration,
+        stop: &CancellationToken,
+        mut pass: impl FnMut(&mut JoinSet<()>, bool),
+    ) {
+        let mut last_resync = Instant::now();
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let full = last_resync.elapsed() >= resync;
+            if full {
+                self.resync();
+                last_resync = Instant::now();
+            }
+            let pass_started = Instant::now();
+            pass(&mut tasks, full);
+            let next = self.next_retry(pass_started).unwrap_or(resync);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = wake.notified() => {}
+                () = self.wakened() => {}
+                () = tokio::time::sleep(next) => {}
+            }
+        }
     }
 
     /// Forgets the failures, retry deadlines, synced versions and waits of every key not
