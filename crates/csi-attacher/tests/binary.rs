@@ -3,16 +3,14 @@
 //! takes the Lease `external-attacher-leader-<driver>`, attaches a VolumeAttachment, and serves
 //! `/healthz/leader-election` and its metrics.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, PostParams};
-use kube_sim::harness::{Running, eventually, free_address, http_get};
+use kube_sim::harness::{eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.attacher.test";
@@ -75,32 +73,21 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
         .unwrap();
 
     let address = free_address();
-    let _attacher = Running(
-        Command::new(env!("CARGO_BIN_EXE_csi-attacher"))
-            .arg(format!(
+    let _attacher = spawn(
+        env!("CARGO_BIN_EXE_csi-attacher"),
+        [
+            format!(
                 "--csi-address={}",
                 driver.controller.endpoint.path().display()
-            ))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-election")
-            .arg("--leader-election-namespace=default")
-            .arg(format!("--http-endpoint={address}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            ),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-election".to_string(),
+            "--leader-election-namespace=default".to_string(),
+            format!("--http-endpoint={address}"),
+        ],
     );
 
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let holder = eventually("the Lease", || async {
-        leases
-            .get_opt("external-attacher-leader-bin-attacher-test")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    })
-    .await;
+    let holder = lease_holder(&client, "external-attacher-leader-bin-attacher-test").await;
     assert!(!holder.is_empty());
 
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());

@@ -27,8 +27,6 @@ const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 pub enum RunError {
     #[error(transparent)]
     Kube(#[from] KubeClientError),
-    #[error("--master {0:?} is not a valid URL")]
-    Master(String),
     #[error(transparent)]
     Csi(#[from] ConnError),
     #[error("the driver has no controller service; csi-provisioner needs CREATE_DELETE_VOLUME")]
@@ -62,13 +60,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     if args.node_deployment && node_name.is_empty() {
         return Err(RunError::MissingNodeName);
     }
-    let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
-    if !args.master.is_empty() {
-        config.cluster_url = args
-            .master
-            .parse()
-            .map_err(|_| RunError::Master(args.master.clone()))?;
-    }
+    let config = csi_sidecar::kube::config_with_master(&sidecar.kube, &args.master).await?;
     let rate_limit = csi_sidecar::kube::RateLimit::from_flags(
         sidecar.kube.kube_api_qps,
         sidecar.kube.kube_api_burst,

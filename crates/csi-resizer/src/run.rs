@@ -28,8 +28,6 @@ use crate::resize::{Resizer, SupportError};
 pub enum RunError {
     #[error(transparent)]
     Kube(#[from] KubeClientError),
-    #[error("--master {0:?} is not a valid URL")]
-    Master(String),
     #[error(transparent)]
     Csi(#[from] ConnError),
     #[error("failed to check if plugin supports node resize: {0}")]
@@ -54,13 +52,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     let sidecar = &args.sidecar;
     let gates = args.gates().map_err(RunError::FeatureGates)?;
     gates.log_warnings();
-    let mut config = csi_sidecar::kube::config(&sidecar.kube).await?;
-    if !args.master.is_empty() {
-        config.cluster_url = args
-            .master
-            .parse()
-            .map_err(|_| RunError::Master(args.master.clone()))?;
-    }
+    let config = csi_sidecar::kube::config_with_master(&sidecar.kube, &args.master).await?;
     let rate_limit = csi_sidecar::kube::RateLimit::from_flags(
         sidecar.kube.kube_api_qps,
         sidecar.kube.kube_api_burst,

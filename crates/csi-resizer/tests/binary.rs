@@ -5,15 +5,14 @@
 //! lowered request after it, and serves `/healthz` and its metrics; bad flags stop it with a
 //! usage error.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube_sim::harness::{Running, eventually, free_address, http_get};
+use kube_sim::harness::{eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.resizer.test";
@@ -89,32 +88,21 @@ async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
         .unwrap();
 
     let address = free_address();
-    let _resizer = Running(
-        Command::new(env!("CARGO_BIN_EXE_csi-resizer"))
-            .arg(format!(
+    let _resizer = spawn(
+        env!("CARGO_BIN_EXE_csi-resizer"),
+        [
+            format!(
                 "--csi-address={}",
                 driver.controller.endpoint.path().display()
-            ))
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-election")
-            .arg("--leader-election-namespace=default")
-            .arg(format!("--http-endpoint={address}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            ),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-election".to_string(),
+            "--leader-election-namespace=default".to_string(),
+            format!("--http-endpoint={address}"),
+        ],
     );
 
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let holder = eventually("the Lease", || async {
-        leases
-            .get_opt("external-resizer-bin-resizer-test")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    })
-    .await;
+    let holder = lease_holder(&client, "external-resizer-bin-resizer-test").await;
     assert!(!holder.is_empty());
 
     claims

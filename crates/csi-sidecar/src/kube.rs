@@ -34,6 +34,8 @@ pub enum KubeClientError {
     InCluster(#[source] ::kube::config::InClusterError),
     #[error("cannot build the Kubernetes client: {0}")]
     Build(#[source] ::kube::Error),
+    #[error("--master {0:?} is not a valid URL")]
+    Master(String),
 }
 
 /// A client-side rate limit (client-go `flowcontrol.NewTokenBucketRateLimiter`).
@@ -84,6 +86,18 @@ pub async fn config(args: &KubeArgs) -> Result<Config, KubeClientError> {
     Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(load_error)
+}
+
+/// [`config`], with the server address of upstream's deprecated `--master` flag instead of the
+/// kubeconfig's when it is not empty.
+pub async fn config_with_master(args: &KubeArgs, master: &str) -> Result<Config, KubeClientError> {
+    let mut config = config(args).await?;
+    if !master.is_empty() {
+        config.cluster_url = master
+            .parse()
+            .map_err(|_| KubeClientError::Master(master.to_string()))?;
+    }
+    Ok(config)
 }
 
 /// Builds the client the flags select.

@@ -17,6 +17,32 @@ impl Drop for Running {
     }
 }
 
+/// Starts `binary` with `args`, its output discarded.
+pub fn spawn(binary: &str, args: impl IntoIterator<Item = String>) -> Running {
+    let child = std::process::Command::new(binary)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {binary}: {e}"));
+    Running(child)
+}
+
+/// The holder of the Lease `name` in namespace `default`, once one holds it.
+pub async fn lease_holder(client: &kube::Client, name: &str) -> String {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), "default");
+    eventually("the Lease", || async {
+        leases
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    })
+    .await
+}
+
 /// Polls `check` every 100 ms until it yields a value; panics naming `what` after 30 s.
 pub async fn eventually<T, F: Future<Output = Option<T>>>(
     what: &str,

@@ -7,10 +7,9 @@
 use std::process::{Command, Stdio};
 
 use csi_hostpath::local::LocalCluster;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_sim::harness::{Running, eventually, free_address, http_get};
+use kube_sim::harness::{Running, eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.podmon.test";
@@ -56,32 +55,21 @@ async fn fails_over_under_its_lease_and_node_mode_untaints() {
     .unwrap();
 
     let controller_address = free_address();
-    let _controller = Running(
-        Command::new(env!("CARGO_BIN_EXE_podmon"))
-            .arg(format!(
+    let _controller = spawn(
+        env!("CARGO_BIN_EXE_podmon"),
+        [
+            format!(
                 "--csisock=unix:{}",
                 driver.controller.endpoint.path().display()
-            ))
-            .arg(format!("-kubeconfig={}", kubeconfig.display()))
-            .arg("--mode=controller")
-            .arg("--leader-election-namespace=default")
-            .arg(format!("--driver-config-params={}", config.display()))
-            .arg(format!("--http-endpoint={controller_address}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            ),
+            format!("-kubeconfig={}", kubeconfig.display()),
+            "--mode=controller".to_string(),
+            "--leader-election-namespace=default".to_string(),
+            format!("--driver-config-params={}", config.display()),
+            format!("--http-endpoint={controller_address}"),
+        ],
     );
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    eventually("the Lease", || async {
-        leases
-            .get_opt("podmon-bin-podmon-test")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    })
-    .await;
+    lease_holder(&client, "podmon-bin-podmon-test").await;
 
     let unreachable = json!({"spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}});
     nodes
