@@ -203,8 +203,10 @@ async fn update_conflicts_and_no_op_writes() {
     );
 }
 
-// Status subresource: status is ignored on the main resource, everything but status on
-// /status; a claim has no generation (its strategy sets none, unlike most kinds with a spec).
+// Status subresource: status is ignored on the main resource, the spec on a claim's /status
+// (its status strategy resets only the spec: metadata sent there is kept, which csi-resizer's
+// node-expansion-not-required annotation relies on); a claim has no generation (its strategy
+// sets none, unlike most kinds with a spec).
 #[tokio::test]
 async fn status_subresource_and_generation() {
     let c = cluster("status").await;
@@ -227,11 +229,13 @@ async fn status_subresource_and_generation() {
         "status ignored on the main resource"
     );
     assert_eq!(patched.metadata.labels.unwrap()["a"], "b");
-    let status = json!({"status": {"phase": "Bound"}, "spec": {"volumeName": "ignored"}});
+    let status = json!({"status": {"phase": "Bound"}, "spec": {"volumeName": "ignored"},
+        "metadata": {"annotations": {"through": "status"}}});
     let patched = api
         .patch_status("claim", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
+    assert_eq!(patched.annotations()["through"], "status", "metadata kept");
     assert_eq!(patched.status.unwrap().phase.as_deref(), Some("Bound"));
     assert_eq!(
         patched.spec.unwrap().volume_name,

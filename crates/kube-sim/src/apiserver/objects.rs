@@ -208,7 +208,8 @@ const IMMUTABLE_METADATA: [&str; 6] = [
 
 /// The object an update (PUT or patch) stores: `incoming` as sent, with immutable metadata
 /// from `current`; on the main resource the status of kinds with a status subresource is
-/// kept, on `/status` only the status is taken. Bumps generation when the spec changed
+/// kept, on `/status` only the status is taken — but for claims everything but the spec, as
+/// their status strategy only resets the spec (metadata written through `/status` is kept). Bumps generation when the spec changed
 /// (https://kubernetes.io/docs/concepts/overview/working-with-objects/#object-spec-and-status;
 /// status subresource: pkg/registry/core/persistentvolumeclaim/strategy.go
 /// PrepareForUpdate/statusStrategy).
@@ -231,7 +232,8 @@ pub fn prepare_update(
             "the name of the object ({sent}) does not match the name on the URL ({name})"
         )));
     }
-    let mut next = if status_only {
+    let status_keeps_metadata = rt.group.is_empty() && rt.kind == "PersistentVolumeClaim";
+    let mut next = if status_only && !status_keeps_metadata {
         let mut next = current.clone();
         next["status"] = incoming["status"].clone();
         next
@@ -251,7 +253,16 @@ pub fn prepare_update(
             }
         }
         next["metadata"]["name"] = json!(name);
-        if rt.has_status() {
+        if status_only {
+            match current.get("spec") {
+                Some(spec) => next["spec"] = spec.clone(),
+                None => {
+                    if let Some(m) = next.as_object_mut() {
+                        m.remove("spec");
+                    }
+                }
+            }
+        } else if rt.has_status() {
             match current.get("status") {
                 Some(status) => next["status"] = status.clone(),
                 None => {
