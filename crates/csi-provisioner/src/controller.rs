@@ -41,7 +41,7 @@ use crate::protection::{self, PROVISIONING_CLASS};
 use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
-use crate::sync_error::SyncError;
+use crate::sync_error::{SnapshotSourceError, SyncError};
 use crate::topology::{PinnedTopology, SelectedNode};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
@@ -757,7 +757,7 @@ impl Provisioner {
                         Some(request::snapshot_content(handle)),
                         Some(ProtectedSource::Snapshot(Box::new(snapshot))),
                     ),
-                    Err(message) => return self.failed(claim, message).await,
+                    Err(error) => return self.failed(claim, error.to_string()).await,
                 }
             }
         })
@@ -832,22 +832,28 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         name: &str,
         namespace: &str,
-    ) -> Result<(String, VolumeSnapshot), String> {
+    ) -> Result<(String, VolumeSnapshot), SnapshotSourceError> {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
         let snapshot = match snapshots.get_opt(name).await {
             Ok(Some(snapshot)) => snapshot,
-            Ok(None) => return Err(format!("snapshot {name} not found")),
-            Err(error) => return Err(format!("error getting snapshot {name}: {error}")),
+            Ok(None) => return Err(SnapshotSourceError::SnapshotNotFound(name.to_string())),
+            Err(source) => {
+                return Err(SnapshotSourceError::GetSnapshot {
+                    name: name.to_string(),
+                    source,
+                });
+            }
         };
-        let content_name = snapshots::bound_content(&snapshot).map_err(|e| e.to_string())?;
+        let content_name = snapshots::bound_content(&snapshot)?;
         let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
         let content = match contents.get_opt(&content_name).await {
             Ok(Some(content)) => content,
-            Ok(None) => return Err(format!("snapshotcontent {content_name} not found")),
-            Err(error) => {
-                return Err(format!(
-                    "error getting snapshotcontent {content_name}: {error}"
-                ));
+            Ok(None) => return Err(SnapshotSourceError::ContentNotFound(content_name)),
+            Err(source) => {
+                return Err(SnapshotSourceError::GetContent {
+                    name: content_name,
+                    source,
+                });
             }
         };
         let handle = snapshots::snapshot_source(
@@ -856,8 +862,7 @@ impl Provisioner {
             &snapshot,
             &content,
             self.settings.prevent_volume_mode_conversion,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok((handle, snapshot))
     }
 

@@ -47,6 +47,23 @@ pub enum SyncError {
     GetCapacity(#[source] tonic::Status),
 }
 
+/// Why a snapshot cannot be restored from; the message of the claim's `ProvisioningFailed`
+/// Event.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotSourceError {
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    #[error("error getting snapshot {name}: {source}")]
+    GetSnapshot { name: String, source: kube::Error },
+    #[error("snapshotcontent {0} not found")]
+    ContentNotFound(String),
+    #[error("error getting snapshotcontent {name}: {source}")]
+    GetContent { name: String, source: kube::Error },
+    /// Unbound, not ready, another driver's, or a refused volume mode conversion.
+    #[error(transparent)]
+    Invalid(#[from] ClaimError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +119,30 @@ mod tests {
             (
                 SyncError::VolumeName(RequestError::MissingUid).to_string(),
                 RequestError::MissingUid.to_string(),
+            ),
+            (
+                SnapshotSourceError::SnapshotNotFound("snap".into()).to_string(),
+                "snapshot snap not found".into(),
+            ),
+            (
+                SnapshotSourceError::GetSnapshot {
+                    name: "snap".into(),
+                    source: api_error(),
+                }
+                .to_string(),
+                format!("error getting snapshot snap: {}", api_error()),
+            ),
+            (
+                SnapshotSourceError::ContentNotFound("content".into()).to_string(),
+                "snapshotcontent content not found".into(),
+            ),
+            (
+                SnapshotSourceError::GetContent {
+                    name: "content".into(),
+                    source: api_error(),
+                }
+                .to_string(),
+                format!("error getting snapshotcontent content: {}", api_error()),
             ),
         ];
         for (text, expected) in table {
