@@ -41,6 +41,7 @@ use crate::protection::{self, PROVISIONING_CLASS};
 use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
+use crate::sync_error::{SnapshotSourceError, SyncError};
 use crate::topology::{PinnedTopology, SelectedNode};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
@@ -453,7 +454,7 @@ impl Provisioner {
     async fn sync_claim(
         &self,
         reference: &ObjectRef<PersistentVolumeClaim>,
-    ) -> Result<Synced, String> {
+    ) -> Result<Synced, SyncError> {
         match self.current_claim(reference) {
             Ok(Some(claim)) => {
                 self.sync_claim_provisioning(&claim, &claim.uid().unwrap_or_default())
@@ -467,7 +468,7 @@ impl Provisioner {
     async fn sync_clone_source(
         &self,
         reference: &ObjectRef<PersistentVolumeClaim>,
-    ) -> Result<Synced, String> {
+    ) -> Result<Synced, SyncError> {
         match self.current_claim(reference) {
             Ok(Some(claim)) if claim_keys(&claim).any(|k| matches!(k, Key::CloneSource(_))) => {
                 self.release_clone_source(&claim).await
@@ -481,7 +482,7 @@ impl Provisioner {
         &self,
         claim: &Arc<PersistentVolumeClaim>,
         uid: &str,
-    ) -> Result<Synced, String> {
+    ) -> Result<Synced, SyncError> {
         let claim = claim.clone();
         let class_name = claim
             .spec
@@ -495,14 +496,14 @@ impl Provisioner {
             self.settings.volume_name_uuid_length,
         ) {
             Ok(name) => name,
-            Err(error @ request::RequestError::UuidLength { .. }) => {
-                // As upstream, whose name slicing panics: the provisioner stops.
-                let message = error.to_string();
-                let _ = self.fatal.set(error);
-                self.stop.cancel();
-                return Err(message);
+            Err(error) => {
+                if let request::RequestError::UuidLength { .. } = error {
+                    // As upstream, whose name slicing panics: the provisioner stops.
+                    let _ = self.fatal.set(error.clone());
+                    self.stop.cancel();
+                }
+                return Err(SyncError::VolumeName(error));
             }
-            Err(error) => return Err(error.to_string()),
         };
         let protected = claim
             .finalizers()
@@ -599,13 +600,13 @@ impl Provisioner {
     async fn warn<T>(
         &self,
         object: &ObjectReference,
-        reason: &str,
+        reason: &'static str,
         message: String,
-    ) -> Result<T, String> {
+    ) -> Result<T, SyncError> {
         self.events
             .publish(object, EventType::Warning, reason, &message)
             .await;
-        Err(message)
+        Err(SyncError::Reported { reason, message })
     }
 
     /// A `VolumeFailedDelete` warning on the PV; the sync fails with `message`.
@@ -613,12 +614,16 @@ impl Provisioner {
         &self,
         volume: &PersistentVolume,
         message: String,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         self.warn(&volume.object_ref(&()), "VolumeFailedDelete", message)
             .await
     }
 
-    async fn failed<T>(&self, claim: &PersistentVolumeClaim, message: String) -> Result<T, String> {
+    async fn failed<T>(
+        &self,
+        claim: &PersistentVolumeClaim,
+        message: String,
+    ) -> Result<T, SyncError> {
         self.warn(&claim.object_ref(&()), "ProvisioningFailed", message)
             .await
     }
@@ -630,7 +635,7 @@ impl Provisioner {
         class: &StorageClass,
         name: &str,
         selected_node: Option<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let message = format!(
             "External provisioner is provisioning volume for claim \"{}/{}\"",
             claim.namespace().unwrap_or_default(),
@@ -711,7 +716,7 @@ impl Provisioner {
     async fn plan(
         &self,
         inputs: &provision::Claim<'_>,
-    ) -> Result<Option<Box<ProvisionPlan>>, String> {
+    ) -> Result<Option<Box<ProvisionPlan>>, SyncError> {
         let claim = inputs.claim;
         match provision::plan(inputs, &self.policy(), self) {
             Ok(Decision::Provision(plan)) => Ok(Some(plan)),
@@ -736,7 +741,7 @@ impl Provisioner {
         &self,
         claim: &PersistentVolumeClaim,
         source: &PlannedSource,
-    ) -> Result<(Option<csi::VolumeContentSource>, Option<ProtectedSource>), String> {
+    ) -> Result<(Option<csi::VolumeContentSource>, Option<ProtectedSource>), SyncError> {
         Ok(match source {
             PlannedSource::Empty => (None, None),
             PlannedSource::Clone {
@@ -752,7 +757,7 @@ impl Provisioner {
                         Some(request::snapshot_content(handle)),
                         Some(ProtectedSource::Snapshot(Box::new(snapshot))),
                     ),
-                    Err(message) => return self.failed(claim, message).await,
+                    Err(error) => return self.failed(claim, error.to_string()).await,
                 }
             }
         })
@@ -763,7 +768,7 @@ impl Provisioner {
         &self,
         claim: &PersistentVolumeClaim,
         refs: &SecretRefs,
-    ) -> Result<HashMap<String, String>, String> {
+    ) -> Result<HashMap<String, String>, SyncError> {
         let Some(reference) = &refs.provisioner else {
             return Ok(HashMap::new());
         };
@@ -782,7 +787,7 @@ impl Provisioner {
         plan: &ProvisionPlan,
         has_selected_node: bool,
         status: tonic::Status,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         if let Some(capacity) = &self.settings.capacity {
             capacity.refresh.class(&class.name_any());
         }
@@ -827,22 +832,28 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         name: &str,
         namespace: &str,
-    ) -> Result<(String, VolumeSnapshot), String> {
+    ) -> Result<(String, VolumeSnapshot), SnapshotSourceError> {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
         let snapshot = match snapshots.get_opt(name).await {
             Ok(Some(snapshot)) => snapshot,
-            Ok(None) => return Err(format!("snapshot {name} not found")),
-            Err(error) => return Err(format!("error getting snapshot {name}: {error}")),
+            Ok(None) => return Err(SnapshotSourceError::SnapshotNotFound(name.to_string())),
+            Err(source) => {
+                return Err(SnapshotSourceError::GetSnapshot {
+                    name: name.to_string(),
+                    source,
+                });
+            }
         };
-        let content_name = snapshots::bound_content(&snapshot).map_err(|e| e.to_string())?;
+        let content_name = snapshots::bound_content(&snapshot)?;
         let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
         let content = match contents.get_opt(&content_name).await {
             Ok(Some(content)) => content,
-            Ok(None) => return Err(format!("snapshotcontent {content_name} not found")),
-            Err(error) => {
-                return Err(format!(
-                    "error getting snapshotcontent {content_name}: {error}"
-                ));
+            Ok(None) => return Err(SnapshotSourceError::ContentNotFound(content_name)),
+            Err(source) => {
+                return Err(SnapshotSourceError::GetContent {
+                    name: content_name,
+                    source,
+                });
             }
         };
         let handle = snapshots::snapshot_source(
@@ -851,14 +862,13 @@ impl Provisioner {
             &snapshot,
             &content,
             self.settings.prevent_volume_mode_conversion,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok((handle, snapshot))
     }
 
     /// Puts the source's protection finalizer on before CreateVolume, so the source stays
     /// while the driver copies from it.
-    async fn protect_source(&self, source: &ProtectedSource) -> Result<(), String> {
+    async fn protect_source(&self, source: &ProtectedSource) -> Result<(), SyncError> {
         match source {
             ProtectedSource::Claim(claim) => {
                 if claim.finalizers().iter().any(|f| f == CLONING_PROTECTION) {
@@ -885,7 +895,7 @@ impl Provisioner {
                         tracing::warn!(snapshot = %snapshot.name_any(), %message, "cannot protect the source snapshot");
                         Ok(())
                     }
-                    Err(error) => Err(error.to_string()),
+                    Err(error) => Err(SyncError::Finalizers(error)),
                 }
             }
         }
@@ -924,7 +934,10 @@ impl Provisioner {
 
     /// The cloning-protection controller's job: a source claim being deleted loses its
     /// finalizer once no Pending claim clones from it.
-    async fn release_clone_source(&self, source: &PersistentVolumeClaim) -> Result<Synced, String> {
+    async fn release_clone_source(
+        &self,
+        source: &PersistentVolumeClaim,
+    ) -> Result<Synced, SyncError> {
         let wanted = DataSource::Claim {
             name: source.name_any(),
             namespace: source.namespace().unwrap_or_default(),
@@ -981,9 +994,8 @@ impl Provisioner {
         pv: serde_json::Value,
         volume_id: &str,
         secrets: HashMap<String, String>,
-    ) -> Result<(), String> {
-        let object: PersistentVolume =
-            serde_json::from_value(pv).map_err(|e| format!("building the PV: {e}"))?;
+    ) -> Result<(), SyncError> {
+        let object: PersistentVolume = serde_json::from_value(pv).map_err(SyncError::BuildPv)?;
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let uid = claim.uid().unwrap_or_default();
         let error = match api.create(&PostParams::default(), &object).await {
@@ -1030,7 +1042,7 @@ impl Provisioner {
         &self,
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
-    ) -> Result<PersistentVolumeClaim, String> {
+    ) -> Result<PersistentVolumeClaim, SyncError> {
         let protected = claim
             .finalizers()
             .iter()
@@ -1042,16 +1054,16 @@ impl Provisioner {
         if !protected {
             finalizers.push(PROVISIONING_PROTECTION.to_string());
         }
-        let record = protection::record(class).map_err(|e| format!("recording the class: {e}"))?;
+        let record = protection::record(class).map_err(SyncError::ClassRecord)?;
         let annotations = BTreeMap::from([(PROVISIONING_CLASS, Some(record))]);
         self.patch_claim(claim, finalizers, &annotations)
             .await?
-            .ok_or_else(|| format!("claim {} is gone", claim.name_any()))
+            .ok_or_else(|| SyncError::ClaimGone(claim.name_any()))
     }
 
     /// Removes the provisioning-protection finalizer and its record (the PV exists, or
     /// nothing was created).
-    async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), SyncError> {
         let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
         let annotations = BTreeMap::from([(PROVISIONING_CLASS, None)]);
         self.patch_claim(claim, finalizers, &annotations)
@@ -1074,7 +1086,7 @@ impl Provisioner {
         &self,
         claim: &PersistentVolumeClaim,
         finalizers: Vec<String>,
-    ) -> Result<Option<PersistentVolumeClaim>, String> {
+    ) -> Result<Option<PersistentVolumeClaim>, SyncError> {
         self.patch_claim(claim, finalizers, &BTreeMap::new()).await
     }
 
@@ -1083,12 +1095,10 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         finalizers: Vec<String>,
         annotations: &BTreeMap<&str, Option<String>>,
-    ) -> Result<Option<PersistentVolumeClaim>, String> {
+    ) -> Result<Option<PersistentVolumeClaim>, SyncError> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations)
-            .await
-            .map_err(String::from)?;
+        let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations).await?;
         if let Some(replaced) = claim.resource_version() {
             lock(&self.unseen.claims).insert(ObjectRef::from_obj(claim), replaced);
         }
@@ -1106,7 +1116,7 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         volume_id: &str,
         secrets: HashMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let request = csi::DeleteVolumeRequest {
             volume_id: volume_id.to_string(),
             secrets,
@@ -1140,7 +1150,7 @@ impl Provisioner {
         node: &OwnNode,
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
-    ) -> Result<Synced, String> {
+    ) -> Result<Synced, SyncError> {
         let (nd, backoff) = (&node.deployment, &node.backoff);
         let uid = claim.uid().unwrap_or_default();
         let delay = backoff.next(&uid, random_fraction(&uid));
@@ -1211,10 +1221,10 @@ impl Provisioner {
             // Lost the race (or another change came first): the newer claim in the cache is
             // offered again and tried with the next, longer delay unless someone owns it.
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Synced::Waiting),
-            Err(error) => Err(format!(
-                "selecting node {:?} for the claim: {error}",
-                nd.node_name
-            )),
+            Err(source) => Err(SyncError::Api {
+                what: format!("selecting node {:?} for the claim", nd.node_name),
+                source,
+            }),
         }
     }
 
@@ -1225,8 +1235,8 @@ impl Provisioner {
         nd: &NodeDeployment,
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
-    ) -> Result<bool, String> {
-        let requested = claims::requested_size(claim).map_err(|e| e.to_string())?;
+    ) -> Result<bool, SyncError> {
+        let requested = claims::requested_size(claim)?;
         if requested == 0
             || !self
                 .settings
@@ -1236,8 +1246,7 @@ impl Provisioner {
             return Ok(true);
         }
         let parameters = class.parameters.clone().unwrap_or_default();
-        let fs_type = request::fs_type(&parameters, &self.settings.default_fstype)
-            .map_err(|e| e.to_string())?;
+        let fs_type = request::fs_type(&parameters, &self.settings.default_fstype)?;
         let spec = claim.spec.clone().unwrap_or_default();
         let volume_capabilities = request::volume_capabilities(
             &spec.access_modes.clone().unwrap_or_default(),
@@ -1247,12 +1256,10 @@ impl Provisioner {
             self.settings
                 .driver
                 .has_controller(ControllerCapability::SingleNodeMultiWriter),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let request = csi::GetCapacityRequest {
             volume_capabilities,
-            parameters: secrets::remove_reserved_parameters(&parameters)
-                .map_err(|e| e.to_string())?
+            parameters: secrets::remove_reserved_parameters(&parameters)?
                 .into_iter()
                 .collect(),
             accessible_topology: (!nd.segments.is_empty()).then(|| csi::Topology {
@@ -1263,7 +1270,7 @@ impl Provisioner {
             .csi
             .get_capacity(request, self.settings.timeout)
             .await
-            .map_err(|status| format!("GetCapacity: {}", status.message()))?;
+            .map_err(SyncError::GetCapacity)?;
         Ok(requested <= response.available_capacity)
     }
 
@@ -1272,7 +1279,7 @@ impl Provisioner {
         &self,
         claim: &PersistentVolumeClaim,
         message: String,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
         let failure = self.failed(claim, message).await;
         if claim.annotations().contains_key(SELECTED_NODE) {
@@ -1285,7 +1292,10 @@ impl Provisioner {
                 &Patch::Merge(patch),
             )
             .await
-            .map_err(|e| format!("removing {SELECTED_NODE}: {e}"))?;
+            .map_err(|source| SyncError::Api {
+                what: format!("removing {SELECTED_NODE}"),
+                source,
+            })?;
         }
         failure
     }
@@ -1335,7 +1345,7 @@ impl Provisioner {
         }
     }
 
-    async fn sync_volume(&self, name: &str) -> Result<Synced, String> {
+    async fn sync_volume(&self, name: &str) -> Result<Synced, SyncError> {
         let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
@@ -1351,7 +1361,7 @@ impl Provisioner {
         &self,
         name: &str,
         volume: Arc<PersistentVolume>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let publishes = self
             .settings
             .driver
@@ -1374,19 +1384,15 @@ impl Provisioner {
             VolumePlan::AddFinalizer => {
                 let mut finalizers = volume.finalizers().to_vec();
                 finalizers.push(PV_FINALIZER.to_string());
-                set_finalizers(&api, &volume, finalizers)
-                    .await
-                    .map(drop)
-                    .map_err(String::from)
+                set_finalizers(&api, &volume, finalizers).await?;
+                Ok(())
             }
             VolumePlan::RemoveFinalizer => {
                 let finalizers = without(volume.finalizers(), PV_FINALIZER);
-                set_finalizers(&api, &volume, finalizers)
-                    .await
-                    .map(drop)
-                    .map_err(String::from)
+                set_finalizers(&api, &volume, finalizers).await?;
+                Ok(())
             }
-            VolumePlan::NotCsi => Err(format!("persistentvolume {name} is not a CSI volume")),
+            VolumePlan::NotCsi => Err(SyncError::NotCsi(name.to_string())),
             VolumePlan::StillAttached => {
                 let node = attached_to.unwrap_or_default();
                 let message = format!("persistentvolume {name} is still attached to node {node}");
@@ -1425,7 +1431,12 @@ impl Provisioner {
                 let remaining = match api.delete(name, &DeleteParams::default()).await {
                     Ok(either) => either.left(),
                     Err(kube::Error::Api(status)) if status.code == 404 => None,
-                    Err(error) => return Err(format!("deleting PV {name}: {error}")),
+                    Err(source) => {
+                        return Err(SyncError::Api {
+                            what: format!("deleting PV {name}"),
+                            source,
+                        });
+                    }
                 };
                 if let Some(current) = remaining
                     && current.finalizers().iter().any(|f| f == PV_FINALIZER)

@@ -53,5 +53,6 @@ pub mod pv;
 pub mod request;
 pub mod run;
 pub mod snapshots;
+pub mod sync_error;
 pub mod topology;
 pub mod vac;

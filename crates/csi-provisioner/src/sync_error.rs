@@ -1,0 +1,152 @@
+//! Why a sync of a claim or PV failed. The workers log the error and back its key off; the
+//! texts are the ones users see in logs and Events, so they stay as upstream words them.
+
+use csi_sidecar::finalizers::FinalizerError;
+use csi_sidecar::secrets::SecretsError;
+
+use crate::claims::ClaimError;
+use crate::request::RequestError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Already published as a warning Event with `reason` (`ProvisioningFailed`,
+    /// `VolumeFailedDelete`, `ProvisioningCleanupFailed`) and `message` on the object.
+    #[error("{message}")]
+    Reported {
+        reason: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Finalizers(#[from] FinalizerError),
+    /// An API request other than a finalizer patch; `what` names it.
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+    /// No name for the claim's volume; with `--volume-name-uuid-length` too long for claim
+    /// UIDs, the provisioner stops.
+    #[error(transparent)]
+    VolumeName(RequestError),
+    #[error("building the PV: {0}")]
+    BuildPv(#[source] serde_json::Error),
+    /// The claim's class cannot be written into the provisioning-protection record.
+    #[error("recording the class: {0}")]
+    ClassRecord(#[source] serde_json::Error),
+    #[error("claim {0} is gone")]
+    ClaimGone(String),
+    #[error("persistentvolume {0} is not a CSI volume")]
+    NotCsi(String),
+    /// The claim's size, for a node's capacity check.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// CreateVolume's fsType or capabilities, for a node's capacity check.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The class's parameters, for a node's capacity check.
+    #[error(transparent)]
+    Parameters(#[from] SecretsError),
+    #[error("GetCapacity: {}", .0.message())]
+    GetCapacity(#[source] tonic::Status),
+}
+
+/// Why a snapshot cannot be restored from; the message of the claim's `ProvisioningFailed`
+/// Event.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotSourceError {
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    #[error("error getting snapshot {name}: {source}")]
+    GetSnapshot { name: String, source: kube::Error },
+    #[error("snapshotcontent {0} not found")]
+    ContentNotFound(String),
+    #[error("error getting snapshotcontent {name}: {source}")]
+    GetContent { name: String, source: kube::Error },
+    /// Unbound, not ready, another driver's, or a refused volume mode conversion.
+    #[error(transparent)]
+    Invalid(#[from] ClaimError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The texts the errors had as strings: log lines, tests and users' alerts match them.
+    #[test]
+    fn texts_are_unchanged() {
+        let api_error = || {
+            kube::Error::Api(
+                kube::core::Status::failure("boom", "InternalError")
+                    .with_code(500)
+                    .boxed(),
+            )
+        };
+        let json_error = || serde_json::from_str::<u8>("x").unwrap_err();
+        let table = [
+            (
+                SyncError::Reported {
+                    reason: "ProvisioningFailed",
+                    message: "the message".into(),
+                }
+                .to_string(),
+                "the message".to_string(),
+            ),
+            (
+                SyncError::Api {
+                    what: "deleting PV pv-1".into(),
+                    source: api_error(),
+                }
+                .to_string(),
+                format!("deleting PV pv-1: {}", api_error()),
+            ),
+            (
+                SyncError::BuildPv(json_error()).to_string(),
+                format!("building the PV: {}", json_error()),
+            ),
+            (
+                SyncError::ClassRecord(json_error()).to_string(),
+                format!("recording the class: {}", json_error()),
+            ),
+            (
+                SyncError::ClaimGone("data".into()).to_string(),
+                "claim data is gone".into(),
+            ),
+            (
+                SyncError::NotCsi("pv-1".into()).to_string(),
+                "persistentvolume pv-1 is not a CSI volume".into(),
+            ),
+            (
+                SyncError::GetCapacity(tonic::Status::unavailable("no pool")).to_string(),
+                "GetCapacity: no pool".into(),
+            ),
+            (
+                SyncError::VolumeName(RequestError::MissingUid).to_string(),
+                RequestError::MissingUid.to_string(),
+            ),
+            (
+                SnapshotSourceError::SnapshotNotFound("snap".into()).to_string(),
+                "snapshot snap not found".into(),
+            ),
+            (
+                SnapshotSourceError::GetSnapshot {
+                    name: "snap".into(),
+                    source: api_error(),
+                }
+                .to_string(),
+                format!("error getting snapshot snap: {}", api_error()),
+            ),
+            (
+                SnapshotSourceError::ContentNotFound("content".into()).to_string(),
+                "snapshotcontent content not found".into(),
+            ),
+            (
+                SnapshotSourceError::GetContent {
+                    name: "content".into(),
+                    source: api_error(),
+                }
+                .to_string(),
+                format!("error getting snapshotcontent content: {}", api_error()),
+            ),
+        ];
+        for (text, expected) in table {
+            assert_eq!(text, expected);
+        }
+    }
+}
