@@ -15,6 +15,7 @@ use csi_sidecar::finalizers::{
     FinalizerError, remove_finalizer, set_finalizers, set_finalizers_and_annotations, without,
 };
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use futures::FutureExt;
@@ -266,15 +267,13 @@ pub async fn run(
             deployment,
         }),
         fatal: std::sync::OnceLock::new(),
-        stop: CancellationToken::new(),
+        stop: shutdown.child_token(),
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
-    // The workers belong to this loop: when it stops (shutdown, lost leadership, or the task is
-    // dropped) every in-flight sync is dropped with it.
+    // The sweeper and capacity tracking belong to the loop: they stop with it (shutdown, lost
+    // leadership, a fatal error, or the task dropped).
     let mut tasks = tokio::task::JoinSet::new();
-    let mut last_resync = Instant::now();
-    let mut full = false;
     tasks.spawn(provisioner.clone().sweep_snapshots(shutdown.clone()));
     if let Some(capacity) = provisioner.settings.capacity.clone() {
         tasks.spawn(crate::capacity::controller::run(
@@ -284,30 +283,22 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-    loop {
-        while tasks.try_join_next().is_some() {}
-        if last_resync.elapsed() >= provisioner.settings.resync {
-            provisioner.resync();
-            last_resync = Instant::now();
-            full = true;
-        }
-        let pass_started = Instant::now();
-        provisioner.pass(&mut tasks, std::mem::take(&mut full));
-        let next = provisioner
-            .workers
-            .next_retry(pass_started)
-            .unwrap_or(provisioner.settings.resync);
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = provisioner.stop.cancelled() => {
-                let error = provisioner.fatal.get().cloned().map(ProvisionerError::VolumeName);
-                return error.map_or(Ok(()), Err);
-            }
-            () = wake.notified() => {}
-            () = provisioner.workers.wakened() => {}
-            () = tokio::time::sleep(next) => {}
-        }
-    }
+    provisioner
+        .workers
+        .run(
+            tasks,
+            &wake,
+            provisioner.settings.resync,
+            &provisioner.stop,
+            |tasks, full| provisioner.pass(tasks, full),
+        )
+        .await;
+    let error = provisioner
+        .fatal
+        .get()
+        .cloned()
+        .map(ProvisionerError::VolumeName);
+    error.map_or(Ok(()), Err)
 }
 
 /// A number in [0, 1) that differs between instances and calls (`RandomState` is seeded
@@ -326,18 +317,13 @@ fn rand_suffix() -> u32 {
     (nanos ^ std::process::id()) % 10_000
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Provisioner {
     /// Offers the keys the watches brought, those waiting and those due for a retry — or,
     /// when `full` (the periodic resync), every claim and PV.
     fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>, full: bool) {
         self.forget_seen_writes();
         let offered: Vec<(Key, Option<String>)> = if full {
+            self.forget_gone_claims();
             let claims = self.caches.claims.state().into_iter().flat_map(|c| {
                 let version = c.resource_version();
                 claim_keys(&c).map(move |key| (key, version.clone()))
@@ -403,10 +389,8 @@ impl Provisioner {
         }
     }
 
-    /// The periodic resync: every object is synced again; state of objects that are gone is
-    /// dropped.
-    fn resync(&self) {
-        self.workers.resync();
+    /// Drops the per-claim state of claims that are gone (on the periodic resync).
+    fn forget_gone_claims(&self) {
         let uids: HashSet<String> = self
             .caches
             .claims

@@ -21,12 +21,6 @@ pub enum FinalizerError {
     Patch(String),
 }
 
-impl From<FinalizerError> for String {
-    fn from(error: FinalizerError) -> Self {
-        error.to_string()
-    }
-}
-
 /// `finalizers` without `finalizer`.
 pub fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
     finalizers
