@@ -342,11 +342,16 @@ async fn complete_binding(
         merge_patch(&claims, &claim.name_any(), json!({"metadata": {"annotations": annotations}, "spec": {"volumeName": volume.name_any()}})).await?;
     }
     let status = claim.status.clone().unwrap_or_default();
-    let capacity: Option<BTreeMap<String, Quantity>> = spec.capacity.clone();
-    if status.phase.as_deref() != Some("Bound")
-        || status.capacity != capacity
-        || status.access_modes != spec.access_modes
-    {
+    // The capacity is copied only when the claim becomes Bound (updateClaimStatus): later a
+    // smaller claim capacity than the PV's means the filesystem still waits for the node to
+    // grow it, and must not be overwritten.
+    if status.phase.as_deref() != Some("Bound") || status.access_modes != spec.access_modes {
+        let capacity: Option<BTreeMap<String, Quantity>> =
+            if status.phase.as_deref() == Some("Bound") {
+                status.capacity.clone()
+            } else {
+                spec.capacity.clone()
+            };
         merge_patch_status(&claims, &claim.name_any(), json!({"status": {"phase": "Bound", "capacity": capacity, "accessModes": spec.access_modes}})).await?;
         tracing::info!(claim = %key(claim), volume = %volume.name_any(), "bound");
     }
