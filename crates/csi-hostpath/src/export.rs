@@ -155,6 +155,19 @@ pub fn resize_filesystem(mount: &Path, device_bytes: u64) -> io::Result<()> {
     resize(&root, device_bytes / block_size)
 }
 
+/// Whether this process may grow a mounted ext4 filesystem (EXT4_IOC_RESIZE_FS needs
+/// CAP_SYS_RESOURCE, which containers often lack even as root).
+pub fn can_resize_online() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
 /// The size in bytes of a block device (a loop device's current capacity).
 pub fn device_bytes(device: &str) -> io::Result<u64> {
     let name = Path::new(device)

@@ -104,16 +104,6 @@ fn mount_root(point: &Path) -> String {
 }
 
 /// Whether this process has CAP_SYS_RESOURCE, which online ext4 resizing needs.
-fn may_resize_online() -> bool {
-    const CAP_SYS_RESOURCE: u32 = 24;
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << CAP_SYS_RESOURCE) != 0)
-}
-
 fn image_is_clean(image: &Path) {
     let check = Command::new("e2fsck")
         .arg("-fn")
@@ -380,7 +370,7 @@ async fn ext4_volumes_export_clone_snapshot_expand_and_refuse_what_ext4_cannot_d
             T,
         )
         .await;
-    if may_resize_online() {
+    if csi_hostpath::export::can_resize_online() {
         grown.unwrap();
         let after = node_a.node_get_volume_stats(stats(&at.1), T).await.unwrap();
         assert!(
