@@ -702,6 +702,37 @@ impl Cluster {
         Sidecar { shutdown, task }
     }
 
+    /// Runs csi-resizer's controller in this process against the driver's controller
+    /// instance, with upstream's defaults and gates (fast retries for tests).
+    pub async fn start_resizer(&self) -> Sidecar {
+        let csi = self.driver.controller.csi.clone();
+        let driver = discover_controller(&csi).await;
+        let settings = csi_resizer::controller::Settings {
+            resizer: csi_resizer::resize::Resizer::of(&driver).expect("the driver expands"),
+            driver_name: driver.name,
+            timeout: Duration::from_secs(10),
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            workers: 10,
+            resync: Duration::from_secs(600),
+            handle_volume_in_use_error: true,
+            recover: true,
+            annotate_fs_resize: true,
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
+        };
+        let client = self.component_client("csi-resizer");
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = csi_resizer::controller::run(client, csi, settings, token).await {
+                tracing::error!(%error, "csi-resizer stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
     /// Runs csi-provisioner's controller in this process against the driver's controller
     /// instance, with upstream's defaults (fast retries for tests).
     pub async fn start_provisioner(&self) -> Sidecar {

@@ -1,0 +1,400 @@
+//! csi-resizer with the provisioner, the attacher and kube-sim's kubelets: a claim asks for
+//! more, the driver's ControllerExpandVolume grows the volume, the PV and the claim record it;
+//! an ext4 volume is then grown on the node by kubelet (NodeExpandVolume) — online while a pod
+//! uses it, or when a pod next mounts it; a size the driver cannot give is reported and a
+//! smaller request afterwards recovers.
+//!
+//! The reference driver grows a mounted ext4 filesystem with EXT4_IOC_RESIZE_FS, which needs
+//! CAP_SYS_RESOURCE. Where the tests run without it (containers often drop it, root or not),
+//! the ext4 scenarios check the other half of the story instead: the refusal is reported on
+//! the pod (`FileSystemResizeFailed`), the claim keeps waiting for the node at its old
+//! capacity, and the pod keeps running.
+
+use std::time::Duration;
+
+use csi_hostpath::export::can_resize_online;
+use csi_proto::csi::v1 as csi;
+use csi_suite_scenarios::fixtures::{bound, is_running, pod};
+use csi_suite_scenarios::{Cluster, Sidecar, report_skip, skip_without_root};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+/// The sidecars an expansion needs (the attacher too: ext4 volumes are published to nodes).
+struct Controllers {
+    _provisioner: Sidecar,
+    _attacher: Sidecar,
+    _resizer: Sidecar,
+}
+
+async fn controllers(cluster: &Cluster) -> Controllers {
+    Controllers {
+        _provisioner: cluster.start_provisioner().await,
+        _attacher: cluster.start_attacher().await,
+        _resizer: cluster.start_resizer().await,
+    }
+}
+
+/// An Immediate class of the scenario's driver that allows expansion.
+async fn expandable_class(
+    cluster: &Cluster,
+    suffix: &str,
+    parameters: serde_json::Value,
+) -> String {
+    let name = format!("{}-{suffix}", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            json!({"metadata": {"name": name}, "provisioner": cluster.driver_name,
+                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
+                "allowVolumeExpansion": true, "parameters": parameters}),
+        )
+        .await;
+    name
+}
+
+/// A bound claim `name` of `class` asking for `size`; returns the name of its PV.
+async fn bound_claim(cluster: &Cluster, name: &str, class: &str, size: &str) -> String {
+    cluster
+        .create(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            json!({"metadata": {"name": name}, "spec": {"storageClassName": class,
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}),
+        )
+        .await;
+    let claim = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            name,
+            "the claim Bound",
+            bound,
+        )
+        .await;
+    claim.spec.and_then(|s| s.volume_name).expect("a bound PV")
+}
+
+async fn request(cluster: &Cluster, claim: &str, size: &str) {
+    try_request(cluster, claim, size)
+        .await
+        .expect("the new request");
+}
+
+async fn try_request(cluster: &Cluster, claim: &str, size: &str) -> Result<(), kube::Error> {
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .patch(
+            claim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": size}}}})),
+        )
+        .await
+        .map(drop)
+}
+
+fn storage(
+    capacity: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+) -> String {
+    capacity
+        .and_then(|c| c.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default()
+}
+
+fn claim_capacity(claim: &PersistentVolumeClaim) -> String {
+    storage(claim.status.as_ref().and_then(|s| s.capacity.as_ref()))
+}
+
+fn condition_types(claim: &PersistentVolumeClaim) -> Vec<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect()
+}
+
+async fn wait_pv_capacity(cluster: &Cluster, pv: &str, size: &str) {
+    let want = size.to_string();
+    cluster
+        .wait_for(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            pv,
+            &format!("the PV grown to {size}"),
+            move |pv| storage(pv.spec.as_ref().and_then(|s| s.capacity.as_ref())) == want,
+        )
+        .await;
+}
+
+async fn wait_claim_capacity(cluster: &Cluster, claim: &str, size: &str) -> PersistentVolumeClaim {
+    let want = size.to_string();
+    cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            claim,
+            &format!("the claim's capacity {size}, no resize conditions"),
+            move |c| claim_capacity(c) == want && condition_types(c).is_empty(),
+        )
+        .await
+}
+
+/// The size of the filesystem the driver reports for the pod's mount of `pv` (statvfs).
+async fn filesystem_bytes(cluster: &Cluster, node: &str, pod: &Pod, pv: &PersistentVolume) -> i64 {
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .expect("CSI")
+        .volume_handle
+        .clone();
+    let root = cluster.kubelet(node).root().to_path_buf();
+    let target = kube_sim::roles::kubelet::target_path(
+        &root,
+        &pod.uid().unwrap_or_default(),
+        &pv.name_any(),
+        false,
+    );
+    let stats = cluster
+        .driver
+        .node(node)
+        .csi
+        .node_get_volume_stats(
+            csi::NodeGetVolumeStatsRequest {
+                volume_id: handle,
+                volume_path: target.display().to_string(),
+                staging_target_path: String::new(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("NodeGetVolumeStats");
+    stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .map(|u| u.total)
+        .expect("a byte count")
+}
+
+/// Without CAP_SYS_RESOURCE: the node's refusal is an Event on the pod naming the missing
+/// privilege, and the claim still waits for the node at `capacity`.
+async fn refused_on_the_node(cluster: &Cluster, capacity: &str) {
+    cluster
+        .wait_for_event("app", "FileSystemResizeFailed", "CAP_SYS_RESOURCE")
+        .await;
+    let claim = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("data")
+        .await
+        .unwrap();
+    assert_eq!(claim_capacity(&claim), capacity, "not grown on the node");
+    assert!(
+        condition_types(&claim).contains(&"FileSystemResizePending".to_string()),
+        "still waiting for the node: {:?}",
+        condition_types(&claim)
+    );
+}
+
+/// A directory volume needs nothing from the node: the controller's expansion finishes the
+/// claim, with upstream's Events, and nothing is left pending.
+#[tokio::test]
+async fn a_volume_the_node_need_not_grow_is_finished_by_the_controller() {
+    let cluster = Cluster::start("resize-controller-only").await;
+    let _controllers = controllers(&cluster).await;
+    let class = expandable_class(&cluster, "dirs", json!({})).await;
+    let pv = bound_claim(&cluster, "data", &class, "2Mi").await;
+
+    request(&cluster, "data", "4Mi").await;
+    wait_pv_capacity(&cluster, &pv, "4Mi").await;
+    wait_claim_capacity(&cluster, "data", "4Mi").await;
+    cluster
+        .wait_for_event("data", "Resizing", "External resizer is resizing volume")
+        .await;
+    cluster
+        .wait_for_event("data", "VolumeResizeSuccessful", "")
+        .await;
+    cluster.stop().await;
+}
+
+/// An ext4 volume a running pod uses: ControllerExpandVolume grows the image, the claim waits
+/// for the node (FileSystemResizePending), kubelet grows the mounted filesystem, and the pod
+/// keeps running.
+#[tokio::test]
+async fn a_mounted_ext4_volume_grows_online_with_its_pod_running() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("resize-online").await;
+    let _controllers = controllers(&cluster).await;
+    let class = expandable_class(
+        &cluster,
+        "ext4",
+        json!({"csi.storage.k8s.io/fstype": "ext4"}),
+    )
+    .await;
+    let pv_name = bound_claim(&cluster, "data", &class, "16Mi").await;
+    let node = cluster.node("node-a");
+    cluster
+        .create(
+            &cluster.namespaced::<Pod>(),
+            pod("app", &node, Some("data"), true),
+        )
+        .await;
+    let running = cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app",
+            "the pod Running",
+            is_running,
+        )
+        .await;
+    let pv = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv_name)
+        .await
+        .unwrap();
+    let before = filesystem_bytes(&cluster, &node, &running, &pv).await;
+
+    request(&cluster, "data", "32Mi").await;
+    wait_pv_capacity(&cluster, &pv_name, "32Mi").await;
+    cluster
+        .wait_for_event("data", "FileSystemResizeRequired", "")
+        .await;
+    if can_resize_online() {
+        wait_claim_capacity(&cluster, "data", "32Mi").await;
+        cluster
+            .wait_for_event(
+                "data",
+                "FileSystemResizeSuccessful",
+                "NodeExpandVolume succeeded",
+            )
+            .await;
+        let pv = cluster
+            .cluster_scoped::<PersistentVolume>()
+            .get(&pv_name)
+            .await
+            .unwrap();
+        let after = filesystem_bytes(&cluster, &node, &running, &pv).await;
+        assert!(
+            after > before + (8 << 20),
+            "the mounted filesystem grew from {before} to {after} bytes"
+        );
+    } else {
+        refused_on_the_node(&cluster, "16Mi").await;
+    }
+    let still = cluster.namespaced::<Pod>().get("app").await.unwrap();
+    assert!(is_running(&still), "the pod kept running");
+    assert_eq!(still.uid(), running.uid(), "the same pod");
+    cluster.stop().await;
+}
+
+/// An ext4 volume no pod uses: the controller's part is done at once and the claim keeps
+/// FileSystemResizePending until a pod mounts the volume; then kubelet grows it.
+#[tokio::test]
+async fn an_unused_ext4_volume_grows_on_the_node_when_a_pod_mounts_it() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("resize-offline").await;
+    let _controllers = controllers(&cluster).await;
+    let class = expandable_class(
+        &cluster,
+        "ext4",
+        json!({"csi.storage.k8s.io/fstype": "ext4"}),
+    )
+    .await;
+    let pv_name = bound_claim(&cluster, "data", &class, "16Mi").await;
+
+    request(&cluster, "data", "32Mi").await;
+    wait_pv_capacity(&cluster, &pv_name, "32Mi").await;
+    let pending = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the claim waiting for the node",
+            |c| condition_types(c).contains(&"FileSystemResizePending".to_string()),
+        )
+        .await;
+    assert_eq!(claim_capacity(&pending), "16Mi", "not grown on a node yet");
+
+    let node = cluster.node("node-a");
+    cluster
+        .create(
+            &cluster.namespaced::<Pod>(),
+            pod("app", &node, Some("data"), false),
+        )
+        .await;
+    let running = cluster
+        .wait_for(
+            &cluster.namespaced::<Pod>(),
+            "app",
+            "the pod Running",
+            is_running,
+        )
+        .await;
+    if can_resize_online() {
+        wait_claim_capacity(&cluster, "data", "32Mi").await;
+        let pv = cluster
+            .cluster_scoped::<PersistentVolume>()
+            .get(&pv_name)
+            .await
+            .unwrap();
+        let bytes = filesystem_bytes(&cluster, &node, &running, &pv).await;
+        assert!(
+            bytes > 24 << 20,
+            "the filesystem has the new size: {bytes} bytes"
+        );
+    } else {
+        refused_on_the_node(&cluster, "16Mi").await;
+    }
+    cluster.stop().await;
+}
+
+/// A size the driver cannot give is reported on the claim; asking for less afterwards
+/// (RecoverVolumeExpansionFailure) expands to that.
+#[tokio::test]
+async fn an_infeasible_size_is_reported_and_a_smaller_request_recovers() {
+    let cluster = Cluster::start("resize-infeasible").await;
+    let _controllers = controllers(&cluster).await;
+    let class = expandable_class(&cluster, "dirs", json!({})).await;
+    let pv = bound_claim(&cluster, "data", &class, "2Mi").await;
+
+    request(&cluster, "data", "2Pi").await;
+    cluster
+        .wait_for_event("data", "VolumeResizeFailed", "")
+        .await;
+    let claim = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("data")
+        .await
+        .unwrap();
+    assert_eq!(claim_capacity(&claim), "2Mi", "nothing expanded");
+
+    // Lowering a request needs RecoverVolumeExpansionFailure (beta, on, from Kubernetes 1.32):
+    // older API servers refuse it.
+    match try_request(&cluster, "data", "3Mi").await {
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            report_skip(
+                "an_infeasible_size_is_reported_and_a_smaller_request_recovers (recovery)",
+                &format!(
+                    "the API server refuses a smaller request: {}",
+                    status.message
+                ),
+            );
+            cluster.stop().await;
+            return;
+        }
+        result => result.expect("a smaller request"),
+    }
+    wait_pv_capacity(&cluster, &pv, "3Mi").await;
+    wait_claim_capacity(&cluster, "data", "3Mi").await;
+    cluster.stop().await;
+}
