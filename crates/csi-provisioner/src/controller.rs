@@ -1229,32 +1229,26 @@ impl Provisioner {
         {
             return Ok(true);
         }
-        let parameters = class.parameters.clone().unwrap_or_default();
-        let fs_type = request::fs_type(&parameters, &self.settings.default_fstype)?;
         let spec = claim.spec.clone().unwrap_or_default();
-        let volume_capabilities = request::volume_capabilities(
-            &spec.access_modes.clone().unwrap_or_default(),
-            spec.volume_mode.as_deref(),
-            &fs_type,
-            &class.mount_options.clone().unwrap_or_default(),
-            self.settings
+        let shape = crate::capacity::VolumeShape {
+            access_modes: spec.access_modes.as_deref().unwrap_or_default(),
+            volume_mode: spec.volume_mode.as_deref(),
+            single_node_multi_writer: self
+                .settings
                 .driver
                 .has_controller(ControllerCapability::SingleNodeMultiWriter),
-        )?;
-        let request = csi::GetCapacityRequest {
-            volume_capabilities,
-            parameters: secrets::remove_reserved_parameters(&parameters)?
-                .into_iter()
-                .collect(),
-            accessible_topology: (!nd.segments.is_empty()).then(|| csi::Topology {
-                segments: nd.segments.clone().into_iter().collect(),
-            }),
         };
+        let request = crate::capacity::get_capacity_request(
+            class,
+            &self.settings.default_fstype,
+            &shape,
+            &nd.segments,
+        )?;
         let response = self
             .csi
             .get_capacity(request, self.settings.timeout)
             .await
-            .map_err(SyncError::GetCapacity)?;
+            .map_err(crate::capacity::CapacityError::GetCapacity)?;
         Ok(requested <= response.available_capacity)
     }
 

@@ -2,7 +2,6 @@
 //! texts are the ones users see in logs and Events, so they stay as upstream words them.
 
 use csi_sidecar::finalizers::FinalizerError;
-use csi_sidecar::secrets::SecretsError;
 
 use crate::claims::ClaimError;
 use crate::request::RequestError;
@@ -37,14 +36,9 @@ pub enum SyncError {
     /// The claim's size, for a node's capacity check.
     #[error(transparent)]
     Claim(#[from] ClaimError),
-    /// CreateVolume's fsType or capabilities, for a node's capacity check.
+    /// A node's capacity check: its GetCapacity request, or the call.
     #[error(transparent)]
-    Request(#[from] RequestError),
-    /// The class's parameters, for a node's capacity check.
-    #[error(transparent)]
-    Parameters(#[from] SecretsError),
-    #[error("GetCapacity: {}", .0.message())]
-    GetCapacity(#[source] tonic::Status),
+    Capacity(#[from] crate::capacity::CapacityError),
 }
 
 /// Why a snapshot cannot be restored from; the message of the claim's `ProvisioningFailed`
@@ -113,8 +107,11 @@ mod tests {
                 "persistentvolume pv-1 is not a CSI volume".into(),
             ),
             (
-                SyncError::GetCapacity(tonic::Status::unavailable("no pool")).to_string(),
-                "GetCapacity: no pool".into(),
+                SyncError::Capacity(crate::capacity::CapacityError::GetCapacity(
+                    tonic::Status::unavailable("no pool"),
+                ))
+                .to_string(),
+                "GetCapacity: rpc error: code = Unavailable desc = no pool".into(),
             ),
             (
                 SyncError::VolumeName(RequestError::MissingUid).to_string(),

@@ -214,21 +214,46 @@ pub fn capacity_request(
     class: &StorageClass,
     default_fstype: &str,
 ) -> Result<csi::GetCapacityRequest, CapacityError> {
+    let read_write_once = VolumeShape {
+        access_modes: &["ReadWriteOnce".to_string()],
+        volume_mode: None,
+        single_node_multi_writer: false,
+    };
+    get_capacity_request(class, default_fstype, &read_write_once, &item.segment)
+}
+
+/// The volumes GetCapacity asks about: their access modes and volume mode, and whether the
+/// driver can tell single-node writers apart.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeShape<'a> {
+    pub access_modes: &'a [String],
+    pub volume_mode: Option<&'a str>,
+    pub single_node_multi_writer: bool,
+}
+
+/// GetCapacity for volumes of `shape` and `class` in `segment` (everywhere when empty), with
+/// the capability and parameters CreateVolume would get.
+pub fn get_capacity_request(
+    class: &StorageClass,
+    default_fstype: &str,
+    shape: &VolumeShape<'_>,
+    segment: &Segment,
+) -> Result<csi::GetCapacityRequest, CapacityError> {
     let parameters = class.parameters.clone().unwrap_or_default();
     let fs_type = request::fs_type(&parameters, default_fstype)?;
     let capabilities = request::volume_capabilities(
-        &["ReadWriteOnce".to_string()],
-        None,
+        shape.access_modes,
+        shape.volume_mode,
         &fs_type,
         &class.mount_options.clone().unwrap_or_default(),
-        false,
+        shape.single_node_multi_writer,
     )?;
     let parameters = csi_sidecar::secrets::remove_reserved_parameters(&parameters)?;
     Ok(csi::GetCapacityRequest {
         volume_capabilities: capabilities,
         parameters: parameters.into_iter().collect(),
-        accessible_topology: (!item.segment.is_empty()).then(|| csi::Topology {
-            segments: item.segment.clone().into_iter().collect(),
+        accessible_topology: (!segment.is_empty()).then(|| csi::Topology {
+            segments: segment.clone().into_iter().collect(),
         }),
     })
 }
