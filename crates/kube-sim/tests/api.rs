@@ -251,6 +251,68 @@ async fn status_subresource_and_generation() {
     assert_eq!(patched.metadata.generation, None);
 }
 
+// PersistentVolumeClaimResize admission: a larger request needs a Bound claim of a class that
+// allows expansion (403 otherwise); a class that allows it lets the request grow.
+#[tokio::test]
+async fn claim_expansion_needs_a_bound_claim_of_an_expandable_class() {
+    let c = cluster("resize").await;
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
+    let api: Api<PersistentVolumeClaim> = c.api();
+    for (suffix, expandable) in [("fixed", false), ("grows", true)] {
+        let class = format!("{}-{suffix}", c.namespace);
+        let object = json!({"metadata": {"name": class}, "provisioner": "resize.kube-sim.test",
+            "allowVolumeExpansion": expandable});
+        classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(object).unwrap(),
+            )
+            .await
+            .unwrap();
+        let claim = json!({"metadata": {"name": suffix}, "spec": {"storageClassName": class,
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(claim).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let grow = |size: &str| json!({"spec": {"resources": {"requests": {"storage": size}}}});
+    let params = PatchParams::default();
+    let pending = api
+        .patch("grows", &params, &Patch::Merge(grow("2Gi")))
+        .await;
+    assert_eq!(code(pending), 403, "a Pending claim");
+    let bound = json!({"status": {"phase": "Bound"}});
+    for name in ["fixed", "grows"] {
+        api.patch_status(name, &params, &Patch::Merge(&bound))
+            .await
+            .unwrap();
+    }
+    let fixed = api
+        .patch("fixed", &params, &Patch::Merge(grow("2Gi")))
+        .await;
+    assert_eq!(code(fixed), 403, "a class without allowVolumeExpansion");
+    let grown = api
+        .patch("grows", &params, &Patch::Merge(grow("2Gi")))
+        .await
+        .unwrap();
+    assert_eq!(
+        grown.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+        "2Gi"
+    );
+    for suffix in ["fixed", "grows"] {
+        classes
+            .delete(
+                &format!("{}-{suffix}", c.namespace),
+                &DeleteParams::default(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
 // JSON patch with a failing `test` is rejected (422) and changes nothing.
 #[tokio::test]
 async fn json_patch_test_guards() {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::errors::ApiError;
 use crate::resources::ResourceType;
 
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
@@ -47,6 +48,44 @@ pub fn admit(
         _ => {}
     }
     object
+}
+
+/// PersistentVolumeClaimResize (plugin/pkg/admission/storage/persistentvolume/resize) on an
+/// update of a claim: a larger storage request needs a Bound claim whose class (`class`, the
+/// StorageClass the claim names, if it exists) allows volume expansion.
+pub fn admit_claim_update(
+    current: &Value,
+    next: &Value,
+    class: Option<&Value>,
+) -> Result<(), ApiError> {
+    let storage = |claim: &Value| {
+        claim["spec"]["resources"]["requests"]["storage"]
+            .as_str()
+            .and_then(csi_sidecar::quantity::parse)
+    };
+    let (Some(old), Some(new)) = (storage(current), storage(next)) else {
+        return Ok(());
+    };
+    if new <= old {
+        return Ok(());
+    }
+    let name = current["metadata"]["name"].as_str().unwrap_or_default();
+    let refuse = |why: &str| {
+        ApiError::forbidden(format!(
+            "persistentvolumeclaims \"{name}\" is forbidden: {why}"
+        ))
+    };
+    if current["status"]["phase"] != "Bound" {
+        return Err(refuse(
+            "Only bound persistent volume claims can be expanded",
+        ));
+    }
+    if class.is_none_or(|c| c["allowVolumeExpansion"] != true) {
+        return Err(refuse(
+            "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+        ));
+    }
+    Ok(())
 }
 
 fn add_finalizer(object: &mut Value, finalizer: &str) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::delete::after_removal;
-use super::{Server, key, objects};
+use super::{Server, admission, key, objects};
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 
@@ -21,6 +21,17 @@ pub(super) fn update(
     incoming: Value,
     status_only: bool,
 ) -> Result<Value, ApiError> {
+    // Read before the commit, which holds the store: the class a resized claim names.
+    let resizes_claim = rt.group.is_empty() && rt.kind == "PersistentVolumeClaim" && !status_only;
+    let class = incoming["spec"]["storageClassName"]
+        .as_str()
+        .filter(|_| resizes_claim)
+        .and_then(|class| {
+            let classes = server
+                .resource("storage.k8s.io", "v1", "storageclasses")
+                .ok()?;
+            server.store.get(&key(&classes, None, class))
+        });
     let written = server.store.commit(&key(rt, ns, name), |current| {
         let current = current.ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
         if let Some(expected) = objects::expected_version(&incoming)
@@ -36,6 +47,9 @@ pub(super) fn update(
             }
         }
         let next = objects::prepare_update(rt, current, incoming, status_only)?;
+        if resizes_claim {
+            admission::admit_claim_update(current, &next, class.as_deref())?;
+        }
         if objects::is_deleting(&next) && objects::finalizers(&next).is_empty() && !is_pod_in_grace(rt, &next) {
             return Ok(None);
         }
