@@ -85,7 +85,8 @@ demo:
 bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
-	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher -p csi-node-driver-registrar
+	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher -p csi-resizer \
+	  -p csi-node-driver-registrar
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover

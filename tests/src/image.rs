@@ -13,9 +13,10 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 /// The binaries of the workspace the image carries (the Dockerfile's `for binary in …`).
-pub const BINARIES: [&str; 6] = [
+pub const BINARIES: [&str; 7] = [
     "csi-provisioner",
     "csi-attacher",
+    "csi-resizer",
     "csi-node-driver-registrar",
     "livenessprobe",
     "podmon",

@@ -224,6 +224,7 @@ fn parse_with_binary(container: &Value) -> bool {
             parse::<csi_provisioner::flags::ProvisionerArgs, _, _>(&argv).map(drop)
         }
         "csi-attacher" => parse::<csi_attacher::flags::AttacherArgs, _, _>(&argv).map(drop),
+        "csi-resizer" => parse::<csi_resizer::flags::ResizerArgs, _, _>(&argv).map(drop),
         "csi-node-driver-registrar" => {
             parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
         }
@@ -377,13 +378,13 @@ fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) 
 fn calls_api(container: &Value) -> bool {
     matches!(
         str(&container["command"][0]),
-        "csi-provisioner" | "csi-attacher" | "podmon"
+        "csi-provisioner" | "csi-attacher" | "csi-resizer" | "podmon"
     )
 }
 
 /// Values without any container that calls the API.
-const NO_API_CALLERS: &str =
-    "provisioner:\n  enabled: false\nattacher:\n  enabled: false\npodmon:\n  enabled: false\n";
+const NO_API_CALLERS: &str = "provisioner:\n  enabled: false\nattacher:\n  enabled: false\n\
+                              resizer:\n  enabled: false\npodmon:\n  enabled: false\n";
 
 /// Where in-cluster clients read the token, the cluster CA and the namespace.
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -434,9 +435,10 @@ fn assert_tokens(rendering: &Rendering, projected: bool) {
     }
 }
 
-const CONTROLLER_RBAC: [&str; 3] = [
+const CONTROLLER_RBAC: [&str; 4] = [
     "csi-suite-external-provisioner-runner",
     "csi-suite-external-attacher-runner",
+    "csi-suite-external-resizer-runner",
     "csi-suite-podmon-controller",
 ];
 
@@ -484,6 +486,7 @@ fn default_values_run_the_reference_driver_with_every_component() {
             "driver",
             "csi-provisioner",
             "csi-attacher",
+            "csi-resizer",
             "podmon",
             "liveness-probe"
         ]
@@ -506,7 +509,7 @@ fn default_values_run_the_reference_driver_with_every_component() {
     // One replica: no leader election, and no overlap during a rollout.
     let deployment = rendering.get("Deployment", "csi-suite-controller");
     assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
-    for name in ["csi-provisioner", "csi-attacher"] {
+    for name in ["csi-provisioner", "csi-attacher", "csi-resizer"] {
         assert!(has_arg(
             container(controller, name).unwrap(),
             "--leader-election=false"
@@ -527,6 +530,7 @@ fn default_values_run_the_reference_driver_with_every_component() {
     for name in [
         "csi-provisioner",
         "csi-attacher",
+        "csi-resizer",
         "podmon",
         "liveness-probe",
     ] {
@@ -582,6 +586,20 @@ fn default_values_run_the_reference_driver_with_every_component() {
     let registrar = container(node, "node-driver-registrar").unwrap();
     assert_eq!(registrar["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert!(has_arg(registrar, "--http-endpoint=:9809"));
+    // No two containers of the controller pod share a port; the resizer's probe names its own.
+    let mut ports = Vec::new();
+    for sidecar in controller["containers"].as_array().unwrap() {
+        for port in sidecar["ports"].as_array().into_iter().flatten() {
+            let number = port["containerPort"].as_u64().unwrap();
+            assert!(!ports.contains(&number), "port {number} twice");
+            ports.push(number);
+        }
+    }
+    let resizer = container(controller, "csi-resizer").unwrap();
+    assert!(has_arg(resizer, "--http-endpoint=:8083"));
+    assert_eq!(resizer["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(resizer["livenessProbe"]["httpGet"]["port"], "resizer");
+    assert_eq!(resizer["ports"][0]["name"], "resizer");
 
     // Driver node pods survive podmon's own taints, and carry the label podmon finds them by.
     let tolerated: Vec<&str> = node["tolerations"]
@@ -662,6 +680,15 @@ fn default_values_run_the_reference_driver_with_every_component() {
         ["patch"]
     );
     assert_eq!(
+        rendering.verbs(
+            "ClusterRole",
+            "csi-suite-external-resizer-runner",
+            "",
+            "persistentvolumeclaims/status"
+        ),
+        ["patch"]
+    );
+    assert_eq!(
         rendering.verbs("ClusterRole", "csi-suite-podmon-node", "", "nodes"),
         ["get", "patch"]
     );
@@ -685,6 +712,7 @@ fn every_container_runs_with_least_privilege() {
     let sidecars = [
         ("controller", "csi-provisioner", NonRoot),
         ("controller", "csi-attacher", NonRoot),
+        ("controller", "csi-resizer", NonRoot),
         ("controller", "podmon", NonRoot),
         ("controller", "liveness-probe", NonRoot),
     ];
@@ -701,8 +729,8 @@ fn every_container_runs_with_least_privilege() {
     }
 }
 
-/// No pod automounts the API token; provisioner, attacher and podmon (and only they) mount a
-/// projected one, for the reference driver and a vendor's, and a pod without any of them
+/// No pod automounts the API token; provisioner, attacher, resizer and podmon (and only they)
+/// mount a projected one, for the reference driver and a vendor's, and a pod without any of them
 /// gets none.
 #[test]
 fn api_tokens_reach_only_the_containers_that_call_the_api() {
@@ -748,7 +776,7 @@ fn before_1_20_only_pods_that_call_the_api_automount_a_token() {
 
 #[test]
 fn a_disabled_component_is_gone_with_its_rbac() {
-    let cases: [(&str, &str, &str, &[&str]); 5] = [
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
         (
             "provisioner",
             "Deployment",
@@ -760,6 +788,12 @@ fn a_disabled_component_is_gone_with_its_rbac() {
             "Deployment",
             "csi-attacher",
             &["csi-suite-external-attacher-runner"],
+        ),
+        (
+            "resizer",
+            "Deployment",
+            "csi-resizer",
+            &["csi-suite-external-resizer-runner"],
         ),
         (
             "podmon",
@@ -820,6 +854,49 @@ fn a_disabled_component_is_gone_with_its_rbac() {
     }
 }
 
+/// csi-resizer watches pods only with --handle-volume-inuse-error (on by default), and the
+/// chart grants it `list`/`watch` on pods exactly when its own parser says it watches them.
+#[test]
+fn the_resizer_may_watch_pods_only_when_it_does() {
+    let cases = [
+        ("{}", true),
+        (
+            "resizer:\n  extraArgs: [--handle-volume-inuse-error=false]\n",
+            false,
+        ),
+        (
+            "resizer:\n  extraArgs: [-handle-volume-inuse-error=F]\n",
+            false,
+        ),
+        (
+            "resizer:\n  extraArgs: [--handle-volume-inuse-error=0]\n",
+            false,
+        ),
+        (
+            "resizer:\n  extraArgs: [--handle-volume-inuse-error]\n",
+            true,
+        ),
+    ];
+    for (values, watches) in cases {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        let resizer = container(rendering.controller(), "csi-resizer").unwrap();
+        let parsed: csi_resizer::flags::ResizerArgs =
+            csi_sidecar::flags::try_parse_from(argv(resizer)).unwrap();
+        assert_eq!(parsed.handle_volume_inuse_error, watches, "{values}");
+        let verbs = rendering.verbs(
+            "ClusterRole",
+            "csi-suite-external-resizer-runner",
+            "",
+            "pods",
+        );
+        let expected: &[&str] = if watches { &["list", "watch"] } else { &[] };
+        assert_eq!(verbs, expected, "{values}");
+        assert_least_privilege(&rendering);
+    }
+}
+
 #[test]
 fn two_replicas_turn_leader_election_on() {
     for values in [
@@ -831,7 +908,7 @@ fn two_replicas_turn_leader_election_on() {
         };
         let controller = rendering.controller();
         let lease_duration = if values.contains("30s") { "30s" } else { "15s" };
-        for name in ["csi-provisioner", "csi-attacher", "podmon"] {
+        for name in ["csi-provisioner", "csi-attacher", "csi-resizer", "podmon"] {
             let sidecar = container(controller, name).unwrap();
             let on = if name == "podmon" {
                 "--leaderelection=true"
@@ -1047,6 +1124,7 @@ attacher:
         "registry.example.com/driver:v1"
     );
     assert_eq!(image(controller, "csi-provisioner"), "csi-suite:0.1.0");
+    assert_eq!(image(controller, "csi-resizer"), "csi-suite:0.1.0");
     assert_eq!(
         image(controller, "csi-attacher"),
         "mirror.example.com/csi-suite:0.1.0"
@@ -1093,6 +1171,7 @@ fn bad_values_are_refused_with_the_field_named() {
             "attacher:\n  image:\n    pullPolicy: Sometimes\n",
             "/attacher/image/pullPolicy",
         ),
+        ("resizer:\n  httpPort: 0\n", "/resizer/httpPort"),
         (
             "storageClass:\n  parameters:\n    replicas: 3\n",
             "/storageClass/parameters/replicas",
@@ -1283,7 +1362,7 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     };
     for expected in [
         "Deployment csi-suite-controller (1 replica(s), leader election false)",
-        "csi-provisioner, csi-attacher, podmon (controller), livenessprobe",
+        "csi-provisioner, csi-attacher, csi-resizer, podmon (controller), livenessprobe",
         "DaemonSet csi-suite-node",
         "CSIDriver hostpath.csi-suite.io",
         "StorageClass csi-suite",
@@ -1298,7 +1377,7 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     }
     let trimmed = notes(&[
         "--set",
-        "attacher.enabled=false,podmon.enabled=false,controller.replicas=2",
+        "attacher.enabled=false,resizer.enabled=false,podmon.enabled=false,controller.replicas=2",
     ])
     .unwrap();
     assert!(
@@ -1306,5 +1385,6 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
         "{trimmed}"
     );
     assert!(!trimmed.contains("csi-attacher"), "{trimmed}");
+    assert!(!trimmed.contains("csi-resizer"), "{trimmed}");
     assert!(!trimmed.contains("podmon"), "{trimmed}");
 }

@@ -31,7 +31,13 @@ fn the_image_carries_what_the_dockerfile_carries() {
         BINARIES,
         "the Dockerfile and tests/src/image.rs name the same binaries"
     );
-    for package in ["csi-provisioner", "csi-attacher", "podmon", "csi-hostpath"] {
+    for package in [
+        "csi-provisioner",
+        "csi-attacher",
+        "csi-resizer",
+        "podmon",
+        "csi-hostpath",
+    ] {
         assert!(text.contains(&format!("-p {package}")), "{package} built");
     }
     for tool in TOOLS {
