@@ -722,7 +722,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
         };
-        let client = self.component_client("csi-resizer");
+        let client = self.component_client(rbac::RESIZER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
