@@ -95,8 +95,6 @@ struct Controller {
     final_errors: Mutex<HashSet<Key>>,
     /// Claims whose expansion was infeasible, since when (upstream's slow set).
     infeasible_since: Mutex<HashMap<Key, Instant>>,
-    /// Claims with a delayed retry scheduled.
-    delayed: Mutex<HashSet<Key>>,
 }
 
 /// A failed expansion step: its message and, for a CSI error, the gRPC code.
@@ -159,7 +157,6 @@ pub async fn run(
         in_use_errors: Mutex::default(),
         final_errors: Mutex::default(),
         infeasible_since: Mutex::default(),
-        delayed: Mutex::default(),
         settings,
     });
     tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
@@ -281,8 +278,7 @@ impl Controller {
             Plan::Nothing => Ok(Synced::Done),
             Plan::RetryLater(wait) => {
                 tracing::debug!(claim = %claim_name(key), ?wait, "expansion failed as infeasible before; retrying later");
-                self.retry_after(key.clone(), wait);
-                Ok(Synced::Done)
+                Ok(Synced::After(wait))
             }
             Plan::Expand(expansion) => self.expand(key, &pvc, &pv, expansion).await,
         }
@@ -306,21 +302,6 @@ impl Controller {
             final_error: lock(&self.final_errors).contains(key),
             infeasible_wait,
         }
-    }
-
-    /// Triggers `key` again after `wait` (once, however often asked meanwhile).
-    fn retry_after(self: &Arc<Self>, key: Key, wait: Duration) {
-        if !lock(&self.delayed).insert(key.clone()) {
-            return;
-        }
-        let this = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            lock(&this.delayed).remove(&key);
-            // Its version did not change: forget that it was synced, so it runs.
-            this.workers.forget(&key);
-            this.workers.trigger(key);
-        });
     }
 
     fn path(&self) -> Path {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::harness::{eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
@@ -55,12 +56,23 @@ async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
         .volume
         .unwrap();
     let post = PostParams::default();
+    // The API server lets a claim grow only when its class allows expansion.
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({"metadata": {"name": "expandable"},
+                "provisioner": DRIVER, "allowVolumeExpansion": true}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     let claim = claims
         .create(
             &post,
             &serde_json::from_value(json!({"metadata": {"name": "data"},
             "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1",
+                "storageClassName": "expandable",
                 "resources": {"requests": {"storage": "1Mi"}}}}))
             .unwrap(),
         )

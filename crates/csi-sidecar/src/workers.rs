@@ -47,6 +47,9 @@ pub enum Synced {
     /// Waiting for other objects (or for the caches to show our own write): offered again on
     /// the next pass even if this object stays the same.
     Waiting,
+    /// To be run again after this long even if nothing changes (a controller's own slow
+    /// retry, client-go's `AddAfter`); a change of the object before then runs it at once.
+    After(Duration),
 }
 
 #[derive(Debug)]
@@ -61,6 +64,8 @@ pub struct KeyedWorkers<K> {
     triggered: Mutex<HashSet<K>>,
     /// Keys whose last sync ended [`Synced::Waiting`]: offered on every pass.
     waiting: Mutex<HashSet<K>>,
+    /// Keys whose last sync ended [`Synced::After`]: offered from this instant on.
+    requeue: Mutex<HashMap<K, Instant>>,
     /// Keys offered while their sync ran: triggered again when it ends.
     rerun: Mutex<HashSet<K>>,
     /// One pool of permits per lane.
@@ -103,6 +108,7 @@ where
             synced: Mutex::new(HashMap::new()),
             triggered: Mutex::new(HashSet::new()),
             waiting: Mutex::new(HashSet::new()),
+            requeue: Mutex::new(HashMap::new()),
             rerun: Mutex::new(HashSet::new()),
             lanes: sizes
                 .iter()
@@ -124,12 +130,14 @@ where
         let mut keys: HashSet<K> = std::mem::take(&mut *lock(&self.triggered));
         keys.extend(lock(&self.waiting).iter().cloned());
         let now = Instant::now();
-        keys.extend(
-            lock(&self.not_before)
-                .iter()
-                .filter(|(_, at)| **at <= now)
-                .map(|(key, _)| key.clone()),
-        );
+        for deadlines in [&self.not_before, &self.requeue] {
+            keys.extend(
+                lock(deadlines)
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(key, _)| key.clone()),
+            );
+        }
         keys.into_iter().collect()
     }
 
@@ -180,8 +188,17 @@ where
             let Ok(_permit) = permits.acquire().await else {
                 return;
             };
-            let failed = match sync().await {
+            let mut wake = false;
+            match sync().await {
+                Ok(Synced::After(wait)) => {
+                    this.backoff.reset(&key);
+                    lock(&this.synced).remove(&key);
+                    lock(&this.waiting).remove(&key);
+                    lock(&this.requeue).insert(key.clone(), Instant::now() + wait);
+                    wake = true;
+                }
                 Ok(synced) => {
+                    lock(&this.requeue).remove(&key);
                     this.backoff.reset(&key);
                     match (synced, version) {
                         (Synced::Done, Some(version)) => {
@@ -196,21 +213,22 @@ where
                     } else {
                         lock(&this.waiting).remove(&key);
                     }
-                    false
                 }
                 Err(error) => {
                     lock(&this.synced).remove(&key);
                     lock(&this.waiting).remove(&key);
+                    lock(&this.requeue).remove(&key);
                     let delay = this.backoff.next_delay(&key);
                     tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
                     lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
-                    true
+                    wake = true;
                 }
-            };
+            }
             lock(&this.in_flight).remove(&key);
             if lock(&this.rerun).remove(&key) {
                 this.trigger(key);
-            } else if failed {
+            } else if wake {
+                // Its retry (or requeue) needs the loop to learn the new deadline.
                 this.wake.notify_one();
             }
         });
@@ -221,16 +239,21 @@ where
         lock(&self.in_flight).contains(key)
     }
 
-    /// The shortest wait until a backing-off key may run again, counting only deadlines after
+    /// The shortest wait until a backing-off (or requeued) key may run again, counting only deadlines after
     /// `pass_started` (the start of the pass that just ran): that pass already ran the keys
     /// whose deadline had come, and a key it did not offer must not wake the loop again and
     /// again. A deadline reached during the pass gives zero: one more pass runs it.
     pub fn next_retry(&self, pass_started: Instant) -> Option<Duration> {
         let now = Instant::now();
-        lock(&self.not_before)
-            .values()
-            .filter(|at| **at > pass_started)
-            .map(|at| at.saturating_duration_since(now))
+        [&self.not_before, &self.requeue]
+            .into_iter()
+            .filter_map(|deadlines| {
+                lock(deadlines)
+                    .values()
+                    .filter(|at| **at > pass_started)
+                    .map(|at| at.saturating_duration_since(now))
+                    .min()
+            })
             .min()
     }
 
@@ -275,6 +298,7 @@ where
         lock(&self.not_before).retain(|key, _| present.contains(key));
         lock(&self.synced).retain(|key, _| present.contains(key));
         lock(&self.waiting).retain(|key| present.contains(key));
+        lock(&self.requeue).retain(|key, _| present.contains(key));
         self.backoff.retain(|key| present.contains(key));
     }
 
@@ -283,6 +307,7 @@ where
         lock(&self.not_before).remove(key);
         lock(&self.synced).remove(key);
         lock(&self.waiting).remove(key);
+        lock(&self.requeue).remove(key);
         self.backoff.reset(key);
     }
 
@@ -462,6 +487,38 @@ mod tests {
         run(&workers, "waits", Ok(Synced::Waiting)).await;
         workers.forget(&"waits");
         assert!(workers.due().is_empty(), "a key whose object is gone");
+    }
+
+    /// A sync that asks to run again later ([`Synced::After`]) is due then — and at once when
+    /// its object changes meanwhile.
+    #[tokio::test]
+    async fn a_requeued_key_runs_again_after_its_wait() {
+        let workers = KeyedWorkers::<&'static str>::new(1, Duration::ZERO, Duration::ZERO);
+        let before = Instant::now();
+        run(
+            &workers,
+            "later",
+            Ok(Synced::After(Duration::from_secs(60))),
+        )
+        .await;
+        assert!(workers.due().is_empty(), "not due yet");
+        assert!(workers.next_retry(before).expect("requeued") > Duration::from_secs(30));
+        assert_eq!(workers.backoff.failures(&"later"), 0, "no failure");
+        workers.trigger("later");
+        assert_eq!(workers.due(), ["later"], "a change is offered");
+        run(&workers, "later", Ok(Synced::Done)).await;
+        assert_eq!(
+            workers.next_retry(before),
+            None,
+            "ran: the requeue is spent"
+        );
+        run(&workers, "soon", Ok(Synced::After(Duration::ZERO))).await;
+        assert_eq!(workers.due(), ["soon"], "due at once");
+        assert!(
+            workers.changed([("soon", Some("1".to_string()))]).len() == 1,
+            "runs again at the version it was synced at"
+        );
+        assert_eq!(workers.next_retry(before), Some(Duration::ZERO));
     }
 
     /// A key triggered while its sync runs is not lost: it is triggered again when the run
