@@ -70,10 +70,9 @@ async fn run(count: usize) -> anyhow::Result<()> {
         driver.controller.endpoint.path().display()
     );
     let mut attacher = SidecarProcess::start(CLIENT, &[address], &api, root.path(), 3).await?;
-    let counts = || api.counts();
-    let attach = attach_phase(&client, count, counts).await;
+    let attach = attach_phase(&api, count).await;
     let detach = match &attach {
-        Ok(_) => detach_phase(&client, count, counts).await,
+        Ok(_) => detach_phase(&api, count).await,
         Err(_) => Err(anyhow::anyhow!("not run")),
     };
     if attach.is_err() || detach.is_err() {
@@ -107,6 +106,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     }
     record(
         &api,
+        attacher.external || !attacher.extra_args.is_empty(),
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench attaching`; the release `csi-attacher` binary as its own process; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,
@@ -165,13 +165,9 @@ async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow
 }
 
 /// Creates the VolumeAttachments at once and waits until all are attached.
-async fn attach_phase(
-    client: &Client,
-    count: usize,
-    counts: impl Fn() -> Option<kube_sim::apiserver::RequestCounts>,
-) -> anyhow::Result<Phase> {
-    let api: Api<VolumeAttachment> = Api::all(client.clone());
-    let before = counts();
+async fn attach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Result<Phase> {
+    let api: Api<VolumeAttachment> = Api::all(server.client.clone());
+    let before = server.counts().await;
     let mut events = std::pin::pin!(listed_watch(&api).await);
     let start = Instant::now();
     let created = timed_requests(count, CLIENTS, |i| {
@@ -197,18 +193,14 @@ async fn attach_phase(
         name: "attach",
         elapsed: start.elapsed(),
         latencies: latencies(&created, &attached_at),
-        requests: client_requests(CLIENT, before, counts()),
+        requests: client_requests(CLIENT, before, server.counts().await),
     })
 }
 
 /// Deletes every VolumeAttachment at once and waits until all are gone.
-async fn detach_phase(
-    client: &Client,
-    count: usize,
-    counts: impl Fn() -> Option<kube_sim::apiserver::RequestCounts>,
-) -> anyhow::Result<Phase> {
-    let api: Api<VolumeAttachment> = Api::all(client.clone());
-    let before = counts();
+async fn detach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Result<Phase> {
+    let api: Api<VolumeAttachment> = Api::all(server.client.clone());
+    let before = server.counts().await;
     let mut events = std::pin::pin!(listed_watch(&api).await);
     let start = Instant::now();
     let deleted = timed_requests(count, CLIENTS, |i| {
@@ -228,7 +220,7 @@ async fn detach_phase(
         name: "detach",
         elapsed: start.elapsed(),
         latencies: latencies(&deleted, &gone_at),
-        requests: client_requests(CLIENT, before, counts()),
+        requests: client_requests(CLIENT, before, server.counts().await),
     })
 }
 

@@ -2,10 +2,23 @@
 //! are Bound, then all deleted until every PV is gone. The real `csi-provisioner` binary runs as
 //! its own process against kube-sim (or the cluster of `KUBECONFIG`) and the reference driver,
 //! with its default flags. Reports claims/s, p50/p99 time to Bound, API requests per volume by
-//! verb and resource (counted by kube-sim per client), and the provisioner's peak RSS.
-//! Writes the "csi-provisioner" section of `BENCHMARKS.md`. Nothing asserts a timing.
+//! verb and resource (counted by kube-sim per client; on a real server, all clients' requests
+//! from its `apiserver_request_total`), the provisioner's peak RSS and its mean time in the
+//! driver. Writes the "csi-provisioner" section of `BENCHMARKS.md`. Nothing asserts a timing.
 //!
 //! Needs the binary: `cargo build --release -p csi-provisioner` (`make bench` does it).
+//!
+//! To compare with another provisioner and driver (see `csi_suite_scenarios::bench`):
+//! - `BENCH_PROVISIONER=/path/to/csi-provisioner`: that binary instead of our release build
+//!   (upstream kubernetes-csi/external-provisioner takes the same flags);
+//! - `BENCH_PROVISIONER_ARGS="--kube-api-qps=1000 --kube-api-burst=1000"`: extra flags;
+//! - `BENCH_CSI_ENDPOINT=/path/to/socket`: a running driver (Identity, Controller and Node on
+//!   that socket, e.g. csi-driver-host-path's `hostpathplugin --endpoint unix:///tmp/hp.sock
+//!   --nodeid bench-node`) instead of the reference driver. The class names the driver's name
+//!   (GetPluginInfo); the Node `bench-node` and its CSINode carry the node ID and topology that
+//!   NodeGetInfo answers.
+//!
+//! Such a run is printed, never written to `BENCHMARKS.md`; neither is a run on a real cluster.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -14,18 +27,16 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use csi_hostpath::local::LocalCluster;
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, main_with_count,
-    phase_table, record, request_table, timed_requests,
+    ApiServerUnderTest, DriverUnderTest, Phase, SidecarProcess, client_requests, latencies,
+    main_with_count, phase_table, record, request_table, timed_requests,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
-use kube_sim::apiserver::RequestCounts;
 use kube_sim::roles::Role;
 use serde_json::json;
 
@@ -49,10 +60,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         .prefix("bench-provisioning-")
         .tempdir()?;
     let api = ApiServerUnderTest::start(root.path(), &[Role::PvBinder]).await?;
-    let driver = LocalCluster::start(root.path(), &[NODE], |config| {
-        config.driver_name = DRIVER.to_string();
-    })
-    .await?;
+    let driver = DriverUnderTest::start(root.path(), DRIVER, NODE).await?;
     let client = api.client.clone();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
@@ -62,40 +70,40 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         )
         .await?;
     // The node the driver runs on, as its registration would have published it.
-    let key = format!("topology.{DRIVER}/node");
+    let keys: Vec<&String> = driver.topology.keys().collect();
     Api::<Node>::all(client.clone())
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NODE, "labels": {&key: NODE}}}))?,
+            &serde_json::from_value(
+                json!({"metadata": {"name": NODE, "labels": &driver.topology}}),
+            )?,
         )
         .await?;
     Api::<CSINode>::all(client.clone())
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": NODE}, "spec": {"drivers": [
-                {"name": DRIVER, "nodeID": NODE, "topologyKeys": [key]}]}}))?,
+                {"name": &driver.name, "nodeID": &driver.node_id, "topologyKeys": keys}]}}))?,
         )
         .await?;
     let classes: Api<StorageClass> = Api::all(client.clone());
     classes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": CLASS}, "provisioner": DRIVER,
-                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}))?,
+            &serde_json::from_value(
+                json!({"metadata": {"name": CLASS}, "provisioner": &driver.name,
+                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            )?,
         )
         .await?;
 
     // Its caches: claims, PVs, classes, CSINodes, Nodes and VolumeAttachments.
-    let address = format!(
-        "--csi-address={}",
-        driver.controller.endpoint.path().display()
-    );
+    let address = format!("--csi-address={}", driver.controller.display());
     let mut provisioner = SidecarProcess::start(CLIENT, &[address], &api, root.path(), 6).await?;
-    let counts = || api.counts();
 
-    let provision = provision_phase(&client, claims, counts).await;
+    let provision = provision_phase(&api, claims).await;
     let delete = match &provision {
-        Ok(_) => delete_phase(&client, claims, counts).await,
+        Ok(_) => delete_phase(&api, &driver.name, claims).await,
         Err(_) => Err(anyhow::anyhow!("not run")),
     };
     if provision.is_err() || delete.is_err() {
@@ -106,17 +114,26 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         .driver_latencies(&["CreateVolume", "DeleteVolume"])
         .await;
     provisioner.stop();
+    let external = provisioner.external || !provisioner.extra_args.is_empty() || driver.external();
+    let setup = setup(&provisioner, &driver, api.sim.is_some());
+    let reference = !driver.external();
     driver.stop().await;
     let phases = [provision?, delete?];
-    let mut report = report(claims, &phases, rss, provisioner.binary_mib());
+    let mut report = report(claims, &setup, &phases, rss, provisioner.binary_mib());
     if let Some(lines) = driver_time {
+        let why = if reference {
+            " The reference driver commits every change to one state file, so its calls slow down as it holds more volumes."
+        } else {
+            ""
+        };
         let _ = write!(
             report,
-            "\nTime in the driver (mean per call, from the provisioner's `csi_sidecar_operations_seconds`): {lines}. The reference driver commits every change to one state file, so its calls slow down as it holds more volumes.\n"
+            "\nTime in the driver (mean per call, from the provisioner's `csi_sidecar_operations_seconds`): {lines}.{why}\n"
         );
     }
     record(
         &api,
+        external,
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench provisioning`; the release `csi-provisioner` binary as its own process; kube-sim with the pv-binder role and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,
@@ -124,13 +141,9 @@ async fn run(claims: usize) -> anyhow::Result<()> {
 }
 
 /// Creates the claims at once and waits until all are Bound.
-async fn provision_phase(
-    client: &Client,
-    claims: usize,
-    counts: impl Fn() -> Option<RequestCounts>,
-) -> anyhow::Result<Phase> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let before = counts();
+async fn provision_phase(server: &ApiServerUnderTest, claims: usize) -> anyhow::Result<Phase> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(server.client.clone(), NAMESPACE);
+    let before = server.counts().await;
     let mut bound_at: HashMap<String, Instant> = HashMap::new();
     let watch = watcher::watcher(api.clone(), watcher::Config::default());
     let mut events = std::pin::pin!(watch);
@@ -176,19 +189,19 @@ async fn provision_phase(
         name: "provision",
         elapsed,
         latencies: latencies(&created, &bound_at),
-        requests: client_requests(CLIENT, before, counts()),
+        requests: client_requests(CLIENT, before, server.counts().await),
     })
 }
 
 /// Deletes every claim and waits until every PV is gone (DeleteVolume done).
 async fn delete_phase(
-    client: &Client,
+    server: &ApiServerUnderTest,
+    driver: &str,
     claims: usize,
-    counts: impl Fn() -> Option<RequestCounts>,
 ) -> anyhow::Result<Phase> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let before = counts();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(server.client.clone(), NAMESPACE);
+    let volumes: Api<PersistentVolume> = Api::all(server.client.clone());
+    let before = server.counts().await;
     let start = Instant::now();
     timed_requests(claims, CREATORS, |i| {
         let api = api.clone();
@@ -209,7 +222,7 @@ async fn delete_phase(
                 pv.spec
                     .as_ref()
                     .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|c| c.driver == DRIVER)
+                    .is_some_and(|c| c.driver == driver)
             })
             .count();
         if left == 0 {
@@ -224,20 +237,63 @@ async fn delete_phase(
         name: "delete",
         elapsed: start.elapsed(),
         latencies: Vec::new(),
-        requests: client_requests(CLIENT, before, counts()),
+        requests: client_requests(CLIENT, before, server.counts().await),
     })
 }
 
-fn report(claims: usize, phases: &[Phase], rss: Option<f64>, binary_mib: f64) -> String {
+/// Which provisioner, flags, driver and binder the run used, and whose requests are counted.
+fn setup(provisioner: &SidecarProcess, driver: &DriverUnderTest, sim: bool) -> String {
+    let binary = if provisioner.external {
+        format!("`{}`", provisioner.binary.display())
+    } else {
+        "our release build".to_string()
+    };
+    let flags = if provisioner.extra_args.is_empty() {
+        "its default flags (`--worker-threads=100`; ours has no client-side QPS limit)".to_string()
+    } else {
+        format!("`{}`, else its defaults", provisioner.extra_args.join(" "))
+    };
+    let driver = if driver.external() {
+        format!(
+            "the driver `{}` at `{}`",
+            driver.name,
+            driver.controller.display()
+        )
+    } else {
+        "the reference driver".to_string()
+    };
+    let (binder, requests) = if sim {
+        (
+            "kube-sim's pv-binder binding the claim to the new PV, as kube-controller-manager does",
+            "the provisioner's own, per volume, counted by the API server per client (its User-Agent)",
+        )
+    } else {
+        (
+            "kube-controller-manager binding the claim to the new PV",
+            "every client's (provisioner, kube-controller-manager and this benchmark together: a real server counts no clients apart), per volume, from its `apiserver_request_total`",
+        )
+    };
+    format!(
+        "the provisioner is {binary} with {flags}, calling {driver}. Time to Bound includes {binder}. Deletion: all claims deleted at once, until every PV is gone (DeleteVolume done). API requests are {requests}; watches are per run, not per volume."
+    )
+}
+
+fn report(
+    claims: usize,
+    setup: &str,
+    phases: &[Phase],
+    rss: Option<f64>,
+    binary_mib: f64,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{claims} claims of an Immediate class created at once by 64 concurrent clients; the provisioner runs with its default flags (`--worker-threads=100`, no client-side QPS limit). Time to Bound includes kube-sim's pv-binder binding the claim to the new PV, as kube-controller-manager does. Deletion: all claims deleted at once, until every PV is gone (DeleteVolume done). API requests are the provisioner's own, per volume, counted by the API server per client (its User-Agent); watches are per run, not per volume.\n"
+        "{claims} claims of an Immediate class created at once by {CREATORS} concurrent clients; {setup}\n"
     );
     out.push_str(&phase_table(claims, "volumes", phases));
     let _ = writeln!(
         out,
-        "\nPeak RSS of csi-provisioner: {}; binary size: {binary_mib:.1} MiB (release, stripped of nothing).\n",
+        "\nPeak RSS of csi-provisioner: {}; binary size: {binary_mib:.1} MiB.\n",
         rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB"))
     );
     out.push_str(&request_table(claims, "volume", phases));

@@ -1,7 +1,21 @@
 //! What the sidecar benchmarks (`tests/benches/`) share: the API server under test (kube-sim
-//! or `KUBECONFIG`), the release sidecar binary as its own process, its peak RSS and time in
-//! the driver, API requests per object counted by kube-sim per client, and the report tables.
-//! Nothing here asserts a timing.
+//! or `KUBECONFIG`), the CSI driver under test (the reference driver, or the one at
+//! `BENCH_CSI_ENDPOINT`), the sidecar binary as its own process (the release build, or the one
+//! `BENCH_<SIDECAR>` names), its peak RSS and time in the driver, API requests per object
+//! (counted by kube-sim per client; on a real server, all clients' requests from its
+//! `apiserver_request_total`), and the report tables. Nothing here asserts a timing.
+//!
+//! Environment, for comparing with other implementations (`<SIDECAR>` is the sidecar's name
+//! without `csi-`, upper case: `PROVISIONER`, `ATTACHER`):
+//! - `BENCH_<SIDECAR>=/path/to/binary`: run that binary instead of this workspace's release
+//!   build (it must take the same `--kubeconfig`, `--http-endpoint` and `--csi-address` flags).
+//! - `BENCH_<SIDECAR>_ARGS="--flag=value ..."`: extra flags, split on whitespace.
+//! - `BENCH_CSI_ENDPOINT=/path/to/socket` (or `unix:///path`): a running driver serving the
+//!   Identity, Controller and Node services on one socket, instead of the reference driver.
+//!   Its name (GetPluginInfo), node ID and topology (NodeGetInfo) are asked over the socket,
+//!   exactly as they are asked of the reference driver.
+//!
+//! A run with any of these is printed but never written to `BENCHMARKS.md` ([`record`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -9,9 +23,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use csi_hostpath::local::LocalCluster;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::{Endpoint, connect};
+use csi_sidecar::metrics::CsiOperationMetrics;
 use kube::Client;
-use kube_sim::apiserver::RequestCounts;
+use kube_sim::apiserver::{RequestCounts, RequestKey};
 use kube_sim::roles::{Role, Timing};
+
+/// The client name of a real server's request counts: it counts all clients together.
+pub const ALL_CLIENTS: &str = "(all clients)";
 
 /// The API server to use: kube-sim with `roles`, or the cluster of `KUBECONFIG`.
 pub struct ApiServerUnderTest {
@@ -58,25 +79,155 @@ impl ApiServerUnderTest {
         })
     }
 
-    /// kube-sim's request counts (`None` on a real cluster).
-    pub fn counts(&self) -> Option<RequestCounts> {
-        self.sim.as_ref().map(kube_sim::ApiServer::request_counts)
+    /// kube-sim's request counts per client; on a real server, its `apiserver_request_total`
+    /// (all clients together, as [`ALL_CLIENTS`]; `None` if `/metrics` cannot be read).
+    pub async fn counts(&self) -> Option<RequestCounts> {
+        if let Some(sim) = &self.sim {
+            return Some(sim.request_counts());
+        }
+        let request = http::Request::get("/metrics").body(Vec::new()).ok()?;
+        let text = self.client.request_text(request).await.ok()?;
+        Some(server_request_counts(&text))
     }
 }
 
-/// A release sidecar binary running as its own process, logging to a file.
+/// kube-apiserver's `apiserver_request_total` by verb, group and resource (summed over codes,
+/// versions and scopes), under the client [`ALL_CLIENTS`].
+fn server_request_counts(metrics: &str) -> RequestCounts {
+    let mut counts = RequestCounts::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let verb = match label("verb").as_str() {
+            "POST" => "create".to_string(),
+            "PUT" => "update".to_string(),
+            "PATCH" | "APPLY" => "patch".to_string(),
+            "WATCH" | "WATCHLIST" => "watch".to_string(),
+            other => other.to_lowercase(),
+        };
+        let subresource = label("subresource");
+        let resource = if subresource.is_empty() {
+            label("resource")
+        } else {
+            format!("{}/{subresource}", label("resource"))
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let key = RequestKey {
+            client: ALL_CLIENTS.to_string(),
+            verb,
+            group: label("group"),
+            resource,
+        };
+        *counts.entry(key).or_default() += value as u64;
+    }
+    counts
+}
+
+/// The CSI driver under test: the reference driver in this process (a controller instance and
+/// one node instance), or the running driver at `BENCH_CSI_ENDPOINT`. Either way its name,
+/// node ID and topology are what it answers over its node socket.
+#[derive(Debug)]
+pub struct DriverUnderTest {
+    /// The socket a controller sidecar uses.
+    pub controller: PathBuf,
+    /// What GetPluginInfo answers.
+    pub name: String,
+    /// What NodeGetInfo answers.
+    pub node_id: String,
+    pub topology: BTreeMap<String, String>,
+    /// The reference driver, when no `BENCH_CSI_ENDPOINT` is given.
+    pub local: Option<LocalCluster>,
+}
+
+impl DriverUnderTest {
+    /// The driver at `BENCH_CSI_ENDPOINT`, else the reference driver named `name` with one node
+    /// instance `node`.
+    pub async fn start(root: &Path, name: &str, node: &str) -> anyhow::Result<Self> {
+        let (local, controller, node_socket) = match std::env::var("BENCH_CSI_ENDPOINT") {
+            Ok(address) => {
+                let path = Endpoint::parse(&address)?.path().to_path_buf();
+                (None, path.clone(), path)
+            }
+            Err(_) => {
+                let local = LocalCluster::start(root, &[node], |config| {
+                    config.driver_name = name.to_string();
+                })
+                .await?;
+                let controller = local.controller.endpoint.path().to_path_buf();
+                let node_socket = local.node(node).endpoint.path().to_path_buf();
+                (Some(local), controller, node_socket)
+            }
+        };
+        let csi = connect(
+            &Endpoint::from_path(&node_socket)?,
+            Duration::from_secs(10),
+            CsiOperationMetrics::unregistered(),
+        )
+        .await?;
+        let timeout = Duration::from_secs(10);
+        let plugin = csi
+            .get_plugin_info(csi::GetPluginInfoRequest {}, timeout)
+            .await?;
+        let info = csi
+            .node_get_info(csi::NodeGetInfoRequest {}, timeout)
+            .await?;
+        Ok(Self {
+            controller,
+            name: plugin.name,
+            node_id: info.node_id,
+            topology: info
+                .accessible_topology
+                .map(|t| t.segments.into_iter().collect())
+                .unwrap_or_default(),
+            local,
+        })
+    }
+
+    /// Whether this is a driver of `BENCH_CSI_ENDPOINT`, not the reference driver.
+    pub fn external(&self) -> bool {
+        self.local.is_none()
+    }
+
+    /// Stops the reference driver (an external one keeps running).
+    pub async fn stop(self) {
+        if let Some(local) = self.local {
+            local.stop().await;
+        }
+    }
+}
+
+/// A sidecar binary running as its own process, logging to a file.
 #[derive(Debug)]
 pub struct SidecarProcess {
     pub binary: PathBuf,
+    /// The flags `BENCH_<SIDECAR>_ARGS` added.
+    pub extra_args: Vec<String>,
+    /// Whether `BENCH_<SIDECAR>` named the binary.
+    pub external: bool,
     pub metrics_address: std::net::SocketAddr,
     child: std::process::Child,
     log: PathBuf,
 }
 
 impl SidecarProcess {
-    /// Starts `name` (beside this benchmark's profile directory) with `args`, the kubeconfig
-    /// and an `--http-endpoint`; returns once it has opened `watches` watches (kube-sim), or
-    /// after 5 s on a real cluster.
+    /// Starts `name` (the release build beside this benchmark's profile directory, or the
+    /// binary `BENCH_<SIDECAR>` names) with `args`, the flags of `BENCH_<SIDECAR>_ARGS`, the
+    /// kubeconfig and an `--http-endpoint`; returns once it has opened `watches` watches
+    /// (kube-sim and our binary), else after 5 s.
     pub async fn start(
         name: &str,
         args: &[String],
@@ -84,12 +235,27 @@ impl SidecarProcess {
         root: &Path,
         watches: usize,
     ) -> anyhow::Result<Self> {
-        let binary = kube_sim::benchmarks::release_binary(name, name)?;
+        let variable = format!(
+            "BENCH_{}",
+            name.trim_start_matches("csi-")
+                .to_uppercase()
+                .replace('-', "_")
+        );
+        let (binary, external) = match std::env::var_os(&variable) {
+            Some(path) => (PathBuf::from(path), true),
+            None => (kube_sim::benchmarks::release_binary(name, name)?, false),
+        };
+        let extra_args: Vec<String> = std::env::var(format!("{variable}_ARGS"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
         let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let log = root.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let child = std::process::Command::new(&binary)
             .args(args)
+            .args(&extra_args)
             .arg(format!("--kubeconfig={}", api.kubeconfig.display()))
             .arg(format!("--http-endpoint={metrics_address}"))
             .stdout(file.try_clone()?)
@@ -98,12 +264,20 @@ impl SidecarProcess {
             .with_context(|| format!("starting {}", binary.display()))?;
         let mut process = Self {
             binary,
+            extra_args,
+            external,
             metrics_address,
             child,
             log,
         };
         let started = Instant::now();
-        while let Some(current) = api.counts() {
+        // Another binary may open other watches: it gets the fixed wait.
+        while let Some(current) = api
+            .sim
+            .as_ref()
+            .filter(|_| !external)
+            .map(kube_sim::ApiServer::request_counts)
+        {
             let open = current
                 .iter()
                 .filter(|(k, _)| k.client == name && k.verb == "watch")
@@ -172,27 +346,37 @@ pub struct Phase {
     pub name: &'static str,
     pub elapsed: Duration,
     pub latencies: Vec<Duration>,
-    pub requests: Option<BTreeMap<String, u64>>,
+    pub requests: Option<Requests>,
 }
 
-/// `client`'s requests between two snapshots of the counts, by "verb resource".
+/// `client`'s requests between two snapshots of the counts, by "verb resource" (a real
+/// server's: all clients' requests).
 pub fn client_requests(
     client: &str,
     before: Option<RequestCounts>,
     after: Option<RequestCounts>,
-) -> Option<BTreeMap<String, u64>> {
+) -> Option<Requests> {
     let (before, after) = (before?, after?);
-    Some(
-        after
-            .iter()
-            .filter(|(key, _)| key.client == client)
-            .filter_map(|(key, count)| {
-                let earlier = before.get(key).copied().unwrap_or(0);
-                (count > &earlier)
-                    .then(|| (format!("{} {}", key.verb, key.resource), count - earlier))
-            })
-            .collect(),
-    )
+    let by_request = after
+        .iter()
+        .filter(|(key, _)| key.client == client || key.client == ALL_CLIENTS)
+        .filter_map(|(key, count)| {
+            let earlier = before.get(key).copied().unwrap_or(0);
+            (count > &earlier).then(|| (format!("{} {}", key.verb, key.resource), count - earlier))
+        })
+        .collect();
+    Some(Requests {
+        all_clients: after.keys().any(|key| key.client == ALL_CLIENTS),
+        by_request,
+    })
+}
+
+/// API requests of a phase by "verb resource": the sidecar's own, or (a real server, which
+/// cannot count per client) every client's.
+#[derive(Debug)]
+pub struct Requests {
+    pub all_clients: bool,
+    pub by_request: BTreeMap<String, u64>,
 }
 
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -236,17 +420,18 @@ pub fn request_table(count: usize, per: &str, phases: &[Phase]) -> String {
     let _ = writeln!(out, "|---|---|---|");
     for phase in phases {
         let Some(requests) = &phase.requests else {
-            let _ = writeln!(
-                out,
-                "| {} | (not counted on a real cluster) | |",
-                phase.name
-            );
+            let _ = writeln!(out, "| {} | (not counted) | |", phase.name);
             continue;
         };
+        let whose = if requests.all_clients {
+            " (all clients)"
+        } else {
+            ""
+        };
         let mut writes = 0;
-        for (request, n) in requests {
+        for (request, n) in &requests.by_request {
             if request.starts_with("watch ") {
-                let _ = writeln!(out, "| {} | {request} | {n} in all |", phase.name);
+                let _ = writeln!(out, "| {} | {request}{whose} | {n} in all |", phase.name);
                 continue;
             }
             if ["create", "update", "patch", "delete"]
@@ -257,14 +442,14 @@ pub fn request_table(count: usize, per: &str, phases: &[Phase]) -> String {
             }
             let _ = writeln!(
                 out,
-                "| {} | {request} | {:.2} |",
+                "| {} | {request}{whose} | {:.2} |",
                 phase.name,
                 *n as f64 / count as f64
             );
         }
         let _ = writeln!(
             out,
-            "| {} | **all writes** | **{:.2}** |",
+            "| {} | **all writes{whose}** | **{:.2}** |",
             phase.name,
             writes as f64 / count as f64
         );
@@ -272,17 +457,21 @@ pub fn request_table(count: usize, per: &str, phases: &[Phase]) -> String {
     out
 }
 
-/// Prints `report` and writes it as the `heading` section of BENCHMARKS.md (kube-sim runs
-/// only: a real cluster's numbers are printed, not recorded).
+/// Prints `report` and writes it as the `heading` section of BENCHMARKS.md: runs on kube-sim
+/// with our own binary and the reference driver only. A real cluster's numbers, or a run with
+/// another binary, other flags or another driver (`external`), are printed, not recorded.
 #[allow(clippy::print_stdout, reason = "the benchmarks report on stdout")]
 pub fn record(
     api: &ApiServerUnderTest,
+    external: bool,
     heading: &str,
     command: &str,
     report: &str,
 ) -> anyhow::Result<()> {
     println!("{report}");
-    if api.sim.is_some() {
+    if external {
+        println!("not written to BENCHMARKS.md: another binary, flags or driver (BENCH_*)");
+    } else if api.sim.is_some() {
         let body = format!("{}\n{report}", kube_sim::benchmarks::machine(command));
         let path = kube_sim::benchmarks::write_section(heading, &body)?;
         println!("written to {}", path.display());
@@ -342,4 +531,34 @@ pub fn latencies(from: &HashMap<String, Instant>, to: &HashMap<String, Instant>)
         .collect();
     latencies.sort();
     latencies
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_real_servers_request_total_is_counted_by_verb_and_resource_for_all_clients() {
+        let metrics = r#"# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",contentType="application/json",dry_run="",group="",resource="events",scope="namespace",subresource="",verb="POST",version="v1"} 7
+apiserver_request_total{code="409",component="apiserver",contentType="application/json",dry_run="",group="",resource="events",scope="namespace",subresource="",verb="POST",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",contentType="application/vnd.kubernetes.protobuf",dry_run="",group="",resource="persistentvolumeclaims",scope="namespace",subresource="status",verb="PUT",version="v1"} 3
+apiserver_request_total{code="0",component="apiserver",contentType="application/json",dry_run="",group="storage.k8s.io",resource="csinodes",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
+apiserver_request_duration_seconds_count{verb="POST"} 99
+"#;
+        let counts = server_request_counts(metrics);
+        let get = |verb: &str, resource: &str| {
+            counts
+                .iter()
+                .find(|(k, _)| k.verb == verb && k.resource == resource)
+                .map(|(k, n)| {
+                    assert_eq!(k.client, ALL_CLIENTS);
+                    *n
+                })
+        };
+        assert_eq!(get("create", "events"), Some(8));
+        assert_eq!(get("update", "persistentvolumeclaims/status"), Some(3));
+        assert_eq!(get("watch", "csinodes"), Some(2));
+        assert_eq!(counts.len(), 3);
+    }
 }
