@@ -251,8 +251,8 @@ async fn status_subresource_and_generation() {
     assert_eq!(patched.metadata.generation, None);
 }
 
-// PersistentVolumeClaimResize admission: a larger request needs a Bound claim of a class that
-// allows expansion (403 otherwise); a class that allows it lets the request grow.
+// A claim's request may change only once it is Bound (validation: 422), and grow only when its
+// class allows expansion (PersistentVolumeClaimResize admission: 403).
 #[tokio::test]
 async fn claim_expansion_needs_a_bound_claim_of_an_expandable_class() {
     let c = cluster("resize").await;
@@ -283,7 +283,7 @@ async fn claim_expansion_needs_a_bound_claim_of_an_expandable_class() {
     let pending = api
         .patch("grows", &params, &Patch::Merge(grow("2Gi")))
         .await;
-    assert_eq!(code(pending), 403, "a Pending claim");
+    assert_eq!(code(pending), 422, "a Pending claim");
     let bound = json!({"status": {"phase": "Bound"}});
     for name in ["fixed", "grows"] {
         api.patch_status(name, &params, &Patch::Merge(&bound))

@@ -50,9 +50,11 @@ pub fn admit(
     object
 }
 
-/// PersistentVolumeClaimResize (plugin/pkg/admission/storage/persistentvolume/resize) on an
-/// update of a claim: a larger storage request needs a Bound claim whose class (`class`, the
-/// StorageClass the claim names, if it exists) allows volume expansion.
+/// A claim's storage request on update: validation first (ValidatePersistentVolumeClaimUpdate:
+/// only a Bound claim's request may change, 422 otherwise), then the PersistentVolumeClaimResize
+/// admission plugin (plugin/pkg/admission/storage/persistentvolume/resize): a larger request
+/// needs a class (`class`, the StorageClass the claim names, if it exists) that allows volume
+/// expansion, 403 otherwise.
 pub fn admit_claim_update(
     current: &Value,
     next: &Value,
@@ -66,24 +68,18 @@ pub fn admit_claim_update(
     let (Some(old), Some(new)) = (storage(current), storage(next)) else {
         return Ok(());
     };
-    if new <= old {
-        return Ok(());
-    }
     let name = current["metadata"]["name"].as_str().unwrap_or_default();
-    let refuse = |why: &str| {
-        ApiError::forbidden(format!(
-            "persistentvolumeclaims \"{name}\" is forbidden: {why}"
-        ))
-    };
-    if current["status"]["phase"] != "Bound" {
-        return Err(refuse(
-            "Only bound persistent volume claims can be expanded",
+    if new != old && current["status"]["phase"] != "Bound" {
+        return Err(ApiError::invalid(
+            "PersistentVolumeClaim",
+            name,
+            "spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
         ));
     }
-    if class.is_none_or(|c| c["allowVolumeExpansion"] != true) {
-        return Err(refuse(
-            "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
-        ));
+    if new > old && class.is_none_or(|c| c["allowVolumeExpansion"] != true) {
+        return Err(ApiError::forbidden(format!(
+            "persistentvolumeclaims \"{name}\" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"
+        )));
     }
     Ok(())
 }
