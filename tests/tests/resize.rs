@@ -184,6 +184,24 @@ async fn filesystem_bytes(cluster: &Cluster, node: &str, pod: &Pod, pv: &Persist
         .expect("a byte count")
 }
 
+/// A bound 16Mi claim `data` of an expandable ext4 class; returns its PV's name.
+async fn ext4_claim(cluster: &Cluster) -> String {
+    let parameters = json!({"csi.storage.k8s.io/fstype": "ext4"});
+    let class = expandable_class(cluster, "ext4", parameters).await;
+    bound_claim(cluster, "data", &class, "16Mi").await
+}
+
+/// The pod `app` on `node` with the claim `data` (writing to it or not), once Running.
+async fn running_app(cluster: &Cluster, node: &str, writes: bool) -> Pod {
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .create(&pods, pod("app", node, Some("data"), writes))
+        .await;
+    cluster
+        .wait_for(&pods, "app", "the pod Running", is_running)
+        .await
+}
+
 /// Without CAP_SYS_RESOURCE: the node's refusal is an Event on the pod naming the missing
 /// privilege, and the claim still waits for the node at `capacity`.
 async fn refused_on_the_node(cluster: &Cluster, capacity: &str) {
@@ -234,28 +252,9 @@ async fn a_mounted_ext4_volume_grows_online_with_its_pod_running() {
     }
     let cluster = Cluster::start("resize-online").await;
     let _controllers = controllers(&cluster).await;
-    let class = expandable_class(
-        &cluster,
-        "ext4",
-        json!({"csi.storage.k8s.io/fstype": "ext4"}),
-    )
-    .await;
-    let pv_name = bound_claim(&cluster, "data", &class, "16Mi").await;
+    let pv_name = ext4_claim(&cluster).await;
     let node = cluster.node("node-a");
-    cluster
-        .create(
-            &cluster.namespaced::<Pod>(),
-            pod("app", &node, Some("data"), true),
-        )
-        .await;
-    let running = cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
-            "app",
-            "the pod Running",
-            is_running,
-        )
-        .await;
+    let running = running_app(&cluster, &node, true).await;
     let pv = cluster
         .cluster_scoped::<PersistentVolume>()
         .get(&pv_name)
@@ -305,13 +304,7 @@ async fn an_unused_ext4_volume_grows_on_the_node_when_a_pod_mounts_it() {
     }
     let cluster = Cluster::start("resize-offline").await;
     let _controllers = controllers(&cluster).await;
-    let class = expandable_class(
-        &cluster,
-        "ext4",
-        json!({"csi.storage.k8s.io/fstype": "ext4"}),
-    )
-    .await;
-    let pv_name = bound_claim(&cluster, "data", &class, "16Mi").await;
+    let pv_name = ext4_claim(&cluster).await;
 
     request(&cluster, "data", "32Mi").await;
     wait_pv_capacity(&cluster, &pv_name, "32Mi").await;
@@ -326,20 +319,7 @@ async fn an_unused_ext4_volume_grows_on_the_node_when_a_pod_mounts_it() {
     assert_eq!(claim_capacity(&pending), "16Mi", "not grown on a node yet");
 
     let node = cluster.node("node-a");
-    cluster
-        .create(
-            &cluster.namespaced::<Pod>(),
-            pod("app", &node, Some("data"), false),
-        )
-        .await;
-    let running = cluster
-        .wait_for(
-            &cluster.namespaced::<Pod>(),
-            "app",
-            "the pod Running",
-            is_running,
-        )
-        .await;
+    let running = running_app(&cluster, &node, false).await;
     if can_resize_online() {
         wait_claim_capacity(&cluster, "data", "32Mi").await;
         let pv = cluster
