@@ -54,7 +54,7 @@ pub struct DriverArgs {
     pub drivername: String,
 
     /// State directory, shared by every instance on this machine: volume data, snapshots,
-    /// state.json and node heartbeats.
+    /// the state file (state.log) and node heartbeats.
     #[arg(long, default_value = "/csi-data-dir")]
     pub statedir: PathBuf,
 

@@ -51,7 +51,7 @@ impl Driver {
     }
 
     fn ready_volume(&self, id: &str) -> Result<Volume, DriverError> {
-        ready_volume(&self.store.read()?, id).cloned()
+        ready_volume(&*self.store.read()?, id).cloned()
     }
 
     fn record_node_use(

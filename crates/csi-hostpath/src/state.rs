@@ -1,18 +1,29 @@
 //! The driver's persistent state, shared by every instance on the machine through the state
-//! directory. Each change is a transaction: take an exclusive `flock` on `state.lock`, read
-//! `state.json` afresh (another instance may have changed it), apply the change, and write the
-//! whole file atomically (temp file, fsync, rename, fsync of the directory). A crash at any
-//! point leaves either the old or the new state on disk, never a torn one. A file that does not
-//! parse is never overwritten: the driver refuses to work with it and names it.
+//! directory. Each change is a transaction under an exclusive `flock` on `state.lock`: catch
+//! up on what other instances committed, apply the change, and commit the rows it changed to
+//! the state file (see [`crate::journal`]: appended and fdatasynced, so a change costs the rows
+//! it touched, not the number of volumes). A crash at any point leaves every acknowledged change
+//! on disk and no torn one. Each process keeps the state in memory and reads only what others
+//! appended since. A file that does not parse is never overwritten: the driver refuses to work
+//! with it and names it.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-const STATE_FILE: &str = "state.json";
+use crate::journal::{self, Position};
+use crate::table::Table;
+
+const STATE_FILE: &str = "state.log";
+/// The state file of drivers before the journal: the whole state, rewritten on every change.
+/// Read once, when found without a `state.log`, and replaced by one.
+const WHOLE_STATE_FILE: &str = "state.json";
 const LOCK_FILE: &str = "state.lock";
 const STATE_VERSION: u32 = 1;
 const INSTANCES: &str = "instances";
@@ -197,13 +208,43 @@ pub struct GroupSnapshot {
     pub creator: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     pub version: u32,
-    pub volumes: BTreeMap<String, Volume>,
-    pub snapshots: BTreeMap<String, Snapshot>,
+    pub volumes: Table<Volume>,
+    pub snapshots: Table<Snapshot>,
     #[serde(default)]
-    pub groups: BTreeMap<String, GroupSnapshot>,
+    pub groups: Table<GroupSnapshot>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            version: STATE_VERSION,
+            volumes: Table::default(),
+            snapshots: Table::default(),
+            groups: Table::default(),
+        }
+    }
+}
+
+/// The rows one transaction changed (`None`: removed): one line of the state file. Unknown
+/// fields are refused: a damaged name must not read as "no change".
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, Option<Volume>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshots: BTreeMap<String, Option<Snapshot>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, Option<GroupSnapshot>>,
+}
+
+impl Change {
+    pub fn is_empty(&self) -> bool {
+        self.volumes.is_empty() && self.snapshots.is_empty() && self.groups.is_empty()
+    }
 }
 
 impl Volume {
@@ -220,11 +261,42 @@ impl Snapshot {
 
 impl State {
     pub fn volume_by_name_mut(&mut self, name: &str) -> Option<&mut Volume> {
-        self.volumes.values_mut().find(|v| v.name == name)
+        self.volumes.find_mut(|v| v.name == name)
     }
 
     pub fn snapshot_by_name_mut(&mut self, name: &str) -> Option<&mut Snapshot> {
-        self.snapshots.values_mut().find(|s| s.name == name)
+        self.snapshots.find_mut(|s| s.name == name)
+    }
+
+    /// Ends the open transaction, keeping its changes.
+    pub(crate) fn commit(&mut self) -> Change {
+        Change {
+            volumes: self.volumes.commit(),
+            snapshots: self.snapshots.commit(),
+            groups: self.groups.commit(),
+        }
+    }
+
+    /// Ends the open transaction, undoing it.
+    fn roll_back(&mut self) {
+        self.volumes.roll_back();
+        self.snapshots.roll_back();
+        self.groups.roll_back();
+    }
+
+    /// Applies a change another transaction committed.
+    pub(crate) fn apply(&mut self, change: Change) {
+        self.volumes.apply(change.volumes);
+        self.snapshots.apply(change.snapshots);
+        self.groups.apply(change.groups);
+    }
+
+    fn check_version(&self) -> Result<(), String> {
+        if self.version == STATE_VERSION {
+            Ok(())
+        } else {
+            Err(format!("unsupported version {}", self.version))
+        }
     }
 
     /// Bytes used on `node` in pool `kind`.
@@ -245,10 +317,20 @@ impl State {
     }
 }
 
-/// The state directory: data of volumes and snapshots, state.json, heartbeats.
+/// The state directory: data of volumes and snapshots, the state file, heartbeats.
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    /// The state as this process last read or wrote it; shared by every clone.
+    cache: Arc<Mutex<Cache>>,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    state: Arc<State>,
+    /// How much of the state file `state` holds: `None` before the first read and after a
+    /// failed one or a failed write (the next access reads the file whole).
+    position: Option<Position>,
 }
 
 impl Store {
@@ -260,7 +342,9 @@ impl Store {
         }
         let store = Self {
             dir: dir.to_path_buf(),
+            cache: Arc::default(),
         };
+        store.adopt_whole_state_file()?;
         store.read()?;
         Ok(store)
     }
@@ -333,29 +417,53 @@ impl Store {
         self.dir.join("nodes").join(node)
     }
 
-    /// Reads the current state under a shared lock.
-    pub fn read(&self) -> Result<State, StoreError> {
+    /// The current state, caught up under a shared lock. Cheap: the state is shared with the
+    /// cache until the next change (which then copies it if it is still held).
+    pub fn read(&self) -> Result<Arc<State>, StoreError> {
+        let mut cache = self.cache();
         let lock = self.lock_file()?;
         lock.lock_shared()
             .map_err(io_error(&self.dir.join(LOCK_FILE)))?;
-        self.load()
+        self.catch_up(&mut cache)?;
+        Ok(Arc::clone(&cache.state))
     }
 
-    /// Runs `change` on the current state under the exclusive lock and persists the result if
-    /// it changed. An error from `change` leaves the state untouched.
+    /// Runs `change` on the current state under the exclusive lock and commits the rows it
+    /// changed, if any. An error from `change` leaves the state untouched.
     pub fn update<T, E>(&self, change: impl FnOnce(&mut State) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
     {
+        let mut cache = self.cache();
         let lock = self.lock_file()?;
         lock.lock().map_err(io_error(&self.dir.join(LOCK_FILE)))?;
-        let before = self.load()?;
-        let mut after = before.clone();
-        let output = change(&mut after)?;
-        if after != before {
-            self.persist(&after)?;
+        self.catch_up(&mut cache)?;
+        let state = Arc::make_mut(&mut cache.state);
+        let output = match change(state) {
+            Ok(output) => output,
+            Err(error) => {
+                state.roll_back();
+                return Err(error);
+            }
+        };
+        let committed = state.commit();
+        if !committed.is_empty()
+            && let Err(error) = self.persist(&mut cache, &committed)
+        {
+            // What reached the disk decides: read it whole next time.
+            cache.position = None;
+            return Err(error.into());
         }
         Ok(output)
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|poisoned| {
+            // A transaction panicked half way: forget what this process holds.
+            let mut cache = poisoned.into_inner();
+            cache.position = None;
+            cache
+        })
     }
 
     fn lock_file(&self) -> Result<File, StoreError> {
@@ -368,38 +476,131 @@ impl Store {
             .map_err(io_error(&path))
     }
 
-    fn load(&self) -> Result<State, StoreError> {
+    fn corrupt(&self, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.state_file(),
+            reason,
+        }
+    }
+
+    /// Brings the cache up to the state file (under the lock): the changes appended since it
+    /// last looked, or the whole file when it was compacted meanwhile or never read.
+    fn catch_up(&self, cache: &mut Cache) -> Result<(), StoreError> {
+        let result = self.catch_up_inner(cache);
+        if result.is_err() {
+            cache.position = None;
+        }
+        result
+    }
+
+    fn catch_up_inner(&self, cache: &mut Cache) -> Result<(), StoreError> {
         let path = self.state_file();
-        let text = match fs::read(&path) {
-            Ok(text) => text,
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(State {
-                    version: STATE_VERSION,
-                    ..State::default()
-                });
+                // Nothing committed yet: no other instance can have changed anything.
+                if cache.position.is_none() {
+                    cache.state = Arc::default();
+                }
+                return Ok(());
             }
             Err(error) => return Err(io_error(&path)(error)),
         };
-        let state: State = serde_json::from_slice(&text).map_err(|e| StoreError::Corrupt {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        if state.version != STATE_VERSION {
-            return Err(StoreError::Corrupt {
-                path,
-                reason: format!("unsupported version {}", state.version),
-            });
+        if let Some(position) = &mut cache.position {
+            let mut prefix = [0; journal::HEADER_PREFIX_BYTES];
+            let read = file.read_at(&mut prefix, 0).map_err(io_error(&path))?;
+            let generation =
+                journal::read_generation(&prefix[..read]).map_err(|e| self.corrupt(e))?;
+            if generation == position.generation {
+                let mut tail = Vec::new();
+                file.seek(SeekFrom::Start(position.applied))
+                    .and_then(|_| file.read_to_end(&mut tail))
+                    .map_err(io_error(&path))?;
+                return journal::catch_up(Arc::make_mut(&mut cache.state), position, &tail)
+                    .map_err(|e| self.corrupt(e));
+            }
         }
-        Ok(state)
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io_error(&path))?;
+        let parsed = journal::parse(&bytes, State::check_version).map_err(|e| self.corrupt(e))?;
+        cache.state = Arc::new(parsed.state);
+        cache.position = Some(parsed.position);
+        Ok(())
     }
 
-    fn persist(&self, state: &State) -> Result<(), StoreError> {
+    /// Commits `change`, already applied to the cache: one appended line, or a compaction.
+    fn persist(&self, cache: &mut Cache, change: &Change) -> Result<(), StoreError> {
         let path = self.state_file();
-        let text = serde_json::to_vec(state).map_err(|e| StoreError::Corrupt {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        csi_sidecar::durable::replace(&path, &text).map_err(io_error(&path))
+        match cache.position {
+            Some(ref mut position) if !position.wants_compaction() => {
+                let line = journal::encode_change(change).map_err(|e| self.corrupt(e))?;
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_error(&path))?;
+                if position.torn {
+                    file.set_len(position.applied).map_err(io_error(&path))?;
+                }
+                file.write_all_at(&line, position.applied)
+                    .and_then(|()| file.sync_data())
+                    .map_err(io_error(&path))?;
+                position.applied += line.len() as u64;
+                position.torn = false;
+                Ok(())
+            }
+            _ => {
+                let generation = cache.position.map_or(1, |p| p.generation + 1);
+                self.compact(cache, generation)
+            }
+        }
+    }
+
+    /// Replaces the state file by one holding the cache's whole state as `generation`.
+    fn compact(&self, cache: &mut Cache, generation: u64) -> Result<(), StoreError> {
+        let path = self.state_file();
+        let bytes = journal::encode_base(generation, &cache.state).map_err(|e| self.corrupt(e))?;
+        csi_sidecar::durable::replace(&path, &bytes).map_err(io_error(&path))?;
+        let length = bytes.len() as u64;
+        cache.position = Some(Position {
+            generation,
+            applied: length,
+            base: length,
+            torn: false,
+        });
+        Ok(())
+    }
+
+    /// A state directory of a driver before the journal has `state.json` and no `state.log`:
+    /// its state becomes the first generation of `state.log`, then `state.json` goes.
+    fn adopt_whole_state_file(&self) -> Result<(), StoreError> {
+        let whole = self.dir.join(WHOLE_STATE_FILE);
+        if !whole.exists() {
+            return Ok(());
+        }
+        let lock = self.lock_file()?;
+        lock.lock().map_err(io_error(&self.dir.join(LOCK_FILE)))?;
+        if !self.state_file().exists() {
+            let text = match fs::read(&whole) {
+                Ok(text) => text,
+                // Another instance adopted it first.
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(error) => return Err(io_error(&whole)(error)),
+            };
+            let corrupt = |reason: String| StoreError::Corrupt {
+                path: whole.clone(),
+                reason,
+            };
+            let state: State = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+            state.check_version().map_err(corrupt)?;
+            let mut cache = self.cache();
+            cache.state = Arc::new(state);
+            self.compact(&mut cache, 1)?;
+            tracing::info!(from = %whole.display(), to = %self.state_file().display(), "state file converted");
+        }
+        fs::remove_file(&whole).map_err(io_error(&whole))?;
+        File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io_error(&self.dir))
     }
 
     /// Marks `node`'s storage link down (`up == false`) or up again: a node whose link is down
@@ -530,10 +731,12 @@ pub fn now_nanos() -> u128 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
-    fn volume(id: &str) -> Volume {
+    pub(crate) fn volume(id: &str) -> Volume {
         Volume {
             id: id.into(),
             name: format!("name-{id}"),
@@ -584,7 +787,7 @@ mod tests {
         let reopened = Store::open(dir.path()).unwrap().read().unwrap();
         assert_eq!(reopened.volumes.keys().collect::<Vec<_>>(), ["a"]);
         assert_eq!(reopened.used_bytes("n1", ""), 10);
-        assert!(!dir.path().join("state.json.tmp").exists());
+        assert!(!dir.path().join("state.log.tmp").exists());
     }
 
     #[test]
@@ -621,6 +824,138 @@ mod tests {
             }
         });
         assert_eq!(store.read().unwrap().volumes.len(), 100);
+    }
+
+    fn add(store: &Store, id: &str) {
+        store
+            .update(|s| {
+                s.volumes.insert(id.into(), volume(id));
+                Ok::<_, TestError>(())
+            })
+            .unwrap();
+    }
+
+    fn ids(store: &Store) -> Vec<String> {
+        store.read().unwrap().volumes.keys().cloned().collect()
+    }
+
+    #[test]
+    fn a_change_appends_only_the_rows_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for i in 0..300 {
+            add(&store, &format!("v{i:03}"));
+        }
+        let size = || fs::metadata(store.state_file()).unwrap().len();
+        let before = size();
+        store
+            .update(|s| {
+                s.volumes.get_mut("v150").unwrap().capacity_bytes = 20;
+                Ok::<_, TestError>(())
+            })
+            .unwrap();
+        let line = size() - before;
+        let one_volume = serde_json::to_vec(&volume("v150")).unwrap().len() as u64;
+        assert!(
+            line < 2 * one_volume,
+            "{line} bytes for one volume of {one_volume}"
+        );
+        // Nothing changed: nothing written.
+        store
+            .update(|s| {
+                s.volumes.get_mut("v150").unwrap().capacity_bytes = 20;
+                Ok::<_, TestError>(())
+            })
+            .unwrap();
+        assert_eq!(size(), before + line);
+    }
+
+    #[test]
+    fn instances_see_each_others_changes_across_compactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, other) = (
+            Store::open(dir.path()).unwrap(),
+            Store::open(dir.path()).unwrap(),
+        );
+        add(&one, "a");
+        assert_eq!(ids(&other), ["a"]);
+        add(&other, "b");
+        assert_eq!(ids(&one), ["a", "b"]);
+        // Enough changes to compact the file several times over.
+        let mut generations = BTreeSet::new();
+        for i in 0..5000 {
+            let store = if i % 3 == 0 { &other } else { &one };
+            store
+                .update(|s| {
+                    s.volumes.get_mut("a").unwrap().capacity_bytes = i;
+                    Ok::<_, TestError>(())
+                })
+                .unwrap();
+            generations.insert(store.cache().position.unwrap().generation);
+        }
+        assert!(generations.len() > 2, "compacted: {generations:?}");
+        assert!(
+            fs::metadata(one.state_file()).unwrap().len()
+                < 2 * journal::MIN_COMPACTION_BYTES + 4096
+        );
+        for store in [&one, &other, &Store::open(dir.path()).unwrap()] {
+            let state = store.read().unwrap();
+            assert_eq!(state.volumes.get("a").unwrap().capacity_bytes, 4999);
+            assert_eq!(state.volumes.len(), 2);
+        }
+    }
+
+    /// A power cut while a change is appended leaves any prefix of its line: the change is
+    /// not there after a restart, everything before it is, and the next change is kept.
+    #[test]
+    fn a_torn_append_is_ignored_and_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        add(&store, "a");
+        add(&store, "b");
+        let whole = fs::read(store.state_file()).unwrap();
+        add(&store, "c");
+        let with_c = fs::read(store.state_file()).unwrap();
+        for cut in whole.len()..with_c.len() {
+            fs::write(store.state_file(), &with_c[..cut]).unwrap();
+            let restarted = Store::open(dir.path()).unwrap();
+            assert_eq!(ids(&restarted), ["a", "b"], "cut at {cut}");
+            add(&restarted, "d");
+            assert_eq!(
+                ids(&Store::open(dir.path()).unwrap()),
+                ["a", "b", "d"],
+                "cut at {cut}"
+            );
+        }
+        // A damaged line that is not the last one is corruption, refused and kept.
+        let mut damaged = with_c.clone();
+        damaged[whole.len() + 2] = b'V';
+        damaged.extend(&with_c[whole.len()..]);
+        fs::write(store.state_file(), &damaged).unwrap();
+        let error = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            error.contains("state.log") && error.contains("corrupt"),
+            "{error}"
+        );
+        assert_eq!(fs::read(store.state_file()).unwrap(), damaged);
+    }
+
+    #[test]
+    fn a_whole_state_file_of_an_older_driver_is_converted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = State::default();
+        old.volumes.insert("a".into(), volume("a"));
+        old.commit();
+        fs::write(
+            dir.path().join("state.json"),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(ids(&store), ["a"]);
+        assert!(!dir.path().join("state.json").exists());
+        add(&store, "b");
+        assert_eq!(ids(&Store::open(dir.path()).unwrap()), ["a", "b"]);
     }
 
     #[test]

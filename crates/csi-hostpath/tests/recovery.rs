@@ -10,23 +10,23 @@ use std::path::Path;
 use common::*;
 use csi::volume_capability::access_mode::Mode;
 use csi_hostpath::local::LocalCluster;
-use csi_hostpath::state::Store;
+use csi_hostpath::state::{Phase, Store, StoreError};
 use csi_proto::csi::v1 as csi;
-use serde_json::Value;
 use tonic::Code;
 
-fn state(root: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(root.join("state/state.json")).unwrap()).unwrap()
+fn store(root: &Path) -> Store {
+    Store::open(&root.join("state")).unwrap()
 }
 
-/// Names of the records of `kind` (`volumes`, `snapshots`, `groups`) in state.json.
+/// Names of the records of `kind` (`volumes`, `snapshots`, `groups`) in the state.
 fn names(root: &Path, kind: &str) -> Vec<String> {
-    let mut names: Vec<String> = state(root)[kind]
-        .as_object()
-        .unwrap()
-        .values()
-        .map(|record| record["name"].as_str().unwrap().to_string())
-        .collect();
+    let state = store(root).read().unwrap();
+    let mut names: Vec<String> = match kind {
+        "volumes" => state.volumes.values().map(|v| v.name.clone()).collect(),
+        "snapshots" => state.snapshots.values().map(|s| s.name.clone()).collect(),
+        "groups" => state.groups.values().map(|g| g.name.clone()).collect(),
+        _ => panic!("no records of kind {kind}"),
+    };
     names.sort();
     names
 }
@@ -126,29 +126,27 @@ async fn failed_snapshots_leave_no_record_and_no_partial_file() {
     cluster.stop().await;
 }
 
-/// Rewrites the record of `kind` named `name`: its phase, and its creator (None: no creator).
-fn set_record(root: &Path, kind: &str, name: &str, phase: &str, creator: Option<&str>) -> String {
-    let mut state = state(root);
-    let (id, record) = state[kind]
-        .as_object_mut()
+/// Rewrites the record of `kind` (`volumes` or `snapshots`) named `name`: its phase, and its
+/// creator (None: no creator), as an instance that crashed or still runs would have left it.
+fn set_record(root: &Path, kind: &str, name: &str, phase: Phase, creator: Option<&str>) -> String {
+    store(root)
+        .update(|state| {
+            let (id, record_phase, record_creator) = match kind {
+                "volumes" => {
+                    let v = state.volumes.find_mut(|v| v.name == name).unwrap();
+                    (v.id.clone(), &mut v.phase, &mut v.creator)
+                }
+                "snapshots" => {
+                    let s = state.snapshots.find_mut(|s| s.name == name).unwrap();
+                    (s.id.clone(), &mut s.phase, &mut s.creator)
+                }
+                _ => panic!("no records of kind {kind}"),
+            };
+            *record_phase = phase;
+            *record_creator = creator.map(String::from);
+            Ok::<_, StoreError>(id)
+        })
         .unwrap()
-        .iter_mut()
-        .find(|(_, record)| record["name"] == name)
-        .unwrap();
-    record["phase"] = phase.into();
-    match creator {
-        Some(creator) => record["creator"] = creator.into(),
-        None => {
-            record.as_object_mut().unwrap().remove("creator");
-        }
-    }
-    let id = id.clone();
-    std::fs::write(
-        root.join("state/state.json"),
-        serde_json::to_vec(&state).unwrap(),
-    )
-    .unwrap();
-    id
 }
 
 async fn controller_only(root: &Path) -> LocalCluster {
@@ -181,14 +179,26 @@ async fn startup_rolls_back_abandoned_creations_and_removes_leftovers() {
     drop(crashed_instance);
     let running = store.register_instance().unwrap();
     // Killed mid-creation; the oldest record names no creator (written before creators were).
-    let crashed = set_record(root, "volumes", "crashed", "creating", Some(&crashed_id));
-    let old = set_record(root, "volumes", "old", "creating", None);
-    let in_flight = set_record(root, "volumes", "in-flight", "creating", Some(&running.id));
+    let crashed = set_record(
+        root,
+        "volumes",
+        "crashed",
+        Phase::Creating,
+        Some(&crashed_id),
+    );
+    let old = set_record(root, "volumes", "old", Phase::Creating, None);
+    let in_flight = set_record(
+        root,
+        "volumes",
+        "in-flight",
+        Phase::Creating,
+        Some(&running.id),
+    );
     let crashed_snap = set_record(
         root,
         "snapshots",
         "crashed-snap",
-        "creating",
+        Phase::Creating,
         Some(&crashed_id),
     );
     let snapshots = root.join("state/snapshots");
@@ -234,7 +244,7 @@ async fn a_creation_another_running_instance_holds_is_left_to_it() {
         .unwrap()
         .register_instance()
         .unwrap();
-    set_record(root, "volumes", "vol", "creating", Some(&running.id));
+    set_record(root, "volumes", "vol", Phase::Creating, Some(&running.id));
     let again = || {
         c.create_volume(
             create_request("vol", GI / 8, mount(Mode::SingleNodeWriter)),
@@ -245,6 +255,7 @@ async fn a_creation_another_running_instance_holds_is_left_to_it() {
     // Gone (its lock released as by a crash): this instance takes the creation over.
     drop(running);
     assert_eq!(again().await.unwrap().volume.unwrap().volume_id, id);
-    assert_eq!(state(root)["volumes"][&id]["phase"], "ready");
+    let state = store(root).read().unwrap();
+    assert_eq!(state.volumes.get(&id).unwrap().phase, Phase::Ready);
     cluster.stop().await;
 }

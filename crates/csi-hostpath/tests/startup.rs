@@ -19,19 +19,25 @@ fn run(root: &Path, extra: &[&str]) -> std::process::Output {
 
 #[test]
 fn corrupt_state_file_is_refused_and_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("state")).unwrap();
-    let file = dir.path().join("state/state.json");
-    std::fs::write(&file, b"{\"version\": 1, \"volumes\": [").unwrap();
-    let output = run(dir.path(), &[]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains(&file.display().to_string()), "{stderr}");
-    assert!(stderr.contains("corrupt"), "{stderr}");
-    assert_eq!(
-        std::fs::read(&file).unwrap(),
-        b"{\"version\": 1, \"volumes\": ["
-    );
+    // The state file, and the whole-state file of an older driver it would be converted from.
+    for (name, content) in [
+        (
+            "state.log",
+            &b"{\"generation\":1}\n{\"version\": 1, \"volumes\": [\n"[..],
+        ),
+        ("state.json", b"{\"version\": 1, \"volumes\": ["),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("state")).unwrap();
+        let file = dir.path().join("state").join(name);
+        std::fs::write(&file, content).unwrap();
+        let output = run(dir.path(), &[]);
+        assert!(!output.status.success(), "{name}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+        assert!(stderr.contains("corrupt"), "{stderr}");
+        assert_eq!(std::fs::read(&file).unwrap(), content, "{name}");
+    }
 }
 
 #[test]

@@ -1,0 +1,265 @@
+//! The bytes of the state file, `state.log`: a header line with the file's generation, a line
+//! with the whole state as of that generation (the base), then one line per committed change,
+//! each the rows it changed. A change is committed once its line, newline included, is on
+//! disk (appended and fdatasynced), so a change costs the rows it touched whatever the number
+//! of volumes. When the changes outgrow the base, the writer compacts: the file is replaced
+//! whole (atomically, see `csi_sidecar::durable`) by a new header, one generation up, and a
+//! base holding everything. A last line without its newline is a write a crash interrupted,
+//! never acknowledged: it is ignored, and cut off before the next append. Any other line that
+//! does not parse is corruption: the file is refused, never overwritten.
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{Change, State};
+
+/// Compact once the changes hold more bytes than this, or than the base if that is larger:
+/// replacing the file then costs at most as much again as the appends since the last one.
+pub const MIN_COMPACTION_BYTES: u64 = 256 * 1024;
+
+/// The longest header line `read_generation` looks at.
+pub const HEADER_PREFIX_BYTES: usize = 64;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    generation: u64,
+}
+
+/// A state file read from its start.
+#[derive(Debug)]
+pub struct Parsed {
+    pub state: State,
+    pub position: Position,
+}
+
+/// How much of the state file a reader has applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub generation: u64,
+    /// Bytes of the header, the base and the complete change lines applied.
+    pub applied: u64,
+    /// Bytes of the header and the base.
+    pub base: u64,
+    /// Whether bytes of an interrupted write follow `applied`.
+    pub torn: bool,
+}
+
+impl Position {
+    /// Whether the changes appended since the base call for a compaction.
+    pub fn wants_compaction(&self) -> bool {
+        self.applied - self.base > self.base.max(MIN_COMPACTION_BYTES)
+    }
+}
+
+/// The whole file for `state` at `generation`.
+pub fn encode_base(generation: u64, state: &State) -> Result<Vec<u8>, String> {
+    let mut bytes = serde_json::to_vec(&Header { generation }).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+    serde_json::to_writer(&mut bytes, state).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The line that commits `change`.
+pub fn encode_change(change: &Change) -> Result<Vec<u8>, String> {
+    let mut bytes = serde_json::to_vec(change).map_err(|e| e.to_string())?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The generation in the header at the start of a file (`prefix`: its first bytes).
+pub fn read_generation(prefix: &[u8]) -> Result<u64, String> {
+    let (_, line) = CompleteLines::new(prefix, 0)
+        .next()
+        .ok_or("no complete header line")?;
+    parse_header(line)
+}
+
+fn parse_header(line: &[u8]) -> Result<u64, String> {
+    let header: Header = serde_json::from_slice(line).map_err(|e| format!("header line: {e}"))?;
+    Ok(header.generation)
+}
+
+/// Parses a whole file.
+pub fn parse(
+    bytes: &[u8],
+    check_version: impl Fn(&State) -> Result<(), String>,
+) -> Result<Parsed, String> {
+    let mut lines = CompleteLines::new(bytes, 0);
+    let (_, header) = lines.next().ok_or("no header line")?;
+    let generation = parse_header(header)?;
+    let (base_end, base) = lines.next().ok_or("no base line")?;
+    let mut state: State = serde_json::from_slice(base).map_err(|e| format!("base line: {e}"))?;
+    check_version(&state)?;
+    let base_end = base_end as u64;
+    let (applied, torn) = apply_lines(&mut state, lines)?;
+    Ok(Parsed {
+        state,
+        position: Position {
+            generation,
+            applied: applied.unwrap_or(base_end),
+            base: base_end,
+            torn,
+        },
+    })
+}
+
+/// Applies the change lines in `tail`, the bytes of the file from `position.applied` on, and
+/// moves `position` past them.
+pub fn catch_up(state: &mut State, position: &mut Position, tail: &[u8]) -> Result<(), String> {
+    let offset = usize::try_from(position.applied).map_err(|e| e.to_string())?;
+    let (applied, torn) = apply_lines(state, CompleteLines::new(tail, offset))?;
+    if let Some(applied) = applied {
+        position.applied = applied;
+    }
+    position.torn = torn;
+    Ok(())
+}
+
+/// Applies change lines; returns where the last one ended (if any did) and whether an
+/// incomplete line follows.
+fn apply_lines(
+    state: &mut State,
+    mut lines: CompleteLines<'_>,
+) -> Result<(Option<u64>, bool), String> {
+    let mut applied = None;
+    for (end, line) in lines.by_ref() {
+        let change: Change = serde_json::from_slice(line)
+            .map_err(|e| format!("change line ending at byte {end}: {e}"))?;
+        state.apply(change);
+        applied = Some(end as u64);
+    }
+    Ok((applied, lines.torn()))
+}
+
+/// The newline-terminated lines of `bytes`, with the offset (from `start`) where each ends.
+struct CompleteLines<'a> {
+    rest: &'a [u8],
+    offset: usize,
+}
+
+impl<'a> CompleteLines<'a> {
+    fn new(bytes: &'a [u8], start: usize) -> Self {
+        Self {
+            rest: bytes,
+            offset: start,
+        }
+    }
+
+    fn torn(&self) -> bool {
+        !self.rest.is_empty()
+    }
+}
+
+impl<'a> Iterator for CompleteLines<'a> {
+    type Item = (usize, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let newline = self.rest.iter().position(|b| *b == b'\n')?;
+        let line = &self.rest[..newline];
+        self.rest = &self.rest[newline + 1..];
+        self.offset += newline + 1;
+        Some((self.offset, line))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::volume;
+
+    fn any_version(_: &State) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn state_with(ids: &[&str]) -> State {
+        let mut state = State::default();
+        for id in ids {
+            state.volumes.insert((*id).into(), volume(id));
+        }
+        state.commit();
+        state
+    }
+
+    /// A file at generation 3 with volume a in its base, then b added and a removed.
+    fn file() -> (Vec<u8>, State) {
+        let mut bytes = encode_base(3, &state_with(&["a"])).unwrap();
+        let mut state = state_with(&["a"]);
+        state.volumes.insert("b".into(), volume("b"));
+        bytes.extend(encode_change(&state.commit()).unwrap());
+        state.volumes.remove("a");
+        bytes.extend(encode_change(&state.commit()).unwrap());
+        (bytes, state)
+    }
+
+    #[test]
+    fn a_file_reads_back_as_its_base_and_changes() {
+        let (bytes, expected) = file();
+        let parsed = parse(&bytes, any_version).unwrap();
+        assert_eq!(parsed.state, expected);
+        assert_eq!(parsed.position.generation, 3);
+        assert_eq!(parsed.position.applied, bytes.len() as u64);
+        assert!(!parsed.position.torn);
+        assert!(parsed.position.base < parsed.position.applied);
+        assert_eq!(read_generation(&bytes[..HEADER_PREFIX_BYTES]).unwrap(), 3);
+    }
+
+    #[test]
+    fn an_interrupted_last_write_is_ignored_anything_else_refused() {
+        let (bytes, expected) = file();
+        let mut torn = bytes.clone();
+        torn.extend(br#"{"volumes":{"c":"#);
+        let parsed = parse(&torn, any_version).unwrap();
+        assert_eq!(parsed.state, expected);
+        assert_eq!(parsed.position.applied, bytes.len() as u64);
+        assert!(parsed.position.torn);
+
+        let mut garbage = bytes.clone();
+        garbage.extend(b"not json\n");
+        let error = parse(&garbage, any_version).unwrap_err();
+        assert!(error.contains("change line"), "{error}");
+
+        for broken in [
+            &b""[..],
+            b"{\"generation\":1}",
+            b"{\"generation\":1}\n{\"vers",
+        ] {
+            assert!(parse(broken, any_version).is_err(), "{broken:?}");
+        }
+        let refused = parse(&bytes, |_| Err("unsupported version 9".into())).unwrap_err();
+        assert!(refused.contains("version 9"), "{refused}");
+    }
+
+    #[test]
+    fn a_reader_catches_up_on_what_others_appended() {
+        let (bytes, expected) = file();
+        let base_only = &bytes[..parse(&bytes, any_version).unwrap().position.base as usize];
+        let mut reader = parse(base_only, any_version).unwrap();
+        assert_eq!(reader.state, state_with(&["a"]));
+
+        let from = reader.position.applied as usize;
+        let split = from + 10;
+        // Part of a line is there: nothing applied yet, the reader knows a write is under way.
+        catch_up(&mut reader.state, &mut reader.position, &bytes[from..split]).unwrap();
+        assert_eq!(reader.position.applied as usize, from);
+        assert!(reader.position.torn);
+        catch_up(&mut reader.state, &mut reader.position, &bytes[from..]).unwrap();
+        assert_eq!(reader.state, expected);
+        assert_eq!(reader.position.applied, bytes.len() as u64);
+        assert!(!reader.position.torn);
+    }
+
+    #[test]
+    fn compaction_once_changes_outgrow_the_base() {
+        let position = |base, applied| Position {
+            generation: 1,
+            applied,
+            base,
+            torn: false,
+        };
+        let min = MIN_COMPACTION_BYTES;
+        assert!(!position(100, 100 + min).wants_compaction());
+        assert!(position(100, 101 + min).wants_compaction());
+        assert!(!position(4 * min, 8 * min).wants_compaction());
+        assert!(position(4 * min, 8 * min + 1).wants_compaction());
+    }
+}
