@@ -2,7 +2,8 @@
 //! clients, on a local cluster (a controller and one node instance in this process, each on its
 //! Unix socket; every client task shares the instance's one HTTP/2 connection):
 //!
-//! - CreateVolume + DeleteVolume pairs;
+//! - CreateVolume + DeleteVolume pairs, with 0, 1000 and 10 000 other volumes in the state
+//!   (an operation should cost the same whatever the number of volumes);
 //! - the full life of a volume on a node: CreateVolume → ControllerPublishVolume →
 //!   NodeStageVolume → NodePublishVolume → NodeUnpublishVolume → NodeUnstageVolume →
 //!   ControllerUnpublishVolume → DeleteVolume, with real bind mounts (needs root; skipped
@@ -30,6 +31,10 @@ use tonic::Status;
 
 const COMMAND: &str = "cargo bench -p csi-hostpath --bench driver";
 const CLIENTS: [usize; 3] = [1, 8, 32];
+/// Volumes that exist (and stay) while the CreateVolume + DeleteVolume rows run.
+const EXISTING: [usize; 3] = [0, 1000, 10_000];
+/// Clients creating the existing volumes.
+const FILLERS: usize = 32;
 const NODE: &str = "node-a";
 /// Per-call timeout.
 const T: Duration = Duration::from_secs(60);
@@ -105,6 +110,8 @@ impl Samples {
 struct Row {
     workload: Workload,
     clients: usize,
+    /// Other volumes in the state meanwhile.
+    existing: usize,
     outcome: Outcome,
 }
 
@@ -154,18 +161,38 @@ async fn run() -> Result<()> {
         if root_user {
             bench.row(Workload::FullCycle, 1, 3).await?;
         }
-        for workload in [Workload::CreateDelete, Workload::FullCycle] {
+        for clients in CLIENTS {
+            let workload = Workload::FullCycle;
+            let outcome = if root_user {
+                bench
+                    .row(workload, clients, workload.iterations(clients))
+                    .await?
+            } else {
+                Outcome::Skipped("needs root (real mounts)")
+            };
+            let row = Row {
+                workload,
+                clients,
+                existing: 0,
+                outcome,
+            };
+            println!("{}", summary_line(&row));
+            rows.push(row);
+        }
+        let mut existing = 0;
+        for target in EXISTING {
+            println!("creating volumes until {target} exist…");
+            bench.fill(existing, target).await?;
+            existing = target;
             for clients in CLIENTS {
-                let outcome = if workload == Workload::FullCycle && !root_user {
-                    Outcome::Skipped("needs root (real mounts)")
-                } else {
-                    bench
-                        .row(workload, clients, workload.iterations(clients))
-                        .await?
-                };
+                let workload = Workload::CreateDelete;
+                let outcome = bench
+                    .row(workload, clients, workload.iterations(clients))
+                    .await?;
                 let row = Row {
                     workload,
                     clients,
+                    existing,
                     outcome,
                 };
                 println!("{}", summary_line(&row));
@@ -280,6 +307,29 @@ async fn timed<T>(
 }
 
 impl Bench<'_> {
+    /// Creates volumes `existing..target` (named `existing-<n>`), [`FILLERS`] at a time.
+    async fn fill(&self, existing: usize, target: usize) -> Result<()> {
+        let mut tasks = Vec::new();
+        for filler in 0..FILLERS {
+            let controller = self.cluster.controller.csi.clone();
+            tasks.push(tokio::spawn(async move {
+                for n in (existing + filler..target).step_by(FILLERS) {
+                    let name = format!("existing-{n}");
+                    rpc(
+                        controller.create_volume(create_request(&name, None), T).await,
+                        "CreateVolume",
+                        &name,
+                    )?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await.context("bench filler panicked")??;
+        }
+        Ok(())
+    }
+
     /// Runs `clients` concurrent clients of `iterations` each (within [`ROW_BUDGET`]).
     async fn row(&self, workload: Workload, clients: usize, iterations: usize) -> Result<Outcome> {
         let started = Instant::now();
@@ -539,22 +589,20 @@ async fn full_cycle(
     Ok(())
 }
 
-/// Mean time of one crash-safe state write as the driver's store does it (write a temporary
-/// file, fsync it, rename it over the state file, fsync the directory), on the filesystem the
-/// driver's state lives on: the floor under every state-changing RPC.
+/// Mean time of one state commit as the driver's store makes it (append a 1 KiB line to the
+/// state file and fdatasync it), on the filesystem the driver's state lives on: the floor
+/// under every state-changing RPC.
 fn fsync_floor(root: &Path) -> std::io::Result<Duration> {
     let dir = root.join("fsync-probe");
     std::fs::create_dir_all(&dir)?;
-    let payload = vec![b'x'; 4096];
-    let rounds = 50;
+    let mut line = vec![b'x'; 1023];
+    line.push(b'\n');
+    let mut file = std::fs::File::create(dir.join("state.log"))?;
+    let rounds = 200;
     let started = Instant::now();
     for _ in 0..rounds {
-        let temp = dir.join("state.json.tmp");
-        let mut file = std::fs::File::create(&temp)?;
-        file.write_all(&payload)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, dir.join("state.json"))?;
-        std::fs::File::open(&dir)?.sync_all()?;
+        file.write_all(&line)?;
+        file.sync_data()?;
     }
     let elapsed = started.elapsed() / rounds;
     std::fs::remove_dir_all(&dir)?;
@@ -604,10 +652,11 @@ fn summary_line(row: &Row) -> String {
         Outcome::Measured {
             seconds, samples, ..
         } => format!(
-            "{} × {} client{}: {} {}s in {seconds:.2} s",
+            "{} × {} client{} ({} other volumes): {} {}s in {seconds:.2} s",
             row.workload.label(),
             row.clients,
             plural(row.clients),
+            row.existing,
             samples.iterations.len(),
             row.workload.unit()
         ),
@@ -616,8 +665,8 @@ fn summary_line(row: &Row) -> String {
 
 fn results_table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| operation | clients | total ops | RPCs | seconds | ops/s | RPCs/s | p50 per op | p99 per op |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| operation | other volumes | clients | total ops | RPCs | seconds | ops/s | RPCs/s | p50 per op | p99 per op |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for row in rows {
         let label = format!("{} ({}s)", row.workload.label(), row.workload.unit());
@@ -625,8 +674,8 @@ fn results_table(rows: &[Row]) -> String {
             Outcome::Skipped(why) => {
                 let _ = writeln!(
                     out,
-                    "| {label} | {} | skipped: {why} | | | | | | |",
-                    row.clients
+                    "| {label} | {} | {} | skipped: {why} | | | | | | |",
+                    row.existing, row.clients
                 );
             }
             Outcome::Measured {
@@ -644,7 +693,8 @@ fn results_table(rows: &[Row]) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "| {label} | {} | {ops}{note} | {rpcs} | {seconds:.2} | {:.1} | {:.1} | {} | {} |",
+                    "| {label} | {} | {} | {ops}{note} | {rpcs} | {seconds:.2} | {:.1} | {:.1} | {} | {} |",
+                    row.existing,
                     row.clients,
                     ops as f64 / seconds,
                     rpcs as f64 / seconds,
@@ -659,22 +709,28 @@ fn results_table(rows: &[Row]) -> String {
 
 /// p50 / p99 of each RPC, one column per client count.
 fn breakdown_table(rows: &[Row]) -> String {
-    let mut out = String::from("| operation | RPC |");
+    let mut out = String::from("| operation | other volumes | RPC |");
     for clients in CLIENTS {
         let _ = write!(out, " {clients} client{} p50 / p99 |", plural(clients));
     }
-    out.push_str("\n|---|---|");
+    out.push_str("\n|---|---:|---|");
     for _ in CLIENTS {
         out.push_str("---:|");
     }
     out.push('\n');
-    for workload in [Workload::CreateDelete, Workload::FullCycle] {
+    let runs = EXISTING
+        .iter()
+        .map(|existing| (Workload::CreateDelete, *existing))
+        .chain([(Workload::FullCycle, 0)]);
+    for (workload, existing) in runs {
         for rpc_name in workload.rpcs() {
-            let _ = write!(out, "| {} | {rpc_name} |", workload.label());
+            let _ = write!(out, "| {} | {existing} | {rpc_name} |", workload.label());
             for clients in CLIENTS {
                 let cell = rows
                     .iter()
-                    .find(|r| r.workload == workload && r.clients == clients)
+                    .find(|r| {
+                        r.workload == workload && r.clients == clients && r.existing == existing
+                    })
                     .and_then(|r| match &r.outcome {
                         Outcome::Measured { samples, .. } => samples.rpcs.get(rpc_name),
                         Outcome::Skipped(_) => None,
@@ -840,7 +896,8 @@ sharing one state directory in a fresh temporary directory. The clients are toki
 same process (client and driver share its CPUs), all multiplexed over each instance's one
 HTTP/2 connection, each working on volumes of its own:
 
-- **CreateVolume + DeleteVolume**: one op is a pair (filesystem volume, 1 GiB, no topology).
+- **CreateVolume + DeleteVolume**: one op is a pair (filesystem volume, 1 GiB, no topology),
+  with 0, 1000 and 10 000 other volumes in the state (created before the rows, and kept).
 - **full cycle**: one op is CreateVolume (topology: node-a) → ControllerPublishVolume →
   NodeStageVolume → NodePublishVolume → NodeUnpublishVolume → NodeUnstageVolume →
   ControllerUnpublishVolume → DeleteVolume, with real bind mounts (needs root, else skipped).
@@ -849,10 +906,11 @@ HTTP/2 connection, each working on volumes of its own:
 Each client runs a fixed number of ops (about the same total per row whatever the
 concurrency); a row stops starting new ops after {budget} s and is then marked capped.
 Latencies are per op (pair or cycle) and per RPC as the client sees them, nearest-rank
-percentiles. Every state change is one transaction on `state.json` under an exclusive `flock`
-(read, modify, write a temporary file, fsync, rename, fsync the directory), so state changes
-serialise across all instances and the fsync floor below bounds them: a pair is 4
-transactions, a full cycle 10.
+percentiles. Every state change is one transaction under an exclusive `flock`: catch up on
+what other instances appended to `state.log`, apply the change, append the rows it changed as
+one line and fdatasync it (the file is compacted when its changes outgrow the whole state);
+so state changes serialise across all instances and the commit floor below bounds them: a pair
+is 4 transactions, a full cycle 10.
 
 ## Machine
 
@@ -862,8 +920,8 @@ transactions, a full cycle 10.
 - memory: {memory}
 - kernel: {kernel}
 - state directory filesystem: {filesystem}
-- fsync floor: one crash-safe 4 KiB state write (write, fsync, rename, directory fsync) takes
-  {fsync} here (mean of 50)
+- commit floor: appending one 1 KiB line to a file and fdatasyncing it takes {fsync} here
+  (mean of 200)
 - command: `make bench`, which runs `{COMMAND}`
 
 ## Throughput
