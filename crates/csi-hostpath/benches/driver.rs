@@ -316,7 +316,9 @@ impl Bench<'_> {
                 for n in (existing + filler..target).step_by(FILLERS) {
                     let name = format!("existing-{n}");
                     rpc(
-                        controller.create_volume(create_request(&name, None), T).await,
+                        controller
+                            .create_volume(create_request(&name, None), T)
+                            .await,
                         "CreateVolume",
                         &name,
                     )?;

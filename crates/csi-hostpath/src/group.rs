@@ -59,7 +59,7 @@ impl Driver {
         keys.push(&name_key);
         let _guard = self.locks.acquire(&keys)?;
         let group = self.store.update(|state| {
-            if let Some(existing) = state.groups.values_mut().find(|g| g.name == name) {
+            if let Some(existing) = state.groups.by_name_mut(name) {
                 if existing.source_volume_ids.iter().collect::<BTreeSet<_>>() != sources {
                     return Err(DriverError::ExistsWithOtherParameters {
                         kind: "group snapshot",

@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{self, Position};
-use crate::table::Table;
+use crate::table::{Row, Table};
 
 const STATE_FILE: &str = "state.log";
 /// The state file of drivers before the journal: the whole state, rewritten on every change.
@@ -247,6 +247,61 @@ impl Change {
     }
 }
 
+/// What volumes are summed by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum VolumeTally {
+    /// Bytes of a capacity pool (`kind`) on a node.
+    Capacity { node: String, kind: String },
+    /// Volumes ControllerPublished to a node.
+    Published { node: String },
+}
+
+impl Row for Volume {
+    type Tally = VolumeTally;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tallies(&self) -> Vec<(VolumeTally, u64)> {
+        let capacity = VolumeTally::Capacity {
+            node: self.home_node.clone(),
+            kind: self.kind.clone(),
+        };
+        let published = self.published.keys().map(|node| {
+            let node = node.clone();
+            (VolumeTally::Published { node }, 1)
+        });
+        std::iter::once((capacity, self.capacity_bytes))
+            .chain(published)
+            .collect()
+    }
+}
+
+impl Row for Snapshot {
+    type Tally = std::convert::Infallible;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tallies(&self) -> Vec<(Self::Tally, u64)> {
+        Vec::new()
+    }
+}
+
+impl Row for GroupSnapshot {
+    type Tally = std::convert::Infallible;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tallies(&self) -> Vec<(Self::Tally, u64)> {
+        Vec::new()
+    }
+}
+
 impl Volume {
     pub fn layout(&self) -> Layout {
         Layout::of(self.access_type, self.filesystem)
@@ -261,11 +316,11 @@ impl Snapshot {
 
 impl State {
     pub fn volume_by_name_mut(&mut self, name: &str) -> Option<&mut Volume> {
-        self.volumes.find_mut(|v| v.name == name)
+        self.volumes.by_name_mut(name)
     }
 
     pub fn snapshot_by_name_mut(&mut self, name: &str) -> Option<&mut Snapshot> {
-        self.snapshots.find_mut(|s| s.name == name)
+        self.snapshots.by_name_mut(name)
     }
 
     /// Ends the open transaction, keeping its changes.
@@ -301,19 +356,16 @@ impl State {
 
     /// Bytes used on `node` in pool `kind`.
     pub fn used_bytes(&self, node: &str, kind: &str) -> u64 {
-        self.volumes
-            .values()
-            .filter(|v| v.home_node == node && v.kind == kind)
-            .map(|v| v.capacity_bytes)
-            .sum()
+        self.volumes.total(&VolumeTally::Capacity {
+            node: node.to_string(),
+            kind: kind.to_string(),
+        })
     }
 
     /// Volumes published to `node`.
     pub fn published_count(&self, node: &str) -> usize {
-        self.volumes
-            .values()
-            .filter(|v| v.published.contains_key(node))
-            .count()
+        let node = node.to_string();
+        usize::try_from(self.volumes.total(&VolumeTally::Published { node })).unwrap_or(usize::MAX)
     }
 }
 

@@ -133,11 +133,11 @@ fn set_record(root: &Path, kind: &str, name: &str, phase: Phase, creator: Option
         .update(|state| {
             let (id, record_phase, record_creator) = match kind {
                 "volumes" => {
-                    let v = state.volumes.find_mut(|v| v.name == name).unwrap();
+                    let v = state.volumes.by_name_mut(name).unwrap();
                     (v.id.clone(), &mut v.phase, &mut v.creator)
                 }
                 "snapshots" => {
-                    let s = state.snapshots.find_mut(|s| s.name == name).unwrap();
+                    let s = state.snapshots.by_name_mut(name).unwrap();
                     (s.id.clone(), &mut s.phase, &mut s.creator)
                 }
                 _ => panic!("no records of kind {kind}"),
