@@ -534,6 +534,7 @@ impl Driver {
             Rpc::GetCapacity,
             Rpc::CreateDeleteSnapshot,
             Rpc::ListSnapshots,
+            Rpc::GetSnapshot,
             Rpc::CloneVolume,
             Rpc::ExpandVolume,
             Rpc::ListVolumesPublishedNodes,

@@ -49,10 +49,7 @@ pub fn snapshot(volume: &Path, snapshot: &Path, layout: Layout) -> io::Result<()
     let temp = temporary(snapshot);
     match layout {
         Layout::Directory => tree::archive(volume, File::create(&temp)?)?.sync_all()?,
-        Layout::Image | Layout::Ext4Image => {
-            fs::copy(volume, &temp)?;
-            File::open(&temp)?.sync_all()?;
-        }
+        Layout::Image | Layout::Ext4Image => copy_sparse(volume, &temp)?.sync_all()?,
     }
     fs::rename(&temp, snapshot)
 }
@@ -107,12 +104,52 @@ pub fn last_write(path: &Path) -> io::Result<SystemTime> {
 }
 
 fn copy_image(source: &Path, target: &Path, size: u64) -> io::Result<()> {
-    fs::copy(source, target)?;
-    let file = fs::OpenOptions::new().write(true).open(target)?;
+    let file = copy_sparse(source, target)?;
     if file.metadata()?.len() < size {
         file.set_len(size)?;
     }
     file.sync_all()
+}
+
+/// Copies an image file's data and keeps its holes: only the extents that hold data are read
+/// and written (`SEEK_DATA`/`SEEK_HOLE`). A plain copy would read and write every zero of a
+/// sparse image (a 10 GiB block volume that holds a few MiB) and make the copy that large on
+/// disk. Returns the copy, not yet synced.
+fn copy_sparse(source: &Path, target: &Path) -> io::Result<File> {
+    use rustix::fs::SeekFrom;
+    let from = File::open(source)?;
+    let length = from.metadata()?.len();
+    let to = File::create(target)?;
+    to.set_len(length)?;
+    let mut offset = 0;
+    while offset < length {
+        let data = match rustix::fs::seek(&from, SeekFrom::Data(offset)) {
+            Ok(data) => data,
+            // No data after `offset`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(error) => return Err(error.into()),
+        };
+        let hole = rustix::fs::seek(&from, SeekFrom::Hole(data))?;
+        let (mut read_at, mut write_at) = (data, data);
+        while read_at < hole {
+            let chunk = usize::try_from(hole - read_at).unwrap_or(usize::MAX);
+            let copied = rustix::fs::copy_file_range(
+                &from,
+                Some(&mut read_at),
+                &to,
+                Some(&mut write_at),
+                chunk,
+            )?;
+            if copied == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{} shrank while it was copied", source.display()),
+                ));
+            }
+        }
+        offset = hole;
+    }
+    Ok(to)
 }
 
 fn temporary(path: &Path) -> PathBuf {
@@ -152,6 +189,55 @@ mod tests {
         remove(&cloned).unwrap();
         remove(&cloned).unwrap();
         assert!(!cloned.exists());
+    }
+
+    #[test]
+    fn image_copies_keep_data_and_holes() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        const SIZE: u64 = 1 << 30;
+        // Data at the start, in the middle and at the very end; holes between.
+        let pieces = [
+            (0, &b"head"[..]),
+            (300 << 20, b"middle"),
+            (SIZE - 4, b"tail"),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("vol.img");
+        create_empty(&image, Layout::Image, SIZE).unwrap();
+        let file = fs::OpenOptions::new().write(true).open(&image).unwrap();
+        for (at, bytes) in pieces {
+            file.write_all_at(bytes, at).unwrap();
+        }
+        drop(file);
+        let snap = dir.path().join("snap.img");
+        snapshot(&image, &snap, Layout::Image).unwrap();
+        let restored = dir.path().join("restored.img");
+        restore(&snap, &restored, Layout::Image, 2 * SIZE).unwrap();
+        for copy in [&snap, &restored] {
+            let file = File::open(copy).unwrap();
+            for (at, bytes) in pieces {
+                // The piece and the (zero) bytes just before it.
+                let before = 4.min(at);
+                let mut read = vec![0xff; bytes.len() + usize::try_from(before).unwrap()];
+                file.read_exact_at(&mut read, at - before).unwrap();
+                let mut expected = vec![0; usize::try_from(before).unwrap()];
+                expected.extend(bytes);
+                assert_eq!(read, expected, "{}: at {at}", copy.display());
+            }
+            let allocated = fs::metadata(copy).unwrap().blocks() * 512;
+            assert!(
+                allocated < 16 << 20,
+                "{}: {allocated} bytes on disk",
+                copy.display()
+            );
+        }
+        assert_eq!(fs::metadata(&snap).unwrap().len(), SIZE);
+        assert_eq!(fs::metadata(&restored).unwrap().len(), 2 * SIZE);
+        let empty = dir.path().join("empty.img");
+        create_empty(&empty, Layout::Image, 1 << 20).unwrap();
+        let empty_snap = dir.path().join("empty-snap.img");
+        snapshot(&empty, &empty_snap, Layout::Image).unwrap();
+        assert_eq!(fs::read(&empty_snap).unwrap(), vec![0; 1 << 20]);
     }
 
     #[test]

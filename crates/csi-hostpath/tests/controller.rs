@@ -45,6 +45,7 @@ async fn identity() {
         Rpc::GetCapacity,
         Rpc::CreateDeleteSnapshot,
         Rpc::ListSnapshots,
+        Rpc::GetSnapshot,
         Rpc::CloneVolume,
         Rpc::ExpandVolume,
         Rpc::VolumeCondition,

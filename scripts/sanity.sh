@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `make sanity`: the CSI conformance suite (csi-sanity, kubernetes-csi/csi-test) against the
+# reference driver, one instance serving controller and node (`--mode=both`, attach enabled, at
+# most 8 volumes per node so the attach-limit spec runs), once with mount volumes and once with
+# block volumes. Needs root (the node side mounts) and the csi-sanity
+# binary: $CSI_SANITY, or ../shared/k8s/csi-sanity.xz unpacked into target/tools. Without
+# either it says how to get one and exits 2 (under CI=true: 1, nothing passes unrun).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARGO="${CARGO:-cargo}"
+
+fail_or_skip() {
+  echo "sanity: $1" >&2
+  [ "${CI:-}" = true ] && exit 1
+  exit 2
+}
+
+sanity="${CSI_SANITY:-}"
+if [ -z "$sanity" ]; then
+  packed=../shared/k8s/csi-sanity.xz
+  sanity="$PWD/target/tools/csi-sanity"
+  if [ ! -x "$sanity" ]; then
+    [ -f "$packed" ] || fail_or_skip "no csi-sanity: set CSI_SANITY=/path/to/csi-sanity (build it from kubernetes-csi/csi-test: 'go build ./cmd/csi-sanity'), or put csi-sanity.xz in ../shared/k8s"
+    command -v xz >/dev/null 2>&1 || fail_or_skip "xz is needed to unpack $packed"
+    mkdir -p target/tools
+    xz -dc "$packed" > "$sanity.tmp" && chmod +x "$sanity.tmp" && mv "$sanity.tmp" "$sanity"
+  fi
+fi
+[ "$(id -u)" = 0 ] || fail_or_skip "needs root: the driver's node side mounts volumes"
+
+"$CARGO" build --locked -p csi-hostpath --bin csi-hostpath
+driver="$PWD/target/debug/csi-hostpath"
+
+work="$(mktemp -d /tmp/csi-sanity-XXXXXX)"
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; fi
+  # Anything csi-sanity or the driver left mounted under the work directory.
+  { grep -o " $work[^ ]*" /proc/self/mounts || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+failed=0
+for access in mount block; do
+  run="$work/$access"
+  mkdir -p "$run"
+  "$driver" --mode=both --nodeid=sanity-node --endpoint="unix://$run/csi.sock" \
+    --statedir="$run/state" --capacity=100Gi --enable-attach --max-volumes-per-node=8 \
+    >"$run/driver.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -S "$run/csi.sock" ] && break; sleep 0.1; done
+  [ -S "$run/csi.sock" ] || { cat "$run/driver.log" >&2; echo "sanity: the driver did not start" >&2; exit 1; }
+  echo "== csi-sanity, $access volumes"
+  if ! "$sanity" --csi.endpoint="$run/csi.sock" \
+      --csi.mountdir="$run/target" --csi.stagingdir="$run/staging" \
+      --csi.testvolumeaccesstype="$access" --csi.testnodevolumeattachlimit \
+      --ginkgo.no-color; then
+    failed=1
+    echo "sanity: failures with $access volumes; the driver's log: $run/driver.log" >&2
+    tail -50 "$run/driver.log" >&2
+  fi
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+done
+exit "$failed"
