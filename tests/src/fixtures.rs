@@ -439,7 +439,7 @@ pub async fn bound_volume(
 }
 
 /// The reference driver's state: what it made of each CSI call.
-pub fn driver_state(cluster: &crate::Cluster) -> csi_hostpath::state::State {
+pub fn driver_state(cluster: &crate::Cluster) -> std::sync::Arc<csi_hostpath::state::State> {
     csi_hostpath::state::Store::open(&cluster.driver.state_dir)
         .and_then(|store| store.read())
         .expect("the driver's state")

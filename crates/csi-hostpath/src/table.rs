@@ -71,6 +71,20 @@ impl<'de, T: Row + Deserialize<'de>> Deserialize<'de> for Table<T> {
     }
 }
 
+/// `table[id]`: the row, or a panic naming the ID (as a map's index).
+impl<T: Row, Q: ?Sized + Ord + Debug> std::ops::Index<&Q> for Table<T>
+where
+    String: std::borrow::Borrow<Q>,
+{
+    type Output = T;
+
+    fn index(&self, id: &Q) -> &T {
+        self.rows
+            .get(id)
+            .unwrap_or_else(|| panic!("no row {id:?} in the table"))
+    }
+}
+
 impl<'a, T: Row> IntoIterator for &'a Table<T> {
     type Item = (&'a String, &'a T);
     type IntoIter = std::collections::btree_map::Iter<'a, String, T>;
@@ -458,6 +472,7 @@ mod tests {
         assert_eq!(text, r#"{"a":{"name":"n-a","value":1}}"#);
         let mut read: Table<Row> = serde_json::from_str(&text).unwrap();
         assert_eq!(read, t);
+        assert_eq!(read[&"a".to_string()].value, 1);
         assert_eq!(read.by_name_mut("n-a").unwrap().value, 1);
     }
 }
