@@ -82,7 +82,7 @@ image:
 ## `make test` makes too, so whichever of the two runs first, the other compiles almost nothing.
 ## (Optimised builds took minutes more; the stories wait on mounts and the API, not the CPU.)
 demo:
-	@[ -x target/debug/examples/cluster_demo ] || echo "make demo: building (first run only, about 6 min on 2 cores; make test reuses it)…"
+	@[ -x target/debug/examples/cluster_demo ] || echo "make demo: building (first run only, about 4 min on 2 cores; make test reuses it)…"
 	$(CARGO) build --locked --workspace --examples
 	target/debug/examples/demo
 	target/debug/examples/cluster_demo

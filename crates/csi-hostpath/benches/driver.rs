@@ -11,6 +11,11 @@
 //!
 //! Prints the tables and rewrites `BENCHMARKS.md` at the repository root with them, the machine
 //! and the command. Nothing here asserts a timing: these are measurements, not tests.
+//!
+//! `BENCH_CSI_ENDPOINT=/path/to/socket` runs the CreateVolume + DeleteVolume rows against
+//! another running driver instead (e.g. csi-driver-host-path's `hostpathplugin --endpoint
+//! unix:///tmp/hp.sock`), with the same client and requests; `BENCH_EXISTING=0,1000` picks the
+//! numbers of other volumes. Such a run is printed, never written to `BENCHMARKS.md`.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -144,26 +149,54 @@ async fn run() -> Result<()> {
         .context("creating the bench's temporary directory")?;
     let root = dir.path().to_path_buf();
     let fsync = fsync_floor(&root).context("measuring the fsync floor")?;
-    let cluster = LocalCluster::start(&root, &[NODE], |c| {
-        c.capacity = [(String::new(), 1 << 50)].into();
-    })
-    .await
-    .context("starting the driver instances")?;
-    let bench = Bench {
-        cluster: &cluster,
-        topology_key: base_config(&root).topology_key(),
+    let external = std::env::var_os("BENCH_CSI_ENDPOINT").map(PathBuf::from);
+    let existing_counts = match std::env::var("BENCH_EXISTING") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .context("BENCH_EXISTING: numbers separated by commas")?,
+        Err(_) => EXISTING.to_vec(),
+    };
+    let cluster = match &external {
+        Some(_) => None,
+        None => Some(
+            LocalCluster::start(&root, &[NODE], |c| {
+                c.capacity = [(String::new(), 1 << 50)].into();
+            })
+            .await
+            .context("starting the driver instances")?,
+        ),
+    };
+    let bench = match (&cluster, &external) {
+        (Some(cluster), _) => Bench {
+            controller: cluster.controller.csi.clone(),
+            node: Some(NodeSide {
+                csi: cluster.node(NODE).csi.clone(),
+                kubelet: cluster.kubelet_dir(NODE),
+            }),
+            topology_key: base_config(&root).topology_key(),
+        },
+        (None, Some(socket)) => Bench {
+            controller: connect_external(socket).await?,
+            node: None,
+            topology_key: String::new(),
+        },
+        (None, None) => unreachable!("either a local cluster or an external driver"),
     };
 
     println!("warming up…");
     let mut rows = Vec::new();
     let result = async {
         bench.row(Workload::CreateDelete, 1, 5).await?;
-        if root_user {
+        if root_user && bench.node.is_some() {
             bench.row(Workload::FullCycle, 1, 3).await?;
         }
         for clients in CLIENTS {
             let workload = Workload::FullCycle;
-            let outcome = if root_user {
+            let outcome = if external.is_some() {
+                Outcome::Skipped("an external driver: CreateVolume + DeleteVolume only")
+            } else if root_user {
                 bench
                     .row(workload, clients, workload.iterations(clients))
                     .await?
@@ -180,7 +213,7 @@ async fn run() -> Result<()> {
             rows.push(row);
         }
         let mut existing = 0;
-        for target in EXISTING {
+        for target in existing_counts.iter().copied() {
             println!("creating volumes until {target} exist…");
             bench.fill(existing, target).await?;
             existing = target;
@@ -202,7 +235,9 @@ async fn run() -> Result<()> {
         anyhow::Ok(())
     }
     .await;
-    cluster.stop().await;
+    if let Some(cluster) = cluster {
+        cluster.stop().await;
+    }
     result?;
     let leftovers: Vec<PathBuf> = csi_hostpath::mounts::mount_points()
         .unwrap_or_default()
@@ -223,6 +258,10 @@ async fn run() -> Result<()> {
     let results = results_table(&rows);
     let breakdown = breakdown_table(&rows);
     println!("\n{results}\n{breakdown}");
+    if external.is_some() || existing_counts != EXISTING {
+        println!("(another driver or other volume counts: BENCHMARKS.md is left as it is)");
+        return Ok(());
+    }
     let report = report(&machine, &results, &breakdown);
     // The repository root: two levels above this crate.
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -266,12 +305,36 @@ fn foreign_sections(existing: &str) -> String {
         .collect()
 }
 
-struct Bench<'a> {
-    cluster: &'a LocalCluster,
+struct Bench {
+    controller: CsiConnection,
+    /// The node instance (none for an external driver: its node side is not exercised).
+    node: Option<NodeSide>,
     topology_key: String,
 }
 
-impl std::fmt::Debug for Bench<'_> {
+struct NodeSide {
+    csi: CsiConnection,
+    kubelet: PathBuf,
+}
+
+/// A connection to the controller of a driver this benchmark did not start.
+async fn connect_external(socket: &Path) -> Result<CsiConnection> {
+    let endpoint = csi_sidecar::conn::Endpoint::from_path(socket)
+        .with_context(|| format!("BENCH_CSI_ENDPOINT {}", socket.display()))?;
+    let csi = csi_sidecar::conn::connect(
+        &endpoint,
+        T,
+        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .with_context(|| format!("connecting to {}", socket.display()))?;
+    csi.probe_until_ready(T)
+        .await
+        .with_context(|| format!("probing {}", socket.display()))?;
+    Ok(csi)
+}
+
+impl std::fmt::Debug for Bench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bench").finish_non_exhaustive()
     }
@@ -306,12 +369,12 @@ async fn timed<T>(
     result
 }
 
-impl Bench<'_> {
+impl Bench {
     /// Creates volumes `existing..target` (named `existing-<n>`), [`FILLERS`] at a time.
     async fn fill(&self, existing: usize, target: usize) -> Result<()> {
         let mut tasks = Vec::new();
         for filler in 0..FILLERS {
-            let controller = self.cluster.controller.csi.clone();
+            let controller = self.controller.clone();
             tasks.push(tokio::spawn(async move {
                 for n in (existing + filler..target).step_by(FILLERS) {
                     let name = format!("existing-{n}");
@@ -339,9 +402,11 @@ impl Bench<'_> {
         let tag = format!("{}-{clients}-{}", workload.unit(), nanos());
         let mut tasks = Vec::new();
         for client in 0..clients {
-            let controller = self.cluster.controller.csi.clone();
-            let node = self.cluster.node(NODE).csi.clone();
-            let kubelet = self.cluster.kubelet_dir(NODE);
+            let controller = self.controller.clone();
+            let node = self
+                .node
+                .as_ref()
+                .map(|n| (n.csi.clone(), n.kubelet.clone()));
             let key = self.topology_key.clone();
             let tag = tag.clone();
             tasks.push(tokio::spawn(async move {
@@ -359,7 +424,10 @@ impl Bench<'_> {
                             create_delete(&controller, &name, &mut samples).await?;
                         }
                         Workload::FullCycle => {
-                            full_cycle(&controller, &node, &kubelet, &key, &name, &mut samples)
+                            let (node, kubelet) = node
+                                .as_ref()
+                                .context("a full cycle needs the node instance")?;
+                            full_cycle(&controller, node, kubelet, &key, &name, &mut samples)
                                 .await?;
                         }
                     }
@@ -720,10 +788,9 @@ fn breakdown_table(rows: &[Row]) -> String {
         out.push_str("---:|");
     }
     out.push('\n');
-    let runs = EXISTING
-        .iter()
-        .map(|existing| (Workload::CreateDelete, *existing))
-        .chain([(Workload::FullCycle, 0)]);
+    let mut runs: Vec<(Workload, usize)> = rows.iter().map(|r| (r.workload, r.existing)).collect();
+    runs.sort_by_key(|(workload, existing)| (*workload == Workload::FullCycle, *existing));
+    runs.dedup();
     for (workload, existing) in runs {
         for rpc_name in workload.rpcs() {
             let _ = write!(out, "| {} | {existing} | {rpc_name} |", workload.label());
