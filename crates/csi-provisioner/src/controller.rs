@@ -14,7 +14,7 @@ use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
     FinalizerError, remove_finalizer, set_finalizers, set_finalizers_and_annotations, without,
 };
-use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -229,7 +229,8 @@ pub async fn run(
             Some(nd) => NodeTopology::Own(nd.selected_node()),
             None => NodeTopology::Watched {
                 csi_nodes: informers.all(),
-                nodes: informers.all(),
+                // Only their labels are read (topology).
+                nodes: informers.all_lean(keep_node_labels),
             },
         },
         attachments: informers.all(),

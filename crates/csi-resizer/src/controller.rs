@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -137,7 +137,7 @@ pub async fn run(
         }),
         pods: settings
             .handle_volume_in_use_error
-            .then(|| informers.all::<Pod>()),
+            .then(|| informers.all_lean::<Pod>(keep_pod_volumes)),
     };
     let Some(wake) = informers.synced().await else {
         return Ok(());

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -166,12 +167,44 @@ impl Informers {
         K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     {
+        self.cache(api, config, |_| {}, on_change)
+    }
+
+    /// [`Informers::all`], keeping of each object only what `keep` leaves of it: a controller
+    /// that reads a Node's labels or a Pod's volumes need not hold their status (on a real
+    /// cluster, a Node's image list alone is kilobytes). The cached objects are then partial:
+    /// never write one back whole.
+    pub fn all_lean<K>(&mut self, keep: fn(&mut K)) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.cache(
+            Api::all(self.client.clone()),
+            watcher::Config::default(),
+            keep,
+            |_| {},
+        )
+    }
+
+    fn cache<K>(
+        &mut self,
+        api: Api<K>,
+        config: watcher::Config,
+        keep: fn(&mut K),
+        on_change: impl Fn(&K) + Send + 'static,
+    ) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
         let (reader, writer) = reflector::store();
-        // No controller reads managedFields, and on a real API server they are often the
-        // larger part of an object: the caches do not keep them.
         let watch = watcher(api, config)
             .default_backoff()
-            .modify(|object: &mut K| object.meta_mut().managed_fields = None);
+            .modify(move |object: &mut K| {
+                drop_unread_metadata(object);
+                keep(object);
+            });
         let stream = reflector::reflector(writer, watch);
         let wake = self.wake.clone();
         let shutdown = self.shutdown.clone();
@@ -239,6 +272,40 @@ impl Informers {
     }
 }
 
+/// The annotation `kubectl apply` keeps a whole copy of the object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Metadata no controller reads and every cache would otherwise hold: managedFields (on a real
+/// API server often the larger part of an object) and kubectl's copy of the applied object.
+fn drop_unread_metadata<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// What [`Informers::all_lean`] keeps of a Node for a controller that reads only its name and
+/// labels (the provisioner's topology).
+pub fn keep_node_labels(node: &mut Node) {
+    node.spec = None;
+    node.status = None;
+}
+
+/// What [`Informers::all_lean`] keeps of a Pod for a controller that asks which pods that
+/// have not ended use a claim (the resizer): its volumes, node and phase.
+pub fn keep_pod_volumes(pod: &mut Pod) {
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        volumes: spec.volumes,
+        node_name: spec.node_name,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|status| PodStatus {
+        phase: status.phase,
+        ..PodStatus::default()
+    });
+}
+
 /// Lets one warning through per [`WARN_INTERVAL`]: a cache retrying with backoff would
 /// otherwise warn every few seconds for as long as the cause lasts.
 #[derive(Debug, Default)]
@@ -299,6 +366,57 @@ impl std::fmt::Debug for Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn caches_keep_what_controllers_read() {
+        let mut claim: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": "c",
+                "annotations": {LAST_APPLIED: "{...}", "volume.kubernetes.io/selected-node": "n"},
+                "managedFields": [{"manager": "kubectl"}]}}))
+            .unwrap();
+        drop_unread_metadata(&mut claim);
+        assert_eq!(claim.metadata.managed_fields, None);
+        assert_eq!(
+            claim
+                .metadata
+                .annotations
+                .unwrap()
+                .into_keys()
+                .collect::<Vec<_>>(),
+            ["volume.kubernetes.io/selected-node"]
+        );
+
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"zone": "a"}},
+            "spec": {"podCIDR": "10.0.0.0/24"},
+            "status": {"images": [{"names": ["busybox"], "sizeBytes": 1}]}}))
+        .unwrap();
+        keep_node_labels(&mut node);
+        assert_eq!(
+            serde_json::to_value(&node).unwrap(),
+            serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "labels": {"zone": "a"}}})
+        );
+
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n", "containers": [{"name": "app", "image": "busybox"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.5",
+                "containerStatuses": [{"name": "app", "image": "busybox", "imageID": "",
+                    "ready": true, "restartCount": 0}]}}))
+        .unwrap();
+        keep_pod_volumes(&mut pod);
+        assert_eq!(
+            serde_json::to_value(&pod).unwrap(),
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ns"},
+                "spec": {"nodeName": "n", "containers": [],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]},
+                "status": {"phase": "Running"}})
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn caches_not_synced_after_the_grace_period_are_named() {

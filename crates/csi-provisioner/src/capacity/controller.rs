@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use csi_sidecar::conn::CsiConnection;
-use csi_sidecar::informers::Informers;
+use csi_sidecar::informers::{Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
@@ -161,7 +161,8 @@ pub async fn run(
     let caches = Caches {
         segments: match settings.node_segment.clone() {
             Some(segment) => Segments::Fixed(segment),
-            None => Segments::Watched(informers.all(), informers.all()),
+            // Of Nodes, only labels are read (topology segments).
+            None => Segments::Watched(informers.all(), informers.all_lean(keep_node_labels)),
         },
         classes: informers.all(),
         volumes: informers.all_with(move |pv: &PersistentVolume| {
