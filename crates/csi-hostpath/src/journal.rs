@@ -19,6 +19,7 @@
 //!   sharing a state directory (the controller and each node, as in the chart's DaemonSet) are
 //!   separate processes: every call would open the database anew, or one instance would have to
 //!   serve the others.
+//!
 //! A journal keeps one writer at a time across processes (the `flock` the store already held),
 //! costs one append and one fdatasync per change whatever the number of volumes, and each
 //! process reads only what the others appended since it last looked. The commit itself is

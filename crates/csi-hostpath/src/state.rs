@@ -284,10 +284,6 @@ impl Row for Snapshot {
     fn name(&self) -> &str {
         &self.name
     }
-
-    fn tallies(&self) -> Vec<(Self::Tally, u64)> {
-        Vec::new()
-    }
 }
 
 impl Row for GroupSnapshot {
@@ -295,10 +291,6 @@ impl Row for GroupSnapshot {
 
     fn name(&self) -> &str {
         &self.name
-    }
-
-    fn tallies(&self) -> Vec<(Self::Tally, u64)> {
-        Vec::new()
     }
 }
 

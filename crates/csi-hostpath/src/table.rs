@@ -19,8 +19,10 @@ pub trait Row: Clone + PartialEq {
     /// The name its Create* call gave the row: unique in its table, and never changed.
     fn name(&self) -> &str;
 
-    /// What the row counts towards, and how much.
-    fn tallies(&self) -> Vec<(Self::Tally, u64)>;
+    /// What the row counts towards, and how much (nothing, unless a kind of row says).
+    fn tallies(&self) -> Vec<(Self::Tally, u64)> {
+        Vec::new()
+    }
 }
 
 #[derive(Debug, Clone)]
