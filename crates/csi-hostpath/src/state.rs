@@ -560,6 +560,11 @@ impl Store {
                 file.seek(SeekFrom::Start(position.applied))
                     .and_then(|_| file.read_to_end(&mut tail))
                     .map_err(io_error(&path))?;
+                if tail.is_empty() {
+                    // Nothing new: the state readers may still hold is not copied.
+                    position.torn = false;
+                    return Ok(());
+                }
                 return journal::catch_up(Arc::make_mut(&mut cache.state), position, &tail)
                     .map_err(|e| self.corrupt(e));
             }
@@ -912,6 +917,27 @@ pub(crate) mod tests {
             })
             .unwrap();
         assert_eq!(size(), before + line);
+    }
+
+    #[test]
+    fn reads_share_the_state_until_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        add(&store, "a");
+        let held = store.read().unwrap();
+        assert!(
+            Arc::ptr_eq(&held, &store.read().unwrap()),
+            "nothing new: the same state"
+        );
+        add(&store, "b");
+        let now = store.read().unwrap();
+        assert!(!Arc::ptr_eq(&held, &now));
+        assert_eq!(
+            held.volumes.len(),
+            1,
+            "a held state does not change under its reader"
+        );
+        assert_eq!(now.volumes.len(), 2);
     }
 
     #[test]
