@@ -225,9 +225,19 @@ kill "$(cat "$NODE_DIR/kubelet.pid")"
 stopped_at=$(count)
 until_ok 30 "the container writing on without its kubelet" sh -c "[ \$(wc -l < '$records') -gt $((stopped_at + 20)) ]"
 fenced() {
-  python3 - "$STATE_DIR/state.json" "$handle" "$NODE" <<'PY'
+  # The driver's state file: a header line, the state as of its last compaction, then one line
+  # per committed change (the rows it changed; null: removed). A last line without its newline
+  # is a write under way, not committed.
+  python3 - "$STATE_DIR/state.log" "$handle" "$NODE" <<'PY'
 import json, sys
-state = json.load(open(sys.argv[1]))
+lines = open(sys.argv[1], "rb").read().split(b"\n")
+state = json.loads(lines[1])
+for line in lines[2:-1]:
+    for volume_id, volume in json.loads(line).get("volumes", {}).items():
+        if volume is None:
+            state["volumes"].pop(volume_id, None)
+        else:
+            state["volumes"][volume_id] = volume
 sys.exit(0 if sys.argv[3] in state["volumes"].get(sys.argv[2], {}).get("fenced", {}) else 1)
 PY
 }
