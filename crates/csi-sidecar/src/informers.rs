@@ -280,6 +280,8 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 fn drop_unread_metadata<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
+    // The map stays even when it empties: JSON patches built from a cached object add a whole
+    // `/metadata/annotations` only when it has none, which would drop the one left out here.
     if let Some(annotations) = &mut meta.annotations {
         annotations.remove(LAST_APPLIED);
     }
@@ -385,6 +387,16 @@ mod tests {
                 .into_keys()
                 .collect::<Vec<_>>(),
             ["volume.kubernetes.io/selected-node"]
+        );
+        let mut applied_only: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": "c", "annotations": {LAST_APPLIED: "{...}"}}}))
+            .unwrap();
+        drop_unread_metadata(&mut applied_only);
+        assert_eq!(
+            applied_only.metadata.annotations,
+            Some(Default::default()),
+            "an emptied map is kept: the object has annotations on the server"
         );
 
         let mut node: Node = serde_json::from_value(serde_json::json!({
