@@ -87,15 +87,6 @@ where
     }
 }
 
-impl<'a, T: Row> IntoIterator for &'a Table<T> {
-    type Item = (&'a String, &'a T);
-    type IntoIter = std::collections::btree_map::Iter<'a, String, T>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.rows.iter()
-    }
-}
-
 impl<T: Row> Table<T> {
     pub fn get(&self, id: &str) -> Option<&T> {
         self.rows.get(id)
@@ -119,10 +110,6 @@ impl<T: Row> Table<T> {
 
     pub fn values(&self) -> impl Iterator<Item = &T> {
         self.rows.values()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &T)> {
-        self.rows.iter()
     }
 
     pub fn get_mut(&mut self, id: &str) -> Option<&mut T> {
