@@ -6,7 +6,7 @@ CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test test-real test-node sanity fmt-check lint unit chart manifests build image demo bench
+.PHONY: test test-real test-node sanity fmt-check lint unit chart manifests crds build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
@@ -64,6 +64,10 @@ manifests: $(HELM)
 	@mkdir -p manifests
 	$(render) > manifests/csi-suite.yaml
 	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
+
+## crds: rewrite manifests/crds/ from csi-snapshotter's Rust types (a test checks they are current).
+crds:
+	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
 
 ## build: release binaries of every component into target/release.
 build:

@@ -208,26 +208,12 @@ pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool 
     claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
 }
 
-/// Serves snapshot.storage.k8s.io/v1 VolumeSnapshots and VolumeSnapshotContents (a real
-/// cluster that has the external-snapshotter CRDs keeps its own).
+/// Serves snapshot.storage.k8s.io/v1 VolumeSnapshotClasses, VolumeSnapshots and
+/// VolumeSnapshotContents with the CRDs csi-snapshotter generates (`manifests/crds/`); a real
+/// cluster that has them keeps its own.
 pub async fn install_snapshot_crds(client: &Client) {
-    // A `*.k8s.io` group is protected: the API server refuses its CRDs without this
-    // annotation (external-snapshotter's CRDs carry the same one).
-    let approval = "https://github.com/kubernetes-csi/external-snapshotter/pull/419";
-    for (kind, plural, scope) in [
-        ("VolumeSnapshot", "volumesnapshots", "Namespaced"),
-        ("VolumeSnapshotContent", "volumesnapshotcontents", "Cluster"),
-    ] {
-        let crd = Crd {
-            group: "snapshot.storage.k8s.io",
-            version: "v1",
-            kind,
-            plural,
-            scope,
-            status: true,
-            approval,
-        };
-        install_crd(client, &crd).await;
+    for crd in csi_snapshotter::api::crds() {
+        create_crd(client, crd).await;
     }
 }
 
@@ -259,10 +245,8 @@ struct Crd {
     approval: &'static str,
 }
 
-/// Creates `crd` (unless it exists) and waits until it is Established.
+/// Creates `crd` as a one-version CRD that keeps any fields.
 async fn install_crd(client: &Client, crd: &Crd) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let Crd {
         group,
         version,
@@ -277,17 +261,28 @@ async fn install_crd(client: &Client, crd: &Crd) {
     if crd.status {
         served["subresources"] = json!({"status": {}});
     }
-    let object: CustomResourceDefinition = serde_json::from_value(json!({
+    let object = serde_json::from_value(json!({
         "metadata": {"name": name, "annotations": {"api-approved.kubernetes.io": crd.approval}},
         "spec": {"group": group, "scope": scope,
             "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
             "versions": [served]}
     }))
     .expect("a CRD");
-    match crds.create(&Default::default(), &object).await {
+    create_crd(client, object).await;
+}
+
+/// Creates `crd` (unless it exists) and waits until it is Established.
+async fn create_crd(
+    client: &Client,
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    match crds.create(&Default::default(), &crd).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => panic!("creating the {plural} CRD: {error}"),
+        Err(error) => panic!("creating the {name} CRD: {error}"),
     }
     let deadline = std::time::Instant::now() + step_timeout();
     while !crds.get(&name).await.is_ok_and(|crd| established(&crd)) {
@@ -324,7 +319,7 @@ pub async fn ready_snapshot(
     name: &str,
     volume_id: &str,
 ) -> String {
-    use csi_provisioner::snapshots::{VolumeSnapshot, VolumeSnapshotContent};
+    use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotContent};
     let snapshot = controller
         .create_snapshot(
             csi::CreateSnapshotRequest {
@@ -443,4 +438,81 @@ pub fn driver_state(cluster: &crate::Cluster) -> std::sync::Arc<csi_hostpath::st
     csi_hostpath::state::Store::open(&cluster.driver.state_dir)
         .and_then(|store| store.read())
         .expect("the driver's state")
+}
+
+/// Runs a writer pod on `claim` until it has written, then removes it; returns the PV name.
+pub async fn write_records(cluster: &crate::Cluster, claim: &str) -> String {
+    let pods = cluster.namespaced::<k8s_openapi::api::core::v1::Pod>();
+    let writer: k8s_openapi::api::core::v1::Pod = cluster
+        .create(
+            &pods,
+            pod("writer", &cluster.node("node-a"), Some(claim), true),
+        )
+        .await;
+    cluster
+        .wait_for(&pods, "writer", "the writer Running", is_running)
+        .await;
+    let volume = volume_of(cluster, claim).await;
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(&cluster.node("node-a")),
+        &kube::ResourceExt::uid(&writer).unwrap(),
+        &volume,
+        false,
+    );
+    cluster
+        .eventually("records written", || {
+            std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
+        })
+        .await;
+    cluster
+        .delete_and_wait(&pods, "writer", "the writer gone")
+        .await;
+    volume
+}
+
+/// Runs a reader pod on `claim` (on another node) and returns the records it finds.
+pub async fn read_records(cluster: &crate::Cluster, claim: &str) -> String {
+    let pods = cluster.namespaced::<k8s_openapi::api::core::v1::Pod>();
+    let reader: k8s_openapi::api::core::v1::Pod = cluster
+        .create(
+            &pods,
+            pod("reader", &cluster.node("node-b"), Some(claim), false),
+        )
+        .await;
+    cluster
+        .wait_for(&pods, "reader", "the reader Running", is_running)
+        .await;
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(&cluster.node("node-b")),
+        &kube::ResourceExt::uid(&reader).unwrap(),
+        &volume_of(cluster, claim).await,
+        false,
+    );
+    let records = std::fs::read_to_string(target.join("writer.log")).unwrap_or_default();
+    cluster
+        .delete_and_wait(&pods, "reader", "the reader gone")
+        .await;
+    records
+}
+
+/// The driver's volume id of PV `volume`.
+pub async fn handle_of(cluster: &crate::Cluster, volume: &str) -> String {
+    let pv = cluster
+        .cluster_scoped::<k8s_openapi::api::core::v1::PersistentVolume>()
+        .get(volume)
+        .await;
+    pv.unwrap().spec.unwrap().csi.unwrap().volume_handle
+}
+
+/// The PV bound to `claim`.
+pub async fn volume_of(cluster: &crate::Cluster, claim: &str) -> String {
+    cluster
+        .namespaced::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .get(claim)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap()
 }

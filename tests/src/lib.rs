@@ -733,6 +733,62 @@ impl Cluster {
         Sidecar { shutdown, task }
     }
 
+    /// Runs the csi-snapshotter sidecar in this process against the driver's controller
+    /// instance, with upstream's defaults (fast retries for tests).
+    pub async fn start_snapshotter(&self) -> Sidecar {
+        let csi = self.driver.controller.csi.clone();
+        let driver = discover_controller(&csi).await;
+        let settings = csi_snapshotter::sidecar::Settings {
+            list_snapshots: driver.has_controller(
+                csi_proto::csi::v1::controller_service_capability::rpc::Type::ListSnapshots,
+            ),
+            driver_name: driver.name,
+            timeout: Duration::from_secs(10),
+            snapshot_name_prefix: "snapshot".into(),
+            snapshot_name_uuid_length: -1,
+            extra_create_metadata: false,
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            workers: 10,
+            resync: Duration::from_secs(900),
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
+        };
+        let client = self.component_client("csi-snapshotter");
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = csi_snapshotter::sidecar::run(client, csi, settings, token).await {
+                tracing::error!(%error, "csi-snapshotter stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
+    /// Runs the snapshot-controller in this process, with upstream's defaults (fast retries).
+    pub fn start_snapshot_controller(&self) -> Sidecar {
+        let settings = csi_snapshotter::common::Settings {
+            prevent_volume_mode_conversion: true,
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            workers: 10,
+            resync: Duration::from_secs(900),
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
+        };
+        let client = self.component_client("snapshot-controller");
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = csi_snapshotter::common::run(client, settings, token).await {
+                tracing::error!(%error, "snapshot-controller stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
     /// Runs csi-provisioner's controller in this process against the driver's controller
     /// instance, with upstream's defaults (fast retries for tests).
     pub async fn start_provisioner(&self) -> Sidecar {

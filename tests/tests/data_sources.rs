@@ -4,88 +4,13 @@
 use csi_provisioner::claims::CLONING_PROTECTION;
 use csi_provisioner::snapshots::{SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use csi_suite_scenarios::fixtures::{
-    bound, claim, install_snapshot_crds, is_running, pod, ready_snapshot,
+    bound, claim, handle_of, install_snapshot_crds, read_records, ready_snapshot, write_records,
 };
 use csi_suite_scenarios::{Cluster, skip_without_root};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
-
-/// Runs a writer pod on `claim` until it has written, then removes it; returns the PV name.
-async fn write_records(cluster: &Cluster, claim: &str) -> String {
-    let pods = cluster.namespaced::<Pod>();
-    let writer: Pod = cluster
-        .create(
-            &pods,
-            pod("writer", &cluster.node("node-a"), Some(claim), true),
-        )
-        .await;
-    cluster
-        .wait_for(&pods, "writer", "the writer Running", is_running)
-        .await;
-    let volume = volume_of(cluster, claim).await;
-    let target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir(&cluster.node("node-a")),
-        &writer.uid().unwrap(),
-        &volume,
-        false,
-    );
-    cluster
-        .eventually("records written", || {
-            std::fs::metadata(target.join("writer.log")).is_ok_and(|m| m.len() > 0)
-        })
-        .await;
-    cluster
-        .delete_and_wait(&pods, "writer", "the writer gone")
-        .await;
-    volume
-}
-
-/// Runs a reader pod on `claim` (on another node) and returns the records it finds.
-async fn read_records(cluster: &Cluster, claim: &str) -> String {
-    let pods = cluster.namespaced::<Pod>();
-    let reader: Pod = cluster
-        .create(
-            &pods,
-            pod("reader", &cluster.node("node-b"), Some(claim), false),
-        )
-        .await;
-    cluster
-        .wait_for(&pods, "reader", "the reader Running", is_running)
-        .await;
-    let target = kube_sim::roles::kubelet::target_path(
-        &cluster.driver.kubelet_dir(&cluster.node("node-b")),
-        &reader.uid().unwrap(),
-        &volume_of(cluster, claim).await,
-        false,
-    );
-    let records = std::fs::read_to_string(target.join("writer.log")).unwrap_or_default();
-    cluster
-        .delete_and_wait(&pods, "reader", "the reader gone")
-        .await;
-    records
-}
-
-async fn handle_of(cluster: &Cluster, volume: &str) -> String {
-    let pv = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .get(volume)
-        .await;
-    pv.unwrap().spec.unwrap().csi.unwrap().volume_handle
-}
-
-async fn volume_of(cluster: &Cluster, claim: &str) -> String {
-    cluster
-        .namespaced::<PersistentVolumeClaim>()
-        .get(claim)
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .volume_name
-        .unwrap()
-}
 
 /// A clone has its source's data; the source claim, deleted while the clone is made, stays
 /// until the clone is provisioned (cloning-protection) and then goes with its volume.

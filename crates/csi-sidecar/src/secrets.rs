@@ -325,8 +325,8 @@ fn pair_templates(
 /// Its quirks are kept because they decide which templates are errors: `$name` without braces
 /// is a variable too, a shell special character after `$` (`$$`, `$1`, `${*}`, ...) is a
 /// one-character variable, `${}` and an unclosed `${` are dropped, and a `$` followed by
-/// anything else (or at the end) stays as it is.
-fn resolve_template(
+/// anything else (or at the end) stays as it is. The snapshotter's templates use it too.
+pub fn resolve_template(
     template: &str,
     vars: &BTreeMap<String, String>,
 ) -> Result<String, SecretsError> {

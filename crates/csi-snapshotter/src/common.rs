@@ -1,0 +1,707 @@
+//! The snapshot-controller's adapters: caches of VolumeSnapshots, VolumeSnapshotContents,
+//! VolumeSnapshotClasses, claims and PVs. A snapshot's change triggers it and its source
+//! claim; a content's triggers it and the snapshot it names; a claim's triggers it and the
+//! snapshots of it. Each key is planned ([`crate::snapshot`]) and its one step acted on.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
+use csi_sidecar::workers::{KeyedWorkers, Synced};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{
+    BEING_DELETED, CONTENT_BOUND_FINALIZER, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
+    SNAPSHOT_BOUND_FINALIZER, SnapshotError, VolumeSnapshot, VolumeSnapshotClass,
+    VolumeSnapshotContent, VolumeSnapshotStatus, snapshot_key, status_merge_patch,
+};
+use crate::sidecar::now;
+use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, reason};
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub prevent_volume_mode_conversion: bool,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    pub workers: usize,
+    pub resync: Duration,
+    pub cache_sync: Arc<CacheSyncHealth>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// A failed step (also an Event, and the snapshot's `status.error` where upstream sets it).
+    #[error("{0}")]
+    Failed(String),
+    #[error("snapshot controller failed to update {object} on API server: {source}")]
+    Update { object: String, source: kube::Error },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Snapshot(ObjectRef<VolumeSnapshot>),
+    Content(ObjectRef<VolumeSnapshotContent>),
+    /// A claim that may hold `pvc-as-source-protection`.
+    Claim(ObjectRef<PersistentVolumeClaim>),
+}
+
+struct Caches {
+    snapshots: Store<VolumeSnapshot>,
+    contents: Store<VolumeSnapshotContent>,
+    classes: Store<VolumeSnapshotClass>,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+}
+
+struct Controller {
+    client: Client,
+    settings: Settings,
+    caches: Caches,
+    workers: Arc<KeyedWorkers<Key>>,
+    events: EventRecorder,
+    /// Snapshot → the resourceVersion our last write to it replaced.
+    superseded: Mutex<BTreeMap<String, String>>,
+}
+
+fn snapshot_ref(namespace: Option<&str>, name: Option<&str>) -> Option<ObjectRef<VolumeSnapshot>> {
+    Some(ObjectRef::new(name?).within(namespace?))
+}
+
+/// Runs the controller until `shutdown`.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    let work = workers.clone();
+    let snapshots = informers.all_with(move |s: &VolumeSnapshot| {
+        work.trigger(Key::Snapshot(ObjectRef::from_obj(s)));
+        if let Some(claim) = &s.spec.source.persistent_volume_claim_name
+            && let Some(namespace) = s.namespace()
+        {
+            work.trigger(Key::Claim(ObjectRef::new(claim).within(&namespace)));
+        }
+    });
+    let work = workers.clone();
+    let contents = informers.all_with(move |c: &VolumeSnapshotContent| {
+        work.trigger(Key::Content(ObjectRef::from_obj(c)));
+        let reference = &c.spec.volume_snapshot_ref;
+        if let Some(key) = snapshot_ref(reference.namespace.as_deref(), reference.name.as_deref()) {
+            work.trigger(Key::Snapshot(key));
+        }
+    });
+    let classes = informers.all::<VolumeSnapshotClass>();
+    let work = workers.clone();
+    let claims = informers.all_with(move |c: &PersistentVolumeClaim| {
+        work.trigger(Key::Claim(ObjectRef::from_obj(c)));
+    });
+    let volumes = informers.all::<PersistentVolume>();
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    let controller = Arc::new(Controller {
+        events: EventRecorder::new(client.clone(), "snapshot-controller", ""),
+        client,
+        caches: Caches {
+            snapshots,
+            contents,
+            classes,
+            claims,
+            volumes,
+        },
+        workers,
+        superseded: Mutex::default(),
+        settings,
+    });
+    tracing::info!("snapshot-controller started");
+    controller
+        .workers
+        .run(
+            JoinSet::new(),
+            &wake,
+            controller.settings.resync,
+            &shutdown,
+            |tasks, full| controller.pass(tasks, full),
+        )
+        .await;
+    Ok(())
+}
+
+impl Controller {
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
+        let mut keys: Vec<Key> = if full {
+            let caches = &self.caches;
+            let keys: Vec<Key> = caches
+                .snapshots
+                .state()
+                .iter()
+                .map(|s| Key::Snapshot(ObjectRef::from_obj(s.as_ref())))
+                .chain(
+                    caches
+                        .contents
+                        .state()
+                        .iter()
+                        .map(|c| Key::Content(ObjectRef::from_obj(c.as_ref()))),
+                )
+                .chain(
+                    caches
+                        .claims
+                        .state()
+                        .iter()
+                        .filter(|c| c.finalizers().iter().any(|f| f == PVC_AS_SOURCE_FINALIZER))
+                        .map(|c| Key::Claim(ObjectRef::from_obj(c.as_ref()))),
+                )
+                .collect();
+            self.workers.forget_absent(keys.iter().cloned());
+            keys
+        } else {
+            self.workers.due()
+        };
+        // A claim changing concerns the snapshots taken of it (they wait for it to be bound)
+        // and those it is restored from (their deletion waits for the restore).
+        let claim_snapshots: Vec<Key> = keys
+            .iter()
+            .filter_map(|k| match k {
+                Key::Claim(claim) => Some(claim),
+                _ => None,
+            })
+            .flat_map(|claim| self.snapshots_concerning(claim))
+            .collect();
+        keys.extend(claim_snapshots);
+        let offered: Vec<(Key, Option<String>)> = keys
+            .into_iter()
+            .filter_map(|key| {
+                let version = self.version(&key);
+                if version.is_none() {
+                    if let Key::Snapshot(snapshot) = &key {
+                        lock(&self.superseded).remove(&snapshot.to_string());
+                    }
+                    self.workers.forget(&key);
+                }
+                Some((key, Some(version?)))
+            })
+            .collect();
+        for (key, version) in self.workers.changed(offered) {
+            let this = self.clone();
+            let sync_key = key.clone();
+            self.workers
+                .schedule(0, key, version, tasks, move || async move {
+                    this.sync(&sync_key).await
+                });
+        }
+    }
+
+    fn snapshots_concerning(&self, claim: &ObjectRef<PersistentVolumeClaim>) -> Vec<Key> {
+        let cached = self.caches.claims.get(claim);
+        self.caches
+            .snapshots
+            .state()
+            .iter()
+            .filter(|s| s.namespace().as_deref() == claim.namespace.as_deref())
+            .filter(|s| {
+                s.spec.source.persistent_volume_claim_name.as_deref() == Some(claim.name.as_str())
+                    || cached
+                        .as_ref()
+                        .is_some_and(|c| snapshot::restores_from(c, s))
+            })
+            .map(|s| Key::Snapshot(ObjectRef::from_obj(s.as_ref())))
+            .collect()
+    }
+
+    /// What a key's plan depends on, as one version string; `None` when its object is gone.
+    fn version(&self, key: &Key) -> Option<String> {
+        let caches = &self.caches;
+        match key {
+            Key::Snapshot(reference) => {
+                let snapshot = caches.snapshots.get(reference)?;
+                let inputs = self.inputs_of(&snapshot);
+                let classes: Vec<String> = caches
+                    .classes
+                    .state()
+                    .iter()
+                    .map(|c| c.resource_version().unwrap_or_default())
+                    .collect();
+                Some(format!(
+                    "{}/{}/{}/{}/{}/{}",
+                    snapshot.resource_version().unwrap_or_default(),
+                    inputs
+                        .content
+                        .and_then(|c| c.resource_version())
+                        .unwrap_or_default(),
+                    inputs
+                        .claim
+                        .and_then(|c| c.resource_version())
+                        .unwrap_or_default(),
+                    inputs
+                        .volume
+                        .and_then(|v| v.resource_version())
+                        .unwrap_or_default(),
+                    inputs.restoring,
+                    classes.join(",")
+                ))
+            }
+            Key::Content(reference) => {
+                let content = caches.contents.get(reference)?;
+                let snapshot = self.snapshot_of(&content);
+                Some(format!(
+                    "{}/{}",
+                    content.resource_version().unwrap_or_default(),
+                    snapshot
+                        .and_then(|s| s.resource_version())
+                        .unwrap_or_default()
+                ))
+            }
+            Key::Claim(reference) => {
+                let claim = caches.claims.get(reference)?;
+                let removable = snapshot::claim_protection_removable(
+                    &claim,
+                    caches.snapshots.state().iter().map(AsRef::as_ref),
+                );
+                Some(format!(
+                    "{}/{removable}",
+                    claim.resource_version().unwrap_or_default()
+                ))
+            }
+        }
+    }
+
+    fn snapshot_of(&self, content: &VolumeSnapshotContent) -> Option<Arc<VolumeSnapshot>> {
+        let reference = &content.spec.volume_snapshot_ref;
+        self.caches.snapshots.get(&snapshot_ref(
+            reference.namespace.as_deref(),
+            reference.name.as_deref(),
+        )?)
+    }
+
+    /// The cached objects a snapshot's plan reads.
+    fn inputs_of(&self, snapshot: &VolumeSnapshot) -> Owned {
+        let caches = &self.caches;
+        let content = snapshot::content_name(snapshot)
+            .and_then(|name| caches.contents.get(&ObjectRef::new(&name)));
+        let namespace = snapshot.namespace().unwrap_or_default();
+        let claim = snapshot
+            .spec
+            .source
+            .persistent_volume_claim_name
+            .as_ref()
+            .and_then(|name| caches.claims.get(&ObjectRef::new(name).within(&namespace)));
+        let volume = claim
+            .as_ref()
+            .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+            .and_then(|name| caches.volumes.get(&ObjectRef::new(&name)));
+        let restoring = caches
+            .claims
+            .state()
+            .iter()
+            .any(|c| snapshot::restores_from(c, snapshot));
+        Owned {
+            content,
+            claim,
+            volume,
+            classes: caches.classes.state(),
+            restoring,
+        }
+    }
+
+    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+        match key {
+            Key::Snapshot(reference) => self.sync_snapshot(reference).await,
+            Key::Content(reference) => self.sync_content(reference).await,
+            Key::Claim(reference) => self.sync_claim(reference).await,
+        }
+    }
+
+    async fn sync_snapshot(
+        &self,
+        reference: &ObjectRef<VolumeSnapshot>,
+    ) -> Result<Synced, SyncError> {
+        let Some(snapshot) = self.caches.snapshots.get(reference) else {
+            return Ok(Synced::Done);
+        };
+        {
+            let mut superseded = lock(&self.superseded);
+            let id = reference.to_string();
+            match superseded.get(&id) {
+                Some(version) if snapshot.resource_version().as_ref() == Some(version) => {
+                    return Ok(Synced::Waiting);
+                }
+                Some(_) => {
+                    superseded.remove(&id);
+                }
+                None => {}
+            }
+        }
+        let owned = self.inputs_of(&snapshot);
+        let classes: Vec<&VolumeSnapshotClass> = owned.classes.iter().map(AsRef::as_ref).collect();
+        let inputs = Inputs {
+            content: owned.content.as_deref(),
+            claim: owned.claim.as_deref(),
+            volume: owned.volume.as_deref(),
+            classes: &classes,
+            restoring: owned.restoring,
+            prevent_volume_mode_conversion: self.settings.prevent_volume_mode_conversion,
+        };
+        let step = snapshot::plan(&snapshot, &inputs);
+        tracing::debug!(snapshot = %snapshot_key(&snapshot), ?step, "snapshot step");
+        self.act(&snapshot, step).await
+    }
+
+    async fn act(&self, snapshot: &VolumeSnapshot, step: Step) -> Result<Synced, SyncError> {
+        let key = snapshot_key(snapshot);
+        let snapshots: Api<VolumeSnapshot> = Api::namespaced(
+            self.client.clone(),
+            &snapshot.namespace().unwrap_or_default(),
+        );
+        let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        match step {
+            Step::Nothing => return Ok(Synced::Done),
+            Step::Fail(failure) => return Err(self.fail(snapshot, failure).await),
+            Step::MarkContentBeingDeleted(name) => {
+                let patch = json!({"metadata": {"annotations": {BEING_DELETED: "yes"}}});
+                contents
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| SyncError::Update {
+                        object: name,
+                        source,
+                    })?;
+            }
+            Step::DeleteContent(name) => {
+                match contents.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        tracing::info!(snapshot = %key, content = %name, "deleting the snapshot's content")
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(source) => {
+                        self.event(
+                            snapshot,
+                            EventType::Warning,
+                            reason::CONTENT_DELETE_ERROR,
+                            "Failed to delete snapshot content API object",
+                        )
+                        .await;
+                        return Err(SyncError::Failed(format!(
+                            "failed to delete VolumeSnapshotContent {name} from API server: {source}"
+                        )));
+                    }
+                }
+            }
+            Step::RemoveFinalizers { source, bound } => {
+                let mut finalizers = snapshot.finalizers().to_vec();
+                if source {
+                    finalizers = without(&finalizers, SNAPSHOT_AS_SOURCE_FINALIZER);
+                }
+                if bound {
+                    finalizers = without(&finalizers, SNAPSHOT_BOUND_FINALIZER);
+                }
+                set_finalizers(&snapshots, snapshot, finalizers).await?;
+            }
+            Step::SetClass(class) => {
+                let patch = json!({"spec": {"volumeSnapshotClassName": class}});
+                let updated = snapshots
+                    .patch(
+                        &snapshot.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                    .map_err(|source| SyncError::Update {
+                        object: key.clone(),
+                        source,
+                    })?;
+                self.superseded_by(snapshot, &updated);
+            }
+            Step::AddFinalizers { source, bound } => {
+                let mut finalizers = snapshot.finalizers().to_vec();
+                if source {
+                    finalizers.push(SNAPSHOT_AS_SOURCE_FINALIZER.into());
+                }
+                if bound {
+                    finalizers.push(SNAPSHOT_BOUND_FINALIZER.into());
+                }
+                if let Err(error) = set_finalizers(&snapshots, snapshot, finalizers).await {
+                    self.event(
+                        snapshot,
+                        EventType::Warning,
+                        reason::FINALIZER_ERROR,
+                        &format!("Failed to check and update snapshot: {error}"),
+                    )
+                    .await;
+                    return Err(error.into());
+                }
+            }
+            Step::Bind {
+                content,
+                uid,
+                class,
+            } => {
+                let mut patch =
+                    vec![json!({"op": "add", "path": "/spec/volumeSnapshotRef/uid", "value": uid})];
+                if let Some(class) = class {
+                    patch.push(json!({"op": "add", "path": "/spec/volumeSnapshotClassName", "value": class}));
+                }
+                let patch: json_patch::Patch = serde_json::from_value(json!(patch))
+                    .map_err(|e| SyncError::Failed(e.to_string()))?;
+                if let Err(error) = contents
+                    .patch(&content, &PatchParams::default(), &Patch::<()>::Json(patch))
+                    .await
+                {
+                    let failure = Failure {
+                        reason: reason::BIND_FAILED,
+                        message: format!("Snapshot failed to bind VolumeSnapshotContent, {error}"),
+                        status: Some(true),
+                    };
+                    return Err(self.fail(snapshot, failure).await);
+                }
+            }
+            Step::ProtectClaim(claim) => {
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(
+                    self.client.clone(),
+                    &snapshot.namespace().unwrap_or_default(),
+                );
+                if let Some(cached) = self
+                    .caches
+                    .claims
+                    .get(&ObjectRef::new(&claim).within(&snapshot.namespace().unwrap_or_default()))
+                {
+                    add_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER).await?;
+                }
+            }
+            Step::CreateContent(content) => {
+                match contents.create(&PostParams::default(), &content).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 409 => {}
+                    Err(error) => {
+                        let message = format!(
+                            "Error creating volume snapshot content object for snapshot {key}: {error}."
+                        );
+                        self.event(
+                            snapshot,
+                            EventType::Warning,
+                            reason::CREATE_CONTENT_FAILED,
+                            &message,
+                        )
+                        .await;
+                        let failure = Failure {
+                            reason: reason::CONTENT_CREATION_FAILED,
+                            message: format!(
+                                "Failed to create snapshot content with error snapshot controller failed to update {key} on API server: {error}"
+                            ),
+                            status: Some(true),
+                        };
+                        return Err(self.fail(snapshot, failure).await);
+                    }
+                }
+                self.event(
+                    snapshot,
+                    EventType::Normal,
+                    reason::CREATING_SNAPSHOT,
+                    &format!("Waiting for a snapshot {key} to be created by the CSI driver."),
+                )
+                .await;
+            }
+            Step::UpdateStatus { status, events } => {
+                let patch = status_merge_patch(snapshot.status.as_ref(), status.as_ref());
+                match snapshots
+                    .patch_status(
+                        &snapshot.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(updated) => self.superseded_by(snapshot, &updated),
+                    Err(error) => {
+                        let failure = Failure {
+                            reason: reason::STATUS_UPDATE_FAILED,
+                            message: format!(
+                                "Snapshot status update failed, snapshot controller failed to update {key} on API server: {error}"
+                            ),
+                            status: Some(false),
+                        };
+                        return Err(self.fail(snapshot, failure).await);
+                    }
+                }
+                for (reason, message) in events {
+                    self.event(snapshot, EventType::Normal, reason, &message)
+                        .await;
+                }
+            }
+        }
+        Ok(Synced::Done)
+    }
+
+    /// A Warning Event and, where upstream records it, the error in the snapshot's status
+    /// (once per message: the same error again writes nothing and sends no Event).
+    async fn fail(&self, snapshot: &VolumeSnapshot, failure: Failure) -> SyncError {
+        let Some(ready_false) = failure.status else {
+            self.event(
+                snapshot,
+                EventType::Warning,
+                failure.reason,
+                &failure.message,
+            )
+            .await;
+            return SyncError::Failed(failure.message);
+        };
+        let old = snapshot.status.clone();
+        if old
+            .as_ref()
+            .and_then(|s| s.error.as_ref())
+            .and_then(|e| e.message.as_deref())
+            == Some(failure.message.as_str())
+        {
+            return SyncError::Failed(failure.message);
+        }
+        let mut status = old.clone().unwrap_or_default();
+        status.error = Some(SnapshotError {
+            time: Some(now()),
+            message: Some(failure.message.clone()),
+        });
+        if ready_false {
+            status.ready_to_use = Some(false);
+        }
+        let api: Api<VolumeSnapshot> = Api::namespaced(
+            self.client.clone(),
+            &snapshot.namespace().unwrap_or_default(),
+        );
+        let patch = status_merge_patch::<VolumeSnapshotStatus>(old.as_ref(), &status);
+        match api
+            .patch_status(
+                &snapshot.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(updated) => self.superseded_by(snapshot, &updated),
+            Err(error) => {
+                tracing::warn!(snapshot = %snapshot_key(snapshot), %error, "failed to record the error in the snapshot's status")
+            }
+        }
+        self.event(
+            snapshot,
+            EventType::Warning,
+            failure.reason,
+            &failure.message,
+        )
+        .await;
+        SyncError::Failed(failure.message)
+    }
+
+    async fn sync_content(
+        &self,
+        reference: &ObjectRef<VolumeSnapshotContent>,
+    ) -> Result<Synced, SyncError> {
+        let Some(content) = self.caches.contents.get(reference) else {
+            return Ok(Synced::Done);
+        };
+        let snapshot = self.snapshot_of(&content);
+        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        match snapshot::content_plan(&content, snapshot.as_deref()) {
+            ContentStep::Nothing => {}
+            ContentStep::Invalid(message) => {
+                self.events
+                    .publish(
+                        &content.object_ref(&()),
+                        EventType::Warning,
+                        reason::CONTENT_VALIDATION_ERROR,
+                        &message,
+                    )
+                    .await;
+                return Err(SyncError::Failed(message));
+            }
+            ContentStep::AddFinalizer => {
+                add_finalizer(&api, content.as_ref(), CONTENT_BOUND_FINALIZER).await?;
+            }
+            ContentStep::MarkBeingDeleted => {
+                let patch = json!({"metadata": {"annotations": {BEING_DELETED: "yes"}}});
+                api.patch(
+                    &content.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|source| SyncError::Update {
+                    object: content.name_any(),
+                    source,
+                })?;
+            }
+        }
+        Ok(Synced::Done)
+    }
+
+    async fn sync_claim(
+        &self,
+        reference: &ObjectRef<PersistentVolumeClaim>,
+    ) -> Result<Synced, SyncError> {
+        let Some(claim) = self.caches.claims.get(reference) else {
+            return Ok(Synced::Done);
+        };
+        let removable = snapshot::claim_protection_removable(
+            &claim,
+            self.caches.snapshots.state().iter().map(AsRef::as_ref),
+        );
+        if removable {
+            let api: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+            set_finalizers(
+                &api,
+                claim.as_ref(),
+                without(claim.finalizers(), PVC_AS_SOURCE_FINALIZER),
+            )
+            .await?;
+            tracing::info!(claim = %reference, "removed the snapshot source protection");
+        }
+        Ok(Synced::Done)
+    }
+
+    fn superseded_by(&self, old: &VolumeSnapshot, new: &VolumeSnapshot) {
+        if let Some(version) = old.resource_version()
+            && new.resource_version().as_ref() != Some(&version)
+        {
+            lock(&self.superseded).insert(ObjectRef::from_obj(old).to_string(), version);
+        }
+    }
+
+    async fn event(
+        &self,
+        snapshot: &VolumeSnapshot,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        self.events
+            .publish(&snapshot.object_ref(&()), event_type, reason, message)
+            .await;
+    }
+}
+
+/// The cached objects of one snapshot's plan, owned for the sync.
+struct Owned {
+    content: Option<Arc<VolumeSnapshotContent>>,
+    claim: Option<Arc<PersistentVolumeClaim>>,
+    volume: Option<Arc<PersistentVolume>>,
+    classes: Vec<Arc<VolumeSnapshotClass>>,
+    restoring: bool,
+}

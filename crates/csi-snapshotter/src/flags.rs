@@ -1,0 +1,237 @@
+//! The command lines of csi-snapshotter and snapshot-controller: every flag of upstream's
+//! binaries with its name and default (`upstream-flags/*.tsv`, from their `--help`), on top of
+//! the shared sidecar flags. csi-snapshotter's `--timeout` is 1m; both resync every 15m.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use csi_sidecar::flags::{
+    DefaultOverrides, FeatureGate, ResolvedGates, SidecarArgs, SidecarCli, Stage, parse_go_bool,
+    parse_go_duration,
+};
+use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
+
+/// GA, default on: the VolumeGroupSnapshot API. The group API is not served by this build:
+/// the gate is accepted, and group snapshots are left alone either way.
+pub const VOLUME_GROUP_SNAPSHOT: FeatureGate =
+    FeatureGate::new("CSIVolumeGroupSnapshot", true, Stage::Ga, false);
+
+/// external-snapshotter's own gates (pkg/features), the same in both binaries.
+pub const GATES: &[FeatureGate] = &[VOLUME_GROUP_SNAPSHOT, RELEASE_ON_EXIT_GATE];
+
+/// csi-snapshotter: cuts and deletes the snapshots of one CSI driver for its
+/// VolumeSnapshotContents.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "csi-snapshotter", version)]
+pub struct SnapshotterArgs {
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+
+    /// Resync period of the caches: every content is synced again this often.
+    #[arg(long, default_value = "15m", value_parser = parse_go_duration)]
+    pub resync_period: Duration,
+
+    /// Prefix of the CSI snapshot name (`<prefix>-<VolumeSnapshot UID>`).
+    #[arg(long, default_value = "snapshot")]
+    pub snapshot_name_prefix: String,
+
+    /// Characters of the UID (without dashes) in the snapshot name; -1 keeps the whole UID.
+    #[arg(long, default_value = "-1", allow_hyphen_values = true)]
+    pub snapshot_name_uuid_length: i64,
+
+    /// Pass the VolumeSnapshot's and content's names to CreateSnapshot as parameters
+    /// (`csi.storage.k8s.io/volumesnapshot/name`, ...).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub extra_create_metadata: bool,
+
+    /// Prefix of group snapshot names (the group API is not served by this build).
+    #[arg(long = "groupsnapshot-name-prefix", default_value = "groupsnapshot")]
+    pub group_snapshot_name_prefix: String,
+
+    #[arg(
+        long = "groupsnapshot-name-uuid-length",
+        default_value = "-1",
+        allow_hyphen_values = true
+    )]
+    pub group_snapshot_name_uuid_length: i64,
+
+    /// Run next to a node-local driver and handle only the contents labelled for this node
+    /// (distributed snapshotting). Not built yet: accepted when false, refused when true.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub node_deployment: bool,
+}
+
+/// snapshot-controller: binds VolumeSnapshots to VolumeSnapshotContents, cluster-wide.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "snapshot-controller", version)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+
+    /// Resync period of the caches: every snapshot and content is synced again this often.
+    #[arg(long, default_value = "15m", value_parser = parse_go_duration)]
+    pub resync_period: Duration,
+
+    /// Record the source volume's mode on dynamic contents, so a restore cannot change it
+    /// without the content's `snapshot.storage.kubernetes.io/allow-volume-mode-change`.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub prevent_volume_mode_conversion: bool,
+
+    /// Label contents with the node of their node-local volume (distributed snapshotting).
+    /// Not built yet: accepted when false, refused when true.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub enable_distributed_snapshotting: bool,
+
+    /// How long, at most, between checks that the snapshot CRDs are served at startup.
+    #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
+    pub retry_crd_interval_max: Duration,
+}
+
+fn gates(sidecar: &SidecarArgs) -> Result<ResolvedGates, String> {
+    csi_sidecar::flags::resolve_gates(&sidecar.feature_gates(), GATES)
+}
+
+impl SnapshotterArgs {
+    pub fn gates(&self) -> Result<ResolvedGates, String> {
+        gates(&self.sidecar)
+    }
+}
+
+impl ControllerArgs {
+    pub fn gates(&self) -> Result<ResolvedGates, String> {
+        gates(&self.sidecar)
+    }
+}
+
+impl SidecarCli for SnapshotterArgs {
+    const DEFAULTS: DefaultOverrides<'static> = &[("timeout", "1m")];
+
+    fn validate(&self) -> Result<(), String> {
+        self.sidecar.validate()?;
+        if self.node_deployment {
+            return Err("--node-deployment: distributed snapshotting is not built in this csi-snapshotter yet; remove the flag".to_string());
+        }
+        if self.snapshot_name_uuid_length < -1 || self.snapshot_name_uuid_length == 0 {
+            return Err(format!(
+                "--snapshot-name-uuid-length must be -1 or positive, not {}",
+                self.snapshot_name_uuid_length
+            ));
+        }
+        self.gates().map(drop)
+    }
+}
+
+impl SidecarCli for ControllerArgs {
+    const DEFAULTS: DefaultOverrides<'static> = &[];
+
+    fn validate(&self) -> Result<(), String> {
+        self.sidecar.common.validate()?;
+        self.sidecar.http.validate()?;
+        self.sidecar.workers.validate()?;
+        if self.enable_distributed_snapshotting {
+            return Err("--enable-distributed-snapshotting: distributed snapshotting is not built in this snapshot-controller yet; remove the flag".to_string());
+        }
+        self.gates().map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_sidecar::flags::try_parse_from;
+
+    fn snapshotter(args: &[&str]) -> Result<SnapshotterArgs, clap::Error> {
+        try_parse_from::<SnapshotterArgs, _, _>(
+            std::iter::once("csi-snapshotter").chain(args.iter().copied()),
+        )
+    }
+
+    fn controller(args: &[&str]) -> Result<ControllerArgs, clap::Error> {
+        try_parse_from::<ControllerArgs, _, _>(
+            std::iter::once("snapshot-controller").chain(args.iter().copied()),
+        )
+    }
+
+    #[test]
+    fn every_upstream_flag_is_accepted_with_its_default() {
+        for (command, table) in [
+            (
+                <SnapshotterArgs as clap::CommandFactory>::command(),
+                include_str!("../upstream-flags/csi-snapshotter.tsv"),
+            ),
+            (
+                <ControllerArgs as clap::CommandFactory>::command(),
+                include_str!("../upstream-flags/snapshot-controller.tsv"),
+            ),
+        ] {
+            let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+            assert!(
+                missing.is_empty(),
+                "{}: not accepted: {missing:?}",
+                command.get_name()
+            );
+        }
+        let args = snapshotter(&[]).unwrap();
+        assert_eq!(args.sidecar.csi.timeout, Duration::from_secs(60));
+        assert_eq!(args.sidecar.csi.csi_address, "/run/csi/socket");
+        assert_eq!(args.sidecar.workers.worker_threads, 10);
+        assert_eq!(args.resync_period, Duration::from_secs(900));
+        assert_eq!(
+            (
+                args.snapshot_name_prefix.as_str(),
+                args.snapshot_name_uuid_length
+            ),
+            ("snapshot", -1)
+        );
+        assert!(!args.extra_create_metadata && !args.node_deployment);
+        assert!(args.gates().unwrap().get(VOLUME_GROUP_SNAPSHOT));
+        let args = controller(&[]).unwrap();
+        assert!(args.prevent_volume_mode_conversion && !args.enable_distributed_snapshotting);
+        assert_eq!(args.retry_crd_interval_max, Duration::from_secs(30));
+        assert_eq!(args.resync_period, Duration::from_secs(900));
+        assert_eq!(args.sidecar.workers.worker_threads, 10);
+    }
+
+    #[test]
+    fn values_are_parsed_as_upstream() {
+        let args = snapshotter(&[
+            "--snapshot-name-prefix=snap",
+            "--snapshot-name-uuid-length=8",
+            "--extra-create-metadata",
+            "--timeout=30s",
+        ])
+        .unwrap();
+        assert_eq!(args.snapshot_name_prefix, "snap");
+        assert_eq!(args.snapshot_name_uuid_length, 8);
+        assert!(args.extra_create_metadata);
+        assert_eq!(args.sidecar.csi.timeout, Duration::from_secs(30));
+        let args = controller(&["--prevent-volume-mode-conversion=false"]).unwrap();
+        assert!(!args.prevent_volume_mode_conversion);
+    }
+
+    #[test]
+    fn unbuilt_modes_and_bad_values_are_usage_errors() {
+        for (args, expected) in [
+            (&["--node-deployment"][..], "not built"),
+            (
+                &["--snapshot-name-uuid-length=0"][..],
+                "must be -1 or positive",
+            ),
+            (
+                &["--feature-gates=Topology=true"][..],
+                "unrecognized feature gate: Topology",
+            ),
+        ] {
+            let error = snapshotter(args).unwrap_err().to_string();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+        let error = controller(&["--enable-distributed-snapshotting=true"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not built"), "{error}");
+    }
+}

@@ -1,0 +1,641 @@
+//! The csi-snapshotter sidecar's adapters: caches of VolumeSnapshotContents and
+//! VolumeSnapshotClasses; a content's change triggers its key; each triggered content is
+//! planned ([`crate::content`]) and acted on by the keyed workers: CreateSnapshot (with the
+//! being-created annotation around it), ListSnapshots for pre-provisioned snapshots,
+//! DeleteSnapshot and the bound finalizer, with upstream's Events and `status.error`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::events::{EventRecorder, EventType};
+use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
+use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
+use csi_sidecar::secrets::SecretRef;
+use csi_sidecar::workers::{KeyedWorkers, Synced};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{
+    BEING_CREATED, CONTENT_BOUND_FINALIZER, VolumeSnapshotClass, VolumeSnapshotContent,
+    status_merge_patch,
+};
+use crate::content::{self, ContentPlan, Cut};
+use crate::secrets::{SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference};
+
+/// How the sidecar is set up (from its flags and the driver's discovery).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver_name: String,
+    /// Deadline of each CSI call (`--timeout`).
+    pub timeout: Duration,
+    pub snapshot_name_prefix: String,
+    pub snapshot_name_uuid_length: i64,
+    pub extra_create_metadata: bool,
+    /// The driver serves ListSnapshots; without it a pre-provisioned snapshot is taken as ready.
+    pub list_snapshots: bool,
+    pub retry_start: Duration,
+    pub retry_max: Duration,
+    pub workers: usize,
+    pub resync: Duration,
+    pub cache_sync: Arc<CacheSyncHealth>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Why a content's sync failed; logged and retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// A failed snapshot operation (also the content's `status.error` and Event).
+    #[error("{0}")]
+    Snapshot(String),
+    #[error("snapshot controller failed to update {content} on API server: {source}")]
+    Update {
+        content: String,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
+}
+
+type Key = ObjectRef<VolumeSnapshotContent>;
+
+struct Controller {
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    contents: Store<VolumeSnapshotContent>,
+    classes: Store<VolumeSnapshotClass>,
+    workers: Arc<KeyedWorkers<Key>>,
+    events: EventRecorder,
+    /// Content → the resourceVersion our last write replaced: a sync that still reads it waits
+    /// for the watch to bring the write (so a stale cache does not cut the snapshot twice).
+    superseded: Mutex<HashMap<Key, String>>,
+    /// Contents whose snapshot is not ready yet → the wait before asking the driver again
+    /// (doubling, as upstream's rate-limited requeue).
+    polls: Mutex<HashMap<Key, Duration>>,
+}
+
+/// Runs the sidecar until `shutdown`.
+pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), SidecarError> {
+    let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
+    let content_work = workers.clone();
+    let driver = settings.driver_name.clone();
+    let contents = informers.all_with(move |content: &VolumeSnapshotContent| {
+        if content.spec.driver == driver {
+            content_work.trigger(ObjectRef::from_obj(content));
+        }
+    });
+    let classes = informers.all::<VolumeSnapshotClass>();
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    let controller = Arc::new(Controller {
+        events: EventRecorder::new(
+            client.clone(),
+            format!("csi-snapshotter {}", settings.driver_name),
+            "",
+        ),
+        client,
+        csi,
+        contents,
+        classes,
+        workers,
+        superseded: Mutex::default(),
+        polls: Mutex::default(),
+        settings,
+    });
+    tracing::info!(driver = %controller.settings.driver_name, "csi-snapshotter started");
+    controller
+        .workers
+        .run(
+            JoinSet::new(),
+            &wake,
+            controller.settings.resync,
+            &shutdown,
+            |tasks, full| controller.pass(tasks, full),
+        )
+        .await;
+    Ok(())
+}
+
+impl Controller {
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
+        let keys: Vec<Key> = if full {
+            let keys: Vec<Key> = self
+                .contents
+                .state()
+                .iter()
+                .filter(|c| c.spec.driver == self.settings.driver_name)
+                .map(|c| ObjectRef::from_obj(c.as_ref()))
+                .collect();
+            self.workers.forget_absent(keys.iter().cloned());
+            keys
+        } else {
+            self.workers.due()
+        };
+        let offered: Vec<(Key, Option<String>)> = keys
+            .into_iter()
+            .filter_map(|key| match self.contents.get(&key) {
+                Some(content) => Some((key, content.resource_version())),
+                None => {
+                    lock(&self.superseded).remove(&key);
+                    lock(&self.polls).remove(&key);
+                    self.workers.forget(&key);
+                    None
+                }
+            })
+            .collect();
+        for (key, version) in self.workers.changed(offered) {
+            let this = self.clone();
+            let sync_key = key.clone();
+            self.workers
+                .schedule(0, key, version, tasks, move || async move {
+                    this.sync(&sync_key).await
+                });
+        }
+    }
+
+    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+        let Some(content) = self.contents.get(key) else {
+            return Ok(Synced::Done);
+        };
+        {
+            let mut superseded = lock(&self.superseded);
+            match superseded.get(key) {
+                Some(version) if content.resource_version().as_ref() == Some(version) => {
+                    return Ok(Synced::Waiting);
+                }
+                Some(_) => {
+                    superseded.remove(key);
+                }
+                None => {}
+            }
+        }
+        match content::plan(&content, &self.settings.driver_name) {
+            ContentPlan::NotOurs | ContentPlan::Nothing => Ok(Synced::Done),
+            ContentPlan::ClearBeingCreated => {
+                self.set_being_created(&content, false).await?;
+                lock(&self.polls).remove(key);
+                Ok(Synced::Done)
+            }
+            ContentPlan::Delete {
+                delete,
+                remove_finalizer,
+            } => self.delete(&content, delete, remove_finalizer).await,
+            ContentPlan::Create => {
+                let failure_reason = if content.status.is_none() {
+                    "SnapshotCreationFailed"
+                } else {
+                    "SnapshotContentCheckandUpdateFailed"
+                };
+                match self.create(&content).await {
+                    Ok(ready) => Ok(self.poll(key, ready)),
+                    Err(CreateError::Failed(message)) => {
+                        let message = if content.status.is_none() {
+                            format!("Failed to create snapshot: {message}")
+                        } else {
+                            format!("Failed to check and update snapshot content: {message}")
+                        };
+                        Err(self.record_error(&content, failure_reason, message).await)
+                    }
+                    Err(CreateError::Sync(error)) => Err(error),
+                }
+            }
+            ContentPlan::Refresh { snapshot_handle } => {
+                match self.refresh(&content, &snapshot_handle).await {
+                    Ok(ready) => Ok(self.poll(key, ready)),
+                    Err(CreateError::Failed(message)) => Err(self
+                        .record_error(
+                            &content,
+                            "SnapshotContentCheckandUpdateFailed",
+                            format!("Failed to check and update snapshot content: {message}"),
+                        )
+                        .await),
+                    Err(CreateError::Sync(error)) => Err(error),
+                }
+            }
+        }
+    }
+
+    /// Done when ready; otherwise asked again after a doubling wait.
+    fn poll(&self, key: &Key, ready: bool) -> Synced {
+        let mut polls = lock(&self.polls);
+        if ready {
+            polls.remove(key);
+            return Synced::Done;
+        }
+        let wait = polls.get(key).map_or(self.settings.retry_start, |w| {
+            (*w * 2).min(self.settings.retry_max)
+        });
+        polls.insert(key.clone(), wait);
+        Synced::After(wait)
+    }
+
+    /// CreateSnapshot (upstream `createSnapshotWrapper`); whether the snapshot is ready.
+    async fn create(&self, content: &VolumeSnapshotContent) -> Result<bool, CreateError> {
+        let name = content.name_any();
+        let input = || -> Result<(BTreeMap<String, String>, Option<SecretRef>), String> {
+            let class_name = content
+                .spec
+                .volume_snapshot_class_name
+                .as_ref()
+                .ok_or_else(|| {
+                    format!("failed to take snapshot {name} without a snapshot class")
+                })?;
+            let class = self
+                .classes
+                .get(&ObjectRef::new(class_name))
+                .ok_or_else(|| {
+                    format!(
+                        "volumesnapshotclass.snapshot.storage.k8s.io \"{class_name}\" not found"
+                    )
+                })?;
+            let secret =
+                annotated_secret(&name, content.annotations()).map_err(|e| e.to_string())?;
+            Ok((class.parameters(), secret))
+        };
+        let (class_parameters, secret) = input().map_err(|error| {
+            CreateError::Failed(format!(
+                "failed to get input parameters to create snapshot for content {name}: {error:?}"
+            ))
+        })?;
+        let secrets = self.secrets(&name, secret.as_ref()).await.map_err(|error| {
+            CreateError::Failed(format!(
+                "failed to get input parameters to create snapshot for content {name}: {error:?}"
+            ))
+        })?;
+        let content = self.set_being_created(content, true).await?;
+        let mut parameters =
+            create_parameters(&class_parameters).map_err(|e| CreateError::Failed(e.to_string()))?;
+        if self.settings.extra_create_metadata {
+            content::add_extra_metadata(&mut parameters, &content);
+        }
+        let volume_handle = content
+            .spec
+            .source
+            .volume_handle
+            .clone()
+            .unwrap_or_default();
+        let snapshot_name = content::snapshot_name(
+            &self.settings.snapshot_name_prefix,
+            content
+                .spec
+                .volume_snapshot_ref
+                .uid
+                .as_deref()
+                .unwrap_or(""),
+            self.settings.snapshot_name_uuid_length,
+        )
+        .map_err(CreateError::Failed)?;
+        let request = csi::CreateSnapshotRequest {
+            source_volume_id: volume_handle.clone(),
+            name: snapshot_name,
+            secrets,
+            parameters,
+        };
+        let snapshot = match self
+            .csi
+            .create_snapshot(request, self.settings.timeout)
+            .await
+        {
+            Ok(response) => response.snapshot.unwrap_or_default(),
+            Err(status) => {
+                if content::is_final_error(status.code()) {
+                    self.set_being_created(&content, false).await?;
+                }
+                return Err(CreateError::Failed(format!(
+                    "failed to take snapshot of the volume {volume_handle}: {:?}",
+                    grpc_error(&status)
+                )));
+            }
+        };
+        let cut = Cut {
+            snapshot_handle: snapshot.snapshot_id,
+            ready_to_use: snapshot.ready_to_use,
+            creation_time: nanos(snapshot.creation_time),
+            size_bytes: snapshot.size_bytes,
+        };
+        let content = self.update_status(&content, &cut).await?;
+        self.set_being_created(&content, false).await?;
+        tracing::info!(content = %name, snapshot = %cut.snapshot_handle, ready = cut.ready_to_use, "snapshot cut");
+        Ok(cut.ready_to_use)
+    }
+
+    /// ListSnapshots for a pre-provisioned snapshot (upstream `checkandUpdateContentStatus`).
+    async fn refresh(
+        &self,
+        content: &VolumeSnapshotContent,
+        handle: &str,
+    ) -> Result<bool, CreateError> {
+        let name = content.name_any();
+        let cut = if self.settings.list_snapshots {
+            let mut secret = None;
+            if let Some(class_name) = &content.spec.volume_snapshot_class_name {
+                let class = self.classes.get(&ObjectRef::new(class_name)).ok_or_else(|| {
+                    CreateError::Failed(format!(
+                        "failed to get snapshot class {class_name} for snapshot content {name}: volumesnapshotclass.snapshot.storage.k8s.io \"{class_name}\" not found"
+                    ))
+                })?;
+                secret = secret_reference(SNAPSHOTTER_LIST, &class.parameters(), &name, None)
+                    .map_err(|e| {
+                        CreateError::Failed(format!(
+                            "failed to get secret reference for snapshot content {name}: {e}"
+                        ))
+                    })?;
+            }
+            let secrets = self.secrets(&name, secret.as_ref()).await.map_err(|e| {
+                CreateError::Failed(format!(
+                    "failed to get credentials for snapshot content {name}: {e}"
+                ))
+            })?;
+            let request = csi::ListSnapshotsRequest {
+                snapshot_id: handle.to_string(),
+                secrets,
+                ..csi::ListSnapshotsRequest::default()
+            };
+            let listed = self
+                .csi
+                .list_snapshots(request, self.settings.timeout)
+                .await
+                .map_err(|status| grpc_error(&status))
+                .and_then(|response| {
+                    response
+                        .entries
+                        .into_iter()
+                        .find_map(|e| e.snapshot)
+                        .ok_or_else(|| format!("can not find snapshot for snapshotID {handle}"))
+                })
+                .map_err(|error| {
+                    CreateError::Failed(format!(
+                        "failed to list snapshot for content {name}: {error:?}"
+                    ))
+                })?;
+            Cut {
+                snapshot_handle: handle.to_string(),
+                ready_to_use: listed.ready_to_use,
+                creation_time: nanos(listed.creation_time),
+                size_bytes: listed.size_bytes,
+            }
+        } else {
+            Cut {
+                snapshot_handle: handle.to_string(),
+                ready_to_use: true,
+                creation_time: nanos(None),
+                size_bytes: 0,
+            }
+        };
+        self.update_status(content, &cut).await?;
+        Ok(cut.ready_to_use)
+    }
+
+    /// DeleteSnapshot when the plan says so, then the bound finalizer.
+    async fn delete(
+        &self,
+        content: &VolumeSnapshotContent,
+        handle: Option<String>,
+        remove_finalizer: bool,
+    ) -> Result<Synced, SyncError> {
+        let name = content.name_any();
+        let mut current = content.clone();
+        if let Some(handle) = handle {
+            let secrets = match annotated_secret(&name, content.annotations()) {
+                Ok(secret) => self.secrets(&name, secret.as_ref()).await,
+                Err(error) => Err(error.to_string()),
+            };
+            let secrets = match secrets {
+                Ok(secrets) => secrets,
+                Err(error) => {
+                    self.warn(
+                        content,
+                        "SnapshotDeleteError",
+                        "Failed to get snapshot credentials",
+                    )
+                    .await;
+                    return Err(SyncError::Snapshot(format!(
+                        "failed to get input parameters to delete snapshot for content {name}: {error:?}"
+                    )));
+                }
+            };
+            let request = csi::DeleteSnapshotRequest {
+                snapshot_id: handle,
+                secrets,
+            };
+            if let Err(status) = self
+                .csi
+                .delete_snapshot(request, self.settings.timeout)
+                .await
+            {
+                self.warn(content, "SnapshotDeleteError", "Failed to delete snapshot")
+                    .await;
+                return Err(SyncError::Snapshot(format!(
+                    "failed to delete snapshot {name:?}, err: failed to delete snapshot content {name}: {:?}",
+                    grpc_error(&status)
+                )));
+            }
+            let cleared = json!({"status": {"snapshotHandle": null, "readyToUse": null,
+                "creationTime": null, "restoreSize": null}});
+            current = match self.patch_status(content, &cleared).await {
+                Ok(updated) => updated,
+                Err(error) => {
+                    self.warn(
+                        content,
+                        "SnapshotDeleteError",
+                        "Failed to clear content status",
+                    )
+                    .await;
+                    return Err(error);
+                }
+            };
+            tracing::info!(content = %name, "snapshot deleted");
+        }
+        if remove_finalizer {
+            let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+            set_finalizers(
+                &api,
+                &current,
+                without(current.finalizers(), CONTENT_BOUND_FINALIZER),
+            )
+            .await?;
+        }
+        Ok(Synced::Done)
+    }
+
+    /// The data of the secret `secret` names (none: no secrets).
+    async fn secrets(
+        &self,
+        content: &str,
+        secret: Option<&SecretRef>,
+    ) -> Result<HashMap<String, String>, String> {
+        let Some(secret) = secret else {
+            return Ok(HashMap::new());
+        };
+        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), secret).await {
+            Ok(data) => Ok(data.into_inner()),
+            Err(error) => {
+                tracing::warn!(content, %error, "failed to get credentials");
+                Err(format!(
+                    "cannot get credentials for snapshot content {content:?}"
+                ))
+            }
+        }
+    }
+
+    /// The status after `cut`, written when it changed.
+    async fn update_status(
+        &self,
+        content: &VolumeSnapshotContent,
+        cut: &Cut,
+    ) -> Result<VolumeSnapshotContent, SyncError> {
+        match content::status_after(content.status.as_ref(), cut) {
+            Some(status) => {
+                self.patch_status(
+                    content,
+                    &status_merge_patch(content.status.as_ref(), &status),
+                )
+                .await
+            }
+            None => Ok(content.clone()),
+        }
+    }
+
+    /// Adds (or removes) the being-created annotation; the content as written.
+    async fn set_being_created(
+        &self,
+        content: &VolumeSnapshotContent,
+        on: bool,
+    ) -> Result<VolumeSnapshotContent, SyncError> {
+        if content.annotations().contains_key(BEING_CREATED) == on {
+            return Ok(content.clone());
+        }
+        let value = if on { json!("yes") } else { Value::Null };
+        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {BEING_CREATED: value}}});
+        let updated = api
+            .patch(
+                &content.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|source| SyncError::Update {
+                content: content.name_any(),
+                source,
+            })?;
+        self.superseded_by(content, &updated);
+        Ok(updated)
+    }
+
+    async fn patch_status(
+        &self,
+        content: &VolumeSnapshotContent,
+        patch: &Value,
+    ) -> Result<VolumeSnapshotContent, SyncError> {
+        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
+        let updated = api
+            .patch_status(
+                &content.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(|source| SyncError::Update {
+                content: content.name_any(),
+                source,
+            })?;
+        self.superseded_by(content, &updated);
+        Ok(updated)
+    }
+
+    fn superseded_by(&self, old: &VolumeSnapshotContent, new: &VolumeSnapshotContent) {
+        if let Some(version) = old.resource_version()
+            && new.resource_version().as_ref() != Some(&version)
+        {
+            lock(&self.superseded).insert(ObjectRef::from_obj(old), version);
+        }
+    }
+
+    /// Records a failure in the content's status with a Warning Event (once per message).
+    async fn record_error(
+        &self,
+        content: &VolumeSnapshotContent,
+        reason: &str,
+        message: String,
+    ) -> SyncError {
+        let Some(patch) = content::error_status_patch(content, &message, now()) else {
+            return SyncError::Snapshot(message);
+        };
+        if let Err(error) = self.patch_status(content, &patch).await {
+            tracing::warn!(content = %content.name_any(), %error, "failed to record the error in the content's status");
+        }
+        self.warn(content, reason, &message).await;
+        SyncError::Snapshot(message)
+    }
+
+    async fn warn(&self, content: &VolumeSnapshotContent, reason: &str, message: &str) {
+        self.events
+            .publish(
+                &content.object_ref(&()),
+                EventType::Warning,
+                reason,
+                message,
+            )
+            .await;
+    }
+}
+
+/// A step that failed either with a snapshot error (recorded on the content) or a write.
+enum CreateError {
+    Failed(String),
+    Sync(SyncError),
+}
+
+impl From<SyncError> for CreateError {
+    fn from(error: SyncError) -> Self {
+        CreateError::Sync(error)
+    }
+}
+
+/// Go's `%q` of a gRPC error prints `rpc error: code = X desc = Y`.
+fn grpc_error(status: &tonic::Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}
+
+/// A CSI timestamp in nanoseconds since the epoch; now when the driver gave none.
+fn nanos(timestamp: Option<prost_types::Timestamp>) -> i64 {
+    match timestamp {
+        Some(t) if t.seconds != 0 || t.nanos != 0 => t
+            .seconds
+            .saturating_mul(1_000_000_000)
+            .saturating_add(i64::from(t.nanos)),
+        _ => SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+    }
+}
+
+pub(crate) fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}

@@ -1,0 +1,732 @@
+//! The snapshot-controller's pure core (external-snapshotter `pkg/common-controller`): the next
+//! step for one VolumeSnapshot, for one VolumeSnapshotContent, and whether a source claim's
+//! protection can go. One step per sync: the adapter ([`crate::common`]) acts, and the watch
+//! bringing its write syncs the object again, so every step plans from what the API holds.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::ResourceExt;
+
+use crate::api::{
+    BEING_DELETED, CONTENT_BOUND_FINALIZER, DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE,
+    DeletionPolicy, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
+    SNAPSHOT_BOUND_FINALIZER, SnapshotReference, VolumeSnapshot, VolumeSnapshotClass,
+    VolumeSnapshotContent, VolumeSnapshotContentSource, VolumeSnapshotContentSpec,
+    VolumeSnapshotStatus, snapshot_key,
+};
+use crate::secrets::{SNAPSHOTTER, secret_reference};
+
+/// Event reasons (upstream's).
+pub mod reason {
+    pub const CREATING_SNAPSHOT: &str = "CreatingSnapshot";
+    pub const SNAPSHOT_CREATED: &str = "SnapshotCreated";
+    pub const SNAPSHOT_READY: &str = "SnapshotReady";
+    pub const GET_SNAPSHOT_CLASS_FAILED: &str = "GetSnapshotClassFailed";
+    pub const SET_DEFAULT_CLASS_FAILED: &str = "SetDefaultSnapshotClassFailed";
+    pub const VALIDATION_ERROR: &str = "SnapshotValidationError";
+    pub const CONTENT_MISSING: &str = "SnapshotContentMissing";
+    pub const CONTENT_MISMATCH: &str = "SnapshotContentMismatch";
+    pub const CONTENT_MISBOUND: &str = "SnapshotContentMisbound";
+    pub const MISBOUND: &str = "SnapshotMisbound";
+    pub const BIND_FAILED: &str = "SnapshotBindFailed";
+    pub const HANDLE_SET: &str = "SnapshotHandleSet";
+    pub const PVC_SOURCE_MISSING: &str = "SnapshotPVCSourceMissing";
+    pub const CONTENT_CREATION_FAILED: &str = "SnapshotContentCreationFailed";
+    pub const CREATE_CONTENT_FAILED: &str = "CreateSnapshotContentFailed";
+    pub const STATUS_UPDATE_FAILED: &str = "SnapshotStatusUpdateFailed";
+    pub const FINALIZER_ERROR: &str = "SnapshotFinalizerError";
+    pub const DELETE_PENDING: &str = "SnapshotDeletePending";
+    pub const CONTENT_DELETE_ERROR: &str = "SnapshotContentObjectDeleteError";
+    pub const CONTENT_VALIDATION_ERROR: &str = "ContentValidationError";
+    pub const PVC_FINALIZER_ERROR: &str = "ErrorPVCFinalizer";
+}
+
+const SNAPSHOT_API_VERSION: &str = "snapshot.storage.k8s.io/v1";
+
+/// A failed step: a Warning Event and, when `status` is set, the snapshot's `status.error`
+/// (with `readyToUse: false` when it is `Some(true)`); then the sync is retried with backoff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub reason: &'static str,
+    pub message: String,
+    pub status: Option<bool>,
+}
+
+impl Failure {
+    fn status(reason: &'static str, message: impl Into<String>, ready_false: bool) -> Self {
+        Failure {
+            reason,
+            message: message.into(),
+            status: Some(ready_false),
+        }
+    }
+}
+
+/// The next step for a VolumeSnapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    Nothing,
+    Fail(Failure),
+    /// Tell the sidecar the snapshot is going (annotation on the content).
+    MarkContentBeingDeleted(String),
+    DeleteContent(String),
+    RemoveFinalizers {
+        source: bool,
+        bound: bool,
+    },
+    /// Record the default class of the source volume's driver in the snapshot's spec.
+    SetClass(String),
+    AddFinalizers {
+        source: bool,
+        bound: bool,
+    },
+    /// Bind a pre-provisioned content: its `volumeSnapshotRef.uid` (and class).
+    Bind {
+        content: String,
+        uid: String,
+        class: Option<String>,
+    },
+    /// Keep the source claim while the snapshot is cut.
+    ProtectClaim(String),
+    CreateContent(Box<VolumeSnapshotContent>),
+    UpdateStatus {
+        status: Box<VolumeSnapshotStatus>,
+        events: Vec<(&'static str, String)>,
+    },
+}
+
+/// What a VolumeSnapshot's step is planned from, read from the caches.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The content named by [`content_name`].
+    pub content: Option<&'a VolumeSnapshotContent>,
+    /// The source claim (dynamic snapshots) and its volume.
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    pub volume: Option<&'a PersistentVolume>,
+    pub classes: &'a [&'a VolumeSnapshotClass],
+    /// A Pending claim in the namespace is being restored from the snapshot.
+    pub restoring: bool,
+    /// `--prevent-volume-mode-conversion`: record the source's volume mode on the content.
+    pub prevent_volume_mode_conversion: bool,
+}
+
+fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
+    meta.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(key))
+}
+
+/// `snapcontent-<snapshot UID>`.
+pub fn dynamic_content_name(snapshot: &VolumeSnapshot) -> String {
+    format!("snapcontent-{}", snapshot.uid().unwrap_or_default())
+}
+
+fn bound_content_name(snapshot: &VolumeSnapshot) -> Option<&str> {
+    snapshot
+        .status
+        .as_ref()?
+        .bound_volume_snapshot_content_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+}
+
+fn is_ready(snapshot: &VolumeSnapshot) -> bool {
+    snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_to_use)
+        .unwrap_or(false)
+}
+
+/// The content a snapshot's sync reads: the bound one while it is deleted, else the one its
+/// source names (pre-provisioned) or implies (dynamic).
+pub fn content_name(snapshot: &VolumeSnapshot) -> Option<String> {
+    if snapshot.metadata.deletion_timestamp.is_some()
+        && let Some(name) = bound_content_name(snapshot)
+    {
+        return Some(name.to_string());
+    }
+    let source = &snapshot.spec.source;
+    match (
+        &source.volume_snapshot_content_name,
+        &source.persistent_volume_claim_name,
+    ) {
+        (Some(name), _) => Some(name.clone()),
+        (None, Some(_)) => Some(dynamic_content_name(snapshot)),
+        (None, None) => None,
+    }
+}
+
+/// Whether `content` points back at `snapshot` (name, namespace and UID).
+pub fn refers_to(content: &VolumeSnapshotContent, snapshot: &VolumeSnapshot) -> bool {
+    let reference = &content.spec.volume_snapshot_ref;
+    reference.name == snapshot.metadata.name
+        && reference.namespace == snapshot.metadata.namespace
+        && reference.uid.is_some()
+        && reference.uid == snapshot.metadata.uid
+}
+
+/// A snapshot being deleted that still holds one of our finalizers.
+pub fn is_deletion_candidate(snapshot: &VolumeSnapshot) -> bool {
+    snapshot.metadata.deletion_timestamp.is_some()
+        && (has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER)
+            || has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER))
+}
+
+/// Upstream `syncSnapshot` (with the class check that precedes it).
+pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        return deletion(snapshot, inputs);
+    }
+    let source = &snapshot.spec.source;
+    let dynamic = source.volume_snapshot_content_name.is_none();
+    match &snapshot.spec.volume_snapshot_class_name {
+        Some(name)
+            if !inputs
+                .classes
+                .iter()
+                .any(|c| c.metadata.name.as_ref() == Some(name)) =>
+        {
+            return Step::Fail(Failure::status(
+                reason::GET_SNAPSHOT_CLASS_FAILED,
+                format!(
+                    "Failed to get snapshot class with error volumesnapshotclass.snapshot.storage.k8s.io \"{name}\" not found"
+                ),
+                false,
+            ));
+        }
+        None if dynamic && source.persistent_volume_claim_name.is_some() => {
+            return match default_class(snapshot, inputs) {
+                Ok(name) => Step::SetClass(name),
+                Err(error) => Step::Fail(Failure::status(
+                    reason::SET_DEFAULT_CLASS_FAILED,
+                    format!("Failed to set default snapshot class with error {error}"),
+                    false,
+                )),
+            };
+        }
+        _ => {}
+    }
+    if source.persistent_volume_claim_name.is_some()
+        == source.volume_snapshot_content_name.is_some()
+    {
+        return Step::Fail(Failure::status(
+            reason::VALIDATION_ERROR,
+            "Exactly one of PersistentVolumeClaimName and VolumeSnapshotContentName should be specified",
+            true,
+        ));
+    }
+    let content = match checked_content(snapshot, inputs.content) {
+        Ok(content) => content,
+        Err(failure) => return Step::Fail(failure),
+    };
+    let source_finalizer = !has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER);
+    let bound_finalizer = content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete)
+        && bound_content_name(snapshot).is_some()
+        && !has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER);
+    if source_finalizer || bound_finalizer {
+        return Step::AddFinalizers {
+            source: source_finalizer,
+            bound: bound_finalizer,
+        };
+    }
+    if !is_ready(snapshot) || bound_content_name(snapshot).is_none() {
+        return unready(snapshot, content, inputs);
+    }
+    match content {
+        None => Step::Fail(Failure::status(
+            reason::CONTENT_MISSING,
+            "VolumeSnapshotContent is missing",
+            true,
+        )),
+        Some(content) if !refers_to(content, snapshot) => Step::Fail(Failure::status(
+            reason::MISBOUND,
+            "VolumeSnapshotContent is not bound to the VolumeSnapshot correctly",
+            true,
+        )),
+        Some(_) => Step::Nothing,
+    }
+}
+
+/// The content the snapshot's source names, checked to be of the right kind and to point back
+/// (upstream `get{Preprovisioned,DynamicallyProvisioned}ContentFromStore`).
+fn checked_content<'a>(
+    snapshot: &VolumeSnapshot,
+    content: Option<&'a VolumeSnapshotContent>,
+) -> Result<Option<&'a VolumeSnapshotContent>, Failure> {
+    let Some(content) = content else {
+        return Ok(None);
+    };
+    let name = content.name_any();
+    let reference = &content.spec.volume_snapshot_ref;
+    let pre_provisioned = snapshot.spec.source.volume_snapshot_content_name.is_some();
+    let misbound = || {
+        Failure::status(
+            reason::CONTENT_MISBOUND,
+            format!("VolumeSnapshotContent [{name}] is bound to a different snapshot"),
+            true,
+        )
+    };
+    let same_object = reference.name == snapshot.metadata.name
+        && reference.namespace == snapshot.metadata.namespace;
+    if pre_provisioned {
+        if content.spec.source.snapshot_handle.is_none() {
+            return Err(Failure::status(
+                reason::CONTENT_MISMATCH,
+                "VolumeSnapshotContent is dynamically provisioned while expecting a pre-provisioned one",
+                true,
+            ));
+        }
+        let uid = reference.uid.as_deref().unwrap_or("");
+        if !same_object || (!uid.is_empty() && Some(uid) != snapshot.metadata.uid.as_deref()) {
+            return Err(misbound());
+        }
+    } else {
+        if content.spec.source.volume_handle.is_none() {
+            return Err(Failure::status(
+                reason::CONTENT_MISMATCH,
+                format!(
+                    "VolumeSnapshotContent {name} is pre-provisioned while expecting a dynamically provisioned one"
+                ),
+                true,
+            ));
+        }
+        if !same_object || reference.uid != snapshot.metadata.uid {
+            return Err(misbound());
+        }
+    }
+    Ok(Some(content))
+}
+
+/// Upstream `syncUnreadySnapshot`.
+fn unready(
+    snapshot: &VolumeSnapshot,
+    content: Option<&VolumeSnapshotContent>,
+    inputs: &Inputs<'_>,
+) -> Step {
+    let key = snapshot_key(snapshot);
+    if snapshot.spec.source.volume_snapshot_content_name.is_some() {
+        let Some(content) = content else {
+            return Step::Fail(Failure::status(
+                reason::CONTENT_MISSING,
+                "VolumeSnapshotContent is missing",
+                true,
+            ));
+        };
+        let reference = &content.spec.volume_snapshot_ref;
+        let snapshot_name = snapshot.name_any();
+        let uid = reference.uid.as_deref().unwrap_or("");
+        if reference.name.as_deref() != Some(snapshot_name.as_str())
+            || (!uid.is_empty() && Some(uid) != snapshot.metadata.uid.as_deref())
+        {
+            return Step::Fail(Failure::status(
+                reason::BIND_FAILED,
+                format!(
+                    "Snapshot failed to bind VolumeSnapshotContent, Could not bind snapshot {snapshot_name} and content {}, the VolumeSnapshotRef does not match",
+                    content.name_any()
+                ),
+                true,
+            ));
+        }
+        if uid.is_empty() || content.spec.volume_snapshot_class_name.is_none() {
+            let class = snapshot.spec.volume_snapshot_class_name.clone();
+            let wanted_uid = snapshot.uid().unwrap_or_default();
+            if uid != wanted_uid
+                || (class.is_some() && class != content.spec.volume_snapshot_class_name)
+            {
+                return Step::Bind {
+                    content: content.name_any(),
+                    uid: wanted_uid,
+                    class,
+                };
+            }
+        }
+        return status_step(snapshot, content);
+    }
+    if let Some(content) = content {
+        if content.spec.source.snapshot_handle.is_some() {
+            return Step::Fail(Failure::status(
+                reason::HANDLE_SET,
+                format!(
+                    "Snapshot handle should not be set in content {key} for dynamic provisioning"
+                ),
+                true,
+            ));
+        }
+        return status_step(snapshot, content);
+    }
+    let Some(claim_name) = &snapshot.spec.source.persistent_volume_claim_name else {
+        return Step::Fail(Failure::status(
+            reason::PVC_SOURCE_MISSING,
+            format!("PVC source for snapshot {key} is missing"),
+            true,
+        ));
+    };
+    let creation_failed = |error: String| {
+        Step::Fail(Failure::status(
+            reason::CONTENT_CREATION_FAILED,
+            format!("Failed to create snapshot content with error {error}"),
+            true,
+        ))
+    };
+    match inputs.claim {
+        None => {
+            return creation_failed(format!(
+                "snapshot controller failed to update {} on API server: cannot get claim from snapshot",
+                snapshot.name_any()
+            ));
+        }
+        Some(claim) if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) => {
+            if claim.metadata.deletion_timestamp.is_some() {
+                return creation_failed(format!(
+                    "snapshot controller failed to update {claim_name} on API server: cannot add finalizer on claim because it is being deleted"
+                ));
+            }
+            return Step::ProtectClaim(claim_name.clone());
+        }
+        Some(_) => {}
+    }
+    match new_content(snapshot, inputs) {
+        Ok(content) => Step::CreateContent(Box::new(content)),
+        Err(error) => creation_failed(format!(
+            "failed to get input parameters to create snapshot {}: {error:?}",
+            snapshot.name_any()
+        )),
+    }
+}
+
+/// The source claim's bound volume (upstream `getVolumeFromVolumeSnapshot`).
+fn source_volume<'a>(
+    snapshot: &VolumeSnapshot,
+    inputs: &Inputs<'a>,
+) -> Result<&'a PersistentVolume, String> {
+    let claim_name = snapshot
+        .spec
+        .source
+        .persistent_volume_claim_name
+        .clone()
+        .unwrap_or_default();
+    let Some(claim) = inputs.claim else {
+        return Err(format!(
+            "failed to retrieve PVC {claim_name} from the lister: \"persistentvolumeclaim \\\"{claim_name}\\\" not found\""
+        ));
+    };
+    if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return Err(format!(
+            "the PVC {claim_name} is not yet bound to a PV, will not attempt to take a snapshot"
+        ));
+    }
+    let pv_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
+    let Some(volume) = inputs.volume else {
+        return Err(format!(
+            "failed to retrieve PV {pv_name} from the API server: \"persistentvolumes \\\"{pv_name}\\\" not found\""
+        ));
+    };
+    let bound = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .is_some_and(|r| {
+            r.name.as_deref() == Some(claim_name.as_str())
+                && r.namespace == claim.metadata.namespace
+                && (r.uid.as_deref().unwrap_or("").is_empty() || r.uid == claim.metadata.uid)
+        });
+    if !bound {
+        return Err("claim in dataSource not bound or invalid".to_string());
+    }
+    Ok(volume)
+}
+
+fn csi_driver(volume: &PersistentVolume) -> Option<(&str, &str)> {
+    let csi = volume.spec.as_ref()?.csi.as_ref()?;
+    Some((csi.driver.as_str(), csi.volume_handle.as_str()))
+}
+
+/// The one default class of the source volume's driver (upstream `SetDefaultSnapshotClass`).
+fn default_class(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Result<String, String> {
+    let volume = source_volume(snapshot, inputs)?;
+    let Some((driver, _)) = csi_driver(volume) else {
+        return Err(format!(
+            "snapshotting non-CSI volumes is not supported, snapshot:{}",
+            snapshot_key(snapshot)
+        ));
+    };
+    let defaults: Vec<&&VolumeSnapshotClass> = inputs
+        .classes
+        .iter()
+        .filter(|c| c.is_default() && c.driver == driver)
+        .collect();
+    match defaults.as_slice() {
+        [] => Err("cannot find default snapshot class".to_string()),
+        [class] => Ok(class.metadata.name.clone().unwrap_or_default()),
+        many => Err(format!(
+            "{} default snapshot classes were found",
+            many.len()
+        )),
+    }
+}
+
+/// The content of a dynamic snapshot (upstream `createSnapshotContent`).
+fn new_content(
+    snapshot: &VolumeSnapshot,
+    inputs: &Inputs<'_>,
+) -> Result<VolumeSnapshotContent, String> {
+    let Some(class_name) = &snapshot.spec.volume_snapshot_class_name else {
+        return Err(format!(
+            "failed to take snapshot {} without a snapshot class",
+            snapshot.name_any()
+        ));
+    };
+    let Some(class) = inputs
+        .classes
+        .iter()
+        .find(|c| c.metadata.name.as_ref() == Some(class_name))
+    else {
+        return Err(format!(
+            "volumesnapshotclass.snapshot.storage.k8s.io \"{class_name}\" not found"
+        ));
+    };
+    let volume = source_volume(snapshot, inputs)?;
+    let content_name = dynamic_content_name(snapshot);
+    let namespace = snapshot.namespace().unwrap_or_default();
+    let name = snapshot.name_any();
+    let secret = secret_reference(
+        SNAPSHOTTER,
+        &class.parameters(),
+        &content_name,
+        Some((&namespace, &name)),
+    )
+    .map_err(|e| e.to_string())?;
+    let Some((_, volume_handle)) = csi_driver(volume) else {
+        return Err(format!(
+            "cannot find CSI PersistentVolumeSource for volume {}",
+            volume.name_any()
+        ));
+    };
+    let mut content = VolumeSnapshotContent::new(
+        &content_name,
+        VolumeSnapshotContentSpec {
+            volume_snapshot_ref: SnapshotReference {
+                api_version: Some(SNAPSHOT_API_VERSION.into()),
+                kind: Some("VolumeSnapshot".into()),
+                name: Some(name),
+                namespace: Some(namespace),
+                uid: snapshot.metadata.uid.clone(),
+                resource_version: snapshot.metadata.resource_version.clone(),
+                field_path: None,
+            },
+            deletion_policy: class.deletion_policy,
+            driver: class.driver.clone(),
+            volume_snapshot_class_name: Some(class_name.clone()),
+            source: VolumeSnapshotContentSource {
+                volume_handle: Some(volume_handle.to_string()),
+                snapshot_handle: None,
+            },
+            source_volume_mode: if inputs.prevent_volume_mode_conversion {
+                volume.spec.as_ref().and_then(|s| s.volume_mode.clone())
+            } else {
+                None
+            },
+        },
+    );
+    if let Some(secret) = secret {
+        content.metadata.annotations = Some(
+            [
+                (DELETION_SECRET_NAME.to_string(), secret.name),
+                (DELETION_SECRET_NAMESPACE.to_string(), secret.namespace),
+            ]
+            .into(),
+        );
+    }
+    Ok(content)
+}
+
+fn status_step(snapshot: &VolumeSnapshot, content: &VolumeSnapshotContent) -> Step {
+    match status_from_content(snapshot, content) {
+        Some((status, events)) => Step::UpdateStatus {
+            status: Box::new(status),
+            events,
+        },
+        None => Step::Nothing,
+    }
+}
+
+/// The snapshot status the content's status implies (upstream `updateSnapshotStatus`), with
+/// the Events of what became true (`SnapshotCreated`, `SnapshotReady`); `None` if unchanged.
+pub fn status_from_content(
+    snapshot: &VolumeSnapshot,
+    content: &VolumeSnapshotContent,
+) -> Option<(VolumeSnapshotStatus, Vec<(&'static str, String)>)> {
+    let content_status = content.status.as_ref();
+    let created_at = content_status
+        .and_then(|s| s.creation_time)
+        .and_then(|ns| k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns)).ok())
+        .map(Time);
+    let size = content_status.and_then(|s| s.restore_size);
+    let ready = content_status.and_then(|s| s.ready_to_use).unwrap_or(false);
+    let error = content_status.and_then(|s| s.error.clone());
+    let old = snapshot.status.clone();
+    let mut new = old.clone().unwrap_or_default();
+    if new.bound_volume_snapshot_content_name.is_none() {
+        new.bound_volume_snapshot_content_name = Some(content.name_any());
+    }
+    if new.creation_time.is_none() {
+        new.creation_time = created_at;
+    }
+    if new.ready_to_use != Some(ready) {
+        new.ready_to_use = Some(ready);
+        if ready {
+            new.error = None;
+        }
+    }
+    let zero = new
+        .restore_size
+        .as_ref()
+        .is_some_and(|q| csi_sidecar::quantity::bytes(&q.0).is_ok_and(|b| b == 0));
+    if let Some(size) = size
+        && (new.restore_size.is_none() || (zero && size > 0))
+    {
+        new.restore_size = Some(Quantity(csi_sidecar::quantity::binary_si(size)));
+    }
+    // The content's error (or none) is the snapshot's, as upstream copies it on every update.
+    new.error = error;
+    if old.as_ref() == Some(&new) {
+        return None;
+    }
+    let key = snapshot_key(snapshot);
+    let was_created = old.as_ref().is_some_and(|s| s.creation_time.is_some());
+    let was_ready = old.as_ref().and_then(|s| s.ready_to_use).unwrap_or(false);
+    let mut events = Vec::new();
+    if !was_created && new.creation_time.is_some() {
+        events.push((
+            reason::SNAPSHOT_CREATED,
+            format!("Snapshot {key} was successfully created by the CSI driver."),
+        ));
+    }
+    if !was_ready && ready {
+        events.push((
+            reason::SNAPSHOT_READY,
+            format!("Snapshot {key} is ready to use."),
+        ));
+    }
+    Some((new, events))
+}
+
+/// A snapshot being deleted (upstream `processSnapshotWithDeletionTimestamp` and
+/// `checkandRemoveSnapshotFinalizersAndCheckandDeleteContent`).
+fn deletion(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
+    if !is_deletion_candidate(snapshot) {
+        return Step::Nothing;
+    }
+    let content = inputs.content.filter(|c| refers_to(c, snapshot));
+    let delete_content = content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete);
+    if let Some(content) = content {
+        if inputs.restoring {
+            return Step::Fail(Failure {
+                reason: reason::DELETE_PENDING,
+                message: "Snapshot is being used to restore a PVC".into(),
+                status: None,
+            });
+        }
+        if !has_annotation(&content.metadata, BEING_DELETED) {
+            return Step::MarkContentBeingDeleted(content.name_any());
+        }
+        if delete_content && content.metadata.deletion_timestamp.is_none() {
+            return Step::DeleteContent(content.name_any());
+        }
+    }
+    let source = has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER);
+    let bound = !(content.is_some() && delete_content)
+        && has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER);
+    if source || bound {
+        Step::RemoveFinalizers { source, bound }
+    } else {
+        Step::Nothing
+    }
+}
+
+/// The next step for a VolumeSnapshotContent (upstream common `syncContent`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentStep {
+    Nothing,
+    /// An Event on the content, then retried.
+    Invalid(String),
+    AddFinalizer,
+    MarkBeingDeleted,
+}
+
+/// `snapshot`: the VolumeSnapshot its `volumeSnapshotRef` names, if cached.
+pub fn content_plan(
+    content: &VolumeSnapshotContent,
+    snapshot: Option<&VolumeSnapshot>,
+) -> ContentStep {
+    let source = &content.spec.source;
+    if source.volume_handle.is_some() == source.snapshot_handle.is_some() {
+        return ContentStep::Invalid(
+            "Exactly one of VolumeHandle and SnapshotHandle should be specified".into(),
+        );
+    }
+    let uid = content
+        .spec
+        .volume_snapshot_ref
+        .uid
+        .as_deref()
+        .unwrap_or("");
+    if uid.is_empty() {
+        return ContentStep::Nothing;
+    }
+    if content.metadata.deletion_timestamp.is_none()
+        && !has_finalizer(&content.metadata, CONTENT_BOUND_FINALIZER)
+    {
+        return ContentStep::AddFinalizer;
+    }
+    let snapshot = snapshot.filter(|s| s.metadata.uid.as_deref() == Some(uid));
+    if snapshot.is_some_and(is_deletion_candidate)
+        && !has_annotation(&content.metadata, BEING_DELETED)
+    {
+        return ContentStep::MarkBeingDeleted;
+    }
+    ContentStep::Nothing
+}
+
+/// Whether a claim's `pvc-as-source-protection` can go: no snapshot in its namespace that is
+/// not ready yet takes it as source (upstream `isPVCBeingUsed`).
+pub fn claim_protection_removable<'a>(
+    claim: &PersistentVolumeClaim,
+    snapshots: impl IntoIterator<Item = &'a VolumeSnapshot>,
+) -> bool {
+    if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) {
+        return false;
+    }
+    let name = claim.name_any();
+    !snapshots.into_iter().any(|s| {
+        s.metadata.namespace == claim.metadata.namespace
+            && s.spec.source.persistent_volume_claim_name.as_deref() == Some(name.as_str())
+            && !is_ready(s)
+    })
+}
+
+/// Whether `claim` is Pending with `snapshot` as its data source (a restore in progress).
+pub fn restores_from(claim: &PersistentVolumeClaim, snapshot: &VolumeSnapshot) -> bool {
+    let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
+    let source = claim.spec.as_ref().and_then(|s| s.data_source.as_ref());
+    pending
+        && claim.metadata.namespace == snapshot.metadata.namespace
+        && source.is_some_and(|s| {
+            s.kind == "VolumeSnapshot"
+                && s.api_group.as_deref() == Some(crate::api::GROUP)
+                && Some(&s.name) == snapshot.metadata.name.as_ref()
+        })
+}
+
+#[cfg(test)]
+mod tests;

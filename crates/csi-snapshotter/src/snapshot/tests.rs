@@ -1,0 +1,426 @@
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use serde_json::json;
+
+use super::*;
+use crate::api::{
+    IS_DEFAULT_CLASS, VolumeSnapshotContentStatus, VolumeSnapshotSource, VolumeSnapshotSpec,
+};
+
+const DRIVER: &str = "hostpath.csi.k8s.io";
+
+fn snapshot(source: VolumeSnapshotSource, class: Option<&str>) -> VolumeSnapshot {
+    let mut s = VolumeSnapshot::new(
+        "snap",
+        VolumeSnapshotSpec {
+            source,
+            volume_snapshot_class_name: class.map(str::to_string),
+        },
+    );
+    s.metadata.namespace = Some("ns".into());
+    s.metadata.uid = Some("u1".into());
+    s
+}
+
+fn dynamic(class: Option<&str>) -> VolumeSnapshot {
+    snapshot(
+        VolumeSnapshotSource {
+            persistent_volume_claim_name: Some("data".into()),
+            volume_snapshot_content_name: None,
+        },
+        class,
+    )
+}
+
+fn pre_provisioned() -> VolumeSnapshot {
+    snapshot(
+        VolumeSnapshotSource {
+            persistent_volume_claim_name: None,
+            volume_snapshot_content_name: Some("imported".into()),
+        },
+        None,
+    )
+}
+
+fn finalized(mut s: VolumeSnapshot, finalizers: &[&str]) -> VolumeSnapshot {
+    s.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+    s
+}
+
+fn bound(mut s: VolumeSnapshot, content: &str, ready: bool) -> VolumeSnapshot {
+    s.status = Some(VolumeSnapshotStatus {
+        bound_volume_snapshot_content_name: Some(content.into()),
+        ready_to_use: Some(ready),
+        ..VolumeSnapshotStatus::default()
+    });
+    s
+}
+
+fn deleting(mut s: VolumeSnapshot) -> VolumeSnapshot {
+    s.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    s
+}
+
+fn class(name: &str, default: bool) -> VolumeSnapshotClass {
+    serde_json::from_value(json!({"metadata": {"name": name,
+        "annotations": {IS_DEFAULT_CLASS: default.to_string()}},
+        "driver": DRIVER, "deletionPolicy": "Delete",
+        "parameters": {"csi.storage.k8s.io/snapshotter-secret-name": "s",
+                       "csi.storage.k8s.io/snapshotter-secret-namespace": "${volumesnapshot.namespace}"}}))
+    .unwrap()
+}
+
+fn claim(phase: &str, finalizers: &[&str]) -> PersistentVolumeClaim {
+    serde_json::from_value(
+        json!({"metadata": {"name": "data", "namespace": "ns", "uid": "c1",
+        "finalizers": finalizers},
+        "spec": {"volumeName": "pv-1"}, "status": {"phase": phase}}),
+    )
+    .unwrap()
+}
+
+fn volume() -> PersistentVolume {
+    serde_json::from_value(json!({"metadata": {"name": "pv-1"},
+        "spec": {"volumeMode": "Filesystem",
+                 "claimRef": {"name": "data", "namespace": "ns", "uid": "c1"},
+                 "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}}))
+    .unwrap()
+}
+
+fn content(
+    name: &str,
+    policy: DeletionPolicy,
+    dynamic: bool,
+    uid: Option<&str>,
+) -> VolumeSnapshotContent {
+    let source = if dynamic {
+        json!({"volumeHandle": "vol-1"})
+    } else {
+        json!({"snapshotHandle": "snap-1"})
+    };
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"driver": DRIVER, "deletionPolicy": policy, "source": source,
+                 "volumeSnapshotRef": {"name": "snap", "namespace": "ns", "uid": uid}}}))
+    .unwrap()
+}
+
+struct World {
+    content: Option<VolumeSnapshotContent>,
+    claim: Option<PersistentVolumeClaim>,
+    volume: Option<PersistentVolume>,
+    classes: Vec<VolumeSnapshotClass>,
+    restoring: bool,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            content: None,
+            claim: Some(claim("Bound", &[PVC_AS_SOURCE_FINALIZER])),
+            volume: Some(volume()),
+            classes: vec![class("default", true), class("other", false)],
+            restoring: false,
+        }
+    }
+
+    fn with_content(mut self, content: VolumeSnapshotContent) -> Self {
+        self.content = Some(content);
+        self
+    }
+
+    fn plan(&self, snapshot: &VolumeSnapshot) -> Step {
+        let classes: Vec<&VolumeSnapshotClass> = self.classes.iter().collect();
+        plan(
+            snapshot,
+            &Inputs {
+                content: self.content.as_ref(),
+                claim: self.claim.as_ref(),
+                volume: self.volume.as_ref(),
+                classes: &classes,
+                restoring: self.restoring,
+                prevent_volume_mode_conversion: true,
+            },
+        )
+    }
+}
+
+fn failure(step: Step) -> (&'static str, String) {
+    match step {
+        Step::Fail(f) => (f.reason, f.message),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+const BOTH: &[&str] = &[SNAPSHOT_AS_SOURCE_FINALIZER, SNAPSHOT_BOUND_FINALIZER];
+
+#[test]
+fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
+    let world = World::new();
+    assert_eq!(world.plan(&dynamic(None)), Step::SetClass("default".into()));
+    assert_eq!(
+        world.plan(&dynamic(Some("default"))),
+        Step::AddFinalizers {
+            source: true,
+            bound: false
+        }
+    );
+    let ready_to_cut = finalized(dynamic(Some("default")), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
+    let unprotected = World {
+        claim: Some(claim("Bound", &[])),
+        ..World::new()
+    };
+    assert_eq!(
+        unprotected.plan(&ready_to_cut),
+        Step::ProtectClaim("data".into())
+    );
+    let Step::CreateContent(created) = world.plan(&ready_to_cut) else {
+        panic!("expected a content");
+    };
+    assert_eq!(created.metadata.name.as_deref(), Some("snapcontent-u1"));
+    assert_eq!(created.spec.source.volume_handle.as_deref(), Some("vol-1"));
+    assert_eq!(created.spec.volume_snapshot_ref.uid.as_deref(), Some("u1"));
+    assert_eq!(
+        created.spec.source_volume_mode.as_deref(),
+        Some("Filesystem")
+    );
+    assert_eq!(
+        created.metadata.annotations.as_ref().unwrap()[crate::api::DELETION_SECRET_NAMESPACE],
+        "ns",
+        "the secret template resolved with the snapshot's namespace"
+    );
+    let mut cut = content("snapcontent-u1", DeletionPolicy::Delete, true, Some("u1"));
+    let with_content = World::new().with_content(cut.clone());
+    let Step::UpdateStatus { status, events } = with_content.plan(&ready_to_cut) else {
+        panic!("expected a status");
+    };
+    assert_eq!(
+        status.bound_volume_snapshot_content_name.as_deref(),
+        Some("snapcontent-u1")
+    );
+    assert_eq!(status.ready_to_use, Some(false));
+    assert!(events.is_empty());
+    let bound_unready = bound(ready_to_cut.clone(), "snapcontent-u1", false);
+    assert_eq!(
+        with_content.plan(&bound_unready),
+        Step::AddFinalizers {
+            source: false,
+            bound: true
+        },
+        "bound to a content that deletes: the bound finalizer"
+    );
+    cut.status = Some(VolumeSnapshotContentStatus {
+        ready_to_use: Some(true),
+        restore_size: Some(2 * 1024 * 1024),
+        creation_time: Some(1_700_000_000_000_000_000),
+        snapshot_handle: Some("h".into()),
+        ..VolumeSnapshotContentStatus::default()
+    });
+    let world = World::new().with_content(cut);
+    let Step::UpdateStatus { status, events } = world.plan(&finalized(bound_unready, BOTH)) else {
+        panic!("expected a status");
+    };
+    assert_eq!(status.ready_to_use, Some(true));
+    assert_eq!(
+        status.restore_size.as_ref().map(|q| q.0.as_str()),
+        Some("2Mi")
+    );
+    assert!(status.creation_time.is_some());
+    let reasons: Vec<_> = events.iter().map(|(r, _)| *r).collect();
+    assert_eq!(reasons, [reason::SNAPSHOT_CREATED, reason::SNAPSHOT_READY]);
+    assert_eq!(events[1].1, "Snapshot ns/snap is ready to use.");
+}
+
+#[test]
+fn bad_inputs_fail_with_upstream_reasons() {
+    let world = World::new();
+    let unbound_claim = World {
+        claim: Some(claim("Pending", &[])),
+        ..World::new()
+    };
+    assert_eq!(
+        failure(unbound_claim.plan(&dynamic(None))),
+        (
+            reason::SET_DEFAULT_CLASS_FAILED,
+            "Failed to set default snapshot class with error the PVC data is not yet bound to a PV, will not attempt to take a snapshot".into()
+        )
+    );
+    let two_defaults = World {
+        classes: vec![class("a", true), class("b", true)],
+        ..World::new()
+    };
+    assert_eq!(
+        failure(two_defaults.plan(&dynamic(None))).1,
+        "Failed to set default snapshot class with error 2 default snapshot classes were found"
+    );
+    assert_eq!(
+        failure(world.plan(&dynamic(Some("missing")))).0,
+        reason::GET_SNAPSHOT_CLASS_FAILED
+    );
+    let both = snapshot(
+        VolumeSnapshotSource {
+            persistent_volume_claim_name: Some("data".into()),
+            volume_snapshot_content_name: Some("c".into()),
+        },
+        Some("default"),
+    );
+    assert_eq!(failure(world.plan(&both)).0, reason::VALIDATION_ERROR);
+    let pre = World::new().with_content(content("imported", DeletionPolicy::Retain, true, None));
+    assert_eq!(
+        failure(pre.plan(&pre_provisioned())).0,
+        reason::CONTENT_MISMATCH
+    );
+    let other = World::new().with_content(content(
+        "imported",
+        DeletionPolicy::Retain,
+        false,
+        Some("someone-else"),
+    ));
+    assert_eq!(
+        failure(other.plan(&pre_provisioned())),
+        (
+            reason::CONTENT_MISBOUND,
+            "VolumeSnapshotContent [imported] is bound to a different snapshot".into()
+        )
+    );
+    let missing = finalized(pre_provisioned(), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
+    assert_eq!(
+        failure(world.plan(&missing)),
+        (
+            reason::CONTENT_MISSING,
+            "VolumeSnapshotContent is missing".into()
+        )
+    );
+}
+
+#[test]
+fn a_pre_provisioned_content_is_bound_then_its_status_copied() {
+    let snapshot = finalized(pre_provisioned(), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
+    let world = World::new().with_content(content("imported", DeletionPolicy::Retain, false, None));
+    assert_eq!(
+        world.plan(&snapshot),
+        Step::Bind {
+            content: "imported".into(),
+            uid: "u1".into(),
+            class: None
+        }
+    );
+    let bound_content = World::new().with_content(content(
+        "imported",
+        DeletionPolicy::Retain,
+        false,
+        Some("u1"),
+    ));
+    assert!(matches!(
+        bound_content.plan(&snapshot),
+        Step::UpdateStatus { .. }
+    ));
+}
+
+#[test]
+fn deletion_marks_deletes_then_releases() {
+    let snapshot = deleting(bound(
+        finalized(dynamic(Some("default")), BOTH),
+        "snapcontent-u1",
+        true,
+    ));
+    let cut = content("snapcontent-u1", DeletionPolicy::Delete, true, Some("u1"));
+    let world = World::new().with_content(cut.clone());
+    assert_eq!(
+        world.plan(&snapshot),
+        Step::MarkContentBeingDeleted("snapcontent-u1".into())
+    );
+    let mut marked = cut.clone();
+    marked.metadata.annotations = Some([(BEING_DELETED.to_string(), "yes".to_string())].into());
+    let world = World::new().with_content(marked.clone());
+    assert_eq!(
+        world.plan(&snapshot),
+        Step::DeleteContent("snapcontent-u1".into())
+    );
+    marked.metadata.deletion_timestamp = snapshot.metadata.deletion_timestamp.clone();
+    let world = World::new().with_content(marked);
+    assert_eq!(
+        world.plan(&snapshot),
+        Step::RemoveFinalizers {
+            source: true,
+            bound: false
+        },
+        "the bound finalizer stays until the content is gone"
+    );
+    let gone = finalized(snapshot.clone(), &[SNAPSHOT_BOUND_FINALIZER]);
+    assert_eq!(
+        World::new().plan(&gone),
+        Step::RemoveFinalizers {
+            source: false,
+            bound: true
+        }
+    );
+    let mut retained = cut;
+    retained.spec.deletion_policy = DeletionPolicy::Retain;
+    retained.metadata.annotations = Some([(BEING_DELETED.to_string(), "yes".to_string())].into());
+    assert_eq!(
+        World::new().with_content(retained).plan(&snapshot),
+        Step::RemoveFinalizers {
+            source: true,
+            bound: true
+        },
+        "Retain: the content stays, the snapshot goes"
+    );
+    let restoring = World {
+        restoring: true,
+        ..World::new().with_content(content(
+            "snapcontent-u1",
+            DeletionPolicy::Delete,
+            true,
+            Some("u1"),
+        ))
+    };
+    assert_eq!(failure(restoring.plan(&snapshot)).0, reason::DELETE_PENDING);
+    assert_eq!(World::new().plan(&deleting(dynamic(None))), Step::Nothing);
+}
+
+#[test]
+fn contents_get_their_finalizer_and_hear_of_deletion() {
+    let cut = content("snapcontent-u1", DeletionPolicy::Delete, true, Some("u1"));
+    assert_eq!(content_plan(&cut, None), ContentStep::AddFinalizer);
+    let mut protected = cut.clone();
+    protected.metadata.finalizers = Some(vec![CONTENT_BOUND_FINALIZER.into()]);
+    assert_eq!(content_plan(&protected, None), ContentStep::Nothing);
+    let going = deleting(finalized(dynamic(Some("default")), BOTH));
+    assert_eq!(
+        content_plan(&protected, Some(&going)),
+        ContentStep::MarkBeingDeleted
+    );
+    let unbound = content("imported", DeletionPolicy::Retain, false, None);
+    assert_eq!(content_plan(&unbound, None), ContentStep::Nothing);
+    let mut invalid = cut;
+    invalid.spec.source.snapshot_handle = Some("h".into());
+    assert!(matches!(
+        content_plan(&invalid, None),
+        ContentStep::Invalid(_)
+    ));
+}
+
+#[test]
+fn the_claim_protection_goes_once_no_snapshot_is_being_cut() {
+    let claim = claim("Bound", &[PVC_AS_SOURCE_FINALIZER]);
+    let cutting = dynamic(Some("default"));
+    assert!(!claim_protection_removable(&claim, [&cutting]));
+    let ready = bound(dynamic(Some("default")), "c", true);
+    assert!(claim_protection_removable(&claim, [&ready]));
+    assert!(claim_protection_removable(&claim, []));
+    let plain = self::claim("Bound", &[]);
+    assert!(!claim_protection_removable(&plain, []));
+}
+
+#[test]
+fn restores_are_pending_claims_with_the_snapshot_as_source() {
+    let restore: PersistentVolumeClaim = serde_json::from_value(json!({"metadata": {"name": "r", "namespace": "ns"},
+        "spec": {"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "snap"}},
+        "status": {"phase": "Pending"}}))
+    .unwrap();
+    assert!(restores_from(&restore, &dynamic(None)));
+    let mut done = restore.clone();
+    done.status.as_mut().unwrap().phase = Some("Bound".into());
+    assert!(!restores_from(&done, &dynamic(None)));
+}
