@@ -13,6 +13,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -153,7 +154,7 @@ struct Attacher {
     /// VolumeAttachment name → resourceVersions our own writes replaced. A sync that reads
     /// one of them from the cache would redo what we did (a second publish or unpublish), so it
     /// waits for the watch to bring our write.
-    superseded: Mutex<HashMap<String, HashSet<String>>>,
+    superseded: Superseded<String>,
     /// VolumeAttachment name → the UID whose volume was unpublished but whose finalizer is not
     /// removed yet: a retry only removes the finalizer (never a second unpublish, upstream #587).
     unpublished: Mutex<HashMap<String, String>>,
@@ -228,7 +229,7 @@ pub async fn run(
         client,
         csi,
         caches,
-        superseded: Mutex::default(),
+        superseded: Superseded::default(),
         unpublished: Mutex::default(),
         forced: Mutex::default(),
         pending: Mutex::default(),
@@ -307,15 +308,6 @@ impl Attacher {
                     return None;
                 };
                 let version = va.resource_version();
-                // Superseded versions the cache has moved past are of no more use.
-                let mut superseded = lock(&self.superseded);
-                if superseded
-                    .get(name)
-                    .is_some_and(|versions| !version.as_ref().is_some_and(|v| versions.contains(v)))
-                {
-                    superseded.remove(name);
-                }
-                drop(superseded);
                 let (plan, forced) = self.plan(&va);
                 let (operation, lane) = match plan {
                     VaPlan::NotOurs | VaPlan::Nothing => {
@@ -326,7 +318,7 @@ impl Attacher {
                     VaPlan::Detach => ("detach", DETACH),
                 };
                 lock(&self.pending).insert(name.clone(), operation);
-                if self.is_superseded(name, version.as_deref()) {
+                if self.superseded.is_stale(name, version.as_deref()) {
                     return None;
                 }
                 // A forced sync runs even if this version was synced before.
@@ -367,38 +359,25 @@ impl Attacher {
 
     /// Drops the in-memory state of a VolumeAttachment that is gone.
     fn forget(&self, name: &str) {
-        lock(&self.superseded).remove(name);
+        self.superseded.forget(&name.to_string());
         lock(&self.unpublished).remove(name);
         lock(&self.forced).remove(name);
         lock(&self.pending).remove(name);
-    }
-
-    fn is_superseded(&self, name: &str, version: Option<&str>) -> bool {
-        version.is_some_and(|version| {
-            lock(&self.superseded)
-                .get(name)
-                .is_some_and(|versions| versions.contains(version))
-        })
     }
 
     /// Records that our write replaced `va`'s version — unless the write changed nothing: the
     /// apiserver keeps the resourceVersion of a no-op write (an identical detachError within
     /// the same second), and waiting for a newer version would then wait forever.
     fn wrote(&self, va: &VolumeAttachment, updated: Option<&VolumeAttachment>) {
-        if updated.is_some_and(|u| u.resource_version() == va.resource_version()) {
-            return;
+        match updated {
+            Some(updated) => self.superseded.wrote(va.name_any(), va, updated),
+            None => self.supersede(va),
         }
-        self.supersede(va);
     }
 
     /// Records that `va`'s version is older than our last write.
     fn supersede(&self, va: &VolumeAttachment) {
-        if let Some(version) = va.resource_version() {
-            lock(&self.superseded)
-                .entry(va.name_any())
-                .or_default()
-                .insert(version);
-        }
+        self.superseded.supersede(va.name_any(), va);
     }
 
     fn attachments(&self) -> Api<VolumeAttachment> {
@@ -409,7 +388,10 @@ impl Attacher {
         let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
-        if self.is_superseded(name, va.resource_version().as_deref()) {
+        if self
+            .superseded
+            .contains(&name.to_string(), va.resource_version().as_deref())
+        {
             return Ok(Synced::Waiting);
         }
         let (plan, forced) = self.plan(&va);
@@ -704,7 +686,9 @@ impl Attacher {
             let still = self.caches.attachments.get(&ObjectRef::new(&name));
             if still.is_none_or(|now| now.resource_version() != va.resource_version())
                 || self.workers.is_running(&Key::Attachment(name.clone()))
-                || self.is_superseded(&name, va.resource_version().as_deref())
+                || self
+                    .superseded
+                    .contains(&name, va.resource_version().as_deref())
             {
                 continue;
             }

@@ -12,6 +12,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -88,7 +89,7 @@ struct Controller {
     name: String,
     /// Claim → the resourceVersion our last status write replaced: a sync that reads it from
     /// the cache waits for the watch to bring our write instead of planning from stale state.
-    superseded: Mutex<HashMap<Key, String>>,
+    superseded: Superseded<Key>,
     /// UIDs of claims whose driver answered FailedPrecondition (cannot expand in use).
     in_use_errors: Mutex<HashSet<String>>,
     /// Claims whose last ControllerExpandVolume ended with a final error.
@@ -153,7 +154,7 @@ pub async fn run(
         csi,
         caches,
         workers,
-        superseded: Mutex::default(),
+        superseded: Superseded::default(),
         in_use_errors: Mutex::default(),
         final_errors: Mutex::default(),
         infeasible_since: Mutex::default(),
@@ -225,7 +226,7 @@ impl Controller {
 
     /// Drops the in-memory state of a claim that is gone.
     fn forget(&self, key: &Key) {
-        lock(&self.superseded).remove(key);
+        self.superseded.forget(key);
         lock(&self.final_errors).remove(key);
         lock(&self.infeasible_since).remove(key);
     }
@@ -239,17 +240,11 @@ impl Controller {
         let Some(pvc) = self.caches.claims.get(key) else {
             return Ok(Synced::Done);
         };
+        if self
+            .superseded
+            .is_stale(key, pvc.resource_version().as_deref())
         {
-            let mut superseded = lock(&self.superseded);
-            match superseded.get(key) {
-                Some(version) if pvc.resource_version().as_ref() == Some(version) => {
-                    return Ok(Synced::Waiting);
-                }
-                Some(_) => {
-                    superseded.remove(key);
-                }
-                None => {}
-            }
+            return Ok(Synced::Waiting);
         }
         // A claim whose PV is not in the cache yet: the PV's arrival triggers it again.
         let Some(pv) = self.volume_of(&pvc) else {
@@ -525,11 +520,8 @@ impl Controller {
                 claim: claim_name(&ObjectRef::from_obj(pvc)),
                 source,
             })?;
-        if let Some(version) = pvc.resource_version()
-            && updated.resource_version().as_ref() != Some(&version)
-        {
-            lock(&self.superseded).insert(ObjectRef::from_obj(pvc), version);
-        }
+        self.superseded
+            .wrote(ObjectRef::from_obj(pvc), pvc, &updated);
         Ok(updated)
     }
 

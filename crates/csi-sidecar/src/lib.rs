@@ -54,6 +54,7 @@ pub mod quantity;
 pub mod secrets;
 pub mod shutdown;
 pub mod startup;
+pub mod superseded;
 pub mod volume_attachment;
 pub mod workers;
 

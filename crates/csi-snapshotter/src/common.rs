@@ -3,14 +3,13 @@
 //! claim; a content's triggers it and the snapshot it names; a claim's triggers it and the
 //! snapshots of it. Each key is planned ([`crate::snapshot`]) and its one step acted on.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
-use csi_sidecar::lock;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -78,7 +77,7 @@ struct Controller {
     workers: Arc<KeyedWorkers<Key>>,
     events: EventRecorder,
     /// Snapshot → the resourceVersion our last write to it replaced.
-    superseded: Mutex<BTreeMap<String, String>>,
+    superseded: Superseded<ObjectRef<VolumeSnapshot>>,
 }
 
 fn snapshot_ref(namespace: Option<&str>, name: Option<&str>) -> Option<ObjectRef<VolumeSnapshot>> {
@@ -130,7 +129,7 @@ pub async fn run(
             volumes,
         },
         workers,
-        superseded: Mutex::default(),
+        superseded: Superseded::default(),
         settings,
     });
     tracing::info!("snapshot-controller started");
@@ -194,7 +193,7 @@ impl Controller {
                 let version = self.version(&key);
                 if version.is_none() {
                     if let Key::Snapshot(snapshot) = &key {
-                        lock(&self.superseded).remove(&snapshot.to_string());
+                        self.superseded.forget(snapshot);
                     }
                     self.workers.forget(&key);
                 }
@@ -338,18 +337,11 @@ impl Controller {
         let Some(snapshot) = self.caches.snapshots.get(reference) else {
             return Ok(Synced::Done);
         };
+        if self
+            .superseded
+            .is_stale(reference, snapshot.resource_version().as_deref())
         {
-            let mut superseded = lock(&self.superseded);
-            let id = reference.to_string();
-            match superseded.get(&id) {
-                Some(version) if snapshot.resource_version().as_ref() == Some(version) => {
-                    return Ok(Synced::Waiting);
-                }
-                Some(_) => {
-                    superseded.remove(&id);
-                }
-                None => {}
-            }
+            return Ok(Synced::Waiting);
         }
         let owned = self.inputs_of(&snapshot);
         let classes: Vec<&VolumeSnapshotClass> = owned.classes.iter().map(AsRef::as_ref).collect();
@@ -677,11 +669,7 @@ impl Controller {
     }
 
     fn superseded_by(&self, old: &VolumeSnapshot, new: &VolumeSnapshot) {
-        if let Some(version) = old.resource_version()
-            && new.resource_version().as_ref() != Some(&version)
-        {
-            lock(&self.superseded).insert(ObjectRef::from_obj(old).to_string(), version);
-        }
+        self.superseded.wrote(ObjectRef::from_obj(old), old, new);
     }
 
     async fn event(

@@ -15,6 +15,7 @@ use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::SecretRef;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -82,7 +83,7 @@ struct Controller {
     events: EventRecorder,
     /// Content → the resourceVersion our last write replaced: a sync that still reads it waits
     /// for the watch to bring the write (so a stale cache does not cut the snapshot twice).
-    superseded: Mutex<HashMap<Key, String>>,
+    superseded: Superseded<Key>,
     /// Contents whose snapshot is not ready yet → the wait before asking the driver again
     /// (doubling, as upstream's rate-limited requeue).
     polls: Mutex<HashMap<Key, Duration>>,
@@ -119,7 +120,7 @@ pub async fn run(
         contents,
         classes,
         workers,
-        superseded: Mutex::default(),
+        superseded: Superseded::default(),
         polls: Mutex::default(),
         settings,
     });
@@ -157,7 +158,7 @@ impl Controller {
             .filter_map(|key| match self.contents.get(&key) {
                 Some(content) => Some((key, content.resource_version())),
                 None => {
-                    lock(&self.superseded).remove(&key);
+                    self.superseded.forget(&key);
                     lock(&self.polls).remove(&key);
                     self.workers.forget(&key);
                     None
@@ -178,17 +179,11 @@ impl Controller {
         let Some(content) = self.contents.get(key) else {
             return Ok(Synced::Done);
         };
+        if self
+            .superseded
+            .is_stale(key, content.resource_version().as_deref())
         {
-            let mut superseded = lock(&self.superseded);
-            match superseded.get(key) {
-                Some(version) if content.resource_version().as_ref() == Some(version) => {
-                    return Ok(Synced::Waiting);
-                }
-                Some(_) => {
-                    superseded.remove(key);
-                }
-                None => {}
-            }
+            return Ok(Synced::Waiting);
         }
         match content::plan(&content, &self.settings.driver_name) {
             ContentPlan::NotOurs | ContentPlan::Nothing => Ok(Synced::Done),
@@ -566,11 +561,7 @@ impl Controller {
     }
 
     fn superseded_by(&self, old: &VolumeSnapshotContent, new: &VolumeSnapshotContent) {
-        if let Some(version) = old.resource_version()
-            && new.resource_version().as_ref() != Some(&version)
-        {
-            lock(&self.superseded).insert(ObjectRef::from_obj(old), version);
-        }
+        self.superseded.wrote(ObjectRef::from_obj(old), old, new);
     }
 
     /// Records a failure in the content's status with a Warning Event (once per message).

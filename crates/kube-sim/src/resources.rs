@@ -1,7 +1,7 @@
 //! The resource types the server serves: the built-in ones the suite uses, plus those that
 //! CustomResourceDefinitions add at run time.
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use serde_json::{Value, json};
 
@@ -19,6 +19,9 @@ pub struct ResourceType {
     /// Subresources served, e.g. `status`, `binding`.
     pub subresources: Vec<String>,
     pub short_names: Vec<String>,
+    /// A custom resource version's `openAPIV3Schema`: its objects are pruned and validated
+    /// against it (built-in resources have none here).
+    pub schema: Option<Arc<Value>>,
 }
 
 impl ResourceType {
@@ -40,6 +43,7 @@ impl ResourceType {
             namespaced,
             subresources: subresources.iter().map(|s| (*s).to_string()).collect(),
             short_names: short_names.iter().map(|s| (*s).to_string()).collect(),
+            schema: None,
         }
     }
 
@@ -301,6 +305,9 @@ impl Registry {
                     .flatten()
                     .filter_map(|s| s.as_str().map(str::to_string))
                     .collect(),
+                schema: version["schema"]["openAPIV3Schema"]
+                    .is_object()
+                    .then(|| Arc::new(version["schema"]["openAPIV3Schema"].clone())),
             });
         }
         let mut types = self.types.write().unwrap_or_else(|p| p.into_inner());

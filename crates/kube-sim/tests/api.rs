@@ -819,6 +819,99 @@ async fn custom_resources_are_served_from_crds() {
         .unwrap();
 }
 
+// A custom resource is pruned to its CRD's structural schema and validated against it:
+// required fields, types and enums, each violation one cause of a 422 Invalid
+// (apiextensions-apiserver). A preserved part keeps anything.
+#[tokio::test]
+async fn custom_resources_follow_their_schema() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("crd-schema").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let group = format!("{}.example.com", c.namespace);
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("gizmos.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "required": ["size", "mode"], "properties": {
+                        "size": {"type": "integer"},
+                        "mode": {"type": "string", "enum": ["Fast", "Slow"]},
+                        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}},
+            }],
+        }
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let resource =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&group, "v1", "Gizmo"), "gizmos");
+    let gizmos: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.namespace, &resource);
+    let gizmo = |name: &str, spec: serde_json::Value| {
+        let mut object = DynamicObject::new(name, &resource);
+        object.data = json!({"spec": spec, "unknown": 1});
+        object
+    };
+    let mut created = None;
+    for _ in 0..50 {
+        let object = gizmo(
+            "g1",
+            json!({"size": 1, "mode": "Fast", "extra": true, "free": {"any": {"thing": 1}}}),
+        );
+        match gizmos.create(&PostParams::default(), &object).await {
+            Ok(object) => {
+                created = Some(object);
+                break;
+            }
+            // A real apiserver needs a moment to establish the CRD.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let created = created.expect("the CRD's resource is served");
+    assert_eq!(
+        created.data,
+        json!({"spec": {"size": 1, "mode": "Fast", "free": {"any": {"thing": 1}}}}),
+        "unknown fields pruned, the preserved part kept"
+    );
+    let refused = gizmos
+        .create(
+            &PostParams::default(),
+            &gizmo("g2", json!({"mode": "Medium"})),
+        )
+        .await;
+    let Err(kube::Error::Api(status)) = refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    assert_eq!(status.code, 422);
+    assert_eq!(
+        status.message,
+        format!(
+            "Gizmo.{group} \"g2\" is invalid: [spec.mode: Unsupported value: \"Medium\": supported values: \"Fast\", \"Slow\", spec.size: Required value]"
+        )
+    );
+    let typed = gizmos
+        .create(
+            &PostParams::default(),
+            &gizmo("g3", json!({"size": "big", "mode": "Slow"})),
+        )
+        .await;
+    let Err(kube::Error::Api(status)) = typed else {
+        panic!("expected a refusal, got {typed:?}");
+    };
+    assert_eq!(
+        status.message,
+        format!(
+            "Gizmo.{group} \"g3\" is invalid: spec.size: Invalid value: \"string\": spec.size in body must be of type integer: \"string\""
+        )
+    );
+    crds.delete(&format!("gizmos.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 // Deleting a namespace deletes its content, then the namespace (namespace controller).
 #[tokio::test]
 async fn namespace_deletion_removes_content() {

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::{
     Server, admission, json_response, key, now_rfc3339, objects, require_custom_resource_kind,
+    schema,
 };
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
@@ -25,12 +26,13 @@ pub(super) fn create(
 ) -> Result<Value, ApiError> {
     require_custom_resource_kind(rt, &object)?;
     let object = objects::prepare_create(rt, ns, object)?;
-    let object = admission::admit(rt, object, || {
+    let mut object = admission::admit(rt, object, || {
         server
             .resource("storage.k8s.io", "v1", "storageclasses")
             .map(|classes| server.store.list(&classes.storage_key(), None).0)
             .unwrap_or_default()
     });
+    schema::apply(rt, &mut object)?;
     if let Some(ns) = ns {
         let namespaces = server.resource("", "v1", "namespaces")?;
         match server.store.get(&key(&namespaces, None, ns)) {

@@ -8,6 +8,7 @@ mod list;
 pub(crate) mod objects;
 mod openapi;
 mod patch;
+mod schema;
 mod update;
 mod watch;
 

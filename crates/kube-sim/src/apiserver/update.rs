@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::delete::after_removal;
-use super::{Server, admission, key, objects};
+use super::{Server, admission, key, objects, schema};
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 
@@ -46,7 +46,8 @@ pub(super) fn update(
                 return Err(ApiError::forbidden(format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}")));
             }
         }
-        let next = objects::prepare_update(rt, current, incoming, status_only)?;
+        let mut next = objects::prepare_update(rt, current, incoming, status_only)?;
+        schema::apply(rt, &mut next)?;
         if resizes_claim {
             admission::admit_claim_update(current, &next, class.as_deref())?;
         }
