@@ -14,10 +14,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
-      -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-node-driver-registrar -p podmon \
+      -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-node-driver-registrar -p podmon \
       -p csi-hostpath \
  && mkdir -p /out/bin \
- && for binary in csi-provisioner csi-attacher csi-resizer csi-node-driver-registrar livenessprobe podmon csi-hostpath; do \
+ && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-node-driver-registrar livenessprobe podmon csi-hostpath; do \
       cp "target/release/$binary" /out/bin/; \
     done
 # csi-hostpath attaches loop devices with losetup (Debian's mount package) and formats ext4

@@ -65,9 +65,11 @@ manifests: $(HELM)
 	$(render) > manifests/csi-suite.yaml
 	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
 
-## crds: rewrite manifests/crds/ from csi-snapshotter's Rust types (a test checks they are current).
+## crds: rewrite manifests/crds/ (and the chart's copy) from csi-snapshotter's Rust types (a test
+## checks both are current).
 crds:
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
+	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds $(CHART)/files/crds
 
 ## build: release binaries of every component into target/release.
 build:

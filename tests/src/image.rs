@@ -13,10 +13,12 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 /// The binaries of the workspace the image carries (the Dockerfile's `for binary in …`).
-pub const BINARIES: [&str; 7] = [
+pub const BINARIES: [&str; 9] = [
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
+    "csi-snapshotter",
+    "snapshot-controller",
     "csi-node-driver-registrar",
     "livenessprobe",
     "podmon",

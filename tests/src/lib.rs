@@ -755,7 +755,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
         };
-        let client = self.component_client("csi-snapshotter");
+        let client = self.component_client(rbac::SNAPSHOTTER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
@@ -778,7 +778,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
         };
-        let client = self.component_client("snapshot-controller");
+        let client = self.component_client(rbac::SNAPSHOT_CONTROLLER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {

@@ -20,11 +20,13 @@ use crate::manifests::{documents, strings};
 pub const PROVISIONER: &str = "csi-provisioner";
 pub const ATTACHER: &str = "csi-attacher";
 pub const RESIZER: &str = "csi-resizer";
+pub const SNAPSHOTTER: &str = "csi-snapshotter";
+pub const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
 pub const PODMON_CONTROLLER: &str = "podmon-controller";
 pub const PODMON_NODE: &str = "podmon-node";
 
 /// The roles the chart binds for each component (the release is named `csi-suite`).
-const GRANTS: [(&str, &[&str]); 5] = [
+const GRANTS: [(&str, &[&str]); 7] = [
     (
         PROVISIONER,
         &[
@@ -45,6 +47,20 @@ const GRANTS: [(&str, &[&str]); 5] = [
         &[
             "csi-suite-external-resizer-runner",
             "csi-suite-leader-election",
+        ],
+    ),
+    (
+        SNAPSHOTTER,
+        &[
+            "csi-suite-external-snapshotter-runner",
+            "csi-suite-leader-election",
+        ],
+    ),
+    (
+        SNAPSHOT_CONTROLLER,
+        &[
+            "csi-suite-snapshot-controller-runner",
+            "csi-suite-snapshot-controller-leader-election",
         ],
     ),
     (

@@ -225,6 +225,12 @@ fn parse_with_binary(container: &Value) -> bool {
         }
         "csi-attacher" => parse::<csi_attacher::flags::AttacherArgs, _, _>(&argv).map(drop),
         "csi-resizer" => parse::<csi_resizer::flags::ResizerArgs, _, _>(&argv).map(drop),
+        "csi-snapshotter" => {
+            parse::<csi_snapshotter::flags::SnapshotterArgs, _, _>(&argv).map(drop)
+        }
+        "snapshot-controller" => {
+            parse::<csi_snapshotter::flags::ControllerArgs, _, _>(&argv).map(drop)
+        }
         "csi-node-driver-registrar" => {
             parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
         }
@@ -378,7 +384,12 @@ fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) 
 fn calls_api(container: &Value) -> bool {
     matches!(
         str(&container["command"][0]),
-        "csi-provisioner" | "csi-attacher" | "csi-resizer" | "podmon"
+        "csi-provisioner"
+            | "csi-attacher"
+            | "csi-resizer"
+            | "csi-snapshotter"
+            | "snapshot-controller"
+            | "podmon"
     )
 }
 
@@ -465,6 +476,8 @@ fn assert_least_privilege(rendering: &Rendering) {
         assert_eq!(binding["roleRef"]["name"], name);
         let account = if name.ends_with("-podmon-node") {
             "csi-suite-node"
+        } else if name.starts_with("csi-suite-snapshot-controller") {
+            "csi-suite-snapshot-controller"
         } else {
             "csi-suite-controller"
         };
@@ -713,16 +726,24 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "csi-provisioner", NonRoot),
         ("controller", "csi-attacher", NonRoot),
         ("controller", "csi-resizer", NonRoot),
+        ("controller", "csi-snapshotter", NonRoot),
         ("controller", "podmon", NonRoot),
         ("controller", "liveness-probe", NonRoot),
     ];
     let external = external_driver_values();
-    for (values, controller_driver) in [("{}", Mounts), (external.as_str(), NonRoot)] {
+    // The snapshotter is off by default and on in the example.
+    for (values, controller_driver, snapshots) in
+        [("{}", Mounts, false), (external.as_str(), NonRoot, true)]
+    {
         let Some(rendering) = Rendering::of(values) else {
             return;
         };
         let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
-            .chain(sidecars)
+            .chain(
+                sidecars
+                    .into_iter()
+                    .filter(|(_, name, _)| snapshots || *name != "csi-snapshotter"),
+            )
             .chain(node)
             .collect();
         assert_hardened(&rendering, &expected);
@@ -1255,6 +1276,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
     use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
     fn round_trip<K: serde::de::DeserializeOwned + serde::Serialize>(object: &Value) -> Value {
         let typed: K =
@@ -1283,6 +1305,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "DaemonSet" => round_trip::<DaemonSet>(object),
                 "CSIDriver" => round_trip::<CSIDriver>(object),
                 "StorageClass" => round_trip::<StorageClass>(object),
+                "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(object),
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
             assert_eq!(

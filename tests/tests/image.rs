@@ -35,6 +35,7 @@ fn the_image_carries_what_the_dockerfile_carries() {
         "csi-provisioner",
         "csi-attacher",
         "csi-resizer",
+        "csi-snapshotter",
         "podmon",
         "csi-hostpath",
     ] {

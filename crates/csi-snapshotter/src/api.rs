@@ -218,8 +218,9 @@ pub struct VolumeSnapshotContentStatus {
     pub creation_time: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_to_use: Option<bool>,
+    /// Bytes (upstream's schema also says `minimum: 0`, which a float in the CRD type would
+    /// render as `0.0`; the sidecar never writes a negative size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
     pub restore_size: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_handle: Option<String>,
@@ -411,12 +412,16 @@ pub fn snapshot_key(snapshot: &VolumeSnapshot) -> String {
 mod tests {
     use super::*;
 
-    /// The committed YAML is what the types generate (`make crds` rewrites it).
+    /// The committed YAML (and the chart's copy) is what the types generate (`make crds`
+    /// rewrites both).
     #[test]
     fn committed_crds_are_current() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/crds");
-        for crd in crds() {
-            let path = dir.join(crd_file_name(&crd));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for (dir, crd) in ["manifests/crds", "charts/csi-suite/files/crds"]
+            .into_iter()
+            .flat_map(|dir| crds().into_iter().map(move |crd| (dir, crd)))
+        {
+            let path = root.join(dir).join(crd_file_name(&crd));
             let committed = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(
