@@ -3,7 +3,9 @@
 //! three simulated nodes. A pre-provisioned volume is bound, attached, mounted and written to
 //! by a pod; its node is cut off the control plane and recovers; then everything is torn
 //! down; then csi-provisioner provisions a volume for a WaitForFirstConsumer claim on the node
-//! its pod is scheduled to, and deletes it with the claim; then podmon fails a protected pod
+//! its pod is scheduled to, and deletes it with the claim; then csi-resizer grows a mounted
+//! volume, the snapshot-controller and csi-snapshotter snapshot it while its pod writes, and
+//! the snapshot is restored on another node with the data; then podmon fails a protected pod
 //! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
 //! write after the fence — and cleans the node when it comes back. Each step prints what
 //! happened, on which object and how long it took; a summary table ends the run. Needs root
@@ -14,15 +16,17 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
-    file_size, is_running, pod, provision_static_volume, static_pv, static_pvc, taint_effects,
+    bound, claim, file_size, install_snapshot_crds, is_running, pod, provision_static_volume,
+    read_records, static_pv, static_pvc, taint_effects,
 };
 use csi_suite_scenarios::podmon::{Narration, failover_story};
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube_sim::roles::kubelet::{attachment_name, target_path};
 use serde_json::json;
 
@@ -368,12 +372,133 @@ async fn story() {
         format!("PersistentVolume {dynamic_pv}"),
     );
 
+    snapshot_chapter(&mut story, &cluster).await;
     failover_chapter(&mut story, &cluster).await;
 
     provisioner.stop().await;
     attacher.stop().await;
     cluster.stop().await;
     story.table();
+}
+
+/// csi-resizer, the snapshot-controller and csi-snapshotter: a mounted volume grows, is
+/// snapshotted while its pod writes, and is restored on another node with the data.
+async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
+    println!("\nChapter: expand a mounted volume, snapshot it, restore it elsewhere.\n");
+    story.begin("csi-resizer, the snapshot-controller and csi-snapshotter start; a pod writes to a 2Mi claim on node-a");
+    install_snapshot_crds(&cluster.client).await;
+    let resizer = cluster.start_resizer().await;
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
+    let class_name = format!("{}-grow", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            json!({"metadata": {"name": class_name}, "provisioner": cluster.driver_name,
+                "volumeBindingMode": "Immediate", "allowVolumeExpansion": true}),
+        )
+        .await;
+    let snapshot_class = format!("{}-snapshots", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<VolumeSnapshotClass>(),
+            json!({"metadata": {"name": snapshot_class,
+                    "annotations": {"snapshot.storage.kubernetes.io/is-default-class": "true"}},
+                "driver": cluster.driver_name, "deletionPolicy": "Delete"}),
+        )
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("grow", &class_name)).await;
+    let pods = cluster.namespaced::<Pod>();
+    cluster
+        .create(&pods, pod("writer", &cluster.node("node-a"), Some("grow"), true))
+        .await;
+    cluster
+        .wait_for(&pods, "writer", "the writer Running", is_running)
+        .await;
+    story.done("the writer Running on its volume", "PersistentVolumeClaim grow");
+
+    story.begin("the claim asks for 4Mi while mounted: ControllerExpandVolume, the PV and the claim grow");
+    claims
+        .patch(
+            "grow",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "4Mi"}}}})),
+        )
+        .await
+        .expect("the new request");
+    cluster
+        .wait_for(&claims, "grow", "the claim's capacity 4Mi", |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .is_some_and(|q| q.0 == "4Mi")
+        })
+        .await;
+    story.done("expanded online, the pod still Running", "PersistentVolumeClaim grow: 4Mi");
+
+    story.begin("a VolumeSnapshot of the claim in use: the controller makes its content, the sidecar cuts it");
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "grow-snap"},
+                "spec": {"source": {"persistentVolumeClaimName": "grow"}}}),
+        )
+        .await;
+    let snapshot = cluster
+        .wait_for(&snapshots, "grow-snap", "the snapshot ready", |s| {
+            s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+        })
+        .await;
+    let status = snapshot.status.unwrap_or_default();
+    story.done(
+        "snapshot ready (the default class of the driver was chosen)",
+        format!(
+            "VolumeSnapshot grow-snap → {} ({})",
+            status.bound_volume_snapshot_content_name.unwrap_or_default(),
+            status.restore_size.map(|q| q.0).unwrap_or_default()
+        ),
+    );
+
+    story.begin("restored as a new claim, read by a pod on node-b");
+    let mut restored = claim("grow-restored", &class_name);
+    restored["spec"]["resources"]["requests"]["storage"] = json!("4Mi");
+    restored["spec"]["dataSource"] =
+        json!({"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "grow-snap"});
+    cluster.create(&claims, restored).await;
+    cluster
+        .wait_for(&claims, "grow-restored", "the restored claim Bound", bound)
+        .await;
+    let records = read_records(cluster, "grow-restored").await.lines().count();
+    assert!(records > 0, "the restored volume has the writer's records");
+    story.done(
+        "the restore has the data written before the snapshot",
+        format!("PersistentVolumeClaim grow-restored: {records} records"),
+    );
+
+    story.begin("snapshot, pod and claims deleted: the snapshot goes from the driver too");
+    cluster
+        .delete_and_wait(&snapshots, "grow-snap", "the snapshot deleted")
+        .await;
+    cluster
+        .delete_and_wait(&pods, "writer", "the writer gone")
+        .await;
+    for name in ["grow-restored", "grow"] {
+        cluster
+            .delete_and_wait(&claims, name, "the claim deleted")
+            .await;
+    }
+    cluster
+        .cluster_scoped::<VolumeSnapshotClass>()
+        .delete(&snapshot_class, &DeleteParams::default())
+        .await
+        .expect("delete the snapshot class");
+    story.done("cleaned up", format!("VolumeSnapshotClass {snapshot_class}"));
+    snapshotter.stop().await;
+    controller.stop().await;
+    resizer.stop().await;
 }
 
 /// podmon: node failure → fence → failover → heal, with the data proof. Returns the PV it used.
