@@ -411,14 +411,22 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
     cluster.create(&claims, claim("grow", &class_name)).await;
     let pods = cluster.namespaced::<Pod>();
     cluster
-        .create(&pods, pod("writer", &cluster.node("node-a"), Some("grow"), true))
+        .create(
+            &pods,
+            pod("writer", &cluster.node("node-a"), Some("grow"), true),
+        )
         .await;
     cluster
         .wait_for(&pods, "writer", "the writer Running", is_running)
         .await;
-    story.done("the writer Running on its volume", "PersistentVolumeClaim grow");
+    story.done(
+        "the writer Running on its volume",
+        "PersistentVolumeClaim grow",
+    );
 
-    story.begin("the claim asks for 4Mi while mounted: ControllerExpandVolume, the PV and the claim grow");
+    story.begin(
+        "the claim asks for 4Mi while mounted: ControllerExpandVolume, the PV and the claim grow",
+    );
     claims
         .patch(
             "grow",
@@ -436,7 +444,10 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
                 .is_some_and(|q| q.0 == "4Mi")
         })
         .await;
-    story.done("expanded online, the pod still Running", "PersistentVolumeClaim grow: 4Mi");
+    story.done(
+        "expanded online, the pod still Running",
+        "PersistentVolumeClaim grow: 4Mi",
+    );
 
     story.begin("a VolumeSnapshot of the claim in use: the controller makes its content, the sidecar cuts it");
     let snapshots = cluster.namespaced::<VolumeSnapshot>();
@@ -457,7 +468,9 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
         "snapshot ready (the default class of the driver was chosen)",
         format!(
             "VolumeSnapshot grow-snap → {} ({})",
-            status.bound_volume_snapshot_content_name.unwrap_or_default(),
+            status
+                .bound_volume_snapshot_content_name
+                .unwrap_or_default(),
             status.restore_size.map(|q| q.0).unwrap_or_default()
         ),
     );
@@ -465,8 +478,7 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
     story.begin("restored as a new claim, read by a pod on node-b");
     let mut restored = claim("grow-restored", &class_name);
     restored["spec"]["resources"]["requests"]["storage"] = json!("4Mi");
-    restored["spec"]["dataSource"] =
-        json!({"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "grow-snap"});
+    restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "grow-snap"});
     cluster.create(&claims, restored).await;
     cluster
         .wait_for(&claims, "grow-restored", "the restored claim Bound", bound)
@@ -495,7 +507,10 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
         .delete(&snapshot_class, &DeleteParams::default())
         .await
         .expect("delete the snapshot class");
-    story.done("cleaned up", format!("VolumeSnapshotClass {snapshot_class}"));
+    story.done(
+        "cleaned up",
+        format!("VolumeSnapshotClass {snapshot_class}"),
+    );
     snapshotter.stop().await;
     controller.stop().await;
     resizer.stop().await;

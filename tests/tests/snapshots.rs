@@ -1,7 +1,8 @@
 //! Snapshots through the real pipeline: the snapshot-controller binds VolumeSnapshots to
 //! contents and the csi-snapshotter sidecar cuts and deletes them at the driver; the
 //! provisioner restores from them. Missing secrets are reported and recovered from; Delete and
-//! Retain policies; a pre-provisioned snapshot imported by its handle.
+//! Retain policies; a pre-provisioned snapshot imported by its handle; a snapshot of a volume
+//! whose pod is writing.
 
 use std::time::Duration;
 
@@ -11,10 +12,11 @@ use csi_snapshotter::api::{
     SNAPSHOT_BOUND_FINALIZER, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
 };
 use csi_suite_scenarios::fixtures::{
-    bound, claim, install_snapshot_crds, read_records, secret, write_records,
+    bound, claim, install_snapshot_crds, is_running, pod, read_records, secret, volume_of,
+    write_records,
 };
 use csi_suite_scenarios::{Cluster, skip_without_root};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
@@ -258,6 +260,105 @@ async fn a_snapshot_is_cut_restored_and_deleted_through_the_pipeline() {
             .await
             .unwrap();
     }
+    snapshotter.stop().await;
+    controller.stop().await;
+    attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A snapshot of a claim whose pod is writing: cut while mounted, restored on another node
+/// with the records written before it; the writer keeps running throughout.
+#[tokio::test]
+async fn a_volume_in_use_is_snapshotted_while_its_pod_writes() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("snapshot-in-use").await;
+    install_snapshot_crds(&cluster.client).await;
+    let provisioner = cluster.start_provisioner().await;
+    let attacher = cluster.start_attacher().await;
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
+    let storage = cluster
+        .storage_class("in-use", "Immediate", "Delete", json!({}))
+        .await;
+    secret(&cluster, "snapshotter", "s3cret").await;
+    let snapshot_class = class(&cluster, "in-use", "Delete", false).await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("busy", &storage)).await;
+    let pods = cluster.namespaced::<Pod>();
+    let writer: Pod = cluster
+        .create(
+            &pods,
+            pod("writer", &cluster.node("node-a"), Some("busy"), true),
+        )
+        .await;
+    cluster
+        .wait_for(&pods, "writer", "the writer Running", is_running)
+        .await;
+    let volume = volume_of(&cluster, "busy").await;
+    let log = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(&cluster.node("node-a")),
+        &writer.uid().unwrap(),
+        &volume,
+        false,
+    )
+    .join("writer.log");
+    cluster
+        .eventually("records written", || {
+            std::fs::metadata(&log).is_ok_and(|m| m.len() > 0)
+        })
+        .await;
+
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "busy-snap"},
+                "spec": {"source": {"persistentVolumeClaimName": "busy"},
+                         "volumeSnapshotClassName": snapshot_class}}),
+        )
+        .await;
+    cluster
+        .wait_for(&snapshots, "busy-snap", "the snapshot ready", ready)
+        .await;
+    let still = pods.get("writer").await.unwrap();
+    assert!(
+        is_running(&still) && still.uid() == writer.uid(),
+        "the writer kept running"
+    );
+    let mut restored = claim("busy-restored", &storage);
+    restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
+        "apiGroup": "snapshot.storage.k8s.io", "name": "busy-snap"});
+    cluster.create(&claims, restored).await;
+    cluster
+        .wait_for(&claims, "busy-restored", "the restore Bound", bound)
+        .await;
+    assert!(
+        read_records(&cluster, "busy-restored")
+            .await
+            .lines()
+            .count()
+            > 0,
+        "the restore has the records written before the snapshot"
+    );
+    cluster
+        .delete_and_wait(&snapshots, "busy-snap", "the snapshot deleted")
+        .await;
+    cluster
+        .delete_and_wait(&pods, "writer", "the writer gone")
+        .await;
+    for name in ["busy-restored", "busy"] {
+        cluster
+            .delete_and_wait(&claims, name, "the claim deleted")
+            .await;
+    }
+    cluster
+        .cluster_scoped::<VolumeSnapshotClass>()
+        .delete(&snapshot_class, &DeleteParams::default())
+        .await
+        .unwrap();
     snapshotter.stop().await;
     controller.stop().await;
     attacher.stop().await;
