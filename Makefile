@@ -98,6 +98,7 @@ demo:
 
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
 ## throughput, csi-provisioner with 1000 claims, csi-attacher with 1000 VolumeAttachments,
+## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots,
 ## podmon's failover time (1 and 10 pods per node, 20 runs), the registrar's and
 ## livenessprobe's footprint (the release binaries as their own
 ## processes); each rewrites its own sections of BENCHMARKS.md.
@@ -105,8 +106,9 @@ bench:
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
 	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher -p csi-resizer \
-	  -p csi-node-driver-registrar
+	  -p csi-snapshotter -p csi-node-driver-registrar
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench snapshotting
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover
 	$(CARGO) bench --locked -p csi-node-driver-registrar --bench node_sidecars

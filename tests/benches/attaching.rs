@@ -10,17 +10,16 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, main_with_count,
-    phase_table, record, request_table, timed_requests,
+    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, listed_watch,
+    main_with_count, phase_table, reached, record, request_table, timed_requests,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -182,7 +181,7 @@ async fn attach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Resu
         }
     })
     .await?;
-    let attached_at = reached(&mut events, count, "attached", |event| match event {
+    let attached_at = reached(&mut events, count, "attached", LIMIT, |event| match event {
         watcher::Event::Apply(va) if va.status.as_ref().is_some_and(|s| s.attached) => {
             Some(va.name_any())
         }
@@ -211,7 +210,7 @@ async fn detach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Resu
         }
     })
     .await?;
-    let gone_at = reached(&mut events, count, "detached", |event| match event {
+    let gone_at = reached(&mut events, count, "detached", LIMIT, |event| match event {
         watcher::Event::Delete(va) => Some(va.name_any()),
         _ => None,
     })
@@ -222,46 +221,4 @@ async fn detach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Resu
         latencies: latencies(&deleted, &gone_at),
         requests: client_requests(CLIENT, before, server.counts().await),
     })
-}
-
-/// A VolumeAttachment watch past its initial list: from here on every change, deletions
-/// included, arrives as an event.
-async fn listed_watch(
-    api: &Api<VolumeAttachment>,
-) -> impl futures::Stream<Item = Result<watcher::Event<VolumeAttachment>, watcher::Error>> {
-    let mut events = Box::pin(watcher::watcher(api.clone(), watcher::Config::default()));
-    while let Some(event) = events.next().await {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            break;
-        }
-    }
-    events
-}
-
-/// When each of `count` VolumeAttachments reached the state `done` recognises.
-async fn reached(
-    events: &mut (
-             impl futures::Stream<Item = Result<watcher::Event<VolumeAttachment>, watcher::Error>>
-             + Unpin
-         ),
-    count: usize,
-    what: &str,
-    done: impl Fn(watcher::Event<VolumeAttachment>) -> Option<String>,
-) -> anyhow::Result<HashMap<String, Instant>> {
-    let mut at: HashMap<String, Instant> = HashMap::new();
-    while at.len() < count {
-        let event = tokio::time::timeout(LIMIT, events.next())
-            .await
-            .with_context(|| format!("{} still not {what}", count - at.len()))?;
-        match event {
-            Some(Ok(event)) => {
-                if let Some(name) = done(event) {
-                    at.entry(name).or_insert_with(Instant::now);
-                }
-            }
-            Some(Err(error)) => bail!("watching VolumeAttachments: {error}"),
-            None => bail!("the VolumeAttachment watch ended"),
-        }
-    }
-    Ok(at)
 }

@@ -27,9 +27,12 @@ use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{Endpoint, connect};
 use csi_sidecar::metrics::CsiOperationMetrics;
-use kube::Client;
+use futures::StreamExt;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
 use kube_sim::apiserver::{RequestCounts, RequestKey};
 use kube_sim::roles::{Role, Timing};
+use serde::de::DeserializeOwned;
 
 /// The client name of a real server's request counts: it counts all clients together.
 pub const ALL_CLIENTS: &str = "(all clients)";
@@ -531,6 +534,51 @@ pub fn latencies(from: &HashMap<String, Instant>, to: &HashMap<String, Instant>)
         .collect();
     latencies.sort();
     latencies
+}
+
+/// A watch past its initial list: from here on every change, deletions included, arrives as
+/// an event.
+pub async fn listed_watch<K>(
+    api: &Api<K>,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut events = Box::pin(watcher::watcher(api.clone(), watcher::Config::default()));
+    while let Some(event) = events.next().await {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            break;
+        }
+    }
+    events
+}
+
+/// When each of `count` objects reached the state `done` recognises (by the name it returns),
+/// waiting at most `limit` for each next event.
+pub async fn reached<K>(
+    events: &mut (impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Unpin),
+    count: usize,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(watcher::Event<K>) -> Option<String>,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let mut at: HashMap<String, Instant> = HashMap::new();
+    while at.len() < count {
+        let event = tokio::time::timeout(limit, events.next())
+            .await
+            .with_context(|| format!("{} still not {what}", count - at.len()))?;
+        match event {
+            Some(Ok(event)) => {
+                if let Some(name) = done(event) {
+                    at.entry(name).or_insert_with(Instant::now);
+                }
+            }
+            Some(Err(error)) => bail!("watching: {error}"),
+            None => bail!("the watch ended"),
+        }
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

@@ -912,6 +912,28 @@ async fn custom_resources_follow_their_schema() {
         .unwrap();
 }
 
+// A watch naming a resourceVersionMatch (the streaming list of newer client-go informers,
+// sendInitialEvents) is refused as Kubernetes 1.19 refuses it; the informer then falls back to
+// list and watch.
+#[tokio::test]
+async fn a_watch_with_resource_version_match_is_refused() {
+    let c = cluster("watch-list").await;
+    let path = format!(
+        "/api/v1/namespaces/{}/configmaps?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion=",
+        c.namespace
+    );
+    let request = http::Request::get(path).body(Vec::new()).unwrap();
+    let refused = c.client.request_text(request).await;
+    let Err(kube::Error::Api(status)) = refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    assert_eq!(status.code, 422);
+    assert_eq!(
+        status.message,
+        "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch, resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided]"
+    );
+}
+
 // Deleting a namespace deletes its content, then the namespace (namespace controller).
 #[tokio::test]
 async fn namespace_deletion_removes_content() {

@@ -75,6 +75,7 @@ pub(super) async fn list(
                 param("resourceVersion"),
                 param("resourceVersionMatch"),
                 true,
+                false,
             )?;
             let resume = decode_continue(token, &rt, ns)?;
             let read = resume.revision.map_or(Read::Latest, Read::Exact);
@@ -157,16 +158,25 @@ pub(super) async fn list(
 }
 
 /// ListOptions validation (k8s.io/apimachinery/pkg/apis/meta/internalversion/validation
-/// ValidateListOptions), answered as 422 on ListOptions like the list handler does.
-fn validate(
+/// ValidateListOptions), answered as 422 on ListOptions like the list handler does. A watch
+/// may not name a resourceVersionMatch (as Kubernetes 1.19 answers the streaming-list watch
+/// of newer clients, which then fall back to list and watch).
+pub(super) fn validate(
     resource_version: Option<&str>,
     matching: Option<&str>,
     continued: bool,
+    watch: bool,
 ) -> Result<(), ApiError> {
     let Some(matching) = matching else {
         return Ok(());
     };
     let mut errors = Vec::new();
+    if watch {
+        errors.push(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch"
+                .to_string(),
+        );
+    }
     if resource_version.is_none() {
         errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".to_string());
     }
@@ -200,7 +210,7 @@ fn read_of(
     matching: Option<&str>,
     limit: usize,
 ) -> Result<Read, ApiError> {
-    validate(resource_version, matching, false)?;
+    validate(resource_version, matching, false, false)?;
     let Some(version) = resource_version else {
         return Ok(Read::Latest);
     };

@@ -108,6 +108,18 @@ pub(super) fn serve(
     namespace: Option<String>,
     query: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
+    let param = |name: &str| {
+        query
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    super::list::validate(
+        param("resourceVersion"),
+        param("resourceVersionMatch"),
+        false,
+        true,
+    )?;
     let watcher = Watcher {
         storage_key: rt.storage_key(),
         namespace,
