@@ -53,7 +53,7 @@ pub struct GrantTo {
     pub name: Option<String>,
 }
 
-fixed_resource!(
+csi_sidecar::fixed_resource!(
     ReferenceGrant,
     NamespaceResourceScope,
     GROUP,

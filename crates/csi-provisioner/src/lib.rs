@@ -6,37 +6,6 @@
 //! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
 //! instance handles, and its delays before owning an Immediate claim).
 
-/// `kube::Resource` for a type of ours of one fixed group, version, kind and plural: kinds
-/// k8s-openapi's v1_33 set lacks, and custom resources. The type has a `metadata: ObjectMeta`.
-macro_rules! fixed_resource {
-    ($type:ty, $scope:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
-        impl kube::Resource for $type {
-            type DynamicType = ();
-            type Scope = $scope;
-
-            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                $kind.into()
-            }
-            fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                $group.into()
-            }
-            fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                $version.into()
-            }
-            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                $plural.into()
-            }
-            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(
-                &mut self,
-            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
 
 pub mod capacity;
 pub mod claims;

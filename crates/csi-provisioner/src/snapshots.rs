@@ -105,7 +105,7 @@ impl Serialize for VolumeSnapshotContent {
     }
 }
 
-fixed_resource!(
+csi_sidecar::fixed_resource!(
     VolumeSnapshot,
     NamespaceResourceScope,
     SNAPSHOT_GROUP,
@@ -114,7 +114,7 @@ fixed_resource!(
     "volumesnapshots"
 );
 
-fixed_resource!(
+csi_sidecar::fixed_resource!(
     VolumeSnapshotContent,
     k8s_openapi::ClusterResourceScope,
     SNAPSHOT_GROUP,

@@ -25,10 +25,44 @@
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
+//! - [`vac`] VolumeAttributesClasses (storage.k8s.io/v1): the type and whether it is served;
 //! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume;
 //! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
 //!   errors, skip unchanged objects;
 //! - [`lock`] a mutex lock that outlives a panicked holder.
+
+/// `kube::Resource` for a type of ours of one fixed group, version, kind and plural: kinds
+/// k8s-openapi's v1_33 set lacks, and custom resources. The type has a `metadata: ObjectMeta`.
+#[macro_export]
+macro_rules! fixed_resource {
+    ($type:ty, $scope:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
+        impl kube::Resource for $type {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                $group.into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                $version.into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
 
 pub mod backoff;
 pub mod capability;
@@ -55,6 +89,7 @@ pub mod secrets;
 pub mod shutdown;
 pub mod startup;
 pub mod superseded;
+pub mod vac;
 pub mod volume_attachment;
 pub mod workers;
 
