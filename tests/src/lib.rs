@@ -707,6 +707,13 @@ impl Cluster {
     pub async fn start_resizer(&self) -> Sidecar {
         let csi = self.driver.controller.csi.clone();
         let driver = discover_controller(&csi).await;
+        // As the binary decides: MODIFY_VOLUME and a server that serves the classes.
+        let modify = (driver.has_controller(
+            csi_proto::csi::v1::controller_service_capability::rpc::Type::ModifyVolume,
+        ) && csi_sidecar::vac::served(&self.client).await == Some(true))
+        .then_some(csi_resizer::controller::ModifySettings {
+            extra_metadata: false,
+        });
         let settings = csi_resizer::controller::Settings {
             resizer: csi_resizer::resize::Resizer::of(&driver).expect("the driver expands"),
             driver_name: driver.name,
@@ -721,6 +728,7 @@ impl Cluster {
             cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
+            modify,
         };
         let client = self.component_client(rbac::RESIZER);
         let shutdown = CancellationToken::new();

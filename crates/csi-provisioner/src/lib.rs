@@ -6,7 +6,6 @@
 //! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
 //! instance handles, and its delays before owning an Immediate claim).
 
-
 pub mod capacity;
 pub mod claims;
 pub mod controller;

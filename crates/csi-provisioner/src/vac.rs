@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use csi_sidecar::flags::FeatureGate;
-pub use csi_sidecar::vac::{DISABLED_MESSAGE, Support, VolumeAttributesClass, served, support};
+pub use csi_sidecar::vac::{
+    DISABLED_MESSAGE, Support, VolumeAttributesClass, discover, served, support,
+};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 /// external-provisioner's gate: GA, on by default, not locked (pkg/features/features.go).
@@ -69,19 +71,6 @@ pub fn mutable_parameters(
         });
     }
     Ok(class.parameters.clone())
-}
-
-
-/// The gate after discovery, logging upstream's line when it is turned off.
-pub async fn discover(client: &kube::Client, enabled: bool, explicitly_set: bool) -> Support {
-    if !enabled {
-        return Support::Disabled;
-    }
-    let support = support(enabled, explicitly_set, served(client).await);
-    if support == Support::Disabled {
-        tracing::info!("{DISABLED_MESSAGE}");
-    }
-    support
 }
 
 #[cfg(test)]

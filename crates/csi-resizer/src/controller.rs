@@ -13,6 +13,7 @@ use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
+use csi_sidecar::vac::VolumeAttributesClass;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -23,6 +24,7 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::modify::{self, ModifyPlan};
 use crate::resize::{self, Expansion, FailureKind, Memory, Path, Plan, Resizer, reason};
 
 /// How the resizer is set up (from its flags and the driver's discovery).
@@ -47,6 +49,16 @@ pub struct Settings {
     pub annotate_fs_resize: bool,
     /// Where the caches report whether they got their initial lists (`/healthz`).
     pub cache_sync: Arc<CacheSyncHealth>,
+    /// ControllerModifyVolume for VolumeAttributesClass changes: the driver can modify, the
+    /// gate is on and the server serves the classes.
+    pub modify: Option<ModifySettings>,
+}
+
+/// How volumes are modified.
+#[derive(Debug, Clone, Copy)]
+pub struct ModifySettings {
+    /// `--extra-modify-metadata`.
+    pub extra_metadata: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +76,9 @@ pub enum SyncError {
     /// The driver cannot expand the volume online and a pod still uses the claim.
     #[error("{0}")]
     InUse(String),
+    /// The modification failed (also the `VolumeModifyFailed` Event).
+    #[error("{0}")]
+    Modify(String),
     #[error("updating the status of PersistentVolumeClaim {claim}: {source}")]
     Status { claim: String, source: kube::Error },
     #[error("updating PersistentVolume {volume}: {source}")]
@@ -76,6 +91,7 @@ struct Caches {
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
     pods: Option<Store<Pod>>,
+    classes: Option<Store<VolumeAttributesClass>>,
 }
 
 struct Controller {
@@ -96,6 +112,10 @@ struct Controller {
     final_errors: Mutex<HashSet<Key>>,
     /// Claims whose expansion was infeasible, since when (upstream's slow set).
     infeasible_since: Mutex<HashMap<Key, Instant>>,
+    /// Claims whose last ControllerModifyVolume may still run at the driver.
+    modify_uncertain: Mutex<HashSet<Key>>,
+    /// Claims whose modification was infeasible, since when (the modify controller's slow set).
+    modify_infeasible_since: Mutex<HashMap<Key, Instant>>,
 }
 
 /// A failed expansion step: its message and, for a CSI error, the gRPC code.
@@ -139,10 +159,24 @@ pub async fn run(
         pods: settings
             .handle_volume_in_use_error
             .then(|| informers.all_lean::<Pod>(keep_pod_volumes)),
+        classes: settings
+            .modify
+            .map(|_| informers.all::<VolumeAttributesClass>()),
     };
     let Some(wake) = informers.synced().await else {
         return Ok(());
     };
+    // A modification in progress when the resizer (re)started may still run at the driver
+    // (upstream initUncertainPVCs).
+    let modify_uncertain: HashSet<Key> = caches
+        .claims
+        .state()
+        .iter()
+        .filter(|pvc| {
+            modify::modify_status(pvc).is_some_and(|(s, _)| s == modify::status::IN_PROGRESS)
+        })
+        .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
+        .collect();
     let controller = Arc::new(Controller {
         events: EventRecorder::new(
             client.clone(),
@@ -158,6 +192,8 @@ pub async fn run(
         in_use_errors: Mutex::default(),
         final_errors: Mutex::default(),
         infeasible_since: Mutex::default(),
+        modify_uncertain: Mutex::new(modify_uncertain),
+        modify_infeasible_since: Mutex::default(),
         settings,
     });
     tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
@@ -229,6 +265,8 @@ impl Controller {
         self.superseded.forget(key);
         lock(&self.final_errors).remove(key);
         lock(&self.infeasible_since).remove(key);
+        lock(&self.modify_uncertain).remove(key);
+        lock(&self.modify_infeasible_since).remove(key);
     }
 
     fn volume_of(&self, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolume>> {
@@ -270,7 +308,10 @@ impl Controller {
             resize::plan_legacy(&pvc, &pv, driver)
         };
         match plan {
-            Plan::Nothing => Ok(Synced::Done),
+            Plan::Nothing => match self.settings.modify {
+                Some(settings) => self.modify(key, &pvc, &pv, settings).await,
+                None => Ok(Synced::Done),
+            },
             Plan::RetryLater(wait) => {
                 tracing::debug!(claim = %claim_name(key), ?wait, "expansion failed as infeasible before; retrying later");
                 Ok(Synced::After(wait))
@@ -499,6 +540,163 @@ impl Controller {
                     .filter_map(|v| v.persistent_volume_claim.as_ref())
                     .any(|source| source.claim_name == name)
         })
+    }
+
+    /// The claim's VolumeAttributesClass, once no expansion is due (upstream's modify
+    /// controller): ControllerModifyVolume with the class's parameters, then the PV and the
+    /// claim record the class; failures go into the claim's status and conditions.
+    async fn modify(
+        &self,
+        key: &Key,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        settings: ModifySettings,
+    ) -> Result<Synced, SyncError> {
+        let memory = self.modify_memory(key, pvc);
+        let name = pvc.name_any();
+        let (class, mark) = match modify::plan(pvc, pv, &self.settings.driver_name, memory) {
+            ModifyPlan::Nothing => return Ok(Synced::Done),
+            ModifyPlan::RetryLater(wait) => return Ok(Synced::After(wait)),
+            ModifyPlan::RolledBack => {
+                self.event(
+                    pvc,
+                    EventType::Normal,
+                    modify::reason::VOLUME_MODIFY_CANCELLED,
+                    "Cancelled modify.",
+                )
+                .await;
+                self.patch_status(pvc, &modify::rolled_back_patch(pvc))
+                    .await?;
+                return Ok(Synced::Done);
+            }
+            ModifyPlan::Modify { class, mark } => (class, mark),
+        };
+        let cached = self
+            .caches
+            .classes
+            .as_ref()
+            .and_then(|classes| classes.get(&ObjectRef::new(&class)));
+        let Some(vac) = cached else {
+            self.warn(
+                pvc,
+                modify::reason::VOLUME_MODIFY_FAILED,
+                &format!("VAC {class:?} does not exist."),
+            )
+            .await;
+            if mark {
+                self.patch_status(
+                    pvc,
+                    &modify::status_patch(pvc, modify::status::PENDING, None, &now()),
+                )
+                .await?;
+            }
+            return Err(SyncError::Modify(format!(
+                "get VAC with vac name {class} in VACInformer cache failed: volumeattributesclass.storage.k8s.io \"{class}\" not found"
+            )));
+        };
+        let parameters = match modify::parameters(&vac, &self.settings.driver_name) {
+            Ok(parameters) => parameters,
+            Err(message) => {
+                self.warn(pvc, modify::reason::VOLUME_MODIFY_FAILED, &message)
+                    .await;
+                return Err(SyncError::Modify(message));
+            }
+        };
+        let claim = if mark {
+            let claim = self
+                .patch_status(
+                    pvc,
+                    &modify::status_patch(pvc, modify::status::IN_PROGRESS, None, &now()),
+                )
+                .await?;
+            self.event(
+                &claim,
+                EventType::Normal,
+                modify::reason::VOLUME_MODIFY,
+                &format!("external resizer is modifying volume {name} with vac {class}"),
+            )
+            .await;
+            claim
+        } else {
+            pvc.clone()
+        };
+        let secrets = match modify::modify_secret(pv) {
+            Some(reference) => {
+                csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
+                    .await
+                    .map_err(|e| SyncError::Modify(e.to_string()))?
+                    .into_inner()
+            }
+            None => HashMap::new(),
+        };
+        let request = modify::request(&claim, pv, parameters, settings.extra_metadata, secrets);
+        match self
+            .csi
+            .controller_modify_volume(request, self.settings.timeout)
+            .await
+        {
+            Ok(_) => {
+                lock(&self.modify_uncertain).remove(key);
+                lock(&self.modify_infeasible_since).remove(key);
+                self.patch_volume(pv, &modify::volume_patch(&class)).await?;
+                self.patch_status(&claim, &modify::completed_patch(&claim, &class))
+                    .await?;
+                self.event(
+                    &claim,
+                    EventType::Normal,
+                    modify::reason::VOLUME_MODIFY_SUCCESSFUL,
+                    &format!(
+                        "external resizer modified volume {name} with vac {class} successfully"
+                    ),
+                )
+                .await;
+                tracing::info!(claim = %claim_name(key), %class, "volume modified");
+                Ok(Synced::Done)
+            }
+            Err(status) => {
+                let failure = modify::Failure {
+                    code: status.code(),
+                    message: status.message().to_string(),
+                };
+                if failure.is_final() {
+                    lock(&self.modify_uncertain).remove(key);
+                } else {
+                    lock(&self.modify_uncertain).insert(key.clone());
+                }
+                let new_status = failure.status();
+                if new_status == modify::status::INFEASIBLE {
+                    lock(&self.modify_infeasible_since).insert(key.clone(), Instant::now());
+                }
+                let message = failure.event_message(&class);
+                self.patch_status(
+                    &claim,
+                    &modify::status_patch(&claim, new_status, Some(&failure), &now()),
+                )
+                .await?;
+                self.warn(&claim, modify::reason::VOLUME_MODIFY_FAILED, &message)
+                    .await;
+                Err(SyncError::Modify(message))
+            }
+        }
+    }
+
+    /// What the modify plan needs to remember of the claim: whether a call may still run,
+    /// and what is left of an infeasible modification's slow retry.
+    fn modify_memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> modify::Memory {
+        let mut infeasible = lock(&self.modify_infeasible_since);
+        if modify::is_infeasible(pvc) {
+            infeasible.entry(key.clone()).or_insert_with(Instant::now);
+        } else {
+            infeasible.remove(key);
+        }
+        let infeasible_wait = infeasible
+            .get(key)
+            .map(|since| self.settings.retry_max.saturating_sub(since.elapsed()))
+            .filter(|wait| !wait.is_zero());
+        modify::Memory {
+            uncertain: lock(&self.modify_uncertain).contains(key),
+            infeasible_wait,
+        }
     }
 
     /// A merge patch of the claim's status subresource; records the version it replaced.

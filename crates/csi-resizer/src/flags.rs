@@ -50,8 +50,8 @@ pub struct ResizerArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub handle_volume_inuse_error: bool,
 
-    /// Add PV/PVC metadata to ControllerModifyVolume parameters. Modification is not built
-    /// here yet: accepted when false, refused when true.
+    /// Add the claim's name and namespace and the PV's name to ControllerModifyVolume's
+    /// mutable parameters (`csi.storage.k8s.io/pvc/name`, ...).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub extra_modify_metadata: bool,
@@ -77,9 +77,6 @@ impl SidecarCli for ResizerArgs {
             return Err("--workers must be greater than zero".to_string());
         }
         self.sidecar.validate()?;
-        if self.extra_modify_metadata {
-            return Err("--extra-modify-metadata: this csi-resizer does not modify volumes (VolumeAttributesClass) yet; remove the flag".to_string());
-        }
         self.gates().map(drop)
     }
 }
@@ -151,7 +148,6 @@ mod tests {
             (&["--workers=0"][..], "--workers must be greater than zero"),
             (&["--worker-threads=4"][..], "worker-threads"),
             (&["--resync-period=soon"][..], "soon"),
-            (&["--extra-modify-metadata"][..], "does not modify volumes"),
             (
                 &["--feature-gates=Topology=true"][..],
                 "unrecognized feature gate: Topology",

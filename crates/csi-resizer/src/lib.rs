@@ -6,5 +6,6 @@
 
 pub mod controller;
 pub mod flags;
+pub mod modify;
 pub mod resize;
 pub mod run;

@@ -5,8 +5,11 @@
 //! `--http-endpoint`, then the controller, under leader election on the Lease
 //! `external-resizer-<driver>` (sanitized) when asked (losing it exits).
 //!
-//! ControllerModifyVolume (VolumeAttributesClass) is not built yet: a driver with MODIFY_VOLUME
-//! is told so in the log, and a driver that can only modify is refused.
+//! ControllerModifyVolume for VolumeAttributesClass changes runs when the driver has
+//! MODIFY_VOLUME, the `VolumeAttributesClass` gate is on and the server serves the v1 classes (a
+//! gate left at its default is turned off otherwise, as upstream). A driver that can modify but
+//! not expand is refused: this csi-resizer runs the modify controller beside the resize
+//! controller only.
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
@@ -18,7 +21,7 @@ use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{self, ResizerError, Settings};
+use crate::controller::{self, ModifySettings, ResizerError, Settings};
 use crate::flags::{
     ANNOTATE_FS_RESIZE, RECOVER_VOLUME_EXPANSION_FAILURE, ResizerArgs, VOLUME_ATTRIBUTES_CLASS,
 };
@@ -35,7 +38,7 @@ pub enum RunError {
     #[error("Failed to create CSI resizer: {0}")]
     Support(SupportError),
     #[error(
-        "CSI driver supports only volume modification (MODIFY_VOLUME), which this csi-resizer does not implement yet"
+        "CSI driver supports only volume modification (MODIFY_VOLUME), not expansion: this csi-resizer runs modification only beside expansion"
     )]
     ModifyOnly,
     #[error(transparent)]
@@ -86,9 +89,21 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     if resizer == Resizer::NodeOnly {
         tracing::info!(driver = %driver.name, "The CSI driver supports node resize only, using trivial resizer to handle resize requests");
     }
-    if modifies && gates.get(VOLUME_ATTRIBUTES_CLASS) {
-        tracing::warn!(driver = %driver.name, "the driver can modify volumes (MODIFY_VOLUME), but this csi-resizer does not implement VolumeAttributesClass changes yet: they are left alone");
-    }
+    let modify = if modifies {
+        let support = csi_sidecar::vac::discover(
+            &client,
+            gates.get(VOLUME_ATTRIBUTES_CLASS),
+            sidecar
+                .feature_gates()
+                .contains_key(VOLUME_ATTRIBUTES_CLASS.name),
+        )
+        .await;
+        (support == csi_sidecar::vac::Support::Served).then_some(ModifySettings {
+            extra_metadata: args.extra_modify_metadata,
+        })
+    } else {
+        None
+    };
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
@@ -109,6 +124,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
         recover: gates.get(RECOVER_VOLUME_EXPANSION_FAILURE),
         annotate_fs_resize: gates.get(ANNOTATE_FS_RESIZE),
         cache_sync,
+        modify,
     };
     let lock_name = lease_name(&driver.name);
     let work_client = client.clone();

@@ -74,3 +74,15 @@ pub async fn served(client: &kube::Client) -> Option<bool> {
         }
     }
 }
+
+/// The gate after discovery, logging upstream's line when it is turned off.
+pub async fn discover(client: &kube::Client, enabled: bool, explicitly_set: bool) -> Support {
+    if !enabled {
+        return Support::Disabled;
+    }
+    let support = support(enabled, explicitly_set, served(client).await);
+    if support == Support::Disabled {
+        tracing::info!("{DISABLED_MESSAGE}");
+    }
+    support
+}
