@@ -240,14 +240,7 @@ pub struct Failure {
 impl Failure {
     /// The driver is not still modifying (upstream `IsFinalError`).
     pub fn is_final(&self) -> bool {
-        !matches!(
-            self.code,
-            Code::Cancelled
-                | Code::DeadlineExceeded
-                | Code::Unavailable
-                | Code::ResourceExhausted
-                | Code::Aborted
-        )
+        csi_sidecar::conn::is_final_error(self.code)
     }
 
     /// The status it leaves: Infeasible for an invalid argument, else still in progress.

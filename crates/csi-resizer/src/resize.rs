@@ -442,14 +442,7 @@ impl FailureKind {
                 in_use: false,
             };
         };
-        let final_error = !matches!(
-            code,
-            Code::Cancelled
-                | Code::DeadlineExceeded
-                | Code::Unavailable
-                | Code::ResourceExhausted
-                | Code::Aborted
-        );
+        let final_error = csi_sidecar::conn::is_final_error(code);
         Self {
             final_error,
             infeasible: matches!(

@@ -513,16 +513,8 @@ impl Controller {
                 .await;
             }
             Step::UpdateStatus { status, events } => {
-                let patch = status_merge_patch(snapshot.status.as_ref(), status.as_ref());
-                match snapshots
-                    .patch_status(
-                        &snapshot.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    Ok(updated) => self.superseded_by(snapshot, &updated),
+                match self.patch_status(snapshot, status.as_ref()).await {
+                    Ok(()) => {}
                     Err(error) => {
                         let failure = Failure {
                             reason: reason::STATUS_UPDATE_FAILED,
@@ -573,20 +565,8 @@ impl Controller {
         if ready_false {
             status.ready_to_use = Some(false);
         }
-        let api: Api<VolumeSnapshot> = Api::namespaced(
-            self.client.clone(),
-            &snapshot.namespace().unwrap_or_default(),
-        );
-        let patch = status_merge_patch::<VolumeSnapshotStatus>(old.as_ref(), &status);
-        match api
-            .patch_status(
-                &snapshot.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(updated) => self.superseded_by(snapshot, &updated),
+        match self.patch_status(snapshot, &status).await {
+            Ok(()) => {}
             Err(error) => {
                 tracing::warn!(snapshot = %snapshot_key(snapshot), %error, "failed to record the error in the snapshot's status")
             }
@@ -666,6 +646,29 @@ impl Controller {
             tracing::info!(claim = %reference, "removed the snapshot source protection");
         }
         Ok(Synced::Done)
+    }
+
+    /// Writes `status` as the snapshot's (fields it drops are removed), and remembers that the
+    /// cached version is older than our write.
+    async fn patch_status(
+        &self,
+        snapshot: &VolumeSnapshot,
+        status: &VolumeSnapshotStatus,
+    ) -> Result<(), kube::Error> {
+        let api: Api<VolumeSnapshot> = Api::namespaced(
+            self.client.clone(),
+            &snapshot.namespace().unwrap_or_default(),
+        );
+        let patch = status_merge_patch(snapshot.status.as_ref(), status);
+        let updated = api
+            .patch_status(
+                &snapshot.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.superseded_by(snapshot, &updated);
+        Ok(())
     }
 
     fn superseded_by(&self, old: &VolumeSnapshot, new: &VolumeSnapshot) {

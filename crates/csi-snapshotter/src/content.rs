@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
-use tonic::Code;
 
 use crate::api::{
     BEING_CREATED, BEING_DELETED, CONTENT_BOUND_FINALIZER, DeletionPolicy, GROUP_SNAPSHOT_HANDLE,
@@ -234,19 +233,6 @@ pub fn error_status_patch(
     Some(json!({"status": {"readyToUse": false, "error": error}}))
 }
 
-/// A CreateSnapshot error after which the driver is not still cutting the snapshot, so the
-/// being-created annotation can go (upstream `isCSIFinalError`).
-pub fn is_final_error(code: Code) -> bool {
-    !matches!(
-        code,
-        Code::Cancelled
-            | Code::DeadlineExceeded
-            | Code::Unavailable
-            | Code::ResourceExhausted
-            | Code::Aborted
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,27 +432,6 @@ mod tests {
         recorded.status = serde_json::from_value(patch["status"].clone()).unwrap();
         assert_eq!(error_status_patch(&recorded, "boom", now.clone()), None);
         assert!(error_status_patch(&recorded, "other", now).is_some());
-    }
-
-    #[test]
-    fn final_errors_are_those_after_which_nothing_is_cutting() {
-        for code in [
-            Code::InvalidArgument,
-            Code::NotFound,
-            Code::Internal,
-            Code::AlreadyExists,
-        ] {
-            assert!(is_final_error(code), "{code:?}");
-        }
-        for code in [
-            Code::DeadlineExceeded,
-            Code::Unavailable,
-            Code::Aborted,
-            Code::Cancelled,
-            Code::ResourceExhausted,
-        ] {
-            assert!(!is_final_error(code), "{code:?}");
-        }
     }
 
     #[test]

@@ -268,16 +268,16 @@ impl Controller {
                 annotated_secret(&name, content.annotations()).map_err(|e| e.to_string())?;
             Ok((class.parameters(), secret))
         };
-        let (class_parameters, secret) = input().map_err(|error| {
+        let input_error = |error: String| {
             CreateError::Failed(format!(
                 "failed to get input parameters to create snapshot for content {name}: {error:?}"
             ))
-        })?;
-        let secrets = self.secrets(&name, secret.as_ref()).await.map_err(|error| {
-            CreateError::Failed(format!(
-                "failed to get input parameters to create snapshot for content {name}: {error:?}"
-            ))
-        })?;
+        };
+        let (class_parameters, secret) = input().map_err(input_error)?;
+        let secrets = self
+            .secrets(&name, secret.as_ref())
+            .await
+            .map_err(input_error)?;
         let content = self.set_being_created(content, true).await?;
         let mut parameters =
             create_parameters(&class_parameters).map_err(|e| CreateError::Failed(e.to_string()))?;
@@ -314,7 +314,7 @@ impl Controller {
         {
             Ok(response) => response.snapshot.unwrap_or_default(),
             Err(status) => {
-                if content::is_final_error(status.code()) {
+                if csi_sidecar::conn::is_final_error(status.code()) {
                     self.set_being_created(&content, false).await?;
                 }
                 return Err(CreateError::Failed(format!(

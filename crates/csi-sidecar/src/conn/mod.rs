@@ -120,6 +120,21 @@ pub struct CsiConnection {
     max_log_length: Option<usize>,
 }
 
+/// Whether a CSI call that failed with `code` is certainly over at the driver: not cancelled,
+/// timed out, unavailable, out of resources or aborted, after which the operation may still
+/// run (the sidecars' `isFinalError`, the same list in all of them).
+pub fn is_final_error(code: tonic::Code) -> bool {
+    use tonic::Code;
+    !matches!(
+        code,
+        Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Unavailable
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
+
 /// Connects to the driver, waiting up to `wait` for its socket to accept connections.
 pub async fn connect(
     endpoint: &Endpoint,

@@ -338,3 +338,26 @@ async fn log_length_is_bounded_when_asked() {
     let clipped = connection.clip(&"x".repeat(100));
     assert_eq!(clipped, format!("\"{}[truncated]", "x".repeat(9)));
 }
+
+#[test]
+fn final_errors_are_those_after_which_nothing_runs_at_the_driver() {
+    use tonic::Code;
+    for code in [
+        Code::InvalidArgument,
+        Code::NotFound,
+        Code::Internal,
+        Code::AlreadyExists,
+        Code::FailedPrecondition,
+    ] {
+        assert!(is_final_error(code), "{code:?}");
+    }
+    for code in [
+        Code::DeadlineExceeded,
+        Code::Unavailable,
+        Code::Aborted,
+        Code::Cancelled,
+        Code::ResourceExhausted,
+    ] {
+        assert!(!is_final_error(code), "{code:?}");
+    }
+}
