@@ -6,7 +6,7 @@ use std::time::Duration;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_sidecar::conn::CsiConnection;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -308,74 +308,57 @@ fn established(
         })
 }
 
-/// Cuts a snapshot of `volume_id` on the driver and publishes it as a ready, pre-provisioned
-/// VolumeSnapshot `name` bound to its content — what external-snapshotter and the snapshot
-/// controller would do. Returns the content's name.
-pub async fn ready_snapshot(
-    client: &Client,
-    controller: &CsiConnection,
-    driver: &str,
+/// A VolumeSnapshot `name` of `claim` in `namespace`, cut through the real pipeline (the
+/// scenario must run the snapshot-controller and csi-snapshotter: see
+/// [`crate::Cluster::start_snapshot_controller`]) with a default VolumeSnapshotClass of the
+/// scenario's driver (made on first use, deleted with the scenario); returns the name of its
+/// content once it is ready to use.
+pub async fn cut_snapshot(
+    cluster: &crate::Cluster,
     namespace: &str,
     name: &str,
-    volume_id: &str,
+    claim: &str,
 ) -> String {
-    use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotContent};
-    let snapshot = controller
-        .create_snapshot(
-            csi::CreateSnapshotRequest {
-                source_volume_id: volume_id.to_string(),
-                name: format!("{namespace}-{name}"),
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-        )
+    use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass};
+    let classes: Api<VolumeSnapshotClass> = Api::all(cluster.client.clone());
+    let class = format!("{}-snapshots", cluster.namespace);
+    if classes
+        .get_opt(&class)
         .await
-        .expect("CreateSnapshot")
-        .snapshot
-        .expect("a snapshot");
-    let content_name = format!("{namespace}-{name}-content");
-    let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), namespace);
-    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
-    let created = snapshots
+        .expect("reading the class")
+        .is_none()
+    {
+        cluster.delete_at_cleanup::<VolumeSnapshotClass>(None, &class);
+        classes
+            .create(
+                &Default::default(),
+                &serde_json::from_value(json!({"metadata": {"name": class, "annotations": {
+                        "snapshot.storage.kubernetes.io/is-default-class": "true"}},
+                    "driver": cluster.driver_name, "deletionPolicy": "Delete"}))
+                .expect("a VolumeSnapshotClass"),
+            )
+            .await
+            .expect("creating the VolumeSnapshotClass");
+    }
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(cluster.client.clone(), namespace);
+    snapshots
         .create(
             &Default::default(),
             &serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace},
-                "spec": {"source": {"volumeSnapshotContentName": content_name}}}))
+                "spec": {"source": {"persistentVolumeClaimName": claim}}}))
             .expect("a VolumeSnapshot"),
         )
         .await
         .expect("creating the VolumeSnapshot");
-    contents
-        .create(
-            &Default::default(),
-            &serde_json::from_value(json!({"metadata": {"name": content_name},
-                "spec": {"driver": driver, "deletionPolicy": "Delete", "sourceVolumeMode": "Filesystem",
-                    "source": {"snapshotHandle": snapshot.snapshot_id},
-                    "volumeSnapshotRef": {"name": name, "namespace": namespace, "uid": created.uid()}}}))
-            .expect("a VolumeSnapshotContent"),
-        )
-        .await
-        .expect("creating the VolumeSnapshotContent");
-    contents
-        .patch_status(
-            &content_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"readyToUse": true,
-                "snapshotHandle": snapshot.snapshot_id, "restoreSize": snapshot.size_bytes}})),
-        )
-        .await
-        .expect("the content's status");
-    snapshots
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"readyToUse": true,
-                "boundVolumeSnapshotContentName": content_name,
-                "restoreSize": snapshot.size_bytes.to_string()}})),
-        )
-        .await
-        .expect("the snapshot's status");
-    content_name
+    let ready = cluster
+        .wait_for(&snapshots, name, "the snapshot ready to use", |s| {
+            s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+        })
+        .await;
+    ready
+        .status
+        .and_then(|s| s.bound_volume_snapshot_content_name)
+        .expect("a ready snapshot names its content")
 }
 
 /// A Secret with one `password` entry in the scenario's namespace.

@@ -6,8 +6,8 @@ use csi_provisioner::grants::ReferenceGrant;
 use csi_provisioner::snapshots::VolumeSnapshotContent;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{
-    bound, bound_volume, claim, driver_state, install_reference_grant_crd, install_snapshot_crds,
-    ready_snapshot,
+    bound, bound_volume, claim, cut_snapshot, driver_state, install_reference_grant_crd,
+    install_snapshot_crds,
 };
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
@@ -25,6 +25,8 @@ async fn clones_and_restores_from_another_namespace_need_a_reference_grant() {
     let provisioner = cluster
         .start_provisioner_with(|settings| settings.cross_namespace_data_sources = true)
         .await;
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
     let class_name = cluster
         .storage_class("cross", "Immediate", "Delete", json!({}))
         .await;
@@ -42,17 +44,8 @@ async fn clones_and_restores_from_another_namespace_need_a_reference_grant() {
     cluster
         .create(&data_claims, claim("source", &class_name))
         .await;
-    let source = bound_volume(&cluster, &data_claims, "source", "the source claim Bound").await;
-    let source_handle = source.csi.unwrap().volume_handle;
-    let content = ready_snapshot(
-        &cluster.client,
-        &cluster.driver.controller.csi,
-        &cluster.driver_name,
-        &data,
-        "snap",
-        &source_handle,
-    )
-    .await;
+    bound_volume(&cluster, &data_claims, "source", "the source claim Bound").await;
+    let content = cut_snapshot(&cluster, &data, "snap", "source").await;
     cluster.delete_at_cleanup::<VolumeSnapshotContent>(None, &content);
 
     // Without a grant, both are refused with upstream's message.
@@ -105,6 +98,21 @@ async fn clones_and_restores_from_another_namespace_need_a_reference_grant() {
     cluster
         .delete_and_wait(&data_claims, "source", "the source claim deleted")
         .await;
+    // The snapshot goes with its content while the snapshot controllers still run.
+    let snapshots: Api<csi_snapshotter::api::VolumeSnapshot> =
+        Api::namespaced(cluster.client.clone(), &data);
+    cluster
+        .delete_and_wait(&snapshots, "snap", "the snapshot deleted")
+        .await;
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeSnapshotContent>(),
+            &content,
+            "its content deleted",
+        )
+        .await;
+    snapshotter.stop().await;
+    controller.stop().await;
     provisioner.stop().await;
     cluster.stop().await;
 }

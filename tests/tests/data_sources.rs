@@ -4,7 +4,7 @@
 use csi_provisioner::claims::CLONING_PROTECTION;
 use csi_provisioner::snapshots::{SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use csi_suite_scenarios::fixtures::{
-    bound, claim, handle_of, install_snapshot_crds, read_records, ready_snapshot, write_records,
+    bound, claim, cut_snapshot, handle_of, install_snapshot_crds, read_records, write_records,
 };
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -78,12 +78,14 @@ async fn a_restore_has_the_snapshot_data() {
     install_snapshot_crds(&cluster.client).await;
     let provisioner = cluster.start_provisioner().await;
     let attacher = cluster.start_attacher().await;
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
     let class_name = cluster
         .storage_class("restore", "Immediate", "Delete", json!({}))
         .await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     cluster.create(&claims, claim("source", &class_name)).await;
-    let source_volume = write_records(&cluster, "source").await;
+    write_records(&cluster, "source").await;
 
     let mut restored = claim("restored", &class_name);
     restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
@@ -93,16 +95,7 @@ async fn a_restore_has_the_snapshot_data() {
         .wait_for_event("restored", "ProvisioningFailed", "snapshot snap not found")
         .await;
 
-    let handle = handle_of(&cluster, &source_volume).await;
-    let content = ready_snapshot(
-        &cluster.client,
-        &cluster.driver.controller.csi,
-        &cluster.driver_name,
-        &cluster.namespace,
-        "snap",
-        &handle,
-    )
-    .await;
+    let content = cut_snapshot(&cluster, &cluster.namespace, "snap", "source").await;
     cluster
         .wait_for(&claims, "restored", "the restored claim Bound", bound)
         .await;
@@ -152,10 +145,14 @@ async fn a_restore_has_the_snapshot_data() {
     );
 
     cluster
-        .cluster_scoped::<VolumeSnapshotContent>()
-        .delete(&content, &DeleteParams::default())
-        .await
-        .unwrap();
+        .wait_gone(
+            &cluster.cluster_scoped::<VolumeSnapshotContent>(),
+            &content,
+            "the snapshot's content deleted with it (policy Delete)",
+        )
+        .await;
+    snapshotter.stop().await;
+    controller.stop().await;
     attacher.stop().await;
     provisioner.stop().await;
     cluster.stop().await;
