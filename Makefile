@@ -98,7 +98,8 @@ demo:
 
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
 ## throughput, csi-provisioner with 1000 claims, csi-attacher with 1000 VolumeAttachments,
-## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots,
+## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots, csi-resizer with 1000
+## expansions,
 ## podmon's failover time (1 and 10 pods per node, 20 runs), the registrar's and
 ## livenessprobe's footprint (the release binaries as their own
 ## processes); each rewrites its own sections of BENCHMARKS.md.
@@ -110,5 +111,6 @@ bench:
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench snapshotting
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench expanding
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover
 	$(CARGO) bench --locked -p csi-node-driver-registrar --bench node_sidecars
