@@ -785,6 +785,7 @@ impl Cluster {
             cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
+            metrics: Arc::new(csi_snapshotter::metrics::OperationMetrics::unregistered()),
         };
         let client = self.component_client(rbac::SNAPSHOT_CONTROLLER);
         let shutdown = CancellationToken::new();

@@ -3,12 +3,14 @@
 //! claim; a content's triggers it and the snapshot it names; a claim's triggers it and the
 //! snapshots of it. Each key is planned ([`crate::snapshot`]) and its one step acted on.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -24,6 +26,7 @@ use crate::api::{
     SNAPSHOT_BOUND_FINALIZER, SnapshotError, VolumeSnapshot, VolumeSnapshotClass,
     VolumeSnapshotContent, VolumeSnapshotStatus, snapshot_key, status_merge_patch,
 };
+use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
 use crate::sidecar::now;
 use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, reason};
 
@@ -35,6 +38,8 @@ pub struct Settings {
     pub workers: usize,
     pub resync: Duration,
     pub cache_sync: Arc<CacheSyncHealth>,
+    /// `snapshot_controller_operation_total_seconds` and `..._operations_in_flight`.
+    pub metrics: Arc<OperationMetrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +83,9 @@ struct Controller {
     events: EventRecorder,
     /// Snapshot → the resourceVersion our last write to it replaced.
     superseded: Superseded<ObjectRef<VolumeSnapshot>>,
+    /// Snapshots whose deletion is timed → their UID (the metric ends when the object is gone
+    /// from the cache, which then no longer says its UID).
+    deleting: Mutex<HashMap<ObjectRef<VolumeSnapshot>, String>>,
 }
 
 fn snapshot_ref(namespace: Option<&str>, name: Option<&str>) -> Option<ObjectRef<VolumeSnapshot>> {
@@ -130,6 +138,7 @@ pub async fn run(
         },
         workers,
         superseded: Superseded::default(),
+        deleting: Mutex::default(),
         settings,
     });
     tracing::info!("snapshot-controller started");
@@ -194,6 +203,7 @@ impl Controller {
                 if version.is_none() {
                     if let Key::Snapshot(snapshot) = &key {
                         self.superseded.forget(snapshot);
+                        self.gone(snapshot);
                     }
                     self.workers.forget(&key);
                 }
@@ -353,6 +363,7 @@ impl Controller {
             restoring: owned.restoring,
             prevent_volume_mode_conversion: self.settings.prevent_volume_mode_conversion,
         };
+        self.track(&snapshot, &inputs);
         let step = snapshot::plan(&snapshot, &inputs);
         tracing::debug!(snapshot = %snapshot_key(&snapshot), ?step, "snapshot step");
         self.act(&snapshot, step).await
@@ -526,7 +537,18 @@ impl Controller {
                         return Err(self.fail(snapshot, failure).await);
                     }
                 }
+                let uid = snapshot.uid().unwrap_or_default();
+                let metrics = &self.settings.metrics;
                 for (reason, message) in events {
+                    match reason {
+                        reason::SNAPSHOT_CREATED => {
+                            metrics.finish(Operation::CreateSnapshot, &uid, SUCCESS);
+                        }
+                        reason::SNAPSHOT_READY => {
+                            metrics.finish(Operation::CreateSnapshotAndReady, &uid, SUCCESS);
+                        }
+                        _ => {}
+                    }
                     self.event(snapshot, EventType::Normal, reason, &message)
                         .await;
                 }
@@ -669,6 +691,58 @@ impl Controller {
             .await?;
         self.superseded_by(snapshot, &updated);
         Ok(())
+    }
+
+    /// Starts the operation metrics the snapshot's state implies (upstream starts them where
+    /// its sync functions begin): a deletion once the snapshot is no longer restored from,
+    /// ending unfinished create operations as cancelled; the create operations while it is not
+    /// cut or not ready.
+    fn track(&self, snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) {
+        let metrics = &self.settings.metrics;
+        let uid = snapshot.uid().unwrap_or_default();
+        let pre_provisioned = snapshot.spec.source.volume_snapshot_content_name.is_some();
+        let driver = inputs
+            .content
+            .map(|c| c.spec.driver.clone())
+            .or_else(|| {
+                let class = snapshot.spec.volume_snapshot_class_name.as_ref()?;
+                let found = inputs
+                    .classes
+                    .iter()
+                    .find(|c| c.metadata.name.as_ref() == Some(class))?;
+                Some(found.driver.clone())
+            })
+            .unwrap_or_default();
+        let status = snapshot.status.as_ref();
+        if snapshot.metadata.deletion_timestamp.is_some() {
+            if snapshot::is_deletion_candidate(snapshot) && !inputs.restoring {
+                metrics.finish(Operation::CreateSnapshot, &uid, CANCEL);
+                metrics.finish(Operation::CreateSnapshotAndReady, &uid, CANCEL);
+                metrics.start(Operation::DeleteSnapshot, &uid, &driver, pre_provisioned);
+                lock(&self.deleting).insert(ObjectRef::from_obj(snapshot), uid);
+            }
+            return;
+        }
+        if status.and_then(|s| s.ready_to_use) != Some(true) {
+            if status.and_then(|s| s.creation_time.as_ref()).is_none() {
+                metrics.start(Operation::CreateSnapshot, &uid, &driver, pre_provisioned);
+            }
+            metrics.start(
+                Operation::CreateSnapshotAndReady,
+                &uid,
+                &driver,
+                pre_provisioned,
+            );
+        }
+    }
+
+    /// A VolumeSnapshot is gone: its deletion is over.
+    fn gone(&self, snapshot: &ObjectRef<VolumeSnapshot>) {
+        if let Some(uid) = lock(&self.deleting).remove(snapshot) {
+            self.settings
+                .metrics
+                .finish(Operation::DeleteSnapshot, &uid, SUCCESS);
+        }
     }
 
     fn superseded_by(&self, old: &VolumeSnapshot, new: &VolumeSnapshot) {

@@ -2,13 +2,15 @@
 //! upstream's flags, Lease names, finalizers, annotations and Event reasons.
 //! [`api`] holds the snapshot.storage.k8s.io/v1 types and their CRDs; [`content`] is the
 //! sidecar's pure core and [`sidecar`] its adapter; [`snapshot`] is the controller's pure
-//! core and [`common`] its adapter; [`secrets`] resolves the classes' secrets; [`run`] is the
+//! core and [`common`] its adapter, [`metrics`] its operation metrics; [`secrets`] resolves the
+//! classes' secrets; [`run`] is the
 //! startup of both binaries; [`flags`] their command lines.
 
 pub mod api;
 pub mod common;
 pub mod content;
 pub mod flags;
+pub mod metrics;
 pub mod run;
 pub mod secrets;
 pub mod sidecar;

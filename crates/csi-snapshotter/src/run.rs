@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use crate::common::{self, ControllerError};
 use crate::flags::{ControllerArgs, SnapshotterArgs};
+use crate::metrics::OperationMetrics;
 use crate::sidecar::{self, SidecarError};
 
 /// The snapshot-controller's Lease.
@@ -108,9 +109,11 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
     gates.log_warnings();
     let client = client(sidecar).await?;
     wait_for_crds(&client, args.retry_crd_interval_max, &shutdown).await?;
+    let mut registry = Registry::default();
+    let metrics = std::sync::Arc::new(OperationMetrics::register(&mut registry));
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
-        Registry::default(),
+        registry,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )
@@ -122,6 +125,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
         resync: args.resync_period,
         cache_sync,
+        metrics,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
