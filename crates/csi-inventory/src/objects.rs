@@ -1,0 +1,233 @@
+//! The two sides as the inventory compares them: CSI listing entries and the driver's
+//! PersistentVolumes and VolumeSnapshotContents, reduced to what [`crate::report`] reads. Pure.
+
+use std::collections::BTreeSet;
+
+use csi_proto::csi::v1 as csi;
+use csi_snapshotter::api::VolumeSnapshotContent;
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume};
+use kube::ResourceExt;
+
+use crate::report::{
+    ClusterSnapshot, ClusterVolume, Condition, PvTopology, Segments, StorageSnapshot, StorageVolume,
+};
+
+pub fn storage_volume(entry: &csi::list_volumes_response::Entry) -> Option<StorageVolume> {
+    let volume = entry.volume.as_ref()?;
+    Some(StorageVolume {
+        id: volume.volume_id.clone(),
+        capacity_bytes: volume.capacity_bytes,
+        context: volume.volume_context.clone().into_iter().collect(),
+        topology: volume
+            .accessible_topology
+            .iter()
+            .map(|t| t.segments.clone().into_iter().collect())
+            .collect(),
+        published_nodes: entry.status.as_ref().map(|s| s.published_node_ids.clone()),
+        condition: entry
+            .status
+            .as_ref()
+            .and_then(|s| s.volume_condition.as_ref())
+            .map(|c| Condition {
+                abnormal: c.abnormal,
+                message: c.message.clone(),
+            }),
+    })
+}
+
+pub fn storage_snapshot(entry: &csi::list_snapshots_response::Entry) -> Option<StorageSnapshot> {
+    let snapshot = entry.snapshot.as_ref()?;
+    Some(StorageSnapshot {
+        id: snapshot.snapshot_id.clone(),
+        source_volume_id: snapshot.source_volume_id.clone(),
+        size_bytes: snapshot.size_bytes,
+        ready: snapshot.ready_to_use,
+    })
+}
+
+/// The PV as the inventory sees it, when it is a CSI PV of `driver`.
+pub fn cluster_volume(pv: &PersistentVolume, driver: &str) -> Option<ClusterVolume> {
+    let spec = pv.spec.as_ref()?;
+    let source = spec.csi.as_ref().filter(|csi| csi.driver == driver)?;
+    Some(ClusterVolume {
+        pv: pv.name_any(),
+        uid: pv.uid().unwrap_or_default(),
+        handle: source.volume_handle.clone(),
+        class: spec.storage_class_name.clone().unwrap_or_default(),
+        capacity_bytes: spec
+            .capacity
+            .as_ref()
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| csi_sidecar::quantity::bytes(&q.0).ok()),
+        topology: pv_topology(
+            spec.node_affinity
+                .as_ref()
+                .and_then(|a| a.required.as_ref())
+                .map_or(&[][..], |r| &r.node_selector_terms),
+        ),
+        claim: spec.claim_ref.as_ref().map(|c| {
+            format!(
+                "{}/{}",
+                c.namespace.as_deref().unwrap_or_default(),
+                c.name.as_deref().unwrap_or_default()
+            )
+        }),
+        deleting: pv.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+/// The segment maps node selector terms admit: each term of `key In [values]` expressions is
+/// every combination of its values (the provisioner writes one value per key).
+pub fn pv_topology(terms: &[NodeSelectorTerm]) -> PvTopology {
+    if terms.is_empty() {
+        return PvTopology::Everywhere;
+    }
+    let mut all = BTreeSet::new();
+    for term in terms {
+        if term.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
+            return PvTopology::Other;
+        }
+        let mut combinations = vec![Segments::new()];
+        for expression in term.match_expressions.iter().flatten() {
+            let values = expression.values.clone().unwrap_or_default();
+            if expression.operator != "In" || values.is_empty() {
+                return PvTopology::Other;
+            }
+            combinations = combinations
+                .into_iter()
+                .flat_map(|segments| {
+                    values.iter().map(move |value| {
+                        let mut segments = segments.clone();
+                        segments.insert(expression.key.clone(), value.clone());
+                        segments
+                    })
+                })
+                .collect();
+        }
+        all.extend(combinations.into_iter().filter(|s| !s.is_empty()));
+    }
+    PvTopology::Segments(all)
+}
+
+/// The content as the inventory sees it, when it is `driver`'s and names a snapshot.
+pub fn cluster_snapshot(content: &VolumeSnapshotContent, driver: &str) -> Option<ClusterSnapshot> {
+    if content.spec.driver != driver {
+        return None;
+    }
+    let handle = content
+        .status
+        .as_ref()
+        .and_then(|s| s.snapshot_handle.clone())
+        .or_else(|| content.spec.source.snapshot_handle.clone())?;
+    Some(ClusterSnapshot {
+        content: content.name_any(),
+        uid: content.uid().unwrap_or_default(),
+        handle,
+        class: content
+            .spec
+            .volume_snapshot_class_name
+            .clone()
+            .unwrap_or_default(),
+        deleting: content.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pv(affinity: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pv-1", "uid": "u1"},
+            "spec": {"capacity": {"storage": "1Gi"}, "storageClassName": "fast",
+                "claimRef": {"namespace": "shop", "name": "data"},
+                "csi": {"driver": "hostpath", "volumeHandle": "vol-1"},
+                "nodeAffinity": affinity}
+        }))
+        .unwrap()
+    }
+
+    fn segments(pairs: &[(&str, &str)]) -> Segments {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_pv_of_the_driver_is_read_with_its_size_claim_and_topology() {
+        let read = cluster_volume(
+            &pv(json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                      {"key": "rack", "operator": "In", "values": ["1", "2"]}]}]}})),
+            "hostpath",
+        )
+        .unwrap();
+        assert_eq!(read.capacity_bytes, Some(1 << 30));
+        assert_eq!(read.claim.as_deref(), Some("shop/data"));
+        assert_eq!(read.class, "fast");
+        assert_eq!(
+            read.topology,
+            PvTopology::Segments(
+                [
+                    segments(&[("zone", "a"), ("rack", "1")]),
+                    segments(&[("zone", "a"), ("rack", "2")])
+                ]
+                .into()
+            )
+        );
+        assert!(cluster_volume(&pv(json!(null)), "other").is_none());
+    }
+
+    #[test]
+    fn node_affinity_the_comparison_cannot_model_is_other() {
+        let rows = [
+            (json!(null), PvTopology::Everywhere),
+            (
+                json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}),
+                PvTopology::Other,
+            ),
+            (
+                json!({"required": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}),
+                PvTopology::Other,
+            ),
+        ];
+        for (affinity, expected) in rows {
+            assert_eq!(
+                cluster_volume(&pv(affinity.clone()), "hostpath")
+                    .unwrap()
+                    .topology,
+                expected,
+                "{affinity}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_listed_volume_keeps_its_status() {
+        let entry = csi::list_volumes_response::Entry {
+            volume: Some(csi::Volume {
+                volume_id: "vol-1".into(),
+                capacity_bytes: 5,
+                accessible_topology: vec![csi::Topology {
+                    segments: [("zone".to_string(), "a".to_string())].into(),
+                }],
+                ..Default::default()
+            }),
+            status: Some(csi::list_volumes_response::VolumeStatus {
+                published_node_ids: vec!["n1".into()],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: true,
+                    message: "gone".into(),
+                }),
+            }),
+        };
+        let volume = storage_volume(&entry).unwrap();
+        assert_eq!(volume.published_nodes, Some(vec!["n1".to_string()]));
+        assert_eq!(volume.topology, vec![segments(&[("zone", "a")])]);
+        assert!(volume.condition.unwrap().abnormal);
+    }
+}

@@ -1,0 +1,408 @@
+//! The adapters: connect to the driver and the cluster, read both sides, and print, create or
+//! serve what the pure core decided.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_sidecar::conn::{self, ConnError, CsiConnection, DriverInfo, Services};
+use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_snapshotter::api::VolumeSnapshotContent;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::{ImportArgs, Output, ReportArgs, Target};
+use crate::import::{ImportSpec, Refusal, orphan_pv_name, persistent_volume};
+use crate::listing::{self, ListError, Paging};
+use crate::metrics::InventoryMetrics;
+use crate::objects::{cluster_snapshot, cluster_volume, storage_snapshot, storage_volume};
+use crate::report::{ClusterVolume, Finding, Inputs, Report, SnapshotInputs, compare};
+
+/// The exit code of a report with findings (0: clean), for cron alerting.
+pub const FINDINGS_EXIT_CODE: i32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(transparent)]
+    Csi(#[from] ConnError),
+    #[error(transparent)]
+    KubeClient(#[from] csi_sidecar::kube::KubeClientError),
+    #[error("reading {what}: {source}")]
+    Kube {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error(
+        "CSI driver {0} does not have the controller capability LIST_VOLUMES, which the inventory needs"
+    )]
+    NoListVolumes(String),
+    #[error(transparent)]
+    Listing(#[from] ListError),
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    #[error("StorageClass {name}: {source}")]
+    Class { name: String, source: kube::Error },
+    #[error("creating PersistentVolume {name}: {source}")]
+    Create { name: String, source: kube::Error },
+    #[error("{failed} of {total} orphans were not imported (see above)")]
+    Partly { failed: usize, total: usize },
+    #[error(transparent)]
+    Http(#[from] csi_sidecar::http::HttpError),
+    #[error("writing the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// A connected driver and cluster: what every command starts from.
+pub struct Inventory {
+    pub csi: CsiConnection,
+    pub driver: DriverInfo,
+    pub client: Client,
+    pub paging: Paging,
+}
+
+impl std::fmt::Debug for Inventory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inventory")
+            .field("driver", &self.driver.name)
+            .field("paging", &self.paging)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inventory {
+    /// Connects to the driver (bounded wait, Probe until ready), learns its name and
+    /// capabilities, and refuses a driver that cannot list its volumes.
+    pub async fn connect(target: &Target, client: Client) -> Result<Self, InventoryError> {
+        let endpoint = target.csi.endpoint()?;
+        let csi = conn::connect(
+            &endpoint,
+            conn::DEFAULT_CONNECT_WAIT,
+            CsiOperationMetrics::unregistered(),
+        )
+        .await?;
+        Self::with_connection(target, csi, client).await
+    }
+
+    /// [`Inventory::connect`] over an established connection.
+    pub async fn with_connection(
+        target: &Target,
+        csi: CsiConnection,
+        client: Client,
+    ) -> Result<Self, InventoryError> {
+        csi.probe_until_ready(target.csi.timeout).await?;
+        let services = Services {
+            controller: true,
+            node: false,
+        };
+        let driver = DriverInfo::discover(&csi, target.csi.timeout, services).await?;
+        if !driver.has_controller(ControllerCapability::ListVolumes) {
+            return Err(InventoryError::NoListVolumes(driver.name));
+        }
+        Ok(Self {
+            csi,
+            driver,
+            client,
+            paging: Paging {
+                max_entries: target.max_entries,
+                timeout: target.csi.timeout,
+            },
+        })
+    }
+
+    async fn pvs(&self) -> Result<Vec<ClusterVolume>, InventoryError> {
+        let listed = Api::<PersistentVolume>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| InventoryError::Kube {
+                what: "PersistentVolumes",
+                source,
+            })?;
+        Ok(listed
+            .items
+            .iter()
+            .filter_map(|pv| cluster_volume(pv, &self.driver.name))
+            .collect())
+    }
+
+    /// The driver's contents; `None` when the snapshot API is not served.
+    async fn contents(
+        &self,
+    ) -> Result<Option<Vec<crate::report::ClusterSnapshot>>, InventoryError> {
+        match Api::<VolumeSnapshotContent>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(listed) => Ok(Some(
+                listed
+                    .items
+                    .iter()
+                    .filter_map(|c| cluster_snapshot(c, &self.driver.name))
+                    .collect(),
+            )),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(source) => Err(InventoryError::Kube {
+                what: "VolumeSnapshotContents",
+                source,
+            }),
+        }
+    }
+
+    async fn storage_volumes(
+        &self,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<crate::report::StorageVolume>, InventoryError> {
+        let entries = listing::volumes(&self.csi, self.paging, progress).await?;
+        Ok(entries.iter().filter_map(storage_volume).collect())
+    }
+
+    /// One scan: the cluster, the storage, the cluster again (see [`crate::report`]).
+    pub async fn scan(
+        &self,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<Report, InventoryError> {
+        let snapshots = self
+            .driver
+            .has_controller(ControllerCapability::ListSnapshots);
+        let pvs_before = self.pvs().await?;
+        let contents_before = if snapshots {
+            self.contents().await?
+        } else {
+            None
+        };
+        let volumes = self
+            .storage_volumes(&mut |pages, entries| progress("ListVolumes", pages, entries))
+            .await?;
+        let snapshot_inputs = match contents_before {
+            Some(contents_before) => {
+                let listed = listing::snapshots(&self.csi, self.paging, &mut |pages, entries| {
+                    progress("ListSnapshots", pages, entries)
+                })
+                .await?;
+                Some(SnapshotInputs {
+                    snapshots: listed.iter().filter_map(storage_snapshot).collect(),
+                    contents_before,
+                    contents_after: self.contents().await?.unwrap_or_default(),
+                })
+            }
+            None => None,
+        };
+        let pvs_after = self.pvs().await?;
+        Ok(compare(
+            &self.driver.name,
+            &Inputs {
+                volumes,
+                pvs_before,
+                pvs_after,
+                snapshots: snapshot_inputs,
+            },
+        ))
+    }
+
+    /// `import`: one volume, or every orphan. Prints what it created (or, with --dry-run,
+    /// would create) to `out`; refusals of single orphans are printed and counted.
+    pub async fn import(
+        &self,
+        args: &ImportArgs,
+        out: &mut dyn Write,
+    ) -> Result<(), InventoryError> {
+        let class_name = &args.storage_class;
+        let class = Api::<StorageClass>::all(self.client.clone())
+            .get(class_name)
+            .await
+            .map_err(|source| InventoryError::Class {
+                name: class_name.clone(),
+                source,
+            })?;
+        let all_pvs = Api::<PersistentVolume>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| InventoryError::Kube {
+                what: "PersistentVolumes",
+                source,
+            })?;
+        let mut taken: BTreeSet<String> = all_pvs.items.iter().map(|pv| pv.name_any()).collect();
+        let pvs: Vec<ClusterVolume> = all_pvs
+            .items
+            .iter()
+            .filter_map(|pv| cluster_volume(pv, &self.driver.name))
+            .collect();
+        let volumes = self.storage_volumes(&mut |_, _| {}).await?;
+        let capacity_bytes = args
+            .capacity
+            .as_deref()
+            .and_then(|c| csi_sidecar::quantity::bytes(c).ok());
+        let base = ImportSpec {
+            pv_name: "",
+            driver: &self.driver.name,
+            class: &class,
+            claim: args.claim.as_deref(),
+            reclaim_policy: &args.reclaim,
+            access_modes: &args.access_modes,
+            volume_mode: &args.volume_mode,
+            capacity_bytes,
+            topology: self.driver.plugin.volume_accessibility_constraints,
+        };
+        let Some(volume_id) = &args.volume_id else {
+            let known: BTreeSet<&str> = pvs.iter().map(|pv| pv.handle.as_str()).collect();
+            let orphans: Vec<_> = volumes
+                .iter()
+                .filter(|v| !known.contains(v.id.as_str()))
+                .collect();
+            let mut failed = 0;
+            for orphan in &orphans {
+                let name = orphan_pv_name(orphan, &taken);
+                let made = match persistent_volume(
+                    orphan,
+                    &pvs,
+                    &taken,
+                    &ImportSpec {
+                        pv_name: &name,
+                        ..base.clone()
+                    },
+                ) {
+                    Ok(pv) => self.create_or_print(pv, args.dry_run, out).await,
+                    Err(refusal) => Err(refusal.into()),
+                };
+                if let Err(error) = made {
+                    failed += 1;
+                    writeln!(out, "volume {}: not imported: {error}", orphan.id)?;
+                }
+                taken.insert(name);
+            }
+            if orphans.is_empty() {
+                writeln!(out, "no orphaned volumes")?;
+            }
+            return match failed {
+                0 => Ok(()),
+                failed => Err(InventoryError::Partly {
+                    failed,
+                    total: orphans.len(),
+                }),
+            };
+        };
+        let volume = volumes
+            .iter()
+            .find(|v| &v.id == volume_id)
+            .ok_or_else(|| Refusal::NotListed(volume_id.clone()))?;
+        let name = args.name.as_deref().unwrap_or_default();
+        let pv = persistent_volume(
+            volume,
+            &pvs,
+            &taken,
+            &ImportSpec {
+                pv_name: name,
+                ..base
+            },
+        )?;
+        self.create_or_print(pv, args.dry_run, out).await
+    }
+
+    async fn create_or_print(
+        &self,
+        pv: serde_json::Value,
+        dry_run: bool,
+        out: &mut dyn Write,
+    ) -> Result<(), InventoryError> {
+        if dry_run {
+            let yaml = serde_norway::to_string(&pv).expect("a PV serialises");
+            write!(out, "---\n{yaml}")?;
+            return Ok(());
+        }
+        let pv: PersistentVolume = serde_json::from_value(pv).expect("the import builds a PV");
+        let name = pv.name_any();
+        Api::<PersistentVolume>::all(self.client.clone())
+            .create(&PostParams::default(), &pv)
+            .await
+            .map_err(|source| InventoryError::Create {
+                name: name.clone(),
+                source,
+            })?;
+        writeln!(out, "persistentvolume/{name} created")?;
+        Ok(())
+    }
+}
+
+/// Progress of long listings, on stderr.
+pub fn progress_on_stderr(rpc: &str, pages: usize, entries: usize) {
+    eprintln!("{rpc}: {entries} entries in {pages} pages so far");
+}
+
+/// `report` without `--serve`: the report on `out`; `Ok(true)` when clean.
+pub async fn report(
+    inventory: &Inventory,
+    args: &ReportArgs,
+    out: &mut dyn Write,
+) -> Result<Report, InventoryError> {
+    let report = inventory.scan(&mut progress_on_stderr).await?;
+    let text = match args.output {
+        Output::Table => crate::render::text(&report),
+        Output::Json => crate::render::json(&report),
+    };
+    out.write_all(text.as_bytes())?;
+    Ok(report)
+}
+
+/// `report --serve`: a scan every `--scan-interval`, its findings as gauges on
+/// `--http-endpoint`, until `shutdown`. A failed scan is logged and counted; the gauges keep
+/// the last complete scan's values (its time says how old they are).
+pub async fn serve(
+    inventory: Inventory,
+    args: &ReportArgs,
+    shutdown: CancellationToken,
+) -> Result<(), InventoryError> {
+    inventory.csi.exit_on_loss();
+    let mut registry = Registry::default();
+    let metrics = InventoryMetrics::register(&mut registry);
+    csi_sidecar::http::start(&args.http, Arc::new(registry), Vec::new(), shutdown.clone()).await?;
+    loop {
+        match inventory.scan(&mut |_, _, _| {}).await {
+            Ok(report) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO);
+                metrics.record(&report, i64::try_from(now.as_secs()).unwrap_or(i64::MAX));
+                for finding in &report.findings {
+                    log_finding(finding);
+                }
+                tracing::info!(
+                    volumes = report.volumes_on_storage,
+                    persistent_volumes = report.persistent_volumes,
+                    findings = report.findings.len(),
+                    "scan complete"
+                );
+            }
+            Err(error) => {
+                metrics.scan_errors.inc();
+                tracing::error!(%error, "scan failed");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(args.scan_interval) => {}
+        }
+    }
+}
+
+fn log_finding(finding: &Finding) {
+    match finding {
+        Finding::Orphaned { volume, claim } => {
+            tracing::warn!(volume = %volume.id, claim = ?claim, "orphaned volume: no PersistentVolume")
+        }
+        Finding::Missing { pv, volume_id, .. } => {
+            tracing::warn!(%pv, volume = %volume_id, "missing volume: the driver does not list it")
+        }
+        other => tracing::warn!(finding = ?other, "inventory finding"),
+    }
+}
+
+/// Connects for `target`: the kube client from its flags, then the driver.
+pub async fn connect(target: &Target) -> Result<Inventory, InventoryError> {
+    let client = csi_sidecar::kube::client(&target.kube).await?;
+    Inventory::connect(target, client).await
+}
