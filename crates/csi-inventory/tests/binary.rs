@@ -217,7 +217,7 @@ async fn reports_exit_codes_imports_and_serves() {
     ));
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
     assert!(
-        text(&refused.stderr).contains("CSI driver probe failed"),
+        text(&refused.stderr).contains("CSI driver"),
         "{}",
         text(&refused.stderr)
     );
