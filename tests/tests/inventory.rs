@@ -3,7 +3,8 @@
 //! made for); a volume deleted behind its PV's back shows as missing; importing the first
 //! gives a claim that a pod mounts with the old records, `--all-orphans` takes the rest, and
 //! the inventory ends clean. Paging two entries at a time over 25 volumes finds every one,
-//! and snapshots are compared with VolumeSnapshotContents.
+//! snapshots are compared with VolumeSnapshotContents, and a volume whose data is gone is
+//! reported abnormal from the driver's volume condition.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -273,6 +274,12 @@ async fn paging_two_at_a_time_finds_every_volume_and_snapshots_are_compared() {
         volumes.insert(provision_static_volume(csi, &name, 1 << 20).await);
     }
     let source = volumes.first().cloned().unwrap();
+    // One volume loses its data: the driver reports it abnormal.
+    let sick = volumes.last().cloned().unwrap();
+    let data = csi_hostpath::state::Store::open(&cluster.driver.state_dir)
+        .expect("the driver's state")
+        .volume_data(&sick, csi_hostpath::state::Layout::Directory);
+    std::fs::remove_dir_all(&data).expect("the volume's data removed");
     let snapshot = csi
         .create_snapshot(
             csi::CreateSnapshotRequest {
