@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_sidecar::conn::CsiConnection;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -12,29 +10,11 @@ use serde_json::{Value, json};
 
 use crate::step_timeout;
 
-const MODE: csi::volume_capability::access_mode::Mode =
-    csi::volume_capability::access_mode::Mode::SingleNodeWriter;
-
 /// An administrator's pre-created volume: CreateVolume straight on the driver's controller.
 pub async fn provision_static_volume(controller: &CsiConnection, name: &str, bytes: i64) -> String {
-    let capability = volume_capability(&AccessKind::from_volume_mode(None, "", vec![]), MODE);
-    controller
-        .create_volume(
-            csi::CreateVolumeRequest {
-                name: name.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![capability],
-                ..Default::default()
-            },
-            step_timeout(),
-        )
+    csi_hostpath::local::create_plain_volume(controller, name, bytes)
         .await
         .unwrap_or_else(|status| panic!("CreateVolume {name}: {}", status.message()))
-        .volume
-        .expect("CreateVolume returns a volume")
         .volume_id
 }
 

@@ -3,10 +3,8 @@
 //! takes the Lease `external-attacher-leader-<driver>`, attaches a VolumeAttachment, and serves
 //! `/healthz/leader-election` and its metrics.
 
-use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, PostParams};
@@ -29,27 +27,8 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     .await
     .unwrap();
 
-    let volume = driver
-        .controller
-        .csi
-        .create_volume(
-            csi::CreateVolumeRequest {
-                name: "vol-1".to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: 1 << 20,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
-                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
-                    csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-                )],
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-        )
+    let volume = csi_hostpath::local::create_plain_volume(&driver.controller.csi, "vol-1", 1 << 20)
         .await
-        .unwrap()
-        .volume
         .unwrap();
     let post = PostParams::default();
     Api::<CSINode>::all(client.clone())

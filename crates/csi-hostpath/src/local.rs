@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{ConnError, CsiConnection, Endpoint, connect};
 use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::task::JoinHandle;
@@ -174,4 +175,30 @@ impl Instance {
             Err(error) => tracing::warn!(node = %self.node_id, %error, "instance task failed"),
         }
     }
+}
+
+/// CreateVolume of a plain filesystem volume for a single writer, as an administrator makes
+/// one by hand at the storage (the tests' pre-existing volumes).
+pub async fn create_plain_volume(
+    csi: &CsiConnection,
+    name: &str,
+    bytes: i64,
+) -> Result<csi::Volume, tonic::Status> {
+    let capability = csi_sidecar::capability::volume_capability(
+        &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
+        csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+    );
+    let request = csi::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability],
+        ..Default::default()
+    };
+    let response = csi.create_volume(request, Duration::from_secs(10)).await?;
+    response
+        .volume
+        .ok_or_else(|| tonic::Status::internal("CreateVolume returned no volume"))
 }

@@ -115,7 +115,7 @@ impl Inventory {
         })
     }
 
-    async fn pvs(&self) -> Result<Vec<ClusterVolume>, InventoryError> {
+    async fn all_pvs(&self) -> Result<Vec<PersistentVolume>, InventoryError> {
         let listed = Api::<PersistentVolume>::all(self.client.clone())
             .list(&ListParams::default())
             .await
@@ -123,11 +123,17 @@ impl Inventory {
                 what: "PersistentVolumes",
                 source,
             })?;
-        Ok(listed
-            .items
-            .iter()
+        Ok(listed.items)
+    }
+
+    fn of_driver(&self, pvs: &[PersistentVolume]) -> Vec<ClusterVolume> {
+        pvs.iter()
             .filter_map(|pv| cluster_volume(pv, &self.driver.name))
-            .collect())
+            .collect()
+    }
+
+    async fn pvs(&self) -> Result<Vec<ClusterVolume>, InventoryError> {
+        Ok(self.of_driver(&self.all_pvs().await?))
     }
 
     /// The driver's contents; `None` when the snapshot API is not served.
@@ -219,19 +225,9 @@ impl Inventory {
                 name: class_name.clone(),
                 source,
             })?;
-        let all_pvs = Api::<PersistentVolume>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| InventoryError::Kube {
-                what: "PersistentVolumes",
-                source,
-            })?;
-        let mut taken: BTreeSet<String> = all_pvs.items.iter().map(|pv| pv.name_any()).collect();
-        let pvs: Vec<ClusterVolume> = all_pvs
-            .items
-            .iter()
-            .filter_map(|pv| cluster_volume(pv, &self.driver.name))
-            .collect();
+        let all_pvs = self.all_pvs().await?;
+        let mut taken: BTreeSet<String> = all_pvs.iter().map(|pv| pv.name_any()).collect();
+        let pvs = self.of_driver(&all_pvs);
         let volumes = self.storage_volumes(&mut |_, _| {}).await?;
         let capacity_bytes = args
             .capacity

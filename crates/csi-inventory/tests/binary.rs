@@ -6,10 +6,8 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
@@ -31,27 +29,8 @@ fn text(bytes: &[u8]) -> String {
 }
 
 async fn create_volume(driver: &LocalCluster, name: &str) -> String {
-    driver
-        .controller
-        .csi
-        .create_volume(
-            csi::CreateVolumeRequest {
-                name: name.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: MI,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
-                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
-                    csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-                )],
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-        )
+    csi_hostpath::local::create_plain_volume(&driver.controller.csi, name, MI)
         .await
-        .unwrap()
-        .volume
         .unwrap()
         .volume_id
 }

@@ -6,10 +6,8 @@
 //! usage error.
 
 use std::process::Command;
-use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -33,27 +31,8 @@ async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
     .await
     .unwrap();
 
-    let volume = driver
-        .controller
-        .csi
-        .create_volume(
-            csi::CreateVolumeRequest {
-                name: "vol-1".to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: MI,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
-                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
-                    csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-                )],
-                ..Default::default()
-            },
-            Duration::from_secs(10),
-        )
+    let volume = csi_hostpath::local::create_plain_volume(&driver.controller.csi, "vol-1", MI)
         .await
-        .unwrap()
-        .volume
         .unwrap();
     let post = PostParams::default();
     // The API server lets a claim grow only when its class allows expansion.
