@@ -3,7 +3,6 @@
 //! takes the Lease `external-attacher-leader-<driver>`, attaches a VolumeAttachment, and serves
 //! `/healthz/leader-election` and its metrics.
 
-
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
@@ -17,9 +16,7 @@ const NODE: &str = "node-a";
 #[tokio::test(flavor = "multi_thread")]
 async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     let root = tempfile::tempdir().unwrap();
-    let sim = kube_sim::ApiServer::start().await.unwrap();
-    let kubeconfig = root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).unwrap();
+    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &[NODE], |config| {
         config.driver_name = DRIVER.to_string();

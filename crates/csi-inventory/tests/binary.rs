@@ -52,9 +52,7 @@ fn with(mut base: Vec<String>, first: &[&str], rest: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reports_exit_codes_imports_and_serves() {
     let root = tempfile::tempdir().unwrap();
-    let sim = kube_sim::ApiServer::start().await.unwrap();
-    let kubeconfig = root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).unwrap();
+    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &["node-a"], |config| {
         config.driver_name = DRIVER.to_string();

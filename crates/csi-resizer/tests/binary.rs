@@ -21,9 +21,7 @@ const MI: i64 = 1 << 20;
 #[tokio::test(flavor = "multi_thread")]
 async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
     let root = tempfile::tempdir().unwrap();
-    let sim = kube_sim::ApiServer::start().await.unwrap();
-    let kubeconfig = root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).unwrap();
+    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &[NODE], |config| {
         config.driver_name = DRIVER.to_string();

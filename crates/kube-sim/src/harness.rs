@@ -101,3 +101,14 @@ pub async fn admits_pods(client: &kube::Client, namespace: &str) -> Result<bool,
             !needs_token || account.secrets.as_ref().is_some_and(|s| !s.is_empty())
         }))
 }
+
+/// An API server and a kubeconfig for it written to `dir/kubeconfig`, for a binary's
+/// `--kubeconfig`.
+pub async fn api_server_with_kubeconfig(
+    dir: &std::path::Path,
+) -> (crate::ApiServer, std::path::PathBuf) {
+    let sim = crate::ApiServer::start().await.expect("kube-sim starts");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, crate::cli::kubeconfig_yaml(sim.addr)).expect("a kubeconfig");
+    (sim, kubeconfig)
+}

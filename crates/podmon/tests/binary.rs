@@ -22,9 +22,7 @@ fn tainted(node: &Node) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn fails_over_under_its_lease_and_node_mode_untaints() {
     let root = tempfile::tempdir().unwrap();
-    let sim = kube_sim::ApiServer::start().await.unwrap();
-    let kubeconfig = root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).unwrap();
+    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &["node-a"], |config| {
         config.driver_name = DRIVER.to_string();
