@@ -214,34 +214,24 @@ impl Controller {
     /// Offers the claims the watches brought, those waiting and those due for a retry — or,
     /// when `full` (the periodic resync), every claim.
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys: Vec<Key> = if full {
-            let keys: Vec<Key> = self
-                .caches
+        let keys = self.workers.pass_keys(full, || {
+            self.caches
                 .claims
                 .state()
                 .iter()
                 .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
-                .collect();
-            self.workers.forget_absent(keys.iter().cloned());
-            keys
-        } else {
-            self.workers.due()
-        };
-        let offered: Vec<(Key, Option<String>)> = keys
-            .into_iter()
-            .filter_map(|key| {
-                let version = self.version(&key)?;
-                Some((key, Some(version)))
-            })
-            .collect();
-        for (key, version) in self.workers.changed(offered) {
-            let this = self.clone();
-            let sync_key = key.clone();
-            self.workers
-                .schedule(0, key, version, tasks, move || async move {
-                    this.sync(&sync_key).await
-                });
-        }
+                .collect()
+        });
+        let this = self.clone();
+        self.workers.offer(
+            tasks,
+            keys,
+            |key| self.version(key),
+            move |key| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        );
     }
 
     /// The version a claim is offered at: its own and its PV's, since either changes the plan;
@@ -249,7 +239,6 @@ impl Controller {
     fn version(&self, key: &Key) -> Option<String> {
         let Some(pvc) = self.caches.claims.get(key) else {
             self.forget(key);
-            self.workers.forget(key);
             return None;
         };
         let pv = self.volume_of(&pvc);

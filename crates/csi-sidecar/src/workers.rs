@@ -294,6 +294,49 @@ where
         }
     }
 
+    /// The keys of a pass on one lane: on the periodic resync (`full`) every key `all` gives
+    /// (and the state of the others forgotten: their objects are gone), else
+    /// [`KeyedWorkers::due`].
+    pub fn pass_keys(&self, full: bool, all: impl FnOnce() -> Vec<K>) -> Vec<K> {
+        if !full {
+            return self.due();
+        }
+        let keys = all();
+        self.forget_absent(keys.iter().cloned());
+        keys
+    }
+
+    /// Offers `keys` at the version `version` gives (`None`: the object is gone, and the key
+    /// is forgotten) and runs `sync` on lane 0 for those that changed: a single-lane
+    /// controller's pass after [`KeyedWorkers::pass_keys`].
+    pub fn offer<S, Fut, E>(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        keys: Vec<K>,
+        version: impl Fn(&K) -> Option<String>,
+        sync: S,
+    ) where
+        S: Fn(K) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
+        E: Display,
+    {
+        let offered: Vec<(K, Option<String>)> = keys
+            .into_iter()
+            .filter_map(|key| match version(&key) {
+                Some(version) => Some((key, Some(version))),
+                None => {
+                    self.forget(&key);
+                    None
+                }
+            })
+            .collect();
+        for (key, version) in self.changed(offered) {
+            let sync = sync.clone();
+            let sync_key = key.clone();
+            self.schedule(0, key, version, tasks, move || sync(sync_key));
+        }
+    }
+
     /// Forgets the failures, retry deadlines, synced versions and waits of every key not
     /// `present` (its object is gone), so they neither wake the loop nor pile up.
     pub fn forget_absent(&self, present: impl IntoIterator<Item = K>) {

@@ -157,9 +157,9 @@ pub async fn run(
 
 impl Controller {
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let mut keys: Vec<Key> = if full {
+        let mut keys = self.workers.pass_keys(full, || {
             let caches = &self.caches;
-            let keys: Vec<Key> = caches
+            caches
                 .snapshots
                 .state()
                 .iter()
@@ -179,12 +179,8 @@ impl Controller {
                         .filter(|c| c.finalizers().iter().any(|f| f == PVC_AS_SOURCE_FINALIZER))
                         .map(|c| Key::Claim(ObjectRef::from_obj(c.as_ref()))),
                 )
-                .collect();
-            self.workers.forget_absent(keys.iter().cloned());
-            keys
-        } else {
-            self.workers.due()
-        };
+                .collect()
+        });
         // A claim changing concerns the snapshots taken of it (they wait for it to be bound)
         // and those it is restored from (their deletion waits for the restore).
         let claim_snapshots: Vec<Key> = keys
@@ -196,28 +192,25 @@ impl Controller {
             .flat_map(|claim| self.snapshots_concerning(claim))
             .collect();
         keys.extend(claim_snapshots);
-        let offered: Vec<(Key, Option<String>)> = keys
-            .into_iter()
-            .filter_map(|key| {
-                let version = self.version(&key);
-                if version.is_none() {
-                    if let Key::Snapshot(snapshot) = &key {
-                        self.superseded.forget(snapshot);
-                        self.gone(snapshot);
-                    }
-                    self.workers.forget(&key);
+        let this = self.clone();
+        self.workers.offer(
+            tasks,
+            keys,
+            |key| {
+                let version = self.version(key);
+                if version.is_none()
+                    && let Key::Snapshot(snapshot) = key
+                {
+                    self.superseded.forget(snapshot);
+                    self.gone(snapshot);
                 }
-                Some((key, Some(version?)))
-            })
-            .collect();
-        for (key, version) in self.workers.changed(offered) {
-            let this = self.clone();
-            let sync_key = key.clone();
-            self.workers
-                .schedule(0, key, version, tasks, move || async move {
-                    this.sync(&sync_key).await
-                });
-        }
+                version
+            },
+            move |key| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        );
     }
 
     fn snapshots_concerning(&self, claim: &ObjectRef<PersistentVolumeClaim>) -> Vec<Key> {

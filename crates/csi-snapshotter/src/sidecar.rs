@@ -140,39 +140,31 @@ pub async fn run(
 
 impl Controller {
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys: Vec<Key> = if full {
-            let keys: Vec<Key> = self
-                .contents
+        let keys = self.workers.pass_keys(full, || {
+            self.contents
                 .state()
                 .iter()
                 .filter(|c| c.spec.driver == self.settings.driver_name)
                 .map(|c| ObjectRef::from_obj(c.as_ref()))
-                .collect();
-            self.workers.forget_absent(keys.iter().cloned());
-            keys
-        } else {
-            self.workers.due()
-        };
-        let offered: Vec<(Key, Option<String>)> = keys
-            .into_iter()
-            .filter_map(|key| match self.contents.get(&key) {
-                Some(content) => Some((key, content.resource_version())),
+                .collect()
+        });
+        let this = self.clone();
+        self.workers.offer(
+            tasks,
+            keys,
+            |key| match self.contents.get(key) {
+                Some(content) => Some(content.resource_version().unwrap_or_default()),
                 None => {
-                    self.superseded.forget(&key);
-                    lock(&self.polls).remove(&key);
-                    self.workers.forget(&key);
+                    self.superseded.forget(key);
+                    lock(&self.polls).remove(key);
                     None
                 }
-            })
-            .collect();
-        for (key, version) in self.workers.changed(offered) {
-            let this = self.clone();
-            let sync_key = key.clone();
-            self.workers
-                .schedule(0, key, version, tasks, move || async move {
-                    this.sync(&sync_key).await
-                });
-        }
+            },
+            move |key| {
+                let this = this.clone();
+                async move { this.sync(&key).await }
+            },
+        );
     }
 
     async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
