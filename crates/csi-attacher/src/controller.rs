@@ -258,43 +258,35 @@ impl Attacher {
     /// Offers the keys the watches brought, those waiting and those due for a retry — or,
     /// when `full` (the periodic resync), every VolumeAttachment and PV.
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys: Vec<Key> = if full {
+        // Attachments and volumes this pass does not offer (nothing to do, or our write not
+        // seen yet) keep their backoff; only those that are gone are forgotten.
+        let keys = self.workers.pass_keys(full, || {
             let attachments = self.caches.attachments.state();
             let volumes = self.caches.volumes.state();
-            let keys: Vec<Key> = attachments
+            attachments
                 .iter()
                 .map(|va| Key::Attachment(va.name_any()))
                 .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any())))
-                .collect();
-            // Attachments and volumes this pass does not offer (nothing to do, or our write
-            // not seen yet) keep their backoff; only those that are gone are forgotten.
-            self.workers.forget_absent(keys.iter().cloned());
-            keys
-        } else {
-            self.workers.due()
-        };
-        let mut lanes = HashMap::new();
-        let offered: Vec<(Key, Option<String>)> = keys
+                .collect()
+        });
+        let offered = keys
             .into_iter()
             .filter_map(|key| {
                 let (version, lane) = self.offer(&key)?;
-                lanes.insert(key.clone(), lane);
-                Some((key, version))
+                Some((key, version, lane))
             })
             .collect();
         self.count_pending();
-        for (key, version) in self.workers.changed(offered) {
-            let lane = lanes.get(&key).copied().unwrap_or(ATTACH);
-            let this = self.clone();
-            let sync_key = key.clone();
-            self.workers
-                .schedule(lane, key, version, tasks, move || async move {
-                    match &sync_key {
-                        Key::Attachment(name) => this.sync_attachment(name).await,
-                        Key::Volume(name) => this.sync_volume(name).await,
-                    }
-                });
-        }
+        let this = self.clone();
+        self.workers.offer_on_lanes(tasks, offered, move |key| {
+            let this = this.clone();
+            async move {
+                match &key {
+                    Key::Attachment(name) => this.sync_attachment(name).await,
+                    Key::Volume(name) => this.sync_volume(name).await,
+                }
+            }
+        });
     }
 
     /// Whether `key` has work, and then the version it is offered at and its lane; the

@@ -323,7 +323,7 @@ impl Provisioner {
     /// when `full` (the periodic resync), every claim and PV.
     fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>, full: bool) {
         self.forget_seen_writes();
-        let offered: Vec<(Key, Option<String>)> = if full {
+        let offered: Vec<(Key, Option<String>, usize)> = if full {
             self.forget_gone_claims();
             let claims = self.caches.claims.state().into_iter().flat_map(|c| {
                 let version = c.resource_version();
@@ -335,16 +335,25 @@ impl Provisioner {
                 .state()
                 .into_iter()
                 .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-            let offered: Vec<_> = claims.chain(volumes).collect();
+            let offered: Vec<_> = claims
+                .chain(volumes)
+                .map(|(key, version)| {
+                    let lane = key.lane();
+                    (key, version, lane)
+                })
+                .collect();
             self.workers
-                .forget_absent(offered.iter().map(|(key, _)| key.clone()));
+                .forget_absent(offered.iter().map(|(key, _, _)| key.clone()));
             offered
         } else {
             self.workers
                 .due()
                 .into_iter()
                 .filter_map(|key| match self.version(&key) {
-                    Some(version) => Some((key, version)),
+                    Some(version) => {
+                        let lane = key.lane();
+                        Some((key, version, lane))
+                    }
                     None => {
                         self.workers.forget(&key);
                         None
@@ -353,18 +362,17 @@ impl Provisioner {
                 .collect()
         };
         tracing::trace!(offered = offered.len(), full, "pass");
-        for (key, version) in self.workers.changed(offered) {
-            let this = self.clone();
-            let sync_key = key.clone();
-            self.workers
-                .schedule(key.lane(), key, version, tasks, move || async move {
-                    match &sync_key {
-                        Key::Claim(reference) => this.sync_claim(reference).await,
-                        Key::Volume(name) => this.sync_volume(name).await,
-                        Key::CloneSource(reference) => this.sync_clone_source(reference).await,
-                    }
-                });
-        }
+        let this = self.clone();
+        self.workers.offer_on_lanes(tasks, offered, move |key| {
+            let this = this.clone();
+            async move {
+                match &key {
+                    Key::Claim(reference) => this.sync_claim(reference).await,
+                    Key::Volume(name) => this.sync_volume(name).await,
+                    Key::CloneSource(reference) => this.sync_clone_source(reference).await,
+                }
+            }
+        });
     }
 
     /// The resourceVersion of `key`'s object as cached; `None` when the object (or, for a

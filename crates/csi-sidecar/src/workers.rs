@@ -320,20 +320,42 @@ where
         Fut: Future<Output = Result<Synced, E>> + Send + 'static,
         E: Display,
     {
-        let offered: Vec<(K, Option<String>)> = keys
+        let offered = keys
             .into_iter()
             .filter_map(|key| match version(&key) {
-                Some(version) => Some((key, Some(version))),
+                Some(version) => Some((key, Some(version), 0)),
                 None => {
                     self.forget(&key);
                     None
                 }
             })
             .collect();
-        for (key, version) in self.changed(offered) {
+        self.offer_on_lanes(tasks, offered, sync);
+    }
+
+    /// Runs `sync` for each offered `(key, version, lane)` that changed since its last
+    /// complete sync ([`KeyedWorkers::changed`]), on its lane: every controller's pass ends
+    /// here.
+    pub fn offer_on_lanes<S, Fut, E>(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        offered: Vec<(K, Option<String>, usize)>,
+        sync: S,
+    ) where
+        S: Fn(K) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
+        E: Display,
+    {
+        let lanes: HashMap<K, usize> = offered
+            .iter()
+            .map(|(key, _, lane)| (key.clone(), *lane))
+            .collect();
+        let pairs = offered.into_iter().map(|(key, version, _)| (key, version));
+        for (key, version) in self.changed(pairs) {
+            let lane = lanes.get(&key).copied().unwrap_or(0);
             let sync = sync.clone();
             let sync_key = key.clone();
-            self.schedule(0, key, version, tasks, move || sync(sync_key));
+            self.schedule(lane, key, version, tasks, move || sync(sync_key));
         }
     }
 
