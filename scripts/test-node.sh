@@ -117,7 +117,7 @@ export KUBECONFIG
 
 echo "== image $IMAGE from the release binaries"
 $CARGO build --release --locked -p csi-provisioner -p csi-attacher -p csi-resizer \
-  -p csi-snapshotter -p csi-node-driver-registrar -p podmon -p csi-hostpath -p kube-sim --bins
+  -p csi-snapshotter -p csi-node-driver-registrar -p podmon -p csi-inventory -p csi-hostpath -p kube-sim --bins
 $CARGO run --locked -q -p csi-suite-scenarios --example node_image -- \
   target/release "$IMAGE" "$WORK/csi-suite.tar"
 if [ -n "$managed" ]; then "$K8S/node" import "$WORK/csi-suite.tar" >/dev/null; fi

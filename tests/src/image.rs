@@ -13,7 +13,7 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 /// The binaries of the workspace the image carries (the Dockerfile's `for binary in …`).
-pub const BINARIES: [&str; 9] = [
+pub const BINARIES: [&str; 10] = [
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
@@ -22,6 +22,7 @@ pub const BINARIES: [&str; 9] = [
     "csi-node-driver-registrar",
     "livenessprobe",
     "podmon",
+    "csi-inventory",
     "csi-hostpath",
 ];
 

@@ -37,6 +37,7 @@ fn the_image_carries_what_the_dockerfile_carries() {
         "csi-resizer",
         "csi-snapshotter",
         "podmon",
+        "csi-inventory",
         "csi-hostpath",
     ] {
         assert!(text.contains(&format!("-p {package}")), "{package} built");
