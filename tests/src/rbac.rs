@@ -24,9 +24,10 @@ pub const SNAPSHOTTER: &str = "csi-snapshotter";
 pub const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
 pub const PODMON_CONTROLLER: &str = "podmon-controller";
 pub const PODMON_NODE: &str = "podmon-node";
+pub const INVENTORY: &str = "csi-inventory";
 
 /// The roles the chart binds for each component (the release is named `csi-suite`).
-const GRANTS: [(&str, &[&str]); 7] = [
+const GRANTS: [(&str, &[&str]); 8] = [
     (
         PROVISIONER,
         &[
@@ -68,6 +69,7 @@ const GRANTS: [(&str, &[&str]); 7] = [
         &["csi-suite-podmon-controller", "csi-suite-leader-election"],
     ),
     (PODMON_NODE, &["csi-suite-podmon-node"]),
+    (INVENTORY, &["csi-suite-inventory-runner"]),
 ];
 
 const MANIFEST: &str = include_str!("../../manifests/csi-suite-external-driver.yaml");
@@ -347,5 +349,35 @@ mod tests {
             ("list", "", "secrets", false),
         ];
         assert_allows(granted(RESIZER), &cases);
+    }
+
+    /// csi-inventory's report lists PVs and VolumeSnapshotContents and calls nothing else; its
+    /// import (an administrator's command) gets no grant.
+    #[test]
+    fn the_inventory_may_list_volumes_and_contents_and_nothing_else() {
+        let cases = [
+            ("list", "", "persistentvolumes", true),
+            (
+                "list",
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents",
+                true,
+            ),
+            ("watch", "", "persistentvolumes", false),
+            ("get", "", "persistentvolumes", false),
+            ("create", "", "persistentvolumes", false),
+            ("get", "storage.k8s.io", "storageclasses", false),
+            (
+                "watch",
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents",
+                false,
+            ),
+            ("list", "snapshot.storage.k8s.io", "volumesnapshots", false),
+            ("get", "", "secrets", false),
+            ("create", "", "events", false),
+        ];
+        assert_allows(granted(INVENTORY), &cases);
+        assert_eq!(granted(INVENTORY).len(), 2, "{:?}", granted(INVENTORY));
     }
 }

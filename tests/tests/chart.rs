@@ -130,11 +130,25 @@ impl Rendering {
         &self.get("DaemonSet", "csi-suite-node")["spec"]["template"]["spec"]
     }
 
-    /// Every container of both workloads.
+    /// The pod of the inventory CronJob's Jobs, when it is on (`inventory.cronJob`).
+    fn inventory_job(&self) -> Option<&Value> {
+        let cron_job = self.find("CronJob", "csi-suite-inventory")?;
+        Some(&cron_job["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+    }
+
+    /// The pods of the chart by their names here: the controller's, the node's, and the
+    /// inventory CronJob's when it is on.
+    fn pods(&self) -> Vec<(&'static str, &Value)> {
+        let mut pods = vec![("controller", self.controller()), ("node", self.node())];
+        pods.extend(self.inventory_job().map(|pod| ("inventory", pod)));
+        pods
+    }
+
+    /// Every container of both workloads (and of the inventory CronJob).
     fn containers(&self) -> Vec<&Value> {
-        [self.controller(), self.node()]
+        self.pods()
             .into_iter()
-            .flat_map(|pod| pod["containers"].as_array().unwrap())
+            .flat_map(|(_, pod)| pod["containers"].as_array().unwrap())
             .collect()
     }
 
@@ -238,6 +252,7 @@ fn parse_with_binary(container: &Value) -> bool {
             parse::<csi_node_driver_registrar::flags::ProbeArgs, _, _>(&argv).map(drop)
         }
         "podmon" => parse::<podmon::flags::PodmonArgs, _, _>(&argv).map(drop),
+        "csi-inventory" => parse::<csi_inventory::flags::InventoryArgs, _, _>(&argv).map(drop),
         "csi-hostpath" => parse::<csi_hostpath::config::DriverArgs, _, _>(&argv).map(drop),
         _ => return false,
     };
@@ -318,15 +333,12 @@ enum Privilege {
     NonRoot,
 }
 
-/// Both pods run under the runtime's default seccomp profile, and each container as
-/// `expected` says (pod, container, privilege; every container listed): everything dropped but
-/// what it adds back, no privilege escalation unless privileged, and a read-only root
-/// filesystem, every path it writes being on a writable volume.
+/// Every pod (the inventory CronJob's too) runs under the runtime's default seccomp profile,
+/// and each container as `expected` says (pod, container, privilege; every container listed):
+/// everything dropped but what it adds back, no privilege escalation unless privileged, and a
+/// read-only root filesystem, every path it writes being on a writable volume.
 fn assert_hardened(rendering: &Rendering, expected: &[(&str, &str, Privilege)]) {
-    for (pod_name, pod) in [
-        ("controller", rendering.controller()),
-        ("node", rendering.node()),
-    ] {
+    for (pod_name, pod) in rendering.pods() {
         assert_eq!(
             pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
             "{pod_name} pod"
@@ -390,8 +402,13 @@ fn calls_api(container: &Value) -> bool {
             | "csi-snapshotter"
             | "snapshot-controller"
             | "podmon"
+            | "csi-inventory"
     )
 }
+
+/// Both parts of the inventory on: the container in the controller pod and the CronJob.
+const INVENTORY_BOTH: &str =
+    "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\n";
 
 /// Values without any container that calls the API.
 const NO_API_CALLERS: &str = "provisioner:\n  enabled: false\nattacher:\n  enabled: false\n\
@@ -405,7 +422,7 @@ const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// the namespace, at the in-cluster path; otherwise a pod automounts it when one of its
 /// containers calls the API, and none mounts a projected one.
 fn assert_tokens(rendering: &Rendering, projected: bool) {
-    for pod in [rendering.controller(), rendering.node()] {
+    for (_, pod) in rendering.pods() {
         let containers = pod["containers"].as_array().unwrap();
         let pod_calls = containers.iter().any(calls_api);
         let automount = pod["automountServiceAccountToken"].as_bool();
@@ -446,6 +463,9 @@ fn assert_tokens(rendering: &Rendering, projected: bool) {
     }
 }
 
+/// The inventory's ClusterRole (and its binding), for the serving container and the CronJob.
+const INVENTORY_RBAC: &str = "csi-suite-inventory-runner";
+
 const CONTROLLER_RBAC: [&str; 4] = [
     "csi-suite-external-provisioner-runner",
     "csi-suite-external-attacher-runner",
@@ -474,15 +494,39 @@ fn assert_least_privilege(rendering: &Rendering) {
         }
         let binding = rendering.get(&format!("{kind}Binding"), name);
         assert_eq!(binding["roleRef"]["name"], name);
-        let account = if name.ends_with("-podmon-node") {
-            "csi-suite-node"
+        let accounts = if name.ends_with("-podmon-node") {
+            vec!["csi-suite-node"]
         } else if name.starts_with("csi-suite-snapshot-controller") {
-            "csi-suite-snapshot-controller"
+            vec!["csi-suite-snapshot-controller"]
+        } else if name == INVENTORY_RBAC {
+            // The account of each pod that runs csi-inventory, and no other.
+            let serving = container(rendering.controller(), "csi-inventory").is_some();
+            let cron = rendering.inventory_job().is_some();
+            assert!(serving || cron, "{name} without a csi-inventory");
+            [
+                (serving, "csi-suite-controller"),
+                (cron, "csi-suite-inventory"),
+            ]
+            .into_iter()
+            .filter_map(|(runs, account)| runs.then_some(account))
+            .collect()
         } else {
-            "csi-suite-controller"
+            vec!["csi-suite-controller"]
         };
-        assert_eq!(binding["subjects"][0]["name"], account, "{name}");
-        assert_eq!(binding["subjects"][0]["namespace"], "storage", "{name}");
+        let subjects = binding["subjects"].as_array().unwrap();
+        let names: Vec<&str> = subjects.iter().map(|s| str(&s["name"])).collect();
+        assert_eq!(names, accounts, "{name}");
+        for subject in subjects {
+            assert_eq!(subject["kind"], "ServiceAccount", "{name}");
+            assert_eq!(subject["namespace"], "storage", "{name}");
+        }
+    }
+    for (pod_name, pod) in rendering.pods() {
+        let account = str(&pod["serviceAccountName"]);
+        assert!(
+            rendering.find("ServiceAccount", account).is_some(),
+            "{pod_name} pod: no ServiceAccount {account}"
+        );
     }
 }
 
@@ -712,7 +756,9 @@ fn default_values_run_the_reference_driver_with_every_component() {
 /// containers that mount are privileged (the node's, and the reference driver's controller,
 /// which exports ext4 volumes to nodes and cuts those exports to fence); the registrar and the node livenessprobe use the
 /// driver's and kubelet's root-owned sockets on hostPath volumes (no fsGroup there) as root,
-/// without capabilities; every other container runs as non-root with none.
+/// without capabilities; every other container runs as non-root with none. With the inventory
+/// CronJob the controller's socket is on a hostPath too: the controller sidecars and the
+/// CronJob's csi-inventory reach it as root, without capabilities.
 #[test]
 fn every_container_runs_with_least_privilege() {
     use Privilege::{Mounts, NonRoot, Root};
@@ -728,39 +774,50 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "csi-resizer", NonRoot),
         ("controller", "csi-snapshotter", NonRoot),
         ("controller", "podmon", NonRoot),
+        ("controller", "csi-inventory", NonRoot),
         ("controller", "liveness-probe", NonRoot),
     ];
     let external = external_driver_values();
-    // The snapshotter is off by default and on in the example.
-    for (values, controller_driver, snapshots) in
-        [("{}", Mounts, false), (external.as_str(), NonRoot, true)]
-    {
+    // The snapshotter is off by default and on in the example, the inventory's container too.
+    for (values, controller_driver, snapshots, serving, inventory_cron) in [
+        ("{}", Mounts, false, false, false),
+        (external.as_str(), NonRoot, true, true, false),
+        (INVENTORY_BOTH, Mounts, false, true, true),
+    ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
         };
         let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
-            .chain(
-                sidecars
-                    .into_iter()
-                    .filter(|(_, name, _)| snapshots || *name != "csi-snapshotter"),
-            )
+            .chain(sidecars.into_iter().filter(|(_, name, _)| match *name {
+                "csi-snapshotter" => snapshots,
+                "csi-inventory" => serving,
+                _ => true,
+            }))
+            .map(|(pod, name, privilege)| match privilege {
+                NonRoot if inventory_cron => (pod, name, Root(&[])),
+                _ => (pod, name, privilege),
+            })
             .chain(node)
+            .chain(inventory_cron.then_some(("inventory", "csi-inventory", Root(&[]))))
             .collect();
         assert_hardened(&rendering, &expected);
     }
 }
 
-/// No pod automounts the API token; provisioner, attacher, resizer and podmon (and only they)
-/// mount a projected one, for the reference driver and a vendor's, and a pod without any of them
+/// No pod automounts the API token; provisioner, attacher, resizer, podmon and the inventory
+/// (and only they) mount a projected one, for the reference driver and a vendor's, and a pod without any of them
 /// gets none.
 #[test]
 fn api_tokens_reach_only_the_containers_that_call_the_api() {
     let external = external_driver_values();
+    let only_the_cron_job = format!("{NO_API_CALLERS}inventory:\n  cronJob:\n    enabled: true\n");
     for values in [
         "{}",
         external.as_str(),
         "podmon:\n  enabled: false\n",
         NO_API_CALLERS,
+        INVENTORY_BOTH,
+        only_the_cron_job.as_str(),
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -779,7 +836,9 @@ fn before_1_20_only_pods_that_call_the_api_automount_a_token() {
         ("{}", "1.19.16", false),
         ("podmon:\n  enabled: false\n", "1.19.16", false),
         (NO_API_CALLERS, "1.19.16", false),
+        (INVENTORY_BOTH, "1.19.16", false),
         ("{}", "1.20.0", true),
+        (INVENTORY_BOTH, "1.20.0", true),
         ("serviceAccount:\n  projectedToken: true\n", "1.19.16", true),
         (
             "serviceAccount:\n  projectedToken: false\n",
@@ -1205,6 +1264,26 @@ fn bad_values_are_refused_with_the_field_named() {
             "driver:\n  controller:\n    node: -node-1\n",
             "/driver/controller/node",
         ),
+        (
+            "inventory:\n  cronJob:\n    schedule: hourly\n",
+            "/inventory/cronJob/schedule",
+        ),
+        (
+            "inventory:\n  cronJob:\n    socketHostDir: var/lib/csi\n",
+            "/inventory/cronJob/socketHostDir",
+        ),
+        (
+            "inventory:\n  scanInterval: 10\n",
+            "/inventory/scanInterval",
+        ),
+        (
+            "inventory:\n  serve:\n    port: 0\n",
+            "/inventory/serve/port",
+        ),
+        (
+            "inventory:\n  cronJob:\n    failedJobsHistoryLimit: -1\n",
+            "/inventory/cronJob/failedJobsHistoryLimit",
+        ),
     ];
     for (values, field) in cases {
         let Some(output) = template(values) else {
@@ -1273,6 +1352,7 @@ fn csidriver_fields_follow_the_cluster_version() {
 #[test]
 fn every_rendered_object_is_a_valid_kubernetes_object() {
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::batch::v1::CronJob;
     use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -1289,6 +1369,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         external.as_str(),
         "controller:\n  replicas: 3\nprovisioner:\n  capacity:\n    enabled: true\nrbac:\n  secrets: true\nstorageClass:\n  create: true\n  isDefault: true\n  mountOptions: [noatime]\n",
         "podmon:\n  enabled: false\nlivenessProbe:\n  enabled: false\nnode:\n  tolerations: [{operator: Exists}]\n",
+        "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\ncontroller:\n  tolerations: [{operator: Exists}]\n",
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -1306,6 +1387,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "CSIDriver" => round_trip::<CSIDriver>(object),
                 "StorageClass" => round_trip::<StorageClass>(object),
                 "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(object),
+                "CronJob" => round_trip::<CronJob>(object),
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
             assert_eq!(
@@ -1410,4 +1492,308 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     assert!(!trimmed.contains("csi-attacher"), "{trimmed}");
     assert!(!trimmed.contains("csi-resizer"), "{trimmed}");
     assert!(!trimmed.contains("podmon"), "{trimmed}");
+}
+
+/// The driver socket's volume of a pod.
+fn socket_volume(pod: &Value) -> &Value {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "socket-dir")
+        .expect("a socket-dir volume")
+}
+
+/// A csi-inventory container's `report` as the binary parses it.
+fn inventory_report(container: &Value) -> csi_inventory::flags::ReportArgs {
+    let parsed: csi_inventory::flags::InventoryArgs =
+        csi_sidecar::flags::try_parse_from(argv(container)).unwrap();
+    match parsed.command {
+        csi_inventory::flags::Command::Report(report) => report,
+        other => panic!("not a report: {other:?}"),
+    }
+}
+
+/// The inventory's ClusterRole: `list` on PVs and VolumeSnapshotContents, nothing else.
+fn assert_inventory_rules(rendering: &Rendering) {
+    let rule = |group: &str, resource: &str| {
+        (
+            group.to_string(),
+            resource.to_string(),
+            vec!["list".to_string()],
+        )
+    };
+    assert_eq!(
+        rendering.rules("ClusterRole", INVENTORY_RBAC),
+        [
+            rule("", "persistentvolumes"),
+            rule("snapshot.storage.k8s.io", "volumesnapshotcontents")
+        ]
+    );
+}
+
+/// The inventory is off by default: no container, no CronJob, no RBAC, no ServiceAccount, and
+/// the controller's socket stays in its emptyDir.
+#[test]
+fn the_inventory_is_off_by_default() {
+    let Some(rendering) = Rendering::of("{}") else {
+        return;
+    };
+    assert!(container(rendering.controller(), "csi-inventory").is_none());
+    assert!(rendering.inventory_job().is_none());
+    assert!(rendering.find("ClusterRole", INVENTORY_RBAC).is_none());
+    assert!(
+        rendering
+            .find("ClusterRoleBinding", INVENTORY_RBAC)
+            .is_none()
+    );
+    assert!(
+        rendering
+            .find("ServiceAccount", "csi-suite-inventory")
+            .is_none()
+    );
+    assert_eq!(
+        socket_volume(rendering.controller())["emptyDir"],
+        serde_json::json!({})
+    );
+}
+
+/// inventory.serve: `csi-inventory report --serve` in the controller pod on the driver's socket,
+/// its gauges and /healthz on a port of its own, as the other sidecars run; the controller's
+/// ServiceAccount is bound to a ClusterRole of two lists. The socket stays in the emptyDir.
+#[test]
+fn the_inventory_serves_its_findings_from_the_controller_pod() {
+    let values = "inventory:\n  serve:\n    enabled: true\n    port: 9900\n  scanInterval: 5m\n";
+    let Some(rendering) = Rendering::of(values) else {
+        return;
+    };
+    let controller = rendering.controller();
+    let inventory = container(controller, "csi-inventory").expect("the serving container");
+    assert!(parse_with_binary(inventory));
+    let report = inventory_report(inventory);
+    assert!(report.serve);
+    assert_eq!(report.scan_interval, Duration::from_secs(300));
+    assert_eq!(report.http.http_endpoint, ":9900");
+    assert_eq!(report.target.csi.csi_address, "/csi/csi.sock");
+    assert_eq!(report.target.csi.timeout, Duration::from_secs(60));
+    assert_eq!(inventory["ports"][0]["name"], "inventory");
+    assert_eq!(inventory["ports"][0]["containerPort"], 9900);
+    assert_eq!(
+        inventory["livenessProbe"]["httpGet"],
+        serde_json::json!({"path": "/healthz", "port": "inventory"})
+    );
+    assert!(mounts(inventory).contains(&("socket-dir".into(), "/csi".into(), String::new())));
+    assert_eq!(
+        inventory["securityContext"],
+        container(controller, "csi-resizer").unwrap()["securityContext"],
+        "as the other sidecars"
+    );
+    assert_eq!(inventory["securityContext"]["runAsUser"], 65532);
+    assert_eq!(socket_volume(controller)["emptyDir"], serde_json::json!({}));
+    let mut ports = Vec::new();
+    for sidecar in controller["containers"].as_array().unwrap() {
+        for port in sidecar["ports"].as_array().into_iter().flatten() {
+            let number = port["containerPort"].as_u64().unwrap();
+            assert!(!ports.contains(&number), "port {number} twice");
+            ports.push(number);
+        }
+    }
+    assert_inventory_rules(&rendering);
+    assert!(rendering.inventory_job().is_none());
+    assert!(
+        rendering
+            .find("ServiceAccount", "csi-suite-inventory")
+            .is_none()
+    );
+    assert_least_privilege(&rendering);
+    assert_tokens(&rendering, true);
+}
+
+/// inventory.cronJob: `csi-inventory report` once an hour in a pod next to the controller pod
+/// (required podAffinity to its selector, its tolerations), on the same hostPath socket
+/// directory the controller pod then uses, with its own ServiceAccount bound to the
+/// inventory's ClusterRole; findings fail the Job at once, runs never overlap, and the
+/// controller never has two pods on that directory.
+#[test]
+fn the_inventory_cron_job_runs_next_to_the_controller_on_its_socket() {
+    let values = "
+inventory:
+  cronJob:
+    enabled: true
+controller:
+  tolerations:
+    - {key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}
+";
+    let Some(rendering) = Rendering::of(values) else {
+        return;
+    };
+    let cron_job = rendering.get("CronJob", "csi-suite-inventory");
+    assert_eq!(cron_job["apiVersion"], "batch/v1");
+    let spec = &cron_job["spec"];
+    assert_eq!(spec["schedule"], "17 * * * *");
+    assert_eq!(spec["concurrencyPolicy"], "Forbid");
+    assert_eq!(spec["successfulJobsHistoryLimit"], 1);
+    assert_eq!(spec["failedJobsHistoryLimit"], 3);
+    assert_eq!(spec["jobTemplate"]["spec"]["backoffLimit"], 0);
+    assert_eq!(
+        spec["jobTemplate"]["metadata"]["labels"]["app.kubernetes.io/component"], "inventory",
+        "kubectl get jobs -l app.kubernetes.io/component=inventory (NOTES) finds them"
+    );
+    let pod = rendering.inventory_job().unwrap();
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(pod["serviceAccountName"], "csi-suite-inventory");
+    assert_eq!(container_names(pod), ["csi-inventory"]);
+    let inventory = container(pod, "csi-inventory").unwrap();
+    assert!(parse_with_binary(inventory));
+    let report = inventory_report(inventory);
+    assert!(!report.serve, "one report, then exit 0 or 3");
+    assert_eq!(report.target.csi.csi_address, "/csi/csi.sock");
+
+    let deployment = rendering.get("Deployment", "csi-suite-controller");
+    let terms = &pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(terms.as_array().unwrap().len(), 1, "{terms:#}");
+    assert_eq!(terms[0]["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        terms[0]["labelSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(pod["tolerations"], rendering.controller()["tolerations"]);
+    assert!(pod["tolerations"].is_array());
+    let dir = "/var/lib/csi-suite/hostpath.csi-suite.io/controller";
+    assert_eq!(
+        socket_volume(rendering.controller())["hostPath"],
+        serde_json::json!({"path": dir, "type": "DirectoryOrCreate"})
+    );
+    assert_eq!(
+        socket_volume(pod)["hostPath"],
+        serde_json::json!({"path": dir, "type": "Directory"})
+    );
+    let socket_mount = inventory["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "socket-dir")
+        .unwrap();
+    assert_eq!(socket_mount["mountPath"], "/csi");
+    assert_eq!(socket_mount["readOnly"], true);
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+
+    rendering.get("ServiceAccount", "csi-suite-inventory");
+    assert_inventory_rules(&rendering);
+    assert!(container(rendering.controller(), "csi-inventory").is_none());
+    assert_least_privilege(&rendering);
+    assert_tokens(&rendering, true);
+}
+
+/// The CronJob reaches the driver wherever its socket is, speaks the cluster's CronJob API
+/// (batch/v1beta1 before 1.21, with the same fields), keeps the controller to one pod at a
+/// time even with leader election, and is refused with more than one controller replica.
+#[test]
+fn the_inventory_cron_job_follows_the_socket_the_cluster_and_the_replicas() {
+    let values = "
+driver:
+  name: fast.storage.example.org
+  socketDir: /plugin/sock
+  socketName: driver.sock
+inventory:
+  cronJob:
+    enabled: true
+    schedule: '@daily'
+    socketHostDir: /srv/csi/fast
+";
+    let Some(rendering) = Rendering::of(values) else {
+        return;
+    };
+    let pod = rendering.inventory_job().unwrap();
+    let inventory = container(pod, "csi-inventory").unwrap();
+    assert_eq!(
+        inventory_report(inventory).target.csi.csi_address,
+        "/plugin/sock/driver.sock"
+    );
+    assert!(
+        mounts(inventory)
+            .iter()
+            .any(|(name, path, _)| name == "socket-dir" && path == "/plugin/sock")
+    );
+    assert_eq!(host_path(pod, "socket-dir"), "/srv/csi/fast");
+    assert_eq!(
+        host_path(rendering.controller(), "socket-dir"),
+        "/srv/csi/fast"
+    );
+    assert_eq!(
+        rendering.get("CronJob", "csi-suite-inventory")["spec"]["schedule"],
+        "@daily"
+    );
+    let named = Rendering::of(
+        "driver:\n  name: fast.storage.example.org\ninventory:\n  cronJob:\n    enabled: true\n",
+    )
+    .unwrap();
+    assert_eq!(
+        host_path(named.controller(), "socket-dir"),
+        "/var/lib/csi-suite/fast.storage.example.org/controller"
+    );
+
+    for (version, api_version) in [
+        ("1.19.16", "batch/v1beta1"),
+        ("1.20.15", "batch/v1beta1"),
+        ("1.21.0", "batch/v1"),
+    ] {
+        let rendering = Rendering::for_version(INVENTORY_BOTH, Some(version)).unwrap();
+        let cron_job = rendering.get("CronJob", "csi-suite-inventory");
+        assert_eq!(cron_job["apiVersion"], api_version, "{version}");
+        // batch/v1beta1's CronJob has the fields of batch/v1's that the chart sets.
+        let mut as_v1 = cron_job.clone();
+        as_v1["apiVersion"] = "batch/v1".into();
+        let typed: k8s_openapi::api::batch::v1::CronJob =
+            serde_json::from_value(as_v1.clone()).unwrap();
+        assert_eq!(serde_json::to_value(typed).unwrap(), as_v1, "{version}");
+    }
+
+    let electing = "leaderElection:\n  enabled: true\ninventory:\n  cronJob:\n    enabled: true\n";
+    let rendering = Rendering::of(electing).unwrap();
+    assert!(has_arg(
+        container(rendering.controller(), "csi-provisioner").unwrap(),
+        "--leader-election=true"
+    ));
+    assert_eq!(
+        rendering.get("Deployment", "csi-suite-controller")["spec"]["strategy"]["type"],
+        "Recreate"
+    );
+    let stopped = "controller:\n  replicas: 0\ninventory:\n  cronJob:\n    enabled: true\n";
+    assert!(Rendering::of(stopped).is_some(), "the upgrade's first step");
+    let two = "controller:\n  replicas: 2\ninventory:\n  cronJob:\n    enabled: true\n";
+    let refused = template(two).unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "two replicas on one socket directory"
+    );
+    assert!(stderr.contains("controller.replicas is 2"), "{stderr}");
+    assert!(stderr.contains("inventory.serve"), "{stderr}");
+}
+
+/// The notes name the inventory's parts and where their findings are.
+#[test]
+fn the_notes_tell_where_the_inventory_reports() {
+    let Some(text) = notes(&[
+        "--set",
+        "inventory.serve.enabled=true,inventory.cronJob.enabled=true",
+    ]) else {
+        return;
+    };
+    for expected in [
+        "podmon (controller), csi-inventory, livenessprobe",
+        "CronJob csi-suite-inventory (\"17 * * * *\"): csi-inventory report",
+        "(every 10m) as gauges on :9811/metrics",
+        "csi_inventory_findings > 0",
+        "found something (exit 3)",
+        "kubectl -n storage get jobs -l app.kubernetes.io/component=inventory",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+    let default = notes(&[]).unwrap();
+    assert!(!default.contains("inventory"), "{default}");
 }

@@ -30,6 +30,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.serviceAccount.nodeName | default (printf "%s-node" (include "csi-suite.fullname" .)) -}}
 {{- end -}}
 
+{{/* The inventory CronJob's own ServiceAccount. */}}
+{{- define "csi-suite.inventoryServiceAccount" -}}
+{{- .Values.serviceAccount.inventoryName | default (printf "%s-inventory" (include "csi-suite.fullname" .)) -}}
+{{- end -}}
+
 {{/* An image reference: (dict "root" $ "layers" (list <base> <override> ...)); each layer's
      non-empty repository/tag/pullPolicy overrides the ones before it, and the suite image
      comes first. */}}
@@ -55,6 +60,13 @@ imagePullPolicy: {{ $image.pullPolicy }}
 {{/* The driver socket as every container of a pod sees it. */}}
 {{- define "csi-suite.csiAddress" -}}
 {{- printf "%s/%s" (.Values.driver.socketDir | trimSuffix "/") .Values.driver.socketName -}}
+{{- end -}}
+
+{{/* The controller pod's socket directory on its node, when the inventory CronJob reaches the
+     driver there (inventory.cronJob): inventory.cronJob.socketHostDir, by default
+     /var/lib/csi-suite/<driver>/controller. */}}
+{{- define "csi-suite.controllerSocketHostDir" -}}
+{{- .Values.inventory.cronJob.socketHostDir | default (printf "/var/lib/csi-suite/%s/controller" .Values.driver.name) -}}
 {{- end -}}
 
 {{/* The node plugin directory on the host: <kubeletDir>/plugins/<driver>. */}}
