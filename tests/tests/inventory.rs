@@ -18,7 +18,7 @@ use csi_suite_scenarios::fixtures::{
     claim, handle_of, install_snapshot_crds, provision_static_volume, read_records, volume_of,
     write_records,
 };
-use csi_suite_scenarios::{Cluster, skip_without_root, step_timeout};
+use csi_suite_scenarios::{Cluster, rbac, skip_without_root, step_timeout};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
@@ -48,7 +48,7 @@ async fn inventory(cluster: &Cluster, command: &[&str], client: kube::Client) ->
 async fn report(cluster: &Cluster, extra: &[&str]) -> Report {
     let mut command = vec!["report"];
     command.extend(extra);
-    let client = cluster.component_client("csi-inventory");
+    let client = cluster.component_client(rbac::INVENTORY);
     inventory(cluster, &command, client)
         .await
         .scan(&mut |_, _, _| {})
@@ -310,7 +310,7 @@ async fn paging_two_at_a_time_finds_every_volume_and_snapshots_are_compared() {
     let inventory = inventory(
         &cluster,
         &["report", "--max-entries=2"],
-        cluster.component_client("csi-inventory"),
+        cluster.component_client(rbac::INVENTORY),
     )
     .await;
     let mut pages = 0;
