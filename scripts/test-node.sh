@@ -135,11 +135,22 @@ installed=1
 "$helm" install "$RELEASE" charts/csi-suite --namespace "$NAMESPACE" \
   --set storageClass.create=true --set driver.controller.node="$NODE" \
   --set podmon.skipArrayConnectionValidation=true --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
+  --set inventory.serve.enabled=true \
   --wait --timeout "${TIMEOUT}s"
 until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" \
   has -w "$DRIVER" "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}'
 has -F "$DRIVER" "$kubectl" get node "$NODE" -o jsonpath='{.metadata.annotations.csi\.volume\.kubernetes\.io/nodeid}' ||
   fail "no node-ID annotation for $DRIVER on $NODE"
+
+echo "== inventory: the serving container scans the driver with the chart's RBAC"
+# Its first scan runs at start, on an empty driver: clean, no failed scan (a missing grant would
+# fail it with 403), a scan time set. Pod IPs are on the host's pod bridge.
+controller_ip=$("$kubectl" -n "$NAMESPACE" get pod -l app.kubernetes.io/component=controller \
+  -o jsonpath='{.items[0].status.podIP}')
+inventory_metrics() { curl -sf "http://$controller_ip:9811/metrics"; }
+until_ok 120 "csi-inventory served a scan" has -E '^csi_inventory_last_scan_timestamp_seconds [1-9]' inventory_metrics
+has -x 'csi_inventory_findings{kind="orphaned"} 0' inventory_metrics || fail "csi-inventory found orphans on an empty driver"
+has -x 'csi_inventory_scan_errors_total 0' inventory_metrics || fail "a csi-inventory scan failed (see its log)"
 
 echo "== smoke: provision, attach, stage, publish, write, read, delete"
 namespace smoke
