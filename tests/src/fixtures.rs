@@ -12,7 +12,7 @@ use crate::step_timeout;
 
 /// An administrator's pre-created volume: CreateVolume straight on the driver's controller.
 pub async fn provision_static_volume(controller: &CsiConnection, name: &str, bytes: i64) -> String {
-    csi_hostpath::local::create_plain_volume(controller, name, bytes)
+    csi_hostpath::local::create_plain_volume(controller, name, bytes, step_timeout())
         .await
         .unwrap_or_else(|status| panic!("CreateVolume {name}: {}", status.message()))
         .volume_id

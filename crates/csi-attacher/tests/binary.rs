@@ -24,9 +24,14 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     .await
     .unwrap();
 
-    let volume = csi_hostpath::local::create_plain_volume(&driver.controller.csi, "vol-1", 1 << 20)
-        .await
-        .unwrap();
+    let volume = csi_hostpath::local::create_plain_volume(
+        &driver.controller.csi,
+        "vol-1",
+        1 << 20,
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
     let post = PostParams::default();
     Api::<CSINode>::all(client.clone())
         .create(

@@ -178,11 +178,12 @@ impl Instance {
 }
 
 /// CreateVolume of a plain filesystem volume for a single writer, as an administrator makes
-/// one by hand at the storage (the tests' pre-existing volumes).
+/// one by hand at the storage (the tests' and benchmarks' pre-existing volumes).
 pub async fn create_plain_volume(
     csi: &CsiConnection,
     name: &str,
     bytes: i64,
+    timeout: Duration,
 ) -> Result<csi::Volume, tonic::Status> {
     let capability = csi_sidecar::capability::volume_capability(
         &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
@@ -197,7 +198,7 @@ pub async fn create_plain_volume(
         volume_capabilities: vec![capability],
         ..Default::default()
     };
-    let response = csi.create_volume(request, Duration::from_secs(10)).await?;
+    let response = csi.create_volume(request, timeout).await?;
     response
         .volume
         .ok_or_else(|| tonic::Status::internal("CreateVolume returned no volume"))

@@ -29,10 +29,15 @@ fn text(bytes: &[u8]) -> String {
 }
 
 async fn create_volume(driver: &LocalCluster, name: &str) -> String {
-    csi_hostpath::local::create_plain_volume(&driver.controller.csi, name, MI)
-        .await
-        .unwrap()
-        .volume_id
+    csi_hostpath::local::create_plain_volume(
+        &driver.controller.csi,
+        name,
+        MI,
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    .volume_id
 }
 
 fn flags(socket: &Path, kubeconfig: &Path) -> Vec<String> {

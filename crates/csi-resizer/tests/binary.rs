@@ -29,9 +29,14 @@ async fn expands_a_claim_under_its_lease_and_serves_health_and_metrics() {
     .await
     .unwrap();
 
-    let volume = csi_hostpath::local::create_plain_volume(&driver.controller.csi, "vol-1", MI)
-        .await
-        .unwrap();
+    let volume = csi_hostpath::local::create_plain_volume(
+        &driver.controller.csi,
+        "vol-1",
+        MI,
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
     let post = PostParams::default();
     // The API server lets a claim grow only when its class allows expansion.
     Api::<StorageClass>::all(client.clone())
