@@ -13,16 +13,11 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, listed_watch,
-    main_with_count, phase_table, reached, record, request_table, timed_requests,
+    main_with_count, phase_table, reached, record, request_table, timed_requests, volumes_with_pvs,
 };
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
@@ -121,46 +116,16 @@ async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow
                 {"name": DRIVER, "nodeID": NODE}]}}))?,
         )
         .await?;
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let capability = volume_capability(
-        &AccessKind::from_volume_mode(None, "", vec![]),
-        csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-    );
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let (pvs, capability) = (pvs.clone(), capability.clone());
-            let csi = driver.controller.csi.clone();
-            async move {
-                let request = csi::CreateVolumeRequest {
-                    name: pv_name(i),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 1 << 20,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![capability],
-                    ..Default::default()
-                };
-                let volume = csi
-                    .create_volume(request, Duration::from_secs(60))
-                    .await
-                    .map_err(|s| anyhow::anyhow!("CreateVolume: {}", s.message()))?
-                    .volume
-                    .context("CreateVolume returned no volume")?;
-                let pv: PersistentVolume = serde_json::from_value(json!({
-                    "metadata": {"name": pv_name(i)},
-                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                        "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id}}}))?;
-                pvs.create(&PostParams::default(), &pv).await?;
-                Ok::<_, anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(CLIENTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(())
+    volumes_with_pvs(
+        client,
+        &driver.controller.csi,
+        DRIVER,
+        count,
+        CLIENTS,
+        pv_name,
+        None,
+    )
+    .await
 }
 
 /// Creates the VolumeAttachments at once and waits until all are attached.

@@ -14,16 +14,13 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, listed_watch,
-    main_with_count, phase_table, reached, record, request_table, timed_requests,
+    ApiServerUnderTest, BoundClaims, Phase, SidecarProcess, client_requests, latencies,
+    listed_watch, main_with_count, phase_table, reached, record, request_table, timed_requests,
+    volumes_with_pvs,
 };
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -122,62 +119,25 @@ async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow
                 "allowVolumeExpansion": true, "volumeBindingMode": "Immediate"}))?,
         )
         .await?;
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let capability = volume_capability(
-        &AccessKind::from_volume_mode(None, "", vec![]),
-        csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-    );
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let (pvs, claims, capability) = (pvs.clone(), claims.clone(), capability.clone());
-            let csi = driver.controller.csi.clone();
-            async move {
-                let request = csi::CreateVolumeRequest {
-                    name: name(i),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 1 << 20,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![capability],
-                    ..Default::default()
-                };
-                let volume = csi
-                    .create_volume(request, Duration::from_secs(60))
-                    .await
-                    .map_err(|s| anyhow::anyhow!("CreateVolume: {}", s.message()))?
-                    .volume
-                    .context("CreateVolume returned no volume")?;
-                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": name(i)},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
-                        "volumeName": name(i), "resources": {"requests": {"storage": "1Mi"}}}}))?;
-                let claim = claims.create(&PostParams::default(), &claim).await?;
-                let pv: PersistentVolume = serde_json::from_value(json!({
-                    "metadata": {"name": name(i)},
-                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": CLASS,
-                        "claimRef": {"name": name(i), "namespace": NAMESPACE, "uid": claim.uid()},
-                        "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id}}}))?;
-                pvs.create(&PostParams::default(), &pv).await?;
-                claims
-                    .patch_status(
-                        &name(i),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": {"phase": "Bound",
-                            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}}})),
-                    )
-                    .await?;
-                Ok::<_, anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(CLIENTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    let bound = BoundClaims {
+        namespace: NAMESPACE,
+        class: CLASS,
+        status: json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"],
+            "capacity": {"storage": "1Mi"}}),
+    };
+    volumes_with_pvs(
+        client,
+        &driver.controller.csi,
+        DRIVER,
+        count,
+        CLIENTS,
+        name,
+        Some(bound),
+    )
+    .await?;
     // A real server's PV controller binds the claims itself (and may reset a phase written
     // before it saw the PV): the phase starts once every claim is Bound.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let deadline = Instant::now() + LIMIT;
     loop {
         let list = claims.list(&Default::default()).await?;

@@ -16,18 +16,16 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use csi_hostpath::local::LocalCluster;
-use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, volume_capability};
 use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, listed_watch,
-    main_with_count, phase_table, reached, record, request_table, timed_requests,
+    ApiServerUnderTest, BoundClaims, Phase, SidecarProcess, client_requests, latencies,
+    listed_watch, main_with_count, phase_table, reached, record, request_table, timed_requests,
+    volumes_with_pvs,
 };
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -196,60 +194,21 @@ async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let capability = volume_capability(
-        &AccessKind::from_volume_mode(None, "", vec![]),
-        csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-    );
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let (pvs, claims, capability) = (pvs.clone(), claims.clone(), capability.clone());
-            let csi = driver.controller.csi.clone();
-            async move {
-                let request = csi::CreateVolumeRequest {
-                    name: name(i),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 1 << 20,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![capability],
-                    ..Default::default()
-                };
-                let volume = csi
-                    .create_volume(request, Duration::from_secs(60))
-                    .await
-                    .map_err(|s| anyhow::anyhow!("CreateVolume: {}", s.message()))?
-                    .volume
-                    .context("CreateVolume returned no volume")?;
-                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": name(i)},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                        "volumeName": name(i), "resources": {"requests": {"storage": "1Mi"}}}}))?;
-                let claim = claims.create(&PostParams::default(), &claim).await?;
-                let pv: PersistentVolume = serde_json::from_value(json!({
-                    "metadata": {"name": name(i)},
-                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                        "claimRef": {"name": name(i), "namespace": NAMESPACE, "uid": claim.uid()},
-                        "csi": {"driver": DRIVER, "volumeHandle": volume.volume_id}}}))?;
-                pvs.create(&PostParams::default(), &pv).await?;
-                claims
-                    .patch_status(
-                        &name(i),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": {"phase": "Bound"}})),
-                    )
-                    .await?;
-                Ok::<_, anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(CLIENTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(())
+    let bound = BoundClaims {
+        namespace: NAMESPACE,
+        class: "",
+        status: json!({"phase": "Bound"}),
+    };
+    volumes_with_pvs(
+        client,
+        &driver.controller.csi,
+        DRIVER,
+        count,
+        CLIENTS,
+        name,
+        Some(bound),
+    )
+    .await
 }
 
 async fn counts(server: &ApiServerUnderTest) -> [Option<kube_sim::apiserver::RequestCounts>; 2] {

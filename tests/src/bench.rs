@@ -610,3 +610,80 @@ apiserver_request_duration_seconds_count{verb="POST"} 99
         assert_eq!(counts.len(), 3);
     }
 }
+
+/// The claims [`volumes_with_pvs`] binds the PVs to: one per PV, of the same name, in
+/// `namespace`, of `class` (also the PV's), its status merged with `status` once the PV exists
+/// (kube-sim binds nothing unless its pv-binder runs).
+#[derive(Debug, Clone)]
+pub struct BoundClaims<'a> {
+    pub namespace: &'a str,
+    pub class: &'a str,
+    pub status: serde_json::Value,
+}
+
+/// Per index below `count`, `clients` at a time: a 1 MiB volume `name(i)` at the driver and
+/// its Retain PV `name(i)` of `driver` (no class without `claims`), and with `claims` a claim
+/// bound to it.
+pub async fn volumes_with_pvs(
+    client: &Client,
+    csi: &csi_sidecar::conn::CsiConnection,
+    driver: &str,
+    count: usize,
+    clients: usize,
+    name: fn(usize) -> String,
+    claims: Option<BoundClaims<'_>>,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use kube::api::{Patch, PatchParams, PostParams};
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let claims = claims.as_ref();
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let pvs = pvs.clone();
+            async move {
+                let volume = csi_hostpath::local::create_plain_volume(
+                    csi,
+                    &name(i),
+                    1 << 20,
+                    Duration::from_secs(60),
+                )
+                .await
+                .map_err(|s| anyhow::anyhow!("CreateVolume: {}", s.message()))?;
+                let mut pv = serde_json::json!({
+                    "metadata": {"name": name(i)},
+                    "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": claims.map_or("", |c| c.class),
+                        "csi": {"driver": driver, "volumeHandle": volume.volume_id}}});
+                let Some(bound) = claims else {
+                    pvs.create(&PostParams::default(), &serde_json::from_value(pv)?)
+                        .await?;
+                    return Ok(());
+                };
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(client.clone(), bound.namespace);
+                let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name(i)},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": bound.class,
+                        "volumeName": name(i), "resources": {"requests": {"storage": "1Mi"}}}}))?;
+                let claim = api.create(&PostParams::default(), &claim).await?;
+                pv["spec"]["claimRef"] = serde_json::json!({"name": name(i),
+                    "namespace": bound.namespace, "uid": claim.meta().uid});
+                pvs.create(&PostParams::default(), &serde_json::from_value(pv)?)
+                    .await?;
+                api.patch_status(
+                    &name(i),
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"status": bound.status})),
+                )
+                .await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(clients)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
+}
