@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use csi_hostpath::local::LocalCluster;
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Phase, SidecarProcess, client_requests, latencies, listed_watch,
-    main_with_count, phase_table, reached, record, request_table, timed_requests, volumes_with_pvs,
+    ApiServerUnderTest, Footprint, Phase, SidecarProcess, client_requests, latencies, listed_watch,
+    main_with_count, reached, record, sidecar_report, timed_requests, volumes_with_pvs,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -79,19 +79,21 @@ async fn run(count: usize) -> anyhow::Result<()> {
     attacher.stop();
     driver.stop().await;
     let phases = [attach?, detach?];
-    let mut report = String::new();
-    let _ = writeln!(
-        report,
-        "{count} VolumeAttachments (one PV each, one node) created at once by {CLIENTS} concurrent clients, as the attach-detach controller would; the attacher runs with its default flags (`--worker-threads=10` per lane, no client-side QPS limit). Attach: until every VolumeAttachment is `attached`. Detach: all deleted at once, until every one is gone (ControllerUnpublishVolume done, finalizer removed). API requests are the attacher's own, per VolumeAttachment, counted by the API server per client (its User-Agent); watches are per run.\n"
+    let intro = format!(
+        "{count} VolumeAttachments (one PV each, one node) created at once by {CLIENTS} concurrent clients, as the attach-detach controller would; the attacher runs with its default flags (`--worker-threads=10` per lane, no client-side QPS limit). Attach: until every VolumeAttachment is `attached`. Detach: all deleted at once, until every one is gone (ControllerUnpublishVolume done, finalizer removed). API requests are the attacher's own, per VolumeAttachment, counted by the API server per client (its User-Agent); watches are per run."
     );
-    report.push_str(&phase_table(count, "VolumeAttachments", &phases));
-    let _ = writeln!(
-        report,
-        "\nPeak RSS of csi-attacher: {}; binary size: {:.1} MiB (release).\n",
-        rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB")),
-        attacher.binary_mib()
+    let mut report = sidecar_report(
+        &intro,
+        count,
+        "VolumeAttachments",
+        "VolumeAttachment",
+        &phases,
+        Footprint {
+            sidecar: "csi-attacher",
+            rss,
+            binary_mib: attacher.binary_mib(),
+        },
     );
-    report.push_str(&request_table(count, "VolumeAttachment", &phases));
     if let Some(lines) = driver_time {
         let _ = write!(
             report,

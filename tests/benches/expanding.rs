@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use csi_hostpath::local::LocalCluster;
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, BoundClaims, Phase, SidecarProcess, client_requests, latencies,
-    listed_watch, main_with_count, phase_table, reached, record, request_table, timed_requests,
+    ApiServerUnderTest, BoundClaims, Footprint, Phase, SidecarProcess, client_requests, latencies,
+    listed_watch, main_with_count, reached, record, sidecar_report, timed_requests,
     volumes_with_pvs,
 };
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
@@ -75,19 +75,21 @@ async fn run(count: usize) -> anyhow::Result<()> {
     resizer.stop();
     driver.stop().await;
     let phases = [expand?];
-    let mut report = String::new();
-    let _ = writeln!(
-        report,
-        "{count} bound claims of 1Mi (one PV each, a class that allows expansion) all asking for 2Mi at once, patched by {CLIENTS} concurrent clients; the resizer runs with its default flags (`--workers=10`, no client-side QPS limit). Until every claim's `status.capacity` is 2Mi (the reference driver's directory volumes need no node expansion, so the resizer finishes each one). API requests are the resizer's own, per claim, counted by the API server per client (its User-Agent); watches are per run.\n"
+    let intro = format!(
+        "{count} bound claims of 1Mi (one PV each, a class that allows expansion) all asking for 2Mi at once, patched by {CLIENTS} concurrent clients; the resizer runs with its default flags (`--workers=10`, no client-side QPS limit). Until every claim's `status.capacity` is 2Mi (the reference driver's directory volumes need no node expansion, so the resizer finishes each one). API requests are the resizer's own, per claim, counted by the API server per client (its User-Agent); watches are per run."
     );
-    report.push_str(&phase_table(count, "expansions", &phases));
-    let _ = writeln!(
-        report,
-        "\nPeak RSS of csi-resizer: {}; binary size: {:.1} MiB (release).\n",
-        rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB")),
-        resizer.binary_mib()
+    let mut report = sidecar_report(
+        &intro,
+        count,
+        "expansions",
+        "claim",
+        &phases,
+        Footprint {
+            sidecar: "csi-resizer",
+            rss,
+            binary_mib: resizer.binary_mib(),
+        },
     );
-    report.push_str(&request_table(count, "claim", &phases));
     if let Some(lines) = driver_time {
         let _ = writeln!(
             report,

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, DriverUnderTest, Phase, SidecarProcess, client_requests, latencies,
-    main_with_count, phase_table, record, request_table, timed_requests,
+    ApiServerUnderTest, DriverUnderTest, Footprint, Phase, SidecarProcess, client_requests,
+    latencies, main_with_count, record, sidecar_report, timed_requests,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
@@ -281,17 +281,19 @@ fn report(
     rss: Option<f64>,
     binary_mib: f64,
 ) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{claims} claims of an Immediate class created at once by {CREATORS} concurrent clients; {setup}\n"
+    let intro = format!(
+        "{claims} claims of an Immediate class created at once by {CREATORS} concurrent clients; {setup}"
     );
-    out.push_str(&phase_table(claims, "volumes", phases));
-    let _ = writeln!(
-        out,
-        "\nPeak RSS of csi-provisioner: {}; binary size: {binary_mib:.1} MiB.\n",
-        rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB"))
-    );
-    out.push_str(&request_table(claims, "volume", phases));
-    out
+    sidecar_report(
+        &intro,
+        claims,
+        "volumes",
+        "volume",
+        phases,
+        Footprint {
+            sidecar: "csi-provisioner",
+            rss,
+            binary_mib,
+        },
+    )
 }

@@ -611,6 +611,41 @@ apiserver_request_duration_seconds_count{verb="POST"} 99
     }
 }
 
+/// A sidecar's size in a benchmark report.
+#[derive(Debug, Clone, Copy)]
+pub struct Footprint<'a> {
+    pub sidecar: &'a str,
+    /// Peak RSS in MiB, taken before it stopped.
+    pub rss: Option<f64>,
+    pub binary_mib: f64,
+}
+
+/// A sidecar benchmark's report: `intro` (what was run), the phase table (`unit` per second),
+/// the sidecar's peak RSS and binary size, and the table of its API requests `per` object.
+pub fn sidecar_report(
+    intro: &str,
+    count: usize,
+    unit: &str,
+    per: &str,
+    phases: &[Phase],
+    footprint: Footprint<'_>,
+) -> String {
+    let Footprint {
+        sidecar,
+        rss,
+        binary_mib,
+    } = footprint;
+    let mut report = format!("{intro}\n\n");
+    report.push_str(&phase_table(count, unit, phases));
+    let _ = writeln!(
+        report,
+        "\nPeak RSS of {sidecar}: {}; binary size: {binary_mib:.1} MiB (release).\n",
+        rss.map_or("n/a".to_string(), |r| format!("{r:.1} MiB")),
+    );
+    report.push_str(&request_table(count, per, phases));
+    report
+}
+
 /// The claims [`volumes_with_pvs`] binds the PVs to: one per PV, of the same name, in
 /// `namespace`, of `class` (also the PV's), its status merged with `status` once the PV exists
 /// (kube-sim binds nothing unless its pv-binder runs).
