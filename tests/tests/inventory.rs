@@ -40,9 +40,13 @@ fn args(cluster: &Cluster, command: &[&str]) -> InventoryArgs {
 /// The inventory as the chart's CronJob runs it: with its own RBAC (report) or, for imports,
 /// an administrator's credentials.
 async fn inventory(cluster: &Cluster, command: &[&str], client: kube::Client) -> Inventory {
-    Inventory::connect(args(cluster, command).target(), client)
-        .await
-        .expect("the inventory connects")
+    Inventory::connect(
+        args(cluster, command).target(),
+        client,
+        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .expect("the inventory connects")
 }
 
 async fn report(cluster: &Cluster, extra: &[&str]) -> Report {

@@ -78,14 +78,14 @@ impl std::fmt::Debug for Inventory {
 impl Inventory {
     /// Connects to the driver (bounded wait, Probe until ready), learns its name and
     /// capabilities, and refuses a driver that cannot list its volumes.
-    pub async fn connect(target: &Target, client: Client) -> Result<Self, InventoryError> {
+    /// The CSI calls are recorded in `metrics` (`csi_sidecar_operations_seconds` when served).
+    pub async fn connect(
+        target: &Target,
+        client: Client,
+        metrics: CsiOperationMetrics,
+    ) -> Result<Self, InventoryError> {
         let endpoint = target.csi.endpoint()?;
-        let csi = conn::connect(
-            &endpoint,
-            conn::DEFAULT_CONNECT_WAIT,
-            CsiOperationMetrics::unregistered(),
-        )
-        .await?;
+        let csi = conn::connect(&endpoint, conn::DEFAULT_CONNECT_WAIT, metrics).await?;
         Self::with_connection(target, csi, client).await
     }
 
@@ -347,14 +347,12 @@ pub async fn report(
 /// `report --serve`: a scan every `--scan-interval`, its findings as gauges on
 /// `--http-endpoint`, until `shutdown`. A failed scan is logged and counted; the gauges keep
 /// the last complete scan's values (its time says how old they are).
-pub async fn serve(
-    inventory: Inventory,
-    args: &ReportArgs,
-    shutdown: CancellationToken,
-) -> Result<(), InventoryError> {
-    inventory.csi.exit_on_loss();
+pub async fn serve(args: &ReportArgs, shutdown: CancellationToken) -> Result<(), InventoryError> {
     let mut registry = Registry::default();
+    let calls = CsiOperationMetrics::register(&mut registry);
     let metrics = InventoryMetrics::register(&mut registry);
+    let inventory = connect(&args.target, calls).await?;
+    inventory.csi.exit_on_loss();
     csi_sidecar::http::start(&args.http, Arc::new(registry), Vec::new(), shutdown.clone()).await?;
     loop {
         match inventory.scan(&mut |_, _, _| {}).await {
@@ -398,7 +396,10 @@ fn log_finding(finding: &Finding) {
 }
 
 /// Connects for `target`: the kube client from its flags, then the driver.
-pub async fn connect(target: &Target) -> Result<Inventory, InventoryError> {
+pub async fn connect(
+    target: &Target,
+    metrics: CsiOperationMetrics,
+) -> Result<Inventory, InventoryError> {
     let client = csi_sidecar::kube::client(&target.kube).await?;
-    Inventory::connect(target, client).await
+    Inventory::connect(target, client, metrics).await
 }
