@@ -7,7 +7,6 @@
 # either it says how to get one and exits 2 (under CI=true: 1, nothing passes unrun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CARGO="${CARGO:-cargo}"
 
 fail_or_skip() {
   echo "sanity: $1" >&2
@@ -28,8 +27,9 @@ if [ -z "$sanity" ]; then
 fi
 [ "$(id -u)" = 0 ] || fail_or_skip "needs root: the driver's node side mounts volumes"
 
-"$CARGO" build --locked -p csi-hostpath --bin csi-hostpath
-driver="$PWD/target/debug/csi-hostpath"
+# The release driver users run, built by `make build` (make sanity does that first).
+driver="${CSI_HOSTPATH:-$PWD/target/release/csi-hostpath}"
+[ -x "$driver" ] || fail_or_skip "no driver at $driver: run 'make build' (or set CSI_HOSTPATH)"
 
 work="$(mktemp -d /tmp/csi-sanity-XXXXXX)"
 pid=

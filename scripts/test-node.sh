@@ -116,8 +116,10 @@ fi
 export KUBECONFIG
 
 echo "== image $IMAGE from the release binaries"
-$CARGO build --release --locked -p csi-provisioner -p csi-attacher -p csi-resizer \
-  -p csi-snapshotter -p csi-node-driver-registrar -p podmon -p csi-inventory -p csi-hostpath -p kube-sim --bins
+# The release binaries come from `make build` (make test-node does that first).
+for binary in kube-sim csi-hostpath csi-provisioner; do
+  [ -x "target/release/$binary" ] || fail "no target/release/$binary: run 'make build'"
+done
 $CARGO run --locked -q -p csi-suite-scenarios --example node_image -- \
   target/release "$IMAGE" "$WORK/csi-suite.tar"
 if [ -n "$managed" ]; then "$K8S/node" import "$WORK/csi-suite.tar" >/dev/null; fi
