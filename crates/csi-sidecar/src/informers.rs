@@ -117,6 +117,14 @@ impl Informers {
         }
     }
 
+    /// The caches made from now on wake `wake` instead of a signal of their own: for a
+    /// controller with another source of work on the same signal (capacity tracking's refresh
+    /// requests from the provisioner).
+    pub fn waking(mut self, wake: Arc<Notify>) -> Self {
+        self.wake = wake;
+        self
+    }
+
     /// Reports the caches made from now on to `health` (the sidecar's `/healthz`).
     pub fn reporting_to(mut self, health: &Arc<CacheSyncHealth>) -> Self {
         self.health = Some(health.clone());

@@ -274,17 +274,21 @@ where
         stop: &CancellationToken,
         mut pass: impl FnMut(&mut JoinSet<()>, bool),
     ) {
-        let mut last_resync = Instant::now();
+        // Tokio's clock (the same in production): a test can let the hours pass.
+        let mut last_resync = tokio::time::Instant::now();
         loop {
             while tasks.try_join_next().is_some() {}
             let full = last_resync.elapsed() >= resync;
             if full {
                 self.resync();
-                last_resync = Instant::now();
+                last_resync = tokio::time::Instant::now();
             }
             let pass_started = Instant::now();
             pass(&mut tasks, full);
-            let next = self.next_retry(pass_started).unwrap_or(resync);
+            let next_resync = resync.saturating_sub(last_resync.elapsed());
+            let next = self
+                .next_retry(pass_started)
+                .map_or(next_resync, |retry| retry.min(next_resync));
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = wake.notified() => {}
@@ -686,5 +690,41 @@ mod tests {
         release.notify_one();
         while tasks.join_next().await.is_some() {}
         assert!(!workers.is_running(&1));
+    }
+
+    /// The resync comes every `resync` from the last one, also when changes woke the loop in
+    /// between (not a whole period after the last wake-up).
+    #[tokio::test(start_paused = true)]
+    async fn the_resync_keeps_its_period_across_wake_ups() {
+        let workers =
+            KeyedWorkers::<&'static str>::new(1, Duration::from_secs(1), Duration::from_secs(1));
+        let wake = Arc::new(Notify::new());
+        let stop = CancellationToken::new();
+        let passes = Arc::new(Mutex::new(Vec::new()));
+        let start = tokio::time::Instant::now();
+        let run = tokio::spawn({
+            let (workers, wake, stop, passes) =
+                (workers.clone(), wake.clone(), stop.clone(), passes.clone());
+            async move {
+                workers
+                    .run(
+                        JoinSet::new(),
+                        &wake,
+                        Duration::from_secs(60),
+                        &stop,
+                        |_, full| lock(&passes).push((start.elapsed().as_secs(), full)),
+                    )
+                    .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_secs(80)).await;
+        stop.cancel();
+        run.await.expect("the loop ends");
+        assert_eq!(
+            *lock(&passes),
+            vec![(0, false), (50, false), (60, true), (120, true)]
+        );
     }
 }

@@ -18,8 +18,8 @@
 //! (only UNIMPLEMENTED means "no"), again with backoff; meanwhile cleanups are held, as taints
 //! alone are not enough where it does.
 //!
-//! Unlike the provisioner's and attacher's, this loop does not run on the keyed workers of
-//! `csi_sidecar::workers`: the circuit breaker and maintenance decide over all nodes at once
+//! Unlike the provisioner's, the attacher's and capacity tracking's, this loop does not run on
+//! the keyed workers of `csi_sidecar::workers`: the circuit breaker and maintenance decide over all nodes at once
 //! (how many are being evacuated, with which triggers), so [`plan::pass`] needs every failed
 //! node in one view, and a cleanup's retry delay is part of the plan's [`plan::Memory`], where
 //! the table tests see it. Cleanups are still one per node at a time, with backoff from

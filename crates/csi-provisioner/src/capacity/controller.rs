@@ -1,11 +1,13 @@
 //! The capacity controller: caches of CSINodes, Nodes, classes, PVs and our
 //! CSIStorageCapacity objects; on every change it recomputes the wanted items and hands the
-//! ones that are new, missing, touched by a PV that came or went, or due for the poll to the
-//! shared keyed workers (bounded by `--capacity-threads`, per-item backoff).
+//! ones that are new, missing, touched by a PV that came or went, asked for by the provisioner
+//! (a failed CreateVolume) or due for the poll (`--capacity-poll-interval`, the loop's resync)
+//! to the shared keyed workers, with the deletions of obsolete objects (bounded by
+//! `--capacity-threads`, per-key backoff).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::{Informers, keep_node_labels};
@@ -140,7 +142,15 @@ struct State {
     created: HashMap<Item, String>,
     /// The names of the driver's PVs as of the last pass, to see which came and went.
     volumes: HashSet<String>,
-    next_poll: Option<Instant>,
+}
+
+/// The keyed work of capacity tracking.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Work {
+    /// GetCapacity for an item, and its object created or updated.
+    Refresh(Item),
+    /// An obsolete object (of no wanted item, or a duplicate) deleted.
+    Delete(String),
 }
 
 /// Runs capacity tracking for `driver` until `shutdown`.
@@ -151,7 +161,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let client = settings.client.clone();
-    let mut informers = Informers::new(&client, &shutdown);
+    // The provisioner's refresh requests and every change of these caches wake the loop.
+    let mut informers = Informers::new(&client, &shutdown).waking(settings.refresh.wake.clone());
     let selector = format!(
         "{DRIVER_NAME_LABEL}={driver},{MANAGED_BY_LABEL}={}",
         settings.managed_by
@@ -194,25 +205,17 @@ pub async fn run(
         state: Mutex::new(State::default()),
     });
     tracing::info!(namespace = %tracker.settings.namespace, "capacity tracking started");
-    let refresh = tracker.settings.refresh.wake.clone();
     // The refreshes belong to this loop: they stop with it.
-    let mut tasks = JoinSet::new();
-    loop {
-        while tasks.try_join_next().is_some() {}
-        let pass_started = Instant::now();
-        let poll = tracker.pass(&mut tasks).await;
-        let next = tracker
-            .workers
-            .next_retry(pass_started)
-            .map_or(poll, |retry| retry.min(poll));
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = wake.notified() => {}
-            () = refresh.notified() => {}
-            () = tracker.workers.wakened() => {}
-            () = tokio::time::sleep(next) => {}
-        }
-    }
+    tracker
+        .workers
+        .run(
+            JoinSet::new(),
+            &wake,
+            tracker.settings.poll_interval,
+            &shutdown,
+            |tasks, poll| tracker.pass(tasks, poll),
+        )
+        .await;
 }
 
 /// PV name → the PV as the watch last brought it (deleted ones too), for the driver's PVs
@@ -225,16 +228,15 @@ struct Tracker {
     driver: String,
     caches: Caches,
     api: Api<CSIStorageCapacity>,
-    workers: Arc<KeyedWorkers<Item>>,
+    workers: Arc<KeyedWorkers<Work>>,
     changed_volumes: ChangedVolumes,
     state: Mutex<State>,
 }
 
 impl Tracker {
-    /// One pass: marks what is due, hands it to the workers, deletes obsolete objects;
-    /// returns how long until the next poll.
-    async fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Duration {
-        let now = Instant::now();
+    /// One pass: marks what is due (everything on the `poll`) and hands it to the workers,
+    /// with the deletions of obsolete objects.
+    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, poll: bool) {
         let segments = match &self.caches.segments {
             Segments::Fixed(segment) => BTreeSet::from([segment.clone()]),
             Segments::Watched(csi_nodes, nodes) => {
@@ -259,7 +261,15 @@ impl Tracker {
             state
                 .created
                 .retain(|_, name| !objects.iter().any(|o| o.name_any() == *name));
-            let mut due: BTreeSet<Item> = self.workers.due().into_iter().collect();
+            let mut due: BTreeSet<Item> = self
+                .workers
+                .due()
+                .into_iter()
+                .filter_map(|work| match work {
+                    Work::Refresh(item) => Some(item),
+                    Work::Delete(_) => None,
+                })
+                .collect();
             // New items, and items whose object is missing (never made, or deleted by someone).
             due.extend(
                 wanted
@@ -281,22 +291,27 @@ impl Tracker {
             for volume in self.volume_changes(&mut state.volumes) {
                 due.extend(affected_items(&wanted, &volume));
             }
-            if state.next_poll.is_none_or(|at| at <= now) {
+            if poll {
                 due.extend(wanted.iter().cloned());
-                state.next_poll = Some(now + self.settings.poll_interval);
             }
             state.due.extend(due.iter().cloned());
             state.due.retain(|item| wanted.contains(item));
             state.created.retain(|item, _| wanted.contains(item));
-            self.workers
-                .forget_absent(wanted.iter().cloned().collect::<Vec<_>>());
+            self.workers.forget_absent(
+                wanted
+                    .iter()
+                    .cloned()
+                    .map(Work::Refresh)
+                    .chain(found.obsolete.iter().cloned().map(Work::Delete)),
+            );
             state.wanted = wanted;
             (state.due.iter().cloned().collect::<Vec<_>>(), due)
         };
         // An item whose refresh runs is offered again only for a reason that came since (its
         // refresh then runs once more when this one ends).
         for item in ready {
-            if self.workers.is_running(&item) && !newly_due.contains(&item) {
+            let key = Work::Refresh(item.clone());
+            if self.workers.is_running(&key) && !newly_due.contains(&item) {
                 continue;
             }
             let existing = found.existing.get(&item).and_then(|name| {
@@ -304,37 +319,60 @@ impl Tracker {
                     .objects
                     .get(&ObjectRef::new(name).within(&self.settings.namespace))
             });
-            let (this, key) = (self.clone(), item.clone());
+            let this = self.clone();
             self.workers
-                .schedule(0, item, None, tasks, move || async move {
+                .schedule(0, key, None, tasks, move || async move {
                     // Our object for it is not in the cache yet: creating another would duplicate
                     // it, so the refresh waits for the watch to bring it.
-                    if existing.is_none() && lock(&this.state).created.contains_key(&key) {
+                    if existing.is_none() && lock(&this.state).created.contains_key(&item) {
                         return Ok(Synced::Waiting);
                     }
-                    let created = this.refresh(&key, existing.as_deref()).await?;
+                    let created = this.refresh(&item, existing.as_deref()).await?;
                     let mut state = lock(&this.state);
-                    state.due.remove(&key);
+                    state.due.remove(&item);
                     if let Some(name) = created {
-                        state.created.insert(key, name);
+                        state.created.insert(item, name);
                     }
                     Ok::<_, CapacityError>(Synced::Done)
                 });
         }
+        // At the object's version: deleted once, however many passes see it before the watch
+        // brings the deletion.
         for name in &found.obsolete {
-            match self.api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => tracing::info!(object = %name, "deleted obsolete CSIStorageCapacity"),
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => {
-                    tracing::warn!(object = %name, %error, "deleting an obsolete CSIStorageCapacity")
-                }
+            let key = Work::Delete(name.clone());
+            let version = self
+                .caches
+                .objects
+                .get(&ObjectRef::new(name).within(&self.settings.namespace))
+                .and_then(|object| object.resource_version());
+            if self
+                .workers
+                .changed([(key.clone(), version.clone())])
+                .is_empty()
+            {
+                continue;
+            }
+            let (this, name) = (self.clone(), name.clone());
+            self.workers
+                .schedule(0, key, version, tasks, move || async move {
+                    this.delete_obsolete(&name).await
+                });
+        }
+        self.report(&lock(&self.state), &found);
+    }
+
+    async fn delete_obsolete(&self, name: &str) -> Result<Synced, CapacityError> {
+        match self.api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(object = %name, "deleted obsolete CSIStorageCapacity"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(CapacityError::Delete {
+                    name: name.to_string(),
+                    source,
+                });
             }
         }
-        let state = lock(&self.state);
-        self.report(&state, &found);
-        state.next_poll.map_or(self.settings.poll_interval, |at| {
-            at.saturating_duration_since(Instant::now())
-        })
+        Ok(Synced::Done)
     }
 
     /// The driver's PVs that appeared or disappeared since the last pass (`known`: the names

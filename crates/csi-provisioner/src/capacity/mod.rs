@@ -273,6 +273,8 @@ pub enum CapacityError {
     Update { name: String, source: kube::Error },
     #[error("creating a CSIStorageCapacity: {0}")]
     Create(kube::Error),
+    #[error("deleting the obsolete CSIStorageCapacity {name}: {source}")]
+    Delete { name: String, source: kube::Error },
 }
 
 /// What GetCapacity said about an item.
