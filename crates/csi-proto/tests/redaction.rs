@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use csi_proto::cosi::v1alpha1 as cosi;
 use csi_proto::csi::v1 as csi;
 use csi_proto::{SECRET_BEARING_MESSAGES, SECRET_FIELDS};
 use prost::Message;
@@ -43,11 +44,23 @@ macro_rules! case {
     }};
 }
 
+/// COSI's one secret-bearing message: the credentials a grant mints.
+fn cosi_credentials() -> cosi::CredentialDetails {
+    cosi::CredentialDetails { secrets: secrets() }
+}
+
 fn cases() -> Vec<Case> {
+    let credentials = cosi_credentials();
+    let cosi_case = Case {
+        name: "cosi.v1alpha1.CredentialDetails",
+        marker: "CredentialDetails",
+        compact: format!("{credentials:?}"),
+        pretty: format!("{credentials:#?}"),
+    };
     let vol = || "vol-1".to_owned();
     let snap = || "snap-1".to_owned();
     let group = || "group-1".to_owned();
-    vec![
+    let mut cases = vec![
         case!(CreateVolumeRequest { name: vol() }, "vol-1"),
         case!(DeleteVolumeRequest { volume_id: vol() }, "vol-1"),
         case!(
@@ -139,7 +152,9 @@ fn cases() -> Vec<Case> {
             },
             "snap-1"
         ),
-    ]
+    ];
+    cases.push(cosi_case);
+    cases
 }
 
 #[test]
@@ -188,11 +203,14 @@ fn every_secret_bearing_message_has_a_case() {
 fn secret_bearing_messages_match_the_descriptor() {
     let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET)
         .expect("FILE_DESCRIPTOR_SET decodes");
-    let csi_file = fds
-        .file
-        .iter()
-        .find(|f| f.name() == "csi/v1/csi.proto")
-        .expect("csi.proto in FILE_DESCRIPTOR_SET");
+    let file = |name: &str| {
+        fds.file
+            .iter()
+            .find(|f| f.name() == name)
+            .unwrap_or_else(|| panic!("{name} in FILE_DESCRIPTOR_SET"))
+    };
+    let csi_file = file("csi/v1/csi.proto");
+    let cosi_file = file("cosi/v1alpha1/cosi.proto");
 
     let mut with_secrets_field = BTreeSet::new();
     fn walk(prefix: &str, messages: &[prost_types::DescriptorProto], out: &mut BTreeSet<String>) {
@@ -205,6 +223,11 @@ fn secret_bearing_messages_match_the_descriptor() {
         }
     }
     walk("csi.v1", &csi_file.message_type, &mut with_secrets_field);
+    walk(
+        "cosi.v1alpha1",
+        &cosi_file.message_type,
+        &mut with_secrets_field,
+    );
 
     let declared: BTreeSet<String> = SECRET_BEARING_MESSAGES
         .iter()
@@ -224,6 +247,30 @@ fn secret_bearing_messages_match_the_descriptor() {
         .expect("csi_secret extension");
     assert_eq!(option.number(), 1059);
     assert_eq!(option.extendee(), ".google.protobuf.FieldOptions");
+    let option = cosi_file
+        .extension
+        .iter()
+        .find(|e| e.name() == "cosi_secret")
+        .expect("cosi_secret extension");
+    assert_eq!(option.number(), 1115);
+    assert_eq!(option.extendee(), ".google.protobuf.FieldOptions");
+}
+
+/// A grant's response names the account and the protocol its credentials are for, and never
+/// the keys themselves.
+#[test]
+fn cosi_grant_response_prints_without_its_keys() {
+    let response = cosi::DriverGrantBucketAccessResponse {
+        account_id: "account-7".to_owned(),
+        credentials: HashMap::from([("s3".to_owned(), cosi_credentials())]),
+    };
+    for rendered in [format!("{response:?}"), format!("{response:#?}")] {
+        assert!(rendered.contains("account-7"), "{rendered}");
+        assert!(rendered.contains("\"s3\""), "{rendered}");
+        assert!(rendered.contains("<redacted 1 key>"), "{rendered}");
+        assert!(!rendered.contains(SECRET_KEY), "{rendered}");
+        assert!(!rendered.contains(SECRET_VALUE), "{rendered}");
+    }
 }
 
 #[test]
@@ -382,6 +429,8 @@ fn service_paths() {
         "csi.v1.SnapshotMetadata",
         "pluginregistration.Registration",
         "podmon.v1.Podmon",
+        "cosi.v1alpha1.Identity",
+        "cosi.v1alpha1.Provisioner",
     ] {
         assert!(
             services.contains(expected),
@@ -395,5 +444,70 @@ fn service_paths() {
     assert_eq!(
         csi_proto::pluginregistration::registration_server::SERVICE_NAME,
         "pluginregistration.Registration"
+    );
+}
+
+/// COSI v1alpha1's wire contract as released (v0.2.2): every field number, and the enum values
+/// drivers send.
+#[test]
+fn cosi_wire_facts() {
+    let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let file = fds
+        .file
+        .iter()
+        .find(|f| f.name() == "cosi/v1alpha1/cosi.proto")
+        .expect("cosi.proto");
+    assert_eq!(file.package(), "cosi.v1alpha1");
+    let fields: BTreeSet<String> = file
+        .message_type
+        .iter()
+        .flat_map(|m| {
+            m.field
+                .iter()
+                .map(move |f| format!("{}.{}={}", m.name(), f.name(), f.number()))
+        })
+        .collect();
+    let expected = [
+        "S3.region=1",
+        "S3.signature_version=2",
+        "AzureBlob.storage_account=1",
+        "GCS.private_key_name=1",
+        "GCS.project_id=2",
+        "GCS.service_account=3",
+        "Protocol.s3=1",
+        "Protocol.azureBlob=2",
+        "Protocol.gcs=3",
+        "CredentialDetails.secrets=1",
+        "DriverGetInfoResponse.name=1",
+        "DriverCreateBucketRequest.name=1",
+        "DriverCreateBucketRequest.parameters=2",
+        "DriverCreateBucketResponse.bucket_id=1",
+        "DriverCreateBucketResponse.bucket_info=2",
+        "DriverDeleteBucketRequest.bucket_id=1",
+        "DriverDeleteBucketRequest.delete_context=2",
+        "DriverGrantBucketAccessRequest.bucket_id=1",
+        "DriverGrantBucketAccessRequest.name=2",
+        "DriverGrantBucketAccessRequest.authentication_type=3",
+        "DriverGrantBucketAccessRequest.parameters=4",
+        "DriverGrantBucketAccessResponse.account_id=1",
+        "DriverGrantBucketAccessResponse.credentials=2",
+        "DriverRevokeBucketAccessRequest.bucket_id=1",
+        "DriverRevokeBucketAccessRequest.account_id=2",
+        "DriverRevokeBucketAccessRequest.revoke_access_context=3",
+    ];
+    assert_eq!(
+        fields,
+        expected
+            .iter()
+            .map(|f| (*f).to_owned())
+            .collect::<BTreeSet<_>>()
+    );
+    assert_eq!(cosi::AuthenticationType::Key as i32, 1);
+    assert_eq!(cosi::AuthenticationType::Iam as i32, 2);
+    assert_eq!(cosi::S3SignatureVersion::S3v4 as i32, 2);
+    assert_eq!(cosi::AnonymousBucketAccessMode::ReadWrite as i32, 4);
+    assert_eq!(
+        csi_proto::cosi::v1alpha1::provisioner_server::SERVICE_NAME,
+        "cosi.v1alpha1.Provisioner"
     );
 }
