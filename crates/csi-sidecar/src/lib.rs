@@ -67,6 +67,7 @@ macro_rules! fixed_resource {
 pub mod backoff;
 pub mod capability;
 pub mod conn;
+pub mod crd;
 pub mod durable;
 pub mod events;
 pub mod feature_gates;

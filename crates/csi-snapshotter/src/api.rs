@@ -10,15 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
-    CustomResourceDefinitionVersion, CustomResourceValidation,
-};
+use csi_sidecar::crd::{TopLevelKind, TypeOf, top_level_crd};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::{CustomResource, CustomResourceExt};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "snapshot.storage.k8s.io";
@@ -231,9 +228,12 @@ pub struct VolumeSnapshotContentStatus {
 }
 
 /// How snapshots of one driver are cut: top-level fields, no spec (as StorageClass).
-#[derive(Clone, Debug, Default, Deserialize, JsonSchema, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSnapshotClass {
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub types: TypeOf<VolumeSnapshotClass>,
     #[schemars(skip)]
     pub metadata: ObjectMeta,
     pub driver: String,
@@ -263,22 +263,6 @@ impl k8s_openapi::Metadata for VolumeSnapshotClass {
     }
 }
 
-/// With `apiVersion` and `kind`, which the API server needs to decode a custom resource.
-impl Serialize for VolumeSnapshotClass {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("apiVersion", <Self as k8s_openapi::Resource>::API_VERSION)?;
-        map.serialize_entry("kind", <Self as k8s_openapi::Resource>::KIND)?;
-        map.serialize_entry("metadata", &self.metadata)?;
-        map.serialize_entry("driver", &self.driver)?;
-        if let Some(parameters) = &self.parameters {
-            map.serialize_entry("parameters", parameters)?;
-        }
-        map.serialize_entry("deletionPolicy", &self.deletion_policy)?;
-        map.end()
-    }
-}
-
 impl VolumeSnapshotClass {
     /// The class's parameters (none is an empty map).
     pub fn parameters(&self) -> BTreeMap<String, String> {
@@ -295,69 +279,22 @@ impl VolumeSnapshotClass {
 
     /// Its CustomResourceDefinition, built like kube's derive builds the other two.
     pub fn crd() -> CustomResourceDefinition {
-        let generator = schemars::generate::SchemaSettings::openapi3()
-            .with(|s| {
-                s.inline_subschemas = true;
-                s.meta_schema = None;
-            })
-            .with_transform(schemars::transform::AddNullable::default())
-            .with_transform(kube::core::schema::StructuralSchemaRewriter)
-            .into_generator();
-        let mut schema = serde_json::to_value(generator.into_root_schema_for::<Self>())
-            .expect("a schema is JSON");
-        if let Some(properties) = schema["properties"].as_object_mut() {
-            properties.insert("apiVersion".into(), serde_json::json!({"type": "string"}));
-            properties.insert("kind".into(), serde_json::json!({"type": "string"}));
-            properties.insert("metadata".into(), serde_json::json!({"type": "object"}));
-        }
-        if let Some(object) = schema.as_object_mut() {
-            object.remove("title");
-            object.remove("description");
-        }
-        CustomResourceDefinition {
-            metadata: ObjectMeta {
-                name: Some(format!("volumesnapshotclasses.{GROUP}")),
-                annotations: Some(BTreeMap::from([(
-                    "api-approved.kubernetes.io".to_string(),
-                    API_APPROVAL.to_string(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            spec: CustomResourceDefinitionSpec {
-                group: GROUP.into(),
-                names: CustomResourceDefinitionNames {
-                    kind: "VolumeSnapshotClass".into(),
-                    plural: "volumesnapshotclasses".into(),
-                    singular: Some("volumesnapshotclass".into()),
-                    short_names: Some(vec!["vsclass".into(), "vsclasses".into()]),
-                    list_kind: Some("VolumeSnapshotClassList".into()),
-                    ..CustomResourceDefinitionNames::default()
-                },
-                scope: "Cluster".into(),
-                versions: vec![CustomResourceDefinitionVersion {
-                    name: "v1".into(),
-                    served: true,
-                    storage: true,
-                    schema: Some(CustomResourceValidation {
-                        open_api_v3_schema: Some(
-                            serde_json::from_value(schema).expect("a valid JSONSchemaProps"),
-                        ),
-                    }),
-                    additional_printer_columns: Some(
-                        serde_json::from_value(serde_json::json!([
-                            {"name": "Driver", "type": "string", "jsonPath": ".driver"},
-                            {"name": "DeletionPolicy", "type": "string", "jsonPath": ".deletionPolicy",
-                             "description": "Determines whether a VolumeSnapshotContent created through the VolumeSnapshotClass should be deleted when its bound VolumeSnapshot is deleted."},
-                            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-                        ]))
-                        .expect("printer columns"),
-                    ),
-                    ..CustomResourceDefinitionVersion::default()
-                }],
-                ..CustomResourceDefinitionSpec::default()
-            },
-            status: None,
-        }
+        top_level_crd::<Self>(TopLevelKind {
+            group: GROUP,
+            version: "v1",
+            kind: "VolumeSnapshotClass",
+            plural: "volumesnapshotclasses",
+            short_names: &["vsclass", "vsclasses"],
+            scope: "Cluster",
+            approval: API_APPROVAL,
+            printer_columns: serde_json::from_value(serde_json::json!([
+                {"name": "Driver", "type": "string", "jsonPath": ".driver"},
+                {"name": "DeletionPolicy", "type": "string", "jsonPath": ".deletionPolicy",
+                 "description": "Determines whether a VolumeSnapshotContent created through the VolumeSnapshotClass should be deleted when its bound VolumeSnapshot is deleted."},
+                {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+            ]))
+            .expect("printer columns"),
+        })
     }
 }
 
@@ -370,18 +307,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-/// One CRD as the YAML committed under `manifests/crds/`.
-pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
-    let body = serde_norway::to_string(crd).expect("a CRD serializes");
-    format!(
-        "# Generated by `cargo run -p csi-snapshotter --bin snapshot-crds`; do not edit.\n---\n{body}"
-    )
-}
-
-/// The file name under `manifests/crds/` (upstream's: `<group>_<plural>.yaml`).
-pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
-    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
-}
+/// The command that writes `manifests/crds/` (named in each file's header).
+pub const CRDS_COMMAND: &str = "cargo run -p csi-snapshotter --bin snapshot-crds";
 
 /// A merge patch of `status` from `old` to `new`: `new`'s fields, and `null` for each field
 /// `old` had that `new` drops (a merge patch removes a field only when told so).
@@ -411,26 +338,23 @@ pub fn snapshot_key(snapshot: &VolumeSnapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_sidecar::crd::stale_crds;
 
     /// The committed YAML (and the chart's copy) is what the types generate (`make crds`
     /// rewrites both).
     #[test]
     fn committed_crds_are_current() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        for (dir, crd) in ["manifests/crds", "charts/csi-suite/files/crds"]
-            .into_iter()
-            .flat_map(|dir| crds().into_iter().map(move |crd| (dir, crd)))
-        {
-            let path = root.join(dir).join(crd_file_name(&crd));
-            let committed = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert_eq!(
-                committed,
-                crd_yaml(&crd),
-                "{} is stale: run `make crds` and commit it",
-                path.display()
-            );
-        }
+        let stale = stale_crds(
+            &root,
+            &["manifests/crds", "charts/csi-suite/files/crds"],
+            &crds(),
+            CRDS_COMMAND,
+        );
+        assert!(
+            stale.is_empty(),
+            "stale: {stale:?}: run `make crds` and commit them"
+        );
     }
 
     #[test]
