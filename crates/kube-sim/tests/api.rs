@@ -755,7 +755,8 @@ async fn injected_throttling_is_retried() {
     );
 }
 
-// Creating a CustomResourceDefinition serves its resource; deleting it stops serving it
+// Creating a CustomResourceDefinition serves its resource (created without the status it may
+// carry, when it has a status subresource); deleting it stops serving it
 // (apiextensions-apiserver).
 #[tokio::test]
 async fn custom_resources_are_served_from_crds() {
@@ -784,7 +785,8 @@ async fn custom_resources_are_served_from_crds() {
     let widgets: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &c.namespace, &resource);
     let mut widget = DynamicObject::new("w1", &resource);
-    widget.data = json!({"spec": {"size": 3}});
+    // The status given at create is dropped: it comes through `/status` only.
+    widget.data = json!({"spec": {"size": 3}, "status": {"ready": true}});
     let mut created = None;
     for _ in 0..50 {
         match widgets.create(&PostParams::default(), &widget).await {
@@ -798,6 +800,7 @@ async fn custom_resources_are_served_from_crds() {
     }
     let created = created.expect("the CRD's resource is served");
     assert_eq!(created.data["spec"]["size"], 3);
+    assert_eq!(created.data.get("status"), None, "{:?}", created.data);
     // A custom resource's body must name its kind (nothing defaults it, unlike built-ins).
     let mut bare = DynamicObject::new("w2", &resource);
     bare.types = None;

@@ -8,8 +8,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::{
-    Server, admission, json_response, key, now_rfc3339, objects, require_custom_resource_kind,
-    schema,
+    Server, admission, is_custom_resource, json_response, key, now_rfc3339, objects,
+    require_custom_resource_kind, schema,
 };
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
@@ -25,7 +25,16 @@ pub(super) fn create(
     object: Value,
 ) -> Result<Value, ApiError> {
     require_custom_resource_kind(rt, &object)?;
-    let object = objects::prepare_create(rt, ns, object)?;
+    let mut object = objects::prepare_create(rt, ns, object)?;
+    // A custom resource with a status subresource is created without one: its status is
+    // written through `/status` only (apiextensions-apiserver customResourceStrategy
+    // PrepareForCreate).
+    if is_custom_resource(rt)
+        && rt.subresources.iter().any(|s| s == "status")
+        && let Some(fields) = object.as_object_mut()
+    {
+        fields.remove("status");
+    }
     let mut object = admission::admit(rt, object, || {
         server
             .resource("storage.k8s.io", "v1", "storageclasses")
