@@ -65,11 +65,12 @@ manifests: $(HELM)
 	$(render) > manifests/csi-suite.yaml
 	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
 
-## crds: rewrite manifests/crds/ (and the chart's copy) from csi-snapshotter's Rust types (a test
-## checks both are current).
+## crds: rewrite manifests/crds/ (and the chart's copy) from csi-snapshotter's and cosi's Rust
+## types (tests check they are current).
 crds:
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds $(CHART)/files/crds
+	$(CARGO) run -q -p cosi --bin cosi-crds manifests/crds
 
 ## build: release binaries of every component into target/release: the image's (see the
 ## Dockerfile) and kube-sim, which test-node runs beside them. make sanity checks this

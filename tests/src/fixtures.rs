@@ -197,6 +197,14 @@ pub async fn install_snapshot_crds(client: &Client) {
     }
 }
 
+/// Serves COSI's objectstorage.k8s.io/v1alpha1 kinds with the CRDs the cosi crate generates
+/// (`manifests/crds/`); a real cluster that has them keeps its own.
+pub async fn install_cosi_crds(client: &Client) {
+    for crd in cosi::api::crds() {
+        create_crd(client, crd).await;
+    }
+}
+
 /// Serves gateway.networking.k8s.io/v1beta1 ReferenceGrants (a real cluster that has the
 /// Gateway API CRDs keeps its own).
 pub async fn install_reference_grant_crd(client: &Client) {

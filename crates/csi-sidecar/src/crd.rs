@@ -66,6 +66,28 @@ impl<'de, K> Deserialize<'de> for TypeOf<K> {
     }
 }
 
+/// A reference to another object in a custom resource: core/v1 ObjectReference's fields,
+/// atomic as upstream's CRDs have it (VolumeSnapshotContent's snapshot, Bucket's claim).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+pub struct ObjectReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
 /// The names and extras of a top-level kind's CRD.
 #[derive(Clone, Debug)]
 pub struct TopLevelKind {
@@ -156,7 +178,20 @@ pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
 }
 
-/// Writes `crds` into `dir` (a generator binary's whole job).
+/// A generator binary's whole job: writes `crds` into the directory its first argument names
+/// (default `manifests/crds`).
+pub fn write_crds_into_argument_dir(
+    crds: &[CustomResourceDefinition],
+    command: &str,
+) -> Result<(), String> {
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "manifests/crds".to_string());
+    write_crds(std::path::Path::new(&dir), crds, command)
+        .map_err(|error| format!("writing the CRDs into {dir}: {error}"))
+}
+
+/// Writes `crds` into `dir`, one file each.
 pub fn write_crds(
     dir: &std::path::Path,
     crds: &[CustomResourceDefinition],

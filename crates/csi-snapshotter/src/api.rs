@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use csi_sidecar::crd::{TopLevelKind, TypeOf, top_level_crd};
+use csi_sidecar::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -166,6 +166,7 @@ pub struct SnapshotError {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSnapshotContentSpec {
+    /// The VolumeSnapshot a content is bound to (an ObjectReference, as upstream).
     pub volume_snapshot_ref: SnapshotReference,
     pub deletion_policy: DeletionPolicy,
     pub driver: String,
@@ -176,26 +177,8 @@ pub struct VolumeSnapshotContentSpec {
     pub source_volume_mode: Option<String>,
 }
 
-/// The VolumeSnapshot a content is bound to (an ObjectReference, as upstream).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
-pub struct SnapshotReference {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field_path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-}
+/// An ObjectReference, as upstream's.
+pub type SnapshotReference = ObjectReference;
 
 /// Exactly one: the volume to cut a snapshot of (dynamic), or the snapshot that exists.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

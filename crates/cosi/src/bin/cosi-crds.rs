@@ -1,0 +1,6 @@
+//! Writes the objectstorage.k8s.io/v1alpha1 CRDs generated from the Rust types into the
+//! directory given (default `manifests/crds`), one file per CRD as upstream names them.
+
+fn main() -> Result<(), String> {
+    csi_sidecar::crd::write_crds_into_argument_dir(&cosi::api::crds(), cosi::api::CRDS_COMMAND)
+}
