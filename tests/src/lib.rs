@@ -774,6 +774,25 @@ impl Cluster {
         Sidecar { shutdown, task }
     }
 
+    /// Runs cosi-controller in this process (fast retries). It acts with the scenario's own
+    /// credentials: the chart has no COSI part yet to take its RBAC from.
+    pub fn start_cosi_controller(&self) -> Sidecar {
+        let settings = cosi::controller::Settings {
+            workers: 10,
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(2),
+            resync: Duration::from_secs(600),
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
+        };
+        let client = self.client.clone();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(cosi::controller::run(client, settings, token));
+        Sidecar { shutdown, task }
+    }
+
     /// Runs the snapshot-controller in this process, with upstream's defaults (fast retries).
     pub fn start_snapshot_controller(&self) -> Sidecar {
         let settings = csi_snapshotter::common::Settings {

@@ -3,12 +3,14 @@
 //! holds the five kinds to their schema as upstream's CRDs do: the class's deletion policy
 //! defaults to Retain, a policy outside Retain/Delete and a claim without protocols are refused,
 //! fields the schema does not know are pruned, and status is written through its subresource
-//! only. What the types read back is what was written (a `GCS` protocol reads as GCP).
+//! only. What the types read back is what was written (a `GCS` protocol reads as GCP). Then
+//! cosi-controller gives claims their Buckets there.
 
 use cosi::api::{
     AuthenticationType, Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass,
     DeletionPolicy, Protocol,
 };
+use cosi::claim::{BUCKET_CLAIM_FINALIZER, FAILED_CREATE_BUCKET};
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::install_cosi_crds;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
@@ -45,10 +47,17 @@ async fn post_raw(
     }
 }
 
+/// One scenario for both parts: cosi-controller is cluster-wide, and would act on the claims of
+/// the schema checks if they ran beside it.
 #[tokio::test]
-async fn cosi_kinds_are_served_and_held_to_their_schema() {
-    let cluster = Cluster::start("cosi-api").await;
+async fn cosi_kinds_are_served_and_claims_get_their_buckets() {
+    let cluster = Cluster::start("cosi").await;
     install_cosi_crds(&cluster.client).await;
+    kinds_are_held_to_their_schema(&cluster).await;
+    claims_get_their_buckets_and_take_them_along_when_deleted(&cluster).await;
+}
+
+async fn kinds_are_held_to_their_schema(cluster: &Cluster) {
     let driver = "s3.cosi.example.com";
 
     // A class without a policy gets Retain, as upstream's schema defaults it.
@@ -79,7 +88,7 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
     assert_eq!(raw["deletionPolicy"], "Retain", "{raw}");
 
     let refused = post_raw(
-        &cluster,
+        cluster,
         "BucketClass",
         "bucketclasses",
         false,
@@ -110,7 +119,7 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
     );
 
     let refused = post_raw(
-        &cluster,
+        cluster,
         "BucketClaim",
         "bucketclaims",
         true,
@@ -123,11 +132,11 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
     // Unknown fields are pruned; the status given at create is dropped (status subresource).
     assert!(
         post_raw(
-            &cluster,
+            cluster,
             "BucketClaim",
             "bucketclaims",
             true,
-            json!({"metadata": {"name": "data"},
+            json!({"metadata": {"name": "schema-check"},
                    "spec": {"bucketClassName": class_name, "protocols": ["S3"], "colour": "blue"},
                    "status": {"bucketReady": true, "bucketName": "forged"}}),
         )
@@ -136,13 +145,14 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
         "a valid claim is stored"
     );
     let claims = cluster.namespaced::<BucketClaim>();
-    let claim = claims.get("data").await.expect("the claim");
+    let claim = claims.get("schema-check").await.expect("the claim");
     assert_eq!(claim.spec.protocols, vec![Protocol::S3]);
     assert_eq!(
         claim.status, None,
         "status comes through its subresource only"
     );
-    let raw = serde_json::to_value(claims.get("data").await.expect("the claim")).expect("JSON");
+    let raw =
+        serde_json::to_value(claims.get("schema-check").await.expect("the claim")).expect("JSON");
     assert!(raw["spec"].get("colour").is_none(), "pruned: {raw}");
 
     let bucket_name = format!("bucket-{}", claim.metadata.uid.clone().expect("a uid"));
@@ -152,7 +162,7 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
             &buckets,
             json!({"metadata": {"name": bucket_name},
                    "spec": {"driverName": driver, "bucketClassName": class_name,
-                            "bucketClaim": {"name": "data", "namespace": cluster.namespace,
+                            "bucketClaim": {"name": "schema-check", "namespace": cluster.namespace,
                                             "uid": claim.metadata.uid},
                             "protocols": ["S3"], "parameters": {"tier": "standard"}}}),
         )
@@ -174,7 +184,7 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
 
     let claim = claims
         .patch_status(
-            "data",
+            "schema-check",
             &params,
             &Patch::Merge(json!({"status": {"bucketReady": true, "bucketName": bucket_name}})),
         )
@@ -187,12 +197,12 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
     // Upstream's documentation says GCS where its constant says GCP: both read as Gcp.
     assert!(
         post_raw(
-            &cluster,
+            cluster,
             "BucketAccess",
             "bucketaccesses",
             true,
             json!({"metadata": {"name": "reader"},
-                   "spec": {"bucketClaimName": "data", "bucketAccessClassName": access_class_name,
+                   "spec": {"bucketClaimName": "schema-check", "bucketAccessClassName": access_class_name,
                             "credentialsSecretName": "reader-creds", "protocol": "GCS"}}),
         )
         .await
@@ -220,4 +230,195 @@ async fn cosi_kinds_are_served_and_held_to_their_schema() {
     let status = access.status.expect("a status");
     assert!(status.access_granted);
     assert_eq!(status.account_id.as_deref(), Some("acct-1"));
+    // Gone before the controller starts, which would otherwise take it on.
+    cluster
+        .delete_and_wait(&claims, "schema-check", "the schema check's claim")
+        .await;
+}
+
+/// cosi-controller on a live cluster, standing in for a COSI sidecar by hand (it writes the
+/// Bucket's status, and holds a Bucket with the sidecar's finalizer): a claim is protected and
+/// gets `bucket-<uid>` from its class, and is ready when its Bucket is; a claim of a missing
+/// class gets a FailedCreateBucket Event and its Bucket once the class exists; a brownfield
+/// claim binds the existing Bucket it names; deleting a claim deletes its Bucket, and the claim
+/// goes once the Bucket has gone (waiting while the sidecar's finalizer holds it).
+async fn claims_get_their_buckets_and_take_them_along_when_deleted(cluster: &Cluster) {
+    let _controller = cluster.start_cosi_controller();
+    let driver = "s3.cosi.example.com";
+    let classes = cluster.cluster_scoped::<BucketClass>();
+    let class_name = format!("{}-delete", cluster.namespace);
+    cluster
+        .create(
+            &classes,
+            json!({"metadata": {"name": class_name}, "driverName": driver,
+                   "deletionPolicy": "Delete", "parameters": {"tier": "gold"}}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<BucketClass>(None, &class_name);
+
+    let claims = cluster.namespaced::<BucketClaim>();
+    let buckets = cluster.cluster_scoped::<Bucket>();
+    let claim = cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "data"},
+                   "spec": {"bucketClassName": class_name, "protocols": ["S3"]}}),
+        )
+        .await;
+    let bucket_name = format!("bucket-{}", claim.metadata.uid.clone().expect("a uid"));
+    cluster.delete_at_cleanup::<Bucket>(None, &bucket_name);
+    let bucket = cluster
+        .wait_for(&buckets, &bucket_name, "the claim's Bucket", |_| true)
+        .await;
+    assert_eq!(bucket.spec.driver_name, driver);
+    assert_eq!(bucket.spec.bucket_class_name, class_name);
+    assert_eq!(bucket.spec.deletion_policy, DeletionPolicy::Delete);
+    assert_eq!(bucket.spec.protocols, vec![Protocol::S3]);
+    assert_eq!(
+        bucket.spec.parameters.as_ref().and_then(|p| p.get("tier")),
+        Some(&"gold".to_string())
+    );
+    assert_eq!(bucket.spec.bucket_claim.uid, claim.metadata.uid);
+    let claim = cluster
+        .wait_for(&claims, "data", "the claim names its Bucket", |c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.bucket_name.as_deref() == Some(bucket_name.as_str()))
+        })
+        .await;
+    assert!(
+        claim
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == BUCKET_CLAIM_FINALIZER)
+    );
+    assert!(!claim.status.expect("a status").bucket_ready);
+
+    // The sidecar's part: the bucket is made at the provider.
+    buckets
+        .patch_status(
+            &bucket_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"bucketReady": true, "bucketID": "data-1"}})),
+        )
+        .await
+        .expect("the Bucket's status");
+    cluster
+        .wait_for(&claims, "data", "the claim is ready with its Bucket", |c| {
+            c.status.as_ref().is_some_and(|s| s.bucket_ready)
+        })
+        .await;
+
+    // A claim of a class that does not exist yet.
+    let late_class = format!("{}-late", cluster.namespace);
+    let waiting = cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "early"},
+                   "spec": {"bucketClassName": late_class, "protocols": ["S3"]}}),
+        )
+        .await;
+    let message = cluster
+        .wait_for_event("early", FAILED_CREATE_BUCKET, "not found")
+        .await;
+    assert!(message.contains(&late_class), "{message}");
+    cluster
+        .create(
+            &classes,
+            json!({"metadata": {"name": late_class}, "driverName": driver}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<BucketClass>(None, &late_class);
+    let late_bucket = format!("bucket-{}", waiting.metadata.uid.clone().expect("a uid"));
+    cluster.delete_at_cleanup::<Bucket>(None, &late_bucket);
+    let made = cluster
+        .wait_for(
+            &buckets,
+            &late_bucket,
+            "the Bucket once its class exists",
+            |_| true,
+        )
+        .await;
+    assert_eq!(made.spec.deletion_policy, DeletionPolicy::Retain);
+
+    // Brownfield: a Bucket an administrator made for a bucket that exists at the provider,
+    // held by the sidecar's finalizer.
+    let existing = format!("{}-existing", cluster.namespace);
+    let sidecar_finalizer = "cosi.objectstorage.k8s.io/bucket-protection";
+    cluster
+        .create(
+            &buckets,
+            json!({"metadata": {"name": existing, "finalizers": [sidecar_finalizer]},
+                   "spec": {"driverName": driver, "bucketClassName": class_name,
+                            "bucketClaim": {}, "protocols": [],
+                            "existingBucketID": "legacy-photos"}}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<Bucket>(None, &existing);
+    let imported = cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "imported"},
+                   "spec": {"existingBucketName": existing, "protocols": ["S3"]}}),
+        )
+        .await;
+    let bound = cluster
+        .wait_for(
+            &buckets,
+            &existing,
+            "the existing Bucket bound to its claim",
+            |b| b.spec.bucket_claim.uid == imported.metadata.uid,
+        )
+        .await;
+    assert_eq!(bound.spec.protocols, vec![Protocol::S3]);
+    cluster
+        .wait_for(&claims, "imported", "the brownfield claim is ready", |c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.bucket_ready && s.bucket_name.as_deref() == Some(existing.as_str())
+            })
+        })
+        .await;
+
+    // Deleting claims: their Buckets go, then the claims.
+    cluster
+        .delete_and_wait(&claims, "data", "the claim, after its Bucket")
+        .await;
+    cluster
+        .wait_gone(&buckets, &bucket_name, "the deleted claim's Bucket")
+        .await;
+
+    claims
+        .delete("imported", &kube::api::DeleteParams::default())
+        .await
+        .expect("deleting the brownfield claim");
+    cluster
+        .wait_for(&buckets, &existing, "its Bucket being deleted", |b| {
+            b.metadata.deletion_timestamp.is_some()
+        })
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        claims.get_opt("imported").await.expect("a read").is_some(),
+        "the claim stays while the sidecar's finalizer holds its Bucket"
+    );
+    buckets
+        .patch(
+            &existing,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("the sidecar lets the Bucket go");
+    cluster
+        .wait_gone(&claims, "imported", "the claim, once its Bucket is gone")
+        .await;
+    // With a Retain class: the Bucket object goes all the same (the sidecar keeps the bucket).
+    cluster
+        .delete_and_wait(&claims, "early", "the late class's claim")
+        .await;
+    cluster
+        .wait_gone(&buckets, &late_bucket, "the late class's Bucket")
+        .await;
 }

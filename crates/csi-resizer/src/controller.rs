@@ -214,18 +214,11 @@ impl Controller {
     /// Offers the claims the watches brought, those waiting and those due for a retry — or,
     /// when `full` (the periodic resync), every claim.
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys = self.workers.pass_keys(full, || {
-            self.caches
-                .claims
-                .state()
-                .iter()
-                .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
-                .collect()
-        });
         let this = self.clone();
-        self.workers.offer(
+        self.workers.pass_over(
             tasks,
-            keys,
+            full,
+            &self.caches.claims,
             |key| self.version(key),
             move |key| {
                 let this = this.clone();

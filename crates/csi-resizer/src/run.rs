@@ -55,12 +55,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     let sidecar = &args.sidecar;
     let gates = args.gates().map_err(RunError::FeatureGates)?;
     gates.log_warnings();
-    let config = csi_sidecar::kube::config_with_master(&sidecar.kube, &args.master).await?;
-    let rate_limit = csi_sidecar::kube::RateLimit::from_flags(
-        sidecar.kube.kube_api_qps,
-        sidecar.kube.kube_api_burst,
-    );
-    let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
+    let client = csi_sidecar::kube::client_with_master(&sidecar.kube, &args.master).await?;
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);

@@ -102,7 +102,12 @@ pub async fn config_with_master(args: &KubeArgs, master: &str) -> Result<Config,
 
 /// Builds the client the flags select.
 pub async fn client(args: &KubeArgs) -> Result<Client, KubeClientError> {
-    let config = config(args).await?;
+    client_with_master(args, "").await
+}
+
+/// [`client`], with upstream's deprecated `--master` ([`config_with_master`]).
+pub async fn client_with_master(args: &KubeArgs, master: &str) -> Result<Client, KubeClientError> {
+    let config = config_with_master(args, master).await?;
     client_from_config(
         config,
         RateLimit::from_flags(args.kube_api_qps, args.kube_api_burst),

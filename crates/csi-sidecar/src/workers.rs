@@ -32,6 +32,8 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -392,6 +394,37 @@ where
     /// keys on that pass).
     pub fn resync(&self) {
         lock(&self.synced).clear();
+    }
+}
+
+impl<R> KeyedWorkers<ObjectRef<R>>
+where
+    R: Resource + Clone + 'static,
+    R::DynamicType: Default + Clone + Eq + Hash + Debug + Send + Sync,
+{
+    /// The pass of a controller keyed by the objects of one cache (a claim, say): the due
+    /// keys, or on the resync every object of `store`, each offered at the version `version`
+    /// gives and synced by `sync` ([`KeyedWorkers::offer`]).
+    pub fn pass_over<S, Fut, E>(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        full: bool,
+        store: &Store<R>,
+        version: impl Fn(&ObjectRef<R>) -> Option<String>,
+        sync: S,
+    ) where
+        S: Fn(ObjectRef<R>) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
+        E: Display,
+    {
+        let keys = self.pass_keys(full, || {
+            store
+                .state()
+                .iter()
+                .map(|object| ObjectRef::from_obj(object.as_ref()))
+                .collect()
+        });
+        self.offer(tasks, keys, version, sync);
     }
 }
 

@@ -142,12 +142,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
 }
 
 async fn client(sidecar: &csi_sidecar::flags::SidecarArgs) -> Result<kube::Client, RunError> {
-    let config = csi_sidecar::kube::config_with_master(&sidecar.kube, "").await?;
-    let rate_limit = csi_sidecar::kube::RateLimit::from_flags(
-        sidecar.kube.kube_api_qps,
-        sidecar.kube.kube_api_burst,
-    );
-    Ok(csi_sidecar::kube::client_from_config(config, rate_limit)?)
+    Ok(csi_sidecar::kube::client(&sidecar.kube).await?)
 }
 
 /// Lists each snapshot kind until all are served, waiting 100 ms, then 1.5 times longer each

@@ -1,0 +1,63 @@
+//! The command line of cosi-controller. Upstream's controller takes `--kubeconfig` and klog's
+//! `-v`; ours takes those among the shared flags (leader election, `/metrics` and `/healthz`
+//! on `--http-endpoint`, workers, backoff), with upstream's behaviour as the defaults: leader
+//! election on, 40 workers, retries from 100ms to 30s.
+
+use std::time::Duration;
+
+use clap::Parser;
+use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_duration};
+
+/// cosi-controller: makes (or binds) a Bucket for every BucketClaim, cluster-wide.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cosi-controller", version)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+
+    /// Every claim is synced again this often.
+    #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+    pub resync_period: Duration,
+}
+
+impl SidecarCli for ControllerArgs {
+    const DEFAULTS: DefaultOverrides<'static> = &[
+        ("leader_election", "true"),
+        ("worker_threads", "40"),
+        ("retry_interval_start", "100ms"),
+        ("retry_interval_max", "30s"),
+    ];
+
+    fn validate(&self) -> Result<(), String> {
+        self.sidecar.common.validate()?;
+        self.sidecar.http.validate()?;
+        self.sidecar.workers.validate()?;
+        self.sidecar.leader_election.timings().validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_defaults_and_its_one_flag() {
+        let args: ControllerArgs =
+            csi_sidecar::flags::try_parse_from(["cosi-controller", "--kubeconfig=/k", "-v=5"])
+                .expect("upstream's flags parse");
+        assert!(args.sidecar.leader_election.leader_election);
+        assert_eq!(args.sidecar.workers.worker_threads, 40);
+        assert_eq!(
+            args.sidecar.workers.retry_interval_start,
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            args.sidecar.workers.retry_interval_max,
+            Duration::from_secs(30)
+        );
+        let args: ControllerArgs =
+            csi_sidecar::flags::try_parse_from(["cosi-controller", "--leader-election=false"])
+                .expect("election can be turned off");
+        assert!(!args.sidecar.leader_election.leader_election);
+    }
+}
