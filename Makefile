@@ -11,6 +11,9 @@ export PROTOC := /nonexistent/protoc-is-never-used
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
 export HELM
+# cosi-s3's tests (crates/cosi/tests/s3.rs) run it against this S3 and IAM server.
+MOTO_SERVER := $(CURDIR)/.tools/moto/bin/moto_server
+export MOTO_SERVER
 CHART := charts/csi-suite
 IMAGE ?= csi-suite:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
 
@@ -38,11 +41,14 @@ fmt-check:
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: $(HELM)
+unit: $(HELM) $(MOTO_SERVER)
 	$(CARGO) test --workspace --locked
 
 $(HELM):
 	scripts/install-tools.sh
+
+$(MOTO_SERVER):
+	scripts/install-moto.sh
 
 # The two committed renderings: default values, and a vendor's own driver.
 render = $(HELM) template csi-suite $(CHART) --namespace csi-suite

@@ -9,3 +9,4 @@ pub mod claim;
 pub mod controller;
 pub mod flags;
 pub mod run;
+pub mod s3;

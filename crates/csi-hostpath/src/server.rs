@@ -2,7 +2,6 @@
 //! interrupted (controllers), bind the Unix socket, serve the services the mode selects, and on node
 //! instances keep a heartbeat and the fencing watch running.
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,6 @@ use csi_proto::csi::v1::node_server::NodeServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
 use csi_sidecar::conn::{ConnError, Endpoint};
 use csi_sidecar::grpc_authority;
-use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -62,7 +60,10 @@ pub async fn run(
                 source: std::io::Error::other(e),
             })??;
     }
-    let listener = listen(&endpoint)?;
+    let listener = endpoint.listen().map_err(|source| ServeError::Listen {
+        endpoint: endpoint.clone(),
+        source,
+    })?;
     if driver.config.mode.node() {
         driver.store.beat(&driver.config.node_id)?;
         tokio::spawn(heartbeat_loop(driver.clone(), shutdown.clone()));
@@ -96,36 +97,6 @@ pub async fn run(
     let _ = std::fs::remove_file(endpoint.path());
     served.map_err(ServeError::from)
 }
-
-/// Binds the socket, replacing a stale one left by a previous run.
-fn listen(endpoint: &Endpoint) -> Result<UnixListener, ServeError> {
-    let listen_error = |source| ServeError::Listen {
-        endpoint: endpoint.clone(),
-        source,
-    };
-    match std::fs::remove_file(endpoint.path()) {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-            return Err(listen_error(error));
-        }
-        _ => {}
-    }
-    if let Some(parent) = endpoint.path().parent() {
-        std::fs::create_dir_all(parent).map_err(listen_error)?;
-    }
-    let listener = UnixListener::bind(endpoint.path()).map_err(listen_error)?;
-    // Sidecars that run as another user reach the socket through its group: in a pod that is
-    // the fsGroup, which the kubelet gives the shared emptyDir (setgid, so the socket inherits
-    // it). Everyone else stays out.
-    std::fs::set_permissions(
-        endpoint.path(),
-        std::fs::Permissions::from_mode(SOCKET_MODE),
-    )
-    .map_err(listen_error)?;
-    Ok(listener)
-}
-
-/// Read-write for the driver's user and group, nothing for others.
-const SOCKET_MODE: u32 = 0o660;
 
 /// Heartbeat of a node instance, on its own task so slow fencing never delays it.
 async fn heartbeat_loop(driver: Arc<Driver>, shutdown: CancellationToken) {

@@ -55,6 +55,24 @@ impl Endpoint {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Binds the socket for a server (a driver), replacing a stale one left by a previous run,
+    /// read-write for the server's user and group only: sidecars that run as another user
+    /// reach it through its group (in a pod, the fsGroup the kubelet gives the shared emptyDir,
+    /// setgid, so the socket inherits it).
+    pub fn listen(&self) -> std::io::Result<tokio::net::UnixListener> {
+        use std::os::unix::fs::PermissionsExt as _;
+        match std::fs::remove_file(&self.path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        if let Some(parent) = self.path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let listener = tokio::net::UnixListener::bind(&self.path)?;
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o660))?;
+        Ok(listener)
+    }
 }
 
 impl fmt::Display for Endpoint {
