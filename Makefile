@@ -22,7 +22,7 @@ test: fmt-check lint chart unit
 
 ## test-real: the scenario suite and kube-sim's API tests (compare mode) on a real control plane:
 ## the cluster of KUBECONFIG, or ../shared/k8s/control-plane brought up and down around the run.
-test-real: $(HELM)
+test-real: $(HELM) $(MOTO_SERVER)
 	CARGO="$(CARGO)" scripts/test-real.sh
 
 ## test-node: the chart on a real kubelet (../shared/k8s/node, or the cluster of KUBECONFIG with

@@ -17,6 +17,7 @@ pub mod fixtures;
 pub mod image;
 pub mod logs;
 pub mod manifests;
+pub mod moto;
 pub mod podmon;
 pub mod rbac;
 pub mod registration;
@@ -790,6 +791,42 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(cosi::controller::run(client, settings, token));
+        Sidecar { shutdown, task }
+    }
+
+    /// Runs the cosi-provisioner sidecar in this process for the COSI driver behind `driver`
+    /// (fast retries), with the scenario's own credentials as [`Cluster::start_cosi_controller`].
+    pub async fn start_cosi_provisioner(&self, driver: &csi_sidecar::conn::Endpoint) -> Sidecar {
+        let csi = csi_sidecar::conn::connect(
+            driver,
+            Duration::from_secs(10),
+            csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        )
+        .await
+        .expect("the COSI driver's socket");
+        let name = csi
+            .driver_get_info(
+                csi_proto::cosi::v1alpha1::DriverGetInfoRequest {},
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("DriverGetInfo")
+            .name;
+        let settings = cosi::sidecar::Settings {
+            driver: name,
+            workers: 10,
+            retry_start: Duration::from_millis(200),
+            retry_max: Duration::from_secs(2),
+            resync: Duration::from_secs(600),
+            timeout: Duration::from_secs(30),
+            cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+                csi_sidecar::informers::SYNC_GRACE_PERIOD,
+            ),
+        };
+        let client = self.client.clone();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(cosi::sidecar::run(client, csi, settings, token));
         Sidecar { shutdown, task }
     }
 

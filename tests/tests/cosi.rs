@@ -11,11 +11,17 @@ use cosi::api::{
     DeletionPolicy, Protocol,
 };
 use cosi::claim::{BUCKET_CLAIM_FINALIZER, FAILED_CREATE_BUCKET};
+use cosi::s3::driver::S3Driver;
+use cosi::sidecar::plan::FAILED_CREATE_BUCKET as FAILED_CREATE_BUCKET_AT_DRIVER;
+use csi_sidecar::conn::Endpoint;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::install_cosi_crds;
+use csi_suite_scenarios::moto::{Moto, keys};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 /// Posts `value` as a `kind` without the Rust types (which cannot hold invalid objects);
 /// returns the API server's refusal, if any.
@@ -54,7 +60,9 @@ async fn cosi_kinds_are_served_and_claims_get_their_buckets() {
     let cluster = Cluster::start("cosi").await;
     install_cosi_crds(&cluster.client).await;
     kinds_are_held_to_their_schema(&cluster).await;
+    let _controller = cluster.start_cosi_controller();
     claims_get_their_buckets_and_take_them_along_when_deleted(&cluster).await;
+    workloads_get_credentials_that_work_until_revoked(&cluster).await;
 }
 
 async fn kinds_are_held_to_their_schema(cluster: &Cluster) {
@@ -243,7 +251,6 @@ async fn kinds_are_held_to_their_schema(cluster: &Cluster) {
 /// claim binds the existing Bucket it names; deleting a claim deletes its Bucket, and the claim
 /// goes once the Bucket has gone (waiting while the sidecar's finalizer holds it).
 async fn claims_get_their_buckets_and_take_them_along_when_deleted(cluster: &Cluster) {
-    let _controller = cluster.start_cosi_controller();
     let driver = "s3.cosi.example.com";
     let classes = cluster.cluster_scoped::<BucketClass>();
     let class_name = format!("{}-delete", cluster.namespace);
@@ -421,4 +428,348 @@ async fn claims_get_their_buckets_and_take_them_along_when_deleted(cluster: &Clu
     cluster
         .wait_gone(&buckets, &late_bucket, "the late class's Bucket")
         .await;
+}
+
+/// The whole COSI pipeline on a real S3 server (moto, IAM enforced): cosi-controller,
+/// cosi-provisioner and cosi-s3. A claim's bucket is made; an access's Secret carries
+/// credentials a workload (the S3 client) writes and reads with; deleting the access revokes
+/// them at the endpoint; deleting the claim deletes the bucket (Delete) or keeps it (Retain); a
+/// bucket made outside COSI is imported and read through a new access; a driver error is an
+/// Event on the Bucket, retried until the Bucket is fixed.
+async fn workloads_get_credentials_that_work_until_revoked(cluster: &Cluster) {
+    let Some(moto) = Moto::start().await else {
+        return;
+    };
+    let admin = moto.admin.clone();
+    let dir = tempfile::tempdir().expect("a directory");
+    let socket = Endpoint::from_path(dir.path().join("cosi.sock")).expect("a socket path");
+    let stop_driver = CancellationToken::new();
+    let driver = S3Driver {
+        name: format!("s3.{}.cosi.example.com", cluster.namespace),
+        client: admin.clone(),
+    };
+    let driver_name = driver.name.clone();
+    tokio::spawn({
+        let (socket, stop) = (socket.clone(), stop_driver.clone());
+        async move { cosi::s3::serve::serve(driver, &socket, stop).await }
+    });
+    let _stop_driver = stop_driver.drop_guard();
+    let _sidecar = cluster.start_cosi_provisioner(&socket).await;
+
+    let classes = cluster.cluster_scoped::<BucketClass>();
+    let access_classes = cluster.cluster_scoped::<BucketAccessClass>();
+    let delete_class = format!("{}-s3-delete", cluster.namespace);
+    let retain_class = format!("{}-s3-retain", cluster.namespace);
+    let keys_class = format!("{}-s3-keys", cluster.namespace);
+    for (name, policy) in [(&delete_class, "Delete"), (&retain_class, "Retain")] {
+        cluster
+            .create(
+                &classes,
+                json!({"metadata": {"name": name}, "driverName": driver_name,
+                       "deletionPolicy": policy}),
+            )
+            .await;
+        cluster.delete_at_cleanup::<BucketClass>(None, name);
+    }
+    cluster
+        .create(
+            &access_classes,
+            json!({"metadata": {"name": keys_class}, "driverName": driver_name,
+                   "authenticationType": "Key"}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<BucketAccessClass>(None, &keys_class);
+
+    let claims = cluster.namespaced::<BucketClaim>();
+    let accesses = cluster.namespaced::<BucketAccess>();
+    let buckets = cluster.cluster_scoped::<Bucket>();
+    let secrets = cluster.namespaced::<Secret>();
+
+    // A bucket, and an access a workload uses.
+    let photos = claim_ready(
+        cluster,
+        &claims,
+        "photos",
+        json!({"bucketClassName": delete_class}),
+    )
+    .await;
+    let bucket_id = bucket_id_of(cluster, &buckets, &photos).await;
+    let workload = access_ready(
+        cluster,
+        &accesses,
+        &secrets,
+        "photos",
+        "photos-writer",
+        &keys_class,
+        &admin,
+    )
+    .await;
+    workload
+        .put_object(&bucket_id, "cat.jpg", b"meow")
+        .await
+        .expect("the workload writes with its Secret's credentials");
+    assert_eq!(
+        &workload
+            .get_object(&bucket_id, "cat.jpg")
+            .await
+            .expect("and reads")[..],
+        b"meow"
+    );
+
+    // Revoked with its BucketAccess: the Secret goes, the endpoint refuses the key.
+    cluster
+        .delete_and_wait(&accesses, "photos-writer", "the revoked access")
+        .await;
+    cluster
+        .wait_gone(
+            &secrets,
+            "photos-writer-creds",
+            "the revoked access's Secret",
+        )
+        .await;
+    let refused = workload
+        .get_object(&bucket_id, "cat.jpg")
+        .await
+        .expect_err("revoked credentials are refused");
+    assert_eq!(refused.code(), Some("InvalidAccessKeyId"), "{refused}");
+
+    // Delete policy: the bucket goes with its claim, objects and all.
+    let photos_bucket = photos
+        .status
+        .clone()
+        .and_then(|s| s.bucket_name)
+        .expect("a Bucket");
+    cluster
+        .delete_and_wait(&claims, "photos", "the Delete claim")
+        .await;
+    cluster
+        .wait_gone(&buckets, &photos_bucket, "the Delete claim's Bucket")
+        .await;
+    assert_eq!(
+        admin
+            .list_objects(&bucket_id)
+            .await
+            .expect_err("gone")
+            .code(),
+        Some("NoSuchBucket")
+    );
+
+    // Retain policy: the Bucket object goes, the bucket stays.
+    let archive = claim_ready(
+        cluster,
+        &claims,
+        "archive",
+        json!({"bucketClassName": retain_class}),
+    )
+    .await;
+    let archive_id = bucket_id_of(cluster, &buckets, &archive).await;
+    cluster
+        .delete_and_wait(&claims, "archive", "the Retain claim")
+        .await;
+    admin
+        .list_objects(&archive_id)
+        .await
+        .expect("a retained bucket stays at the provider");
+
+    // Brownfield: the retained bucket, imported by an administrator's Bucket.
+    let imported = format!("{}-imported", cluster.namespace);
+    admin
+        .put_object(&archive_id, "old.txt", b"kept")
+        .await
+        .expect("an old object");
+    cluster
+        .create(
+            &buckets,
+            json!({"metadata": {"name": imported},
+                   "spec": {"driverName": driver_name, "bucketClassName": retain_class,
+                            "bucketClaim": {}, "protocols": ["S3"], "deletionPolicy": "Retain",
+                            "existingBucketID": archive_id}}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<Bucket>(None, &imported);
+    claim_ready(
+        cluster,
+        &claims,
+        "legacy",
+        json!({"existingBucketName": imported}),
+    )
+    .await;
+    let reader = access_ready(
+        cluster,
+        &accesses,
+        &secrets,
+        "legacy",
+        "legacy-reader",
+        &keys_class,
+        &admin,
+    )
+    .await;
+    assert_eq!(
+        &reader
+            .get_object(&archive_id, "old.txt")
+            .await
+            .expect("the old object")[..],
+        b"kept"
+    );
+    cluster
+        .delete_and_wait(&accesses, "legacy-reader", "the brownfield access")
+        .await;
+    cluster
+        .delete_and_wait(&claims, "legacy", "the brownfield claim")
+        .await;
+    cluster
+        .wait_gone(&buckets, &imported, "the imported Bucket")
+        .await;
+    admin
+        .list_objects(&archive_id)
+        .await
+        .expect("an imported Retain bucket stays");
+    admin.delete_bucket(&archive_id).await.expect("cleaning up");
+
+    // A driver error: an Event on the Bucket, and retries until the Bucket is fixed.
+    let odd_class = format!("{}-s3-odd", cluster.namespace);
+    cluster
+        .create(
+            &classes,
+            json!({"metadata": {"name": odd_class}, "driverName": driver_name,
+                   "deletionPolicy": "Delete", "parameters": {"tier": "gold"}}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<BucketClass>(None, &odd_class);
+    let odd = cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "odd"},
+                   "spec": {"bucketClassName": odd_class, "protocols": ["S3"]}}),
+        )
+        .await;
+    let odd_bucket = format!("bucket-{}", odd.metadata.uid.clone().expect("a uid"));
+    cluster.delete_at_cleanup::<Bucket>(None, &odd_bucket);
+    let message =
+        wait_for_cluster_event(cluster, &odd_bucket, FAILED_CREATE_BUCKET_AT_DRIVER).await;
+    assert!(message.contains("unknown parameter"), "{message}");
+    buckets
+        .patch(
+            &odd_bucket,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"parameters": null}})),
+        )
+        .await
+        .expect("the Bucket fixed");
+    cluster
+        .wait_for(
+            &claims,
+            "odd",
+            "the claim ready once its Bucket is fixed",
+            |c| c.status.as_ref().is_some_and(|s| s.bucket_ready),
+        )
+        .await;
+    cluster
+        .delete_and_wait(&claims, "odd", "the fixed claim")
+        .await;
+    cluster.wait_gone(&buckets, &odd_bucket, "its Bucket").await;
+}
+
+/// Creates a claim of `spec` (S3) and waits until it is ready.
+async fn claim_ready(
+    cluster: &Cluster,
+    claims: &Api<BucketClaim>,
+    name: &str,
+    mut spec: serde_json::Value,
+) -> BucketClaim {
+    spec["protocols"] = json!(["S3"]);
+    cluster
+        .create(claims, json!({"metadata": {"name": name}, "spec": spec}))
+        .await;
+    cluster
+        .wait_for(claims, name, "the claim ready", |c| {
+            c.status.as_ref().is_some_and(|s| s.bucket_ready)
+        })
+        .await
+}
+
+/// The provider's ID of a ready claim's bucket.
+async fn bucket_id_of(cluster: &Cluster, buckets: &Api<Bucket>, claim: &BucketClaim) -> String {
+    let name = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.bucket_name.clone())
+        .expect("a ready claim names its Bucket");
+    let bucket = cluster
+        .wait_for(buckets, &name, "the Bucket ready", |b| {
+            b.status.as_ref().is_some_and(|s| s.bucket_ready)
+        })
+        .await;
+    bucket
+        .status
+        .and_then(|s| s.bucket_id)
+        .expect("a ready Bucket has an ID")
+}
+
+/// Creates an access `name` to `claim` with Secret `<name>-creds`, waits until it is granted
+/// and returns an S3 client with the Secret's credentials, as a workload would use them.
+async fn access_ready(
+    cluster: &Cluster,
+    accesses: &Api<BucketAccess>,
+    secrets: &Api<Secret>,
+    claim: &str,
+    name: &str,
+    class: &str,
+    admin: &cosi::s3::client::AwsClient,
+) -> cosi::s3::client::AwsClient {
+    let secret_name = format!("{name}-creds");
+    cluster
+        .create(
+            accesses,
+            json!({"metadata": {"name": name},
+                   "spec": {"bucketClaimName": claim, "bucketAccessClassName": class,
+                            "credentialsSecretName": secret_name, "protocol": "S3"}}),
+        )
+        .await;
+    cluster
+        .wait_for(accesses, name, "the access granted", |a| {
+            a.status.as_ref().is_some_and(|s| s.access_granted)
+        })
+        .await;
+    let secret = cluster
+        .wait_for(secrets, &secret_name, "the credentials Secret", |_| true)
+        .await;
+    let info = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("BucketInfo"))
+        .expect("a BucketInfo key");
+    let info: serde_json::Value = serde_json::from_slice(&info.0).expect("BucketInfo is JSON");
+    assert_eq!(info["spec"]["authenticationType"], "Key", "{info}");
+    assert_eq!(info["spec"]["protocols"], json!(["S3"]), "{info}");
+    let s3 = &info["spec"]["secretS3"];
+    admin.with_credentials(keys(
+        s3["accessKeyID"].as_str().expect("accessKeyID"),
+        s3["accessSecretKey"].as_str().expect("accessSecretKey"),
+    ))
+}
+
+/// Waits for an Event of `reason` about the cluster-scoped object `name` (Events of cluster
+/// objects go to the `default` namespace).
+async fn wait_for_cluster_event(cluster: &Cluster, name: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), "default");
+    let deadline = std::time::Instant::now() + csi_suite_scenarios::step_timeout();
+    loop {
+        let list = events.list(&Default::default()).await.expect("Events");
+        if let Some(message) = list
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .find(|e| e.reason.as_deref() == Some(reason))
+            .and_then(|e| e.message)
+        {
+            return message;
+        }
+        if std::time::Instant::now() > deadline {
+            cluster.dump().await;
+            panic!("timed out waiting for a {reason} Event about {name}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

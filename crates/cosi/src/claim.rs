@@ -234,27 +234,16 @@ mod tests {
 
     use super::*;
     use crate::api::DeletionPolicy;
+    use crate::test_objects::merged;
 
     fn claim(extra: serde_json::Value) -> BucketClaim {
-        let mut base = json!({
+        let base = json!({
             "apiVersion": "objectstorage.k8s.io/v1alpha1", "kind": "BucketClaim",
             "metadata": {"name": "data", "namespace": "app", "uid": "u1",
                          "finalizers": [BUCKET_CLAIM_FINALIZER]},
             "spec": {"bucketClassName": "fast", "protocols": ["S3"]}
         });
-        merge(&mut base, extra);
-        serde_json::from_value(base).unwrap()
-    }
-
-    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
-        match (base, extra) {
-            (serde_json::Value::Object(base), serde_json::Value::Object(extra)) => {
-                for (key, value) in extra {
-                    merge(base.entry(key).or_insert(serde_json::Value::Null), value);
-                }
-            }
-            (base, extra) => *base = extra,
-        }
+        serde_json::from_value(merged(base, extra)).unwrap()
     }
 
     fn class() -> BucketClass {
@@ -266,15 +255,14 @@ mod tests {
     }
 
     fn bucket(name: &str, extra: serde_json::Value) -> Bucket {
-        let mut base = json!({
+        let base = json!({
             "apiVersion": "objectstorage.k8s.io/v1alpha1", "kind": "Bucket",
             "metadata": {"name": name},
             "spec": {"driverName": "s3.example.com", "bucketClassName": "fast",
                      "bucketClaim": {"name": "data", "namespace": "app", "uid": "u1"},
                      "protocols": ["S3"]}
         });
-        merge(&mut base, extra);
-        serde_json::from_value(base).unwrap()
+        serde_json::from_value(merged(base, extra)).unwrap()
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The command line of cosi-controller. Upstream's controller takes `--kubeconfig` and klog's
-//! `-v`; ours takes those among the shared flags (leader election, `/metrics` and `/healthz`
-//! on `--http-endpoint`, workers, backoff), with upstream's behaviour as the defaults: leader
-//! election on, 40 workers, retries from 100ms to 30s.
+//! The command lines of cosi-controller and cosi-provisioner. Upstream's take `--kubeconfig`,
+//! klog's `-v` and (the sidecar) `--driver-addr`/`-d` and `--debug`/`-g`; ours take those among
+//! the shared flags (leader election, `/metrics` and `/healthz` on `--http-endpoint`, workers,
+//! backoff), with upstream's behaviour as the defaults: leader election on, 40 workers,
+//! retries from 100ms to 30s.
 
 use std::time::Duration;
 
@@ -36,6 +37,44 @@ impl SidecarCli for ControllerArgs {
     }
 }
 
+/// cosi-provisioner: the COSI sidecar next to one driver.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cosi-provisioner", version)]
+pub struct ProvisionerArgs {
+    #[command(flatten)]
+    pub sidecar: SidecarArgs,
+
+    /// The driver's COSI socket.
+    #[arg(short = 'd', long, default_value = "unix:///var/lib/cosi/cosi.sock")]
+    pub driver_addr: String,
+
+    /// Log every gRPC request and response (credentials redacted): `-v=5`.
+    #[arg(short = 'g', long)]
+    pub debug: bool,
+
+    /// Every Bucket and BucketAccess is synced again this often.
+    #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+    pub resync_period: Duration,
+}
+
+impl SidecarCli for ProvisionerArgs {
+    const DEFAULTS: DefaultOverrides<'static> = &[
+        ("leader_election", "true"),
+        ("worker_threads", "40"),
+        ("retry_interval_start", "100ms"),
+        ("retry_interval_max", "30s"),
+        ("timeout", "1m"),
+    ];
+
+    fn validate(&self) -> Result<(), String> {
+        self.sidecar.common.validate()?;
+        self.sidecar.http.validate()?;
+        self.sidecar.workers.validate()?;
+        csi_sidecar::conn::Endpoint::parse(&self.driver_addr).map_err(|e| e.to_string())?;
+        self.sidecar.leader_election.timings().validate()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +98,28 @@ mod tests {
             csi_sidecar::flags::try_parse_from(["cosi-controller", "--leader-election=false"])
                 .expect("election can be turned off");
         assert!(!args.sidecar.leader_election.leader_election);
+    }
+
+    #[test]
+    fn the_sidecar_takes_upstreams_flags() {
+        let args: ProvisionerArgs = csi_sidecar::flags::try_parse_from([
+            "cosi-provisioner",
+            "-d",
+            "unix:///cosi/cosi.sock",
+            "--kubeconfig=/k",
+            "-g",
+        ])
+        .expect("upstream's flags parse");
+        assert_eq!(args.driver_addr, "unix:///cosi/cosi.sock");
+        assert!(args.debug);
+        assert!(args.sidecar.leader_election.leader_election);
+        assert!(
+            csi_sidecar::flags::try_parse_from::<ProvisionerArgs, _, _>([
+                "cosi-provisioner",
+                "--driver-addr=tcp://somewhere"
+            ])
+            .is_err(),
+            "only Unix sockets"
+        );
     }
 }

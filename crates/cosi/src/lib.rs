@@ -2,7 +2,9 @@
 //! v1alpha1 (COSI v0.2.2). The gRPC side is `csi_proto::cosi::v1alpha1`; this crate holds the
 //! Kubernetes side: the `objectstorage.k8s.io/v1alpha1` kinds and their CRDs ([`api`]), and
 //! the `cosi-controller` that gives BucketClaims their Buckets ([`claim`] decides,
-//! [`controller`] acts).
+//! [`controller`] acts), the `cosi-provisioner` sidecar that turns Buckets and BucketAccesses
+//! into buckets and credentials Secrets through a driver ([`sidecar`]), and the sample driver
+//! `cosi-s3` ([`s3`]).
 
 pub mod api;
 pub mod claim;
@@ -10,3 +12,24 @@ pub mod controller;
 pub mod flags;
 pub mod run;
 pub mod s3;
+pub mod sidecar;
+
+/// Objects for the table tests: a JSON base with fields merged over it.
+#[cfg(test)]
+mod test_objects {
+    /// `base` with `extra`'s fields set over it, recursively (`null` clears one).
+    pub fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+        fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+            match (base, extra) {
+                (serde_json::Value::Object(base), serde_json::Value::Object(extra)) => {
+                    for (key, value) in extra {
+                        merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+                    }
+                }
+                (base, extra) => *base = extra,
+            }
+        }
+        merge(&mut base, extra);
+        base
+    }
+}

@@ -1,13 +1,16 @@
-//! One typed method per unary RPC, each going through `CsiConnection::unary`, so no call can
+//! One typed method per unary RPC (CSI's, podmon's and COSI's), each going through `CsiConnection::unary`, so no call can
 //! skip the timeout, the metrics or the redacted logging.
 
 use std::time::Duration;
 
+use csi_proto::cosi::v1alpha1 as cosi;
 use csi_proto::csi::v1 as csi;
 use csi_proto::podmon::v1 as podmon;
 use tonic::Status;
 
 use super::CsiConnection;
+use cosi::identity_client::IdentityClient as CosiIdentityClient;
+use cosi::provisioner_client::ProvisionerClient as CosiProvisionerClient;
 use csi::controller_client::ControllerClient;
 use csi::group_controller_client::GroupControllerClient;
 use csi::identity_client::IdentityClient;
@@ -71,5 +74,14 @@ unary_rpcs! {
     }
     PodmonClient "podmon.v1.Podmon" {
         validate_volume_host_connectivity "ValidateVolumeHostConnectivity" (podmon::ValidateVolumeHostConnectivityRequest) -> podmon::ValidateVolumeHostConnectivityResponse;
+    }
+    CosiIdentityClient "cosi.v1alpha1.Identity" {
+        driver_get_info "DriverGetInfo" (cosi::DriverGetInfoRequest) -> cosi::DriverGetInfoResponse;
+    }
+    CosiProvisionerClient "cosi.v1alpha1.Provisioner" {
+        driver_create_bucket "DriverCreateBucket" (cosi::DriverCreateBucketRequest) -> cosi::DriverCreateBucketResponse;
+        driver_delete_bucket "DriverDeleteBucket" (cosi::DriverDeleteBucketRequest) -> cosi::DriverDeleteBucketResponse;
+        driver_grant_bucket_access "DriverGrantBucketAccess" (cosi::DriverGrantBucketAccessRequest) -> cosi::DriverGrantBucketAccessResponse;
+        driver_revoke_bucket_access "DriverRevokeBucketAccess" (cosi::DriverRevokeBucketAccessRequest) -> cosi::DriverRevokeBucketAccessResponse;
     }
 }

@@ -3,109 +3,19 @@
 //! key IAM knows and allows). Over the driver's COSI socket: a bucket is made (twice: the same
 //! answer), an access is granted and its key puts and reads objects in its bucket only; a second
 //! grant of the same name replaces the key; revoking makes the endpoint refuse the key; the
-//! bucket is deleted with its objects (twice: still fine). Needs moto: `make test` installs it
-//! (scripts/install-moto.sh); elsewhere the test says so and skips, but under CI=true it fails.
+//! bucket is deleted with its objects (twice: still fine). Needs moto
+//! ([`csi_suite_scenarios::moto`]); no cluster.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cosi::s3::client::AwsClient;
 use cosi::s3::driver::S3Driver;
 use cosi::s3::sigv4::Credentials;
 use csi_proto::cosi::v1alpha1 as proto;
 use csi_sidecar::conn::{CsiConnection, Endpoint};
+use csi_suite_scenarios::moto::{Moto, keys};
 use proto::identity_client::IdentityClient;
 use proto::provisioner_client::ProvisionerClient;
 use tokio_util::sync::CancellationToken;
-
-/// The moto_server `make test` installs, or `MOTO_SERVER`.
-fn moto_server() -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("MOTO_SERVER")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.tools/moto/bin/moto_server")
-        });
-    path.exists().then_some(path)
-}
-
-struct Moto(Child);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Calls made before IAM enforcement starts: the administrator's user, policy and key.
-const SET_UP_CALLS: &str = "3";
-
-async fn start_moto(server: &std::path::Path) -> (Moto, http::Uri) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let child = Command::new(server)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .env("INITIAL_NO_AUTH_ACTION_COUNT", SET_UP_CALLS)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server starts");
-    let moto = Moto(child);
-    for _ in 0..300 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return (moto, format!("http://127.0.0.1:{port}").parse().unwrap());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("moto_server did not listen on {port}");
-}
-
-fn keys(id: &str, secret: &str) -> Credentials {
-    Credentials {
-        access_key_id: id.into(),
-        secret_access_key: secret.into(),
-    }
-}
-
-/// The administrator the driver runs as, made in the calls before enforcement.
-async fn administrator(endpoint: &http::Uri) -> AwsClient {
-    let anyone = AwsClient::new(
-        endpoint.clone(),
-        endpoint.clone(),
-        "us-east-1",
-        keys("set-up", "set-up"),
-    )
-    .unwrap();
-    anyone
-        .iam("CreateUser", &[("UserName", "cosi-admin")])
-        .await
-        .expect("CreateUser");
-    let everything =
-        r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}"#;
-    anyone
-        .iam(
-            "PutUserPolicy",
-            &[
-                ("UserName", "cosi-admin"),
-                ("PolicyName", "all"),
-                ("PolicyDocument", everything),
-            ],
-        )
-        .await
-        .expect("PutUserPolicy");
-    let answer = anyone
-        .iam("CreateAccessKey", &[("UserName", "cosi-admin")])
-        .await
-        .expect("CreateAccessKey");
-    let value = |tag| cosi::s3::client::xml_values(&answer, tag).remove(0);
-    anyone.with_credentials(keys(&value("AccessKeyId"), &value("SecretAccessKey")))
-}
 
 fn s3_keys(response: &proto::DriverGrantBucketAccessResponse) -> Credentials {
     let secrets = &response.credentials["s3"].secrets;
@@ -114,18 +24,10 @@ fn s3_keys(response: &proto::DriverGrantBucketAccessResponse) -> Credentials {
 
 #[tokio::test]
 async fn buckets_and_per_access_keys_the_endpoint_enforces() {
-    let Some(server) = moto_server() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "moto_server is missing under CI: make test installs it (scripts/install-moto.sh)"
-        );
-        eprintln!(
-            "SKIPPED: needs moto (scripts/install-moto.sh, or MOTO_SERVER=/path/to/moto_server)"
-        );
+    let Some(moto) = Moto::start().await else {
         return;
     };
-    let (_moto, endpoint) = start_moto(&server).await;
-    let admin = administrator(&endpoint).await;
+    let (endpoint, admin) = (moto.endpoint.clone(), moto.admin.clone());
     let outsider = admin.with_credentials(keys("AKIAUNKNOWN", "nothing"));
     assert!(
         outsider.list_objects("anything").await.is_err(),
