@@ -100,7 +100,7 @@ image:
 ## (Optimised builds took minutes more; the stories wait on mounts and the API, not the CPU.)
 ## The first story is built alone first (with kube-sim selected, so shared crates get the
 ## workspace's features and nothing compiles twice), so it starts before the rest is built.
-demo:
+demo: $(MOTO_SERVER)
 	@[ -x target/debug/examples/cluster_demo ] || echo "make demo: building (first run only: about 2 min on 2 cores to the first story, 1 more to the second; make test reuses it)…"
 	$(CARGO) build --locked -p csi-hostpath -p kube-sim --example demo
 	target/debug/examples/demo

@@ -7,7 +7,9 @@
 //! volume, the snapshot-controller and csi-snapshotter snapshot it while its pod writes, and
 //! the snapshot is restored on another node with the data; then podmon fails a protected pod
 //! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
-//! write after the fence — and cleans the node when it comes back. Each step prints what
+//! write after the fence — and cleans the node when it comes back; then COSI gives a workload a
+//! bucket on a real S3 server and credentials that stop working when its access is deleted.
+//! Each step prints what
 //! happened, on which object and how long it took; a summary table ends the run. Needs root
 //! (the driver really mounts); exits non-zero on any failure.
 
@@ -16,11 +18,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use cosi::api::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
-    bound, claim, file_size, install_snapshot_crds, is_running, pod, provision_static_volume,
-    read_records, static_pv, static_pvc, taint_effects,
+    bound, claim, file_size, install_cosi_crds, install_snapshot_crds, is_running, pod,
+    provision_static_volume, read_records, static_pv, static_pvc, taint_effects,
 };
+use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};
 use csi_suite_scenarios::podmon::{Narration, failover_story};
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -374,6 +378,7 @@ async fn story() {
 
     snapshot_chapter(&mut story, &cluster).await;
     failover_chapter(&mut story, &cluster).await;
+    object_storage_chapter(&mut story, &cluster).await;
 
     provisioner.stop().await;
     attacher.stop().await;
@@ -548,4 +553,111 @@ async fn failover_chapter(story: &mut Story, cluster: &Cluster) {
         agent.stop().await;
     }
     controller.sidecar.stop().await;
+}
+
+/// COSI: a bucket for a workload on a real S3 server (moto, IAM enforced), credentials in a
+/// Secret, revoked with their BucketAccess, the bucket deleted with its claim.
+async fn object_storage_chapter(story: &mut Story, cluster: &Cluster) {
+    println!("\nChapter: a bucket for a workload with COSI.\n");
+    story.begin("the COSI CRDs, cosi-controller, cosi-s3 on a local S3 server, cosi-provisioner");
+    install_cosi_crds(&cluster.client).await;
+    let controller = cluster.start_cosi_controller();
+    let Some(driver) = CosiDriver::start(cluster).await else {
+        panic!("the COSI chapter needs moto: make demo installs it (scripts/install-moto.sh)");
+    };
+    let admin = driver.moto.admin.clone();
+    let classes = cluster.cluster_scoped::<BucketClass>();
+    let bucket_class = format!("{}-buckets", cluster.namespace);
+    cluster
+        .create(
+            &classes,
+            json!({"metadata": {"name": bucket_class}, "driverName": driver.name, "deletionPolicy": "Delete"}),
+        )
+        .await;
+    let access_class = format!("{}-keys", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<BucketAccessClass>(),
+            json!({"metadata": {"name": access_class}, "driverName": driver.name, "authenticationType": "Key"}),
+        )
+        .await;
+    story.done(
+        "COSI is served, the driver named itself",
+        format!("BucketClass {bucket_class}, driver {}", driver.name),
+    );
+
+    story.begin("a BucketClaim: the controller makes its Bucket, the sidecar the bucket");
+    let claims = cluster.namespaced::<BucketClaim>();
+    let photos = claim_ready(
+        cluster,
+        &claims,
+        "photos",
+        json!({"bucketClassName": bucket_class}),
+    )
+    .await;
+    let bucket_id = bucket_id_of(cluster, &cluster.cluster_scoped(), &photos).await;
+    story.done("the claim is ready", format!("bucket {bucket_id}"));
+
+    story.begin("a BucketAccess: credentials minted, in a Secret the workload reads");
+    let accesses = cluster.namespaced::<BucketAccess>();
+    let workload = access_ready(
+        cluster,
+        &accesses,
+        &cluster.namespaced(),
+        "photos",
+        "uploader",
+        &access_class,
+        &admin,
+    )
+    .await;
+    workload
+        .put_object(&bucket_id, "cat.jpg", b"meow")
+        .await
+        .expect("the workload writes");
+    let read = workload
+        .get_object(&bucket_id, "cat.jpg")
+        .await
+        .expect("the workload reads");
+    assert_eq!(&read[..], b"meow");
+    story.done(
+        "the workload wrote and read an object with its own key",
+        "Secret uploader-creds (BucketInfo)",
+    );
+
+    story.begin("the BucketAccess is deleted: the key is revoked at the S3 server");
+    cluster
+        .delete_and_wait(&accesses, "uploader", "the access revoked")
+        .await;
+    let refused = workload
+        .get_object(&bucket_id, "cat.jpg")
+        .await
+        .expect_err("a revoked key is refused");
+    story.done(
+        "the same credentials are refused now",
+        format!("S3 answered {}", refused.code().unwrap_or("an error")),
+    );
+
+    story.begin("the BucketClaim is deleted: with policy Delete the bucket goes too");
+    cluster
+        .delete_and_wait(&claims, "photos", "the claim deleted")
+        .await;
+    let gone = admin
+        .list_objects(&bucket_id)
+        .await
+        .expect_err("the bucket is gone");
+    story.done(
+        "bucket deleted with its objects",
+        format!("S3 answered {}", gone.code().unwrap_or("an error")),
+    );
+    classes
+        .delete(&bucket_class, &DeleteParams::default())
+        .await
+        .expect("delete the class");
+    cluster
+        .cluster_scoped::<BucketAccessClass>()
+        .delete(&access_class, &DeleteParams::default())
+        .await
+        .expect("delete the access class");
+    driver.stop().await;
+    controller.stop().await;
 }

@@ -18,6 +18,7 @@ pub mod image;
 pub mod logs;
 pub mod manifests;
 pub mod moto;
+pub mod object_storage;
 pub mod podmon;
 pub mod rbac;
 pub mod registration;

@@ -11,17 +11,14 @@ use cosi::api::{
     DeletionPolicy, Protocol,
 };
 use cosi::claim::{BUCKET_CLAIM_FINALIZER, FAILED_CREATE_BUCKET};
-use cosi::s3::driver::S3Driver;
 use cosi::sidecar::plan::FAILED_CREATE_BUCKET as FAILED_CREATE_BUCKET_AT_DRIVER;
-use csi_sidecar::conn::Endpoint;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::install_cosi_crds;
-use csi_suite_scenarios::moto::{Moto, keys};
+use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 /// Posts `value` as a `kind` without the Rust types (which cannot hold invalid objects);
 /// returns the API server's refusal, if any.
@@ -437,25 +434,10 @@ async fn claims_get_their_buckets_and_take_them_along_when_deleted(cluster: &Clu
 /// bucket made outside COSI is imported and read through a new access; a driver error is an
 /// Event on the Bucket, retried until the Bucket is fixed.
 async fn workloads_get_credentials_that_work_until_revoked(cluster: &Cluster) {
-    let Some(moto) = Moto::start().await else {
+    let Some(stack) = CosiDriver::start(cluster).await else {
         return;
     };
-    let admin = moto.admin.clone();
-    let dir = tempfile::tempdir().expect("a directory");
-    let socket = Endpoint::from_path(dir.path().join("cosi.sock")).expect("a socket path");
-    let stop_driver = CancellationToken::new();
-    let driver = S3Driver {
-        name: format!("s3.{}.cosi.example.com", cluster.namespace),
-        client: admin.clone(),
-    };
-    let driver_name = driver.name.clone();
-    tokio::spawn({
-        let (socket, stop) = (socket.clone(), stop_driver.clone());
-        async move { cosi::s3::serve::serve(driver, &socket, stop).await }
-    });
-    let _stop_driver = stop_driver.drop_guard();
-    let _sidecar = cluster.start_cosi_provisioner(&socket).await;
-
+    let (admin, driver_name) = (stack.moto.admin.clone(), stack.name.clone());
     let classes = cluster.cluster_scoped::<BucketClass>();
     let access_classes = cluster.cluster_scoped::<BucketAccessClass>();
     let delete_class = format!("{}-s3-delete", cluster.namespace);
@@ -668,85 +650,7 @@ async fn workloads_get_credentials_that_work_until_revoked(cluster: &Cluster) {
         .delete_and_wait(&claims, "odd", "the fixed claim")
         .await;
     cluster.wait_gone(&buckets, &odd_bucket, "its Bucket").await;
-}
-
-/// Creates a claim of `spec` (S3) and waits until it is ready.
-async fn claim_ready(
-    cluster: &Cluster,
-    claims: &Api<BucketClaim>,
-    name: &str,
-    mut spec: serde_json::Value,
-) -> BucketClaim {
-    spec["protocols"] = json!(["S3"]);
-    cluster
-        .create(claims, json!({"metadata": {"name": name}, "spec": spec}))
-        .await;
-    cluster
-        .wait_for(claims, name, "the claim ready", |c| {
-            c.status.as_ref().is_some_and(|s| s.bucket_ready)
-        })
-        .await
-}
-
-/// The provider's ID of a ready claim's bucket.
-async fn bucket_id_of(cluster: &Cluster, buckets: &Api<Bucket>, claim: &BucketClaim) -> String {
-    let name = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.bucket_name.clone())
-        .expect("a ready claim names its Bucket");
-    let bucket = cluster
-        .wait_for(buckets, &name, "the Bucket ready", |b| {
-            b.status.as_ref().is_some_and(|s| s.bucket_ready)
-        })
-        .await;
-    bucket
-        .status
-        .and_then(|s| s.bucket_id)
-        .expect("a ready Bucket has an ID")
-}
-
-/// Creates an access `name` to `claim` with Secret `<name>-creds`, waits until it is granted
-/// and returns an S3 client with the Secret's credentials, as a workload would use them.
-async fn access_ready(
-    cluster: &Cluster,
-    accesses: &Api<BucketAccess>,
-    secrets: &Api<Secret>,
-    claim: &str,
-    name: &str,
-    class: &str,
-    admin: &cosi::s3::client::AwsClient,
-) -> cosi::s3::client::AwsClient {
-    let secret_name = format!("{name}-creds");
-    cluster
-        .create(
-            accesses,
-            json!({"metadata": {"name": name},
-                   "spec": {"bucketClaimName": claim, "bucketAccessClassName": class,
-                            "credentialsSecretName": secret_name, "protocol": "S3"}}),
-        )
-        .await;
-    cluster
-        .wait_for(accesses, name, "the access granted", |a| {
-            a.status.as_ref().is_some_and(|s| s.access_granted)
-        })
-        .await;
-    let secret = cluster
-        .wait_for(secrets, &secret_name, "the credentials Secret", |_| true)
-        .await;
-    let info = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("BucketInfo"))
-        .expect("a BucketInfo key");
-    let info: serde_json::Value = serde_json::from_slice(&info.0).expect("BucketInfo is JSON");
-    assert_eq!(info["spec"]["authenticationType"], "Key", "{info}");
-    assert_eq!(info["spec"]["protocols"], json!(["S3"]), "{info}");
-    let s3 = &info["spec"]["secretS3"];
-    admin.with_credentials(keys(
-        s3["accessKeyID"].as_str().expect("accessKeyID"),
-        s3["accessSecretKey"].as_str().expect("accessSecretKey"),
-    ))
+    stack.stop().await;
 }
 
 /// Waits for an Event of `reason` about the cluster-scoped object `name` (Events of cluster
