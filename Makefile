@@ -114,14 +114,15 @@ demo: $(MOTO_SERVER)
 ## podmon's failover time (1 and 10 pods per node, 20 runs), the registrar's and
 ## livenessprobe's footprint (the release binaries as their own
 ## processes); each rewrites its own sections of BENCHMARKS.md.
-bench:
+bench: $(MOTO_SERVER)
 	$(CARGO) bench --locked -p csi-hostpath --bench driver
 	$(CARGO) bench --locked -p kube-sim --bench apiserver
 	$(CARGO) build --release --locked -p csi-provisioner -p csi-attacher -p csi-resizer \
-	  -p csi-snapshotter -p csi-node-driver-registrar
+	  -p csi-snapshotter -p csi-node-driver-registrar -p cosi
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench provisioning
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench snapshotting
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench expanding
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench object_storage
 	$(CARGO) bench --locked -p csi-node-driver-registrar --bench node_sidecars

@@ -246,7 +246,10 @@ impl SidecarProcess {
         );
         let (binary, external) = match std::env::var_os(&variable) {
             Some(path) => (PathBuf::from(path), true),
-            None => (kube_sim::benchmarks::release_binary(name, name)?, false),
+            None => (
+                kube_sim::benchmarks::release_binary(name, package_of(name))?,
+                false,
+            ),
         };
         let extra_args: Vec<String> = std::env::var(format!("{variable}_ARGS"))
             .unwrap_or_default()
@@ -608,6 +611,16 @@ apiserver_request_duration_seconds_count{verb="POST"} 99
         assert_eq!(get("update", "persistentvolumeclaims/status"), Some(3));
         assert_eq!(get("watch", "csinodes"), Some(2));
         assert_eq!(counts.len(), 3);
+    }
+}
+
+/// The package that builds the binary `name`.
+fn package_of(name: &str) -> &str {
+    match name {
+        "snapshot-controller" => "csi-snapshotter",
+        "livenessprobe" => "csi-node-driver-registrar",
+        name if name.starts_with("cosi-") => "cosi",
+        name => name,
     }
 }
 
