@@ -1,8 +1,9 @@
 //! cosi-provisioner, the COSI sidecar next to one driver: Buckets of the driver become buckets
 //! (DriverCreateBucket / DriverDeleteBucket), and BucketAccesses of its classes become
 //! credentials Secrets (DriverGrantBucketAccess / DriverRevokeBucketAccess). Caches of
-//! Buckets, BucketAccesses, BucketClaims and BucketAccessClasses; a change of a Bucket or a
-//! claim re-queues the accesses that wait on them; each sync acts on one step of [`plan`].
+//! Buckets, BucketAccesses, BucketClaims and BucketAccessClasses; a change of a claim, of its
+//! Bucket or of one of its accesses re-queues that claim's accesses and Bucket (no scan of
+//! every cache); each sync acts on one step of [`plan`].
 
 pub mod plan;
 
@@ -73,6 +74,14 @@ fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> SidecarErro
 enum Key {
     Bucket(ObjectRef<Bucket>),
     Access(ObjectRef<BucketAccess>),
+    /// Something of a claim changed: stands for its Bucket and its accesses in the next pass
+    /// (never synced itself).
+    Claim(ObjectRef<BucketClaim>),
+}
+
+/// The claim an access or a Bucket belongs to.
+fn claim_key(namespace: Option<&str>, name: Option<&str>) -> Option<Key> {
+    Some(Key::Claim(ObjectRef::new(name?).within(namespace?)))
 }
 
 struct Sidecar {
@@ -100,12 +109,23 @@ pub async fn run(
     let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let work = workers.clone();
-    let buckets =
-        informers.all_with(move |b: &Bucket| work.trigger(Key::Bucket(ObjectRef::from_obj(b))));
+    let buckets = informers.all_with(move |b: &Bucket| {
+        work.trigger(Key::Bucket(ObjectRef::from_obj(b)));
+        let claim = &b.spec.bucket_claim;
+        if let Some(key) = claim_key(claim.namespace.as_deref(), claim.name.as_deref()) {
+            work.trigger(key);
+        }
+    });
     let work = workers.clone();
-    let accesses = informers
-        .all_with(move |a: &BucketAccess| work.trigger(Key::Access(ObjectRef::from_obj(a))));
-    let claims = informers.all::<BucketClaim>();
+    let accesses = informers.all_with(move |a: &BucketAccess| {
+        work.trigger(Key::Access(ObjectRef::from_obj(a)));
+        if let Some(key) = claim_key(a.namespace().as_deref(), Some(&a.spec.bucket_claim_name)) {
+            work.trigger(key);
+        }
+    });
+    let work = workers.clone();
+    let claims =
+        informers.all_with(move |c: &BucketClaim| work.trigger(Key::Claim(ObjectRef::from_obj(c))));
     let classes = informers.all::<BucketAccessClass>();
     let Some(wake) = informers.synced().await else {
         return;
@@ -138,7 +158,7 @@ pub async fn run(
 
 impl Sidecar {
     fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let mut keys = self.workers.pass_keys(full, || {
+        let keys = self.workers.pass_keys(full, || {
             let buckets = self.buckets.state();
             let accesses = self.accesses.state();
             buckets
@@ -151,24 +171,7 @@ impl Sidecar {
                 )
                 .collect()
         });
-        // An access waits on its claim and Bucket; a Bucket being deleted waits on its accesses.
-        if !full && !keys.is_empty() {
-            let waiting: Vec<Key> = self
-                .accesses
-                .state()
-                .iter()
-                .filter(|a| !a.status.as_ref().is_some_and(|s| s.access_granted))
-                .map(|a| Key::Access(ObjectRef::from_obj(a.as_ref())))
-                .chain(
-                    self.buckets
-                        .state()
-                        .iter()
-                        .filter(|b| b.metadata.deletion_timestamp.is_some())
-                        .map(|b| Key::Bucket(ObjectRef::from_obj(b.as_ref()))),
-                )
-                .collect();
-            keys.extend(waiting);
-        }
+        let keys = self.expand_claims(keys);
         let this = self.clone();
         self.workers.offer(
             tasks,
@@ -179,6 +182,35 @@ impl Sidecar {
                 async move { this.sync(&key).await }
             },
         );
+    }
+
+    /// `keys` with each claim key replaced by its Bucket and its accesses.
+    fn expand_claims(&self, keys: Vec<Key>) -> Vec<Key> {
+        let (claims, mut keys): (Vec<Key>, Vec<Key>) =
+            keys.into_iter().partition(|k| matches!(k, Key::Claim(_)));
+        if claims.is_empty() {
+            return keys;
+        }
+        let accesses = self.accesses.state();
+        for claim in claims {
+            let Key::Claim(claim) = claim else { continue };
+            let namespace = claim.namespace.clone().unwrap_or_default();
+            keys.extend(
+                accesses
+                    .iter()
+                    .filter(|a| a.namespace().as_deref() == Some(namespace.as_str()))
+                    .filter(|a| a.spec.bucket_claim_name == claim.name)
+                    .map(|a| Key::Access(ObjectRef::from_obj(a.as_ref()))),
+            );
+            if let Some(bucket) = self
+                .claims
+                .get(&claim)
+                .and_then(|c| c.status.as_ref()?.bucket_name.clone())
+            {
+                keys.push(Key::Bucket(ObjectRef::new(&bucket)));
+            }
+        }
+        keys
     }
 
     fn version(&self, key: &Key) -> Option<String> {
@@ -192,6 +224,7 @@ impl Sidecar {
                     self.accesses_of(&bucket).join(",")
                 ))
             }
+            Key::Claim(_) => None,
             Key::Access(reference) => {
                 let access = self.accesses.get(reference)?;
                 let (class, claim, bucket) = self.inputs(&access);
@@ -261,6 +294,7 @@ impl Sidecar {
                 Some(access) => self.sync_access(reference, &access).await,
                 None => Ok(Synced::Done),
             },
+            Key::Claim(_) => Ok(Synced::Done),
         }
     }
 
