@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # One small image with every binary the chart deploys: csi-provisioner, csi-attacher,
 # csi-resizer, csi-snapshotter, snapshot-controller, csi-node-driver-registrar, livenessprobe,
-# podmon, csi-inventory and the reference driver csi-hostpath (kube-sim is a test tool and stays
-# out). Each container of the chart picks its binary with `command:`.
+# podmon, csi-inventory, the reference driver csi-hostpath, and COSI's cosi-controller,
+# cosi-provisioner and sample driver cosi-s3 (kube-sim is a test tool and stays out). Each
+# container of the chart picks its binary with `command:`.
 #
 # Build: make image   (docker build -t csi-suite:<appVersion> .)
 
@@ -15,9 +16,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
       -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-node-driver-registrar -p podmon \
-      -p csi-inventory -p csi-hostpath \
+      -p csi-inventory -p csi-hostpath -p cosi \
  && mkdir -p /out/bin \
- && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath; do \
+ && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath cosi-controller cosi-provisioner cosi-s3; do \
       cp "target/release/$binary" /out/bin/; \
     done
 # csi-hostpath attaches loop devices with losetup (Debian's mount package) and formats ext4

@@ -77,12 +77,13 @@ crds:
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds $(CHART)/files/crds
 	$(CARGO) run -q -p cosi --bin cosi-crds manifests/crds
+	$(CARGO) run -q -p cosi --bin cosi-crds $(CHART)/files/cosi-crds
 
 ## build: release binaries of every component into target/release: the image's (see the
 ## Dockerfile) and kube-sim, which test-node runs beside them. make sanity checks this
 ## csi-hostpath, so CI builds the release binaries once.
 RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
-  csi-node-driver-registrar podmon csi-inventory csi-hostpath kube-sim
+  csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi kube-sim
 build:
 	$(CARGO) build --release --locked $(addprefix -p ,$(RELEASE_PACKAGES)) --bins
 

@@ -13,7 +13,7 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 /// The binaries of the workspace the image carries (the Dockerfile's `for binary in …`).
-pub const BINARIES: [&str; 10] = [
+pub const BINARIES: [&str; 13] = [
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
@@ -24,6 +24,9 @@ pub const BINARIES: [&str; 10] = [
     "podmon",
     "csi-inventory",
     "csi-hostpath",
+    "cosi-controller",
+    "cosi-provisioner",
+    "cosi-s3",
 ];
 
 /// Host tools the image carries beside them: the reference driver attaches loop devices

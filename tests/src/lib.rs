@@ -776,8 +776,7 @@ impl Cluster {
         Sidecar { shutdown, task }
     }
 
-    /// Runs cosi-controller in this process (fast retries). It acts with the scenario's own
-    /// credentials: the chart has no COSI part yet to take its RBAC from.
+    /// Runs cosi-controller in this process (fast retries).
     pub fn start_cosi_controller(&self) -> Sidecar {
         let settings = cosi::controller::Settings {
             workers: 10,
@@ -788,7 +787,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
         };
-        let client = self.client.clone();
+        let client = self.component_client(rbac::COSI_CONTROLLER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(cosi::controller::run(client, settings, token));
@@ -796,7 +795,7 @@ impl Cluster {
     }
 
     /// Runs the cosi-provisioner sidecar in this process for the COSI driver behind `driver`
-    /// (fast retries), with the scenario's own credentials as [`Cluster::start_cosi_controller`].
+    /// (fast retries).
     pub async fn start_cosi_provisioner(&self, driver: &csi_sidecar::conn::Endpoint) -> Sidecar {
         let csi = csi_sidecar::conn::connect(
             driver,
@@ -824,7 +823,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
         };
-        let client = self.client.clone();
+        let client = self.component_client(rbac::COSI_PROVISIONER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(cosi::sidecar::run(client, csi, settings, token));

@@ -25,9 +25,11 @@ pub const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
 pub const PODMON_CONTROLLER: &str = "podmon-controller";
 pub const PODMON_NODE: &str = "podmon-node";
 pub const INVENTORY: &str = "csi-inventory";
+pub const COSI_CONTROLLER: &str = "cosi-controller";
+pub const COSI_PROVISIONER: &str = "cosi-provisioner";
 
 /// The roles the chart binds for each component (the release is named `csi-suite`).
-const GRANTS: [(&str, &[&str]); 8] = [
+const GRANTS: [(&str, &[&str]); 10] = [
     (
         PROVISIONER,
         &[
@@ -70,6 +72,20 @@ const GRANTS: [(&str, &[&str]); 8] = [
     ),
     (PODMON_NODE, &["csi-suite-podmon-node"]),
     (INVENTORY, &["csi-suite-inventory-runner"]),
+    (
+        COSI_CONTROLLER,
+        &[
+            "csi-suite-cosi-controller-runner",
+            "csi-suite-cosi-controller-leader-election",
+        ],
+    ),
+    (
+        COSI_PROVISIONER,
+        &[
+            "csi-suite-cosi-driver-provisioner-runner",
+            "csi-suite-cosi-driver-leader-election",
+        ],
+    ),
 ];
 
 const MANIFEST: &str = include_str!("../../manifests/csi-suite-external-driver.yaml");
@@ -349,6 +365,36 @@ mod tests {
             ("list", "", "secrets", false),
         ];
         assert_allows(granted(RESIZER), &cases);
+    }
+
+    /// The COSI components write only what their plans write: no update (every write is a
+    /// patch), no Secret for the controller, Secrets listed by nobody.
+    #[test]
+    fn the_cosi_components_are_granted_patches_and_no_updates() {
+        let group = "objectstorage.k8s.io";
+        let controller = [
+            ("create", group, "buckets", true),
+            ("delete", group, "buckets", true),
+            ("patch", group, "bucketclaims/status", true),
+            ("update", group, "buckets", false),
+            ("update", group, "bucketclaims", false),
+            ("patch", group, "bucketaccesses", false),
+            ("get", "", "secrets", false),
+        ];
+        assert_allows(granted(COSI_CONTROLLER), &controller);
+        let provisioner = [
+            ("patch", group, "buckets/status", true),
+            ("patch", group, "bucketaccesses/status", true),
+            ("delete", group, "bucketaccesses", true),
+            ("create", "", "secrets", true),
+            ("delete", "", "secrets", true),
+            ("list", "", "secrets", false),
+            ("create", group, "buckets", false),
+            ("delete", group, "buckets", false),
+            ("update", group, "buckets", false),
+            ("patch", group, "bucketclaims", false),
+        ];
+        assert_allows(granted(COSI_PROVISIONER), &provisioner);
     }
 
     /// csi-inventory's report lists PVs and VolumeSnapshotContents and calls nothing else; its

@@ -136,15 +136,24 @@ impl Rendering {
         Some(&cron_job["spec"]["jobTemplate"]["spec"]["template"]["spec"])
     }
 
-    /// The pods of the chart by their names here: the controller's, the node's, and the
-    /// inventory CronJob's when it is on.
+    /// The pod of a COSI Deployment (`cosi-controller`, `cosi-driver`), when it is on.
+    fn cosi(&self, component: &str) -> Option<&Value> {
+        let deployment = self.find("Deployment", &format!("csi-suite-{component}"))?;
+        Some(&deployment["spec"]["template"]["spec"])
+    }
+
+    /// The pods of the chart by their names here: the controller's, the node's, the
+    /// inventory CronJob's and the COSI Deployments' when they are on.
     fn pods(&self) -> Vec<(&'static str, &Value)> {
         let mut pods = vec![("controller", self.controller()), ("node", self.node())];
         pods.extend(self.inventory_job().map(|pod| ("inventory", pod)));
+        for component in ["cosi-controller", "cosi-driver"] {
+            pods.extend(self.cosi(component).map(|pod| (component, pod)));
+        }
         pods
     }
 
-    /// Every container of both workloads (and of the inventory CronJob).
+    /// Every container of every pod.
     fn containers(&self) -> Vec<&Value> {
         self.pods()
             .into_iter()
@@ -254,6 +263,24 @@ fn parse_with_binary(container: &Value) -> bool {
         "podmon" => parse::<podmon::flags::PodmonArgs, _, _>(&argv).map(drop),
         "csi-inventory" => parse::<csi_inventory::flags::InventoryArgs, _, _>(&argv).map(drop),
         "csi-hostpath" => parse::<csi_hostpath::config::DriverArgs, _, _>(&argv).map(drop),
+        "cosi-controller" => parse::<cosi::flags::ControllerArgs, _, _>(&argv).map(drop),
+        "cosi-provisioner" => parse::<cosi::flags::ProvisionerArgs, _, _>(&argv).map(drop),
+        "cosi-s3" => {
+            // Its administrator's key comes from the environment (a Secret).
+            let from_secret = container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|var| {
+                    var["name"] == "AWS_ACCESS_KEY_ID"
+                        && var["valueFrom"]["secretKeyRef"].is_object()
+                });
+            let argv = argv
+                .iter()
+                .cloned()
+                .chain(from_secret.then(|| "--access-key-id=from-the-secret".to_string()));
+            <cosi::s3::serve::S3Args as clap::Parser>::try_parse_from(argv).map(drop)
+        }
         _ => return false,
     };
     if let Err(error) = parsed {
@@ -403,12 +430,30 @@ fn calls_api(container: &Value) -> bool {
             | "snapshot-controller"
             | "podmon"
             | "csi-inventory"
+            | "cosi-controller"
+            | "cosi-provisioner"
     )
 }
 
 /// Both parts of the inventory on: the container in the controller pod and the CronJob.
 const INVENTORY_BOTH: &str =
     "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\n";
+
+/// The whole COSI part with the sample driver cosi-s3.
+const COSI_SAMPLE: &str = "cosi:
+  installCRDs: true
+  controller:
+    enabled: true
+  driver:
+    enabled: true
+  s3:
+    endpoint: http://s3.example.com:9000
+    credentialsSecret: s3-admin
+  bucketClass:
+    create: true
+  bucketAccessClass:
+    create: true
+";
 
 /// Values without any container that calls the API.
 const NO_API_CALLERS: &str = "provisioner:\n  enabled: false\nattacher:\n  enabled: false\n\
@@ -434,8 +479,8 @@ fn assert_tokens(rendering: &Rendering, projected: bool) {
         );
         let volume = pod["volumes"]
             .as_array()
-            .unwrap()
-            .iter()
+            .into_iter()
+            .flatten()
             .find(|v| v["name"] == "kube-api-access");
         assert_eq!(volume.is_some(), projected && pod_calls);
         for container in containers {
@@ -466,6 +511,9 @@ fn assert_tokens(rendering: &Rendering, projected: bool) {
 /// The inventory's ClusterRole (and its binding), for the serving container and the CronJob.
 const INVENTORY_RBAC: &str = "csi-suite-inventory-runner";
 
+/// cosi-provisioner's ClusterRole: the one that may write Secrets.
+const COSI_PROVISIONER_RBAC: &str = "csi-suite-cosi-driver-provisioner-runner";
+
 const CONTROLLER_RBAC: [&str; 4] = [
     "csi-suite-external-provisioner-runner",
     "csi-suite-external-attacher-runner",
@@ -488,7 +536,14 @@ fn assert_least_privilege(rendering: &Rendering) {
                 group != "*" && resource != "*" && !verbs.iter().any(|v| v == "*"),
                 "{kind} {name}: wildcard in {group}/{resource} {verbs:?}"
             );
-            if resource == "secrets" {
+            if resource == "secrets" && name == COSI_PROVISIONER_RBAC {
+                // It writes the credentials Secrets of the BucketAccesses.
+                assert_eq!(
+                    verbs,
+                    ["get", "create", "patch", "delete"],
+                    "{kind} {name}: secrets"
+                );
+            } else if resource == "secrets" {
                 assert_eq!(verbs, ["get"], "{kind} {name}: secrets");
             }
         }
@@ -498,6 +553,10 @@ fn assert_least_privilege(rendering: &Rendering) {
             vec!["csi-suite-node"]
         } else if name.starts_with("csi-suite-snapshot-controller") {
             vec!["csi-suite-snapshot-controller"]
+        } else if name.starts_with("csi-suite-cosi-controller") {
+            vec!["csi-suite-cosi-controller"]
+        } else if name.starts_with("csi-suite-cosi-driver") {
+            vec!["csi-suite-cosi-driver"]
         } else if name == INVENTORY_RBAC {
             // The account of each pod that runs csi-inventory, and no other.
             let serving = container(rendering.controller(), "csi-inventory").is_some();
@@ -777,12 +836,19 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "csi-inventory", NonRoot),
         ("controller", "liveness-probe", NonRoot),
     ];
+    let cosi = [
+        ("cosi-controller", "cosi-controller", NonRoot),
+        ("cosi-driver", "driver", NonRoot),
+        ("cosi-driver", "cosi-provisioner", NonRoot),
+    ];
     let external = external_driver_values();
-    // The snapshotter is off by default and on in the example, the inventory's container too.
-    for (values, controller_driver, snapshots, serving, inventory_cron) in [
-        ("{}", Mounts, false, false, false),
-        (external.as_str(), NonRoot, true, true, false),
-        (INVENTORY_BOTH, Mounts, false, true, true),
+    // The snapshotter is off by default and on in the example, the inventory's container and
+    // the COSI part too.
+    for (values, controller_driver, snapshots, serving, inventory_cron, with_cosi) in [
+        ("{}", Mounts, false, false, false, false),
+        (external.as_str(), NonRoot, true, true, false, true),
+        (INVENTORY_BOTH, Mounts, false, true, true, false),
+        (COSI_SAMPLE, Mounts, false, false, false, true),
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -799,6 +865,7 @@ fn every_container_runs_with_least_privilege() {
             })
             .chain(node)
             .chain(inventory_cron.then_some(("inventory", "csi-inventory", Root(&[]))))
+            .chain(cosi.into_iter().filter(|_| with_cosi))
             .collect();
         assert_hardened(&rendering, &expected);
     }
@@ -818,6 +885,7 @@ fn api_tokens_reach_only_the_containers_that_call_the_api() {
         NO_API_CALLERS,
         INVENTORY_BOTH,
         only_the_cron_job.as_str(),
+        COSI_SAMPLE,
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -839,6 +907,7 @@ fn before_1_20_only_pods_that_call_the_api_automount_a_token() {
         (INVENTORY_BOTH, "1.19.16", false),
         ("{}", "1.20.0", true),
         (INVENTORY_BOTH, "1.20.0", true),
+        (COSI_SAMPLE, "1.19.16", false),
         ("serviceAccount:\n  projectedToken: true\n", "1.19.16", true),
         (
             "serviceAccount:\n  projectedToken: false\n",
@@ -1172,6 +1241,136 @@ fn the_external_driver_example_keeps_the_vendor_driver_and_our_sidecars() {
     assert_least_privilege(&rendering);
 }
 
+/// The COSI part: off by default; with the sample driver, cosi-s3 on the S3 endpoint with the
+/// administrator's key from the Secret, its socket shared with cosi-provisioner in an emptyDir,
+/// the classes of its driver and the CRDs kept at uninstall; with a vendor's driver (the
+/// example), their image and command beside our sidecar.
+#[test]
+fn the_cosi_part_runs_the_controller_and_a_driver_with_its_sidecar() {
+    let Some(default) = Rendering::of("{}") else {
+        return;
+    };
+    assert!(
+        default
+            .names()
+            .iter()
+            .all(|name| !name.contains("cosi") && !name.contains("Bucket")),
+        "{:?}",
+        default.names()
+    );
+    let Some(sample) = Rendering::of(COSI_SAMPLE) else {
+        return;
+    };
+    let crds: Vec<&Value> = sample
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    let mut kinds: Vec<&str> = crds
+        .iter()
+        .map(|crd| str(&crd["spec"]["names"]["kind"]))
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        [
+            "Bucket",
+            "BucketAccess",
+            "BucketAccessClass",
+            "BucketClaim",
+            "BucketClass"
+        ]
+    );
+    for crd in crds {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+            "keep"
+        );
+    }
+    let driver_pod = sample.cosi("cosi-driver").unwrap();
+    let driver = container(driver_pod, "driver").unwrap();
+    assert!(parse_with_binary(driver));
+    assert_eq!(
+        args(driver),
+        [
+            "--driver-name=s3.cosi.csi-suite.io",
+            "--s3-endpoint=http://s3.example.com:9000",
+            "--region=us-east-1"
+        ]
+    );
+    let env = driver["env"].as_array().unwrap();
+    assert_eq!(env[0]["name"], "COSI_ENDPOINT");
+    assert_eq!(env[0]["value"], "unix:///var/lib/cosi/cosi.sock");
+    for (variable, key) in env[1..]
+        .iter()
+        .zip(["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+    {
+        assert_eq!(variable["name"], key);
+        assert_eq!(variable["valueFrom"]["secretKeyRef"]["name"], "s3-admin");
+        assert_eq!(variable["valueFrom"]["secretKeyRef"]["key"], key);
+    }
+    let sidecar = container(driver_pod, "cosi-provisioner").unwrap();
+    assert!(parse_with_binary(sidecar));
+    assert!(has_arg(
+        sidecar,
+        "--driver-addr=unix:///var/lib/cosi/cosi.sock"
+    ));
+    assert!(has_arg(sidecar, "--leader-election=true"));
+    for container in [driver, sidecar] {
+        assert!(
+            mounts(container).contains(&(
+                "cosi-socket".to_string(),
+                "/var/lib/cosi".to_string(),
+                String::new()
+            )),
+            "{container:#}"
+        );
+    }
+    assert!(driver_pod["volumes"][0]["emptyDir"].is_object());
+    let controller = container(sample.cosi("cosi-controller").unwrap(), "cosi-controller").unwrap();
+    assert!(parse_with_binary(controller));
+    assert!(has_arg(controller, "--leader-election=false"));
+    let class = sample.get("BucketClass", "csi-suite-buckets");
+    assert_eq!(class["driverName"], "s3.cosi.csi-suite.io");
+    assert_eq!(class["deletionPolicy"], "Delete");
+    let access_class = sample.get("BucketAccessClass", "csi-suite-keys");
+    assert_eq!(access_class["driverName"], "s3.cosi.csi-suite.io");
+    assert_eq!(access_class["authenticationType"], "Key");
+    assert_least_privilege(&sample);
+
+    let external = external_driver_values();
+    let Some(vendor) = Rendering::of(&external) else {
+        return;
+    };
+    let driver_pod = vendor.cosi("cosi-driver").unwrap();
+    let driver = container(driver_pod, "driver").unwrap();
+    assert!(!parse_with_binary(driver));
+    assert_eq!(
+        str(&driver["image"]),
+        "registry.example.com/storage/cosi-objects-driver:v1.3.0"
+    );
+    assert_eq!(
+        args(driver),
+        [
+            "--endpoint=unix:///var/lib/cosi/cosi.sock",
+            "--config=/etc/cosi-objects/store.yaml"
+        ]
+    );
+    assert_eq!(driver["env"].as_array().unwrap().len(), 1);
+    let sidecar = container(driver_pod, "cosi-provisioner").unwrap();
+    assert!(parse_with_binary(sidecar));
+    assert_eq!(
+        str(&sidecar["image"]),
+        "registry.example.com/storage/csi-suite:0.1.0"
+    );
+    let controller = container(vendor.cosi("cosi-controller").unwrap(), "cosi-controller").unwrap();
+    assert!(has_arg(controller, "--leader-election=true"));
+    assert_eq!(
+        vendor.get("BucketClass", "example-objects")["driverName"],
+        "objects.example.com"
+    );
+}
+
 /// Images layer field by field: a workload's image over the suite's (the nodes move to a new
 /// version while the controller is held back), and a sidecar's own image over its workload's.
 #[test]
@@ -1284,6 +1483,20 @@ fn bad_values_are_refused_with_the_field_named() {
             "inventory:\n  cronJob:\n    failedJobsHistoryLimit: -1\n",
             "/inventory/cronJob/failedJobsHistoryLimit",
         ),
+        (
+            "cosi:\n  s3:\n    endpoint: s3.example.com\n",
+            "/cosi/s3/endpoint",
+        ),
+        (
+            "cosi:\n  bucketClass:\n    deletionPolicy: Keep\n",
+            "/cosi/bucketClass/deletionPolicy",
+        ),
+        ("cosi:\n  driverName: Objects\n", "/cosi/driverName"),
+        ("cosi:\n  driver:\n    enabled: true\n", "cosi.s3.endpoint"),
+        (
+            "cosi:\n  driver:\n    enabled: true\n  s3:\n    endpoint: http://s3:9000\n",
+            "cosi.s3.credentialsSecret",
+        ),
     ];
     for (values, field) in cases {
         let Some(output) = template(values) else {
@@ -1370,6 +1583,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         "controller:\n  replicas: 3\nprovisioner:\n  capacity:\n    enabled: true\nrbac:\n  secrets: true\nstorageClass:\n  create: true\n  isDefault: true\n  mountOptions: [noatime]\n",
         "podmon:\n  enabled: false\nlivenessProbe:\n  enabled: false\nnode:\n  tolerations: [{operator: Exists}]\n",
         "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\ncontroller:\n  tolerations: [{operator: Exists}]\n",
+        COSI_SAMPLE,
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -1388,6 +1602,8 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "StorageClass" => round_trip::<StorageClass>(object),
                 "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(object),
                 "CronJob" => round_trip::<CronJob>(object),
+                "BucketClass" => round_trip::<cosi::api::BucketClass>(object),
+                "BucketAccessClass" => round_trip::<cosi::api::BucketAccessClass>(object),
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
             assert_eq!(

@@ -39,6 +39,7 @@ fn the_image_carries_what_the_dockerfile_carries() {
         "podmon",
         "csi-inventory",
         "csi-hostpath",
+        "cosi",
     ] {
         assert!(text.contains(&format!("-p {package}")), "{package} built");
     }
