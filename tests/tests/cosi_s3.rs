@@ -98,7 +98,8 @@ async fn buckets_and_per_access_keys_the_endpoint_enforces() {
         .into_inner();
     assert_eq!(granted.account_id, "ba-1234");
     let secrets = &granted.credentials["s3"].secrets;
-    assert_eq!(secrets["endpoint"], endpoint.to_string());
+    let authority = endpoint.authority().expect("an authority");
+    assert_eq!(secrets["endpoint"], format!("http://{authority}"));
     assert!(!format!("{granted:?}").contains(&secrets["accessSecretKey"]));
     let workload = admin.with_credentials(s3_keys(&granted));
     workload

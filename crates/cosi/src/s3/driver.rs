@@ -184,9 +184,14 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
         };
         tracing::info!(bucket = %request.bucket_id, account = %user, "granted access");
         let secrets = HashMap::from([
+            // As given (`http://host:port`), not as `Uri` prints it, with a path `/`.
             (
                 "endpoint".to_string(),
-                self.client.s3_endpoint().to_string(),
+                self.client
+                    .s3_endpoint()
+                    .to_string()
+                    .trim_end_matches('/')
+                    .to_string(),
             ),
             ("region".to_string(), self.client.region().to_string()),
             ("accessKeyID".to_string(), key_id),
