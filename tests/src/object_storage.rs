@@ -21,7 +21,6 @@ pub struct CosiDriver {
     pub moto: Moto,
     /// The driver's name, unique to the scenario (classes name it).
     pub name: String,
-    pub socket: Endpoint,
     _dir: tempfile::TempDir,
     _stop_driver: DropGuard,
     sidecar: Sidecar,
@@ -47,7 +46,6 @@ impl CosiDriver {
         Some(Self {
             moto,
             name,
-            socket,
             _dir: dir,
             _stop_driver: stop.drop_guard(),
             sidecar,

@@ -212,7 +212,7 @@ pub fn plan(
 
 /// The Bucket made for `claim` from `class`.
 pub fn new_bucket(name: &str, claim: &BucketClaim, class: &BucketClass) -> Bucket {
-    let mut bucket = Bucket::new(
+    Bucket::new(
         name,
         BucketSpec {
             driver_name: class.driver_name.clone(),
@@ -223,9 +223,7 @@ pub fn new_bucket(name: &str, claim: &BucketClaim, class: &BucketClass) -> Bucke
             deletion_policy: class.deletion_policy,
             existing_bucket_id: None,
         },
-    );
-    bucket.status = None;
-    bucket
+    )
 }
 
 #[cfg(test)]
