@@ -26,8 +26,9 @@ test-real: $(HELM) $(MOTO_SERVER)
 	CARGO="$(CARGO)" scripts/test-real.sh
 
 ## test-node: the chart on a real kubelet (../shared/k8s/node, or the cluster of KUBECONFIG with
-## the image loaded): image built offline, registration, a smoke volume, fencing a real writer.
-test-node: $(HELM) build
+## the image loaded): image built offline, registration, a smoke volume, a COSI bucket and its
+## credentials, fencing a real writer.
+test-node: $(HELM) $(MOTO_SERVER) build
 	CARGO="$(CARGO)" scripts/test-node.sh
 
 ## sanity: csi-sanity (the CSI conformance suite) against the reference driver, mount and block

@@ -8,7 +8,11 @@
 #   4. fencing against a real writer: a protected pod keeps appending numbered records; the
 #      node's kubelet is stopped (its containers keep running); podmon fences and cleans up;
 #      no record lands after the fence; the kubelet comes back and the node is untainted;
-#   5. uninstalls the chart; nothing is left behind.
+#   5. COSI (with ../shared/k8s's node): moto on the host's pod bridge is the object store; the
+#      chart's cosi-controller and cosi-s3 + cosi-provisioner run as containers; a BucketClaim
+#      and a BucketAccess get a bucket and a Secret whose key reads and writes it, until the
+#      access is deleted (the key is refused) and the claim too (the bucket is gone);
+#   6. uninstalls the chart; nothing is left behind (but the COSI CRDs and classes it keeps).
 # The node and control plane are ../shared/k8s's (started and stopped here) unless KUBECONFIG
 # names a cluster that already has the image; step 4 needs ../shared/k8s's node.
 set -euo pipefail
@@ -22,6 +26,9 @@ DRIVER=hostpath.csi-suite.io
 NODE=${NODE_NAME:-node-1}
 NODE_DIR=${NODE_DIR:-/tmp/csi-suite-node}
 STATE_DIR=/var/lib/csi-hostpath-data
+# The node's address on the pod bridge of ../shared/k8s (where pods reach the host).
+POD_BRIDGE=10.244.0.1
+MOTO_SERVER=${MOTO_SERVER:-$PWD/.tools/moto/bin/moto_server}
 VERSION=$(sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/csi-suite/Chart.yaml)
 IMAGE=csi-suite:$VERSION
 WORK=target/test-node
@@ -36,8 +43,10 @@ mkdir -p "$WORK"
 managed=""
 installed=""
 heartbeat=""
+moto=""
 cleanup() {
   status=$?
+  if [ -n "$moto" ]; then kill "$moto" 2>/dev/null || true; fi
   if [ -n "$heartbeat" ]; then
     kill "$heartbeat" 2>/dev/null || true
     "$kubectl" delete node "$HEARTBEAT_NODE" --wait=false >/dev/null 2>&1 || true
@@ -47,6 +56,9 @@ cleanup() {
     "$kubectl" get pods -A -o wide >&2 || true
     "$kubectl" -n "$NAMESPACE" logs -l app.kubernetes.io/component=node --all-containers --tail=40 >&2 || true
     "$kubectl" -n "$NAMESPACE" logs -l app.kubernetes.io/component=controller --all-containers --tail=40 >&2 || true
+    "$kubectl" -n "$NAMESPACE" logs -l 'app.kubernetes.io/component in (cosi-controller,cosi-driver)' --all-containers --tail=40 >&2 || true
+    "$kubectl" -n "$NAMESPACE" logs -l app.kubernetes.io/component=cosi-driver --all-containers --previous --tail=40 >&2 || true
+    "$kubectl" -n "$NAMESPACE" describe pods -l app.kubernetes.io/component=cosi-driver 2>&1 | tail -40 >&2 || true
   fi
   if [ -n "$installed" ]; then "$helm" uninstall "$RELEASE" -n "$NAMESPACE" --wait >/dev/null 2>&1 || true; fi
   if [ -n "$managed" ]; then
@@ -97,6 +109,51 @@ again() {
   return 1
 }
 
+# s3 ACTION...: the object store as a workload and its administrator see it (boto3, from moto's
+# own environment): `set-up` makes the administrator (printed as "ID SECRET");
+# `put-get INFO` writes and reads an object with a credentials Secret's BucketInfo JSON;
+# `refused INFO` succeeds when the store refuses those credentials; `bucket-gone NAME` when the
+# administrator no longer finds the bucket.
+s3() {
+  "$(dirname "$MOTO_SERVER")/python" - "$S3_ENDPOINT" "$@" <<'PY'
+import json, sys
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+endpoint, action, arg = sys.argv[1], sys.argv[2], (sys.argv[3] if len(sys.argv) > 3 else "")
+def client(service, key_id, secret):
+    return boto3.client(service, endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=key_id, aws_secret_access_key=secret,
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+if action == "set-up":
+    iam = client("iam", "set-up", "set-up")
+    iam.create_user(UserName="cosi-admin")
+    iam.put_user_policy(UserName="cosi-admin", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="cosi-admin")["AccessKey"]
+    print(key["AccessKeyId"], key["SecretAccessKey"])
+elif action in ("put-get", "refused"):
+    info = json.loads(arg)["spec"]
+    keys = info["secretS3"]
+    assert keys["endpoint"] == endpoint, keys["endpoint"]
+    s3 = client("s3", keys["accessKeyID"], keys["accessSecretKey"])
+    try:
+        s3.put_object(Bucket=info["bucketName"], Key="proof", Body=b"written-by-a-workload")
+        body = s3.get_object(Bucket=info["bucketName"], Key="proof")["Body"].read()
+    except ClientError as error:
+        print(error, file=sys.stderr)
+        sys.exit(0 if action == "refused" else 1)
+    sys.exit(0 if action == "put-get" and body == b"written-by-a-workload" else 1)
+elif action == "bucket-gone":
+    key_id, secret = open(sys.argv[4]).read().split()
+    try:
+        client("s3", key_id, secret).head_bucket(Bucket=arg)
+    except ClientError as error:
+        sys.exit(0 if error.response["Error"]["Code"] in ("404", "NoSuchBucket") else 1)
+    sys.exit(1)
+PY
+}
+
 if [ -z "${KUBECONFIG:-}" ]; then
   [ -x "$K8S/node" ] || fail "set KUBECONFIG to a cluster, or put the node tools at $K8S"
   managed=1
@@ -133,11 +190,28 @@ namespace() {
 
 echo "== install the chart"
 namespace "$NAMESPACE"
+cosi_values=()
+if [ -n "$managed" ]; then
+  # The object store for COSI: moto (S3 and IAM, IAM enforced after the three set-up calls) on
+  # the host's pod bridge, where the node's pods reach it.
+  moto_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  S3_ENDPOINT="http://$POD_BRIDGE:$moto_port"
+  INITIAL_NO_AUTH_ACTION_COUNT=3 "$MOTO_SERVER" -H "$POD_BRIDGE" -p "$moto_port" > "$WORK/moto.log" 2>&1 &
+  moto=$!
+  # A connection, not a request: moto counts requests against the three set-up calls.
+  until_ok 60 "moto listening on $S3_ENDPOINT" bash -c "exec 3<>/dev/tcp/$POD_BRIDGE/$moto_port"
+  admin=$(s3 set-up)
+  "$kubectl" -n "$NAMESPACE" create secret generic s3-admin \
+    --from-literal=AWS_ACCESS_KEY_ID="${admin% *}" --from-literal=AWS_SECRET_ACCESS_KEY="${admin#* }" >/dev/null
+  cosi_values=(--set cosi.installCRDs=true --set cosi.controller.enabled=true --set cosi.driver.enabled=true
+    --set cosi.s3.endpoint="$S3_ENDPOINT" --set cosi.s3.credentialsSecret=s3-admin
+    --set cosi.bucketClass.create=true --set cosi.bucketAccessClass.create=true)
+fi
 installed=1
 "$helm" install "$RELEASE" charts/csi-suite --namespace "$NAMESPACE" \
   --set storageClass.create=true --set driver.controller.node="$NODE" \
   --set podmon.skipArrayConnectionValidation=true --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
-  --set inventory.serve.enabled=true \
+  --set inventory.serve.enabled=true "${cosi_values[@]}" \
   --wait --timeout "${TIMEOUT}s"
 until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" \
   has -w "$DRIVER" "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}'
@@ -153,6 +227,40 @@ inventory_metrics() { curl -sf "http://$controller_ip:9811/metrics"; }
 until_ok 120 "csi-inventory served a scan" has -E '^csi_inventory_last_scan_timestamp_seconds [1-9]' inventory_metrics
 has -x 'csi_inventory_findings{kind="orphaned"} 0' inventory_metrics || fail "csi-inventory found orphans on an empty driver"
 has -x 'csi_inventory_scan_errors_total 0' inventory_metrics || fail "a csi-inventory scan failed (see its log)"
+
+if [ -n "$managed" ]; then
+  echo "== COSI: a bucket and its credentials, through the chart's containers and RBAC"
+  namespace objects
+  "$kubectl" -n objects apply -f - >/dev/null <<YAML
+apiVersion: objectstorage.k8s.io/v1alpha1
+kind: BucketClaim
+metadata: {name: data}
+spec: {bucketClassName: csi-suite-buckets, protocols: [S3]}
+---
+apiVersion: objectstorage.k8s.io/v1alpha1
+kind: BucketAccess
+metadata: {name: data}
+spec: {bucketClaimName: data, bucketAccessClassName: csi-suite-keys, credentialsSecretName: data-creds, protocol: S3}
+YAML
+  until_ok "$TIMEOUT" "the BucketClaim ready" \
+    has -x true "$kubectl" -n objects get bucketclaim data -o jsonpath='{.status.bucketReady}'
+  until_ok "$TIMEOUT" "the credentials Secret written" "$kubectl" -n objects get secret data-creds
+  info=$("$kubectl" -n objects get secret data-creds -o jsonpath='{.data.BucketInfo}' | base64 -d)
+  bucket=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["spec"]["bucketName"])' "$info")
+  s3 put-get "$info" || fail "the Secret's credentials did not write and read bucket $bucket"
+  echo "   ok: the Secret's key wrote and read bucket $bucket"
+  "$kubectl" -n objects delete bucketaccess data --wait --timeout "${TIMEOUT}s" >/dev/null
+  until_ok "$TIMEOUT" "the credentials Secret deleted" sh -c "! '$kubectl' -n objects get secret data-creds"
+  s3 refused "$info" 2>/dev/null || fail "the revoked key still reaches bucket $bucket"
+  echo "   ok: the revoked key is refused"
+  "$kubectl" -n objects delete bucketclaim data --wait --timeout "${TIMEOUT}s" >/dev/null
+  echo "$admin" > "$WORK/s3-admin"
+  until_ok "$TIMEOUT" "bucket $bucket deleted at the store" s3 bucket-gone "$bucket" "$WORK/s3-admin"
+  [ -z "$("$kubectl" get buckets -o name)" ] || fail "a Bucket object is left"
+  "$kubectl" delete namespace objects --wait --timeout "${TIMEOUT}s" >/dev/null
+else
+  echo "skipped COSI: its object store runs on the pod bridge of $K8S/node"
+fi
 
 echo "== smoke: provision, attach, stage, publish, write, read, delete"
 namespace smoke
@@ -290,4 +398,9 @@ if findmnt -rn -o TARGET | grep -E "^/var/lib/kubelet/(pods/.*/volumes/kubernete
   fail "CSI mounts are left on the host"
 fi
 [ -z "$(ls "$STATE_DIR/volumes" 2>/dev/null)" ] || fail "volumes are left in $STATE_DIR"
+# The COSI CRDs and classes stay by design (deleting a CRD deletes every object of its kind).
+has -x csi-suite-buckets "$kubectl" get bucketclasses -o jsonpath='{.items[*].metadata.name}' ||
+  fail "the BucketClass did not outlive the release"
+"$kubectl" delete bucketclasses,bucketaccessclasses --all >/dev/null
+"$kubectl" get crd -o name | grep objectstorage.k8s.io | xargs "$kubectl" delete >/dev/null
 echo "test-node: passed"
