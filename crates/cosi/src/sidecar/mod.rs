@@ -221,7 +221,11 @@ impl Sidecar {
                 Some(format!(
                     "{}/{}",
                     version(bucket.resource_version()),
-                    self.accesses_of(&bucket).join(",")
+                    self.accesses_of(&bucket)
+                        .iter()
+                        .map(|a| format!("{}:{}", a.name, a.deleting))
+                        .collect::<Vec<_>>()
+                        .join(",")
                 ))
             }
             Key::Claim(_) => None,
@@ -240,7 +244,7 @@ impl Sidecar {
     }
 
     /// The BucketAccesses that name a Bucket's claim.
-    fn accesses_of(&self, bucket: &Bucket) -> Vec<String> {
+    fn accesses_of(&self, bucket: &Bucket) -> Vec<plan::ClaimAccess> {
         let reference = &bucket.spec.bucket_claim;
         let (Some(claim), Some(namespace)) = (&reference.name, &reference.namespace) else {
             return Vec::new();
@@ -250,7 +254,10 @@ impl Sidecar {
             .iter()
             .filter(|a| a.namespace().as_deref() == Some(namespace.as_str()))
             .filter(|a| &a.spec.bucket_claim_name == claim)
-            .map(|a| a.name_any())
+            .map(|a| plan::ClaimAccess {
+                name: a.name_any(),
+                deleting: a.metadata.deletion_timestamp.is_some(),
+            })
             .collect()
     }
 
@@ -371,6 +378,7 @@ impl Sidecar {
                 }
                 return Ok(Synced::Waiting);
             }
+            BucketPlan::WaitForAccesses => return Ok(Synced::Waiting),
             BucketPlan::RemoveAccessFinalizer => {
                 remove_finalizer(&buckets, &name, ACCESS_BUCKET_FINALIZER).await?;
             }

@@ -59,8 +59,10 @@ pub enum BucketPlan {
     },
     /// The Bucket cannot be made: an Event, and retries.
     Refuse(String),
-    /// Deleting: the accesses to it go first.
+    /// Deleting: the accesses to it go first (those whose deletion has not begun).
     DeleteAccesses(Vec<String>),
+    /// Deleting: every access left is being deleted (revoked); nothing to send until they go.
+    WaitForAccesses,
     /// Deleting, and no access is left.
     RemoveAccessFinalizer,
     /// Deleting: DriverDeleteBucket (policy Delete), then the finalizer goes.
@@ -71,18 +73,33 @@ pub enum BucketPlan {
     RemoveFinalizer,
 }
 
-/// `accesses`: the names of the BucketAccesses of the Bucket's claim that still exist.
-pub fn bucket(bucket: &Bucket, own_driver: &str, accesses: &[String]) -> BucketPlan {
+/// A BucketAccess of the Bucket's claim that still exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimAccess {
+    pub name: String,
+    /// Its deletion has begun: deleting it again would change nothing.
+    pub deleting: bool,
+}
+
+/// `accesses`: the BucketAccesses of the Bucket's claim that still exist.
+pub fn bucket(bucket: &Bucket, own_driver: &str, accesses: &[ClaimAccess]) -> BucketPlan {
     if !ours(&bucket.spec.driver_name, own_driver) {
         return BucketPlan::Done;
     }
     let status = bucket.status.clone().unwrap_or_default();
     if bucket.metadata.deletion_timestamp.is_some() {
         if has(bucket, ACCESS_BUCKET_FINALIZER) {
+            let live: Vec<String> = accesses
+                .iter()
+                .filter(|a| !a.deleting)
+                .map(|a| a.name.clone())
+                .collect();
             return if accesses.is_empty() {
                 BucketPlan::RemoveAccessFinalizer
+            } else if live.is_empty() {
+                BucketPlan::WaitForAccesses
             } else {
-                BucketPlan::DeleteAccesses(accesses.to_vec())
+                BucketPlan::DeleteAccesses(live)
             };
         }
         if !has(bucket, BUCKET_FINALIZER) {
@@ -377,7 +394,9 @@ mod tests {
     #[test]
     fn buckets_are_protected_made_adopted_and_deleted_by_policy() {
         let gold = BTreeMap::from([("tier".to_string(), "gold".to_string())]);
-        let table: Vec<(serde_json::Value, &[&str], BucketPlan)> = vec![
+        // The claim's accesses: (name, being deleted).
+        type Accesses = &'static [(&'static str, bool)];
+        let table: Vec<(serde_json::Value, Accesses, BucketPlan)> = vec![
             (
                 json!({"spec": {"driverName": "other"}}),
                 &[],
@@ -416,8 +435,22 @@ mod tests {
                 deleting(
                     json!({"metadata": {"finalizers": [ACCESS_BUCKET_FINALIZER, BUCKET_FINALIZER]}}),
                 ),
-                &["reader"],
+                &[("reader", false)],
                 BucketPlan::DeleteAccesses(vec!["reader".into()]),
+            ),
+            (
+                deleting(
+                    json!({"metadata": {"finalizers": [ACCESS_BUCKET_FINALIZER, BUCKET_FINALIZER]}}),
+                ),
+                &[("reader", true), ("writer", false)],
+                BucketPlan::DeleteAccesses(vec!["writer".into()]),
+            ),
+            (
+                deleting(
+                    json!({"metadata": {"finalizers": [ACCESS_BUCKET_FINALIZER, BUCKET_FINALIZER]}}),
+                ),
+                &[("reader", true)],
+                BucketPlan::WaitForAccesses,
             ),
             (
                 deleting(
@@ -447,7 +480,13 @@ mod tests {
             ),
         ];
         for (extra, accesses, expected) in table {
-            let accesses: Vec<String> = accesses.iter().map(|a| a.to_string()).collect();
+            let accesses: Vec<ClaimAccess> = accesses
+                .iter()
+                .map(|(name, deleting)| ClaimAccess {
+                    name: name.to_string(),
+                    deleting: *deleting,
+                })
+                .collect();
             assert_eq!(
                 bucket(&a_bucket(extra.clone()), DRIVER, &accesses),
                 expected,
