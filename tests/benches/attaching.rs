@@ -102,7 +102,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     }
     record(
         &api,
-        attacher.external || !attacher.extra_args.is_empty(),
+        attacher.swapped(),
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench attaching`; the release `csi-attacher` binary as its own process; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,

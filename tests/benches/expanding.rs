@@ -98,7 +98,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     }
     record(
         &api,
-        resizer.external || !resizer.extra_args.is_empty(),
+        resizer.swapped(),
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench expanding`; the release `csi-resizer` binary as its own process; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,

@@ -114,7 +114,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         .driver_latencies(&["CreateVolume", "DeleteVolume"])
         .await;
     provisioner.stop();
-    let external = provisioner.external || !provisioner.extra_args.is_empty() || driver.external();
+    let external = provisioner.swapped() || driver.external();
     let setup = setup(&provisioner, &driver, api.sim.is_some());
     driver.stop().await;
     let phases = [provision?, delete?];

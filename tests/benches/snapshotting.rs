@@ -124,10 +124,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     }
     record(
         &api,
-        controller.external
-            || sidecar.external
-            || !controller.extra_args.is_empty()
-            || !sidecar.extra_args.is_empty(),
+        controller.swapped() || sidecar.swapped(),
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench snapshotting`; the release `snapshot-controller` and `csi-snapshotter` binaries as their own processes; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,

@@ -221,7 +221,8 @@ pub struct SidecarProcess {
     pub extra_args: Vec<String>,
     /// Whether `BENCH_<SIDECAR>` named the binary.
     pub external: bool,
-    pub metrics_address: std::net::SocketAddr,
+    /// Where it serves `/metrics` (`None`: a binary given no `--http-endpoint`).
+    pub metrics_address: Option<std::net::SocketAddr>,
     child: std::process::Child,
     log: PathBuf,
 }
@@ -237,6 +238,20 @@ impl SidecarProcess {
         api: &ApiServerUnderTest,
         root: &Path,
         watches: usize,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(name, args, api, root, watches, true).await
+    }
+
+    /// [`SidecarProcess::start`], giving a binary of `BENCH_<SIDECAR>` an `--http-endpoint`
+    /// only when `external_http` (upstream's COSI binaries have no such flag, and refuse flags
+    /// they do not know). Such a binary gets 5 s to start, and fails the run if it exits.
+    pub async fn start_with(
+        name: &str,
+        args: &[String],
+        api: &ApiServerUnderTest,
+        root: &Path,
+        watches: usize,
+        external_http: bool,
     ) -> anyhow::Result<Self> {
         let variable = format!(
             "BENCH_{}",
@@ -256,14 +271,16 @@ impl SidecarProcess {
             .split_whitespace()
             .map(str::to_string)
             .collect();
-        let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let metrics_address = (!external || external_http)
+            .then(|| std::net::TcpListener::bind("127.0.0.1:0")?.local_addr())
+            .transpose()?;
         let log = root.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let child = std::process::Command::new(&binary)
             .args(args)
             .args(&extra_args)
             .arg(format!("--kubeconfig={}", api.kubeconfig.display()))
-            .arg(format!("--http-endpoint={metrics_address}"))
+            .args(metrics_address.map(|address| format!("--http-endpoint={address}")))
             .stdout(file.try_clone()?)
             .stderr(file)
             .spawn()
@@ -299,7 +316,37 @@ impl SidecarProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
+        if let Some(status) = process.child.try_wait()? {
+            process.print_log_tail();
+            bail!("{} exited: {status}", process.binary.display());
+        }
         Ok(process)
+    }
+
+    /// Its client name in the API server's request counts: its User-Agent's program name,
+    /// which is the file name of our binaries and of Go ones.
+    pub fn client(&self) -> String {
+        self.binary
+            .file_name()
+            .map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+    }
+
+    /// The binary and the flags `BENCH_<SIDECAR>_ARGS` added, for a report.
+    pub fn describe(&self) -> String {
+        if self.extra_args.is_empty() {
+            format!("`{}`", self.binary.display())
+        } else {
+            format!(
+                "`{}` with `{}`",
+                self.binary.display(),
+                self.extra_args.join(" ")
+            )
+        }
+    }
+
+    /// Another binary, or ours with other flags: a run not to record.
+    pub fn swapped(&self) -> bool {
+        self.external || !self.extra_args.is_empty()
     }
 
     /// The peak resident set (VmHWM), in MiB.
@@ -324,7 +371,7 @@ impl SidecarProcess {
     /// Mean latency of each of `methods` (`CreateVolume`) from its
     /// `csi_sidecar_operations_seconds`.
     pub async fn driver_latencies(&self, methods: &[&str]) -> Option<String> {
-        let (_, text) = kube_sim::harness::http_get(self.metrics_address, "/metrics").await?;
+        let (_, text) = kube_sim::harness::http_get(self.metrics_address?, "/metrics").await?;
         let value = |suffix: &str, method: &str| -> Option<f64> {
             text.lines()
                 .filter(|l| l.starts_with(&format!("csi_sidecar_operations_seconds_{suffix}{{")))
