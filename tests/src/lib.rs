@@ -889,7 +889,6 @@ impl Cluster {
             metrics: Default::default(),
             refresh: Default::default(),
             managed_by: csi_provisioner::capacity::MANAGED_BY.to_string(),
-            node_segment: None,
         }
     }
 

@@ -47,7 +47,6 @@ async fn node_provisioner(cluster: &Cluster, node: &str, capacity: bool) -> Side
     };
     let capacity = capacity.then(|| CapacitySettings {
         managed_by: node_managed_by(node),
-        node_segment: Some(deployment.segments.clone()),
         ..cluster.capacity_settings(None)
     });
     cluster

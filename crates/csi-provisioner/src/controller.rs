@@ -27,6 +27,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::capacity::controller::{Refresh, Segments, SharedCaches};
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
@@ -217,12 +218,31 @@ pub async fn run(
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
+    let claims = informers.all_with(move |claim: &PersistentVolumeClaim| {
+        claim_keys(claim).for_each(|key| claim_work.trigger(key));
+    });
+    let attachments = informers.all();
+    let attribute_classes =
+        (settings.volume_attributes_classes == vac::Support::Served).then(|| optional.all());
+    // As upstream, the gate makes the provisioner wait for this cache too.
+    let reference_grants = settings
+        .cross_namespace_data_sources
+        .then(|| informers.all());
+    // Capacity tracking reads the caches made from here on (one store per kind for both):
+    // their changes wake it too, and it hears of the driver's PVs.
+    let capacity = settings.capacity.as_ref().map(|c| c.refresh.clone());
+    informers.also_waking(capacity.as_ref().map(Refresh::wake));
+    let driver = settings.driver.name.clone();
     let caches = Caches {
-        claims: informers.all_with(move |claim: &PersistentVolumeClaim| {
-            claim_keys(claim).for_each(|key| claim_work.trigger(key));
-        }),
+        claims,
         volumes: informers.all_with(move |volume: &PersistentVolume| {
             volume_work.trigger(Key::Volume(volume.name_any()));
+            let driver_of = volume.spec.as_ref().and_then(|s| s.csi.as_ref());
+            if let Some(capacity) = &capacity
+                && driver_of.is_some_and(|csi| csi.driver == driver)
+            {
+                capacity.volume(volume);
+            }
         }),
         classes: informers.all(),
         topology: match &settings.node_deployment {
@@ -233,13 +253,9 @@ pub async fn run(
                 nodes: informers.all_lean(keep_node_labels),
             },
         },
-        attachments: informers.all(),
-        attribute_classes: (settings.volume_attributes_classes == vac::Support::Served)
-            .then(|| optional.all()),
-        // As upstream, the gate makes the provisioner wait for this cache too.
-        reference_grants: settings
-            .cross_namespace_data_sources
-            .then(|| informers.all()),
+        attachments,
+        attribute_classes,
+        reference_grants,
     };
     drop(optional);
     let Some(wake) = informers.synced().await else {
@@ -281,6 +297,7 @@ pub async fn run(
             capacity,
             provisioner.csi.clone(),
             provisioner.settings.driver.name.clone(),
+            provisioner.shared_with_capacity(),
             shutdown.clone(),
         ));
     }
@@ -319,6 +336,23 @@ fn rand_suffix() -> u32 {
 }
 
 impl Provisioner {
+    /// The caches capacity tracking reads: the same stores as the provisioner's.
+    fn shared_with_capacity(&self) -> SharedCaches {
+        let caches = &self.caches;
+        let segments = match &caches.topology {
+            NodeTopology::Watched { csi_nodes, nodes } => {
+                Segments::Watched(csi_nodes.clone(), nodes.clone())
+            }
+            // Its labels are the node's segment (NodeGetInfo).
+            NodeTopology::Own(node) => Segments::Fixed(node.labels.clone()),
+        };
+        SharedCaches {
+            classes: caches.classes.clone(),
+            volumes: caches.volumes.clone(),
+            segments,
+        }
+    }
+
     /// Offers the keys the watches brought, those waiting and those due for a retry — or,
     /// when `full` (the periodic resync), every claim and PV.
     fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>, full: bool) {

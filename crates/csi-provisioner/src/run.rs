@@ -229,6 +229,5 @@ async fn capacity_settings(
             || crate::capacity::MANAGED_BY.to_string(),
             |nd| crate::capacity::node_managed_by(&nd.node_name),
         ),
-        node_segment: node_deployment.map(|nd| nd.segments.clone()),
     })
 }

@@ -101,6 +101,8 @@ impl CacheSyncHealth {
 pub struct Informers {
     client: Client,
     wake: Arc<Notify>,
+    /// A second controller's signal the caches made from now on wake as well.
+    also: Option<Arc<Notify>>,
     shutdown: CancellationToken,
     synced: Vec<futures::future::BoxFuture<'static, bool>>,
     health: Option<Arc<CacheSyncHealth>>,
@@ -111,6 +113,7 @@ impl Informers {
         Self {
             client: client.clone(),
             wake: Arc::new(Notify::new()),
+            also: None,
             shutdown: shutdown.clone(),
             synced: Vec::new(),
             health: None,
@@ -123,6 +126,13 @@ impl Informers {
     pub fn waking(mut self, wake: Arc<Notify>) -> Self {
         self.wake = wake;
         self
+    }
+
+    /// The caches made from now on also wake `wake`, when given: for a second controller that
+    /// reads them (capacity tracking reads the provisioner's classes, PVs and nodes: one store
+    /// per kind for both, as upstream's shared informers).
+    pub fn also_waking(&mut self, wake: Option<Arc<Notify>>) {
+        self.also = wake;
     }
 
     /// Reports the caches made from now on to `health` (the sidecar's `/healthz`).
@@ -214,7 +224,7 @@ impl Informers {
                 keep(object);
             });
         let stream = reflector::reflector(writer, watch);
-        let wake = self.wake.clone();
+        let (wake, also) = (self.wake.clone(), self.also.clone());
         let shutdown = self.shutdown.clone();
         let resource = resource_name::<K>();
         // Held by the task: the cache drops out of the health check when it stops.
@@ -242,6 +252,9 @@ impl Informers {
                                 watcher::Event::Init => {}
                             }
                             wake.notify_one();
+                            if let Some(also) = &also {
+                                also.notify_one();
+                            }
                         }
                         Some(Err(error)) => {
                             let message = api_message(&error);

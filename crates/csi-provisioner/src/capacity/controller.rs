@@ -1,4 +1,5 @@
-//! The capacity controller: caches of CSINodes, Nodes, classes, PVs and our
+//! The capacity controller: the provisioner's caches of CSINodes, Nodes, classes and PVs (one
+//! store per kind for both, as upstream's shared informers) and its own of our
 //! CSIStorageCapacity objects; on every change it recomputes the wanted items and hands the
 //! ones that are new, missing, touched by a PV that came or went, asked for by the provisioner
 //! (a failed CreateVolume) or due for the poll (`--capacity-poll-interval`, the loop's resync)
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_sidecar::conn::CsiConnection;
-use csi_sidecar::informers::{Informers, keep_node_labels};
+use csi_sidecar::informers::Informers;
 use csi_sidecar::lock;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
@@ -51,16 +52,16 @@ pub struct CapacitySettings {
     /// The objects' managed-by label: [`super::MANAGED_BY`], or with `--node-deployment`
     /// [`super::node_managed_by`].
     pub managed_by: String,
-    /// With `--node-deployment`: the node's segment (NodeGetInfo) is the only one; Nodes and
-    /// CSINodes are not watched, as upstream's fixed node topology.
-    pub node_segment: Option<super::Segment>,
 }
 
-/// Asks capacity tracking to refresh the items of a class: after a failed CreateVolume the
-/// published capacity was likely wrong (upstream refreshes the class the same way).
+/// What the provisioner tells capacity tracking: a class whose items to refresh (after a
+/// failed CreateVolume the published capacity was likely wrong; upstream refreshes the class
+/// the same way), the driver's PVs its watch brought, and (on [`Refresh::wake`]) that a cache
+/// the two share changed.
 #[derive(Clone, Debug, Default)]
 pub struct Refresh {
     classes: Arc<std::sync::Mutex<BTreeSet<String>>>,
+    volumes: ChangedVolumes,
     wake: Arc<tokio::sync::Notify>,
 }
 
@@ -68,6 +69,17 @@ impl Refresh {
     pub fn class(&self, name: &str) {
         lock(&self.classes).insert(name.to_string());
         self.wake.notify_one();
+    }
+
+    /// A PV of the driver as the watch brought it (listed, added, modified or deleted); the
+    /// cache's own wake-up follows.
+    pub fn volume(&self, pv: &PersistentVolume) {
+        lock(&self.volumes).insert(pv.name_any(), Arc::new(pv.clone()));
+    }
+
+    /// Capacity tracking's wake-up signal, for the caches it shares.
+    pub fn wake(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
     }
 
     fn take(&self) -> BTreeSet<String> {
@@ -118,11 +130,21 @@ impl CapacityMetrics {
 }
 
 /// Where the segments come from.
-enum Segments {
+#[derive(Debug)]
+pub enum Segments {
     /// Every node's CSINode and Node.
     Watched(Store<CSINode>, Store<Node>),
-    /// `--node-deployment`: the node's own.
+    /// `--node-deployment`: the node's segment (NodeGetInfo) is the only one; Nodes and
+    /// CSINodes are not watched, as upstream's fixed node topology.
     Fixed(super::Segment),
+}
+
+/// The provisioner's caches capacity tracking reads; their changes wake [`Refresh::wake`].
+#[derive(Debug)]
+pub struct SharedCaches {
+    pub classes: Store<StorageClass>,
+    pub volumes: Store<PersistentVolume>,
+    pub segments: Segments,
 }
 
 struct Caches {
@@ -153,39 +175,26 @@ enum Work {
     Delete(String),
 }
 
-/// Runs capacity tracking for `driver` until `shutdown`.
+/// Runs capacity tracking for `driver` on the provisioner's `shared` caches until `shutdown`.
 pub async fn run(
     settings: CapacitySettings,
     csi: CsiConnection,
     driver: String,
+    shared: SharedCaches,
     shutdown: CancellationToken,
 ) {
     let client = settings.client.clone();
-    // The provisioner's refresh requests and every change of these caches wake the loop.
-    let mut informers = Informers::new(&client, &shutdown).waking(settings.refresh.wake.clone());
+    // The provisioner's refresh requests and every change of these caches (the shared ones'
+    // too) wake the loop.
+    let mut informers = Informers::new(&client, &shutdown).waking(settings.refresh.wake());
     let selector = format!(
         "{DRIVER_NAME_LABEL}={driver},{MANAGED_BY_LABEL}={}",
         settings.managed_by
     );
-    let changed_volumes = ChangedVolumes::default();
-    let (changes, own_driver) = (changed_volumes.clone(), driver.clone());
     let caches = Caches {
-        segments: match settings.node_segment.clone() {
-            Some(segment) => Segments::Fixed(segment),
-            // Of Nodes, only labels are read (topology segments).
-            None => Segments::Watched(informers.all(), informers.all_lean(keep_node_labels)),
-        },
-        classes: informers.all(),
-        volumes: informers.all_with(move |pv: &PersistentVolume| {
-            let ours = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.csi.as_ref())
-                .is_some_and(|c| c.driver == own_driver);
-            if ours {
-                lock(&changes).insert(pv.name_any(), Arc::new(pv.clone()));
-            }
-        }),
+        segments: shared.segments,
+        classes: shared.classes,
+        volumes: shared.volumes,
         objects: informers.watch(
             Api::namespaced(client.clone(), &settings.namespace),
             watcher::Config::default().labels(&selector),
@@ -201,7 +210,6 @@ pub async fn run(
         csi,
         driver,
         caches,
-        changed_volumes,
         state: Mutex::new(State::default()),
     });
     tracing::info!(namespace = %tracker.settings.namespace, "capacity tracking started");
@@ -229,7 +237,6 @@ struct Tracker {
     caches: Caches,
     api: Api<CSIStorageCapacity>,
     workers: Arc<KeyedWorkers<Work>>,
-    changed_volumes: ChangedVolumes,
     state: Mutex<State>,
 }
 
@@ -378,7 +385,7 @@ impl Tracker {
     /// The driver's PVs that appeared or disappeared since the last pass (`known`: the names
     /// as of then, brought up to date).
     fn volume_changes(&self, known: &mut HashSet<String>) -> Vec<Arc<PersistentVolume>> {
-        let changed = std::mem::take(&mut *lock(&self.changed_volumes));
+        let changed = std::mem::take(&mut *lock(&self.settings.refresh.volumes));
         changed
             .into_iter()
             .filter_map(|(name, pv)| {
