@@ -311,6 +311,17 @@ impl Sidecar {
             .await;
     }
 
+    /// A Warning Event on `object` saying `error`, which the sync then returns.
+    async fn failed(
+        &self,
+        object: &impl Resource<DynamicType = ()>,
+        reason: &str,
+        error: SidecarError,
+    ) -> SidecarError {
+        self.warn(object, reason, &error.to_string()).await;
+        error
+    }
+
     async fn sync_bucket(&self, bucket: &Bucket) -> Result<Synced, SidecarError> {
         let buckets: Api<Bucket> = Api::all(self.client.clone());
         let name = bucket.name_any();
@@ -321,8 +332,9 @@ impl Sidecar {
                 add_finalizer(&buckets, bucket, BUCKET_FINALIZER).await?;
             }
             BucketPlan::Refuse(why) => {
-                self.warn(bucket, FAILED_CREATE_BUCKET, &why).await;
-                return Err(SidecarError::Refused(why));
+                return Err(self
+                    .failed(bucket, FAILED_CREATE_BUCKET, SidecarError::Refused(why))
+                    .await);
             }
             BucketPlan::Adopt { bucket_id } => {
                 self.bucket_ready(bucket, &bucket_id).await?;
@@ -343,15 +355,14 @@ impl Sidecar {
                             call: "DriverCreateBucket",
                             status,
                         };
-                        self.warn(bucket, FAILED_CREATE_BUCKET, &error.to_string())
-                            .await;
-                        return Err(error);
+                        return Err(self.failed(bucket, FAILED_CREATE_BUCKET, error).await);
                     }
                 };
                 if created.bucket_id.is_empty() {
                     let why = format!("DriverCreateBucket returned an empty bucket_id for {name}");
-                    self.warn(bucket, FAILED_CREATE_BUCKET, &why).await;
-                    return Err(SidecarError::Refused(why));
+                    return Err(self
+                        .failed(bucket, FAILED_CREATE_BUCKET, SidecarError::Refused(why))
+                        .await);
                 }
                 tracing::info!(bucket = %name, bucket_id = %created.bucket_id, "created bucket");
                 self.bucket_ready(bucket, &created.bucket_id).await?;
@@ -399,9 +410,7 @@ impl Sidecar {
                             call: "DriverDeleteBucket",
                             status,
                         };
-                        self.warn(bucket, FAILED_DELETE_BUCKET, &error.to_string())
-                            .await;
-                        return Err(error);
+                        return Err(self.failed(bucket, FAILED_DELETE_BUCKET, error).await);
                     }
                 }
                 remove_finalizer(&buckets, &name, BUCKET_FINALIZER).await?;
@@ -471,14 +480,13 @@ impl Sidecar {
                 return Err(SidecarError::Waiting(why));
             }
             AccessPlan::Refuse(why) => {
-                self.warn(access, FAILED_GRANT_ACCESS, &why).await;
-                return Err(SidecarError::Refused(why));
+                return Err(self
+                    .failed(access, FAILED_GRANT_ACCESS, SidecarError::Refused(why))
+                    .await);
             }
             AccessPlan::Grant(grant) => {
                 if let Err(error) = self.grant(access, &grant, bucket.as_deref()).await {
-                    self.warn(access, FAILED_GRANT_ACCESS, &error.to_string())
-                        .await;
-                    return Err(error);
+                    return Err(self.failed(access, FAILED_GRANT_ACCESS, error).await);
                 }
                 self.granted.supersede(key.clone(), access);
             }
@@ -487,9 +495,7 @@ impl Sidecar {
                 account_id,
             } => {
                 if let Err(error) = self.revoke(access, bucket_id, account_id).await {
-                    self.warn(access, FAILED_REVOKE_ACCESS, &error.to_string())
-                        .await;
-                    return Err(error);
+                    return Err(self.failed(access, FAILED_REVOKE_ACCESS, error).await);
                 }
             }
         }
