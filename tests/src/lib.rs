@@ -1031,10 +1031,12 @@ impl Cluster {
         }
     }
 
-    /// A client for `component` (its User-Agent names it, so the API server counts its
-    /// requests apart and [`rbac::denied`] can check them against the chart's rules).
+    /// A client for `component`, built as the binaries build theirs (its User-Agent names it,
+    /// so the API server counts its requests apart and [`rbac::denied`] can check them
+    /// against the chart's rules).
     pub fn component_client(&self, component: &str) -> Client {
-        Client::try_from(self.component_config(component)).expect("a client")
+        csi_sidecar::kube::client_from_config(self.component_config(component), None)
+            .expect("a client")
     }
 
     /// [`Cluster::component_client`] authenticating with the bearer `token` instead of the
@@ -1042,7 +1044,7 @@ impl Cluster {
     pub fn component_client_with_token(&self, component: &str, token: &str) -> Client {
         let mut config = self.component_config(component);
         config.auth_info = object(serde_json::json!({ "token": token }));
-        Client::try_from(config).expect("a client")
+        csi_sidecar::kube::client_from_config(config, None).expect("a client")
     }
 
     fn component_config(&self, component: &str) -> kube::Config {
