@@ -1,7 +1,8 @@
 //! csi-attacher under load: N VolumeAttachments (default 1000, `BENCH_ATTACHMENTS`) created at
 //! once until all are attached, then all deleted until every one is gone (unpublished and
 //! released). The real `csi-attacher` binary runs as its own process against kube-sim (or the
-//! cluster of `KUBECONFIG`) and the reference driver, with its default flags. Reports
+//! cluster of `KUBECONFIG`) and the reference driver (or the driver at `BENCH_CSI_ENDPOINT`),
+//! with its default flags. Reports
 //! VolumeAttachments/s, p50/p99, API requests per VolumeAttachment by verb and resource
 //! (counted by kube-sim per client) and the attacher's peak RSS. Writes the "csi-attacher"
 //! section of `BENCHMARKS.md`. Nothing asserts a timing.
@@ -13,10 +14,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use csi_hostpath::local::LocalCluster;
 use csi_suite_scenarios::bench::{
-    ApiServerUnderTest, Footprint, Phase, SidecarProcess, client_requests, latencies, listed_watch,
-    main_with_count, reached, record, sidecar_report, timed_requests, volumes_with_pvs,
+    ApiServerUnderTest, DriverUnderTest, Footprint, Phase, SidecarProcess, client_requests,
+    latencies, listed_watch, main_with_count, reached, record, sidecar_report, timed_requests,
+    volumes_with_pvs,
 };
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -50,21 +51,15 @@ async fn run(count: usize) -> anyhow::Result<()> {
         .prefix("bench-attaching-")
         .tempdir()?;
     let api = ApiServerUnderTest::start(root.path(), &[]).await?;
-    let driver = LocalCluster::start(root.path(), &[NODE], |config| {
-        config.driver_name = DRIVER.to_string();
-    })
-    .await?;
+    let driver = DriverUnderTest::start(root.path(), DRIVER, NODE).await?;
     let client = api.client.clone();
     println!("preparing {count} volumes and PVs …");
     prepare(&client, &driver, count).await?;
 
     // Its caches: VolumeAttachments, PVs and CSINodes.
-    let address = format!(
-        "--csi-address={}",
-        driver.controller.endpoint.path().display()
-    );
+    let address = format!("--csi-address={}", driver.controller.display());
     let mut attacher = SidecarProcess::start(CLIENT, &[address], &api, root.path(), 3).await?;
-    let attach = attach_phase(&api, count).await;
+    let attach = attach_phase(&api, &driver.name, count).await;
     let detach = match &attach {
         Ok(_) => detach_phase(&api, count).await,
         Err(_) => Err(anyhow::anyhow!("not run")),
@@ -77,6 +72,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
         .driver_latencies(&["ControllerPublishVolume", "ControllerUnpublishVolume"])
         .await;
     attacher.stop();
+    let external = attacher.swapped() || driver.external();
     driver.stop().await;
     let phases = [attach?, detach?];
     let intro = format!(
@@ -102,7 +98,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     }
     record(
         &api,
-        attacher.swapped(),
+        external,
         HEADING,
         "`make bench` (`cargo bench -p csi-suite-scenarios --bench attaching`; the release `csi-attacher` binary as its own process; kube-sim and the reference driver in the benchmark's process, all on the same CPUs)",
         &report,
@@ -110,28 +106,24 @@ async fn run(count: usize) -> anyhow::Result<()> {
 }
 
 /// The volumes at the driver, their PVs, and the node's CSINode (as registration writes it).
-async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow::Result<()> {
+async fn prepare(client: &Client, driver: &DriverUnderTest, count: usize) -> anyhow::Result<()> {
     Api::<CSINode>::all(client.clone())
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": NODE}, "spec": {"drivers": [
-                {"name": DRIVER, "nodeID": NODE}]}}))?,
+                {"name": &driver.name, "nodeID": &driver.node_id}]}}))?,
         )
         .await?;
-    volumes_with_pvs(
-        client,
-        &driver.controller.csi,
-        DRIVER,
-        count,
-        CLIENTS,
-        pv_name,
-        None,
-    )
-    .await
+    let csi = driver.controller_connection().await?;
+    volumes_with_pvs(client, &csi, &driver.name, count, CLIENTS, pv_name, None).await
 }
 
 /// Creates the VolumeAttachments at once and waits until all are attached.
-async fn attach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Result<Phase> {
+async fn attach_phase(
+    server: &ApiServerUnderTest,
+    driver: &str,
+    count: usize,
+) -> anyhow::Result<Phase> {
     let api: Api<VolumeAttachment> = Api::all(server.client.clone());
     let before = server.counts().await;
     let mut events = std::pin::pin!(listed_watch(&api).await);
@@ -141,7 +133,7 @@ async fn attach_phase(server: &ApiServerUnderTest, count: usize) -> anyhow::Resu
         async move {
             let va: VolumeAttachment = serde_json::from_value(json!({
                 "metadata": {"name": va_name(i)},
-                "spec": {"attacher": DRIVER, "nodeName": NODE,
+                "spec": {"attacher": driver, "nodeName": NODE,
                     "source": {"persistentVolumeName": pv_name(i)}}}))?;
             api.create(&PostParams::default(), &va).await?;
             Ok(va_name(i))

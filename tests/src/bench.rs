@@ -200,6 +200,16 @@ impl DriverUnderTest {
         })
     }
 
+    /// A connection to its controller socket, for the benchmark's own calls (its volumes).
+    pub async fn controller_connection(&self) -> anyhow::Result<csi_sidecar::conn::CsiConnection> {
+        Ok(connect(
+            &Endpoint::from_path(&self.controller)?,
+            Duration::from_secs(10),
+            CsiOperationMetrics::unregistered(),
+        )
+        .await?)
+    }
+
     /// Whether this is a driver of `BENCH_CSI_ENDPOINT`, not the reference driver.
     pub fn external(&self) -> bool {
         self.local.is_none()
