@@ -12,7 +12,8 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
-    FinalizerError, remove_finalizer, set_finalizers, set_finalizers_and_annotations, without,
+    FinalizerError, remove_finalizer, remove_finalizer_from, set_finalizers,
+    set_finalizers_and_annotations, without,
 };
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
@@ -176,12 +177,46 @@ struct Provisioner {
 /// wait for the watch event that brings the new state.
 #[derive(Default)]
 struct UnseenWrites {
-    /// Claim → the resourceVersion our last write replaced.
-    claims: Mutex<HashMap<ObjectRef<PersistentVolumeClaim>, String>>,
+    /// Claim → our last write to it.
+    claims: Mutex<HashMap<ObjectRef<PersistentVolumeClaim>, Written>>,
     /// PVs we created.
     created_volumes: Mutex<HashSet<String>>,
     /// PVs we deleted (and released).
     deleted_volumes: Mutex<HashSet<String>>,
+}
+
+/// Our write to an object, until the cache shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Written {
+    /// The resourceVersion of the copy the write was built from.
+    replaced: String,
+    /// The resourceVersion the API server answered with.
+    produced: Option<String>,
+}
+
+impl Written {
+    /// Whether a cached copy at resourceVersion `cached` predates this write. A patch guarded by
+    /// a `test` of the finalizers (not of the resourceVersion) lands on whatever version is
+    /// current, often a newer one than it was built from (kube-controller-manager updates a
+    /// claim as it binds it): a cache at that in-between version still predates the write, and
+    /// acting on it repeats the write, which then fails its `test` (422). resourceVersions
+    /// are etcd revisions, integers that grow, on the API servers we know (kube-sim's too);
+    /// where one does not parse, only the copy the write was built from counts as stale.
+    fn predates(&self, cached: Option<&str>) -> bool {
+        let Some(cached) = cached else {
+            return false;
+        };
+        if cached == self.replaced {
+            return true;
+        }
+        match (
+            cached.parse::<u64>(),
+            self.produced.as_deref().map(str::parse::<u64>),
+        ) {
+            (Ok(cached), Some(Ok(produced))) => cached < produced,
+            _ => false,
+        }
+    }
 }
 
 /// A data source that carries a protection finalizer while the driver copies from it.
@@ -451,10 +486,10 @@ impl Provisioner {
     /// Drops the unseen-write records the caches have caught up with.
     fn forget_seen_writes(&self) {
         let claims = &self.caches.claims;
-        lock(&self.unseen.claims).retain(|reference, replaced| {
+        lock(&self.unseen.claims).retain(|reference, written| {
             claims
                 .get(reference)
-                .is_some_and(|c| c.resource_version().as_ref() == Some(replaced))
+                .is_some_and(|c| written.predates(c.resource_version().as_deref()))
         });
         let volumes = &self.caches.volumes;
         lock(&self.unseen.created_volumes)
@@ -472,7 +507,10 @@ impl Provisioner {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(None);
         };
-        if lock(&self.unseen.claims).get(reference) == claim.resource_version().as_ref() {
+        if lock(&self.unseen.claims)
+            .get(reference)
+            .is_some_and(|written| written.predates(claim.resource_version().as_deref()))
+        {
             return Err(Synced::Waiting);
         }
         Ok(Some(claim))
@@ -1127,7 +1165,9 @@ impl Provisioner {
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations).await?;
         if let Some(replaced) = claim.resource_version() {
-            lock(&self.unseen.claims).insert(ObjectRef::from_obj(claim), replaced);
+            let produced = updated.as_ref().and_then(|u| u.resource_version());
+            lock(&self.unseen.claims)
+                .insert(ObjectRef::from_obj(claim), Written { replaced, produced });
         }
         Ok(updated)
     }
@@ -1237,10 +1277,14 @@ impl Provisioner {
             )
             .await
         {
-            Ok(_) => {
+            Ok(updated) => {
                 backoff.forget(&uid);
-                if let Some(version) = current.resource_version() {
-                    lock(&self.unseen.claims).insert(ObjectRef::from_obj(&*current), version);
+                if let Some(replaced) = current.resource_version() {
+                    let produced = updated.resource_version();
+                    lock(&self.unseen.claims).insert(
+                        ObjectRef::from_obj(&*current),
+                        Written { replaced, produced },
+                    );
                 }
                 tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
                 Ok(Synced::Done)
@@ -1409,8 +1453,7 @@ impl Provisioner {
                 Ok(())
             }
             VolumePlan::RemoveFinalizer => {
-                let finalizers = without(volume.finalizers(), PV_FINALIZER);
-                set_finalizers(&api, &volume, finalizers).await?;
+                remove_finalizer_from(&api, &volume, PV_FINALIZER).await?;
                 Ok(())
             }
             VolumePlan::NotCsi => Err(SyncError::NotCsi(name.to_string())),
@@ -1459,11 +1502,8 @@ impl Provisioner {
                         });
                     }
                 };
-                if let Some(current) = remaining
-                    && current.finalizers().iter().any(|f| f == PV_FINALIZER)
-                {
-                    let finalizers = without(current.finalizers(), PV_FINALIZER);
-                    set_finalizers(&api, &current, finalizers).await?;
+                if let Some(current) = remaining {
+                    remove_finalizer_from(&api, &current, PV_FINALIZER).await?;
                 }
                 lock(&self.unseen.deleted_volumes).insert(name.to_string());
                 self.settings.metrics.deleted(&class, started.elapsed());
@@ -1553,6 +1593,62 @@ impl provision::Lookups for Provisioner {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cached_claim_predates_our_write_until_it_shows_the_version_the_write_produced() {
+        let written = |replaced: &str, produced: Option<&str>| super::Written {
+            replaced: replaced.into(),
+            produced: produced.map(Into::into),
+        };
+        let cases = [
+            (
+                "the copy the write was built from",
+                written("7", Some("9")),
+                Some("7"),
+                true,
+            ),
+            (
+                "a version in between (the patch landed on it)",
+                written("7", Some("9")),
+                Some("8"),
+                true,
+            ),
+            (
+                "the version the write produced",
+                written("7", Some("9")),
+                Some("9"),
+                false,
+            ),
+            (
+                "a later version",
+                written("7", Some("9")),
+                Some("12"),
+                false,
+            ),
+            ("nothing cached", written("7", Some("9")), None, false),
+            (
+                "no version answered: only the copy it was built from",
+                written("7", None),
+                Some("8"),
+                false,
+            ),
+            (
+                "opaque versions: only the copy it was built from",
+                written("a", Some("c")),
+                Some("b"),
+                false,
+            ),
+            (
+                "opaque versions, the copy it was built from",
+                written("a", Some("c")),
+                Some("a"),
+                true,
+            ),
+        ];
+        for (case, written, cached, stale) in cases {
+            assert_eq!(written.predates(cached), stale, "{case}");
+        }
+    }
+
     use super::*;
 
     /// A deleted clone source brings a second key, run by the cloning-protection pool.

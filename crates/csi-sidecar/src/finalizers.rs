@@ -176,15 +176,55 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let with = |object: &K| {
-        let mut list = object.finalizers().to_vec();
-        list.push(finalizer.to_string());
-        list
-    };
-    if object.finalizers().iter().any(|f| f == finalizer) {
+    change_finalizers(api, object, |object| {
+        let finalizers = object.finalizers();
+        (!finalizers.iter().any(|f| f == finalizer)).then(|| {
+            let mut list = finalizers.to_vec();
+            list.push(finalizer.to_string());
+            list
+        })
+    })
+    .await
+}
+
+/// Removes `finalizer` from `object` if it is there; when the list changed since `object` was
+/// read (another controller's finalizer went meanwhile, as pv-protection's does from a PV
+/// being deleted), once more from a fresh GET instead of failing the sync. `None`: the object
+/// is gone.
+pub async fn remove_finalizer_from<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    change_finalizers(api, object, |object| {
+        let finalizers = object.finalizers();
+        finalizers
+            .iter()
+            .any(|f| f == finalizer)
+            .then(|| without(finalizers, finalizer))
+    })
+    .await
+}
+
+/// Writes the list `change` makes of an object's finalizers (`None`: nothing to change), from
+/// `object` and, when that patch finds the list changed meanwhile, once more from a fresh GET.
+async fn change_finalizers<K>(
+    api: &Api<K>,
+    object: &K,
+    change: impl Fn(&K) -> Option<Vec<String>>,
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let Some(finalizers) = change(object) else {
         return Ok(Some(object.clone()));
-    }
-    match set_finalizers(api, object, with(object)).await {
+    };
+    match set_finalizers(api, object, finalizers).await {
         Err(error) if is_stale_read(&error) => {
             let name = object.name_any();
             let fresh = api
@@ -192,8 +232,10 @@ where
                 .await
                 .map_err(|e| FinalizerError::Failed(name, e))?;
             match fresh {
-                Some(fresh) if fresh.finalizers().iter().any(|f| f == finalizer) => Ok(Some(fresh)),
-                Some(fresh) => set_finalizers(api, &fresh, with(&fresh)).await,
+                Some(fresh) => match change(&fresh) {
+                    Some(finalizers) => set_finalizers(api, &fresh, finalizers).await,
+                    None => Ok(Some(fresh)),
+                },
                 None => Ok(None),
             }
         }
