@@ -422,10 +422,13 @@ fn admission(
     if paused_node {
         return Some(Hold::NodeMaintenance);
     }
+    // Evacuated: tainted by us, being cleaned up, or cleaned up with the taint not yet in the
+    // cache (the next pass can come before the taint's watch event does).
     let evacuated: BTreeSet<&str> = input
         .fenced_nodes
         .iter()
         .chain(memory.busy.iter())
+        .chain(memory.fenced.keys())
         .map(String::as_str)
         .collect();
     if breaker_allows(

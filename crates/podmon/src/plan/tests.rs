@@ -911,6 +911,19 @@ fn a_pass_holds_or_starts_each_failed_nodes_cleanup() {
         ),
         (
             Memory {
+                fenced: [("n4".to_string(), (BTreeSet::new(), now))].into(),
+                ..served()
+            },
+            pass_input(&pods, &none, 4, false),
+            vec![
+                "clean n1",
+                "hold n2: circuit breaker: 2 of 4 nodes already evacuated (limit 2)",
+                "hold n3: maintenance: the node is annotated for maintenance",
+            ],
+            "a node just cleaned counts before the cache shows its taint",
+        ),
+        (
+            Memory {
                 busy: ["n1".to_string()].into(),
                 backoff: [("n2".to_string(), (now + Duration::from_secs(1), 1))].into(),
                 held: ["n3".to_string()].into(),
