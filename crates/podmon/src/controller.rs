@@ -332,7 +332,10 @@ impl Controller {
         let input = PassInput {
             pods: &pods,
             fenced_nodes: &fenced_nodes,
-            node_count: nodes.len(),
+            node_count: plan::driver_node_count(
+                &self.caches.csi_nodes.state(),
+                &settings.driver_name,
+            ),
             maintenance: tunables.maintenance,
             max_evacuated_fraction: tunables.max_evacuated_fraction,
             loss_threshold: tunables.loss_threshold,

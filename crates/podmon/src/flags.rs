@@ -112,7 +112,8 @@ pub struct PodmonArgs {
     #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
     pub node_poll_interval: Duration,
 
-    /// Circuit breaker: at most this fraction of the nodes is evacuated at once (at least one).
+    /// Circuit breaker: at most this fraction of the nodes running the driver is evacuated at once
+    /// (at least one).
     #[arg(long, default_value = "0.3333", value_parser = parse_fraction)]
     pub max_evacuated_fraction: f64,
 

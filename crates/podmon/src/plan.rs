@@ -18,7 +18,8 @@ pub use cleanup::{
 };
 pub use pass::{
     Action, CRASH_LOOP_MEMORY, Group, Groups, Hold, Memory, PassInput, TAINT_CACHE_GRACE,
-    driver_readiness, fenced_nodes, key, node_groups, pass, refenced_attachments, uid,
+    driver_node_count, driver_readiness, fenced_nodes, key, node_groups, pass,
+    refenced_attachments, uid,
 };
 
 /// The cached objects the plans look up by name: the controller's reflector stores, plain maps
@@ -450,7 +451,7 @@ pub fn pod_still_to_delete(uid: &str, live: Option<&Pod>) -> Result<(), &'static
 }
 
 /// The circuit breaker: how many nodes may be evacuated (fenced and tainted) at once — the
-/// fraction of all nodes, rounded down, but never less than one.
+/// fraction of the driver's nodes, rounded down, but never less than one.
 pub fn evacuation_limit(total_nodes: usize, fraction: f64) -> usize {
     let limit = (total_nodes as f64 * fraction + 1e-9).floor() as usize;
     limit.max(1)

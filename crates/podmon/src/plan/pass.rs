@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use csi_sidecar::backoff::delay_for;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::ResourceExt;
 
 use super::{
@@ -147,6 +147,16 @@ pub fn fenced_nodes(nodes: &[Arc<Node>], fenced_key: &str) -> BTreeSet<String> {
         .filter(|n| has_taint(n, fenced_key, NO_SCHEDULE))
         .map(|n| n.name_any())
         .collect()
+}
+
+/// How many nodes run the driver (their CSINode lists it): the circuit breaker's base. Nodes
+/// without the driver can neither fail over our pods nor be fenced by us, and counting them
+/// would let a mass failure of the driver's nodes through in a cluster that has many others.
+pub fn driver_node_count(csi_nodes: &[Arc<CSINode>], driver: &str) -> usize {
+    csi_nodes
+        .iter()
+        .filter(|n| n.spec.drivers.iter().any(|d| d.name == driver))
+        .count()
 }
 
 /// Per node hosting driver node pods: whether one of them is Ready. The driver-offline taint
@@ -327,7 +337,7 @@ pub struct PassInput<'a> {
     pub pods: &'a [Arc<Pod>],
     /// The nodes carrying our fenced taint ([`fenced_nodes`]).
     pub fenced_nodes: &'a BTreeSet<String>,
-    /// How many nodes the cluster has (the circuit breaker's base).
+    /// How many nodes run the driver ([`driver_node_count`], the circuit breaker's base).
     pub node_count: usize,
     /// `PODMON_MAINTENANCE`.
     pub maintenance: bool,

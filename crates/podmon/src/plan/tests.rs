@@ -499,6 +499,44 @@ fn the_circuit_breaker_holds_beyond_the_fraction() {
 }
 
 #[test]
+fn the_circuit_breaker_counts_the_nodes_running_the_driver() {
+    let csi_node = |name: &str, drivers: &[&str]| -> Arc<CSINode> {
+        let drivers: Vec<_> = drivers
+            .iter()
+            .map(|d| json!({"name": d, "nodeID": name}))
+            .collect();
+        Arc::new(
+            serde_json::from_value(
+                json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}),
+            )
+            .unwrap(),
+        )
+    };
+    for (csi_nodes, expected, why) in [
+        (vec![], 0, "no CSINode yet: the limit falls to one node"),
+        (
+            vec![
+                csi_node("a", &[DRIVER]),
+                csi_node("b", &[DRIVER, "other.csi.io"]),
+            ],
+            2,
+            "every node with the driver",
+        ),
+        (
+            vec![
+                csi_node("a", &[DRIVER]),
+                csi_node("b", &["other.csi.io"]),
+                csi_node("c", &[]),
+            ],
+            1,
+            "nodes of other drivers or none do not raise the limit",
+        ),
+    ] {
+        assert_eq!(driver_node_count(&csi_nodes, DRIVER), expected, "{why}");
+    }
+}
+
+#[test]
 fn taints_are_added_first_once_and_removed_by_key() {
     let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
     let current = taints(&node(&[(UNREACHABLE_TAINT, NO_EXECUTE)]));
