@@ -18,14 +18,19 @@
 //! (only UNIMPLEMENTED means "no"), again with backoff; meanwhile cleanups are held, as taints
 //! alone are not enough where it does.
 //!
-//! Unlike the provisioner's, the attacher's and capacity tracking's, this loop does not run on
-//! the keyed workers of `csi_sidecar::workers`: the circuit breaker and maintenance decide over all nodes at once
-//! (how many are being evacuated, with which triggers), so [`plan::pass`] needs every failed
-//! node in one view, and a cleanup's retry delay is part of the plan's [`plan::Memory`], where
-//! the table tests see it. Cleanups are still one per node at a time, with backoff from
-//! `--retry-interval-start/max`.
+//! It runs on the suite's one reconciler loop, [`KeyedWorkers::run`]: a pass on every change of
+//! a cache, on a woken retry, and every second (a cleanup's backoff and the breaker are clocked
+//! decisions). The pass itself is [`plan::pass`] over every failed node at once, not a sync per
+//! key: the circuit breaker and maintenance decide over all nodes together (how many are being
+//! evacuated, with which triggers), and a cleanup's retry delay is part of the plan's
+//! [`plan::Memory`], where the table tests see it, so cleanups are spawned tasks that record
+//! their outcome there (one per node at a time, with backoff from
+//! `--retry-interval-start/max`). What every pass keeps in step — the driver-offline taints and
+//! the fences kept — is keyed work ([`Upkeep`]): one run at a time, run again when a pass comes
+//! while it runs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,6 +40,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{FetchError, SecretRef};
+use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{
     Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
@@ -104,6 +110,11 @@ pub enum ControllerError {
     #[error("the caches never synced")]
     NotSynced,
 }
+
+/// The key of a pass's upkeep on the shared workers: the driver-offline taints and the fences
+/// kept, recomputed from the caches on each run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Upkeep;
 
 struct Caches {
     pods: Store<Pod>,
@@ -236,8 +247,8 @@ pub async fn run(
         }),
         wake,
     });
-    // Cleanups, the sampler and the prober live in this set: when the run ends (leadership
-    // lost), they stop with it.
+    // Cleanups, the upkeep, the sampler and the prober live in this set: when the run ends
+    // (leadership lost), they stop with it.
     let mut tasks = JoinSet::new();
     if extension == Extension::Unknown {
         tasks.spawn(learn_extension(controller.clone(), shutdown.clone()));
@@ -245,16 +256,15 @@ pub async fn run(
     if controller.settings.poll_connectivity {
         tasks.spawn(connectivity_loop(controller.clone(), shutdown.clone()));
     }
-    loop {
-        while tasks.try_join_next().is_some() {}
-        controller.pass(&mut tasks).await;
-        controller.settings.metrics.pass_done();
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = controller.wake.notified() => {}
-            () = tokio::time::sleep(TICK) => {}
-        }
-    }
+    let settings = &controller.settings;
+    let workers = KeyedWorkers::new(1, settings.retry_start, settings.retry_max);
+    workers
+        .run(tasks, &controller.wake, TICK, &shutdown, |tasks, _| {
+            controller.pass(&workers, tasks);
+            settings.metrics.pass_done();
+        })
+        .await;
+    Ok(())
 }
 
 /// Whether the driver serves `podmon.v1.Podmon`: an empty request is the presence probe.
@@ -316,17 +326,19 @@ impl Controller {
         self.caches.node(name)
     }
 
-    /// One pass: the driver-offline taints, the fences kept, then what [`plan::pass`] decides,
-    /// in order.
-    async fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
+    /// One pass: the upkeep (driver-offline taints, fences kept) scheduled, then what
+    /// [`plan::pass`] decides, each action a task.
+    fn pass(self: &Arc<Self>, workers: &Arc<KeyedWorkers<Upkeep>>, tasks: &mut JoinSet<()>) {
+        let controller = self.clone();
+        workers.schedule(0, Upkeep, None, tasks, move || async move {
+            controller.upkeep().await;
+            Ok::<_, Infallible>(Synced::Done)
+        });
         let settings = &self.settings;
         let fenced_key = settings.fenced_key();
         let nodes = self.caches.nodes.state();
         let fenced_nodes = plan::fenced_nodes(&nodes, &fenced_key);
         settings.metrics.set_tainted_nodes(fenced_nodes.len());
-        self.driver_pod_taints(&settings.offline_key()).await;
-        self.keep_fenced(&fenced_nodes).await;
-
         let pods = self.caches.pods.state();
         let tunables = self.live.get();
         let input = PassInput {
@@ -344,19 +356,29 @@ impl Controller {
         };
         let actions = plan::pass(&mut self.state(), &input, &self.caches, Instant::now());
         for action in actions {
+            let controller = self.clone();
             match action {
-                Action::DeleteCrashLooping(pod) => self.delete_crash_looping(&pod).await,
-                Action::Hold { node, group, why } => self.hold(&node, &group, &why).await,
+                Action::DeleteCrashLooping(pod) => {
+                    tasks.spawn(async move { controller.delete_crash_looping(&pod).await })
+                }
+                Action::Hold { node, group, why } => {
+                    tasks.spawn(async move { controller.hold(&node, &group, &why).await })
+                }
                 Action::CleanUp {
                     node,
                     group,
                     extension,
-                } => {
-                    let controller = self.clone();
-                    tasks.spawn(async move { controller.clean_up(node, group, extension).await });
-                }
-            }
+                } => tasks.spawn(async move { controller.clean_up(node, group, extension).await }),
+            };
         }
+    }
+
+    /// What every pass keeps in step: the driver-offline taints, and the fences kept.
+    async fn upkeep(&self) {
+        let fenced_nodes =
+            plan::fenced_nodes(&self.caches.nodes.state(), &self.settings.fenced_key());
+        self.driver_pod_taints(&self.settings.offline_key()).await;
+        self.keep_fenced(&fenced_nodes).await;
     }
 
     /// Reports that a node's cleanup waits.
