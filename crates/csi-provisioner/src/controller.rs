@@ -185,6 +185,17 @@ struct UnseenWrites {
     deleted_volumes: Mutex<HashSet<String>>,
 }
 
+impl UnseenWrites {
+    /// Records our write to `before`, which the API server answered with `after` (`None`: the
+    /// claim was gone).
+    fn claim_written(&self, before: &PersistentVolumeClaim, after: Option<&PersistentVolumeClaim>) {
+        if let Some(replaced) = before.resource_version() {
+            let produced = after.and_then(|u| u.resource_version());
+            lock(&self.claims).insert(ObjectRef::from_obj(before), Written { replaced, produced });
+        }
+    }
+}
+
 /// Our write to an object, until the cache shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Written {
@@ -1164,11 +1175,7 @@ impl Provisioner {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations).await?;
-        if let Some(replaced) = claim.resource_version() {
-            let produced = updated.as_ref().and_then(|u| u.resource_version());
-            lock(&self.unseen.claims)
-                .insert(ObjectRef::from_obj(claim), Written { replaced, produced });
-        }
+        self.unseen.claim_written(claim, updated.as_ref());
         Ok(updated)
     }
 
@@ -1279,13 +1286,7 @@ impl Provisioner {
         {
             Ok(updated) => {
                 backoff.forget(&uid);
-                if let Some(replaced) = current.resource_version() {
-                    let produced = updated.resource_version();
-                    lock(&self.unseen.claims).insert(
-                        ObjectRef::from_obj(&*current),
-                        Written { replaced, produced },
-                    );
-                }
+                self.unseen.claim_written(&current, Some(&updated));
                 tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
                 Ok(Synced::Done)
             }

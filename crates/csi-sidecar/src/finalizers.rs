@@ -30,7 +30,8 @@ pub fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
         .collect()
 }
 
-/// Removes one finalizer from the current object (a GET: the caller's copy may be stale).
+/// Removes one finalizer from the current object (a GET: the caller's copy may be stale), as
+/// [`remove_finalizer_from`] does.
 pub async fn remove_finalizer<K>(
     api: &Api<K>,
     name: &str,
@@ -47,11 +48,7 @@ where
     else {
         return Ok(());
     };
-    if !current.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let finalizers = without(current.finalizers(), finalizer);
-    set_finalizers(api, &current, finalizers).await?;
+    remove_finalizer_from(api, &current, finalizer).await?;
     Ok(())
 }
 
