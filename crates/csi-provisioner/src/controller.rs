@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
+use csi_sidecar::cached::CachedVolume;
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
@@ -92,7 +93,7 @@ pub struct Settings {
 
 struct Caches {
     claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
     topology: NodeTopology,
     attachments: Store<VolumeAttachment>,
@@ -281,7 +282,7 @@ pub async fn run(
     let driver = settings.driver.name.clone();
     let caches = Caches {
         claims,
-        volumes: informers.all_with(move |volume: &PersistentVolume| {
+        volumes: informers.all_with(move |volume: &CachedVolume| {
             volume_work.trigger(Key::Volume(volume.name_any()));
             let driver_of = volume.spec.as_ref().and_then(|s| s.csi.as_ref());
             if let Some(capacity) = &capacity
@@ -1418,7 +1419,7 @@ impl Provisioner {
         if lock(&self.unseen.deleted_volumes).contains(name) {
             return Ok(Synced::Waiting);
         }
-        self.carry_out_volume_plan(name, volume)
+        self.carry_out_volume_plan(name, Arc::new(volume.to_volume()))
             .await
             .map(|()| Synced::Done)
     }
@@ -1564,7 +1565,8 @@ impl provision::Lookups for Provisioner {
     }
 
     fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        self.caches.volumes.get(&ObjectRef::new(name))
+        let cached = self.caches.volumes.get(&ObjectRef::new(name))?;
+        Some(Arc::new(cached.to_volume()))
     }
 
     fn reference_grants(&self) -> Option<Vec<Arc<ReferenceGrant>>> {

@@ -12,6 +12,7 @@
 //!   Retry-After);
 //! - [`leader`] Lease-based leader election with client-go semantics;
 //! - [`informers`] reflector caches with one wake-up signal per controller;
+//! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources);
 //! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
 //! - [`backoff`] per-object exponential retry delays;
 //! - [`events`] core/v1 Event recording;
@@ -65,6 +66,7 @@ macro_rules! fixed_resource {
 }
 
 pub mod backoff;
+pub mod cached;
 pub mod capability;
 pub mod conn;
 pub mod crd;

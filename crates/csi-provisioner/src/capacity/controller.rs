@@ -10,6 +10,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_sidecar::cached::CachedVolume;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
 use csi_sidecar::lock;
@@ -73,8 +74,8 @@ impl Refresh {
 
     /// A PV of the driver as the watch brought it (listed, added, modified or deleted); the
     /// cache's own wake-up follows.
-    pub fn volume(&self, pv: &PersistentVolume) {
-        lock(&self.volumes).insert(pv.name_any(), Arc::new(pv.clone()));
+    pub fn volume(&self, pv: &CachedVolume) {
+        lock(&self.volumes).insert(pv.name_any(), Arc::new(pv.to_volume()));
     }
 
     /// Capacity tracking's wake-up signal, for the caches it shares.
@@ -143,14 +144,14 @@ pub enum Segments {
 #[derive(Debug)]
 pub struct SharedCaches {
     pub classes: Store<StorageClass>,
-    pub volumes: Store<PersistentVolume>,
+    pub volumes: Store<CachedVolume>,
     pub segments: Segments,
 }
 
 struct Caches {
     segments: Segments,
     classes: Store<StorageClass>,
-    volumes: Store<PersistentVolume>,
+    volumes: Store<CachedVolume>,
     objects: Store<CSIStorageCapacity>,
 }
 
