@@ -506,6 +506,17 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
             .await;
     }
     annotate(&cluster, &cluster.node("node-c"), Some("true")).await;
+    // Three nodes without the driver: the breaker's base is the driver's three nodes, not the
+    // cluster's six (a third of six would let both failed nodes go).
+    let node_api = cluster.cluster_scoped::<Node>();
+    let plain: Vec<String> = (1..=3)
+        .map(|i| format!("{}-plain-{i}", cluster.node("node-a")))
+        .collect();
+    for name in &plain {
+        cluster
+            .create(&node_api, json!({"metadata": {"name": name}}))
+            .await;
+    }
 
     // Two of three nodes fail at once: a third may be evacuated, the other is held.
     cluster.kubelet(&cluster.node("node-a")).partition();
@@ -588,6 +599,12 @@ async fn podmon_circuit_breaker_holds_a_mass_failure_and_maintenance_pauses() {
             controller.metrics.failovers(FailoverResult::Success) == 3
         })
         .await;
+    for name in &plain {
+        node_api
+            .delete(name, &Default::default())
+            .await
+            .unwrap_or_else(|error| panic!("deleting node {name}: {error}"));
+    }
     controller.sidecar.stop().await;
     cluster.stop().await;
 }

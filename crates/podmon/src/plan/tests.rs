@@ -479,6 +479,7 @@ fn the_circuit_breaker_holds_beyond_the_fraction() {
         (4, 1.0, 4),
         (1, 0.1, 1),
         (6, 1.0 / 3.0, 2),
+        (0, 0.3333, 1),
     ] {
         assert_eq!(
             evacuation_limit(total, fraction),
