@@ -3,17 +3,19 @@
 //! k8s-openapi's `PersistentVolume` is about 3.4 KB before any string: its spec holds every
 //! in-tree volume source inline. A controller caching thousands of PVs of a CSI driver reads
 //! none of those, so its cache keeps a [`CachedVolume`] (about 1.3 KB) and builds the full
-//! object only for the one it works on ([`CachedVolume::to_volume`]).
+//! object only for the one it works on ([`CachedVolume::to_volume`]). Its capacity and CSI
+//! volume attributes are kept as [`Pairs`]: a `BTreeMap` allocates a whole node of about 540
+//! bytes for string keys and values even for the one entry these maps mostly hold.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
-    PersistentVolumeStatus, VolumeNodeAffinity,
+    PersistentVolumeStatus, SecretReference, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 /// A PersistentVolume without the in-tree volume sources: its metadata, its status and every
 /// other field of its spec.
@@ -39,9 +41,9 @@ crate::fixed_resource!(
 #[serde(rename_all = "camelCase")]
 pub struct CachedVolumeSpec {
     pub access_modes: Option<Vec<String>>,
-    pub capacity: Option<BTreeMap<String, Quantity>>,
+    pub capacity: Option<Pairs<Quantity>>,
     pub claim_ref: Option<ObjectReference>,
-    pub csi: Option<CSIPersistentVolumeSource>,
+    pub csi: Option<CachedCsiSource>,
     pub mount_options: Option<Vec<String>>,
     pub node_affinity: Option<VolumeNodeAffinity>,
     pub persistent_volume_reclaim_policy: Option<String>,
@@ -50,22 +52,73 @@ pub struct CachedVolumeSpec {
     pub volume_mode: Option<String>,
 }
 
+/// `CSIPersistentVolumeSource` with its volume attributes as [`Pairs`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedCsiSource {
+    pub controller_expand_secret_ref: Option<SecretReference>,
+    pub controller_publish_secret_ref: Option<SecretReference>,
+    pub driver: String,
+    pub fs_type: Option<String>,
+    pub node_expand_secret_ref: Option<SecretReference>,
+    pub node_publish_secret_ref: Option<SecretReference>,
+    pub node_stage_secret_ref: Option<SecretReference>,
+    pub read_only: Option<bool>,
+    pub volume_attributes: Option<Pairs<String>>,
+    pub volume_handle: String,
+}
+
+impl CachedCsiSource {
+    fn to_source(&self) -> CSIPersistentVolumeSource {
+        CSIPersistentVolumeSource {
+            controller_expand_secret_ref: self.controller_expand_secret_ref.clone(),
+            controller_publish_secret_ref: self.controller_publish_secret_ref.clone(),
+            driver: self.driver.clone(),
+            fs_type: self.fs_type.clone(),
+            node_expand_secret_ref: self.node_expand_secret_ref.clone(),
+            node_publish_secret_ref: self.node_publish_secret_ref.clone(),
+            node_stage_secret_ref: self.node_stage_secret_ref.clone(),
+            read_only: self.read_only,
+            volume_attributes: self.volume_attributes.as_ref().map(Pairs::to_map),
+            volume_handle: self.volume_handle.clone(),
+        }
+    }
+}
+
+/// A map with string keys as the list of its entries, in key order (as a JSON object
+/// deserializes into a `BTreeMap`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pairs<V>(Box<[(String, V)]>);
+
+impl<V: Clone> Pairs<V> {
+    pub fn to_map(&self) -> BTreeMap<String, V> {
+        self.0.iter().cloned().collect()
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Pairs<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, V>::deserialize(deserializer)?;
+        Ok(Self(map.into_iter().collect()))
+    }
+}
+
 impl CachedVolume {
     /// The PersistentVolume this was cached from, less the in-tree sources.
     pub fn to_volume(&self) -> PersistentVolume {
         PersistentVolume {
             metadata: self.metadata.clone(),
-            spec: self.spec.clone().map(|spec| PersistentVolumeSpec {
-                access_modes: spec.access_modes,
-                capacity: spec.capacity,
-                claim_ref: spec.claim_ref,
-                csi: spec.csi,
-                mount_options: spec.mount_options,
-                node_affinity: spec.node_affinity,
-                persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
-                storage_class_name: spec.storage_class_name,
-                volume_attributes_class_name: spec.volume_attributes_class_name,
-                volume_mode: spec.volume_mode,
+            spec: self.spec.as_ref().map(|spec| PersistentVolumeSpec {
+                access_modes: spec.access_modes.clone(),
+                capacity: spec.capacity.as_ref().map(Pairs::to_map),
+                claim_ref: spec.claim_ref.clone(),
+                csi: spec.csi.as_ref().map(CachedCsiSource::to_source),
+                mount_options: spec.mount_options.clone(),
+                node_affinity: spec.node_affinity.clone(),
+                persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy.clone(),
+                storage_class_name: spec.storage_class_name.clone(),
+                volume_attributes_class_name: spec.volume_attributes_class_name.clone(),
+                volume_mode: spec.volume_mode.clone(),
                 ..Default::default()
             }),
             status: self.status.clone(),
@@ -88,10 +141,14 @@ mod tests {
                          "annotations": {"pv.kubernetes.io/provisioned-by": "d"}},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
-                "capacity": {"storage": "1Gi"},
+                "capacity": {"storage": "1Gi", "other": "2"},
                 "claimRef": {"namespace": "ns", "name": "c", "uid": "u"},
-                "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4",
-                        "volumeAttributes": {"k": "v"},
+                "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4", "readOnly": true,
+                        "volumeAttributes": {"k": "v", "a": "b"},
+                        "controllerPublishSecretRef": {"name": "p", "namespace": "ns"},
+                        "controllerExpandSecretRef": {"name": "e", "namespace": "ns"},
+                        "nodeExpandSecretRef": {"name": "x", "namespace": "ns"},
+                        "nodePublishSecretRef": {"name": "n", "namespace": "ns"},
                         "nodeStageSecretRef": {"name": "s", "namespace": "ns"}},
                 "mountOptions": ["ro"],
                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
