@@ -1,6 +1,7 @@
 //! Which claims the provisioner acts on, and what their data source is (external-provisioner
 //! `shouldProvision`, `dataSource`, `getPVCSource`). Pure: inputs from the caches.
 
+use csi_sidecar::cached::CachedClaim;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -170,7 +171,7 @@ pub fn data_source(
 /// `CloningProtectionController` looks in the source's namespace only, and would let a source
 /// go while a cross-namespace clone still copies from it).
 pub fn still_needed_by_pending_claims<'a>(
-    claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+    claims: impl IntoIterator<Item = &'a CachedClaim>,
     source: &DataSource,
     except: Option<&str>,
     cross_namespace: bool,
@@ -180,9 +181,10 @@ pub fn still_needed_by_pending_claims<'a>(
             claim.status.as_ref().and_then(|s| s.phase.as_deref()),
             None | Some("") | Some("Pending")
         );
+        // Only the few pending claims are built whole to read their source.
         pending
             && claim.metadata.uid.as_deref() != except
-            && data_source(claim, cross_namespace).as_ref() == Ok(source)
+            && data_source(&claim.to_claim(), cross_namespace).as_ref() == Ok(source)
     })
 }
 
@@ -552,8 +554,9 @@ mod tests {
             name: "src".to_string(),
             namespace: "apps".to_string(),
         };
+        let cached = |value| serde_json::from_value::<CachedClaim>(value).unwrap();
         let target = |phase: Option<&str>, namespace: &str, reference: &str| {
-            claim(json!({
+            cached(json!({
                 "metadata": {"name": "copy", "namespace": namespace, "uid": "t1"},
                 "spec": {reference: {"kind": "PersistentVolumeClaim", "name": "src"}},
                 "status": phase.map(|p| json!({"phase": p})).unwrap_or(json!({}))
@@ -604,7 +607,7 @@ mod tests {
                 "{name}"
             );
         }
-        let cross = claim(json!({
+        let cross = cached(json!({
             "metadata": {"name": "copy", "namespace": "web", "uid": "t2"},
             "spec": {"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src", "namespace": "apps"}},
         }));

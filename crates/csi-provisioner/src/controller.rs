@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::CachedVolume;
+use csi_sidecar::cached::{CachedClaim, CachedVolume};
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
@@ -21,6 +21,7 @@ use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -92,7 +93,7 @@ pub struct Settings {
 }
 
 struct Caches {
-    claims: Store<PersistentVolumeClaim>,
+    claims: Store<CachedClaim>,
     volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
     topology: NodeTopology,
@@ -126,10 +127,10 @@ enum NodeTopology {
 /// The work item of one claim or one PV.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
-    Claim(ObjectRef<PersistentVolumeClaim>),
+    Claim(ObjectRef<CachedClaim>),
     Volume(String),
     /// A deleted claim whose cloning-protection finalizer waits for its clones.
-    CloneSource(ObjectRef<PersistentVolumeClaim>),
+    CloneSource(ObjectRef<CachedClaim>),
 }
 
 impl Key {
@@ -145,12 +146,17 @@ impl Key {
 
 /// The work a claim brings: its provisioning, and while it is being deleted with the
 /// cloning-protection finalizer, the release of that finalizer.
-fn claim_keys(claim: &PersistentVolumeClaim) -> impl Iterator<Item = Key> + use<> {
-    let reference = ObjectRef::from_obj(claim);
-    let clone_source = (claim.metadata.deletion_timestamp.is_some()
+fn claim_keys<K: Resource<DynamicType = ()>>(claim: &K) -> impl Iterator<Item = Key> + use<K> {
+    let reference = claim_ref(claim);
+    let clone_source = (claim.meta().deletion_timestamp.is_some()
         && claim.finalizers().iter().any(|f| f == CLONING_PROTECTION))
     .then(|| Key::CloneSource(reference.clone()));
     std::iter::once(Key::Claim(reference)).chain(clone_source)
+}
+
+/// The cache's reference to a claim, cached or not.
+fn claim_ref<K: Resource<DynamicType = ()>>(claim: &K) -> ObjectRef<CachedClaim> {
+    ObjectRef::from_obj(claim).into_kind_unchecked(())
 }
 
 struct Provisioner {
@@ -179,7 +185,7 @@ struct Provisioner {
 #[derive(Default)]
 struct UnseenWrites {
     /// Claim → our last write to it.
-    claims: Mutex<HashMap<ObjectRef<PersistentVolumeClaim>, Written>>,
+    claims: Mutex<HashMap<ObjectRef<CachedClaim>, Written>>,
     /// PVs we created.
     created_volumes: Mutex<HashSet<String>>,
     /// PVs we deleted (and released).
@@ -192,7 +198,7 @@ impl UnseenWrites {
     fn claim_written(&self, before: &PersistentVolumeClaim, after: Option<&PersistentVolumeClaim>) {
         if let Some(replaced) = before.resource_version() {
             let produced = after.and_then(|u| u.resource_version());
-            lock(&self.claims).insert(ObjectRef::from_obj(before), Written { replaced, produced });
+            lock(&self.claims).insert(claim_ref(before), Written { replaced, produced });
         }
     }
 }
@@ -265,7 +271,7 @@ pub async fn run(
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
-    let claims = informers.all_with(move |claim: &PersistentVolumeClaim| {
+    let claims = informers.all_with(move |claim: &CachedClaim| {
         claim_keys(claim).for_each(|key| claim_work.trigger(key));
     });
     let attachments = informers.all();
@@ -408,7 +414,7 @@ impl Provisioner {
             self.forget_gone_claims();
             let claims = self.caches.claims.state().into_iter().flat_map(|c| {
                 let version = c.resource_version();
-                claim_keys(&c).map(move |key| (key, version.clone()))
+                claim_keys(&*c).map(move |key| (key, version.clone()))
             });
             let volumes = self
                 .caches
@@ -444,15 +450,18 @@ impl Provisioner {
         };
         tracing::trace!(offered = offered.len(), full, "pass");
         let this = self.clone();
+        // Each kind of sync in a box of its own size: one future of all three would make every
+        // running claim sync as large as a PV's deletion.
         self.workers.offer_on_lanes(tasks, offered, move |key| {
             let this = this.clone();
-            async move {
-                match &key {
-                    Key::Claim(reference) => this.sync_claim(reference).await,
-                    Key::Volume(name) => this.sync_volume(name).await,
-                    Key::CloneSource(reference) => this.sync_clone_source(reference).await,
+            let sync: BoxFuture<'static, Result<Synced, SyncError>> = match key {
+                Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
+                Key::Volume(name) => Box::pin(async move { this.sync_volume(&name).await }),
+                Key::CloneSource(reference) => {
+                    Box::pin(async move { this.sync_clone_source(&reference).await })
                 }
-            }
+            };
+            sync
         });
     }
 
@@ -469,7 +478,7 @@ impl Provisioner {
                 .caches
                 .claims
                 .get(reference)
-                .filter(|c| claim_keys(c).any(|k| matches!(k, Key::CloneSource(_))))
+                .filter(|c| claim_keys(&**c).any(|k| matches!(k, Key::CloneSource(_))))
                 .map(|c| c.resource_version()),
             Key::Volume(name) => self
                 .caches
@@ -514,7 +523,7 @@ impl Provisioner {
     /// the sync waits for it).
     fn current_claim(
         &self,
-        reference: &ObjectRef<PersistentVolumeClaim>,
+        reference: &ObjectRef<CachedClaim>,
     ) -> Result<Option<Arc<PersistentVolumeClaim>>, Synced> {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(None);
@@ -525,13 +534,10 @@ impl Provisioner {
         {
             return Err(Synced::Waiting);
         }
-        Ok(Some(claim))
+        Ok(Some(Arc::new(claim.to_claim())))
     }
 
-    async fn sync_claim(
-        &self,
-        reference: &ObjectRef<PersistentVolumeClaim>,
-    ) -> Result<Synced, SyncError> {
+    async fn sync_claim(&self, reference: &ObjectRef<CachedClaim>) -> Result<Synced, SyncError> {
         match self.current_claim(reference) {
             Ok(Some(claim)) => {
                 self.sync_claim_provisioning(&claim, &claim.uid().unwrap_or_default())
@@ -544,10 +550,10 @@ impl Provisioner {
 
     async fn sync_clone_source(
         &self,
-        reference: &ObjectRef<PersistentVolumeClaim>,
+        reference: &ObjectRef<CachedClaim>,
     ) -> Result<Synced, SyncError> {
         match self.current_claim(reference) {
-            Ok(Some(claim)) if claim_keys(&claim).any(|k| matches!(k, Key::CloneSource(_))) => {
+            Ok(Some(claim)) if claim_keys(&*claim).any(|k| matches!(k, Key::CloneSource(_))) => {
                 self.release_clone_source(&claim).await
             }
             Ok(_) => Ok(Synced::Done),
@@ -770,7 +776,9 @@ impl Provisioner {
             topology: plan.topology_supported,
             attributes_class: plan.attributes_class.as_deref(),
         });
-        self.save(claim, pv, &volume.volume_id, secrets).await?;
+        // Boxed: the PV and its create request are the largest state of a provisioning
+        // sync; inline they would size every running one's future.
+        Box::pin(self.save(claim, pv, &volume.volume_id, secrets)).await?;
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
         let message = format!("Successfully provisioned volume {name}");
         self.note(claim, "ProvisioningSucceeded", &message).await;
@@ -1233,7 +1241,7 @@ impl Provisioner {
         // A high base delay means checking less often; many instances waiting at once make it
         // likely that one wins early, so not much less often either.
         let poll = (nd.base_delay / 100).max(Duration::from_millis(10));
-        let reference = ObjectRef::from_obj(claim);
+        let reference = claim_ref(claim);
         let deadline = tokio::time::Instant::now() + delay;
         let current = loop {
             let current = self.caches.claims.get(&reference);
@@ -1253,7 +1261,7 @@ impl Provisioner {
                 return Ok(Synced::Done);
             }
             if tokio::time::Instant::now() >= deadline {
-                break current;
+                break current.to_claim();
             }
             tokio::time::sleep(poll.min(deadline - tokio::time::Instant::now())).await;
         };
@@ -1493,9 +1501,10 @@ impl Provisioner {
                     return self.delete_failed(&volume, message).await;
                 }
                 // A PV held by finalizers comes back from the DELETE with its deletion
-                // timestamp: that copy is current, no GET needed.
+                // timestamp: that copy is current, no GET needed. Boxed, as 3.4 KB inline
+                // it would size every running sync's future.
                 let remaining = match api.delete(name, &DeleteParams::default()).await {
-                    Ok(either) => either.left(),
+                    Ok(either) => either.left().map(Box::new),
                     Err(kube::Error::Api(status)) if status.code == 404 => None,
                     Err(source) => {
                         return Err(SyncError::Api {
@@ -1559,9 +1568,11 @@ impl Provisioner {
 
 impl provision::Lookups for Provisioner {
     fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        self.caches
+        let cached = self
+            .caches
             .claims
-            .get(&ObjectRef::new(name).within(namespace))
+            .get(&ObjectRef::new(name).within(namespace))?;
+        Some(Arc::new(cached.to_claim()))
     }
 
     fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
@@ -1657,7 +1668,7 @@ mod tests {
     /// A deleted clone source brings a second key, run by the cloning-protection pool.
     #[test]
     fn clone_sources_run_in_their_own_lane() {
-        let claim = |deleting: bool, finalizers: &[&str]| -> PersistentVolumeClaim {
+        let claim = |deleting: bool, finalizers: &[&str]| -> CachedClaim {
             serde_json::from_value(json!({"metadata": {
                 "name": "src", "namespace": "apps", "finalizers": finalizers,
                 "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),

@@ -1,20 +1,25 @@
-//! Lean cached kinds: what a cache keeps of an object whose generated type is large inline.
+//! Lean cached kinds: what a cache keeps of an object whose generated type is large.
 //!
 //! k8s-openapi's `PersistentVolume` is about 3.4 KB before any string: its spec holds every
 //! in-tree volume source inline. A controller caching thousands of PVs of a CSI driver reads
 //! none of those, so its cache keeps a [`CachedVolume`] (about 1.3 KB) and builds the full
-//! object only for the one it works on ([`CachedVolume::to_volume`]). Its capacity and CSI
-//! volume attributes are kept as [`Pairs`]: a `BTreeMap` allocates a whole node of about 540
-//! bytes for string keys and values even for the one entry these maps mostly hold.
+//! object only for the one it works on ([`CachedVolume::to_volume`]). The maps of a PV's
+//! and a claim's spec and status (capacity, requests, CSI volume attributes) are kept as
+//! [`Pairs`]: a `BTreeMap` allocates a whole node of about 540 bytes for string keys and
+//! values even for the one entry these maps mostly hold, so a [`CachedClaim`] saves two such
+//! nodes per claim.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
-    PersistentVolumeStatus, SecretReference, VolumeNodeAffinity,
+    CSIPersistentVolumeSource, ModifyVolumeStatus, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeClaimCondition, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus, SecretReference,
+    TypedLocalObjectReference, TypedObjectReference, VolumeNodeAffinity,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Deserializer};
 
 /// A PersistentVolume without the in-tree volume sources: its metadata, its status and every
@@ -126,6 +131,103 @@ impl CachedVolume {
     }
 }
 
+/// A PersistentVolumeClaim with the maps of its spec and status kept as [`Pairs`]; every
+/// field survives ([`CachedClaim::to_claim`]).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct CachedClaim {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: Option<CachedClaimSpec>,
+    pub status: Option<CachedClaimStatus>,
+}
+
+crate::fixed_resource!(
+    CachedClaim,
+    k8s_openapi::NamespaceResourceScope,
+    "",
+    "v1",
+    "PersistentVolumeClaim",
+    "persistentvolumeclaims"
+);
+
+/// `PersistentVolumeClaimSpec` with its resources' maps as [`Pairs`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedClaimSpec {
+    pub access_modes: Option<Vec<String>>,
+    pub data_source: Option<TypedLocalObjectReference>,
+    pub data_source_ref: Option<TypedObjectReference>,
+    pub resources: Option<CachedResources>,
+    pub selector: Option<LabelSelector>,
+    pub storage_class_name: Option<String>,
+    pub volume_attributes_class_name: Option<String>,
+    pub volume_mode: Option<String>,
+    pub volume_name: Option<String>,
+}
+
+/// `VolumeResourceRequirements` as [`Pairs`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct CachedResources {
+    pub limits: Option<Pairs<Quantity>>,
+    pub requests: Option<Pairs<Quantity>>,
+}
+
+/// `PersistentVolumeClaimStatus` with its maps as [`Pairs`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedClaimStatus {
+    pub access_modes: Option<Vec<String>>,
+    pub allocated_resource_statuses: Option<Pairs<String>>,
+    pub allocated_resources: Option<Pairs<Quantity>>,
+    pub capacity: Option<Pairs<Quantity>>,
+    pub conditions: Option<Vec<PersistentVolumeClaimCondition>>,
+    pub current_volume_attributes_class_name: Option<String>,
+    pub modify_volume_status: Option<ModifyVolumeStatus>,
+    pub phase: Option<String>,
+}
+
+impl CachedClaim {
+    /// The PersistentVolumeClaim this was cached from.
+    pub fn to_claim(&self) -> PersistentVolumeClaim {
+        let map = |pairs: &Option<Pairs<Quantity>>| pairs.as_ref().map(Pairs::to_map);
+        PersistentVolumeClaim {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(|spec| PersistentVolumeClaimSpec {
+                access_modes: spec.access_modes.clone(),
+                data_source: spec.data_source.clone(),
+                data_source_ref: spec.data_source_ref.clone(),
+                resources: spec.resources.as_ref().map(|r| VolumeResourceRequirements {
+                    limits: map(&r.limits),
+                    requests: map(&r.requests),
+                }),
+                selector: spec.selector.clone(),
+                storage_class_name: spec.storage_class_name.clone(),
+                volume_attributes_class_name: spec.volume_attributes_class_name.clone(),
+                volume_mode: spec.volume_mode.clone(),
+                volume_name: spec.volume_name.clone(),
+            }),
+            status: self
+                .status
+                .as_ref()
+                .map(|status| PersistentVolumeClaimStatus {
+                    access_modes: status.access_modes.clone(),
+                    allocated_resource_statuses: status
+                        .allocated_resource_statuses
+                        .as_ref()
+                        .map(Pairs::to_map),
+                    allocated_resources: map(&status.allocated_resources),
+                    capacity: map(&status.capacity),
+                    conditions: status.conditions.clone(),
+                    current_volume_attributes_class_name: status
+                        .current_volume_attributes_class_name
+                        .clone(),
+                    modify_volume_status: status.modify_volume_status.clone(),
+                    phase: status.phase.clone(),
+                }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -181,6 +283,48 @@ mod tests {
             "the point of the type: {} against {} bytes inline",
             std::mem::size_of::<CachedVolume>(),
             std::mem::size_of::<PersistentVolume>()
+        );
+    }
+
+    #[test]
+    fn a_cached_claim_is_the_claim() {
+        let claim = json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "9",
+                         "annotations": {"volume.kubernetes.io/selected-node": "n1"}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"},
+                "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "src",
+                                  "namespace": "other"},
+                "resources": {"requests": {"storage": "1Gi"}, "limits": {"storage": "2Gi"}},
+                "selector": {"matchLabels": {"a": "b"}},
+                "storageClassName": "fast",
+                "volumeAttributesClassName": "gold",
+                "volumeMode": "Block",
+                "volumeName": "pv-1",
+            },
+            "status": {
+                "accessModes": ["ReadWriteOnce"],
+                "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                "allocatedResources": {"storage": "2Gi"},
+                "capacity": {"storage": "1Gi"},
+                "conditions": [{"type": "Resizing", "status": "True"}],
+                "currentVolumeAttributesClassName": "silver",
+                "modifyVolumeStatus": {"status": "InProgress", "targetVolumeAttributesClassName": "gold"},
+                "phase": "Bound",
+            },
+        });
+        let full: PersistentVolumeClaim = serde_json::from_value(claim.clone()).unwrap();
+        let cached: CachedClaim = serde_json::from_value(claim).unwrap();
+        assert_eq!(cached.to_claim(), full, "every field survives");
+
+        let bare: CachedClaim = serde_json::from_value(json!({"metadata": {"name": "d"}})).unwrap();
+        assert_eq!(
+            bare.to_claim(),
+            serde_json::from_value::<PersistentVolumeClaim>(json!({"metadata": {"name": "d"}}))
+                .unwrap()
         );
     }
 }

@@ -12,7 +12,8 @@
 //!   Retry-After);
 //! - [`leader`] Lease-based leader election with client-go semantics;
 //! - [`informers`] reflector caches with one wake-up signal per controller;
-//! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources);
+//! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources, a claim
+//!   with its maps as lists);
 //! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
 //! - [`backoff`] per-object exponential retry delays;
 //! - [`events`] core/v1 Event recording;
