@@ -4,10 +4,11 @@
 //! in-tree volume source inline. A controller caching thousands of PVs of a CSI driver reads
 //! none of those, so its cache keeps a [`CachedVolume`] (about 1.3 KB) and builds the full
 //! object only for the one it works on ([`CachedVolume::to_volume`]). The maps of a PV's
-//! and a claim's spec and status (capacity, requests, CSI volume attributes) are kept as
-//! [`Pairs`]: a `BTreeMap` allocates a whole node of about 540 bytes for string keys and
-//! values even for the one entry these maps mostly hold, so a [`CachedClaim`] saves two such
-//! nodes per claim.
+//! and a claim's annotations, spec and status (capacity, requests, CSI volume attributes) are
+//! kept as [`Pairs`]: a `BTreeMap` allocates a whole node of about 540 bytes for string keys
+//! and values even for the few entries these maps hold, so a [`CachedClaim`] saves three such
+//! nodes per claim, a [`CachedVolume`] three per PV. The annotations are read through the
+//! cached type's own `annotations()`: its `metadata.annotations` is always `None`.
 
 use std::collections::BTreeMap;
 
@@ -22,15 +23,20 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Deserializer};
 
+use crate::informers::LAST_APPLIED;
+
 /// A PersistentVolume without the in-tree volume sources: its metadata, its status and every
 /// other field of its spec.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedVolume {
-    #[serde(default)]
+    /// Without its annotations (always `None` here): they are in `annotations`.
     pub metadata: ObjectMeta,
+    pub annotations: Option<Pairs<String>>,
     pub spec: Option<CachedVolumeSpec>,
     pub status: Option<PersistentVolumeStatus>,
 }
+
+deserialize_from_wire!(CachedVolume);
 
 crate::fixed_resource!(
     CachedVolume,
@@ -101,6 +107,73 @@ impl<V: Clone> Pairs<V> {
     }
 }
 
+impl<V> Pairs<V> {
+    /// The value of `key`, as `BTreeMap::get`.
+    pub fn get(&self, key: &str) -> Option<&V> {
+        let at = self.0.binary_search_by(|(k, _)| k.as_str().cmp(key)).ok()?;
+        Some(&self.0[at].1)
+    }
+}
+
+/// The annotations of a cached object, read as its map would be.
+#[derive(Clone, Copy, Debug)]
+pub struct Annotations<'a>(Option<&'a Pairs<String>>);
+
+impl<'a> Annotations<'a> {
+    pub fn get(&self, key: &str) -> Option<&'a String> {
+        self.0?.get(key)
+    }
+}
+
+/// `Deserialize` for a cached kind: from its [`Wire`] form, the annotations moved apart.
+macro_rules! deserialize_from_wire {
+    ($type:ty) => {
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let Wire {
+                    mut metadata,
+                    spec,
+                    status,
+                } = Wire::deserialize(deserializer)?;
+                let annotations = take_annotations(&mut metadata);
+                Ok(Self {
+                    metadata,
+                    annotations,
+                    spec,
+                    status,
+                })
+            }
+        }
+    };
+}
+use deserialize_from_wire;
+
+/// An object as the API sends it, before its annotations move out of its metadata.
+#[derive(Deserialize)]
+struct Wire<Spec, Status> {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    spec: Option<Spec>,
+    status: Option<Status>,
+}
+
+/// Moves an object's annotations out of its metadata into [`Pairs`], less kubectl's copy of
+/// the applied object (as the informers drop it from every cached object). The map stays
+/// `Some` when it empties, so the full object built back has the map it had.
+fn take_annotations(metadata: &mut ObjectMeta) -> Option<Pairs<String>> {
+    let mut annotations = metadata.annotations.take()?;
+    annotations.remove(LAST_APPLIED);
+    Some(Pairs(annotations.into_iter().collect()))
+}
+
+/// The metadata of a full object built from a cached one: with its annotation map back.
+fn full_metadata(metadata: &ObjectMeta, annotations: &Option<Pairs<String>>) -> ObjectMeta {
+    ObjectMeta {
+        annotations: annotations.as_ref().map(Pairs::to_map),
+        ..metadata.clone()
+    }
+}
+
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for Pairs<V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let map = BTreeMap::<String, V>::deserialize(deserializer)?;
@@ -109,10 +182,15 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Pairs<V> {
 }
 
 impl CachedVolume {
+    /// The PV's annotations (`metadata.annotations` is `None` in the cache).
+    pub fn annotations(&self) -> Annotations<'_> {
+        Annotations(self.annotations.as_ref())
+    }
+
     /// The PersistentVolume this was cached from, less the in-tree sources.
     pub fn to_volume(&self) -> PersistentVolume {
         PersistentVolume {
-            metadata: self.metadata.clone(),
+            metadata: full_metadata(&self.metadata, &self.annotations),
             spec: self.spec.as_ref().map(|spec| PersistentVolumeSpec {
                 access_modes: spec.access_modes.clone(),
                 capacity: spec.capacity.as_ref().map(Pairs::to_map),
@@ -133,13 +211,16 @@ impl CachedVolume {
 
 /// A PersistentVolumeClaim with the maps of its spec and status kept as [`Pairs`]; every
 /// field survives ([`CachedClaim::to_claim`]).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedClaim {
-    #[serde(default)]
+    /// Without its annotations (always `None` here): they are in `annotations`.
     pub metadata: ObjectMeta,
+    pub annotations: Option<Pairs<String>>,
     pub spec: Option<CachedClaimSpec>,
     pub status: Option<CachedClaimStatus>,
 }
+
+deserialize_from_wire!(CachedClaim);
 
 crate::fixed_resource!(
     CachedClaim,
@@ -187,11 +268,16 @@ pub struct CachedClaimStatus {
 }
 
 impl CachedClaim {
+    /// The claim's annotations (`metadata.annotations` is `None` in the cache).
+    pub fn annotations(&self) -> Annotations<'_> {
+        Annotations(self.annotations.as_ref())
+    }
+
     /// The PersistentVolumeClaim this was cached from.
     pub fn to_claim(&self) -> PersistentVolumeClaim {
         let map = |pairs: &Option<Pairs<Quantity>>| pairs.as_ref().map(Pairs::to_map);
         PersistentVolumeClaim {
-            metadata: self.metadata.clone(),
+            metadata: full_metadata(&self.metadata, &self.annotations),
             spec: self.spec.as_ref().map(|spec| PersistentVolumeClaimSpec {
                 access_modes: spec.access_modes.clone(),
                 data_source: spec.data_source.clone(),
@@ -230,7 +316,7 @@ impl CachedClaim {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -319,6 +405,14 @@ mod tests {
         let full: PersistentVolumeClaim = serde_json::from_value(claim.clone()).unwrap();
         let cached: CachedClaim = serde_json::from_value(claim).unwrap();
         assert_eq!(cached.to_claim(), full, "every field survives");
+        assert_eq!(
+            cached
+                .annotations()
+                .get("volume.kubernetes.io/selected-node"),
+            Some(&"n1".to_string())
+        );
+        assert_eq!(cached.annotations().get("other"), None);
+        assert_eq!(cached.metadata.annotations, None, "kept apart, as Pairs");
 
         let bare: CachedClaim = serde_json::from_value(json!({"metadata": {"name": "d"}})).unwrap();
         assert_eq!(
@@ -326,5 +420,37 @@ mod tests {
             serde_json::from_value::<PersistentVolumeClaim>(json!({"metadata": {"name": "d"}}))
                 .unwrap()
         );
+    }
+
+    #[test]
+    fn annotations_are_kept_as_pairs_without_kubectls_copy() {
+        let volume = |annotations: Value| {
+            serde_json::from_value::<CachedVolume>(
+                json!({"metadata": {"name": "pv", "annotations": annotations}}),
+            )
+            .unwrap()
+        };
+        let cached = volume(json!({LAST_APPLIED: "{...}", "b": "2", "a": "1"}));
+        assert_eq!(cached.annotations().get("a"), Some(&"1".to_string()));
+        assert_eq!(cached.annotations().get("b"), Some(&"2".to_string()));
+        assert_eq!(cached.annotations().get(LAST_APPLIED), None);
+        assert_eq!(
+            cached.to_volume().metadata.annotations,
+            Some(BTreeMap::from([
+                ("a".to_string(), "1".to_string()),
+                ("b".to_string(), "2".to_string())
+            ]))
+        );
+
+        // Emptied by the drop, the map stays: a JSON patch built from the object must not
+        // add a whole map over one written meanwhile.
+        let only_kubectls = volume(json!({LAST_APPLIED: "{...}"}));
+        assert_eq!(
+            only_kubectls.to_volume().metadata.annotations,
+            Some(BTreeMap::new())
+        );
+        let none = volume(Value::Null);
+        assert_eq!(none.to_volume().metadata.annotations, None);
+        assert_eq!(none.annotations().get("a"), None);
     }
 }

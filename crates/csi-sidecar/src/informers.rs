@@ -294,7 +294,7 @@ impl Informers {
 }
 
 /// The annotation `kubectl apply` keeps a whole copy of the object in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Metadata no controller reads and every cache would otherwise hold: managedFields (on a real
 /// API server often the larger part of an object) and kubectl's copy of the applied object.
