@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
+use csi_sidecar::cached::CachedAttachment;
 use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_sidecar::conn::DriverInfo;
 use csi_sidecar::secrets::SecretRef;
@@ -94,11 +95,11 @@ pub enum VaPlan {
 /// The plan for `va` of this `driver`. `forced`: the reconcile found the driver's view
 /// different from `status.attached`, so the publish (or unpublish) is done again even though
 /// the VolumeAttachment says it is done (upstream's force-sync).
-pub fn plan(va: &VolumeAttachment, driver: &str, support: DriverSupport, forced: bool) -> VaPlan {
+pub fn plan(va: &CachedAttachment, driver: &str, support: DriverSupport, forced: bool) -> VaPlan {
     if va.spec.attacher != driver {
         return VaPlan::NotOurs;
     }
-    let attached = va.status.as_ref().is_some_and(|s| s.attached);
+    let attached = va.attached();
     let deleting = va.metadata.deletion_timestamp.is_some();
     if !support.publish_unpublish {
         return if attached || deleting {

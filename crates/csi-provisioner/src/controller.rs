@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::{CachedClaim, CachedVolume};
+use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_sidecar::conn::{CsiConnection, DriverInfo};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
@@ -19,11 +19,10 @@ use csi_sidecar::finalizers::{
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -97,7 +96,7 @@ struct Caches {
     volumes: Store<CachedVolume>,
     classes: Store<StorageClass>,
     topology: NodeTopology,
-    attachments: Store<VolumeAttachment>,
+    attachments: Store<CachedAttachment>,
     /// With [`vac::Support::Served`] only.
     attribute_classes: Option<Store<VolumeAttributesClass>>,
     /// With the CrossNamespaceVolumeDataSource gate only.
@@ -450,11 +449,9 @@ impl Provisioner {
         };
         tracing::trace!(offered = offered.len(), full, "pass");
         let this = self.clone();
-        // Each kind of sync in a box of its own size: one future of all three would make every
-        // running claim sync as large as a PV's deletion.
         self.workers.offer_on_lanes(tasks, offered, move |key| {
             let this = this.clone();
-            let sync: BoxFuture<'static, Result<Synced, SyncError>> = match key {
+            let sync: SyncFuture<SyncError> = match key {
                 Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
                 Key::Volume(name) => Box::pin(async move { this.sync_volume(&name).await }),
                 Key::CloneSource(reference) => {

@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,12 @@ pub enum Synced {
     /// retry, client-go's `AddAfter`); a change of the object before then runs it at once.
     After(Duration),
 }
+
+/// One sync, boxed by its controller. A controller with several kinds of keys returns each
+/// kind's sync in a box of its own size: one future type for all kinds is as large as the
+/// largest, and every running sync would take that much (a claim sync took a PV deletion's
+/// 19.8 KB in the provisioner, `-Zprint-type-sizes`).
+pub type SyncFuture<E> = Pin<Box<dyn Future<Output = Result<Synced, E>> + Send>>;
 
 #[derive(Debug)]
 pub struct KeyedWorkers<K> {

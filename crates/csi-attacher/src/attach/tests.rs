@@ -16,7 +16,7 @@ fn from<T: serde::de::DeserializeOwned>(value: Value) -> T {
     serde_json::from_value(value).unwrap()
 }
 
-fn va(extra: Value) -> VolumeAttachment {
+fn va<T: serde::de::DeserializeOwned>(extra: Value) -> T {
     let mut value = json!({
         "metadata": {"name": "csi-1"},
         "spec": {"attacher": DRIVER, "nodeName": "node-a", "source": {"persistentVolumeName": "pv-1"}}
@@ -65,7 +65,7 @@ fn plans() {
     let ours = finalizer(DRIVER);
     let deleting =
         json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": [ours]}});
-    let cases: Vec<(&str, VolumeAttachment, DriverSupport, VaPlan)> = vec![
+    let cases: Vec<(&str, CachedAttachment, DriverSupport, VaPlan)> = vec![
         (
             "another attacher's",
             va(json!({"spec": {"attacher": "other"}})),
