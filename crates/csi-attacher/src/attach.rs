@@ -9,15 +9,13 @@ use serde_json::{Value, json};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::CachedAttachment;
+use csi_sidecar::cached::{CachedAttachment, CachedVolume};
 use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_sidecar::conn::DriverInfo;
 use csi_sidecar::secrets::SecretRef;
 use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
-};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
+use k8s_openapi::api::storage::v1::CSINode;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttachError {
@@ -118,20 +116,23 @@ pub fn plan(va: &CachedAttachment, driver: &str, support: DriverSupport, forced:
     }
 }
 
-/// The volume a VolumeAttachment attaches: its PV's spec (or the inline spec) and CSI source.
+/// The volume a VolumeAttachment attaches: what ControllerPublishVolume reads of its PV's
+/// spec (or of the inline spec), and its CSI source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttachedVolume {
     /// The PV's name; `None` for an inline volume (which gets no PV finalizer).
     pub pv_name: Option<String>,
-    pub spec: PersistentVolumeSpec,
+    pub access_modes: Vec<String>,
+    pub volume_mode: Option<String>,
+    pub mount_options: Vec<String>,
     pub csi: CSIPersistentVolumeSource,
 }
 
 /// The volume to attach: [`volume_of`], refusing a PV marked for deletion (attaching it would
 /// block its deletion).
 pub fn attached_volume(
-    va: &VolumeAttachment,
-    pv: Option<&PersistentVolume>,
+    va: &CachedAttachment,
+    pv: Option<&CachedVolume>,
 ) -> Result<AttachedVolume, AttachError> {
     let volume = volume_of(va, pv)?;
     if pv.is_some_and(|pv| pv.metadata.deletion_timestamp.is_some()) {
@@ -146,8 +147,8 @@ pub fn attached_volume(
 /// volume. (Detaching needs it too: our finalizer keeps the PV until no VolumeAttachment names
 /// it.)
 pub fn volume_of(
-    va: &VolumeAttachment,
-    pv: Option<&PersistentVolume>,
+    va: &CachedAttachment,
+    pv: Option<&CachedVolume>,
 ) -> Result<AttachedVolume, AttachError> {
     let name = va.metadata.name.clone().unwrap_or_default();
     let source = &va.spec.source;
@@ -161,21 +162,23 @@ pub fn volume_of(
                 .ok_or_else(|| AttachError::NotCsi(format!("the inline volume of {name}")))?;
             Ok(AttachedVolume {
                 pv_name: None,
-                spec: inline.clone(),
+                access_modes: inline.access_modes.clone().unwrap_or_default(),
+                volume_mode: inline.volume_mode.clone(),
+                mount_options: inline.mount_options.clone().unwrap_or_default(),
                 csi,
             })
         }
         (Some(pv_name), None) => {
             let pv = pv.ok_or_else(|| AttachError::MissingVolume(pv_name.clone()))?;
-            let spec = pv.spec.clone().unwrap_or_default();
-            let csi = spec
-                .csi
-                .clone()
-                .ok_or_else(|| AttachError::NotCsi(format!("PersistentVolume {pv_name}")))?;
+            let not_csi = || AttachError::NotCsi(format!("PersistentVolume {pv_name}"));
+            let spec = pv.spec.as_ref().ok_or_else(not_csi)?;
+            let csi = spec.csi.as_ref().ok_or_else(not_csi)?;
             Ok(AttachedVolume {
                 pv_name: Some(pv_name.clone()),
-                spec,
-                csi,
+                access_modes: spec.access_modes.clone().unwrap_or_default(),
+                volume_mode: spec.volume_mode.clone(),
+                mount_options: spec.mount_options.clone().unwrap_or_default(),
+                csi: csi.to_source(),
             })
         }
     }
@@ -206,16 +209,14 @@ pub fn attach_node_id(
 /// The node ID to detach from: the CSINode's entry, else the ID the attach recorded on the
 /// VolumeAttachment — so a VolumeAttachment of a deleted node is detached, not stuck.
 pub fn detach_node_id(
-    va: &VolumeAttachment,
+    va: &CachedAttachment,
     csi_node: Option<&CSINode>,
     driver: &str,
 ) -> Result<String, AttachError> {
     let node = &va.spec.node_name;
     attach_node_id(node, csi_node, driver).or_else(|_| {
-        va.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NODE_ID_ANNOTATION))
+        va.annotations()
+            .get(NODE_ID_ANNOTATION)
             .filter(|id| !id.is_empty())
             .cloned()
             .ok_or_else(|| AttachError::NoNodeId {
@@ -244,8 +245,7 @@ pub fn publish_request(
     support: DriverSupport,
     secrets: HashMap<String, String>,
 ) -> Result<csi::ControllerPublishVolumeRequest, AttachError> {
-    let modes = volume.spec.access_modes.clone().unwrap_or_default();
-    let mode = volume_access_mode(&modes, support.single_node_multi_writer)?;
+    let mode = volume_access_mode(&volume.access_modes, support.single_node_multi_writer)?;
     let fs_type = volume
         .csi
         .fs_type
@@ -253,9 +253,9 @@ pub fn publish_request(
         .filter(|f| !f.is_empty())
         .unwrap_or_else(|| default_fstype.to_string());
     let kind = AccessKind::from_volume_mode(
-        volume.spec.volume_mode.as_deref(),
+        volume.volume_mode.as_deref(),
         fs_type,
-        volume.spec.mount_options.clone().unwrap_or_default(),
+        volume.mount_options.clone(),
     );
     Ok(csi::ControllerPublishVolumeRequest {
         volume_id: volume.csi.volume_handle.clone(),
@@ -277,7 +277,7 @@ pub fn publish_request(
 /// (after every check passed, so a failing VolumeAttachment never blocks its own deletion);
 /// `None` when both are in place. The finalizer list is guarded by a `test` of what we read,
 /// so a finalizer someone else changed meanwhile fails the patch instead of being lost.
-pub fn claim_patch(va: &VolumeAttachment, finalizer: &str, node_id: &str) -> Option<Value> {
+pub fn claim_patch(va: &CachedAttachment, finalizer: &str, node_id: &str) -> Option<Value> {
     let mut ops = Vec::new();
     match &va.metadata.finalizers {
         Some(list) if list.iter().any(|f| f == finalizer) => {}
@@ -290,10 +290,9 @@ pub fn claim_patch(va: &VolumeAttachment, finalizer: &str, node_id: &str) -> Opt
             json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}),
         ]),
     }
-    let annotations = va.metadata.annotations.as_ref();
-    match annotations.and_then(|a| a.get(NODE_ID_ANNOTATION)) {
+    match va.annotations().get(NODE_ID_ANNOTATION) {
         Some(current) if current == node_id => {}
-        _ if annotations.is_none() => ops.push(
+        _ if va.annotations.is_none() => ops.push(
             json!({"op": "add", "path": "/metadata/annotations", "value": {NODE_ID_ANNOTATION: node_id}}),
         ),
         // `/` in a key is `~1` in a JSON pointer.

@@ -17,8 +17,7 @@ use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
-use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -361,7 +360,7 @@ impl Attacher {
     /// Records that our write replaced `va`'s version — unless the write changed nothing: the
     /// apiserver keeps the resourceVersion of a no-op write (an identical detachError within
     /// the same second), and waiting for a newer version would then wait forever.
-    fn wrote(&self, va: &VolumeAttachment, updated: Option<&VolumeAttachment>) {
+    fn wrote(&self, va: &CachedAttachment, updated: Option<&CachedAttachment>) {
         match updated {
             Some(updated) => self.superseded.wrote(va.name_any(), va, updated),
             None => self.supersede(va),
@@ -369,27 +368,25 @@ impl Attacher {
     }
 
     /// Records that `va`'s version is older than our last write.
-    fn supersede(&self, va: &VolumeAttachment) {
+    fn supersede(&self, va: &CachedAttachment) {
         self.superseded.supersede(va.name_any(), va);
     }
 
-    fn attachments(&self) -> Api<VolumeAttachment> {
+    fn attachments(&self) -> Api<CachedAttachment> {
         Api::all(self.client.clone())
     }
 
     async fn sync_attachment(&self, name: &str) -> Result<Synced, SyncError> {
-        let Some(cached) = self.caches.attachments.get(&ObjectRef::new(name)) else {
+        let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
         if self
             .superseded
-            .contains(&name.to_string(), cached.resource_version().as_deref())
+            .contains(&name.to_string(), va.resource_version().as_deref())
         {
             return Ok(Synced::Waiting);
         }
-        let (plan, forced) = self.plan(&cached);
-        // Boxed: 3.6 KB inline, it would size every running sync.
-        let va = Box::new(cached.to_attachment());
+        let (plan, forced) = self.plan(&va);
         let result = match plan {
             VaPlan::NotOurs | VaPlan::Nothing => Ok(()),
             VaPlan::MarkAttached => self.mark_attached(&va).await,
@@ -403,18 +400,18 @@ impl Attacher {
     }
 
     /// Trivial mode: attached, no finalizer, no CSI call.
-    async fn mark_attached(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
+    async fn mark_attached(&self, va: &CachedAttachment) -> Result<(), SyncError> {
         self.patch_status(va, attach::attached_status(&HashMap::new()))
             .await
             .map(drop)
     }
 
-    async fn attach(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
+    async fn attach(&self, va: &CachedAttachment) -> Result<(), SyncError> {
         let name = va.name_any();
         let published = match self.publish(va).await {
             Ok(published) => published,
             Err(failure) => {
-                let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let attached = va.attached();
                 let status = attach::error_status(
                     Operation::Attach,
                     attached,
@@ -442,16 +439,16 @@ impl Attacher {
     /// ControllerPublishVolume. Returns the VolumeAttachment as last written and the publish
     /// context.
     ///
-    /// The volume, the VolumeAttachment and the finalizer patch are boxed: a PV spec and a
-    /// VolumeAttachment are 3.4 and 3.6 KB inline, and would size every running sync.
+    /// The finalizer patch is boxed: retried from a fresh GET, it is large inline and would
+    /// size every running sync.
     async fn publish(
         &self,
-        va: &VolumeAttachment,
-    ) -> Result<(Box<VolumeAttachment>, HashMap<String, String>), Failure> {
+        va: &CachedAttachment,
+    ) -> Result<(CachedAttachment, HashMap<String, String>), Failure> {
         let pv = self.cached_volume(va);
-        let volume = Box::new(attach::attached_volume(va, pv.as_deref())?);
+        let volume = attach::attached_volume(va, pv.as_deref())?;
         if let Some(pv) = &pv {
-            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            let api: Api<CachedVolume> = Api::all(self.client.clone());
             match Box::pin(add_finalizer(&api, pv.as_ref(), &self.finalizer)).await {
                 Ok(Some(_)) => {}
                 Ok(None) => return Err(AttachError::MissingVolume(pv.name_any()).into()),
@@ -470,13 +467,13 @@ impl Attacher {
             self.settings.support,
             secrets,
         )?;
-        let current = Box::new(match attach::claim_patch(va, &self.finalizer, &node_id) {
+        let current = match attach::claim_patch(va, &self.finalizer, &node_id) {
             Some(ops) => self
                 .patch_metadata(va, ops)
                 .await
                 .map_err(|e| message(e.to_string()))?,
             None => va.clone(),
-        });
+        };
         let response = self
             .csi
             .controller_publish_volume(request, self.settings.timeout)
@@ -484,12 +481,12 @@ impl Attacher {
         Ok((current, response.publish_context.into_iter().collect()))
     }
 
-    async fn detach(&self, va: &VolumeAttachment) -> Result<(), SyncError> {
+    async fn detach(&self, va: &CachedAttachment) -> Result<(), SyncError> {
         let name = va.name_any();
         let uid = va.uid().unwrap_or_default();
         if lock(&self.unpublished).get(&name) != Some(&uid) {
             if let Err(failure) = self.unpublish(va).await {
-                let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                let attached = va.attached();
                 let status = attach::error_status(
                     Operation::Detach,
                     attached,
@@ -514,9 +511,8 @@ impl Attacher {
         // write. (The apiserver answers such an update with the object as last stored, so
         // the response cannot tell.)
         let gone = va.metadata.deletion_timestamp.is_some() && finalizers.is_empty();
-        // Boxed: 3.6 KB inline, it would size every running sync.
         let current = if finalizers.len() == va.finalizers().len() {
-            Some(Box::new(va.clone()))
+            Some(va.clone())
         } else {
             let updated = set_finalizers(&self.attachments(), va, finalizers).await?;
             if gone {
@@ -528,7 +524,7 @@ impl Attacher {
             } else {
                 self.wrote(va, updated.as_ref());
             }
-            updated.map(Box::new)
+            updated
         };
         lock(&self.unpublished).remove(&name);
         if let Some(current) = current.filter(|_| !gone) {
@@ -539,7 +535,7 @@ impl Attacher {
         Ok(())
     }
 
-    async fn unpublish(&self, va: &VolumeAttachment) -> Result<(), Failure> {
+    async fn unpublish(&self, va: &CachedAttachment) -> Result<(), Failure> {
         let pv = self.cached_volume(va);
         let volume = attach::volume_of(va, pv.as_deref())?;
         let csi_node = self
@@ -555,10 +551,9 @@ impl Attacher {
         Ok(())
     }
 
-    fn cached_volume(&self, va: &VolumeAttachment) -> Option<Arc<PersistentVolume>> {
+    fn cached_volume(&self, va: &CachedAttachment) -> Option<Arc<CachedVolume>> {
         let name = va.spec.source.persistent_volume_name.as_ref()?;
-        let cached = self.caches.volumes.get(&ObjectRef::new(name))?;
-        Some(Arc::new(cached.to_volume()))
+        self.caches.volumes.get(&ObjectRef::new(name))
     }
 
     /// The publish secrets: a live GET (secrets are not cached, as upstream).
@@ -574,9 +569,9 @@ impl Attacher {
 
     async fn patch_metadata(
         &self,
-        va: &VolumeAttachment,
+        va: &CachedAttachment,
         ops: Value,
-    ) -> Result<VolumeAttachment, SyncError> {
+    ) -> Result<CachedAttachment, SyncError> {
         let ops: json_patch::Patch = serde_json::from_value(ops).map_err(SyncError::Patch)?;
         let updated = self
             .attachments()
@@ -597,9 +592,9 @@ impl Attacher {
     /// A merge patch of the status subresource; a VolumeAttachment that is gone is fine.
     async fn patch_status(
         &self,
-        va: &VolumeAttachment,
+        va: &CachedAttachment,
         status: Value,
-    ) -> Result<Option<VolumeAttachment>, SyncError> {
+    ) -> Result<Option<CachedAttachment>, SyncError> {
         match self
             .attachments()
             .patch_status(
@@ -638,9 +633,8 @@ impl Attacher {
         if in_use {
             return Ok(Synced::Waiting);
         }
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = pv.to_volume();
-        set_finalizers(&api, &pv, without(pv.finalizers(), &self.finalizer)).await?;
+        let api: Api<CachedVolume> = Api::all(self.client.clone());
+        set_finalizers(&api, &*pv, without(pv.finalizers(), &self.finalizer)).await?;
         tracing::info!(volume = %name, "released the PersistentVolume");
         Ok(Synced::Done)
     }
@@ -682,18 +676,17 @@ impl Attacher {
             .await
             .map_err(|_| ReconcileError::Timeout(self.settings.timeout))??;
         let mut forced = 0;
-        for cached in before {
-            let name = cached.name_any();
+        for va in before {
+            let name = va.name_any();
             let still = self.caches.attachments.get(&ObjectRef::new(&name));
-            if still.is_none_or(|now| now.resource_version() != cached.resource_version())
+            if still.is_none_or(|now| now.resource_version() != va.resource_version())
                 || self.workers.is_running(&Key::Attachment(name.clone()))
                 || self
                     .superseded
-                    .contains(&name, cached.resource_version().as_deref())
+                    .contains(&name, va.resource_version().as_deref())
             {
                 continue;
             }
-            let va = cached.to_attachment();
             let pv = self.cached_volume(&va);
             let Ok(volume) = attach::volume_of(&va, pv.as_deref()) else {
                 continue;
@@ -710,7 +703,7 @@ impl Attacher {
             let found = published
                 .get(&volume.csi.volume_handle)
                 .is_some_and(|nodes| nodes.contains(&node_id));
-            let attached = cached.attached();
+            let attached = va.attached();
             if attached != found {
                 tracing::info!(attachment = %name, attached, published = found, "out of step with the driver");
                 lock(&self.forced).insert(name.clone());

@@ -12,7 +12,9 @@
 //!
 //! k8s-openapi's `VolumeAttachment` is about 3.6 KB for the same reason: its source holds an
 //! inline `PersistentVolumeSpec`, which only a VolumeAttachment of an inline (ephemeral CSI
-//! migration) volume has. A [`CachedAttachment`] boxes it: about 0.9 KB.
+//! migration) volume has. A [`CachedAttachment`] boxes it: about 0.9 KB. The attacher reads
+//! and patches VolumeAttachments and PVs in their cached forms only (`Api<CachedAttachment>`,
+//! `Api<CachedVolume>`), so none of its syncs holds a full object.
 
 use std::collections::BTreeMap;
 
@@ -23,10 +25,7 @@ use k8s_openapi::api::core::v1::{
     TypedLocalObjectReference, TypedObjectReference, VolumeNodeAffinity,
     VolumeResourceRequirements,
 };
-use k8s_openapi::api::storage::v1::{
-    VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus,
-    VolumeError,
-};
+use k8s_openapi::api::storage::v1::VolumeError;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Deserializer};
@@ -88,7 +87,8 @@ pub struct CachedCsiSource {
 }
 
 impl CachedCsiSource {
-    fn to_source(&self) -> CSIPersistentVolumeSource {
+    /// The `CSIPersistentVolumeSource` this was cached from.
+    pub fn to_source(&self) -> CSIPersistentVolumeSource {
         CSIPersistentVolumeSource {
             controller_expand_secret_ref: self.controller_expand_secret_ref.clone(),
             controller_publish_secret_ref: self.controller_publish_secret_ref.clone(),
@@ -325,7 +325,8 @@ impl CachedClaim {
 }
 
 /// A VolumeAttachment with its inline volume spec boxed and its maps kept as [`Pairs`]; every
-/// field survives ([`CachedAttachment::to_attachment`]).
+/// field survives (the table test's round trip). Written back as it is read: its patches
+/// and status patches answer a `CachedAttachment`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedAttachment {
     /// Without its annotations (always `None` here): they are in `annotations`.
@@ -384,12 +385,23 @@ impl CachedAttachment {
     pub fn attached(&self) -> bool {
         self.status.as_ref().is_some_and(|status| status.attached)
     }
+}
 
-    /// The VolumeAttachment this was cached from.
-    pub fn to_attachment(&self) -> VolumeAttachment {
-        let spec = &self.spec;
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use k8s_openapi::api::storage::v1::{
+        VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus,
+    };
+
+    use super::*;
+
+    /// The VolumeAttachment a cached one stands for: the round trip the tests check.
+    fn to_attachment(cached: &CachedAttachment) -> VolumeAttachment {
+        let spec = &cached.spec;
         VolumeAttachment {
-            metadata: full_metadata(&self.metadata, &self.annotations),
+            metadata: full_metadata(&cached.metadata, &cached.annotations),
             spec: VolumeAttachmentSpec {
                 attacher: spec.attacher.clone(),
                 node_name: spec.node_name.clone(),
@@ -398,7 +410,7 @@ impl CachedAttachment {
                     persistent_volume_name: spec.source.persistent_volume_name.clone(),
                 },
             },
-            status: self.status.as_ref().map(|status| VolumeAttachmentStatus {
+            status: cached.status.as_ref().map(|status| VolumeAttachmentStatus {
                 attach_error: status.attach_error.clone(),
                 attached: status.attached,
                 attachment_metadata: status.attachment_metadata.as_ref().map(Pairs::to_map),
@@ -406,13 +418,6 @@ impl CachedAttachment {
             }),
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::{Value, json};
-
-    use super::*;
 
     #[test]
     fn a_cached_volume_is_the_volume_less_its_in_tree_sources() {
@@ -575,7 +580,7 @@ mod tests {
             let value = attachment(source);
             let full: VolumeAttachment = serde_json::from_value(value.clone()).unwrap();
             let cached: CachedAttachment = serde_json::from_value(value).unwrap();
-            assert_eq!(cached.to_attachment(), full, "every field survives");
+            assert_eq!(to_attachment(&cached), full, "every field survives");
             assert!(cached.attached());
             assert_eq!(
                 cached.annotations().get("csi.alpha.kubernetes.io/node-id"),
@@ -589,7 +594,7 @@ mod tests {
         let cached: CachedAttachment = serde_json::from_value(bare.clone()).unwrap();
         assert!(!cached.attached());
         assert_eq!(
-            cached.to_attachment(),
+            to_attachment(&cached),
             serde_json::from_value::<VolumeAttachment>(bare).unwrap()
         );
 

@@ -36,7 +36,7 @@ fn json_merge(base: &mut Value, extra: Value) {
     }
 }
 
-fn pv(spec: Value) -> PersistentVolume {
+fn pv(spec: Value) -> CachedVolume {
     let mut value = json!({"metadata": {"name": "pv-1"}, "spec": {
         "accessModes": ["ReadWriteOnce"],
         "csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}});
@@ -258,11 +258,11 @@ fn attached_volumes() {
         (None, "inline-1")
     );
 
-    let deleted: PersistentVolume = from(
+    let deleted: CachedVolume = from(
         json!({"metadata": {"name": "pv-1", "deletionTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"csi": {"driver": DRIVER, "volumeHandle": "vol-1"}}}),
     );
-    let not_csi: PersistentVolume =
+    let not_csi: CachedVolume =
         from(json!({"metadata": {"name": "pv-1"}, "spec": {"hostPath": {"path": "/x"}}}));
     let both = va(
         json!({"spec": {"source": {"inlineVolumeSpec": {"csi": {"driver": DRIVER, "volumeHandle": "i"}}}}}),
