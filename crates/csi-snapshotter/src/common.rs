@@ -12,7 +12,7 @@ use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, wit
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -206,10 +206,7 @@ impl Controller {
                 }
                 version
             },
-            move |key| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            move |key| this.sync(key),
         );
     }
 
@@ -325,11 +322,15 @@ impl Controller {
         }
     }
 
-    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: &Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        let this = self.clone();
         match key {
-            Key::Snapshot(reference) => self.sync_snapshot(reference).await,
-            Key::Content(reference) => self.sync_content(reference).await,
-            Key::Claim(reference) => self.sync_claim(reference).await,
+            Key::Snapshot(reference) => {
+                Box::pin(async move { this.sync_snapshot(&reference).await })
+            }
+            Key::Content(reference) => Box::pin(async move { this.sync_content(&reference).await }),
+            Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
         }
     }
 

@@ -17,7 +17,7 @@ use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -177,10 +177,7 @@ impl Sidecar {
             tasks,
             keys,
             |key| self.version(key),
-            move |key| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
+            move |key| this.sync(key),
         );
     }
 
@@ -284,24 +281,30 @@ impl Sidecar {
         (class, claim, bucket)
     }
 
-    async fn sync(&self, key: &Key) -> Result<Synced, SidecarError> {
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: &Arc<Self>, key: Key) -> SyncFuture<SidecarError> {
+        let this = self.clone();
         match key {
-            Key::Bucket(reference) => match self.buckets.get(reference) {
-                Some(bucket) => self.sync_bucket(&bucket).await,
-                None => Ok(Synced::Done),
-            },
-            Key::Access(reference) => match self.accesses.get(reference) {
-                Some(access)
-                    if self
-                        .granted
-                        .is_stale(reference, access.resource_version().as_deref()) =>
-                {
-                    Ok(Synced::Waiting)
+            Key::Bucket(reference) => Box::pin(async move {
+                match this.buckets.get(&reference) {
+                    Some(bucket) => this.sync_bucket(&bucket).await,
+                    None => Ok(Synced::Done),
                 }
-                Some(access) => self.sync_access(reference, &access).await,
-                None => Ok(Synced::Done),
-            },
-            Key::Claim(_) => Ok(Synced::Done),
+            }),
+            Key::Access(reference) => Box::pin(async move {
+                match this.accesses.get(&reference) {
+                    Some(access)
+                        if this
+                            .granted
+                            .is_stale(&reference, access.resource_version().as_deref()) =>
+                    {
+                        Ok(Synced::Waiting)
+                    }
+                    Some(access) => this.sync_access(&reference, &access).await,
+                    None => Ok(Synced::Done),
+                }
+            }),
+            Key::Claim(_) => Box::pin(std::future::ready(Ok(Synced::Done))),
         }
     }
 
