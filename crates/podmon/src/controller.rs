@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::backoff::delay_for;
+use csi_sidecar::cached::CachedAttachment;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -119,7 +120,7 @@ struct Upkeep;
 struct Caches {
     pods: Store<Pod>,
     nodes: Store<Node>,
-    attachments: Store<VolumeAttachment>,
+    attachments: Store<CachedAttachment>,
     volumes: Store<PersistentVolume>,
     claims: Store<PersistentVolumeClaim>,
     csi_nodes: Store<CSINode>,

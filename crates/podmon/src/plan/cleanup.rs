@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use csi_proto::csi::v1 as csi;
 use csi_proto::podmon::v1 as podmon;
+use csi_sidecar::cached::CachedAttachment;
 use csi_sidecar::kubelet_paths;
 use csi_sidecar::secrets::SecretRef;
 use csi_sidecar::volume_attachment::{NODE_ID_ANNOTATION, unpublish_request};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Taint};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
@@ -91,7 +92,7 @@ pub fn volumes_of(
 /// there, else the CSINode, else kubelet's node annotation.
 pub fn node_id(
     driver: &str,
-    attachments: &[Arc<VolumeAttachment>],
+    attachments: &[Arc<CachedAttachment>],
     csi_node: Option<&CSINode>,
     node: Option<&Node>,
 ) -> Option<String> {
@@ -212,7 +213,7 @@ pub struct CleanupInput<'a> {
     /// The protected pods cached now.
     pub pods: &'a [Arc<Pod>],
     /// The VolumeAttachments cached now.
-    pub attachments: &'a [Arc<VolumeAttachment>],
+    pub attachments: &'a [Arc<CachedAttachment>],
     pub driver: &'a str,
     /// The driver can fence (PUBLISH_UNPUBLISH_VOLUME).
     pub can_fence: bool,
@@ -273,7 +274,7 @@ pub fn cleanup(input: &CleanupInput<'_>, objects: &impl Objects) -> Result<Clean
     if pods.is_empty() {
         return Ok(Cleanup::default());
     }
-    let attachments: Vec<Arc<VolumeAttachment>> = input
+    let attachments: Vec<Arc<CachedAttachment>> = input
         .attachments
         .iter()
         .filter(|va| va.spec.node_name == node && va.spec.attacher == driver)

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use csi_sidecar::backoff::delay_for;
+use csi_sidecar::cached::CachedAttachment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::ResourceExt;
 
 use super::{
@@ -179,7 +180,7 @@ pub fn driver_readiness(driver_pods: &[Arc<Pod>]) -> BTreeMap<String, bool> {
 pub fn refenced_attachments(
     fences: &BTreeMap<String, BTreeSet<String>>,
     pods: &[Arc<Pod>],
-    attachments: &[Arc<VolumeAttachment>],
+    attachments: &[Arc<CachedAttachment>],
     objects: &impl Objects,
     driver: &str,
 ) -> BTreeMap<String, BTreeSet<String>> {

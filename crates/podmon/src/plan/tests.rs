@@ -1,8 +1,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
+use csi_sidecar::cached::CachedAttachment;
 use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use serde_json::{Value, json};
 
 use super::*;
@@ -738,7 +738,7 @@ fn crash_looping_on(name: &str, node: &str) -> Arc<Pod> {
     Arc::new(pod)
 }
 
-fn attachment(name: &str, node: &str, pv: &str, node_id: Option<&str>) -> Arc<VolumeAttachment> {
+fn attachment(name: &str, node: &str, pv: &str, node_id: Option<&str>) -> Arc<CachedAttachment> {
     let annotations = node_id.map_or(json!({}), |id| json!({NODE_ID_ANNOTATION: id}));
     Arc::new(
         serde_json::from_value(json!({
