@@ -11,8 +11,8 @@
 //! cached type's own `annotations()`: its `metadata.annotations` is always `None`.
 //!
 //! k8s-openapi's `VolumeAttachment` is about 3.6 KB for the same reason: its source holds an
-//! inline `PersistentVolumeSpec`, which only a VolumeAttachment of an inline (ephemeral CSI
-//! migration) volume has. A [`CachedAttachment`] boxes it: about 0.9 KB. The attacher reads
+//! inline `PersistentVolumeSpec`, which only the VolumeAttachment of an in-tree inline volume
+//! migrated to CSI has. A [`CachedAttachment`] boxes it: about 0.9 KB. The attacher reads
 //! and patches VolumeAttachments and PVs in their cached forms only (`Api<CachedAttachment>`,
 //! `Api<CachedVolume>`), so none of its syncs holds a full object.
 

@@ -36,16 +36,14 @@ use std::time::{Duration, Instant};
 
 use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::backoff::delay_for;
-use csi_sidecar::cached::CachedAttachment;
+use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::{FetchError, SecretRef};
 use csi_sidecar::workers::{KeyedWorkers, Synced};
-use k8s_openapi::api::core::v1::{
-    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
-};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -121,8 +119,8 @@ struct Caches {
     pods: Store<Pod>,
     nodes: Store<Node>,
     attachments: Store<CachedAttachment>,
-    volumes: Store<PersistentVolume>,
-    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<CachedVolume>,
+    claims: Store<CachedClaim>,
     csi_nodes: Store<CSINode>,
     driver_pods: Option<Store<Pod>>,
 }
@@ -174,11 +172,11 @@ impl Objects for Caches {
         self.nodes.get(&ObjectRef::new(name))
     }
 
-    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<CachedClaim>> {
         self.claims.get(&ObjectRef::new(name).within(namespace))
     }
 
-    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+    fn volume(&self, name: &str) -> Option<Arc<CachedVolume>> {
         self.volumes.get(&ObjectRef::new(name))
     }
 
@@ -726,7 +724,7 @@ impl Controller {
         node_name: &str,
         names: &BTreeSet<String>,
     ) -> Result<(), CleanupError> {
-        let vas: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let vas: Api<CachedAttachment> = Api::all(self.client.clone());
         for name in names {
             match vas.delete(name, &DeleteParams::default()).await {
                 Ok(_) => tracing::info!(va = %name, node = %node_name, "deleted VolumeAttachment"),

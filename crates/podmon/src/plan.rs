@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint};
+use csi_sidecar::cached::{CachedClaim, CachedVolume};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -26,8 +27,8 @@ pub use pass::{
 /// in tests.
 pub trait Objects {
     fn node(&self, name: &str) -> Option<Arc<Node>>;
-    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>>;
-    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<CachedClaim>>;
+    fn volume(&self, name: &str) -> Option<Arc<CachedVolume>>;
     fn csi_node(&self, name: &str) -> Option<Arc<CSINode>>;
 }
 

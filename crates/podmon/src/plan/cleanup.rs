@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use csi_proto::csi::v1 as csi;
 use csi_proto::podmon::v1 as podmon;
-use csi_sidecar::cached::CachedAttachment;
+use csi_sidecar::cached::{CachedAttachment, CachedVolume};
 use csi_sidecar::kubelet_paths;
 use csi_sidecar::secrets::SecretRef;
 use csi_sidecar::volume_attachment::{NODE_ID_ANNOTATION, unpublish_request};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -53,7 +53,7 @@ pub fn volumes_of(
     pod: &Pod,
     objects: &impl Objects,
     driver: &str,
-) -> Result<Vec<Arc<PersistentVolume>>, Refusal> {
+) -> Result<Vec<Arc<CachedVolume>>, Refusal> {
     let namespace = pod.namespace().unwrap_or_default();
     let mut volumes = Vec::new();
     for claim in claim_names(pod) {
@@ -244,7 +244,7 @@ pub fn cleanup(input: &CleanupInput<'_>, objects: &impl Objects) -> Result<Clean
                 .map(|c| (key(c), Arc::clone(c)))
         })
         .collect();
-    let mut volumes: BTreeMap<String, Arc<PersistentVolume>> = BTreeMap::new();
+    let mut volumes: BTreeMap<String, Arc<CachedVolume>> = BTreeMap::new();
     for pod in pods.values() {
         for pv in volumes_of(pod, objects, driver)? {
             volumes.insert(pv.name_any(), pv);

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use csi_sidecar::cached::CachedAttachment;
+use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
 use serde_json::{Value, json};
 
@@ -647,8 +647,8 @@ const DRIVER: &str = "hostpath.csi-suite.io";
 #[derive(Default)]
 struct World {
     nodes: BTreeMap<String, Arc<Node>>,
-    claims: BTreeMap<(String, String), Arc<PersistentVolumeClaim>>,
-    volumes: BTreeMap<String, Arc<PersistentVolume>>,
+    claims: BTreeMap<(String, String), Arc<CachedClaim>>,
+    volumes: BTreeMap<String, Arc<CachedVolume>>,
     csi_nodes: BTreeMap<String, Arc<CSINode>>,
 }
 
@@ -657,13 +657,13 @@ impl Objects for World {
         self.nodes.get(name).cloned()
     }
 
-    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<CachedClaim>> {
         self.claims
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
     }
 
-    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+    fn volume(&self, name: &str) -> Option<Arc<CachedVolume>> {
         self.volumes.get(name).cloned()
     }
 
