@@ -18,6 +18,10 @@
 //!   (GetPluginInfo); the Node `bench-node` and its CSINode carry the node ID and topology that
 //!   NodeGetInfo answers.
 //!
+//! The floor any provisioner is held to on a server: `BENCH_PROVISIONER` naming the
+//! `provisioning_floor` example (`cargo build --release -p csi-suite-scenarios --example
+//! provisioning_floor`), which only creates the PVs and deletes the Released ones.
+//!
 //! Such a run is printed, never written to `BENCHMARKS.md`; neither is a run on a real cluster.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]

@@ -1,0 +1,174 @@
+//! The floor of "time to all Bound": a provisioner that does only the one write without which
+//! no claim binds — the PV, created as soon as kube-controller-manager has annotated the claim
+//! for the class's provisioner — with no driver call, no Event, no finalizer. On deletion it
+//! deletes each Released PV of its driver. 100 writes in flight at most, no client-side limit.
+//! Takes the flags the provisioning benchmark gives a `BENCH_PROVISIONER` binary and reads only
+//! `--kubeconfig`.
+//!
+//! With `PROVISIONING_FLOOR_CLAIM_PATCHES=1` it also patches each claim before creating its PV
+//! and again after, as our provisioner's provisioning protection does (there a finalizer and
+//! its removal; here an annotation): what two claim writes per volume cost on a server.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+const PATCH_ANNOTATION: &str = "floor.csi-suite.io/provisioning";
+const PROVISIONER_ANNOTATIONS: [&str; 2] = [
+    "volume.kubernetes.io/storage-provisioner",
+    "volume.beta.kubernetes.io/storage-provisioner",
+];
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let path = std::env::args()
+        .find_map(|a| a.strip_prefix("--kubeconfig=").map(str::to_string))
+        .context("--kubeconfig=PATH is needed")?;
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(path)?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    let client = Client::try_from(config)?;
+    let in_flight = Arc::new(Semaphore::new(100));
+    let claim_patches = std::env::var("PROVISIONING_FLOOR_CLAIM_PATCHES").is_ok_and(|v| v == "1");
+    tokio::try_join!(
+        provision(client.clone(), Arc::clone(&in_flight), claim_patches),
+        delete(client, in_flight)
+    )?;
+    Ok(())
+}
+
+async fn provision(
+    client: Client,
+    in_flight: Arc<Semaphore>,
+    claim_patches: bool,
+) -> anyhow::Result<()> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let mut seen = std::collections::HashSet::new();
+    let mut reclaim_policies = std::collections::HashMap::new();
+    let mut claims = std::pin::pin!(watcher::watcher(
+        Api::<PersistentVolumeClaim>::all(client),
+        watcher::Config::default()
+    ));
+    while let Some(event) = claims.next().await {
+        let (watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) = event? else {
+            continue;
+        };
+        let Some(driver) = PROVISIONER_ANNOTATIONS
+            .iter()
+            .find_map(|a| claim.annotations().get(*a).cloned())
+        else {
+            continue;
+        };
+        let spec = claim.spec.clone().unwrap_or_default();
+        if spec.volume_name.is_some_and(|n| !n.is_empty()) || !seen.insert(claim.uid()) {
+            continue;
+        }
+        let class_name = spec.storage_class_name.clone().unwrap_or_default();
+        // Read once per class, as a cache would answer it.
+        let reclaim = match reclaim_policies.get(&class_name) {
+            Some(policy) => String::clone(policy),
+            None => {
+                let class = classes.get(&class_name).await?;
+                let policy = class.reclaim_policy.unwrap_or_else(|| "Delete".into());
+                reclaim_policies.insert(class_name.clone(), policy.clone());
+                policy
+            }
+        };
+        let permit = Arc::clone(&in_flight).acquire_owned().await?;
+        let volumes = volumes.clone();
+        let claims = claim_patches.then(|| {
+            Api::<PersistentVolumeClaim>::namespaced(
+                volumes.clone().into_client(),
+                &claim.namespace().unwrap_or_default(),
+            )
+        });
+        tokio::spawn(async move {
+            let _permit = permit;
+            let patch_claim = async |value: Option<&str>| {
+                let Some(claims) = &claims else { return };
+                let patch = json!({"metadata": {"annotations": {PATCH_ANNOTATION: value}}});
+                if let Err(error) = claims
+                    .patch(
+                        &claim.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(patch),
+                    )
+                    .await
+                {
+                    eprintln!("patching {}: {error}", claim.name_any());
+                }
+            };
+            patch_claim(Some("provisioning")).await;
+            let uid = claim.uid().unwrap_or_default();
+            let size = spec
+                .resources
+                .and_then(|r| r.requests)
+                .and_then(|r| r.get("storage").cloned());
+            let volume = json!({
+                "metadata": {"name": format!("pvc-{uid}"),
+                    "annotations": {"pv.kubernetes.io/provisioned-by": driver}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": spec.access_modes,
+                    "persistentVolumeReclaimPolicy": reclaim,
+                    "storageClassName": class_name,
+                    "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                        "namespace": claim.namespace(), "name": claim.name_any(), "uid": uid},
+                    "csi": {"driver": driver, "volumeHandle": uid}}});
+            let created = match serde_json::from_value(volume) {
+                Ok(volume) => volumes.create(&PostParams::default(), &volume).await,
+                Err(error) => return eprintln!("PV of {}: {error}", claim.name_any()),
+            };
+            if let Err(error) = created {
+                eprintln!("PV of {}: {error}", claim.name_any());
+            }
+            patch_claim(None).await;
+        });
+    }
+    Ok(())
+}
+
+async fn delete(client: Client, in_flight: Arc<Semaphore>) -> anyhow::Result<()> {
+    let volumes: Api<PersistentVolume> = Api::all(client);
+    let mut deleting = std::collections::HashSet::new();
+    let mut events = std::pin::pin!(watcher::watcher(
+        volumes.clone(),
+        watcher::Config::default()
+    ));
+    while let Some(event) = events.next().await {
+        let (watcher::Event::Apply(volume) | watcher::Event::InitApply(volume)) = event? else {
+            continue;
+        };
+        let released = volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+        let ours = volume
+            .annotations()
+            .contains_key("pv.kubernetes.io/provisioned-by");
+        if !released || !ours || !deleting.insert(volume.name_any()) {
+            continue;
+        }
+        let permit = Arc::clone(&in_flight).acquire_owned().await?;
+        let volumes = volumes.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(error) = volumes
+                .delete(&volume.name_any(), &DeleteParams::default())
+                .await
+            {
+                eprintln!("deleting {}: {error}", volume.name_any());
+            }
+        });
+    }
+    Ok(())
+}
