@@ -1,9 +1,9 @@
 //! The floor of "time to all Bound": a provisioner that does only the one write without which
 //! no claim binds — the PV, created as soon as kube-controller-manager has annotated the claim
-//! for the class's provisioner — with no driver call, no Event, no finalizer. On deletion it
-//! deletes each Released PV of its driver. 100 writes in flight at most, no client-side limit.
-//! Takes the flags the provisioning benchmark gives a `BENCH_PROVISIONER` binary and reads only
-//! `--kubeconfig`.
+//! for the driver — with no CreateVolume, no Event, no finalizer. On deletion it deletes each
+//! Released PV of the driver whose reclaim policy is Delete. 100 writes in flight at most, no
+//! client-side limit. Takes the flags the provisioning benchmark gives a `BENCH_PROVISIONER`
+//! binary and reads `--kubeconfig` and `--csi-address` (the driver's name: GetPluginInfo).
 //!
 //! With `PROVISIONING_FLOOR_CLAIM_PATCHES=1` it also patches each claim before creating its PV
 //! and again after, as our provisioner's provisioning protection does (there a finalizer and
@@ -11,7 +11,12 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use anyhow::Context;
+use csi_proto::csi::v1 as csi;
+use csi_sidecar::conn::{Endpoint, connect};
+use csi_sidecar::metrics::CsiOperationMetrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -30,9 +35,24 @@ const PROVISIONER_ANNOTATIONS: [&str; 2] = [
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let path = std::env::args()
-        .find_map(|a| a.strip_prefix("--kubeconfig=").map(str::to_string))
-        .context("--kubeconfig=PATH is needed")?;
+    let flag = |name: &str| {
+        std::env::args()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string))
+            .with_context(|| format!("--{name}= is needed"))
+    };
+    let path = flag("kubeconfig")?;
+    let timeout = Duration::from_secs(10);
+    let driver_connection = connect(
+        &Endpoint::parse(&flag("csi-address")?)?,
+        timeout,
+        CsiOperationMetrics::unregistered(),
+    )
+    .await?;
+    let driver: Arc<str> = driver_connection
+        .get_plugin_info(csi::GetPluginInfoRequest {}, timeout)
+        .await?
+        .name
+        .into();
     let config = kube::Config::from_custom_kubeconfig(
         Kubeconfig::read_from(path)?,
         &KubeConfigOptions::default(),
@@ -42,14 +62,20 @@ async fn main() -> anyhow::Result<()> {
     let in_flight = Arc::new(Semaphore::new(100));
     let claim_patches = std::env::var("PROVISIONING_FLOOR_CLAIM_PATCHES").is_ok_and(|v| v == "1");
     tokio::try_join!(
-        provision(client.clone(), Arc::clone(&in_flight), claim_patches),
-        delete(client, in_flight)
+        provision(
+            client.clone(),
+            Arc::clone(&driver),
+            Arc::clone(&in_flight),
+            claim_patches
+        ),
+        delete(client, &driver, in_flight)
     )?;
     Ok(())
 }
 
 async fn provision(
     client: Client,
+    driver: Arc<str>,
     in_flight: Arc<Semaphore>,
     claim_patches: bool,
 ) -> anyhow::Result<()> {
@@ -65,12 +91,12 @@ async fn provision(
         let (watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) = event? else {
             continue;
         };
-        let Some(driver) = PROVISIONER_ANNOTATIONS
+        let ours = PROVISIONER_ANNOTATIONS
             .iter()
-            .find_map(|a| claim.annotations().get(*a).cloned())
-        else {
+            .any(|a| claim.annotations().get(*a).map(String::as_str) == Some(&*driver));
+        if !ours {
             continue;
-        };
+        }
         let spec = claim.spec.clone().unwrap_or_default();
         if spec.volume_name.is_some_and(|n| !n.is_empty()) || !seen.insert(claim.uid()) {
             continue;
@@ -87,7 +113,7 @@ async fn provision(
             }
         };
         let permit = Arc::clone(&in_flight).acquire_owned().await?;
-        let volumes = volumes.clone();
+        let (volumes, driver) = (volumes.clone(), Arc::clone(&driver));
         let claims = claim_patches.then(|| {
             Api::<PersistentVolumeClaim>::namespaced(
                 volumes.clone().into_client(),
@@ -118,7 +144,7 @@ async fn provision(
                 .and_then(|r| r.get("storage").cloned());
             let volume = json!({
                 "metadata": {"name": format!("pvc-{uid}"),
-                    "annotations": {"pv.kubernetes.io/provisioned-by": driver}},
+                    "annotations": {"pv.kubernetes.io/provisioned-by": &*driver}},
                 "spec": {
                     "capacity": {"storage": size},
                     "accessModes": spec.access_modes,
@@ -126,7 +152,7 @@ async fn provision(
                     "storageClassName": class_name,
                     "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
                         "namespace": claim.namespace(), "name": claim.name_any(), "uid": uid},
-                    "csi": {"driver": driver, "volumeHandle": uid}}});
+                    "csi": {"driver": &*driver, "volumeHandle": uid}}});
             let created = match serde_json::from_value(volume) {
                 Ok(volume) => volumes.create(&PostParams::default(), &volume).await,
                 Err(error) => return eprintln!("PV of {}: {error}", claim.name_any()),
@@ -140,7 +166,7 @@ async fn provision(
     Ok(())
 }
 
-async fn delete(client: Client, in_flight: Arc<Semaphore>) -> anyhow::Result<()> {
+async fn delete(client: Client, driver: &str, in_flight: Arc<Semaphore>) -> anyhow::Result<()> {
     let volumes: Api<PersistentVolume> = Api::all(client);
     let mut deleting = std::collections::HashSet::new();
     let mut events = std::pin::pin!(watcher::watcher(
@@ -152,10 +178,16 @@ async fn delete(client: Client, in_flight: Arc<Semaphore>) -> anyhow::Result<()>
             continue;
         };
         let released = volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+        let reclaim_delete = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            == Some("Delete");
         let ours = volume
             .annotations()
-            .contains_key("pv.kubernetes.io/provisioned-by");
-        if !released || !ours || !deleting.insert(volume.name_any()) {
+            .get("pv.kubernetes.io/provisioned-by")
+            .is_some_and(|name| name == driver);
+        if !released || !reclaim_delete || !ours || !deleting.insert(volume.name_any()) {
             continue;
         }
         let permit = Arc::clone(&in_flight).acquire_owned().await?;
