@@ -24,6 +24,7 @@
 //! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
 //! - [`mounts`] the node's mount table;
 //! - [`names`] Kubernetes DNS-1123 name rules;
+//! - [`annotations`] the claim and PV annotations the PV controller and provisioners exchange;
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`capability`] Kubernetes access modes and volume modes as CSI volume capabilities;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
@@ -66,6 +67,7 @@ macro_rules! fixed_resource {
     };
 }
 
+pub mod annotations;
 pub mod backoff;
 pub mod cached;
 pub mod capability;

@@ -20,12 +20,11 @@ use super::scheduling::{claim_matches_pv, parse_quantity, pv_matches_node};
 use super::{Informers, RoleError, Timing, merge_patch, merge_patch_status, reconcile_loop};
 use csi_sidecar::events::{EventRecorder, EventType};
 
-pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
-pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+pub use csi_sidecar::annotations::{
+    BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
+};
 pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 pub const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
-pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 pub use crate::apiserver::admission::{PV_PROTECTION, PVC_PROTECTION};
 /// The provisioner of classes for pre-created local PVs: nothing provisions for them.
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";

@@ -1,0 +1,13 @@
+//! The annotations Kubernetes' PV controller and external provisioners exchange on claims and
+//! PVs (k8s.io/component-helpers `storage/volume`): read and written by the provisioner, and
+//! by kube-sim's pv-binder and scheduler roles, which play kube-controller-manager and
+//! kube-scheduler.
+
+/// The provisioner the PV controller expects to provision a claim (set by it).
+pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// The same, as Kubernetes before v1.23 spelled it (both are read and set).
+pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+/// The node the scheduler chose for a WaitForFirstConsumer claim.
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The provisioner that created a PV (its deleter acts on the PVs it names).
+pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
