@@ -20,7 +20,9 @@
 //!
 //! The floor any provisioner is held to on a server: `BENCH_PROVISIONER` naming the
 //! `provisioning_floor` example (`cargo build --release -p csi-suite-scenarios --example
-//! provisioning_floor`), which only creates the PVs and deletes the Released ones.
+//! provisioning_floor`), which only creates the PVs and deletes the Released ones;
+//! `PROVISIONING_FLOOR_RECORD` adds a record of each provisioning in flight (on its claim or in
+//! a Lease), to measure what one costs.
 //!
 //! Such a run is printed, never written to `BENCHMARKS.md`; neither is a run on a real cluster.
 

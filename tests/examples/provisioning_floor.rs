@@ -5,9 +5,14 @@
 //! client-side limit. Takes the flags the provisioning benchmark gives a `BENCH_PROVISIONER`
 //! binary and reads `--kubeconfig` and `--csi-address` (the driver's name: GetPluginInfo).
 //!
-//! With `PROVISIONING_FLOOR_CLAIM_PATCHES=1` it also patches each claim before creating its PV
-//! and again after, as our provisioner's provisioning protection does (there a finalizer and
-//! its removal; here an annotation): what two claim writes per volume cost on a server.
+//! `PROVISIONING_FLOOR_RECORD` adds a record of each provisioning in flight, to measure what
+//! keeping one costs on a server:
+//! - `claim`: the claim is patched before its PV is created and again after, as our
+//!   provisioner's provisioning protection does (there a finalizer and its removal; here an
+//!   annotation); `claim-before` and `claim-after` make only that one of the two patches;
+//! - `lease`: a Lease of its own per volume instead, in the client's default namespace,
+//!   holding the claim as JSON; created before the PV and deleted after. No controller of
+//!   kube-controller-manager or the scheduler acts on such a Lease.
 
 use std::sync::Arc;
 
@@ -15,9 +20,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use csi_proto::csi::v1 as csi;
+use csi_sidecar::annotations::{BETA_STORAGE_PROVISIONER, PROVISIONED_BY, STORAGE_PROVISIONER};
 use csi_sidecar::conn::{Endpoint, connect};
+use csi_sidecar::kube::client_from_config;
 use csi_sidecar::metrics::CsiOperationMetrics;
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -27,11 +35,42 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-const PATCH_ANNOTATION: &str = "floor.csi-suite.io/provisioning";
-const PROVISIONER_ANNOTATIONS: [&str; 2] = [
-    "volume.kubernetes.io/storage-provisioner",
-    "volume.beta.kubernetes.io/storage-provisioner",
-];
+const RECORD_ANNOTATION: &str = "floor.csi-suite.io/provisioning";
+
+/// The record kept of each provisioning in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    None,
+    ClaimBefore,
+    ClaimAfter,
+    Claim,
+    Lease,
+}
+
+impl Record {
+    fn from_env() -> anyhow::Result<Self> {
+        let record = std::env::var("PROVISIONING_FLOOR_RECORD");
+        Ok(match record.as_deref() {
+            Err(_) => Self::None,
+            Ok("claim") => Self::Claim,
+            Ok("claim-before") => Self::ClaimBefore,
+            Ok("claim-after") => Self::ClaimAfter,
+            Ok("lease") => Self::Lease,
+            Ok(other) => anyhow::bail!(
+                "PROVISIONING_FLOOR_RECORD={other}: claim, claim-before, claim-after or lease"
+            ),
+        })
+    }
+
+    fn claim_before(self) -> bool {
+        matches!(self, Self::ClaimBefore | Self::Claim)
+    }
+
+    fn claim_after(self) -> bool {
+        matches!(self, Self::ClaimAfter | Self::Claim)
+    }
+}
+const PROVISIONER_ANNOTATIONS: [&str; 2] = [STORAGE_PROVISIONER, BETA_STORAGE_PROVISIONER];
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -58,15 +97,17 @@ async fn main() -> anyhow::Result<()> {
         &KubeConfigOptions::default(),
     )
     .await?;
-    let client = Client::try_from(config)?;
+    // The sidecars' client (one HTTP/2 connection, no client-side limit), so the floor and
+    // our provisioner differ in what they write only.
+    let client = client_from_config(config, None)?;
     let in_flight = Arc::new(Semaphore::new(100));
-    let claim_patches = std::env::var("PROVISIONING_FLOOR_CLAIM_PATCHES").is_ok_and(|v| v == "1");
+    let record = Record::from_env()?;
     tokio::try_join!(
         provision(
             client.clone(),
             Arc::clone(&driver),
             Arc::clone(&in_flight),
-            claim_patches
+            record
         ),
         delete(client, &driver, in_flight)
     )?;
@@ -77,8 +118,9 @@ async fn provision(
     client: Client,
     driver: Arc<str>,
     in_flight: Arc<Semaphore>,
-    claim_patches: bool,
+    record: Record,
 ) -> anyhow::Result<()> {
+    let leases: Api<Lease> = Api::default_namespaced(client.clone());
     let classes: Api<StorageClass> = Api::all(client.clone());
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let mut seen = std::collections::HashSet::new();
@@ -113,38 +155,53 @@ async fn provision(
             }
         };
         let permit = Arc::clone(&in_flight).acquire_owned().await?;
-        let (volumes, driver) = (volumes.clone(), Arc::clone(&driver));
-        let claims = claim_patches.then(|| {
-            Api::<PersistentVolumeClaim>::namespaced(
-                volumes.clone().into_client(),
-                &claim.namespace().unwrap_or_default(),
-            )
-        });
+        let (volumes, leases, driver) = (volumes.clone(), leases.clone(), Arc::clone(&driver));
+        let claims = Api::<PersistentVolumeClaim>::namespaced(
+            volumes.clone().into_client(),
+            &claim.namespace().unwrap_or_default(),
+        );
         tokio::spawn(async move {
             let _permit = permit;
+            let uid = claim.uid().unwrap_or_default();
             let patch_claim = async |value: Option<&str>| {
-                let Some(claims) = &claims else { return };
-                let patch = json!({"metadata": {"annotations": {PATCH_ANNOTATION: value}}});
-                if let Err(error) = claims
+                let patch = json!({"metadata": {"annotations": {RECORD_ANNOTATION: value}}});
+                let patched = claims
                     .patch(
                         &claim.name_any(),
                         &PatchParams::default(),
                         &Patch::Merge(patch),
                     )
-                    .await
-                {
+                    .await;
+                if let Err(error) = patched {
                     eprintln!("patching {}: {error}", claim.name_any());
                 }
             };
-            patch_claim(Some("provisioning")).await;
-            let uid = claim.uid().unwrap_or_default();
+            let lease_name = format!("provisioning-{uid}");
+            if record.claim_before() {
+                patch_claim(Some("provisioning")).await;
+            }
+            if record == Record::Lease {
+                let lease = serde_json::to_string(&claim)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|claim| {
+                        Ok(serde_json::from_value::<Lease>(json!({"metadata": {
+                            "name": lease_name, "annotations": {RECORD_ANNOTATION: claim}}}))?)
+                    });
+                let created = match lease {
+                    Ok(lease) => leases.create(&PostParams::default(), &lease).await,
+                    Err(error) => return eprintln!("Lease of {}: {error}", claim.name_any()),
+                };
+                if let Err(error) = created {
+                    eprintln!("Lease of {}: {error}", claim.name_any());
+                }
+            }
             let size = spec
                 .resources
                 .and_then(|r| r.requests)
                 .and_then(|r| r.get("storage").cloned());
             let volume = json!({
                 "metadata": {"name": format!("pvc-{uid}"),
-                    "annotations": {"pv.kubernetes.io/provisioned-by": &*driver}},
+                    "annotations": {PROVISIONED_BY: &*driver}},
                 "spec": {
                     "capacity": {"storage": size},
                     "accessModes": spec.access_modes,
@@ -160,7 +217,18 @@ async fn provision(
             if let Err(error) = created {
                 eprintln!("PV of {}: {error}", claim.name_any());
             }
-            patch_claim(None).await;
+            // Alone, the second patch sets the annotation: removing one that is not there
+            // would write nothing.
+            if record == Record::ClaimAfter {
+                patch_claim(Some("provisioned")).await;
+            } else if record.claim_after() {
+                patch_claim(None).await;
+            }
+            if record == Record::Lease
+                && let Err(error) = leases.delete(&lease_name, &DeleteParams::default()).await
+            {
+                eprintln!("deleting Lease {lease_name}: {error}");
+            }
         });
     }
     Ok(())
@@ -185,7 +253,7 @@ async fn delete(client: Client, driver: &str, in_flight: Arc<Semaphore>) -> anyh
             == Some("Delete");
         let ours = volume
             .annotations()
-            .get("pv.kubernetes.io/provisioned-by")
+            .get(PROVISIONED_BY)
             .is_some_and(|name| name == driver);
         if !released || !reclaim_delete || !ours || !deleting.insert(volume.name_any()) {
             continue;
