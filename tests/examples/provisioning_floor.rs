@@ -70,6 +70,7 @@ impl Record {
         matches!(self, Self::ClaimAfter | Self::Claim)
     }
 }
+
 const PROVISIONER_ANNOTATIONS: [&str; 2] = [STORAGE_PROVISIONER, BETA_STORAGE_PROVISIONER];
 
 #[tokio::main]

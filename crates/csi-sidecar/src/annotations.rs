@@ -5,7 +5,8 @@
 
 /// The provisioner the PV controller expects to provision a claim (set by it).
 pub const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-/// The same, as Kubernetes before v1.23 spelled it (both are read and set).
+/// The same under its older name: Kubernetes before v1.23 sets only this one, later versions
+/// both; the provisioner reads either.
 pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
 /// The node the scheduler chose for a WaitForFirstConsumer claim.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
