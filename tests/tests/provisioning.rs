@@ -10,6 +10,8 @@ use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
 
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
+const PROVISIONING_CLASS: &str = "csi-suite.io/provisioning-class";
 
 #[tokio::test]
 async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
@@ -35,6 +37,18 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         format!("pvc-{}", created.uid().unwrap()),
         "named <prefix>-<claim uid>"
     );
+    // Released by its own workers once the PV exists: nothing of ours stays on the claim.
+    cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the provisioning protection and its class record removed",
+            |c| {
+                !c.finalizers().iter().any(|f| f == PROVISIONING_PROTECTION)
+                    && !c.annotations().contains_key(PROVISIONING_CLASS)
+            },
+        )
+        .await;
     let pv = cluster
         .cluster_scoped::<PersistentVolume>()
         .get(&pv_name)
