@@ -37,7 +37,7 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         format!("pvc-{}", created.uid().unwrap()),
         "named <prefix>-<claim uid>"
     );
-    // Released by its own workers once the PV exists: nothing of ours stays on the claim.
+    // Released once the PV exists: nothing of ours stays on the claim.
     cluster
         .wait_for(
             &cluster.namespaced::<PersistentVolumeClaim>(),
