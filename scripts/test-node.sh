@@ -337,9 +337,27 @@ image_records() {
   mkdir -p "$WORK/image"
   dev=$(losetup --find --show "$STATE_DIR/volumes/$handle.img")
   mount -o ro "$dev" "$WORK/image"
-  cat "$WORK/image/volume/records"
+  cat "$WORK/image/volume/records" > "$1"
   umount "$WORK/image"
   losetup -d "$dev"
+}
+# complete_records FILE: how many records FILE holds, each a line "1", "2", ... in order. The
+# write in flight when the I/O was cut may leave a tail without its newline, NUL bytes where its
+# data did not reach the image (its size did): that torn record is not counted. Any other tail,
+# or a line out of order, fails.
+complete_records() {
+  python3 - "$1" <<'PY'
+import sys
+data = open(sys.argv[1], "rb").read()
+body, newline, tail = data.rpartition(b"\n")
+lines = body.split(b"\n") if newline else []
+for number, line in enumerate(lines, 1):
+    if line != str(number).encode():
+        sys.exit(f"{sys.argv[1]}: record {number} reads {line[:32]!r}: the records are not contiguous")
+if not str(len(lines) + 1).encode().startswith(tail.rstrip(b"\0")):
+    sys.exit(f"{sys.argv[1]}: the last record is neither whole nor a torn write: {tail[:32]!r}")
+print(len(lines))
+PY
 }
 
 kill "$(cat "$NODE_DIR/kubelet.pid")"
@@ -364,7 +382,8 @@ PY
 }
 until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
 [ ! -e "$STATE_DIR/exports/$NODE/$handle" ] || fail "the export of $handle to $NODE is still there"
-at_fence=$(image_records | wc -l)
+image_records "$WORK/records-at-fence"
+at_fence=$(complete_records "$WORK/records-at-fence") || fail "the image at the fence is torn"
 running_tasks() { "$K8S/node" ctr tasks ls | awk 'NR>1 && $3=="RUNNING" {print $1}'; }
 container=$("$K8S/node" ctr containers ls -q \
   'labels."io.kubernetes.pod.namespace"==fence,labels."io.kubernetes.container.name"==writer' | sed -n 1p)
@@ -373,12 +392,12 @@ until_ok 30 "the writer's container stopped" lacks -x "$container" running_tasks
 until_ok "$TIMEOUT" "podmon force-deleted the pod" sh -c "! '$kubectl' -n fence get pod writer"
 has -F podmon.storage/fenced "$kubectl" get node "$NODE" -o jsonpath='{.spec.taints[*].key}' ||
   fail "$NODE does not carry podmon's fenced taint"
-image_records > "$WORK/records"
-final=$(wc -l < "$WORK/records")
-last=$(tail -n 1 "$WORK/records")
-echo "   records: $stopped_at when the kubelet stopped, $at_fence at the fence, $final now (last: $last)"
+image_records "$WORK/records"
+final=$(complete_records "$WORK/records") || fail "the image after the fence is torn"
+torn=$(( $(wc -c < "$WORK/records") - $(head -n "$final" "$WORK/records" | wc -c) ))
+echo "   records: $stopped_at when the kubelet stopped, $at_fence at the fence, $final now ($torn byte(s) of a torn last write)"
 [ "$final" -eq "$at_fence" ] || fail "$((final - at_fence)) record(s) landed after the fence"
-[ "$last" -eq "$final" ] || fail "the records are not contiguous (last $last of $final)"
+cmp -s "$WORK/records-at-fence" "$WORK/records" || fail "the image changed after the fence"
 echo "   ok: zero writes after the fence"
 
 echo "== the kubelet comes back; node-podmon cleans up and lifts the taint"
