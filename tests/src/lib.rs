@@ -191,13 +191,31 @@ pub struct Cluster {
 }
 
 /// A scenario's scratch directory. Dropping it first unmounts what the scenario's kubelets and
-/// driver left mounted under it (a node that fails never unstages), so neither the directory
-/// nor a mount outlives the scenario.
+/// driver left mounted under it (a node that fails never unstages), then detaches the loop
+/// devices left on its images (an export or a staged block volume the scenario ended with), so
+/// neither the directory nor a mount nor a loop device outlives the scenario.
 struct ScratchRoot(tempfile::TempDir);
 
 impl ScratchRoot {
     fn path(&self) -> &Path {
         self.0.path()
+    }
+
+    /// The loop devices whose backing file lies under this directory.
+    fn loop_devices(&self) -> Vec<String> {
+        let Ok(devices) = std::fs::read_dir("/sys/block") else {
+            return Vec::new();
+        };
+        devices
+            .flatten()
+            .filter_map(|device| {
+                let backing =
+                    std::fs::read_to_string(device.path().join("loop/backing_file")).ok()?;
+                Path::new(backing.trim_end())
+                    .starts_with(self.path())
+                    .then(|| format!("/dev/{}", device.file_name().to_string_lossy()))
+            })
+            .collect()
     }
 }
 
@@ -207,6 +225,11 @@ impl Drop for ScratchRoot {
         for point in points {
             if let Err(error) = csi_sidecar::mounts::unmount_all(&point) {
                 eprintln!("scenario cleanup: unmounting {}: {error}", point.display());
+            }
+        }
+        for device in self.loop_devices() {
+            if let Err(error) = csi_hostpath::mounts::loop_detach(&device) {
+                eprintln!("scenario cleanup: detaching {device}: {error}");
             }
         }
     }
