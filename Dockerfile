@@ -11,15 +11,19 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 # protox compiles the protos in-process: the build needs no protoc. The cache mounts keep the
-# registry and target directory between builds.
+# registry and target directory between builds. The binaries link glibc statically into
+# position-independent executables with packed relative relocations, as `make build` does (see
+# the Makefile: about 1.7 MiB less resident per process); crt-static needs an explicit --target.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked \
+    triple="$(rustc -vV | sed -n 's/^host: //p')" \
+ && RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
+    cargo build --release --locked --target "$triple" \
       -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-node-driver-registrar -p podmon \
       -p csi-inventory -p csi-hostpath -p cosi \
  && mkdir -p /out/bin \
  && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath cosi-controller cosi-provisioner cosi-s3; do \
-      cp "target/release/$binary" /out/bin/; \
+      cp "target/$triple/release/$binary" /out/bin/; \
     done
 # csi-hostpath attaches loop devices with losetup (Debian's mount package) and formats ext4
 # volumes with mke2fs (e2fsprogs); they and their libraries beyond glibc come along into the
@@ -32,7 +36,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends e2fsprogs \
  && ldd /usr/sbin/losetup /usr/sbin/mke2fs | awk '$3 ~ /^\// && $1 !~ /^libc\.so/ {print $3}' | sort -u \
   | xargs -I{} cp -L {} "/out/lib/$multiarch/"
 
-# glibc and libgcc only, no shell; runs as 65532 (nonroot) unless a container asks for root,
+# glibc and libgcc only (for losetup and mke2fs; the suite's binaries are static), no shell;
+# runs as 65532 (nonroot) unless a container asks for root,
 # as the chart does for the node driver (privileged), the registrar and node podmon.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/lib/ /usr/lib/

@@ -43,6 +43,17 @@ fn the_image_carries_what_the_dockerfile_carries() {
     ] {
         assert!(text.contains(&format!("-p {package}")), "{package} built");
     }
+    let makefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Makefile");
+    let makefile = std::fs::read_to_string(&makefile)
+        .unwrap_or_else(|e| panic!("{}: {e}", makefile.display()));
+    let release_rustflags = makefile
+        .lines()
+        .find_map(|line| line.strip_prefix("RELEASE_RUSTFLAGS := "))
+        .expect("the Makefile's RELEASE_RUSTFLAGS");
+    assert!(
+        text.contains(&format!("RUSTFLAGS=\"{release_rustflags}\"")),
+        "the image's binaries are linked as make build links them"
+    );
     for tool in TOOLS {
         assert!(
             text.contains(&format!("cp {tool} /out/bin/")),

@@ -56,19 +56,31 @@ pub fn write_section(heading: &str, body: &str) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
-/// A release binary of the workspace, beside the running benchmark's profile directory;
-/// the error says how to build it.
+/// The environment variable naming the directory of the release binaries to measure; `make
+/// bench` sets it to where `make build` links them (`target/<host triple>/release`): a `cargo
+/// bench` of a package with binaries rebuilds them, dynamically linked, into `target/release`.
+const RELEASE_DIR_ENV: &str = "CSI_SUITE_RELEASE_DIR";
+
+/// A release binary of the workspace: in `$CSI_SUITE_RELEASE_DIR` when set, else beside the
+/// running benchmark's profile directory; the error says how to build it.
 pub fn release_binary(name: &str, package: &str) -> std::io::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let binary = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .map(|profile| profile.join(name))
+    let dir = match std::env::var_os(RELEASE_DIR_ENV) {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(std::path::Path::parent)
+            .map(std::path::Path::to_path_buf),
+    };
+    let binary = dir
+        .map(|dir| dir.join(name))
         .filter(|binary| binary.exists());
     binary.ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
-            format!("{name} is missing: run `cargo build --release -p {package}` first (make bench does)"),
+            format!(
+                "{name} (package {package}) is missing: run `make build` first (make bench does; \
+                 it links the release binaries statically, as BENCHMARKS.md measures them)"
+            ),
         )
     })
 }
