@@ -91,6 +91,7 @@ crds:
 ## with it), so cargo writes to target/$(HOST_TRIPLE)/release; the binaries are copied to
 ## target/release, where sanity and test-node look for them (bench reads the triple's directory:
 ## a cargo bench rebuilds its own package's binaries, dynamically linked, into target/release).
+## make build fails if a binary came out dynamically linked (a program interpreter in its headers).
 RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
   csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi kube-sim
 HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
@@ -99,8 +100,13 @@ build:
 	RUSTFLAGS="$(RELEASE_RUSTFLAGS)" $(CARGO) build --release --locked --target $(HOST_TRIPLE) \
 	  $(addprefix -p ,$(RELEASE_PACKAGES)) --bins
 	mkdir -p target/release
-	find target/$(HOST_TRIPLE)/release -maxdepth 1 -type f -perm -u+x \
-	  -exec cp --remove-destination -p {} target/release/ \;
+	@for binary in $$(find target/$(HOST_TRIPLE)/release -maxdepth 1 -type f -perm -u+x); do \
+	  if readelf -lW $$binary | grep -q 'program interpreter'; then \
+	    echo "make build: $$binary is dynamically linked; RELEASE_RUSTFLAGS did not apply" >&2; \
+	    exit 1; \
+	  fi; \
+	  cp --remove-destination -p $$binary target/release/; \
+	done
 
 ## image: the suite's container image (every binary; see the Dockerfile), tagged $(IMAGE).
 image:

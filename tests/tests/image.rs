@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use csi_suite_scenarios::image::{BIN_DIR, BINARIES, ImageFiles, TOOLS, USER};
 use sha2::{Digest, Sha256};
 
-fn dockerfile() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile");
+/// A file at the top of the repository.
+fn repo_file(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -25,7 +26,7 @@ fn dockerfile_binaries(text: &str) -> Vec<String> {
 
 #[test]
 fn the_image_carries_what_the_dockerfile_carries() {
-    let text = dockerfile();
+    let text = repo_file("Dockerfile");
     assert_eq!(
         dockerfile_binaries(&text),
         BINARIES,
@@ -43,9 +44,7 @@ fn the_image_carries_what_the_dockerfile_carries() {
     ] {
         assert!(text.contains(&format!("-p {package}")), "{package} built");
     }
-    let makefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Makefile");
-    let makefile = std::fs::read_to_string(&makefile)
-        .unwrap_or_else(|e| panic!("{}: {e}", makefile.display()));
+    let makefile = repo_file("Makefile");
     let release_rustflags = makefile
         .lines()
         .find_map(|line| line.strip_prefix("RELEASE_RUSTFLAGS := "))
