@@ -91,7 +91,8 @@ crds:
 ## with it), so cargo writes to target/$(HOST_TRIPLE)/release; the binaries are copied to
 ## target/release, where sanity and test-node look for them (bench reads the triple's directory:
 ## a cargo bench rebuilds its own package's binaries, dynamically linked, into target/release).
-## make build fails if a binary came out dynamically linked (a program interpreter in its headers).
+## make build fails if a binary came out dynamically linked (a program interpreter in its headers),
+## or if readelf cannot read one (a missing readelf must not pass every binary).
 RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
   csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi kube-sim
 HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
@@ -101,10 +102,11 @@ build:
 	  $(addprefix -p ,$(RELEASE_PACKAGES)) --bins
 	mkdir -p target/release
 	@for binary in $$(find target/$(HOST_TRIPLE)/release -maxdepth 1 -type f -perm -u+x); do \
-	  if readelf -lW $$binary | grep -q 'program interpreter'; then \
+	  headers=$$(readelf -lW $$binary) || { echo "make build: readelf failed on $$binary" >&2; exit 1; }; \
+	  case "$$headers" in *'program interpreter'*) \
 	    echo "make build: $$binary is dynamically linked; RELEASE_RUSTFLAGS did not apply" >&2; \
-	    exit 1; \
-	  fi; \
+	    exit 1;; \
+	  esac; \
 	  cp --remove-destination -p $$binary target/release/; \
 	done
 
