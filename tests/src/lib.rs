@@ -855,6 +855,12 @@ impl Cluster {
 
     /// Runs the snapshot-controller in this process, with upstream's defaults (fast retries).
     pub fn start_snapshot_controller(&self) -> Sidecar {
+        self.start_snapshot_controller_as(self.component_client(rbac::SNAPSHOT_CONTROLLER))
+    }
+
+    /// [`Cluster::start_snapshot_controller`] calling the API with `client` (another
+    /// identity's, say: see [`Cluster::service_account_client`]).
+    pub fn start_snapshot_controller_as(&self, client: Client) -> Sidecar {
         let settings = csi_snapshotter::common::Settings {
             prevent_volume_mode_conversion: true,
             retry_start: Duration::from_millis(200),
@@ -866,7 +872,6 @@ impl Cluster {
             ),
             metrics: Arc::new(csi_snapshotter::metrics::OperationMetrics::unregistered()),
         };
-        let client = self.component_client(rbac::SNAPSHOT_CONTROLLER);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
@@ -939,9 +944,20 @@ impl Cluster {
         csi: csi_sidecar::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
+        self.start_provisioner_as(self.component_client(rbac::PROVISIONER), csi, change)
+            .await
+    }
+
+    /// [`Cluster::start_provisioner_via`] calling the API with `client` (another identity's,
+    /// say: see [`Cluster::service_account_client`]).
+    pub async fn start_provisioner_as(
+        &self,
+        client: Client,
+        csi: csi_sidecar::conn::CsiConnection,
+        change: impl FnOnce(&mut csi_provisioner::controller::Settings),
+    ) -> Sidecar {
         let settings = provisioner_settings(&self.client, &csi, change).await;
         let shutdown = CancellationToken::new();
-        let client = self.component_client(rbac::PROVISIONER);
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = csi_provisioner::controller::run(client, csi, settings, token).await

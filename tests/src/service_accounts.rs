@@ -10,6 +10,42 @@ use kube::Client;
 use crate::Cluster;
 use crate::rbac::Rule;
 
+/// Reports the named skip of `scenario` and returns true where it cannot run: on kube-sim,
+/// which enforces no RBAC and issues no ServiceAccount tokens.
+pub fn skip_without_service_accounts(scenario: &str) -> bool {
+    let skip = !crate::real_cluster();
+    if skip {
+        crate::report_skip(
+            scenario,
+            "kube-sim enforces no RBAC and issues no ServiceAccount tokens (real cluster only)",
+        );
+    }
+    skip
+}
+
+/// Whether the server refuses `client` a patch of claim `name` (403), as it must for a
+/// scenario about upstream's RBAC, which grants claims `update` only, to test anything; a
+/// server that allows it is reported as the named skip of `scenario`.
+pub async fn claim_patch_refused(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    scenario: &str,
+) -> bool {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::{Api, Patch, PatchParams};
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let probe = Patch::Merge(serde_json::json!({"metadata": {"labels": {"probe": "1"}}}));
+    match claims.patch(name, &PatchParams::default(), &probe).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => true,
+        Ok(_) => {
+            crate::report_skip(scenario, "the server does not enforce RBAC");
+            false
+        }
+        Err(error) => panic!("patching claim {name}: {error}"),
+    }
+}
+
 impl Cluster {
     /// A client for `component` authenticated as the new ServiceAccount `account`, which may
     /// do what `rules` allow, cluster-wide (a ClusterRole and its binding, both named

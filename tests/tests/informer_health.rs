@@ -11,6 +11,7 @@ use std::time::Duration;
 use csi_attacher::flags::AttacherArgs;
 use csi_sidecar::informers::CacheSyncHealth;
 use csi_suite_scenarios::logs::CapturedLogs;
+use csi_suite_scenarios::service_accounts::skip_without_service_accounts;
 use csi_suite_scenarios::{Cluster, Options, logs, rbac, real_cluster, report_skip};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::CSINode;
@@ -127,11 +128,7 @@ async fn a_cache_that_cannot_list_is_warned_about_and_fails_healthz() {
 #[tokio::test]
 async fn an_attacher_missing_list_csinodes_says_so() {
     const SCENARIO: &str = "an_attacher_missing_list_csinodes_says_so";
-    if !real_cluster() {
-        report_skip(
-            SCENARIO,
-            "kube-sim enforces no RBAC and issues no ServiceAccount tokens (real cluster only)",
-        );
+    if skip_without_service_accounts(SCENARIO) {
         return;
     }
     let logs = logs::capture("csi_sidecar::informers=warn");

@@ -1,7 +1,9 @@
 //! Dynamic provisioning with csi-provisioner: claims of a class become volumes on the driver
 //! and bound PVs, deleted claims give their volumes back, bad classes are reported.
 
-use csi_suite_scenarios::fixtures::{bound, claim, is_running, pod, pv_nodes};
+use csi_suite_scenarios::fixtures::{bound, claim, handle_of, is_running, pod, pv_nodes};
+use csi_suite_scenarios::rbac::{self, Rule};
+use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -12,6 +14,27 @@ use serde_json::json;
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 const PROVISIONING_CLASS: &str = "csi-suite.io/provisioning-class";
+
+/// Deletes claim `name` and waits until its PV `pv_name` is gone and the driver no longer has
+/// the volume `handle`.
+async fn claim_deleted_with_its_volume(cluster: &Cluster, name: &str, pv_name: &str, handle: &str) {
+    cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .wait_gone(
+            &cluster.cluster_scoped::<PersistentVolume>(),
+            pv_name,
+            "the PV deleted with its volume",
+        )
+        .await;
+    assert!(
+        !cluster.driver_volumes().await.iter().any(|v| v == handle),
+        "no leaked volume"
+    );
+}
 
 #[tokio::test]
 async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
@@ -82,22 +105,7 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         "{reasons:?}"
     );
 
-    cluster
-        .namespaced::<PersistentVolumeClaim>()
-        .delete("data", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster
-        .wait_gone(
-            &cluster.cluster_scoped::<PersistentVolume>(),
-            &pv_name,
-            "the PV deleted with its volume",
-        )
-        .await;
-    assert!(
-        !cluster.driver_volumes().await.contains(&handle),
-        "no leaked volume"
-    );
+    claim_deleted_with_its_volume(&cluster, "data", &pv_name, &handle).await;
     provisioner.stop().await;
     cluster.stop().await;
 }
@@ -378,6 +386,85 @@ async fn dynamic_provisioning_retain_keeps_the_volume() {
         cluster.driver_volumes().await.contains(&handle),
         "and so does its volume"
     );
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A drop-in replacement runs under the upstream sidecar's RBAC: external-provisioner's
+/// `deploy/kubernetes/rbac.yaml` grants claims `update` but not `patch` (the Go provisioner
+/// reads and updates), where our chart grants `patch`. Our provisioning protection then writes
+/// its finalizer and class record by GET and update, and the claim is provisioned, released
+/// and deleted as under our chart. Real clusters only: kube-sim enforces no RBAC.
+#[tokio::test]
+async fn dynamic_provisioning_under_upstream_rbac() {
+    const SCENARIO: &str = "dynamic_provisioning_under_upstream_rbac";
+    if skip_without_service_accounts(SCENARIO) {
+        return;
+    }
+    let cluster = Cluster::start("upstream-rbac").await;
+    // external-provisioner v6.3.0's ClusterRole external-provisioner-runner and Role
+    // external-provisioner-cfg (bound cluster-wide here: the scenario's namespace is not the
+    // release's).
+    let upstream = Rule::of_role(&json!({"rules": [
+        {"apiGroups": [""], "resources": ["persistentvolumes"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"],
+            "verbs": ["get", "list", "watch", "update"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"],
+            "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"],
+            "verbs": ["list", "watch", "create", "update", "patch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"],
+            "verbs": ["get", "list", "watch", "update"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotcontents"],
+            "verbs": ["get", "list"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["csinodes"],
+            "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"],
+            "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "watch", "list", "delete", "update", "create"]},
+        {"apiGroups": ["storage.k8s.io"], "resources": ["csistoragecapacities"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["get"]},
+    ]}));
+    let account = "upstream-provisioner";
+    let client = cluster
+        .service_account_client(rbac::PROVISIONER, account, &upstream)
+        .await;
+    let class_name = cluster
+        .storage_class("fast", "Immediate", "Delete", json!({"kind": "fast"}))
+        .await;
+    cluster
+        .create::<PersistentVolumeClaim>(&cluster.namespaced(), claim("data", &class_name))
+        .await;
+    if !claim_patch_refused(&client, &cluster.namespace, "data", SCENARIO).await {
+        cluster.stop().await;
+        return;
+    }
+
+    let provisioner = cluster
+        .start_provisioner_as(client, cluster.driver.controller.csi.clone(), |_| {})
+        .await;
+    let bound_claim = cluster
+        .wait_for(
+            &cluster.namespaced::<PersistentVolumeClaim>(),
+            "data",
+            "the claim Bound and released by a provisioner that may only update claims",
+            |c| {
+                bound(c)
+                    && !c.finalizers().iter().any(|f| f == PROVISIONING_PROTECTION)
+                    && !c.annotations().contains_key(PROVISIONING_CLASS)
+            },
+        )
+        .await;
+    let pv_name = bound_claim.spec.unwrap().volume_name.unwrap();
+    let handle = handle_of(&cluster, &pv_name).await;
+    assert!(cluster.driver_volumes().await.contains(&handle));
+
+    claim_deleted_with_its_volume(&cluster, "data", &pv_name, &handle).await;
     provisioner.stop().await;
     cluster.stop().await;
 }

@@ -15,6 +15,8 @@ use csi_suite_scenarios::fixtures::{
     bound, claim, install_snapshot_crds, is_running, pod, read_records, secret, volume_of,
     write_records,
 };
+use csi_suite_scenarios::rbac::{self, Rule};
+use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
 use csi_suite_scenarios::{Cluster, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
@@ -362,6 +364,98 @@ async fn a_volume_in_use_is_snapshotted_while_its_pod_writes() {
     snapshotter.stop().await;
     controller.stop().await;
     attacher.stop().await;
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A drop-in snapshot-controller runs under upstream's RBAC: its `rbac-snapshot-controller.yaml`
+/// grants claims `update` but not `patch`, so the source claim's protection finalizer is
+/// written by GET and update; the snapshot is cut and the protection released as under our
+/// chart. Real clusters only: kube-sim enforces no RBAC.
+#[tokio::test]
+async fn a_snapshot_is_cut_under_upstream_rbac() {
+    const SCENARIO: &str = "a_snapshot_is_cut_under_upstream_rbac";
+    if skip_without_service_accounts(SCENARIO) {
+        return;
+    }
+    let cluster = Cluster::start("snapshot-upstream-rbac").await;
+    install_snapshot_crds(&cluster.client).await;
+    // snapshot-controller v8's ClusterRole snapshot-controller-runner, without the group
+    // snapshot rules (no group snapshots here).
+    let upstream = Rule::of_role(&json!({"rules": [
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"],
+            "verbs": ["get", "list", "watch", "update"]},
+        {"apiGroups": [""], "resources": ["events"],
+            "verbs": ["list", "watch", "create", "update", "patch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotclasses"],
+            "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotcontents"],
+            "verbs": ["create", "get", "list", "watch", "update", "delete", "patch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotcontents/status"],
+            "verbs": ["patch"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"],
+            "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]},
+        {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots/status"],
+            "verbs": ["update", "patch"]},
+    ]}));
+    let account = "upstream-snapshot-controller";
+    let client = cluster
+        .service_account_client(rbac::SNAPSHOT_CONTROLLER, account, &upstream)
+        .await;
+    let storage = cluster
+        .storage_class("snap", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("source", &storage)).await;
+    if !claim_patch_refused(&client, &cluster.namespace, "source", SCENARIO).await {
+        cluster.stop().await;
+        return;
+    }
+    let provisioner = cluster.start_provisioner().await;
+    let controller = cluster.start_snapshot_controller_as(client);
+    let snapshotter = cluster.start_snapshotter().await;
+    secret(&cluster, "snapshotter", "s3cret").await;
+    let snapshot_class = class(&cluster, "upstream-rbac", "Delete", false).await;
+    cluster
+        .wait_for(&claims, "source", "the source claim Bound", bound)
+        .await;
+
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "snap"},
+                "spec": {"volumeSnapshotClassName": snapshot_class,
+                    "source": {"persistentVolumeClaimName": "source"}}}),
+        )
+        .await;
+    let snap = cluster
+        .wait_for(&snapshots, "snap", "the snapshot ready", ready)
+        .await;
+    let content_name = snap
+        .status
+        .unwrap()
+        .bound_volume_snapshot_content_name
+        .unwrap();
+    let contents = cluster.cluster_scoped::<VolumeSnapshotContent>();
+    let handle = handle_of(&contents.get(&content_name).await.unwrap());
+    assert!(driver_snapshots(&cluster).await.contains(&handle));
+    cluster
+        .wait_for(&claims, "source", "the source protection released", |c| {
+            !has(c.finalizers(), PVC_AS_SOURCE_FINALIZER)
+        })
+        .await;
+    cluster
+        .delete_and_wait(&snapshots, "snap", "the snapshot deleted")
+        .await;
+    cluster
+        .wait_gone(&contents, &content_name, "its content deleted")
+        .await;
+    assert!(!driver_snapshots(&cluster).await.contains(&handle));
+
+    snapshotter.stop().await;
+    controller.stop().await;
     provisioner.stop().await;
     cluster.stop().await;
 }

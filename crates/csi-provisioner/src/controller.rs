@@ -20,10 +20,12 @@ use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
+use csi_sidecar::writes::patch_or_update;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -1282,15 +1284,22 @@ impl Provisioner {
             "resourceVersion": current.resource_version(),
             "annotations": {SELECTED_NODE: nd.node_name},
         }});
-        match api
-            .patch(
-                &current.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(updated) => {
+        let read_version = current.resource_version();
+        let edit = |fresh: &mut ObjectMeta| {
+            fresh.resource_version == read_version && {
+                fresh
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(SELECTED_NODE.to_string(), nd.node_name.clone());
+                true
+            }
+        };
+        let namespace = current.namespace();
+        let name = current.name_any();
+        let patch = Patch::Merge(&patch);
+        match patch_or_update(&api, namespace.as_deref(), &name, &patch, edit).await {
+            Ok(None) => Ok(Synced::Done),
+            Ok(Some(updated)) => {
                 backoff.forget(&uid);
                 self.unseen.claim_written(&current, Some(&updated));
                 tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
@@ -1358,10 +1367,19 @@ impl Provisioner {
             let api: Api<PersistentVolumeClaim> =
                 Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
             let patch = json!({"metadata": {"annotations": {SELECTED_NODE: null}}});
-            api.patch(
+            let edit = |fresh: &mut ObjectMeta| {
+                if let Some(annotations) = fresh.annotations.as_mut() {
+                    annotations.remove(SELECTED_NODE);
+                }
+                true
+            };
+            let namespace = claim.namespace();
+            patch_or_update(
+                &api,
+                namespace.as_deref(),
                 &claim.name_any(),
-                &PatchParams::default(),
                 &Patch::Merge(patch),
+                edit,
             )
             .await
             .map_err(|source| SyncError::Api {

@@ -5,9 +5,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+
+use crate::writes::patch_or_update;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FinalizerError {
@@ -78,23 +80,48 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let patch = guarded_patch(object.meta(), finalizers, annotations);
+    let patch = guarded_patch(object.meta(), &finalizers, annotations);
     let patch: json_patch::Patch =
         serde_json::from_value(patch).map_err(|e| FinalizerError::Patch(e.to_string()))?;
     let what = format!("{} {}", K::kind(&Default::default()), object.name_any());
-    match api
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-    {
-        Ok(updated) => Ok(Some(updated)),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+    let read = object.meta();
+    let edit = |current: &mut ObjectMeta| edit_guarded(current, read, finalizers, annotations);
+    let namespace = object.namespace();
+    let name = object.name_any();
+    let patch = Patch::Json::<()>(patch);
+    match patch_or_update(api, namespace.as_deref(), &name, &patch, edit).await {
+        Ok(updated) => Ok(updated),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(FinalizerError::Forbidden(what)),
         Err(error) => Err(FinalizerError::Failed(what, error)),
     }
+}
+
+/// The guarded patch's change made to an object read afresh, for an update: `false` (nothing
+/// changed) when its finalizers are no longer those the new list was built from.
+fn edit_guarded(
+    current: &mut ObjectMeta,
+    read: &ObjectMeta,
+    finalizers: Vec<String>,
+    annotations: &BTreeMap<&str, Option<String>>,
+) -> bool {
+    if current.finalizers.as_deref().unwrap_or_default()
+        != read.finalizers.as_deref().unwrap_or_default()
+    {
+        return false;
+    }
+    current.finalizers = Some(finalizers);
+    let current_annotations = current.annotations.get_or_insert_with(BTreeMap::new);
+    for (key, value) in annotations {
+        match value {
+            Some(value) => {
+                current_annotations.insert(key.to_string(), value.clone());
+            }
+            None => {
+                current_annotations.remove(*key);
+            }
+        }
+    }
+    true
 }
 
 /// The JSON patch: a `test` of the finalizers read (of the resourceVersion when there were
@@ -103,7 +130,7 @@ where
 /// annotation `meta` does not have is no operation.
 fn guarded_patch(
     meta: &ObjectMeta,
-    finalizers: Vec<String>,
+    finalizers: &[String],
     annotations: &BTreeMap<&str, Option<String>>,
 ) -> serde_json::Value {
     let version_test =
@@ -328,10 +355,75 @@ mod tests {
         ];
         for (what, meta, annotations, expected) in table {
             let finalizers = vec!["a".to_string(), "f".to_string()];
-            let patch = guarded_patch(&meta, finalizers, annotations);
+            let patch = guarded_patch(&meta, &finalizers, annotations);
             assert_eq!(patch, expected, "{what}");
             serde_json::from_value::<json_patch::Patch>(patch).expect("a valid JSON patch");
         }
         assert_eq!(pointer_token("a~b/c"), "a~0b~1c");
+    }
+
+    /// The update that stands in for a forbidden patch makes the same change, and refuses where
+    /// the patch's `test` would have failed.
+    #[test]
+    fn guarded_edits_for_an_update() {
+        let add_record = BTreeMap::from([("record", Some("r".to_string()))]);
+        let drop_record = BTreeMap::from([("record", None)]);
+        let table = [
+            (
+                "a finalizer and an annotation added to an object with neither",
+                meta(None, None),
+                meta(None, None),
+                add_record.clone(),
+                Some(meta(Some(&["a", "f"]), Some(&[("record", "r")]))),
+            ),
+            (
+                "annotations of others kept; ours removed",
+                meta(Some(&["a", "f"]), Some(&[("record", "r"), ("other", "o")])),
+                meta(Some(&["a", "f"]), Some(&[("record", "r"), ("other", "o")])),
+                drop_record.clone(),
+                Some(meta(Some(&["a", "f"]), Some(&[("other", "o")]))),
+            ),
+            (
+                "an empty list read as none",
+                meta(Some(&[]), None),
+                meta(None, None),
+                BTreeMap::new(),
+                Some(meta(Some(&["a", "f"]), None)),
+            ),
+            (
+                "a finalizer added by another since the read",
+                meta(Some(&["a", "other"]), None),
+                meta(Some(&["a"]), None),
+                add_record.clone(),
+                None,
+            ),
+            (
+                "a finalizer removed by another since the read",
+                meta(None, None),
+                meta(Some(&["b"]), None),
+                drop_record,
+                None,
+            ),
+        ];
+        for (what, current, read, annotations, expected) in table {
+            let finalizers = vec!["a".to_string(), "f".to_string()];
+            let mut edited = current.clone();
+            let applied = edit_guarded(&mut edited, &read, finalizers, &annotations);
+            match expected {
+                Some(expected) => {
+                    assert!(applied, "{what}");
+                    assert_eq!(edited.finalizers, expected.finalizers, "{what}");
+                    assert_eq!(
+                        edited.annotations.unwrap_or_default(),
+                        expected.annotations.unwrap_or_default(),
+                        "{what}"
+                    );
+                }
+                None => {
+                    assert!(!applied, "{what}");
+                    assert_eq!(edited, current, "{what}: nothing changed");
+                }
+            }
+        }
     }
 }

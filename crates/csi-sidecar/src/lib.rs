@@ -98,6 +98,7 @@ pub mod superseded;
 pub mod vac;
 pub mod volume_attachment;
 pub mod workers;
+pub mod writes;
 
 /// Locks `mutex` even if a holder panicked: the controllers keep plain maps and sets of keys
 /// behind their mutexes, which stay usable, and a controller must not stop over them.
