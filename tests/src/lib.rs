@@ -1008,9 +1008,10 @@ impl Cluster {
             retry_period: Duration::from_millis(250),
         };
         let config = LeaderElectionConfig {
-            lease_name: leader::sanitize_lease_name(lease),
+            lease_name: leader::sanitize_name(lease),
             namespace: self.namespace.clone(),
             identity: identity.to_string(),
+            event_source: format!("{lease}/{identity}"),
             labels: BTreeMap::new(),
             timings,
             release_on_exit: false,

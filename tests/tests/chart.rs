@@ -1075,15 +1075,22 @@ fn two_replicas_turn_leader_election_on() {
         assert!(deployment["spec"]["strategy"].is_null(), "rolling update");
         assert_eq!(
             rendering.rules("Role", "csi-suite-leader-election"),
-            [(
-                "coordination.k8s.io".to_string(),
-                "leases".to_string(),
-                vec![
-                    "get".to_string(),
-                    "create".to_string(),
-                    "update".to_string()
-                ]
-            )]
+            [
+                (
+                    "coordination.k8s.io".to_string(),
+                    "leases".to_string(),
+                    vec![
+                        "get".to_string(),
+                        "create".to_string(),
+                        "update".to_string()
+                    ]
+                ),
+                (
+                    String::new(),
+                    "events".to_string(),
+                    vec!["create".to_string(), "patch".to_string()]
+                )
+            ]
         );
         assert_eq!(
             rendering.get("Role", "csi-suite-leader-election")["metadata"]["namespace"],

@@ -1,12 +1,12 @@
 //! Two csi-provisioner replicas under leader election: only the holder of the driver-name
 //! Lease provisions; when it dies without releasing the Lease, the other takes over once the
-//! Lease expires and provisions the rest.
+//! Lease expires and provisions the rest. Both changes of leader are Events on the Lease.
 
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{bound, claim};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use serde_json::json;
 
 async fn provision_all(cluster: &Cluster, class: &str, names: &[String]) {
@@ -38,7 +38,7 @@ fn holder(lease: &Lease) -> Option<String> {
 #[tokio::test]
 async fn the_standby_replica_takes_over_when_the_leader_dies() {
     let cluster = Cluster::start("leader-failover").await;
-    let lease_name = csi_sidecar::leader::sanitize_lease_name(&cluster.driver_name);
+    let lease_name = csi_sidecar::leader::sanitize_name(&cluster.driver_name);
     let leases = cluster.namespaced::<Lease>();
     let (proxy_a, csi_a) = cluster.csi_proxy().await;
     let (proxy_b, csi_b) = cluster.csi_proxy().await;
@@ -78,5 +78,30 @@ async fn the_standby_replica_takes_over_when_the_leader_dies() {
         "one change of leader"
     );
     replica_b.stop().await;
+
+    // Each change of leader is an Event on the Lease, as the Go sidecars record it.
+    let mut transitions: Vec<String> = cluster
+        .namespaced::<Event>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.involved_object.kind.as_deref() == Some("Lease")
+                && event.involved_object.name.as_deref() == Some(lease_name.as_str())
+                && event.reason.as_deref() == Some("LeaderElection")
+        })
+        .filter_map(|event| event.message)
+        .collect();
+    transitions.sort();
+    assert_eq!(
+        transitions,
+        [
+            "replica-a became leader",
+            "replica-b became leader",
+            "replica-b stopped leading"
+        ]
+    );
     cluster.stop().await;
 }

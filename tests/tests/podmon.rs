@@ -730,8 +730,7 @@ async fn podmon_leader_failover_in_the_middle_of_a_cleanup_finishes_it() {
     let leader = cluster
         .start_podmon_replica("podmon-a", through_proxy, skip)
         .await;
-    let lease =
-        csi_sidecar::leader::sanitize_lease_name(&podmon::plan::lease_name(&cluster.driver_name));
+    let lease = csi_sidecar::leader::sanitize_name(&podmon::plan::lease_name(&cluster.driver_name));
     let leases = cluster.namespaced::<k8s_openapi::api::coordination::v1::Lease>();
     let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
         l.spec.as_ref().and_then(|s| s.holder_identity.clone())

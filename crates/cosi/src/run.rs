@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use csi_proto::cosi::v1alpha1 as proto;
 use csi_sidecar::conn::{ConnError, Endpoint};
-use csi_sidecar::leader::sanitize_lease_name;
+use csi_sidecar::leader::sanitize_name;
 use csi_sidecar::metrics::CsiOperationMetrics;
 
 use crate::controller::{self, Settings};
@@ -23,7 +23,7 @@ pub const CONTROLLER_LEASE: &str = "leader-lock-cosi-controller-manager";
 
 /// The sidecar's Lease, as upstream names it: `<driver>/cosi`, sanitized.
 pub fn sidecar_lease(driver: &str) -> String {
-    sanitize_lease_name(&format!("{driver}/cosi"))
+    sanitize_name(&format!("{driver}/cosi"))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -48,7 +48,7 @@ pub fn finalizer(driver: &str) -> String {
     // external-attacher's SanitizeDriverName is csi-lib-utils' lock-name rule.
     format!(
         "external-attacher/{}",
-        csi_sidecar::leader::sanitize_lease_name(driver)
+        csi_sidecar::leader::sanitize_name(driver)
     )
 }
 

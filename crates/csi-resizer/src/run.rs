@@ -16,7 +16,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{ConnError, Services, node_capabilities};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_lease_name};
+use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
 use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -139,7 +139,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
 /// `external-resizer-` and the driver name with every character outside `[a-zA-Z0-9-]`
 /// replaced by `-` and an `X` appended after a trailing `-` (upstream `util.SanitizeName`).
 pub fn lease_name(driver: &str) -> String {
-    format!("external-resizer-{}", sanitize_lease_name(driver))
+    format!("external-resizer-{}", sanitize_name(driver))
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_lease_name};
+use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
 use csi_sidecar::metrics::CsiOperationMetrics;
 use kube::api::{Api, ListParams};
 use prometheus_client::registry::Registry;
@@ -199,10 +199,7 @@ async fn wait_for_crds(
 
 /// `external-snapshotter-leader-` and the sanitized driver name.
 pub fn lease_name(driver: &str) -> String {
-    format!(
-        "external-snapshotter-leader-{}",
-        sanitize_lease_name(driver)
-    )
+    format!("external-snapshotter-leader-{}", sanitize_name(driver))
 }
 
 #[cfg(test)]

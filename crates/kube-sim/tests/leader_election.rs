@@ -8,6 +8,7 @@ use csi_sidecar::leader::{
     LeaderElectionConfig, LeaderElectionError, LeaderElectionTimings, LeaderStatus, run,
 };
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube_sim::ApiServer;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +24,7 @@ fn config(identity: &str, release_on_exit: bool) -> LeaderElectionConfig {
         lease_name: "external-attacher-leader-hostpath-csi-suite-io".into(),
         namespace: "default".into(),
         identity: identity.into(),
+        event_source: format!("external-attacher-leader-hostpath.csi-suite.io/{identity}"),
         labels: [("app".to_string(), "csi".to_string())].into(),
         timings: TIMINGS,
         release_on_exit,
@@ -103,6 +105,38 @@ async fn one_leader_then_failover_within_the_lease_duration() {
     assert_eq!(spec.lease_transitions, Some(1));
     b.shutdown.cancel();
     b.task.await.unwrap().unwrap();
+
+    // Each transition is an Event on the Lease, as client-go's resource lock records them.
+    let events: Api<Event> = Api::namespaced(server.client(), "default");
+    let mut seen: Vec<(String, String)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| event.involved_object.kind.as_deref() == Some("Lease"))
+        .map(|event| {
+            assert_eq!(event.reason.as_deref(), Some("LeaderElection"));
+            assert_eq!(event.type_.as_deref(), Some("Normal"));
+            assert_eq!(
+                event.involved_object.name.as_deref(),
+                Some("external-attacher-leader-hostpath-csi-suite-io")
+            );
+            let source = event.source.and_then(|s| s.component).unwrap_or_default();
+            (event.message.unwrap_or_default(), source)
+        })
+        .collect();
+    seen.sort();
+    let source = |id: &str| format!("external-attacher-leader-hostpath.csi-suite.io/{id}");
+    assert_eq!(
+        seen,
+        [
+            ("node-a became leader".to_string(), source("node-a")),
+            ("node-a stopped leading".to_string(), source("node-a")),
+            ("node-b became leader".to_string(), source("node-b")),
+            ("node-b stopped leading".to_string(), source("node-b")),
+        ]
+    );
 }
 
 #[tokio::test]

@@ -12,11 +12,17 @@ use std::time::Duration;
 use ::kube::Client;
 use ::kube::api::{Api, ObjectMeta, PostParams};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::{EventRecorder, EventType};
 use crate::feature_gates::{FeatureGate, Stage};
 use crate::go_duration::format_go_duration;
 
@@ -30,6 +36,9 @@ pub const RELEASE_ON_EXIT_GATE: FeatureGate = FeatureGate {
 
 /// client-go's `JitterFactor`: acquisition attempts wait retry_period * [1, 1.2).
 const JITTER_FACTOR: f64 = 1.2;
+
+/// Reason of the Events on the Lease (client-go's resource locks).
+pub const LEADER_ELECTION_REASON: &str = "LeaderElection";
 
 /// How long past lease expiry `/healthz/leader-election` still reports healthy
 /// (csi-lib-utils' healthz adaptor timeout).
@@ -85,6 +94,9 @@ pub struct LeaderElectionConfig {
     pub lease_name: String,
     pub namespace: String,
     pub identity: String,
+    /// `source.component` of the `LeaderElection` Events: `<lock name>/<host name>`, both
+    /// unsanitized, as csi-lib-utils names its recorder.
+    pub event_source: String,
     pub labels: BTreeMap<String, String>,
     pub timings: LeaderElectionTimings,
     /// Release the Lease when the work ends or on shutdown (`ReleaseLeaderElectionOnExit`).
@@ -102,14 +114,16 @@ impl LeaderElectionConfig {
         timings: LeaderElectionTimings,
         release_on_exit: bool,
     ) -> Self {
+        let host = hostname();
         Self {
-            lease_name: sanitize_lease_name(lock_name),
+            lease_name: sanitize_name(lock_name),
             namespace: resolve_namespace(
                 namespace_flag,
                 std::env::var("POD_NAMESPACE").ok(),
                 std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE).ok(),
             ),
-            identity: hostname(),
+            identity: sanitize_name(&host),
+            event_source: format!("{lock_name}/{host}"),
             labels,
             timings,
             release_on_exit,
@@ -117,9 +131,9 @@ impl LeaderElectionConfig {
     }
 }
 
-/// csi-lib-utils' lock-name rule: every character outside `[A-Za-z0-9-]` becomes `-`, and a
+/// csi-lib-utils' rule for the Lease name and the holder identity: every character outside `[A-Za-z0-9-]` becomes `-`, and a
 /// trailing `-` gets an `X` appended.
-pub fn sanitize_lease_name(name: &str) -> String {
+pub fn sanitize_name(name: &str) -> String {
     let mut sanitized: String = name
         .chars()
         .map(|c| {
@@ -276,11 +290,20 @@ pub fn renewal_expired(renewal_started: Instant, now: Instant, renew_deadline: D
     now >= renewal_started + renew_deadline
 }
 
-/// Shared leadership state, for `/healthz/leader-election` and logs.
+/// The label of `leader_election_master_status`: client-go's `LeaderElectionConfig.Name`,
+/// which csi-lib-utils never sets, so the Go sidecars report `name=""`.
+#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ElectionLabel {
+    name: String,
+}
+
+/// Shared leadership state, for `/healthz/leader-election`, `leader_election_master_status`
+/// and logs.
 #[derive(Debug)]
 pub struct LeaderStatus {
     lease_duration: Duration,
     state: Mutex<LeadState>,
+    master_status: Family<ElectionLabel, Gauge>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -294,7 +317,18 @@ impl LeaderStatus {
         Arc::new(Self {
             lease_duration,
             state: Mutex::new(LeadState::default()),
+            master_status: Family::default(),
         })
+    }
+
+    /// Serves `leader_election_master_status` (component-base's family) from `registry`: 1
+    /// while leading, 0 while electing, no series without leader election.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            self.master_status.clone(),
+        );
     }
 
     pub fn is_leader(&self) -> bool {
@@ -306,6 +340,9 @@ impl LeaderStatus {
             leading,
             renewed_at,
         };
+        self.master_status
+            .get_or_create(&ElectionLabel::default())
+            .set(i64::from(leading));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeadState> {
@@ -351,21 +388,22 @@ where
     W: FnOnce(CancellationToken) -> F,
     F: Future<Output = ()>,
 {
-    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let timings = config.timings;
     let mut candidate = Candidate::new(config.identity.clone(), timings.lease_duration);
     let lease = format!("{}/{}", config.namespace, config.lease_name);
     tracing::info!(%lease, identity = %config.identity, "attempting to acquire leader lease");
+    status.set(false, None);
 
-    loop {
+    let held = loop {
         let attempt = tokio::time::timeout(
             timings.renew_deadline,
             try_acquire_or_renew(&api, &config, &mut candidate),
         )
         .await;
         match attempt {
-            Ok(Ok(true)) => break,
-            Ok(Ok(false)) => {}
+            Ok(Ok(Some(held))) => break held,
+            Ok(Ok(None)) => {}
             Ok(Err(error)) => tracing::warn!(%lease, %error, "error acquiring leader lease"),
             Err(_) => tracing::warn!(%lease, "timed out acquiring leader lease"),
         }
@@ -373,9 +411,20 @@ where
             _ = shutdown.cancelled() => return Ok(()),
             _ = tokio::time::sleep(jittered(timings.retry_period)) => {}
         }
-    }
+    };
     tracing::info!(%lease, "successfully acquired lease, started leading");
     status.set(true, Some(Instant::now()));
+    // client-go's resource lock records both transitions as Events on the Lease.
+    let events = EventRecorder::new(client, config.event_source.clone(), "");
+    let transition = |what: &str| format!("{} {what}", config.identity);
+    events
+        .publish(
+            &held,
+            EventType::Normal,
+            LEADER_ELECTION_REASON,
+            &transition("became leader"),
+        )
+        .await;
 
     let work_token = shutdown.child_token();
     let work = work(work_token.clone());
@@ -395,6 +444,16 @@ where
         let _ = tokio::time::timeout(crate::shutdown::GRACE_PERIOD, &mut work).await;
     }
     status.set(false, None);
+    events
+        .publish(
+            &held,
+            EventType::Normal,
+            LEADER_ELECTION_REASON,
+            &transition("stopped leading"),
+        )
+        .await;
+    // The process usually exits next: write the Event first, bounded.
+    let _ = tokio::time::timeout(timings.renew_deadline, events.flush()).await;
     match ended {
         Ended::Lost(error) => {
             tracing::error!(%error, "leader election lost");
@@ -432,11 +491,11 @@ async fn keep_renewing(
             match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, config, candidate))
                 .await
             {
-                Ok(Ok(true)) => {
+                Ok(Ok(Some(_))) => {
                     status.set(true, Some(Instant::now()));
                     break;
                 }
-                Ok(Ok(false)) => {
+                Ok(Ok(None)) => {
                     tracing::warn!(lease = %config.lease_name, "lease was taken by another candidate")
                 }
                 Ok(Err(error)) => {
@@ -456,13 +515,13 @@ async fn keep_renewing(
     }
 }
 
-/// One client-go `tryAcquireOrRenew`: true when we hold the Lease afterwards. Conflicts
+/// One client-go `tryAcquireOrRenew`: the Lease we hold afterwards, or `None`. Conflicts
 /// (someone else wrote first) are "not acquired", not errors.
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaderElectionConfig,
     candidate: &mut Candidate,
-) -> Result<bool, ::kube::Error> {
+) -> Result<Option<ObjectReference>, ::kube::Error> {
     let existing = api.get_opt(&config.lease_name).await?;
     let plan = candidate.plan(
         existing.as_ref().and_then(|lease| lease.spec.as_ref()),
@@ -472,7 +531,7 @@ async fn try_acquire_or_renew(
     let result = match plan {
         Attempt::HeldBy(holder) => {
             tracing::debug!(lease = %config.lease_name, %holder, "lease is held by another candidate");
-            return Ok(false);
+            return Ok(None);
         }
         Attempt::Create(spec) => {
             let lease = Lease {
@@ -495,11 +554,25 @@ async fn try_acquire_or_renew(
     };
     match result {
         Ok(written) => {
+            let reference = lease_reference(&written.metadata);
             candidate.wrote(written.spec.unwrap_or_default(), Instant::now());
-            Ok(true)
+            Ok(Some(reference))
         }
-        Err(::kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(::kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(error) => Err(error),
+    }
+}
+
+/// The Lease as the involved object of an Event.
+fn lease_reference(metadata: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".to_string()),
+        kind: Some("Lease".to_string()),
+        name: metadata.name.clone(),
+        namespace: metadata.namespace.clone(),
+        uid: metadata.uid.clone(),
+        resource_version: metadata.resource_version.clone(),
+        ..ObjectReference::default()
     }
 }
 

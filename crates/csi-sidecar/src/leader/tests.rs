@@ -248,6 +248,28 @@ fn health_check_fails_only_for_a_stale_leader() {
 }
 
 #[test]
+fn master_status_follows_leadership() {
+    let status = LeaderStatus::new(LEASE);
+    let mut registry = Registry::default();
+    status.register(&mut registry);
+    let scrape = || crate::metrics::encode(&registry);
+    assert!(
+        !scrape().contains("leader_election_master_status{"),
+        "no series before electing:\n{}",
+        scrape()
+    );
+    for (leading, want) in [(false, 0), (true, 1), (false, 0)] {
+        status.set(leading, leading.then(Instant::now));
+        let line = format!("leader_election_master_status{{name=\"\"}} {want}\n");
+        assert!(
+            scrape().contains(&line),
+            "{line:?} missing from\n{}",
+            scrape()
+        );
+    }
+}
+
+#[test]
 fn lease_names_are_sanitized_like_csi_lib_utils() {
     let table = [
         ("hostpath.csi.k8s.io", "hostpath-csi-k8s-io"),
@@ -258,9 +280,10 @@ fn lease_names_are_sanitized_like_csi_lib_utils() {
         ("vendor/driver", "vendor-driver"),
         ("driver.", "driver-X"),
         ("Mixed_Case", "Mixed-Case"),
+        ("node-1.example.com", "node-1-example-com"),
     ];
     for (input, want) in table {
-        assert_eq!(sanitize_lease_name(input), want);
+        assert_eq!(sanitize_name(input), want);
     }
 }
 
