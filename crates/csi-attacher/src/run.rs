@@ -52,7 +52,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
     let client = csi_sidecar::kube::client(&sidecar.kube).await?;
 
     let mut registry = Registry::default();
-    let metrics = CsiOperationMetrics::register(&mut registry);
+    let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
     let attacher_metrics = AttacherMetrics::register(&mut registry);
     let services = Services {
         controller: true,

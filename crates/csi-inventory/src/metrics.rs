@@ -91,8 +91,7 @@ mod tests {
             },
         );
         metrics.record(&report, 1_700_000_000);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = csi_sidecar::metrics::encode(&registry);
         assert!(
             text.contains("csi_inventory_findings{kind=\"orphaned\"} 1"),
             "{text}"
@@ -106,7 +105,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("csi_inventory_last_scan_timestamp_seconds 1700000000"),
+            text.contains("csi_inventory_last_scan_timestamp_seconds 1.7e+09"),
             "{text}"
         );
         assert!(text.contains("csi_inventory_scan_errors_total 0"), "{text}");

@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{ConnError, Endpoint, connect};
 use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_sidecar::metrics::process::{ProcessCollector, ProcessFamilies};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +63,7 @@ pub async fn run(args: ProbeArgs, shutdown: CancellationToken) -> Result<(), Pro
     let endpoint = Endpoint::parse(&args.csi_address)?;
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
+    registry.register_collector(Box::new(ProcessCollector::new(ProcessFamilies::StartTime)));
     let registry = Arc::new(registry);
     let timeout = args.probe_timeout;
     let (probed, probe_metrics) = (endpoint.clone(), metrics.clone());

@@ -84,7 +84,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     .await;
 
     let mut registry = Registry::default();
-    let metrics = CsiOperationMetrics::register(&mut registry);
+    let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
     let provisioner_metrics = crate::metrics::ProvisionerMetrics::register(&mut registry);
     let capacity_metrics = args
         .enable_capacity

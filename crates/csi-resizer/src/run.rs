@@ -58,7 +58,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     let client = csi_sidecar::kube::client_with_master(&sidecar.kube, &args.master).await?;
 
     let mut registry = Registry::default();
-    let metrics = CsiOperationMetrics::register(&mut registry);
+    let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
     let services = Services {
         controller: true,
         node: false,

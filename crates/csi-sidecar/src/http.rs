@@ -18,8 +18,6 @@ use crate::flags::{HttpArgs, HttpServing};
 /// A named health check: `Ok` is healthy, `Err` says why not.
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error("cannot listen on {address:?}: {source}")]
@@ -41,7 +39,7 @@ pub fn router(
         let registry = registry.clone();
         async move {
             (
-                [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                [(header::CONTENT_TYPE, crate::metrics::text::CONTENT_TYPE)],
                 crate::metrics::encode(&registry),
             )
         }

@@ -21,7 +21,7 @@
 //! - [`shutdown`] one cancellation token for every task;
 //! - [`startup`] connect and discover, serve metrics and health, run (elected);
 //! - [`logging`] tracing from `-v` and `--logging-format`;
-//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram;
+//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram and the `process_*` families;
 //! - [`mounts`] the node's mount table;
 //! - [`names`] Kubernetes DNS-1123 name rules;
 //! - [`annotations`] the claim and PV annotations the PV controller and provisioners exchange;

@@ -4,33 +4,74 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tonic::Code;
+
+pub mod process;
+pub mod text;
+
+/// csi-lib-utils' `driver_name` label before the driver has told its name.
+pub const UNKNOWN_DRIVER: &str = "unknown-driver";
 
 /// csi-lib-utils' buckets for `csi_sidecar_operations_seconds`.
 pub const OPERATION_BUCKETS: [f64; 13] = [
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
 ];
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The CSI drivers that replace an in-tree plugin (csi-translation-lib's `inTreePlugins`).
+pub const MIGRATION_TARGETS: [&str; 7] = [
+    "pd.csi.storage.gke.io",
+    "ebs.csi.aws.com",
+    "cinder.csi.openstack.org",
+    "disk.csi.azure.com",
+    "file.csi.azure.com",
+    "csi.vsphere.vmware.com",
+    "pxd.portworx.com",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct OperationLabels {
     pub driver_name: String,
     /// The full gRPC method, e.g. `/csi.v1.Controller/CreateVolume`.
     pub method_name: String,
     /// Go's `codes.Code.String()` spelling, e.g. `OK`, `DeadlineExceeded`.
     pub grpc_status_code: String,
+    /// `migrated`, present only where upstream adds it: in the provisioner, attacher and
+    /// resizer of a migration-target driver. Always "false": we do not translate in-tree
+    /// volumes, so no call is for a migrated one.
+    pub migrated: Option<&'static str>,
+}
+
+impl EncodeLabelSet for OperationLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let mut labels = vec![
+            ("driver_name", self.driver_name.as_str()),
+            ("method_name", self.method_name.as_str()),
+            ("grpc_status_code", self.grpc_status_code.as_str()),
+        ];
+        labels.extend(self.migrated.map(|migrated| ("migrated", migrated)));
+        labels.encode(encoder)
+    }
 }
 
 type OperationFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
 
-/// `csi_sidecar_operations_seconds{driver_name,method_name,grpc_status_code}`.
+/// `csi_sidecar_operations_seconds{driver_name,method_name,grpc_status_code[,migrated]}`.
 #[derive(Clone, Debug)]
 pub struct CsiOperationMetrics {
     operations: OperationFamily,
-    driver_name: Arc<RwLock<String>>,
+    driver: Arc<RwLock<DriverLabels>>,
+    /// Whether this component labels calls of a migration-target driver with `migrated`.
+    labels_migration: bool,
+}
+
+#[derive(Debug)]
+struct DriverLabels {
+    name: String,
+    migrated: Option<&'static str>,
 }
 
 fn operation_histogram() -> Histogram {
@@ -46,35 +87,61 @@ impl CsiOperationMetrics {
             "Container Storage Interface operation duration with gRPC error code status total",
             operations.clone(),
         );
+        Self::with_family(operations, false)
+    }
+
+    /// [`register`](Self::register) for the sidecars that use csi-lib-utils' `WithMigration`
+    /// (provisioner, attacher, resizer): once the driver is known to be a migration target,
+    /// every call also carries `migrated="false"`.
+    pub fn register_with_migration(registry: &mut Registry) -> Self {
+        let metrics = Self::register(registry);
+        Self {
+            labels_migration: true,
+            ..metrics
+        }
+    }
+
+    fn with_family(operations: OperationFamily, labels_migration: bool) -> Self {
         Self {
             operations,
-            driver_name: Arc::default(),
+            driver: Arc::new(RwLock::new(DriverLabels {
+                name: UNKNOWN_DRIVER.to_string(),
+                migrated: None,
+            })),
+            labels_migration,
         }
     }
 
     /// Metrics that are recorded nowhere (for tools that do not serve metrics).
     pub fn unregistered() -> Self {
-        Self {
-            operations: Family::new_with_constructor(operation_histogram),
-            driver_name: Arc::default(),
-        }
+        Self::with_family(Family::new_with_constructor(operation_histogram), false)
     }
 
-    /// The driver name is learnt from GetPluginInfo; calls before that carry an empty label,
-    /// as upstream.
+    /// The driver name is learnt from GetPluginInfo; calls before that (and after an empty
+    /// answer) carry [`UNKNOWN_DRIVER`], as csi-lib-utils' `SetDriverName`.
     pub fn set_driver_name(&self, name: &str) {
-        *self.driver_name.write().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        let name = if name.is_empty() {
+            UNKNOWN_DRIVER
+        } else {
+            name
+        };
+        let migrated =
+            (self.labels_migration && MIGRATION_TARGETS.contains(&name)).then_some("false");
+        *self.driver.write().unwrap_or_else(|p| p.into_inner()) = DriverLabels {
+            name: name.to_string(),
+            migrated,
+        };
     }
 
     pub fn record(&self, method: &str, code: Code, elapsed: Duration) {
-        let labels = OperationLabels {
-            driver_name: self
-                .driver_name
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-            method_name: method.to_string(),
-            grpc_status_code: go_code_name(code).to_string(),
+        let labels = {
+            let driver = self.driver.read().unwrap_or_else(|p| p.into_inner());
+            OperationLabels {
+                driver_name: driver.name.clone(),
+                method_name: method.to_string(),
+                grpc_status_code: go_code_name(code).to_string(),
+                migrated: driver.migrated,
+            }
         };
         self.operations
             .get_or_create(&labels)
@@ -105,12 +172,12 @@ pub fn go_code_name(code: Code) -> &'static str {
     }
 }
 
-/// Renders a registry in the OpenMetrics text format.
+/// Renders a registry in the Prometheus text format the Go sidecars serve ([`text`]).
 pub fn encode(registry: &Registry) -> String {
-    let mut text = String::new();
+    let mut openmetrics = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    text
+    let _ = prometheus_client::encoding::text::encode(&mut openmetrics, registry);
+    text::from_openmetrics(&openmetrics)
 }
 
 #[cfg(test)]
@@ -134,14 +201,62 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_count{driver_name="",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"} 1"#
+            r#"csi_sidecar_operations_seconds_count{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"} 1"#
         ), "{text}");
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_bucket{le="25.0",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 1"#
+            r#"csi_sidecar_operations_seconds_bucket{le="25",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 1"#
         ), "{text}");
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_bucket{le="15.0",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 0"#
+            r#"csi_sidecar_operations_seconds_bucket{le="15",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 0"#
         ), "{text}");
+    }
+
+    #[test]
+    fn an_empty_driver_name_is_unknown_driver() {
+        let mut registry = Registry::default();
+        let metrics = CsiOperationMetrics::register(&mut registry);
+        metrics.set_driver_name("hostpath.csi.k8s.io");
+        metrics.set_driver_name("");
+        metrics.record("/csi.v1.Identity/Probe", Code::Ok, Duration::from_millis(1));
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn migration_targets_get_the_migrated_label_where_upstream_adds_it() {
+        let table = [
+            ("ebs.csi.aws.com", true, Some("false")),
+            ("pd.csi.storage.gke.io", true, Some("false")),
+            ("hostpath.csi.k8s.io", true, None),
+            ("ebs.csi.aws.com", false, None),
+        ];
+        for (driver, labels_migration, want) in table {
+            let mut registry = Registry::default();
+            let metrics = if labels_migration {
+                CsiOperationMetrics::register_with_migration(&mut registry)
+            } else {
+                CsiOperationMetrics::register(&mut registry)
+            };
+            metrics.record("/csi.v1.Identity/Probe", Code::Ok, Duration::from_millis(1));
+            metrics.set_driver_name(driver);
+            metrics.record("/csi.v1.Identity/Probe", Code::Ok, Duration::from_millis(1));
+            let text = encode(&registry);
+            let before = r#"_count{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"} 1"#;
+            assert!(text.contains(before), "{driver}: {text}");
+            let migrated = want
+                .map(|m| format!(r#",migrated="{m}""#))
+                .unwrap_or_default();
+            let after = format!(
+                r#"_count{{driver_name="{driver}",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"{migrated}}} 1"#
+            );
+            assert!(
+                text.contains(&after),
+                "{driver} {labels_migration}: {after} not in {text}"
+            );
+        }
     }
 
     #[test]

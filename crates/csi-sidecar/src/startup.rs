@@ -17,6 +17,7 @@ use crate::http::{HealthCheck, HttpError};
 use crate::informers::CacheSyncHealth;
 use crate::leader::{LeaderElectionError, LeaderStatus};
 use crate::metrics::CsiOperationMetrics;
+use crate::metrics::process::{ProcessCollector, ProcessFamilies};
 
 /// Connects (waiting a bounded time for the socket), exits the process when the connection is
 /// later lost, calls Probe until the driver is ready and discovers its name and capabilities.
@@ -63,13 +64,17 @@ pub async fn serve_http_with_caches(
     Ok((status, caches))
 }
 
+/// Also serves what the Go sidecars' legacy registry adds to their own metrics: the
+/// `process_*` families and `leader_election_master_status`.
 async fn serve_checks(
     sidecar: &SidecarArgs,
-    registry: Registry,
+    mut registry: Registry,
     mut checks: Vec<(String, HealthCheck)>,
     shutdown: CancellationToken,
 ) -> Result<Arc<LeaderStatus>, HttpError> {
     let status = LeaderStatus::new(sidecar.leader_election.leader_election_lease_duration);
+    status.register(&mut registry);
+    registry.register_collector(Box::new(ProcessCollector::new(ProcessFamilies::All)));
     if sidecar.leader_election.leader_election {
         let status = status.clone();
         checks.push((
