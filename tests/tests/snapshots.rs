@@ -81,6 +81,34 @@ async fn class(cluster: &Cluster, suffix: &str, policy: &str, default: bool) -> 
     name
 }
 
+/// Cuts a snapshot `name` of `claim` with `class` and waits until it is ready; returns it and
+/// the name of its content.
+async fn cut_snapshot(
+    cluster: &Cluster,
+    name: &str,
+    claim: &str,
+    class: &str,
+) -> (VolumeSnapshot, String) {
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": name},
+                "spec": {"source": {"persistentVolumeClaimName": claim},
+                         "volumeSnapshotClassName": class}}),
+        )
+        .await;
+    let snapshot = cluster
+        .wait_for(&snapshots, name, "the snapshot ready", ready)
+        .await;
+    let content = snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.bound_volume_snapshot_content_name.clone())
+        .expect("a ready snapshot names its content");
+    (snapshot, content)
+}
+
 /// Snapshot of a claim with data → ready → restored elsewhere with the data; the class's
 /// secret missing at first is reported in the snapshot's status and recovered from; with
 /// policy Delete the snapshot goes from the driver with its VolumeSnapshot, with Retain it
@@ -182,22 +210,7 @@ async fn a_snapshot_is_cut_restored_and_deleted_through_the_pipeline() {
 
     // Policy Retain: the content and the driver's snapshot stay.
     let retain_class = class(&cluster, "snap-retain", "Retain", false).await;
-    cluster
-        .create(
-            &snapshots,
-            json!({"metadata": {"name": "kept"},
-                "spec": {"source": {"persistentVolumeClaimName": "source"},
-                         "volumeSnapshotClassName": retain_class}}),
-        )
-        .await;
-    let kept = cluster
-        .wait_for(&snapshots, "kept", "the retained snapshot ready", ready)
-        .await;
-    let kept_content = kept
-        .status
-        .unwrap()
-        .bound_volume_snapshot_content_name
-        .unwrap();
+    let (_, kept_content) = cut_snapshot(&cluster, "kept", "source", &retain_class).await;
     let kept_handle = handle_of(&contents.get(&kept_content).await.unwrap());
     cluster
         .delete_and_wait(&snapshots, "kept", "the retained snapshot deleted")
@@ -314,17 +327,7 @@ async fn a_volume_in_use_is_snapshotted_while_its_pod_writes() {
         .await;
 
     let snapshots = cluster.namespaced::<VolumeSnapshot>();
-    cluster
-        .create(
-            &snapshots,
-            json!({"metadata": {"name": "busy-snap"},
-                "spec": {"source": {"persistentVolumeClaimName": "busy"},
-                         "volumeSnapshotClassName": snapshot_class}}),
-        )
-        .await;
-    cluster
-        .wait_for(&snapshots, "busy-snap", "the snapshot ready", ready)
-        .await;
+    cut_snapshot(&cluster, "busy-snap", "busy", &snapshot_class).await;
     let still = pods.get("writer").await.unwrap();
     assert!(
         is_running(&still) && still.uid() == writer.uid(),
@@ -422,22 +425,7 @@ async fn a_snapshot_is_cut_under_upstream_rbac() {
         .await;
 
     let snapshots = cluster.namespaced::<VolumeSnapshot>();
-    cluster
-        .create(
-            &snapshots,
-            json!({"metadata": {"name": "snap"},
-                "spec": {"volumeSnapshotClassName": snapshot_class,
-                    "source": {"persistentVolumeClaimName": "source"}}}),
-        )
-        .await;
-    let snap = cluster
-        .wait_for(&snapshots, "snap", "the snapshot ready", ready)
-        .await;
-    let content_name = snap
-        .status
-        .unwrap()
-        .bound_volume_snapshot_content_name
-        .unwrap();
+    let (_, content_name) = cut_snapshot(&cluster, "snap", "source", &snapshot_class).await;
     let contents = cluster.cluster_scoped::<VolumeSnapshotContent>();
     let handle = handle_of(&contents.get(&content_name).await.unwrap());
     assert!(driver_snapshots(&cluster).await.contains(&handle));
