@@ -34,7 +34,7 @@ where
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         // Boxed: the rare fallback's object and requests would otherwise be part of every
         // caller's future.
-        Err(kube::Error::Api(status)) if status.code == 403 => {
+        Err(kube::Error::Api(status)) if patch_not_authorized(&status) => {
             Box::pin(update_instead(api, namespace, name, edit)).await
         }
         Err(error) => Err(error),
@@ -74,7 +74,55 @@ where
 }
 
 /// The 409 the server would have answered, naming the object.
+/// A 403 from the authorizer, not from admission: the API server words every authorization
+/// denial `User "…" cannot patch resource "…"`, whatever the authorizer. Other 403s (a
+/// finalizer added to an object being deleted, a terminating namespace) would be refused to
+/// an update as well, so they are returned as they are, without the GET.
+fn patch_not_authorized(status: &Status) -> bool {
+    status.code == 403 && status.message.contains(" cannot patch resource ")
+}
+
 fn changed_since_read(kind: &str, name: &str) -> kube::Error {
     let message = format!("{kind} {name} changed since it was read");
     kube::Error::Api(Status::failure(&message, "Conflict").with_code(409).boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_authorization_denials_are_retried_as_updates() {
+        let table = [
+            (
+                403,
+                r#"persistentvolumeclaims "data" is forbidden: User "system:serviceaccount:csi:provisioner" cannot patch resource "persistentvolumeclaims" in API group "" in the namespace "apps""#,
+                true,
+            ),
+            (
+                403,
+                r#"volumesnapshots.snapshot.storage.k8s.io "snap" is forbidden: User "system:serviceaccount:csi:snapshot-controller" cannot patch resource "volumesnapshots" in API group "snapshot.storage.k8s.io" in the namespace "apps": RBAC: clusterrole.rbac.authorization.k8s.io "missing" not found"#,
+                true,
+            ),
+            (
+                403,
+                r#"persistentvolumeclaims "data" is forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"csi-suite.io/provisioning-protection"}"#,
+                false,
+            ),
+            (
+                403,
+                r#"persistentvolumeclaims "data" is forbidden: unable to create new content in namespace apps because it is being terminated"#,
+                false,
+            ),
+            (
+                409,
+                r#"Operation cannot be fulfilled on persistentvolumeclaims "data": User "x" cannot patch resource "y""#,
+                false,
+            ),
+        ];
+        for (code, message, want) in table {
+            let status = Status::failure(message, "Forbidden").with_code(code);
+            assert_eq!(patch_not_authorized(&status), want, "{code} {message}");
+        }
+    }
 }
