@@ -17,7 +17,7 @@ use csi_suite_scenarios::fixtures::{
 };
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
-use csi_suite_scenarios::{Cluster, skip_without_root};
+use csi_suite_scenarios::{Cluster, real_cluster, report_skip, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -441,6 +441,74 @@ async fn a_snapshot_is_cut_under_upstream_rbac() {
         .wait_gone(&contents, &content_name, "its content deleted")
         .await;
     assert!(!driver_snapshots(&cluster).await.contains(&handle));
+
+    snapshotter.stop().await;
+    controller.stop().await;
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A source claim whose protection cannot be released is reported on its snapshot
+/// (`ErrorPVCFinalizer`, as upstream), and released once the API server takes the write.
+#[tokio::test]
+async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
+    const SCENARIO: &str = "a_failed_release_of_the_source_claim_is_reported_on_its_snapshot";
+    if real_cluster() {
+        report_skip(SCENARIO, "injects API faults (kube-sim only)");
+        return;
+    }
+    let cluster = Cluster::start("snapshot-release-fails").await;
+    let sim = cluster.sim.as_ref().expect("kube-sim");
+    install_snapshot_crds(&cluster.client).await;
+    let storage = cluster
+        .storage_class("snap", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("source", &storage)).await;
+    let provisioner = cluster.start_provisioner().await;
+    let controller = cluster.start_snapshot_controller();
+    secret(&cluster, "snapshotter", "s3cret").await;
+    let snapshot_class = class(&cluster, "release-fails", "Delete", false).await;
+    cluster
+        .wait_for(&claims, "source", "the source claim Bound", bound)
+        .await;
+
+    // No csi-snapshotter yet: the snapshot stays unready and its claim protected.
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "snap"},
+                "spec": {"source": {"persistentVolumeClaimName": "source"},
+                         "volumeSnapshotClassName": snapshot_class}}),
+        )
+        .await;
+    cluster
+        .wait_for(&claims, "source", "the source claim protected", |c| {
+            has(c.finalizers(), PVC_AS_SOURCE_FINALIZER)
+        })
+        .await;
+    sim.fail_next(
+        "PATCH",
+        "persistentvolumeclaims",
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        3,
+        None,
+    );
+    let snapshotter = cluster.start_snapshotter().await;
+    cluster
+        .wait_for_event(
+            "snap",
+            "ErrorPVCFinalizer",
+            "Error check and remove PVC Finalizer for VolumeSnapshot",
+        )
+        .await;
+    cluster
+        .wait_for(&claims, "source", "the source protection released", |c| {
+            !has(c.finalizers(), PVC_AS_SOURCE_FINALIZER)
+        })
+        .await;
+    assert!(ready(&snapshots.get("snap").await.unwrap()));
 
     snapshotter.stop().await;
     controller.stop().await;

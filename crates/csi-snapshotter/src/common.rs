@@ -480,8 +480,14 @@ impl Controller {
                     .caches
                     .claims
                     .get(&ObjectRef::new(&claim).within(&snapshot.namespace().unwrap_or_default()))
+                    && let Err(error) =
+                        add_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER).await
                 {
-                    add_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER).await?;
+                    // Upstream fails the content's creation: no snapshot without its claim kept.
+                    let failure = Failure::content_creation(format!(
+                        "snapshot controller failed to update {claim} on API server: {error}"
+                    ));
+                    return Err(self.fail(snapshot, failure).await);
                 }
             }
             Step::CreateContent(content) => {
@@ -499,13 +505,9 @@ impl Controller {
                             &message,
                         )
                         .await;
-                        let failure = Failure {
-                            reason: reason::CONTENT_CREATION_FAILED,
-                            message: format!(
-                                "Failed to create snapshot content with error snapshot controller failed to update {key} on API server: {error}"
-                            ),
-                            status: Some(true),
-                        };
+                        let failure = Failure::content_creation(format!(
+                            "snapshot controller failed to update {key} on API server: {error}"
+                        ));
                         return Err(self.fail(snapshot, failure).await);
                     }
                 }
@@ -646,19 +648,30 @@ impl Controller {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(Synced::Done);
         };
-        let removable = snapshot::claim_protection_removable(
-            &claim,
-            self.caches.snapshots.state().iter().map(AsRef::as_ref),
-        );
-        if removable {
+        let snapshots = self.caches.snapshots.state();
+        let snapshots = || snapshots.iter().map(AsRef::as_ref);
+        if snapshot::claim_protection_removable(&claim, snapshots()) {
             let api: Api<PersistentVolumeClaim> =
                 Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-            set_finalizers(
+            if let Err(error) = set_finalizers(
                 &api,
                 claim.as_ref(),
                 without(claim.finalizers(), PVC_AS_SOURCE_FINALIZER),
             )
-            .await?;
+            .await
+            {
+                // Upstream's Event, on the snapshots whose syncs would have released the claim.
+                for source in snapshot::snapshots_of_claim(&claim, snapshots()) {
+                    self.event(
+                        source,
+                        EventType::Warning,
+                        reason::PVC_FINALIZER_ERROR,
+                        "Error check and remove PVC Finalizer for VolumeSnapshot",
+                    )
+                    .await;
+                }
+                return Err(error.into());
+            }
             tracing::info!(claim = %reference, "removed the snapshot source protection");
         }
         Ok(Synced::Done)

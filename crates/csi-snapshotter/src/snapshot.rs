@@ -61,6 +61,16 @@ impl Failure {
             status: Some(ready_false),
         }
     }
+
+    /// A dynamic snapshot's content could not be made: its claim not protected, its inputs
+    /// wrong, or the content refused (upstream `createSnapshotContent`'s errors).
+    pub fn content_creation(error: impl std::fmt::Display) -> Self {
+        Failure::status(
+            reason::CONTENT_CREATION_FAILED,
+            format!("Failed to create snapshot content with error {error}"),
+            true,
+        )
+    }
 }
 
 /// The next step for a VolumeSnapshot.
@@ -367,13 +377,7 @@ fn unready(
             true,
         ));
     };
-    let creation_failed = |error: String| {
-        Step::Fail(Failure::status(
-            reason::CONTENT_CREATION_FAILED,
-            format!("Failed to create snapshot content with error {error}"),
-            true,
-        ))
-    };
+    let creation_failed = |error: String| Step::Fail(Failure::content_creation(error));
     match inputs.claim {
         None => {
             return creation_failed(format!(
@@ -698,21 +702,28 @@ pub fn content_plan(
     ContentStep::Nothing
 }
 
-/// Whether a claim's `pvc-as-source-protection` can go: no snapshot in its namespace that is
-/// not ready yet takes it as source (upstream `isPVCBeingUsed`).
+/// The snapshots taking `claim` as their source. Upstream checks the claim's protection in the
+/// sync of each of them and reports a failed release on each ([`reason::PVC_FINALIZER_ERROR`]);
+/// we release it from the claim's sync, so it is reported on each of these.
+pub fn snapshots_of_claim<'a>(
+    claim: &PersistentVolumeClaim,
+    snapshots: impl IntoIterator<Item = &'a VolumeSnapshot>,
+) -> impl Iterator<Item = &'a VolumeSnapshot> {
+    let name = claim.name_any();
+    snapshots.into_iter().filter(move |s| {
+        s.metadata.namespace == claim.metadata.namespace
+            && s.spec.source.persistent_volume_claim_name.as_deref() == Some(name.as_str())
+    })
+}
+
+/// Whether a claim's `pvc-as-source-protection` can go: none of its snapshots is not ready yet
+/// (upstream `isPVCBeingUsed`).
 pub fn claim_protection_removable<'a>(
     claim: &PersistentVolumeClaim,
     snapshots: impl IntoIterator<Item = &'a VolumeSnapshot>,
 ) -> bool {
-    if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) {
-        return false;
-    }
-    let name = claim.name_any();
-    !snapshots.into_iter().any(|s| {
-        s.metadata.namespace == claim.metadata.namespace
-            && s.spec.source.persistent_volume_claim_name.as_deref() == Some(name.as_str())
-            && !is_ready(s)
-    })
+    has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER)
+        && !snapshots_of_claim(claim, snapshots).any(|s| !is_ready(s))
 }
 
 /// Whether `claim` is Pending with `snapshot` as its data source (a restore in progress).

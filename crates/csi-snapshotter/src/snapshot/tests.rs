@@ -414,6 +414,80 @@ fn the_claim_protection_goes_once_no_snapshot_is_being_cut() {
 }
 
 #[test]
+fn a_failed_claim_release_is_reported_on_each_snapshot_of_the_claim() {
+    let named = |name: &str, mut s: VolumeSnapshot| {
+        s.metadata.name = Some(name.into());
+        s
+    };
+    let mut elsewhere = dynamic(Some("default"));
+    elsewhere.metadata.namespace = Some("other".into());
+    let mut other_claim = dynamic(Some("default"));
+    other_claim.spec.source.persistent_volume_claim_name = Some("logs".into());
+    let cases = [
+        ("ready", bound(dynamic(Some("default")), "c", true), true),
+        ("cutting", dynamic(Some("default")), true),
+        ("deleted", deleting(bound(dynamic(None), "c", true)), true),
+        ("elsewhere", elsewhere, false),
+        ("other-claim", other_claim, false),
+        ("pre-provisioned", pre_provisioned(), false),
+    ];
+    let snapshots: Vec<VolumeSnapshot> = cases
+        .iter()
+        .map(|(name, s, _)| named(name, s.clone()))
+        .collect();
+    let claim = claim("Bound", &[PVC_AS_SOURCE_FINALIZER]);
+    let reported: Vec<String> = snapshots_of_claim(&claim, &snapshots)
+        .map(|s| s.name_any())
+        .collect();
+    for (name, _, expected) in &cases {
+        assert_eq!(
+            reported.contains(&name.to_string()),
+            *expected,
+            "{name}: reported {reported:?}"
+        );
+    }
+}
+
+#[test]
+fn a_claim_that_cannot_be_protected_fails_the_content_creation() {
+    let mut going = claim("Bound", &[]);
+    going.metadata.deletion_timestamp = deleting(dynamic(None)).metadata.deletion_timestamp;
+    let being_deleted = World {
+        claim: Some(going),
+        ..World::new()
+    };
+    let ready_to_cut = finalized(dynamic(Some("default")), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
+    let cases = [
+        (
+            "the claim is being deleted (planned)",
+            being_deleted.plan(&ready_to_cut),
+            "Failed to create snapshot content with error snapshot controller failed to update data on API server: cannot add finalizer on claim because it is being deleted",
+        ),
+        (
+            "the finalizer patch fails (the adapter's failure)",
+            Step::Fail(Failure::content_creation(
+                "snapshot controller failed to update data on API server: refused",
+            )),
+            "Failed to create snapshot content with error snapshot controller failed to update data on API server: refused",
+        ),
+    ];
+    for (case, step, message) in cases {
+        let Step::Fail(failure) = step else {
+            panic!("{case}: expected a failure, got {step:?}");
+        };
+        assert_eq!(
+            failure,
+            Failure {
+                reason: reason::CONTENT_CREATION_FAILED,
+                message: message.into(),
+                status: Some(true),
+            },
+            "{case}"
+        );
+    }
+}
+
+#[test]
 fn restores_are_pending_claims_with_the_snapshot_as_source() {
     let restore: PersistentVolumeClaim = serde_json::from_value(json!({"metadata": {"name": "r", "namespace": "ns"},
         "spec": {"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io", "name": "snap"}},
