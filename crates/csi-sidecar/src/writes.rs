@@ -73,7 +73,6 @@ where
     }
 }
 
-/// The 409 the server would have answered, naming the object.
 /// A 403 from the authorizer, not from admission: the API server words every authorization
 /// denial `User "…" cannot patch resource "…"`, whatever the authorizer. Other 403s (a
 /// finalizer added to an object being deleted, a terminating namespace) would be refused to
@@ -82,6 +81,7 @@ fn patch_not_authorized(status: &Status) -> bool {
     status.code == 403 && status.message.contains(" cannot patch resource ")
 }
 
+/// The 409 the server would have answered, naming the object.
 fn changed_since_read(kind: &str, name: &str) -> kube::Error {
     let message = format!("{kind} {name} changed since it was read");
     kube::Error::Api(Status::failure(&message, "Conflict").with_code(409).boxed())

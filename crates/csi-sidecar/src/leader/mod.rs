@@ -131,8 +131,8 @@ impl LeaderElectionConfig {
     }
 }
 
-/// csi-lib-utils' rule for the Lease name and the holder identity: every character outside `[A-Za-z0-9-]` becomes `-`, and a
-/// trailing `-` gets an `X` appended.
+/// csi-lib-utils' rule for the Lease name and the holder identity: every character outside
+/// `[A-Za-z0-9-]` becomes `-`, and a trailing `-` gets an `X` appended.
 pub fn sanitize_name(name: &str) -> String {
     let mut sanitized: String = name
         .chars()
@@ -452,9 +452,9 @@ where
             &transition("stopped leading"),
         )
         .await;
-    // The process usually exits next: write the Event first, bounded.
-    let _ = tokio::time::timeout(timings.renew_deadline, events.flush()).await;
     match ended {
+        // No waiting for the Event: a leader that lost its Lease stops at once, before a new
+        // leader may start (the Go sidecars exit at once and lose it as well).
         Ended::Lost(error) => {
             tracing::error!(%error, "leader election lost");
             Err(error)
@@ -463,6 +463,8 @@ where
             if config.release_on_exit {
                 release(&api, &config, &candidate).await;
             }
+            // The process usually exits next: write the Event first, bounded.
+            let _ = tokio::time::timeout(timings.renew_deadline, events.flush()).await;
             Ok(())
         }
     }
