@@ -39,6 +39,7 @@ async fn diagnostics() -> (SocketAddr, Arc<CacheSyncHealth>, CancellationToken) 
     let (_, caches) = csi_sidecar::startup::serve_http_with_caches(
         &args.sidecar,
         Registry::default(),
+        csi_sidecar::startup::GoRegistries::ManagerThenLegacy,
         Duration::from_secs(1),
         http.clone(),
     )

@@ -71,6 +71,7 @@ pub async fn provisioner(
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar_args,
         registry,
+        csi_sidecar::startup::GoRegistries::Legacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )
@@ -107,6 +108,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         Registry::default(),
+        csi_sidecar::startup::GoRegistries::Legacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

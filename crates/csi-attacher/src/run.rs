@@ -72,6 +72,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::ManagerThenLegacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

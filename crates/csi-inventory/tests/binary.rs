@@ -179,7 +179,7 @@ async fn reports_exit_codes_imports_and_serves() {
         (status == 200
             && body.contains("csi_inventory_findings{kind=\"orphaned\"} 23")
             && body.contains("csi_inventory_findings{kind=\"missing\"} 1")
-            && body.contains("csi_sidecar_operations_seconds_count{driver_name=\"bin.inventory.test\",method_name=\"/csi.v1.Controller/ListVolumes\""))
+            && body.contains("csi_sidecar_operations_seconds_count{driver_name=\"bin.inventory.test\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Controller/ListVolumes\""))
         .then_some(())
     })
     .await;

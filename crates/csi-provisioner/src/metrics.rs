@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use csi_sidecar::metrics::register_as_upstream;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -61,32 +62,38 @@ impl ProvisionerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         // prometheus-client appends `_total` to counters. ("succesfully" is upstream's spelling.)
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolumeclaim_provision",
             "Total number of persistent volumes provisioned succesfully. Broken down by storage class name and source of the claim.",
             metrics.provisioned.clone(),
         );
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolumeclaim_provision_failed",
             "Total number of persistent volume provision failed attempts. Broken down by storage class name and source of the claim.",
             metrics.provision_failed.clone(),
         );
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolumeclaim_provision_duration_seconds",
             "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name and source of the claim.",
             metrics.provision_duration.clone(),
         );
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolume_delete",
             "Total number of persistent volumes deleted succesfully. Broken down by storage class name.",
             metrics.deleted.clone(),
         );
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolume_delete_failed",
             "Total number of persistent volume delete failed attempts. Broken down by storage class name.",
             metrics.delete_failed.clone(),
         );
-        registry.register(
+        register_as_upstream(
+            registry,
             "controller_persistentvolume_delete_duration_seconds",
             "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.",
             metrics.delete_duration.clone(),
@@ -148,6 +155,9 @@ mod tests {
             "controller_persistentvolume_delete_total{class=\"fast\"} 1",
             "controller_persistentvolume_delete_failed_total{class=\"fast\"} 1",
             "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1",
+            // sig-storage-lib's texts, registered on a plain registry: no prefix, one ".".
+            "# HELP controller_persistentvolumeclaim_provision_total Total number of persistent volumes provisioned succesfully. Broken down by storage class name and source of the claim.\n",
+            "# HELP controller_persistentvolume_delete_duration_seconds Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.\n",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -106,6 +106,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::Legacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

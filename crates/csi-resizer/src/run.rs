@@ -102,6 +102,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::ManagerThenLegacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

@@ -4,7 +4,10 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
+};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -12,6 +15,34 @@ use tonic::Code;
 
 pub mod process;
 pub mod text;
+
+/// Registers `metric` under upstream's exact help text. `Registry::register` appends a "." to
+/// every help text, which upstream's texts either end with already or lack on purpose:
+/// component-base prefixes its metrics' texts with their stability level ("[ALPHA] ") and
+/// adds nothing at the end. Counters still get their `_total` samples.
+pub fn register_as_upstream(
+    registry: &mut Registry,
+    name: &'static str,
+    help: &'static str,
+    metric: impl EncodeMetric + std::fmt::Debug + Send + Sync + 'static,
+) {
+    registry.register_collector(Box::new(UpstreamHelp { name, help, metric }));
+}
+
+#[derive(Debug)]
+struct UpstreamHelp<M> {
+    name: &'static str,
+    help: &'static str,
+    metric: M,
+}
+
+impl<M: EncodeMetric + std::fmt::Debug + Send + Sync + 'static> Collector for UpstreamHelp<M> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family =
+            encoder.encode_descriptor(self.name, self.help, None, self.metric.metric_type())?;
+        self.metric.encode(family)
+    }
+}
 
 /// csi-lib-utils' `driver_name` label before the driver has told its name.
 pub const UNKNOWN_DRIVER: &str = "unknown-driver";
@@ -82,9 +113,10 @@ impl CsiOperationMetrics {
     /// Registers the histogram in `registry` (as `csi_sidecar_operations_seconds`).
     pub fn register(registry: &mut Registry) -> Self {
         let operations: OperationFamily = Family::new_with_constructor(operation_histogram);
-        registry.register(
+        register_as_upstream(
+            registry,
             "csi_sidecar_operations_seconds",
-            "Container Storage Interface operation duration with gRPC error code status total",
+            "[ALPHA] Container Storage Interface operation duration with gRPC error code status total",
             operations.clone(),
         );
         Self::with_family(operations, false)
@@ -118,7 +150,9 @@ impl CsiOperationMetrics {
     }
 
     /// The driver name is learnt from GetPluginInfo; calls before that (and after an empty
-    /// answer) carry [`UNKNOWN_DRIVER`], as csi-lib-utils' `SetDriverName`.
+    /// answer) carry [`UNKNOWN_DRIVER`], as csi-lib-utils' `SetDriverName`. A migration
+    /// target starts the family afresh: upstream then serves a second metrics manager, made
+    /// `WithMigration`, and the calls recorded before it are not served.
     pub fn set_driver_name(&self, name: &str) {
         let name = if name.is_empty() {
             UNKNOWN_DRIVER
@@ -127,7 +161,11 @@ impl CsiOperationMetrics {
         };
         let migrated =
             (self.labels_migration && MIGRATION_TARGETS.contains(&name)).then_some("false");
-        *self.driver.write().unwrap_or_else(|p| p.into_inner()) = DriverLabels {
+        let mut driver = self.driver.write().unwrap_or_else(|p| p.into_inner());
+        if migrated.is_some() && driver.migrated.is_none() {
+            self.operations.clear();
+        }
+        *driver = DriverLabels {
             name: name.to_string(),
             migrated,
         };
@@ -200,14 +238,18 @@ mod tests {
             text.contains("# TYPE csi_sidecar_operations_seconds histogram"),
             "{text}"
         );
+        assert!(
+            text.contains("# HELP csi_sidecar_operations_seconds [ALPHA] Container Storage Interface operation duration with gRPC error code status total\n"),
+            "component-base's help: {text}"
+        );
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_count{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"} 1"#
+            r#"csi_sidecar_operations_seconds_count{driver_name="unknown-driver",grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"} 1"#
         ), "{text}");
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_bucket{le="25",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 1"#
+            r#"csi_sidecar_operations_seconds_bucket{driver_name="hostpath.csi.k8s.io",grpc_status_code="DeadlineExceeded",method_name="/csi.v1.Controller/CreateVolume",le="25"} 1"#
         ), "{text}");
         assert!(text.contains(
-            r#"csi_sidecar_operations_seconds_bucket{le="15",driver_name="hostpath.csi.k8s.io",method_name="/csi.v1.Controller/CreateVolume",grpc_status_code="DeadlineExceeded"} 0"#
+            r#"csi_sidecar_operations_seconds_bucket{driver_name="hostpath.csi.k8s.io",grpc_status_code="DeadlineExceeded",method_name="/csi.v1.Controller/CreateVolume",le="15"} 0"#
         ), "{text}");
     }
 
@@ -220,20 +262,21 @@ mod tests {
         metrics.record("/csi.v1.Identity/Probe", Code::Ok, Duration::from_millis(1));
         let text = encode(&registry);
         assert!(
-            text.contains(r#"{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe""#),
+            text.contains(r#"{driver_name="unknown-driver",grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}"#),
             "{text}"
         );
     }
 
     #[test]
     fn migration_targets_get_the_migrated_label_where_upstream_adds_it() {
+        // (driver, WithMigration, migrated label, calls before the name still served)
         let table = [
-            ("ebs.csi.aws.com", true, Some("false")),
-            ("pd.csi.storage.gke.io", true, Some("false")),
-            ("hostpath.csi.k8s.io", true, None),
-            ("ebs.csi.aws.com", false, None),
+            ("ebs.csi.aws.com", true, Some("false"), false),
+            ("pd.csi.storage.gke.io", true, Some("false"), false),
+            ("hostpath.csi.k8s.io", true, None, true),
+            ("ebs.csi.aws.com", false, None, true),
         ];
-        for (driver, labels_migration, want) in table {
+        for (driver, labels_migration, want, earlier_served) in table {
             let mut registry = Registry::default();
             let metrics = if labels_migration {
                 CsiOperationMetrics::register_with_migration(&mut registry)
@@ -244,13 +287,13 @@ mod tests {
             metrics.set_driver_name(driver);
             metrics.record("/csi.v1.Identity/Probe", Code::Ok, Duration::from_millis(1));
             let text = encode(&registry);
-            let before = r#"_count{driver_name="unknown-driver",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"} 1"#;
-            assert!(text.contains(before), "{driver}: {text}");
+            let before = r#"_count{driver_name="unknown-driver",grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"} 1"#;
+            assert_eq!(text.contains(before), earlier_served, "{driver}: {text}");
             let migrated = want
                 .map(|m| format!(r#",migrated="{m}""#))
                 .unwrap_or_default();
             let after = format!(
-                r#"_count{{driver_name="{driver}",method_name="/csi.v1.Identity/Probe",grpc_status_code="OK"{migrated}}} 1"#
+                r#"_count{{driver_name="{driver}",grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"{migrated}}} 1"#
             );
             assert!(
                 text.contains(&after),

@@ -36,15 +36,41 @@ pub async fn connect_driver(
     Ok((csi, driver))
 }
 
+/// Which registries the Go binary's `/metrics` gathers besides its own metrics, and so which
+/// of their families ours serves as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoRegistries {
+    /// component-base's legacy registry (csi-provisioner): every `process_*` family and
+    /// `leader_election_master_status`.
+    Legacy,
+    /// csi-lib-utils' metrics-manager registry, then the legacy one (attacher, resizer,
+    /// csi-snapshotter): the same, with the manager's `process_start_time_seconds`.
+    ManagerThenLegacy,
+    /// The metrics-manager registry alone (snapshot-controller): `process_start_time_seconds`
+    /// only, and no leader gauge although it elects.
+    Manager,
+}
+
+impl GoRegistries {
+    fn process_families(self) -> ProcessFamilies {
+        match self {
+            Self::Legacy => ProcessFamilies::All,
+            Self::ManagerThenLegacy => ProcessFamilies::AllWithManagerStartTime,
+            Self::Manager => ProcessFamilies::StartTime,
+        }
+    }
+}
+
 /// Serves `registry` and the health checks on `--http-endpoint` (or `--metrics-address`),
 /// with `/healthz/leader-election` when electing; returns the leader status the election
 /// keeps up to date.
 pub async fn serve_http(
     sidecar: &SidecarArgs,
     registry: Registry,
+    go_registries: GoRegistries,
     shutdown: CancellationToken,
 ) -> Result<Arc<LeaderStatus>, HttpError> {
-    serve_checks(sidecar, registry, Vec::new(), shutdown).await
+    serve_checks(sidecar, registry, go_registries, Vec::new(), shutdown).await
 }
 
 /// [`serve_http`] with `/healthz/informer-sync` (as kube-controller-manager's check is named):
@@ -53,6 +79,7 @@ pub async fn serve_http(
 pub async fn serve_http_with_caches(
     sidecar: &SidecarArgs,
     registry: Registry,
+    go_registries: GoRegistries,
     grace: Duration,
     shutdown: CancellationToken,
 ) -> Result<(Arc<LeaderStatus>, Arc<CacheSyncHealth>), HttpError> {
@@ -60,21 +87,20 @@ pub async fn serve_http_with_caches(
     let check = caches.clone();
     let checks: Vec<(String, HealthCheck)> =
         vec![("informer-sync".to_string(), Arc::new(move || check.check()))];
-    let status = serve_checks(sidecar, registry, checks, shutdown).await?;
+    let status = serve_checks(sidecar, registry, go_registries, checks, shutdown).await?;
     Ok((status, caches))
 }
 
-/// Also serves what the Go sidecars' legacy registry adds to their own metrics: the
-/// `process_*` families and `leader_election_master_status`.
+/// Also serves what the Go binary's other registries add to its own metrics.
 async fn serve_checks(
     sidecar: &SidecarArgs,
     mut registry: Registry,
+    go_registries: GoRegistries,
     mut checks: Vec<(String, HealthCheck)>,
     shutdown: CancellationToken,
 ) -> Result<Arc<LeaderStatus>, HttpError> {
     let status = LeaderStatus::new(sidecar.leader_election.leader_election_lease_duration);
-    status.register(&mut registry);
-    registry.register_collector(Box::new(ProcessCollector::new(ProcessFamilies::All)));
+    add_go_families(&mut registry, go_registries, &status);
     if sidecar.leader_election.leader_election {
         let status = status.clone();
         checks.push((
@@ -84,6 +110,17 @@ async fn serve_checks(
     }
     crate::http::start(&sidecar.http, Arc::new(registry), checks, shutdown).await?;
     Ok(status)
+}
+
+/// Adds the families of the Go binary's other registries: the `process_*` families and, with
+/// the legacy registry, `leader_election_master_status`.
+fn add_go_families(registry: &mut Registry, go_registries: GoRegistries, status: &LeaderStatus) {
+    if go_registries != GoRegistries::Manager {
+        status.register(registry);
+    }
+    registry.register_collector(Box::new(ProcessCollector::new(
+        go_registries.process_families(),
+    )));
 }
 
 /// Runs `work` until `shutdown` — directly, or while holding the Lease `lock_name` (sanitized)
@@ -112,4 +149,55 @@ where
     })
     .await?;
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn each_binary_serves_the_families_of_its_go_registries() {
+        // (registries, leader gauge served, process_open_fds served, start time's help)
+        let table = [
+            (
+                GoRegistries::Legacy,
+                true,
+                true,
+                "Start time of the process",
+            ),
+            (
+                GoRegistries::ManagerThenLegacy,
+                true,
+                true,
+                "[ALPHA] Start time of the process",
+            ),
+            (
+                GoRegistries::Manager,
+                false,
+                false,
+                "[ALPHA] Start time of the process",
+            ),
+        ];
+        for (go_registries, leader_gauge, open_fds, start_time_help) in table {
+            let mut registry = Registry::default();
+            let status = LeaderStatus::new(Duration::from_secs(15));
+            add_go_families(&mut registry, go_registries, &status);
+            status.set(true, Some(Instant::now()));
+            let text = crate::metrics::encode(&registry);
+            assert_eq!(
+                text.contains("leader_election_master_status{name=\"\"} 1"),
+                leader_gauge,
+                "{go_registries:?}: {text}"
+            );
+            assert_eq!(
+                text.contains("process_open_fds "),
+                open_fds,
+                "{go_registries:?}: {text}"
+            );
+            let help = format!("# HELP process_start_time_seconds {start_time_help}");
+            assert!(text.contains(&help), "{go_registries:?}: {text}");
+        }
+    }
 }

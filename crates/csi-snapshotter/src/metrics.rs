@@ -75,14 +75,16 @@ impl OperationMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::unregistered();
         let subsystem = registry.sub_registry_with_prefix("snapshot_controller");
-        subsystem.register(
+        csi_sidecar::metrics::register_as_upstream(
+            subsystem,
             "operation_total_seconds",
-            "Total number of seconds spent by the controller on an operation",
+            "[ALPHA] Total number of seconds spent by the controller on an operation",
             metrics.seconds.clone(),
         );
-        subsystem.register(
+        csi_sidecar::metrics::register_as_upstream(
+            subsystem,
             "operations_in_flight",
-            "Total number of operations in flight",
+            "[ALPHA] Total number of operations in flight",
             metrics.in_flight.clone(),
         );
         metrics
@@ -141,12 +143,10 @@ impl OperationMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::encoding::text::encode;
 
+    /// What `/metrics` serves.
     fn text(registry: &Registry) -> String {
-        let mut out = String::new();
-        encode(&mut out, registry).unwrap();
-        out
+        csi_sidecar::metrics::encode(registry)
     }
 
     #[test]
@@ -166,12 +166,16 @@ mod tests {
             "{out}"
         );
         assert!(
+            out.contains("# HELP snapshot_controller_operations_in_flight [ALPHA] Total number of operations in flight\n"),
+            "component-base's help: {out}"
+        );
+        assert!(
             out.contains(
-                "snapshot_controller_operation_total_seconds_count{driver_name=\"d.csi\",operation_name=\"CreateSnapshot\",snapshot_type=\"dynamic\",operation_status=\"success\"} 1"
+                "snapshot_controller_operation_total_seconds_count{driver_name=\"d.csi\",operation_name=\"CreateSnapshot\",operation_status=\"success\",snapshot_type=\"dynamic\"} 1"
             ),
             "the first start counts: {out}"
         );
-        assert!(out.contains("operation_name=\"CreateSnapshotAndReady\",snapshot_type=\"dynamic\",operation_status=\"cancel\"} 1"));
+        assert!(out.contains("operation_name=\"CreateSnapshotAndReady\",operation_status=\"cancel\",snapshot_type=\"dynamic\"} 1"));
         assert!(
             !out.contains("DeleteSnapshot"),
             "never started, never recorded"
@@ -184,6 +188,6 @@ mod tests {
         let metrics = OperationMetrics::register(&mut registry);
         metrics.start(Operation::DeleteSnapshot, "u2", "", true);
         metrics.finish(Operation::DeleteSnapshot, "u2", SUCCESS);
-        assert!(text(&registry).contains("driver_name=\"unknown\",operation_name=\"DeleteSnapshot\",snapshot_type=\"pre-provisioned\""));
+        assert!(text(&registry).contains("driver_name=\"unknown\",operation_name=\"DeleteSnapshot\",operation_status=\"success\",snapshot_type=\"pre-provisioned\""));
     }
 }

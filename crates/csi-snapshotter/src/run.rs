@@ -72,6 +72,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::ManagerThenLegacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )
@@ -114,6 +115,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::Manager,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

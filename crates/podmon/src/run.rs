@@ -69,7 +69,13 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
     if args.mode == Mode::Node {
         // No informer-sync check: node-podmon of a node cut off from the API server works on
         // from its persisted inventory, and a restart by its liveness probe would not help.
-        csi_sidecar::startup::serve_http(&sidecar, registry, shutdown.clone()).await?;
+        csi_sidecar::startup::serve_http(
+            &sidecar,
+            registry,
+            csi_sidecar::startup::GoRegistries::Legacy,
+            shutdown.clone(),
+        )
+        .await?;
         let state_file = if args.state_file.is_empty() {
             args.kubelet_dir
                 .join("plugins")
@@ -117,6 +123,7 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         &sidecar,
         registry,
+        csi_sidecar::startup::GoRegistries::Legacy,
         SYNC_GRACE_PERIOD,
         shutdown.clone(),
     )

@@ -111,19 +111,22 @@ pub struct CapacityMetrics {
 impl CapacityMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
-        registry.register(
+        csi_sidecar::metrics::register_as_upstream(
+            registry,
             "csistoragecapacities_desired_goal",
-            "Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
+            "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
             metrics.goal.clone(),
         );
-        registry.register(
+        csi_sidecar::metrics::register_as_upstream(
+            registry,
             "csistoragecapacities_desired_current",
-            "Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
             metrics.current.clone(),
         );
-        registry.register(
+        csi_sidecar::metrics::register_as_upstream(
+            registry,
             "csistoragecapacities_obsolete",
-            "Number of CSIStorageCapacity objects that exist and will be deleted automatically.",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.",
             metrics.obsolete.clone(),
         );
         metrics
@@ -468,4 +471,25 @@ impl Tracker {
 
 fn gauge(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_gauges_are_served_with_component_bases_help() {
+        let mut registry = Registry::default();
+        let metrics = CapacityMetrics::register(&mut registry);
+        metrics.obsolete.set(2);
+        let text = csi_sidecar::metrics::encode(&registry);
+        for line in [
+            "# HELP csistoragecapacities_desired_goal [ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.\n",
+            "# HELP csistoragecapacities_obsolete [ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.\n",
+            "csistoragecapacities_obsolete 2\n",
+            "csistoragecapacities_desired_current 0\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
 }

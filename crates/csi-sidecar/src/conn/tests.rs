@@ -251,7 +251,7 @@ async fn slow_calls_time_out_with_deadline_exceeded() {
     let text = crate::metrics::encode(&fake.registry);
     assert!(
         text.contains(
-            r#"method_name="/csi.v1.Identity/Probe",grpc_status_code="DeadlineExceeded""#
+            r#"grpc_status_code="DeadlineExceeded",method_name="/csi.v1.Identity/Probe""#
         ),
         "{text}"
     );
@@ -287,7 +287,7 @@ async fn discovery_reads_identity_and_capabilities_and_labels_metrics() {
     );
     let text = crate::metrics::encode(&fake.registry);
     assert!(
-        text.contains(r#"csi_sidecar_operations_seconds_count{driver_name="disco.csi.test",method_name="/csi.v1.Identity/GetPluginCapabilities",grpc_status_code="OK"} 1"#),
+        text.contains(r#"csi_sidecar_operations_seconds_count{driver_name="disco.csi.test",grpc_status_code="OK",method_name="/csi.v1.Identity/GetPluginCapabilities"} 1"#),
         "{text}"
     );
 }

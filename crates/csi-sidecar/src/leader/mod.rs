@@ -324,9 +324,10 @@ impl LeaderStatus {
     /// Serves `leader_election_master_status` (component-base's family) from `registry`: 1
     /// while leading, 0 while electing, no series without leader election.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register(
+        crate::metrics::register_as_upstream(
+            registry,
             "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
             self.master_status.clone(),
         );
     }
@@ -335,7 +336,7 @@ impl LeaderStatus {
         self.lock().leading
     }
 
-    fn set(&self, leading: bool, renewed_at: Option<Instant>) {
+    pub(crate) fn set(&self, leading: bool, renewed_at: Option<Instant>) {
         *self.lock() = LeadState {
             leading,
             renewed_at,

@@ -258,6 +258,12 @@ fn master_status_follows_leadership() {
         "no series before electing:\n{}",
         scrape()
     );
+    status.set(false, None);
+    assert!(
+        scrape().contains("# HELP leader_election_master_status [ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.\n"),
+        "component-base's help:\n{}",
+        scrape()
+    );
     for (leading, want) in [(false, 0), (true, 1), (false, 0)] {
         status.set(leading, leading.then(Instant::now));
         let line = format!("leader_election_master_status{{name=\"\"}} {want}\n");

@@ -12,12 +12,19 @@ use prometheus_client::metrics::gauge::ConstGauge;
 /// procfs' `userHZ`: the kernel reports times in 1/100 s to user space on every architecture.
 const USER_HZ: f64 = 100.0;
 
-/// Which families to serve.
+/// Which families to serve, as the Go binary's registries hold them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessFamilies {
-    /// Everything client_golang's process collector exports.
+    /// client_golang's process collector in component-base's legacy registry: everything,
+    /// with client_golang's help texts (csi-provisioner, whose metrics managers leave the
+    /// start time out).
     All,
-    /// Only `process_start_time_seconds` (csi-lib-utils' metrics manager on its own).
+    /// The same, but `process_start_time_seconds` as csi-lib-utils' metrics manager registers
+    /// it ("[ALPHA] " help): its registry is gathered first, so its copy wins (attacher,
+    /// resizer, csi-snapshotter).
+    AllWithManagerStartTime,
+    /// Only the metrics manager's `process_start_time_seconds` (livenessprobe,
+    /// snapshot-controller: no legacy registry).
     StartTime,
 }
 
@@ -38,19 +45,23 @@ pub struct StatFigures {
     pub cpu_seconds: f64,
     pub virtual_memory_bytes: f64,
     pub resident_memory_bytes: f64,
-    pub start_time_seconds: f64,
+    /// Needs `btime` from `/proc/stat` as well: without it only this figure is missing, as
+    /// with procfs' `StartTime`.
+    pub start_time_seconds: Option<f64>,
 }
 
-/// Parses `/proc/<pid>/stat` given `btime` from `/proc/stat` and the page size. The command
-/// name may hold spaces and parentheses, so fields are counted from the last `)`.
-pub fn parse_stat(stat: &str, boot_time: f64, page_size: f64) -> Option<StatFigures> {
+/// Parses `/proc/<pid>/stat` given `btime` from `/proc/stat` (if it could be read) and the
+/// page size. The command name may hold spaces and parentheses, so fields are counted from
+/// the last `)`.
+pub fn parse_stat(stat: &str, boot_time: Option<f64>, page_size: f64) -> Option<StatFigures> {
     let (_, rest) = stat.rsplit_once(')')?;
     // `rest` starts at field 3 (state); field N is at index N - 3.
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
+    let started_ticks = field(22)?;
     Some(StatFigures {
         cpu_seconds: (field(14)? + field(15)?) / USER_HZ,
-        start_time_seconds: boot_time + field(22)? / USER_HZ,
+        start_time_seconds: boot_time.map(|boot_time| boot_time + started_ticks / USER_HZ),
         virtual_memory_bytes: field(23)?,
         resident_memory_bytes: field(24)? * page_size,
     })
@@ -75,21 +86,40 @@ pub fn parse_soft_limit(limits: &str, name: &str) -> Option<f64> {
 }
 
 /// `(InOctets, OutOctets)` of the `IpExt` table in `/proc/<pid>/net/netstat`: a header line
-/// of names, then a line of values.
-pub fn parse_ip_octets(netstat: &str) -> Option<(f64, f64)> {
+/// of names, then a line of values. A figure the file lacks is 0, as client_golang writes it.
+pub fn parse_ip_octets(netstat: &str) -> (f64, f64) {
     let mut tables = netstat
         .lines()
         .filter_map(|line| line.strip_prefix("IpExt:"));
-    let names: Vec<&str> = tables.next()?.split_whitespace().collect();
-    let values: Vec<&str> = tables.next()?.split_whitespace().collect();
+    let names: Vec<&str> = tables
+        .next()
+        .map(|names| names.split_whitespace().collect())
+        .unwrap_or_default();
+    let values: Vec<&str> = tables
+        .next()
+        .map(|values| values.split_whitespace().collect())
+        .unwrap_or_default();
     let value = |wanted: &str| {
-        let at = names.iter().position(|name| *name == wanted)?;
-        values.get(at)?.parse::<f64>().ok()
+        names
+            .iter()
+            .position(|name| *name == wanted)
+            .and_then(|at| values.get(at)?.parse::<f64>().ok())
+            .unwrap_or(0.0)
     };
-    Some((
-        value("InOctets").unwrap_or(0.0),
-        value("OutOctets").unwrap_or(0.0),
-    ))
+    (value("InOctets"), value("OutOctets"))
+}
+
+/// The number of open descriptors as procfs counts them: since Linux 6.2 the size of the
+/// `fd` directory is that number; on older kernels (size 0) the entries are counted, which
+/// includes the descriptor the listing itself holds open.
+fn open_fds() -> Option<f64> {
+    let size = std::fs::metadata("/proc/self/fd").ok()?.len();
+    if size > 0 {
+        return Some(size as f64);
+    }
+    std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|fds| fds.count() as f64)
 }
 
 fn read(path: &str) -> Option<String> {
@@ -97,7 +127,7 @@ fn read(path: &str) -> Option<String> {
 }
 
 fn self_stat() -> Option<StatFigures> {
-    let boot_time = parse_boot_time(&read("/proc/stat")?)?;
+    let boot_time = read("/proc/stat").and_then(|proc_stat| parse_boot_time(&proc_stat));
     parse_stat(
         &read("/proc/self/stat")?,
         boot_time,
@@ -118,10 +148,8 @@ fn samples() -> Vec<Sample> {
     let stat = self_stat();
     let limits = read("/proc/self/limits");
     let limit = |name| limits.as_deref().and_then(|l| parse_soft_limit(l, name));
-    let open_fds = std::fs::read_dir("/proc/self/fd")
-        .ok()
-        .map(|fds| fds.count() as f64);
-    let octets = read("/proc/self/net/netstat").and_then(|text| parse_ip_octets(&text));
+    let open_fds = open_fds();
+    let octets = read("/proc/self/net/netstat").map(|text| parse_ip_octets(&text));
     let candidates = [
         (
             "process_cpu_seconds",
@@ -161,9 +189,9 @@ fn samples() -> Vec<Sample> {
         ),
         (
             START_TIME,
-            "Start time of the process since unix epoch in seconds.",
+            START_TIME_HELP,
             false,
-            stat.map(|s| s.start_time_seconds),
+            stat.and_then(|s| s.start_time_seconds),
         ),
         (
             "process_network_receive_bytes",
@@ -192,14 +220,21 @@ fn samples() -> Vec<Sample> {
 }
 
 const START_TIME: &str = "process_start_time_seconds";
+const START_TIME_HELP: &str = "Start time of the process since unix epoch in seconds.";
+/// component-base's `processstarttime` help, as csi-lib-utils' metrics manager registers it.
+const MANAGER_START_TIME_HELP: &str =
+    "[ALPHA] Start time of the process since unix epoch in seconds.";
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let wanted = |sample: &Sample| match self.families {
-            ProcessFamilies::All => true,
+            ProcessFamilies::All | ProcessFamilies::AllWithManagerStartTime => true,
             ProcessFamilies::StartTime => sample.name == START_TIME,
         };
-        for sample in samples().into_iter().filter(wanted) {
+        for mut sample in samples().into_iter().filter(wanted) {
+            if sample.name == START_TIME && self.families != ProcessFamilies::All {
+                sample.help = MANAGER_START_TIME_HELP;
+            }
             if sample.counter {
                 encode_family(&mut encoder, &sample, ConstCounter::new(sample.value))?;
             } else {
@@ -228,14 +263,22 @@ mod tests {
 
     #[test]
     fn stat_fields_are_counted_from_the_last_parenthesis() {
-        let figures = parse_stat(STAT, 1_700_000_000.0, 4096.0).unwrap();
+        let figures = parse_stat(STAT, Some(1_700_000_000.0), 4096.0).unwrap();
         assert_eq!(
             figures,
             StatFigures {
                 cpu_seconds: 3.8,
                 virtual_memory_bytes: 734_003_200.0,
                 resident_memory_bytes: 5120.0 * 4096.0,
-                start_time_seconds: 1_700_000_000.0 + 1234.56,
+                start_time_seconds: Some(1_700_000_000.0 + 1234.56),
+            }
+        );
+        let without_boot_time = parse_stat(STAT, None, 4096.0).unwrap();
+        assert_eq!(
+            without_boot_time,
+            StatFigures {
+                start_time_seconds: None,
+                ..figures
             }
         );
     }
@@ -248,7 +291,7 @@ mod tests {
             "4242 (csi) S 1 2 3",
             "4242 (csi) S x y z",
         ] {
-            assert_eq!(parse_stat(stat, 0.0, 4096.0), None, "{stat:?}");
+            assert_eq!(parse_stat(stat, Some(0.0), 4096.0), None, "{stat:?}");
         }
     }
 
@@ -278,8 +321,16 @@ mod tests {
     fn ip_octets_come_from_the_ipext_table() {
         let netstat = "TcpExt: SyncookiesSent SyncookiesRecv\nTcpExt: 0 0\n\
                        IpExt: InNoRoutes InOctets OutOctets\nIpExt: 0 91234 5678\n";
-        assert_eq!(parse_ip_octets(netstat), Some((91_234.0, 5_678.0)));
-        assert_eq!(parse_ip_octets("TcpExt: A\nTcpExt: 1\n"), None);
+        assert_eq!(parse_ip_octets(netstat), (91_234.0, 5_678.0));
+        let table = [
+            "TcpExt: A\nTcpExt: 1\n",
+            "",
+            "IpExt: InNoRoutes\nIpExt: 0\n",
+            "IpExt: InOctets OutOctets\n",
+        ];
+        for netstat in table {
+            assert_eq!(parse_ip_octets(netstat), (0.0, 0.0), "{netstat:?}");
+        }
     }
 
     #[test]
@@ -312,9 +363,29 @@ mod tests {
             "this test process cannot have started at {started} (now {now})"
         );
 
+        assert!(
+            text.contains("# HELP process_start_time_seconds Start time"),
+            "{text}"
+        );
+
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(ProcessCollector::new(
+            ProcessFamilies::AllWithManagerStartTime,
+        )));
+        let text = super::super::encode(&registry);
+        assert!(text.contains("process_open_fds "), "{text}");
+        assert!(
+            text.contains("# HELP process_start_time_seconds [ALPHA] Start time"),
+            "{text}"
+        );
+
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(ProcessCollector::new(ProcessFamilies::StartTime)));
         let text = super::super::encode(&registry);
+        assert!(
+            text.contains("# HELP process_start_time_seconds [ALPHA] Start time"),
+            "{text}"
+        );
         assert!(text.contains("process_start_time_seconds "), "{text}");
         assert!(!text.contains("process_open_fds"), "{text}");
     }

@@ -22,72 +22,203 @@ pub fn go_float(value: f64) -> String {
         .split_once('e')
         .expect("`{:e}` always writes an exponent");
     let exponent: i32 = exponent.parse().expect("`{:e}` writes an integer exponent");
-    if (-4..6).contains(&exponent) || value == 0.0 {
+    if value == 0.0 {
+        // -0 as well: client_golang's writeFloat tests `f == 0`.
+        return "0".to_string();
+    }
+    if (-4..6).contains(&exponent) {
         return format!("{value}");
     }
     let sign = if exponent < 0 { '-' } else { '+' };
     format!("{mantissa}e{sign}{:02}", exponent.abs())
 }
 
-/// Rewrites one OpenMetrics exposition into the Prometheus text format.
+/// Rewrites one OpenMetrics exposition into the Prometheus text format, laid out as
+/// client_golang writes it: families sorted by name and those without samples left out;
+/// within a family, series sorted by their label values, each label set sorted by name
+/// (`le`/`quantile` last), and a histogram's buckets before its `_sum` and `_count`.
 pub fn from_openmetrics(openmetrics: &str) -> String {
+    let mut families = parse(openmetrics);
+    families.retain(|family| !family.series.is_empty());
+    families.sort_by(|a, b| a.name.cmp(&b.name));
     let mut text = String::with_capacity(openmetrics.len());
-    let lines: Vec<&str> = openmetrics.lines().collect();
-    for (index, line) in lines.iter().enumerate() {
+    for family in families {
+        if let Some(help) = &family.help {
+            text.push_str(&format!("# HELP {} {help}\n", family.name));
+        }
+        text.push_str(&format!("# TYPE {} {}\n", family.name, family.kind));
+        for series in family.series {
+            for sample in series.samples {
+                text.push_str(&sample);
+                text.push('\n');
+            }
+        }
+    }
+    text
+}
+
+/// One family as the Go text format names and types it.
+struct TextFamily {
+    name: String,
+    kind: &'static str,
+    help: Option<String>,
+    series: Vec<Series>,
+}
+
+/// The samples sharing one label set (a histogram's buckets, sum and count), written.
+struct Series {
+    labels: Vec<(String, String)>,
+    samples: Vec<String>,
+}
+
+fn parse(openmetrics: &str) -> Vec<TextFamily> {
+    let mut families: Vec<TextFamily> = Vec::new();
+    let mut help: Option<(String, String)> = None;
+    for line in openmetrics.lines() {
         if let Some(comment) = line.strip_prefix("# ") {
             let Some((keyword, rest)) = comment.split_once(' ') else {
                 continue;
             };
             let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
             match keyword {
-                "HELP" => {
-                    let counter = lines
-                        .get(index + 1)
-                        .is_some_and(|next| *next == format!("# TYPE {name} counter"));
-                    let name = family_name(name, counter);
-                    text.push_str(&format!("# HELP {name} {tail}\n"));
-                }
+                "HELP" => help = Some((name.to_string(), tail.to_string())),
                 "TYPE" => {
-                    let kind = if tail == "unknown" { "untyped" } else { tail };
-                    let name = family_name(name, kind == "counter");
-                    text.push_str(&format!("# TYPE {name} {kind}\n"));
+                    let help = help
+                        .take()
+                        .filter(|(described, _)| described == name)
+                        .map(|(_, text)| text);
+                    let (name, kind) = go_family(name, tail);
+                    families.push(TextFamily {
+                        name,
+                        kind,
+                        help,
+                        series: Vec::new(),
+                    });
                 }
                 // `# UNIT`, `# EOF`: OpenMetrics only.
                 _ => {}
             }
         } else if !line.is_empty() {
-            text.push_str(&sample(line));
-            text.push('\n');
+            let Some(family) = families.last_mut() else {
+                continue;
+            };
+            add_sample(family, line);
         }
     }
-    text
+    for family in &mut families {
+        family.series.sort_by(|a, b| {
+            let values = |series: &Series| -> Vec<String> {
+                series.labels.iter().map(|(_, v)| v.clone()).collect()
+            };
+            values(a).cmp(&values(b))
+        });
+    }
+    families
 }
 
-/// Go names a counter family after its samples, `_total` included.
-fn family_name(name: &str, counter: bool) -> String {
-    if counter && !name.ends_with("_total") {
-        format!("{name}_total")
-    } else {
-        name.to_string()
+/// Go's name and type for an OpenMetrics family: a counter is named with its `_total`
+/// suffix, an info family becomes the gauge of its `_info` samples, and what the 0.0.4
+/// format has no type for (unknown, state sets, gauge histograms) is untyped.
+fn go_family(name: &str, kind: &str) -> (String, &'static str) {
+    match kind {
+        "counter" if !name.ends_with("_total") => (format!("{name}_total"), "counter"),
+        "counter" => (name.to_string(), "counter"),
+        "gauge" => (name.to_string(), "gauge"),
+        "histogram" => (name.to_string(), "histogram"),
+        "summary" => (name.to_string(), "summary"),
+        "info" => (format!("{name}_info"), "gauge"),
+        _ => (name.to_string(), "untyped"),
     }
 }
 
-/// One sample line: the name and labels kept (`le` and `quantile` values reformatted), the
-/// value in Go's spelling, any exemplar (`# {...}`) dropped.
-fn sample(line: &str) -> String {
-    let (series, rest) = match line.find('{') {
+/// Files one sample line under its series: the name and labels kept (labels sorted, `le` and
+/// `quantile` reformatted and last), the value in Go's spelling, any exemplar (`# {...}`)
+/// dropped.
+fn add_sample(family: &mut TextFamily, line: &str) {
+    let (name, labels, rest) = match line.find('{') {
         Some(open) => match closing_brace(line, open) {
-            Some(close) => (&line[..=close], &line[close + 1..]),
-            None => return line.to_string(),
+            Some(close) => (
+                &line[..open],
+                labels(&line[open + 1..close]),
+                &line[close + 1..],
+            ),
+            None => return,
         },
-        None => line.split_at(line.find(' ').unwrap_or(line.len())),
+        None => {
+            let (name, rest) = line.split_at(line.find(' ').unwrap_or(line.len()));
+            (name, Vec::new(), rest)
+        }
     };
     let value = rest.split_whitespace().next().unwrap_or_default();
     let value = value
         .parse::<f64>()
         .map(go_float)
         .unwrap_or_else(|_| value.to_string());
-    format!("{} {value}", reformat_bounds(series))
+    let (mut bounds, mut identity): (Vec<_>, Vec<_>) = labels
+        .into_iter()
+        .partition(|(label, _)| label == "le" || label == "quantile");
+    identity.sort();
+    for (_, bound) in &mut bounds {
+        if let Ok(parsed) = bound.parse::<f64>() {
+            *bound = go_float(parsed);
+        }
+    }
+    let written: Vec<String> = identity
+        .iter()
+        .chain(&bounds)
+        .map(|(label, value)| format!("{label}=\"{value}\""))
+        .collect();
+    let sample = if written.is_empty() {
+        format!("{name} {value}")
+    } else {
+        format!("{name}{{{}}} {value}", written.join(","))
+    };
+    let series = match family.series.iter_mut().find(|s| s.labels == identity) {
+        Some(series) => series,
+        None => {
+            family.series.push(Series {
+                labels: identity,
+                samples: Vec::new(),
+            });
+            family.series.last_mut().expect("just pushed")
+        }
+    };
+    // Go writes a histogram's buckets (a summary's quantiles) first, then `_sum`, `_count`.
+    let rank = |sample: &str| {
+        let name = sample.split(['{', ' ']).next().unwrap_or_default();
+        if name.ends_with("_sum") {
+            1
+        } else if name.ends_with("_count") {
+            2
+        } else {
+            0
+        }
+    };
+    let at = series
+        .samples
+        .iter()
+        .position(|written| rank(written) > rank(&sample))
+        .unwrap_or(series.samples.len());
+    series.samples.insert(at, sample);
+}
+
+/// The `name="value"` pairs of a label set, values kept escaped as written.
+fn labels(mut rest: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    while let Some(equals) = rest.find("=\"") {
+        let name = rest[..equals].to_string();
+        let value_start = equals + 2;
+        let Some(length) = quoted_length(&rest[value_start..]) else {
+            break;
+        };
+        pairs.push((name, rest[value_start..value_start + length].to_string()));
+        rest = &rest[value_start + length + 1..];
+        match rest.strip_prefix(',') {
+            Some(next) => rest = next,
+            None => break,
+        }
+    }
+    pairs
 }
 
 /// The index of the `}` closing the label set opened at `open`, skipping quoted values.
@@ -104,38 +235,6 @@ fn closing_brace(line: &str, open: usize) -> Option<usize> {
         }
     }
     None
-}
-
-/// `le="25.0"` → `le="25"` (and `quantile`), leaving every other label as written.
-fn reformat_bounds(series: &str) -> String {
-    let Some(open) = series.find('{') else {
-        return series.to_string();
-    };
-    let mut out = series[..=open].to_string();
-    let mut rest = &series[open + 1..];
-    while let Some(equals) = rest.find("=\"") {
-        let name = &rest[..equals];
-        let value_start = equals + 2;
-        let Some(length) = quoted_length(&rest[value_start..]) else {
-            break;
-        };
-        let value = &rest[value_start..value_start + length];
-        let value = match (name, value.parse::<f64>()) {
-            ("le" | "quantile", Ok(bound)) => go_float(bound),
-            _ => value.to_string(),
-        };
-        out.push_str(&format!("{name}=\"{value}\""));
-        rest = &rest[value_start + length + 1..];
-        match rest.strip_prefix(',') {
-            Some(next) => {
-                out.push(',');
-                rest = next;
-            }
-            None => break,
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// The length of a label value up to its closing, unescaped `"`.
@@ -158,7 +257,8 @@ mod tests {
 
     #[test]
     fn floats_are_written_as_go_writes_them() {
-        let table: [(f64, &str); 14] = [
+        let table: [(f64, &str); 15] = [
+            (-0.0, "0"),
             (0.0, "0"),
             (1.0, "1"),
             (25.0, "25"),
@@ -190,6 +290,11 @@ csi_sidecar_operations_seconds_count{driver_name=\"d\",method_name=\"/csi.v1.Ide
 csi_sidecar_operations_seconds_bucket{le=\"0.1\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
 csi_sidecar_operations_seconds_bucket{le=\"25.0\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
 csi_sidecar_operations_seconds_bucket{le=\"+Inf\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
+csi_sidecar_operations_seconds_sum{driver_name=\"d\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 0.002
+csi_sidecar_operations_seconds_count{driver_name=\"d\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1
+csi_sidecar_operations_seconds_bucket{le=\"0.1\",driver_name=\"d\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1
+csi_sidecar_operations_seconds_bucket{le=\"25.0\",driver_name=\"d\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1
+csi_sidecar_operations_seconds_bucket{le=\"+Inf\",driver_name=\"d\",method_name=\"/csi.v1.Identity/GetPluginInfo\",grpc_status_code=\"OK\"} 1
 # HELP process_cpu_seconds Total user and system CPU time spent in seconds.
 # TYPE process_cpu_seconds counter
 # UNIT process_cpu_seconds seconds
@@ -202,17 +307,33 @@ process_virtual_memory_bytes 734003200.0
 requests_total{path=\"a}b \\\"le=\\\"1.0\\\"\",le=\"1.0\",x=\",le=\\\"2.0\"} 7 # {trace=\"x\"} 1.0
 # HELP odd A family of unknown type.
 # TYPE odd unknown
-odd 1.0
+odd -0.0
+# HELP build Build.
+# TYPE build info
+build_info{version=\"v1\"} 1
+# HELP never_set A family with no series yet.
+# TYPE never_set gauge
 # EOF
 ";
         let want = "\
+# HELP build_info Build.
+# TYPE build_info gauge
+build_info{version=\"v1\"} 1
 # HELP csi_sidecar_operations_seconds Container Storage Interface operation duration with gRPC error code status total.
 # TYPE csi_sidecar_operations_seconds histogram
-csi_sidecar_operations_seconds_sum{driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 0.003
-csi_sidecar_operations_seconds_count{driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
-csi_sidecar_operations_seconds_bucket{le=\"0.1\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
-csi_sidecar_operations_seconds_bucket{le=\"25\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
-csi_sidecar_operations_seconds_bucket{le=\"+Inf\",driver_name=\"d\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\",le=\"0.1\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\",le=\"25\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\",le=\"+Inf\"} 1
+csi_sidecar_operations_seconds_sum{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 0.002
+csi_sidecar_operations_seconds_count{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/GetPluginInfo\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",le=\"0.1\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",le=\"25\"} 1
+csi_sidecar_operations_seconds_bucket{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\",le=\"+Inf\"} 1
+csi_sidecar_operations_seconds_sum{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\"} 0.003
+csi_sidecar_operations_seconds_count{driver_name=\"d\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Identity/Probe\"} 1
+# HELP odd A family of unknown type.
+# TYPE odd untyped
+odd 0
 # HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
 # TYPE process_cpu_seconds_total counter
 process_cpu_seconds_total 3.8
@@ -221,10 +342,7 @@ process_cpu_seconds_total 3.8
 process_virtual_memory_bytes 7.340032e+08
 # HELP requests_total Requests.
 # TYPE requests_total counter
-requests_total{path=\"a}b \\\"le=\\\"1.0\\\"\",le=\"1\",x=\",le=\\\"2.0\"} 7
-# HELP odd A family of unknown type.
-# TYPE odd untyped
-odd 1
+requests_total{path=\"a}b \\\"le=\\\"1.0\\\"\",x=\",le=\\\"2.0\",le=\"1\"} 7
 ";
         assert_eq!(from_openmetrics(openmetrics), want);
     }
