@@ -28,7 +28,7 @@ use crate::api::{
 };
 use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
 use crate::sidecar::now;
-use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, reason};
+use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, controller_update_error, reason};
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -53,7 +53,7 @@ pub enum SyncError {
     /// A failed step (also an Event, and the snapshot's `status.error` where upstream sets it).
     #[error("{0}")]
     Failed(String),
-    #[error("snapshot controller failed to update {object} on API server: {source}")]
+    #[error("{}", controller_update_error(object, source))]
     Update { object: String, source: kube::Error },
     #[error(transparent)]
     Finalizer(#[from] FinalizerError),
@@ -484,9 +484,7 @@ impl Controller {
                         add_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER).await
                 {
                     // Upstream fails the content's creation: no snapshot without its claim kept.
-                    let failure = Failure::content_creation(format!(
-                        "snapshot controller failed to update {claim} on API server: {error}"
-                    ));
+                    let failure = Failure::content_creation(controller_update_error(&claim, error));
                     return Err(self.fail(snapshot, failure).await);
                 }
             }
@@ -505,9 +503,8 @@ impl Controller {
                             &message,
                         )
                         .await;
-                        let failure = Failure::content_creation(format!(
-                            "snapshot controller failed to update {key} on API server: {error}"
-                        ));
+                        let failure =
+                            Failure::content_creation(controller_update_error(&key, error));
                         return Err(self.fail(snapshot, failure).await);
                     }
                 }
@@ -526,7 +523,8 @@ impl Controller {
                         let failure = Failure {
                             reason: reason::STATUS_UPDATE_FAILED,
                             message: format!(
-                                "Snapshot status update failed, snapshot controller failed to update {key} on API server: {error}"
+                                "Snapshot status update failed, {}",
+                                controller_update_error(&key, error)
                             ),
                             status: Some(false),
                         };

@@ -62,7 +62,7 @@ pub enum SyncError {
     /// A failed snapshot operation (also the content's `status.error` and Event).
     #[error("{0}")]
     Snapshot(String),
-    #[error("snapshot controller failed to update {content} on API server: {source}")]
+    #[error("{}", crate::snapshot::controller_update_error(content, source))]
     Update {
         content: String,
         source: kube::Error,

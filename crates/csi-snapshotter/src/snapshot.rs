@@ -73,6 +73,15 @@ impl Failure {
     }
 }
 
+/// Upstream's `newControllerUpdateError`: how a refused write of `object` reads in Events,
+/// `status.error` and logs.
+pub fn controller_update_error(
+    object: impl std::fmt::Display,
+    cause: impl std::fmt::Display,
+) -> String {
+    format!("snapshot controller failed to update {object} on API server: {cause}")
+}
+
 /// The next step for a VolumeSnapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -380,15 +389,16 @@ fn unready(
     let creation_failed = |error: String| Step::Fail(Failure::content_creation(error));
     match inputs.claim {
         None => {
-            return creation_failed(format!(
-                "snapshot controller failed to update {} on API server: cannot get claim from snapshot",
-                snapshot.name_any()
+            return creation_failed(controller_update_error(
+                snapshot.name_any(),
+                "cannot get claim from snapshot",
             ));
         }
         Some(claim) if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) => {
             if claim.metadata.deletion_timestamp.is_some() {
-                return creation_failed(format!(
-                    "snapshot controller failed to update {claim_name} on API server: cannot add finalizer on claim because it is being deleted"
+                return creation_failed(controller_update_error(
+                    claim_name,
+                    "cannot add finalizer on claim because it is being deleted",
                 ));
             }
             return Step::ProtectClaim(claim_name.clone());
