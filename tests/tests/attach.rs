@@ -461,6 +461,51 @@ async fn attach_reconcile_publishes_again_what_the_driver_lost() {
     cluster.stop().await;
 }
 
+/// Upstream reconciles with ListVolumes as soon as its caches are synced, then every
+/// `--reconcile-sync`: an attacher restarted while the driver lost an attachment publishes it
+/// again at once, not a period (1 minute by default) later.
+#[tokio::test]
+async fn attach_a_restarted_attacher_reconciles_at_once() {
+    let cluster = Cluster::start_with("attach-reconcile-start", options("a-restart.io")).await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let hour = |settings: &mut csi_attacher::controller::Settings| {
+        settings.reconcile_sync = Duration::from_secs(3600);
+    };
+    let attacher = cluster.start_attacher_via(csi.clone(), hour).await;
+    let (pv_name, handle) = static_volume(&cluster, "vol").await;
+    let va_name = format!("{}-lost", cluster.namespace);
+    create_attachment(&cluster, &va_name, &cluster.node("node-a"), &pv_name).await;
+    wait_attached(&cluster, &va_name).await;
+    attacher.stop().await;
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
+
+    let id = node_id(&cluster, &cluster.node("node-a")).await;
+    cluster
+        .driver
+        .controller
+        .csi
+        .controller_unpublish_volume(
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: handle.clone(),
+                node_id: id.clone(),
+                secrets: Default::default(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("an out-of-band unpublish");
+    let attacher = cluster.start_attacher_via(csi, hour).await;
+    cluster
+        .eventually_async("the first reconcile published the volume again", || async {
+            published_nodes(&cluster, &handle).await == [id.clone()]
+        })
+        .await;
+    assert_eq!(proxy.forwarded("ControllerPublishVolume"), 2);
+    detach(&cluster, &va_name).await;
+    attacher.stop().await;
+    cluster.stop().await;
+}
+
 /// Conflicts on every kind of write the attacher makes, and a driver that is briefly
 /// unavailable: retried until attached and detached, with exactly one publish and one
 /// unpublish reaching the driver.

@@ -639,15 +639,13 @@ impl Attacher {
         Ok(Synced::Done)
     }
 
-    /// Every `--reconcile-sync`: compares each VolumeAttachment's `status.attached` with the
-    /// driver's published nodes and forces a sync of those out of step. The reconcile itself
-    /// writes nothing, so it never races the workers.
+    /// Once the caches are synced and then every `--reconcile-sync` (as upstream's
+    /// `wait.UntilWithContext`, so a restarted attacher catches a volume the driver lost at
+    /// once): compares each VolumeAttachment's `status.attached` with the driver's published
+    /// nodes and forces a sync of those out of step. The reconcile itself writes nothing, so
+    /// it never races the workers.
     async fn reconcile_loop(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.settings.reconcile_sync) => {}
-            }
             match self.reconcile().await {
                 Ok(0) => {}
                 Ok(count) => {
@@ -657,6 +655,10 @@ impl Attacher {
                     );
                 }
                 Err(error) => tracing::warn!(%error, "reconcile with ListVolumes failed"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.settings.reconcile_sync) => {}
             }
         }
     }
