@@ -108,13 +108,29 @@ async fn one_leader_then_failover_within_the_lease_duration() {
 
     // Each transition is an Event on the Lease, as client-go's resource lock records them.
     let events: Api<Event> = Api::namespaced(server.client(), "default");
-    let mut seen: Vec<(String, String)> = events
+    let lease_events: Vec<Event> = events
         .list(&Default::default())
         .await
         .unwrap()
         .items
         .into_iter()
         .filter(|event| event.involved_object.kind.as_deref() == Some("Lease"))
+        .collect();
+    // node-a renewed for two lease durations: its last Event names the Lease as last renewed.
+    let version_at = |message: &str| -> u64 {
+        lease_events
+            .iter()
+            .find(|event| event.message.as_deref() == Some(message))
+            .and_then(|event| event.involved_object.resource_version.as_deref())
+            .and_then(|version| version.parse().ok())
+            .unwrap_or_else(|| panic!("no Event {message:?} with a resourceVersion"))
+    };
+    assert!(
+        version_at("node-a stopped leading") > version_at("node-a became leader"),
+        "the Lease as renewed, not as acquired"
+    );
+    let mut seen: Vec<(String, String)> = lease_events
+        .into_iter()
         .map(|event| {
             assert_eq!(event.reason.as_deref(), Some("LeaderElection"));
             assert_eq!(event.type_.as_deref(), Some("Normal"));

@@ -396,7 +396,7 @@ where
     tracing::info!(%lease, identity = %config.identity, "attempting to acquire leader lease");
     status.set(false, None);
 
-    let held = loop {
+    let mut held = loop {
         let attempt = tokio::time::timeout(
             timings.renew_deadline,
             try_acquire_or_renew(&api, &config, &mut candidate),
@@ -431,7 +431,7 @@ where
     let work = work(work_token.clone());
     tokio::pin!(work);
     let ended = {
-        let renewing = keep_renewing(&api, &config, &mut candidate, &status);
+        let renewing = keep_renewing(&api, &config, &mut candidate, &status, &mut held);
         tokio::pin!(renewing);
         tokio::select! {
             () = &mut work => Ended::WorkDone,
@@ -478,12 +478,15 @@ enum Ended {
 }
 
 /// The leader's renew loop: every retry period, renew; a renewal that has not succeeded within
-/// the renew deadline (retrying every retry period) means leadership is lost.
+/// the renew deadline (retrying every retry period) means leadership is lost. `held` follows
+/// each renewal, so the "stopped leading" Event names the Lease as last written (as client-go's
+/// lock keeps the object it last read or wrote).
 async fn keep_renewing(
     api: &Api<Lease>,
     config: &LeaderElectionConfig,
     candidate: &mut Candidate,
     status: &LeaderStatus,
+    held: &mut ObjectReference,
 ) -> LeaderElectionError {
     let timings = config.timings;
     loop {
@@ -494,7 +497,8 @@ async fn keep_renewing(
             match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, config, candidate))
                 .await
             {
-                Ok(Ok(Some(_))) => {
+                Ok(Ok(Some(renewed))) => {
+                    *held = renewed;
                     status.set(true, Some(Instant::now()));
                     break;
                 }
