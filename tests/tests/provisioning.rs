@@ -4,7 +4,7 @@
 use csi_suite_scenarios::fixtures::{bound, claim, handle_of, is_running, pod, pv_nodes};
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
-use csi_suite_scenarios::{Cluster, skip_without_root};
+use csi_suite_scenarios::{Cluster, report_skip, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -99,10 +99,24 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         .list(&ListParams::default())
         .await
         .unwrap();
-    let reasons: Vec<String> = events.items.into_iter().filter_map(|e| e.reason).collect();
+    let succeeded = events
+        .items
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+        .unwrap_or_else(|| panic!("no ProvisioningSucceeded in {:?}", events.items));
+    // sig-storage-lib's recorder: `<provisioner>_<host>_<uuid>`.
+    let source = succeeded
+        .source
+        .as_ref()
+        .and_then(|s| s.component.as_deref())
+        .unwrap_or_default();
+    let host = csi_sidecar::leader::hostname();
+    let instance = source
+        .strip_prefix(&format!("{}_{host}_", cluster.driver_name))
+        .unwrap_or_else(|| panic!("Event source {source:?}"));
     assert!(
-        reasons.contains(&"ProvisioningSucceeded".to_string()),
-        "{reasons:?}"
+        uuid::Uuid::parse_str(instance).is_ok(),
+        "Event source {source:?}"
     );
 
     claim_deleted_with_its_volume(&cluster, "data", &pv_name, &handle).await;
@@ -216,6 +230,57 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
             bound,
         )
         .await;
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A data source of another kind is left to its populator: one Normal `Provisioning` Event
+/// from csi-provisioner's own recorder ("external-provisioner"), no CreateVolume.
+#[tokio::test]
+async fn dynamic_provisioning_leaves_other_data_sources_to_their_populator() {
+    let cluster = Cluster::start("provision-populator").await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = cluster
+        .storage_class("populated", "Immediate", "Delete", json!({}))
+        .await;
+    let mut populated = claim("data", &class_name);
+    populated["spec"]["dataSource"] =
+        json!({"apiGroup": "populators.example.com", "kind": "SamplePopulator", "name": "src"});
+    let created: PersistentVolumeClaim = cluster
+        .create(&cluster.namespaced::<PersistentVolumeClaim>(), populated)
+        .await;
+    if created.spec.and_then(|s| s.data_source).is_none() {
+        // Before v1.24 (AnyVolumeDataSource), the API server drops such a data source.
+        report_skip(
+            "dynamic_provisioning_leaves_other_data_sources_to_their_populator",
+            "the API server drops data sources of other kinds (AnyVolumeDataSource off)",
+        );
+        provisioner.stop().await;
+        cluster.stop().await;
+        return;
+    }
+    cluster
+        .wait_for_event(
+            "data",
+            "Provisioning",
+            "Assuming an external populator will provision the volume",
+        )
+        .await;
+    let events = cluster
+        .namespaced::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let sources: Vec<&str> = events
+        .items
+        .iter()
+        .filter(|e| {
+            e.message.as_deref() == Some("Assuming an external populator will provision the volume")
+        })
+        .filter_map(|e| e.source.as_ref()?.component.as_deref())
+        .collect();
+    assert_eq!(sources, ["external-provisioner"]);
+    assert!(cluster.driver_volumes().await.is_empty(), "no CreateVolume");
     provisioner.stop().await;
     cluster.stop().await;
 }

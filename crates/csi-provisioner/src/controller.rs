@@ -166,7 +166,10 @@ struct Provisioner {
     settings: Settings,
     identity: String,
     caches: Caches,
+    /// sig-storage-lib's recorder: every Event but one comes from the library.
     events: EventRecorder,
+    /// csi-provisioner's own recorder ("external-provisioner"): the external-populator note.
+    csi_events: EventRecorder,
     /// Topology inputs pinned per claim UID, so retries send the same request.
     pinned: Mutex<HashMap<String, PinnedTopology>>,
     workers: Arc<KeyedWorkers<Key>>,
@@ -324,7 +327,16 @@ pub async fn run(
         identity = format!("{identity}-{}", nd.node_name);
     }
     let provisioner = Arc::new(Provisioner {
-        events: EventRecorder::new(client.clone(), "external-provisioner", ""),
+        events: EventRecorder::new(
+            client.clone(),
+            library_event_component(
+                &settings.driver.name,
+                &csi_sidecar::leader::hostname(),
+                uuid::Uuid::new_v4(),
+            ),
+            "",
+        ),
+        csi_events: EventRecorder::new(client.clone(), "external-provisioner", ""),
         workers,
         client,
         csi,
@@ -382,6 +394,12 @@ fn random_fraction(uid: &str) -> f64 {
 }
 
 /// A few random digits, as upstream's identity carries (`rand.Intn(10000)`).
+/// The source component of sig-storage-lib's Events: `<provisioner>_<host>_<uuid>`, the UUID
+/// keeping two processes on one host apart.
+pub fn library_event_component(driver: &str, host: &str, instance: uuid::Uuid) -> String {
+    format!("{driver}_{host}_{instance}")
+}
+
 fn rand_suffix() -> u32 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -805,10 +823,15 @@ impl Provisioner {
         match provision::plan(inputs, &self.policy(), self) {
             Ok(Decision::Provision(plan)) => Ok(Some(plan)),
             Ok(Decision::Populator { kind }) => {
-                let message = format!(
-                    "Assuming an external populator will provision the volume ({kind} data source)"
-                );
-                self.note(claim, "Provisioning", &message).await;
+                tracing::info!(claim = %claim.name_any(), %kind, "an external populator provisions the volume");
+                self.csi_events
+                    .publish(
+                        &claim.object_ref(&()),
+                        EventType::Normal,
+                        "Provisioning",
+                        "Assuming an external populator will provision the volume",
+                    )
+                    .await;
                 Ok(None)
             }
             Ok(Decision::Reschedule { node }) => {
