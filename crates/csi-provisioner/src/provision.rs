@@ -96,7 +96,8 @@ pub enum Refusal {
     Request(#[from] RequestError),
     #[error(transparent)]
     Parameters(#[from] SecretsError),
-    #[error(transparent)]
+    /// Upstream wraps every GenerateAccessibilityRequirements error so.
+    #[error("error generating accessibility requirements: {0}")]
     Topology(#[from] TopologyError),
 }
 

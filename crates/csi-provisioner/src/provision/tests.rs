@@ -462,6 +462,14 @@ fn topology_comes_from_the_pinned_nodes() {
         super::plan(&selected, &policy(&driver), &no_csinode),
         Ok(Decision::Reschedule { node }) if node == "node-1"
     ));
+
+    // No node has the driver's keys: refused with upstream's wording.
+    let no_nodes = Caches::default();
+    let refusal = plan_of(&claim, &class, &driver, &no_nodes).expect_err("refused");
+    assert_eq!(
+        refusal.to_string(),
+        "error generating accessibility requirements: no available topology found"
+    );
 }
 
 #[test]
