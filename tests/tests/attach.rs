@@ -73,6 +73,24 @@ async fn create_attachment(cluster: &Cluster, name: &str, node: &str, pv: &str) 
         .await;
 }
 
+/// The driver loses the attachment of `handle` to `node_id` behind Kubernetes' back.
+async fn lose_attachment(cluster: &Cluster, handle: &str, node_id: &str) {
+    cluster
+        .driver
+        .controller
+        .csi
+        .controller_unpublish_volume(
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: handle.to_string(),
+                node_id: node_id.to_string(),
+                secrets: Default::default(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("an out-of-band unpublish");
+}
+
 async fn wait_attached(cluster: &Cluster, name: &str) -> VolumeAttachment {
     cluster
         .wait_for(
@@ -410,21 +428,7 @@ async fn attach_reconcile_publishes_again_what_the_driver_lost() {
     let id = node_id(&cluster, &cluster.node("node-a")).await;
     assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
 
-    // The driver loses the attachment behind Kubernetes' back.
-    cluster
-        .driver
-        .controller
-        .csi
-        .controller_unpublish_volume(
-            csi::ControllerUnpublishVolumeRequest {
-                volume_id: handle.clone(),
-                node_id: id.clone(),
-                secrets: Default::default(),
-            },
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("an out-of-band unpublish");
+    lose_attachment(&cluster, &handle, &id).await;
     assert!(published_nodes(&cluster, &handle).await.is_empty());
     cluster
         .eventually("the reconcile published the volume again", || {
@@ -480,20 +484,7 @@ async fn attach_a_restarted_attacher_reconciles_at_once() {
     assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
 
     let id = node_id(&cluster, &cluster.node("node-a")).await;
-    cluster
-        .driver
-        .controller
-        .csi
-        .controller_unpublish_volume(
-            csi::ControllerUnpublishVolumeRequest {
-                volume_id: handle.clone(),
-                node_id: id.clone(),
-                secrets: Default::default(),
-            },
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("an out-of-band unpublish");
+    lose_attachment(&cluster, &handle, &id).await;
     let attacher = cluster.start_attacher_via(csi, hour).await;
     cluster
         .eventually_async("the first reconcile published the volume again", || async {
