@@ -36,7 +36,7 @@ pub enum RunError {
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
     Driver(#[from] ConnError),
-    #[error("DriverGetInfo: rpc error: code = {:?} desc = {}", .0.code(), .0.message())]
+    #[error("DriverGetInfo: {}", csi_sidecar::conn::GoStatus(.0))]
     DriverInfo(tonic::Status),
     #[error("DriverGetInfo returned an empty driver name")]
     NoDriverName,

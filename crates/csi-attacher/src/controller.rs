@@ -183,11 +183,7 @@ impl From<AttachError> for Failure {
 impl From<tonic::Status> for Failure {
     fn from(status: tonic::Status) -> Self {
         Self {
-            message: format!(
-                "rpc error: code = {:?} desc = {}",
-                status.code(),
-                status.message()
-            ),
+            message: csi_sidecar::conn::GoStatus(&status).to_string(),
             code: Some(status.code() as i32),
         }
     }

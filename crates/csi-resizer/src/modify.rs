@@ -254,7 +254,11 @@ impl Failure {
 
     /// Go's `err.Error()` of a gRPC error, and the note of a call that may still be running.
     pub fn event_message(&self, class: &str) -> String {
-        let base = format!("rpc error: code = {:?} desc = {}", self.code, self.message);
+        let base = format!(
+            "rpc error: code = {} desc = {}",
+            csi_sidecar::metrics::go_code_name(self.code),
+            self.message
+        );
         if self.is_final() {
             base
         } else {

@@ -683,11 +683,7 @@ pub fn claim_capacity_text(pvc: &PersistentVolumeClaim) -> String {
 
 /// The message of a failed gRPC call, as Go's status error prints it.
 pub fn grpc_message(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
+    csi_sidecar::conn::GoStatus(status).to_string()
 }
 
 #[cfg(test)]

@@ -508,7 +508,7 @@ pub async fn fetch_secret_data(
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// Upstream's message.
-    #[error("error getting secret {} in namespace {}: {source}", secret.name, secret.namespace)]
+    #[error("error getting secret {} in namespace {}: {}", secret.name, secret.namespace, crate::kube::GoApiError(source))]
     Get {
         secret: SecretRef,
         source: ::kube::Error,

@@ -599,11 +599,7 @@ impl From<SyncError> for CreateError {
 
 /// Go's `%q` of a gRPC error prints `rpc error: code = X desc = Y`.
 fn grpc_error(status: &tonic::Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
+    csi_sidecar::conn::GoStatus(status).to_string()
 }
 
 /// A CSI timestamp in nanoseconds since the epoch; now when the driver gave none.

@@ -54,7 +54,7 @@ pub enum SidecarError {
     Waiting(String),
     #[error(transparent)]
     Finalizer(#[from] FinalizerError),
-    #[error("{call}: rpc error: code = {:?} desc = {}", .status.code(), .status.message())]
+    #[error("{call}: {}", csi_sidecar::conn::GoStatus(.status))]
     Driver {
         call: &'static str,
         status: tonic::Status,

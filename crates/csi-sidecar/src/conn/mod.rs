@@ -34,6 +34,22 @@ use crate::go_duration::format_go_duration;
 use crate::grpc_authority::AuthorityStream;
 use crate::metrics::CsiOperationMetrics;
 
+/// A gRPC error as grpc-go's `status.Error` prints it (`rpc error: code = Canceled desc = …`):
+/// the text of upstream's Events and conditions that quote a CSI error.
+#[derive(Debug, Clone, Copy)]
+pub struct GoStatus<'a>(pub &'a Status);
+
+impl std::fmt::Display for GoStatus<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rpc error: code = {} desc = {}",
+            crate::metrics::go_code_name(self.0.code()),
+            self.0.message()
+        )
+    }
+}
+
 /// Upstream's connect bound (csi-lib-utils: 30 s, then exit).
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(30);
 
@@ -314,10 +330,8 @@ impl CsiConnection {
         let result = match tokio::time::timeout(timeout, call(self.channel.clone(), request)).await
         {
             Ok(result) => result.map(tonic::Response::into_inner),
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "{method} did not complete within {}",
-                format_go_duration(timeout)
-            ))),
+            // What grpc-go's client reports when its context's deadline passes.
+            Err(_) => Err(Status::deadline_exceeded("context deadline exceeded")),
         };
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         self.metrics.record(method, code, started.elapsed());

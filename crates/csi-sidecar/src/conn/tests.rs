@@ -248,6 +248,11 @@ async fn slow_calls_time_out_with_deadline_exceeded() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(
+        GoStatus(&status).to_string(),
+        "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+        "as grpc-go's client reports its context's deadline"
+    );
     let text = crate::metrics::encode(&fake.registry);
     assert!(
         text.contains(
@@ -359,5 +364,23 @@ fn final_errors_are_those_after_which_nothing_runs_at_the_driver() {
         Code::ResourceExhausted,
     ] {
         assert!(!is_final_error(code), "{code:?}");
+    }
+}
+
+#[test]
+fn errors_read_as_grpc_go_prints_them() {
+    let cases = [
+        (
+            Status::cancelled("stop"),
+            "rpc error: code = Canceled desc = stop",
+        ),
+        (
+            Status::invalid_argument("bad size"),
+            "rpc error: code = InvalidArgument desc = bad size",
+        ),
+        (Status::new(Code::Ok, ""), "rpc error: code = OK desc = "),
+    ];
+    for (status, want) in cases {
+        assert_eq!(GoStatus(&status).to_string(), want);
     }
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use csi::node_service_capability::rpc::Type as NodeCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::capability::{AccessKind, access_mode, volume_capability};
+use csi_sidecar::conn::GoStatus;
 use csi_sidecar::events::EventType;
 use csi_sidecar::kubelet_paths::legacy_staging_path;
 use k8s_openapi::api::core::v1::{
@@ -512,7 +513,13 @@ async fn publish(
                 CSI_TIMEOUT,
             )
             .await
-            .map_err(|s| format!("MountVolume.MountDevice failed for volume \"{}\": rpc error: code = {:?} desc = {}", volume.pv_name, s.code(), s.message()))?;
+            .map_err(|s| {
+                format!(
+                    "MountVolume.MountDevice failed for volume \"{}\": {}",
+                    volume.pv_name,
+                    GoStatus(&s)
+                )
+            })?;
     }
     if driver_spec.pod_info_on_mount.unwrap_or(false) {
         let spec = pod.spec.clone().unwrap_or_default();
@@ -583,10 +590,9 @@ async fn publish(
         .await
         .map_err(|s| {
             format!(
-                "MountVolume.SetUp failed for volume \"{}\": rpc error: code = {:?} desc = {}",
+                "MountVolume.SetUp failed for volume \"{}\": {}",
                 volume.pv_name,
-                s.code(),
-                s.message()
+                GoStatus(&s)
             )
         })?;
     tracing::info!(node = %shared.config.node, pod = %pod.name_any(), volume = %volume.pv_name, target = %target.display(), "volume published");
@@ -681,13 +687,7 @@ async fn expand_on_node(
             CSI_TIMEOUT,
         )
         .await
-        .map_err(|s| {
-            failed(format!(
-                "rpc error: code = {:?} desc = {}",
-                s.code(),
-                s.message()
-            ))
-        })?;
+        .map_err(|s| failed(GoStatus(&s).to_string()))?;
     let message = format!(
         "MountVolume.NodeExpandVolume succeeded for volume \"{}\"",
         volume.pv_name
