@@ -300,7 +300,10 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
     let message = cluster
         .wait_for_event("data", "ProvisioningFailed", "ResourceExhausted")
         .await;
-    assert!(message.contains("failed to provision volume"), "{message}");
+    assert!(
+        message.starts_with("rpc error: code = ResourceExhausted desc = "),
+        "the driver's error, as upstream quotes it: {message}"
+    );
     let running = cluster
         .wait_for(&pods, "user", "the pod Running elsewhere", is_running)
         .await;

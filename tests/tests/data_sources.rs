@@ -91,9 +91,19 @@ async fn a_restore_has_the_snapshot_data() {
     restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
         "apiGroup": "snapshot.storage.k8s.io", "name": "snap"});
     cluster.create(&claims, restored).await;
-    cluster
-        .wait_for_event("restored", "ProvisioningFailed", "snapshot snap not found")
+    let message = cluster
+        .wait_for_event(
+            "restored",
+            "ProvisioningFailed",
+            "snapshot snap from api server",
+        )
         .await;
+    assert_eq!(
+        message,
+        "error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting \
+         snapshot snap from api server: volumesnapshots.snapshot.storage.k8s.io \"snap\" not found",
+        "upstream's words, the API server's NotFound quoted"
+    );
 
     let content = cut_snapshot(&cluster, &cluster.namespace, "snap", "source").await;
     cluster
@@ -114,7 +124,11 @@ async fn a_restore_has_the_snapshot_data() {
         "apiGroup": "snapshot.storage.k8s.io", "name": "snap"});
     cluster.create(&claims, stuck).await;
     cluster
-        .wait_for_event("stuck", "ProvisioningFailed", "failed to provision volume")
+        .wait_for_event(
+            "stuck",
+            "ProvisioningFailed",
+            "rpc error: code = OutOfRange desc = ",
+        )
         .await;
     let protected = |s: &VolumeSnapshot| s.finalizers().iter().any(|f| f == SOURCE_PROTECTION);
     assert!(protected(&snapshots.get("snap").await.unwrap()));

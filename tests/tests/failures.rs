@@ -100,6 +100,49 @@ async fn a_missing_secret_and_an_unavailable_driver_are_reported_then_recovered(
     cluster.stop().await;
 }
 
+/// A CreateVolume the driver refuses as infeasible (InvalidArgument) is reported as upstream
+/// words it and not tried again until `--retry-interval-max` has passed (sig-storage-lib's
+/// slow set), where other errors are retried from `--retry-interval-start` on.
+#[tokio::test]
+async fn an_infeasible_request_is_reported_and_retried_slowly() {
+    let cluster = Cluster::start("infeasible").await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let slow_retry = std::time::Duration::from_secs(8);
+    let provisioner = cluster
+        .start_provisioner_via(csi, |settings| settings.retry_max = slow_retry)
+        .await;
+    proxy.fail_with(Some((tonic::Code::InvalidArgument, "no such tier")));
+    claim_of_new_class(&cluster, "refused", "tiered", json!({})).await;
+    let message = cluster
+        .wait_for_event("refused", "ProvisioningFailed", "no such tier")
+        .await;
+    assert_eq!(
+        message,
+        "Volume provisioning failed with infeasible error. Retries will be delayed. \
+         rpc error: code = InvalidArgument desc = no such tier"
+    );
+    // Retried from the 200 ms start, the claim would have been tried four times by now.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        proxy.create_volume_requests().len(),
+        1,
+        "no retry before --retry-interval-max"
+    );
+    proxy.fail_with(None);
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .wait_for(
+            &claims,
+            "refused",
+            "the claim Bound after the slow retry",
+            bound,
+        )
+        .await;
+    assert_eq!(proxy.create_volume_requests().len(), 2);
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
 /// A storage request in any form the API server stores is sent to the driver in whole bytes,
 /// rounded up (1126400m is 1127 bytes); one that is no size in bytes (over int64) is a
 /// ProvisioningFailed Event on the claim, never a CreateVolume of 0 bytes.
@@ -222,7 +265,7 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
     claim_of_new_class(&cluster, "data", "secret", provisioner_secret("creds")).await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     cluster
-        .wait_for_event("data", "ProvisioningFailed", "smaller than requested")
+        .wait_for_event("data", "ProvisioningFailed", "less than requested capacity")
         .await;
     let deletes = proxy.delete_volume_requests();
     assert!(!deletes.is_empty(), "the unusable volume deleted");

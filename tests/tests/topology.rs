@@ -3,10 +3,12 @@
 //! requests are read at a proxy in front of the driver; the PVs' node affinity follows.
 
 use csi_proto::csi::v1 as csi;
-use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, pv_nodes};
+use csi_suite_scenarios::{Cluster, Options, RegistrationServer};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
+use kube_sim::roles::kubelet::PLUGINS_REGISTRY_DIR;
 use serde_json::json;
 
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
@@ -32,6 +34,17 @@ fn request_for(
         .expect("a CreateVolume with topology for the claim")
 }
 
+/// Creates `name` of `class` and selects `node` for it as the scheduler would.
+async fn create_on(cluster: &Cluster, name: &str, class: &str, node: &str) {
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim(name, class)).await;
+    let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
+    claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
 /// Creates `name` of `class`, selects `node` for it as the scheduler would, waits until Bound.
 async fn provision(
     cluster: &Cluster,
@@ -40,13 +53,11 @@ async fn provision(
     node: Option<&str>,
 ) -> PersistentVolumeClaim {
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim(name, class)).await;
-    if let Some(node) = node {
-        let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
-        claims
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
+    match node {
+        Some(node) => create_on(cluster, name, class, node).await,
+        None => {
+            cluster.create(&claims, claim(name, class)).await;
+        }
     }
     cluster
         .wait_for(&claims, name, "the claim Bound", bound)
@@ -121,5 +132,84 @@ async fn allowed_topologies_and_strict_topology_shape_the_request() {
     assert_eq!(nodes(&requirement.preferred, &key), [a.as_str()], "strict");
     assert_eq!(pv_nodes(&cluster, &on_a).await, [a.as_str()]);
     strict.stop().await;
+    cluster.stop().await;
+}
+
+/// As upstream: a selected node whose CSINode lacks the driver (its node plugin not registered
+/// yet) keeps the claim, retried with "no topology key found", until the plugin registers;
+/// only a node without a CSINode sends the claim back to the scheduler.
+#[tokio::test]
+async fn a_selected_node_without_the_driver_waits_for_its_registration() {
+    let options = Options {
+        register_driver: false,
+        ..Options::default()
+    };
+    let cluster = Cluster::start_with("topology-unregistered", options).await;
+    let node = cluster.node("node-a");
+    let class = cluster
+        .storage_class("late", "WaitForFirstConsumer", "Delete", json!({}))
+        .await;
+    let provisioner = cluster.start_provisioner().await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+
+    create_on(&cluster, "waiting", &class, &node).await;
+    let message = cluster
+        .wait_for_event("waiting", "ProvisioningFailed", "no topology key")
+        .await;
+    assert_eq!(
+        message,
+        format!(
+            "error generating accessibility requirements: no topology key found for node {node}"
+        )
+    );
+    let waiting = claims.get("waiting").await.unwrap();
+    assert_eq!(
+        waiting.annotations().get(SELECTED_NODE),
+        Some(&node),
+        "not sent back to the scheduler"
+    );
+    let endpoint = cluster
+        .driver
+        .node(&node)
+        .endpoint
+        .path()
+        .display()
+        .to_string();
+    let registry = cluster.kubelet(&node).root().join(PLUGINS_REGISTRY_DIR);
+    let _registration =
+        RegistrationServer::start(&registry, &cluster.driver_name, &endpoint, &["1.0.0"])
+            .await
+            .expect("the registration server starts");
+    let placed = cluster
+        .wait_for(
+            &claims,
+            "waiting",
+            "the claim Bound once the plugin registered",
+            bound,
+        )
+        .await;
+    assert_eq!(pv_nodes(&cluster, &placed).await, [node.as_str()]);
+
+    let ghost = format!("ghost-{}", cluster.id);
+    create_on(&cluster, "nowhere", &class, &ghost).await;
+    let message = cluster
+        .wait_for_event(
+            "nowhere",
+            "ProvisioningFailed",
+            "failed to get selected CSINode",
+        )
+        .await;
+    assert_eq!(
+        message,
+        format!(
+            "failed to get selected CSINode {ghost}: csinode.storage.k8s.io \"{ghost}\" not found"
+        )
+    );
+    cluster
+        .wait_for(&claims, "nowhere", "selected-node removed", |c| {
+            !c.annotations().contains_key(SELECTED_NODE)
+        })
+        .await;
+    provisioner.stop().await;
     cluster.stop().await;
 }

@@ -22,6 +22,10 @@ pub enum ClaimError {
     DataSource(String),
     #[error("{0}")]
     CloneSource(String),
+    /// The source claim's volume is missing or not the one it should be; upstream says no
+    /// more in the Event (and logs the detail, as the controller does with this one's).
+    #[error("claim in dataSource not bound or invalid")]
+    CloneSourceInvalid(String),
     /// A storage request that is no size in bytes: never sent to the driver as 0 bytes.
     #[error("storage request of claim {claim}: {source}")]
     StorageRequest {
@@ -146,7 +150,8 @@ pub fn data_source(
     };
     if name.is_empty() {
         return Err(ClaimError::DataSource(format!(
-            "the {kind} data source has no name"
+            "the PVC source not found for PVC {}",
+            claim.name_any()
         )));
     }
     Ok(match (kind.as_str(), api_group.as_str()) {
@@ -154,7 +159,7 @@ pub fn data_source(
         ("VolumeSnapshot", SNAPSHOT_GROUP) => DataSource::Snapshot { name, namespace },
         ("VolumeSnapshot", other) => {
             return Err(ClaimError::DataSource(format!(
-                "the source VolumeSnapshot is in group {other:?}, expected {SNAPSHOT_GROUP}"
+                "the PVC source does not belong to the right APIGroup. Expected {SNAPSHOT_GROUP}, Got {other}"
             )));
         }
         _ => DataSource::Populator { kind, api_group },
@@ -204,9 +209,10 @@ pub fn requested_size(claim: &PersistentVolumeClaim) -> Result<i64, ClaimError> 
     })
 }
 
-/// Validates a clone source (`getPVCSource`) and returns the source volume's handle: the source
-/// claim Bound, not being deleted, with a class, not smaller than the target's request; its PV
-/// a CSI volume of the same driver, bound back to it, of the same volume mode.
+/// Validates a clone source (`getPVCSource`, in its order and words) and returns the source
+/// volume's handle: the source claim Bound, not being deleted, both claims with a class, the
+/// request not smaller than the source's; its PV a Bound CSI volume of the same driver, bound
+/// back to it, of the same volume mode.
 pub fn clone_source(
     target: &PersistentVolumeClaim,
     driver: &str,
@@ -214,42 +220,60 @@ pub fn clone_source(
     source_volume: Option<&PersistentVolume>,
 ) -> Result<String, ClaimError> {
     let fail = |message: String| Err(ClaimError::CloneSource(message));
+    let invalid = |detail: String| Err(ClaimError::CloneSourceInvalid(detail));
     let name = source.name_any();
+    let phase = source.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase != Some("Bound") {
+        return fail(format!(
+            "the PVC DataSource {name} must have a status of Bound.  Got {}",
+            phase.unwrap_or_default()
+        ));
+    }
     // Upstream refuses a source being deleted even when its own cloning-protection finalizer
     // holds it: the clone then stays Pending and the finalizer is never removed. The finalizer
     // means provisioning had started and the source's data is still there, so it may go on.
     if source.metadata.deletion_timestamp.is_some()
         && !source.finalizers().iter().any(|f| f == CLONING_PROTECTION)
     {
-        return fail(format!("the source claim {name} is being deleted"));
-    }
-    if source.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-        return fail(format!("the source claim {name} is not Bound"));
+        return fail(format!(
+            "the PVC DataSource {name} is currently being deleted"
+        ));
     }
     let source_spec = source.spec.clone().unwrap_or_default();
     let target_spec = target.spec.clone().unwrap_or_default();
-    if source_spec.storage_class_name.is_none() || target_spec.storage_class_name.is_none() {
-        return fail("both the clone and its source claim need a storage class".to_string());
-    }
-    if requested_size(target)? < requested_size(source)? {
+    if source_spec.storage_class_name.is_none() {
         return fail(format!(
-            "the requested size is smaller than the size of the source claim {name}"
+            "the source PVC ({name}) storageclass cannot be empty"
         ));
+    }
+    if target_spec.storage_class_name.is_none() {
+        return fail(format!(
+            "the requested PVC ({}) storageclass cannot be empty",
+            target.name_any()
+        ));
+    }
+    let (requested, available) = (requested_size(target)?, requested_size(source)?);
+    if requested < available {
+        return fail(format!(
+            "error, new PVC request must be greater than or equal in size to the specified PVC data source, requested {requested} but source is {available}"
+        ));
+    }
+    let volume_name = source_spec.volume_name.unwrap_or_default();
+    if volume_name.is_empty() {
+        return fail(format!("volume name is empty in source PVC {name}"));
     }
     let Some(volume) = source_volume else {
-        return fail(format!(
-            "the volume of the source claim {name} is not found"
-        ));
+        return invalid(format!("volume {volume_name} of PVC {name} is not found"));
     };
     let volume_spec = volume.spec.clone().unwrap_or_default();
     let Some(csi) = volume_spec.csi else {
-        return fail(format!(
-            "the volume of the source claim {name} is not a CSI volume"
+        return invalid(format!(
+            "volume {volume_name} of PVC {name} is not a CSI volume"
         ));
     };
     if csi.driver != driver {
-        return fail(format!(
-            "the source claim {name} is a volume of driver {}, not {driver}",
+        return invalid(format!(
+            "volume {volume_name} of PVC {name} is handled by driver {}, not {driver}",
             csi.driver
         ));
     }
@@ -258,16 +282,28 @@ pub fn clone_source(
             && r.name.as_deref() == Some(&name)
             && r.namespace == source.namespace()
     });
-    if !bound_back || volume.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-        return fail(format!(
-            "the volume of the source claim {name} is not bound to it"
+    if !bound_back {
+        return invalid(format!("volume {volume_name} is not bound to PVC {name}"));
+    }
+    let volume_phase = volume.status.as_ref().and_then(|s| s.phase.as_deref());
+    if volume_phase != Some("Bound") {
+        return invalid(format!(
+            "volume {volume_name} of PVC {name} is {:?}, not Bound",
+            volume_phase.unwrap_or_default()
         ));
     }
-    let mode = |m: Option<String>| m.unwrap_or_else(|| "Filesystem".to_string());
-    if mode(source_spec.volume_mode) != mode(target_spec.volume_mode) {
-        return fail("the volume modes of the clone and its source differ".to_string());
+    // The target's mode against the source PV's (absent is Filesystem).
+    let target_block = target_spec.volume_mode.as_deref() == Some("Block");
+    let source_block = volume_spec.volume_mode.as_deref() == Some("Block");
+    match (source_block, target_block) {
+        (true, false) => fail(
+            "the source PVC and destination PVCs must have the same volume mode for cloning.  Source is Block, but new PVC requested Filesystem".to_string(),
+        ),
+        (false, true) => fail(
+            "the source PVC and destination PVCs must have the same volume mode for cloning.  Source is Filesystem, but new PVC requested Block".to_string(),
+        ),
+        _ => Ok(csi.volume_handle),
     }
-    Ok(csi.volume_handle)
 }
 
 #[cfg(test)]
@@ -430,8 +466,11 @@ mod tests {
         let wrong_group = with(
             json!({"dataSource": {"kind": "VolumeSnapshot", "apiGroup": "example.com", "name": "s"}}),
         );
-        assert!(
-            matches!(data_source(&wrong_group, false), Err(ClaimError::DataSource(m)) if m.contains("example.com"))
+        assert_eq!(
+            data_source(&wrong_group, false),
+            Err(ClaimError::DataSource(
+                "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got example.com".into()
+            ))
         );
         let cross = with(
             json!({"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "s", "namespace": "other"}}),
@@ -460,57 +499,187 @@ mod tests {
             })
         );
         let unnamed = with(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": ""}}));
-        assert!(matches!(
+        assert_eq!(
             data_source(&unnamed, false),
-            Err(ClaimError::DataSource(_))
-        ));
+            Err(ClaimError::DataSource(
+                "the PVC source not found for PVC c".into()
+            ))
+        );
     }
+
+    /// Case, target spec, source claim, its PV, the handle or upstream's refusal.
+    type CloneCase = (
+        &'static str,
+        Value,
+        PersistentVolumeClaim,
+        Option<PersistentVolume>,
+        Result<String, ClaimError>,
+    );
 
     #[test]
     fn clone_sources() {
-        let target = claim(
-            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "2Gi"}}}}),
-        );
-        let source = claim(
-            json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast", "volumeName": "pv-src", "resources": {"requests": {"storage": "1Gi"}}}, "status": {"phase": "Bound"}}),
-        );
-        let volume: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "pv-src"}, "spec": {
-            "csi": {"driver": DRIVER, "volumeHandle": "vol-src"}, "claimRef": {"name": "src", "namespace": "apps", "uid": "u1"}}, "status": {"phase": "Bound"}})).unwrap();
+        let target = |spec: Value| {
+            let mut value = json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "2Gi"}}}});
+            json_patch::merge(&mut value["spec"], &spec);
+            claim(value)
+        };
+        let source = |extra: Value| {
+            let mut value = json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast", "volumeName": "pv-src", "resources": {"requests": {"storage": "1Gi"}}}, "status": {"phase": "Bound"}});
+            json_patch::merge(&mut value, &extra);
+            claim(value)
+        };
+        let volume = |extra: Value| {
+            let mut value = json!({"metadata": {"name": "pv-src"}, "spec": {
+                "csi": {"driver": DRIVER, "volumeHandle": "vol-src"}, "claimRef": {"name": "src", "namespace": "apps", "uid": "u1"}}, "status": {"phase": "Bound"}});
+            json_patch::merge(&mut value, &extra);
+            serde_json::from_value::<PersistentVolume>(value).unwrap()
+        };
+        let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        let mut protected = deleting.clone();
+        protected["metadata"]["finalizers"] = json!([CLONING_PROTECTION]);
+        let refused = |text: &str| Err(ClaimError::CloneSource(text.to_string()));
+        let invalid = |detail: &str| Err(ClaimError::CloneSourceInvalid(detail.to_string()));
+        let cases: Vec<CloneCase> = vec![
+            (
+                "usable",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({}))),
+                Ok("vol-src".into()),
+            ),
+            (
+                "source Pending",
+                json!({}),
+                source(json!({"status": {"phase": "Pending"}})),
+                Some(volume(json!({}))),
+                refused("the PVC DataSource src must have a status of Bound.  Got Pending"),
+            ),
+            (
+                "source being deleted",
+                json!({}),
+                source(deleting),
+                Some(volume(json!({}))),
+                refused("the PVC DataSource src is currently being deleted"),
+            ),
+            (
+                "deleted, held by our finalizer",
+                json!({}),
+                source(protected),
+                Some(volume(json!({}))),
+                Ok("vol-src".into()),
+            ),
+            (
+                "source without class",
+                json!({}),
+                source(json!({"spec": {"storageClassName": null}})),
+                Some(volume(json!({}))),
+                refused("the source PVC (src) storageclass cannot be empty"),
+            ),
+            (
+                "target without class",
+                json!({"storageClassName": null}),
+                source(json!({})),
+                Some(volume(json!({}))),
+                refused("the requested PVC (copy) storageclass cannot be empty"),
+            ),
+            (
+                "smaller request",
+                json!({"resources": {"requests": {"storage": "1Mi"}}}),
+                source(json!({})),
+                Some(volume(json!({}))),
+                refused(
+                    "error, new PVC request must be greater than or equal in size to the specified PVC data source, requested 1048576 but source is 1073741824",
+                ),
+            ),
+            (
+                "no volume name",
+                json!({}),
+                source(json!({"spec": {"volumeName": null}})),
+                None,
+                refused("volume name is empty in source PVC src"),
+            ),
+            (
+                "no PV",
+                json!({}),
+                source(json!({})),
+                None,
+                invalid("volume pv-src of PVC src is not found"),
+            ),
+            (
+                "not CSI",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({"spec": {"csi": null}}))),
+                invalid("volume pv-src of PVC src is not a CSI volume"),
+            ),
+            (
+                "other driver",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({"spec": {"csi": {"driver": "other"}}}))),
+                invalid("volume pv-src of PVC src is handled by driver other, not csi.example.com"),
+            ),
+            (
+                "bound elsewhere",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({"spec": {"claimRef": {"uid": "u2"}}}))),
+                invalid("volume pv-src is not bound to PVC src"),
+            ),
+            (
+                "PV Released",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({"status": {"phase": "Released"}}))),
+                invalid("volume pv-src of PVC src is \"Released\", not Bound"),
+            ),
+            (
+                "Block source, Filesystem target",
+                json!({}),
+                source(json!({})),
+                Some(volume(json!({"spec": {"volumeMode": "Block"}}))),
+                refused(
+                    "the source PVC and destination PVCs must have the same volume mode for cloning.  Source is Block, but new PVC requested Filesystem",
+                ),
+            ),
+            (
+                "Filesystem source, Block target",
+                json!({"volumeMode": "Block"}),
+                source(json!({})),
+                Some(volume(json!({}))),
+                refused(
+                    "the source PVC and destination PVCs must have the same volume mode for cloning.  Source is Filesystem, but new PVC requested Block",
+                ),
+            ),
+            (
+                "Block both",
+                json!({"volumeMode": "Block"}),
+                source(json!({})),
+                Some(volume(json!({"spec": {"volumeMode": "Block"}}))),
+                Ok("vol-src".into()),
+            ),
+        ];
+        for (case, spec, source, volume, want) in cases {
+            assert_eq!(
+                clone_source(&target(spec), DRIVER, &source, volume.as_ref()),
+                want,
+                "{case}"
+            );
+        }
         assert_eq!(
-            clone_source(&target, DRIVER, &source, Some(&volume)),
-            Ok("vol-src".to_string())
+            ClaimError::CloneSourceInvalid("detail".into()).to_string(),
+            "claim in dataSource not bound or invalid"
         );
-        assert!(
-            clone_source(&target, "other", &source, Some(&volume)).is_err(),
-            "another driver's volume"
-        );
-        assert!(
-            clone_source(&target, DRIVER, &source, None).is_err(),
-            "no PV"
-        );
-        let small = claim(
-            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "0Gi"}}}}),
-        );
-        assert!(
-            matches!(clone_source(&small, DRIVER, &source, Some(&volume)), Err(ClaimError::CloneSource(m)) if m.contains("smaller"))
-        );
-        let unreadable = claim(
-            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "-2Gi"}}}}),
-        );
+        let unreadable = target(json!({"resources": {"requests": {"storage": "-2Gi"}}}));
         assert!(matches!(
-            clone_source(&unreadable, DRIVER, &source, Some(&volume)),
+            clone_source(
+                &unreadable,
+                DRIVER,
+                &source(json!({})),
+                Some(&volume(json!({})))
+            ),
             Err(ClaimError::StorageRequest { .. })
         ));
-        let block = claim(
-            json!({"metadata": {"name": "copy", "namespace": "apps"}, "spec": {"storageClassName": "fast", "volumeMode": "Block", "resources": {"requests": {"storage": "2Gi"}}}}),
-        );
-        assert!(
-            matches!(clone_source(&block, DRIVER, &source, Some(&volume)), Err(ClaimError::CloneSource(m)) if m.contains("modes"))
-        );
-        let pending = claim(
-            json!({"metadata": {"name": "src", "namespace": "apps", "uid": "u1"}, "spec": {"storageClassName": "fast"}, "status": {"phase": "Pending"}}),
-        );
-        assert!(clone_source(&target, DRIVER, &pending, Some(&volume)).is_err());
     }
 
     /// Every form the API server stores is read in whole bytes, rounded up; a request that is

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
-use csi_sidecar::conn::{CsiConnection, DriverInfo};
+use csi_sidecar::conn::{CsiConnection, DriverInfo, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
     FinalizerError, remove_finalizer, remove_finalizer_from, set_finalizers,
@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
+use crate::infeasible::InfeasibleClaims;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use crate::vac::{self, VacError, VolumeAttributesClass};
 
@@ -44,11 +45,11 @@ pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection"
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
 use crate::node_deployment::{NodeCheck, NodeDeployment, OwnerBackoff};
 use crate::protection::{self, PROVISIONING_CLASS};
-use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan};
+use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan, Refusal};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
-use crate::sync_error::{SnapshotSourceError, SyncError};
-use crate::topology::{PinnedTopology, SelectedNode};
+use crate::sync_error::{SnapshotSourceCause, SnapshotSourceError, SyncError};
+use crate::topology::{PinnedTopology, SelectedNode, TopologyError};
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
 #[derive(Debug, Clone)]
@@ -172,6 +173,8 @@ struct Provisioner {
     csi_events: EventRecorder,
     /// Topology inputs pinned per claim UID, so retries send the same request.
     pinned: Mutex<HashMap<String, PinnedTopology>>,
+    /// Claims whose CreateVolume was refused as infeasible, retried after `--retry-interval-max`.
+    infeasible: InfeasibleClaims,
     workers: Arc<KeyedWorkers<Key>>,
     unseen: UnseenWrites,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
@@ -343,6 +346,7 @@ pub async fn run(
         identity,
         caches,
         pinned: Mutex::new(HashMap::new()),
+        infeasible: InfeasibleClaims::new(settings.retry_max),
         unseen: UnseenWrites::default(),
         save_refusals: Mutex::new(HashMap::new()),
         node: settings.node_deployment.clone().map(|deployment| OwnNode {
@@ -683,6 +687,11 @@ impl Provisioner {
             claims::data_source(&claim, self.settings.cross_namespace_data_sources),
             Ok(DataSource::Populator { .. })
         );
+        let class_uid = class.uid().unwrap_or_default();
+        if let Some(wait) = self.infeasible.remaining(uid, &class_uid, Instant::now()) {
+            tracing::debug!(claim = %claim.name_any(), ?wait, "provisioning previously failed with an infeasible error");
+            return Ok(Synced::After(wait));
+        }
         let started = Instant::now();
         let result = self.provision(&claim, &class, &name, selected_node).await;
         match &result {
@@ -752,7 +761,8 @@ impl Provisioner {
         let Some(plan) = self.plan(&inputs).await? else {
             return Ok(());
         };
-        let (content_source, protected_source) = self.content_source(claim, &plan.source).await?;
+        let (content_source, protected_source) =
+            self.content_source(claim, class, &plan.source).await?;
         let secrets = self.provisioner_secrets(claim, &plan.secret_refs).await?;
         let from_source = content_source.is_some();
         let create = request::create_volume(&plan, secrets.clone(), content_source);
@@ -774,7 +784,11 @@ impl Provisioner {
                 Ok(created) => created,
                 Err(error) => {
                     if let Some(volume_id) = error.abandoned_volume() {
-                        self.abandon(claim, volume_id, secrets).await?;
+                        let cleanup_failed = |status: &tonic::Status| {
+                            ("ProvisioningFailed", error.cleanup_failed(name, status))
+                        };
+                        self.abandon(claim, volume_id, secrets, cleanup_failed)
+                            .await?;
                     }
                     return self.failed(claim, error.to_string()).await;
                 }
@@ -835,10 +849,19 @@ impl Provisioner {
                 Ok(None)
             }
             Ok(Decision::Reschedule { node }) => {
-                let reason = format!("no CSINode for selected node {node}");
+                let reason = TopologyError::Reschedule(node).to_string();
                 self.reschedule(claim, reason).await.map(|()| None)
             }
-            Err(refusal) => self.failed(claim, refusal.to_string()).await,
+            Err(refusal) => {
+                if let Refusal::Topology(_) = refusal {
+                    // Nothing was sent with these inputs: the next attempt gathers them
+                    // afresh (a node plugin registered meanwhile), as upstream caches only
+                    // the keys and terms it found.
+                    lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+                }
+                tracing::warn!(claim = %claim.name_any(), ?refusal, "provisioning refused");
+                self.failed(claim, refusal.to_string()).await
+            }
         }
     }
 
@@ -847,6 +870,7 @@ impl Provisioner {
     async fn content_source(
         &self,
         claim: &PersistentVolumeClaim,
+        class: &StorageClass,
         source: &PlannedSource,
     ) -> Result<(Option<csi::VolumeContentSource>, Option<ProtectedSource>), SyncError> {
         Ok(match source {
@@ -859,12 +883,15 @@ impl Provisioner {
                 Some(ProtectedSource::Claim(source.clone())),
             ),
             PlannedSource::Snapshot { name, namespace } => {
-                match self.snapshot_source(claim, name, namespace).await {
+                match self.snapshot_source(claim, class, name, namespace).await {
                     Ok((handle, snapshot)) => (
                         Some(request::snapshot_content(handle)),
                         Some(ProtectedSource::Snapshot(Box::new(snapshot))),
                     ),
-                    Err(error) => return self.failed(claim, error.to_string()).await,
+                    Err(error) => {
+                        tracing::warn!(claim = %claim.name_any(), ?error, "restore refused");
+                        return self.failed(claim, error.to_string()).await;
+                    }
                 }
             }
         })
@@ -898,21 +925,26 @@ impl Provisioner {
         if let Some(capacity) = &self.settings.capacity {
             capacity.refresh.class(&class.name_any());
         }
-        let message = format!(
-            "failed to provision volume with StorageClass \"{}\": rpc error: code = {:?} desc = {}",
-            class.name_any(),
-            status.code(),
-            status.message()
-        );
-        match request::classify(status.code(), plan.topology_supported, has_selected_node) {
-            Outcome::Reschedule => self.reschedule(claim, message).await,
-            Outcome::InBackground => self.failed(claim, message).await,
+        let error = GoStatus(&status).to_string();
+        let outcome = request::classify(status.code(), plan.topology_supported, has_selected_node);
+        match outcome {
+            Outcome::Reschedule => self.reschedule(claim, error).await,
+            Outcome::InBackground => self.failed(claim, error).await,
             Outcome::Finished | Outcome::Infeasible => {
-                lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+                let uid = claim.uid().unwrap_or_default();
+                lock(&self.pinned).remove(&uid);
                 if claim.metadata.deletion_timestamp.is_some() {
                     self.release(claim).await?;
                 }
-                self.failed(claim, message).await
+                if outcome == Outcome::Infeasible {
+                    let class_uid = class.uid().unwrap_or_default();
+                    self.infeasible.mark(&uid, &class_uid, Instant::now());
+                    let message = format!(
+                        "Volume provisioning failed with infeasible error. Retries will be delayed. {error}"
+                    );
+                    return self.failed(claim, message).await;
+                }
+                self.failed(claim, error).await
             }
         }
     }
@@ -937,39 +969,39 @@ impl Provisioner {
     async fn snapshot_source(
         &self,
         claim: &PersistentVolumeClaim,
+        class: &StorageClass,
         name: &str,
         namespace: &str,
     ) -> Result<(String, VolumeSnapshot), SnapshotSourceError> {
+        let fail = |cause: SnapshotSourceCause| SnapshotSourceError {
+            snapshot: name.to_string(),
+            cause,
+        };
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
-        let snapshot = match snapshots.get_opt(name).await {
-            Ok(Some(snapshot)) => snapshot,
-            Ok(None) => return Err(SnapshotSourceError::SnapshotNotFound(name.to_string())),
-            Err(source) => {
-                return Err(SnapshotSourceError::GetSnapshot {
-                    name: name.to_string(),
-                    source,
-                });
-            }
-        };
-        let content_name = snapshots::bound_content(&snapshot)?;
+        let snapshot = snapshots.get(name).await.map_err(|source| {
+            fail(SnapshotSourceCause::GetSnapshot {
+                name: name.to_string(),
+                source,
+            })
+        })?;
+        let content_name = snapshots::bound_content(&snapshot).map_err(|e| fail(e.into()))?;
         let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
-        let content = match contents.get_opt(&content_name).await {
-            Ok(Some(content)) => content,
-            Ok(None) => return Err(SnapshotSourceError::ContentNotFound(content_name)),
-            Err(source) => {
-                return Err(SnapshotSourceError::GetContent {
-                    name: content_name,
-                    source,
-                });
-            }
-        };
+        let content = contents.get(&content_name).await.map_err(|source| {
+            fail(SnapshotSourceCause::GetContent {
+                content: content_name.clone(),
+                snapshot: name.to_string(),
+                source,
+            })
+        })?;
         let handle = snapshots::snapshot_source(
             claim,
             &self.settings.driver.name,
+            &class.name_any(),
             &snapshot,
             &content,
             self.settings.prevent_volume_mode_conversion,
-        )?;
+        )
+        .map_err(|e| fail(e.into()))?;
         Ok((handle, snapshot))
     }
 
@@ -1135,7 +1167,17 @@ impl Provisioner {
                     claim.name_any()
                 );
                 let failure = self.failed(claim, message).await;
-                self.abandon(claim, volume_id, secrets).await?;
+                let cleanup_failed = |status: &tonic::Status| {
+                    let message = format!(
+                        "Error cleaning provisioned volume {volume_id} for claim {}/{}: {}",
+                        claim.namespace().unwrap_or_default(),
+                        claim.name_any(),
+                        GoStatus(status)
+                    );
+                    ("ProvisioningCleanupFailed", message)
+                };
+                self.abandon(claim, volume_id, secrets, cleanup_failed)
+                    .await?;
                 lock(&self.save_refusals).remove(&uid);
                 failure
             }
@@ -1212,31 +1254,24 @@ impl Provisioner {
 
     /// Deletes a new volume the provisioner must not keep (too small, without its source, or
     /// without a PV the API server accepts) with the secrets its CreateVolume had (the class's
-    /// provisioner secret serves both). A failure is a `ProvisioningCleanupFailed` warning and
-    /// a retry, which finds the volume again by its name. Once it is gone, a claim on its way
-    /// out is released: nothing is left to protect, and a new attempt would only create
-    /// another volume to delete.
+    /// provisioner secret serves both). A failure is the warning `cleanup_failed` words (its
+    /// reason and message) and a retry, which finds the volume again by its name. Once it is
+    /// gone, a claim on its way out is released: nothing is left to protect, and a new attempt
+    /// would only create another volume to delete.
     async fn abandon(
         &self,
         claim: &PersistentVolumeClaim,
         volume_id: &str,
         secrets: HashMap<String, String>,
+        cleanup_failed: impl FnOnce(&tonic::Status) -> (&'static str, String),
     ) -> Result<(), SyncError> {
         let request = csi::DeleteVolumeRequest {
             volume_id: volume_id.to_string(),
             secrets,
         };
         if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-            let message = format!(
-                "Error cleaning provisioned volume {volume_id} for claim {}/{}: rpc error: code = {:?} desc = {}",
-                claim.namespace().unwrap_or_default(),
-                claim.name_any(),
-                status.code(),
-                status.message()
-            );
-            return self
-                .warn(&claim.object_ref(&()), "ProvisioningCleanupFailed", message)
-                .await;
+            let (reason, message) = cleanup_failed(&status);
+            return self.warn(&claim.object_ref(&()), reason, message).await;
         }
         tracing::info!(claim = %claim.name_any(), %volume_id, "deleted a new volume the provisioner cannot keep");
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
@@ -1433,11 +1468,13 @@ impl Provisioner {
                 };
             }
         };
+        // A CSINode without this driver has no keys (upstream: "no topology key found", a
+        // retry); only a missing CSINode sends the claim back to the scheduler.
         let selected = selected_node.map(|name| SelectedNode {
             name: name.to_string(),
             keys: csi_nodes
                 .get(&ObjectRef::new(name))
-                .and_then(|c| self.keys_of(&c)),
+                .map(|c| self.keys_of(&c).unwrap_or_default()),
             labels: nodes
                 .get(&ObjectRef::new(name))
                 .map(|n| n.labels().clone())
@@ -1504,7 +1541,11 @@ impl Provisioner {
                 remove_finalizer_from(&api, &volume, PV_FINALIZER).await?;
                 Ok(())
             }
-            VolumePlan::NotCsi => Err(SyncError::NotCsi(name.to_string())),
+            // Upstream's words for a PV of ours without a CSI source.
+            VolumePlan::NotCsi => {
+                self.delete_failed(&volume, "invalid CSI PV".to_string())
+                    .await
+            }
             VolumePlan::StillAttached => {
                 let node = attached_to.unwrap_or_default();
                 let message = format!("persistentvolume {name} is still attached to node {node}");
@@ -1527,14 +1568,13 @@ impl Provisioner {
                     .as_ref()
                     .and_then(|s| s.storage_class_name.clone())
                     .unwrap_or_default();
-                let secrets = self.deletion_secrets(&volume, secret).await;
+                let secrets = match self.deletion_secrets(&volume, secret).await {
+                    Ok(secrets) => secrets,
+                    Err(message) => return self.delete_failed(&volume, message).await,
+                };
                 let request = csi::DeleteVolumeRequest { volume_id, secrets };
                 if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-                    let message = format!(
-                        "rpc error: code = {:?} desc = {}",
-                        status.code(),
-                        status.message()
-                    );
+                    let message = GoStatus(&status).to_string();
                     self.settings.metrics.delete_failed(&class);
                     return self.delete_failed(&volume, message).await;
                 }
@@ -1562,43 +1602,57 @@ impl Provisioner {
         }
     }
 
-    /// DeleteVolume's secrets; a failure to fetch them is logged and the delete goes on
-    /// without, as upstream.
+    /// DeleteVolume's secrets. As upstream: a Secret that cannot be read is logged and the
+    /// delete goes on without (it may be gone already), but a class whose secret parameters
+    /// do not resolve fails the delete (the error), to be retried once the class is fixed.
     async fn deletion_secrets(
         &self,
         volume: &PersistentVolume,
         source: DeletionSecret,
-    ) -> HashMap<String, String> {
+    ) -> Result<HashMap<String, String>, String> {
         let reference: Option<SecretRef> = match source {
             DeletionSecret::Annotated(reference) => reference,
             DeletionSecret::FromStorageClass => {
                 let spec = volume.spec.clone().unwrap_or_default();
                 let class = spec.storage_class_name.unwrap_or_default();
-                let claim = spec.claim_ref.unwrap_or_default();
-                let no_annotations = BTreeMap::new();
-                self.caches.classes.get(&ObjectRef::new(&class)).and_then(|class| {
-                    let inputs = TemplateInputs {
-                        pv_name: &volume.name_any(),
-                        pvc_name: claim.name.as_deref().unwrap_or_default(),
-                        pvc_namespace: claim.namespace.as_deref().unwrap_or_default(),
-                        pvc_annotations: &no_annotations,
-                    };
-                    let parameters = class.parameters.clone().unwrap_or_default();
-                    secrets::secret_reference(secrets::SecretKind::Provisioner, &parameters, &inputs)
-                        .inspect_err(|error| tracing::warn!(volume = %volume.name_any(), %error, "deletion secret"))
-                        .ok()
-                        .flatten()
-                })
+                let class = self.caches.classes.get(&ObjectRef::new(&class));
+                match (class, spec.claim_ref) {
+                    (Some(class), Some(claim)) => {
+                        let no_annotations = BTreeMap::new();
+                        let inputs = TemplateInputs {
+                            pv_name: &volume.name_any(),
+                            pvc_name: claim.name.as_deref().unwrap_or_default(),
+                            pvc_namespace: claim.namespace.as_deref().unwrap_or_default(),
+                            pvc_annotations: &no_annotations,
+                        };
+                        let parameters = class.parameters.clone().unwrap_or_default();
+                        secrets::secret_reference(
+                            secrets::SecretKind::Provisioner,
+                            &parameters,
+                            &inputs,
+                        )
+                        .map_err(|error| {
+                            format!(
+                                "failed to get secretreference for volume {}: {error}",
+                                volume.name_any()
+                            )
+                        })?
+                    }
+                    _ => {
+                        tracing::warn!(volume = %volume.name_any(), "no StorageClass or claim reference: deleting without secrets");
+                        None
+                    }
+                }
             }
         };
         let Some(reference) = reference else {
-            return HashMap::new();
+            return Ok(HashMap::new());
         };
         match secrets::fetch_secret_data(self.client.clone(), &reference).await {
-            Ok(data) => data.into_inner(),
+            Ok(data) => Ok(data.into_inner()),
             Err(error) => {
                 tracing::warn!(volume = %volume.name_any(), %error, "deleting without secrets");
-                HashMap::new()
+                Ok(HashMap::new())
             }
         }
     }

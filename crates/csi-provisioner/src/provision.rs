@@ -82,14 +82,27 @@ pub enum Refusal {
     Claim(#[from] ClaimError),
     #[error(transparent)]
     NotGranted(#[from] NotGranted),
-    #[error("the driver does not support restoring from snapshots (CREATE_DELETE_SNAPSHOT)")]
-    NoSnapshots,
-    #[error("the driver does not support cloning (CLONE_VOLUME)")]
-    NoCloning,
-    #[error("the source claim {0} is not found")]
-    NoSourceClaim(String),
-    #[error("the driver does not support dynamic provisioning (CREATE_DELETE_VOLUME)")]
+    #[error(
+        "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported"
+    )]
+    NoControllerService,
+    #[error(
+        "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported"
+    )]
     NoProvisioning,
+    #[error(
+        "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+    )]
+    NoSnapshots,
+    #[error(
+        "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+    )]
+    NoCloning,
+    /// Upstream wraps every error of reading a data source so.
+    #[error(
+        "error getting handle for DataSource Type PersistentVolumeClaim by Name {name}: {cause}"
+    )]
+    CloneSource { name: String, cause: ClaimError },
     #[error(transparent)]
     AttributesClass(#[from] VacError),
     #[error(transparent)]
@@ -169,39 +182,28 @@ pub fn plan(
     {
         grants::check(pvc, grants.iter().map(|g| &**g))?;
     }
-    let source = match data_source? {
-        DataSource::None => PlannedSource::Empty,
-        DataSource::Populator { kind, .. } => return Ok(Decision::Populator { kind }),
-        DataSource::Snapshot { name, namespace } => {
-            if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
-                return Err(Refusal::NoSnapshots);
-            }
-            PlannedSource::Snapshot { name, namespace }
-        }
-        DataSource::Claim { name, namespace } => {
-            if !driver.has_controller(ControllerCapability::CloneVolume) {
-                return Err(Refusal::NoCloning);
-            }
-            let source = lookups
-                .claim(&namespace, &name)
-                .ok_or(Refusal::NoSourceClaim(name))?;
-            let source_volume = source
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_name.as_deref())
-                .and_then(|v| lookups.volume(v));
-            let volume_handle =
-                claims::clone_source(pvc, &driver.name, &source, source_volume.as_deref())?;
-            PlannedSource::Clone {
-                source,
-                volume_handle,
-            }
-        }
-    };
-    if !driver.plugin.controller_service
-        || !driver.has_controller(ControllerCapability::CreateDeleteVolume)
-    {
+    let data_source = data_source?;
+    if let DataSource::Populator { kind, .. } = &data_source {
+        return Ok(Decision::Populator { kind: kind.clone() });
+    }
+    // upstream's checkDriverCapabilities: the plugin's and controller's, then what the data
+    // source and a VolumeAttributesClass need.
+    if !driver.plugin.controller_service {
+        return Err(Refusal::NoControllerService);
+    }
+    if !driver.has_controller(ControllerCapability::CreateDeleteVolume) {
         return Err(Refusal::NoProvisioning);
+    }
+    match &data_source {
+        DataSource::Snapshot { .. }
+            if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) =>
+        {
+            return Err(Refusal::NoSnapshots);
+        }
+        DataSource::Claim { .. } if !driver.has_controller(ControllerCapability::CloneVolume) => {
+            return Err(Refusal::NoCloning);
+        }
+        _ => {}
     }
     let attributes_class = vac::class_name(pvc, policy.volume_attributes_classes);
     if attributes_class.is_some() && !driver.has_controller(ControllerCapability::ModifyVolume) {
@@ -209,7 +211,6 @@ pub fn plan(
     }
     let class_parameters = class.parameters.clone().unwrap_or_default();
     let fs_type = request::fs_type(&class_parameters, policy.default_fstype)?;
-    let mut parameters = secrets::remove_reserved_parameters(&class_parameters)?;
     let spec = pvc.spec.clone().unwrap_or_default();
     let capabilities = request::volume_capabilities(
         &spec.access_modes.unwrap_or_default(),
@@ -218,6 +219,19 @@ pub fn plan(
         &class.mount_options.clone().unwrap_or_default(),
         driver.has_controller(ControllerCapability::SingleNodeMultiWriter),
     )?;
+    let source = match data_source {
+        DataSource::None | DataSource::Populator { .. } => PlannedSource::Empty,
+        DataSource::Snapshot { name, namespace } => PlannedSource::Snapshot { name, namespace },
+        DataSource::Claim { name, namespace } => {
+            let (source, volume_handle) =
+                clone_source(pvc, &name, &namespace, &driver.name, lookups)
+                    .map_err(|cause| Refusal::CloneSource { name, cause })?;
+            PlannedSource::Clone {
+                source,
+                volume_handle,
+            }
+        }
+    };
     let topology_supported = policy.topology_supported();
     let accessibility = if topology_supported {
         match accessibility(claim, policy, lookups) {
@@ -238,6 +252,7 @@ pub fn plan(
             pvc_annotations: pvc.annotations(),
         },
     )?;
+    let mut parameters = secrets::remove_reserved_parameters(&class_parameters)?;
     let mutable_parameters = match &attributes_class {
         None => BTreeMap::new(),
         Some(name) => {
@@ -261,6 +276,30 @@ pub fn plan(
         mutable_parameters,
         accessibility,
     })))
+}
+
+/// The source claim (from the cache, as upstream's lister) and its volume's handle.
+fn clone_source(
+    target: &PersistentVolumeClaim,
+    name: &str,
+    namespace: &str,
+    driver: &str,
+    lookups: &impl Lookups,
+) -> Result<(Arc<PersistentVolumeClaim>, String), ClaimError> {
+    let Some(source) = lookups.claim(namespace, name) else {
+        // The lister's NotFound, quoted as upstream does (with the target's namespace).
+        return Err(ClaimError::CloneSource(format!(
+            "error getting PVC {name} (namespace \"{}\") from api server: persistentvolumeclaim \"{name}\" not found",
+            target.namespace().unwrap_or_default()
+        )));
+    };
+    let source_volume = source
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .and_then(|v| lookups.volume(v));
+    let handle = claims::clone_source(target, driver, &source, source_volume.as_deref())?;
+    Ok((source, handle))
 }
 
 /// Requisite and preferred topology from the claim's pinned node topology.

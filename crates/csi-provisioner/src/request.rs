@@ -244,17 +244,29 @@ pub fn volume_content(volume_id: String) -> csi::VolumeContentSource {
 pub enum CreatedVolumeError {
     #[error("CreateVolume returned no volume")]
     NoVolume,
-    #[error("created volume capacity {returned} is smaller than requested {requested}")]
+    #[error("created volume capacity {returned} less than requested capacity {requested}")]
     TooSmall {
         volume_id: String,
         returned: i64,
         requested: i64,
     },
-    #[error("the driver created the volume without its data source")]
+    #[error("volume content source missing")]
     NoContentSource { volume_id: String },
 }
 
 impl CreatedVolumeError {
+    /// The message when deleting the volume `pv` (its name) failed too, as upstream words it.
+    pub fn cleanup_failed(&self, pv: &str, status: &tonic::Status) -> String {
+        let cleanup = match self {
+            CreatedVolumeError::NoContentSource { .. } => "cleanup",
+            _ => "Cleanup",
+        };
+        format!(
+            "{self}. {cleanup} of volume {pv} failed, volume is orphaned: {}",
+            csi_sidecar::conn::GoStatus(status)
+        )
+    }
+
     /// The volume that was created but no PV will record: it is deleted again.
     pub fn abandoned_volume(&self) -> Option<&str> {
         match self {
@@ -322,6 +334,52 @@ pub fn save_failure(refusals: u32, code: Option<u16>) -> SaveFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn created_volumes_are_checked_and_refusals_read_as_upstreams() {
+        let response = |bytes: i64, with_source: bool| csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                volume_id: "vol-1".into(),
+                capacity_bytes: bytes,
+                content_source: with_source.then(|| volume_content("src".into())),
+                ..Default::default()
+            }),
+        };
+        let sizes = |result: Result<(csi::Volume, i64), CreatedVolumeError>| {
+            result.map(|(volume, bytes)| (volume.volume_id, bytes))
+        };
+        assert_eq!(
+            sizes(created_volume(response(2048, false), 1024, false)),
+            Ok(("vol-1".into(), 2048))
+        );
+        assert_eq!(
+            sizes(created_volume(response(0, false), 1024, false)),
+            Ok(("vol-1".into(), 1024)),
+            "0 is unknown: the request is recorded"
+        );
+        let small = created_volume(response(512, false), 1024, false).unwrap_err();
+        assert_eq!(small.abandoned_volume(), Some("vol-1"));
+        assert_eq!(
+            small.to_string(),
+            "created volume capacity 512 less than requested capacity 1024"
+        );
+        let unavailable = tonic::Status::unavailable("driver restarting");
+        assert_eq!(
+            small.cleanup_failed("pvc-1", &unavailable),
+            "created volume capacity 512 less than requested capacity 1024. Cleanup of volume pvc-1 \
+             failed, volume is orphaned: rpc error: code = Unavailable desc = driver restarting"
+        );
+        let sourceless = created_volume(response(2048, false), 1024, true).unwrap_err();
+        assert_eq!(sourceless.abandoned_volume(), Some("vol-1"));
+        assert_eq!(
+            sourceless.cleanup_failed("pvc-1", &unavailable),
+            "volume content source missing. cleanup of volume pvc-1 failed, volume is orphaned: \
+             rpc error: code = Unavailable desc = driver restarting"
+        );
+        assert!(created_volume(response(2048, true), 1024, true).is_ok());
+        let none = created_volume(csi::CreateVolumeResponse { volume: None }, 1, false);
+        assert_eq!(none.unwrap_err().abandoned_volume(), None);
+    }
 
     #[test]
     fn refused_pvs_cost_the_volume_after_five_refusals() {

@@ -14,7 +14,8 @@ use crate::claims::{ClaimError, SNAPSHOT_GROUP, requested_size};
 pub const SOURCE_PROTECTION: &str =
     "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
 /// Lets a restore change the volume mode of the snapshot's source volume.
-pub const ALLOW_VOLUME_MODE_CHANGE: &str = "snapshot.storage.k8s.io/allow-volume-mode-change";
+pub const ALLOW_VOLUME_MODE_CHANGE: &str =
+    "snapshot.storage.kubernetes.io/allow-volume-mode-change";
 const VERSION: &str = "v1";
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -140,80 +141,89 @@ pub fn bound_content(snapshot: &VolumeSnapshot) -> Result<String, ClaimError> {
         .ok_or_else(|| fail(format!("snapshot {name} not bound")))
 }
 
-/// Validates a restore and returns the snapshot handle: the content bound back to the
-/// snapshot, of this driver, ready, with a handle; the request not smaller than the restore
-/// size; no volume-mode change unless the content allows it (when `prevent_mode_conversion`).
+/// Validates a restore (upstream's `getSnapshotSource`, in its order and words) and returns
+/// the snapshot handle: the content bound back to the snapshot, of this driver (`class`
+/// names the claim's StorageClass), ready, with a handle; the request not smaller than the
+/// snapshot's restore size; no volume-mode change unless the content allows it (when
+/// `prevent_mode_conversion`).
 pub fn snapshot_source(
     claim: &PersistentVolumeClaim,
     driver: &str,
+    class: &str,
     snapshot: &VolumeSnapshot,
     content: &VolumeSnapshotContent,
     prevent_mode_conversion: bool,
 ) -> Result<String, ClaimError> {
     let name = snapshot.name_any();
+    let content_name = content.name_any();
     let reference = &content.spec.volume_snapshot_ref;
     let bound_back = reference.name.as_deref() == Some(name.as_str())
         && reference.namespace == snapshot.namespace()
         && reference.uid == snapshot.metadata.uid;
     if !bound_back {
         return Err(fail(format!(
-            "snapshotcontent {} is not bound to snapshot {name}",
-            content.name_any()
+            "snapshotcontent {content_name} for snapshot {name} is bound to a different snapshot"
         )));
     }
     if content.spec.driver != driver {
         return Err(fail(format!(
-            "snapshot {name} belongs to driver {:?}, not {driver}",
-            content.spec.driver
+            "snapshotcontent {content_name} for snapshot {name} is not handled by CSI driver of StorageClass {class}"
         )));
     }
-    let ready = snapshot
-        .status
-        .as_ref()
-        .and_then(|s| s.ready_to_use)
-        .unwrap_or(false);
-    if !ready {
+    let status = snapshot.status.as_ref();
+    if !status.and_then(|s| s.ready_to_use).unwrap_or(false) {
         return Err(fail(format!("snapshot {name} is not Ready")));
     }
-    let status = content.status.clone().unwrap_or_default();
-    let Some(handle) = status.snapshot_handle.filter(|h| !h.is_empty()) else {
-        return Err(fail(format!(
-            "snapshot handle of snapshotcontent {} is not available",
-            content.name_any()
-        )));
+    let Some(handle) = content
+        .status
+        .as_ref()
+        .and_then(|s| s.snapshot_handle.clone())
+        .filter(|h| !h.is_empty())
+    else {
+        return Err(fail(format!("snapshot handle {name} is not available")));
     };
-    let restore_size = status.restore_size.or_else(|| {
-        snapshot
-            .status
-            .as_ref()
-            .and_then(|s| s.restore_size.as_deref())
-            .and_then(|size| csi_sidecar::quantity::bytes(size).ok())
-    });
-    let requested = requested_size(claim)?;
-    if let Some(size) = restore_size
-        && requested < size
-    {
-        return Err(fail(format!(
-            "requested volume size {requested} is less than the size {size} for the source snapshot {name}"
-        )));
+    // As upstream: the snapshot's restore size, when it has one.
+    if let Some(size) = status.and_then(|s| s.restore_size.as_deref()) {
+        let size = csi_sidecar::quantity::bytes(size)
+            .map_err(|error| fail(format!("restore size of snapshot {name}: {error}")))?;
+        let requested = requested_size(claim)?;
+        if requested < size {
+            return Err(fail(format!(
+                "requested volume size {requested} is less than the size {size} for the source snapshot {name}"
+            )));
+        }
     }
     let claim_mode = claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref());
-    let allowed = content
-        .annotations()
-        .get(ALLOW_VOLUME_MODE_CHANGE)
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if prevent_mode_conversion
         && let (Some(source), Some(target)) =
             (content.spec.source_volume_mode.as_deref(), claim_mode)
         && source != target
-        && !allowed
     {
-        return Err(fail(format!(
-            "requested volume {}/{} modifies the mode of the source volume but does not have permission to do so: {ALLOW_VOLUME_MODE_CHANGE} is not present on snapshotcontent {}",
-            claim.namespace().unwrap_or_default(),
-            claim.name_any(),
-            content.name_any()
-        )));
+        let refused = |why: String| {
+            fail(format!(
+                "requested volume {}/{} modifies the mode of the source volume but does not have permission to do so. {why}",
+                claim.namespace().unwrap_or_default(),
+                claim.name_any(),
+            ))
+        };
+        let Some(allowed) = content.annotations().get(ALLOW_VOLUME_MODE_CHANGE) else {
+            return Err(refused(format!(
+                "{ALLOW_VOLUME_MODE_CHANGE} annotation is not present on snapshotcontent {content_name}"
+            )));
+        };
+        match csi_sidecar::flags::parse_go_bool(allowed) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(refused(format!(
+                    "{ALLOW_VOLUME_MODE_CHANGE} is set to false on snapshotcontent {content_name}"
+                )));
+            }
+            Err(_) => {
+                return Err(refused(format!(
+                    "failed to convert {ALLOW_VOLUME_MODE_CHANGE} annotation value to boolean with error: strconv.ParseBool: parsing {allowed:?}: invalid syntax"
+                )));
+            }
+        }
     }
     Ok(handle)
 }
@@ -233,7 +243,8 @@ mod tests {
     fn snapshot(extra: serde_json::Value) -> VolumeSnapshot {
         let mut value = json!({
             "metadata": {"name": "snap", "namespace": "apps", "uid": "s1"},
-            "status": {"boundVolumeSnapshotContentName": "content", "readyToUse": true}
+            "status": {"boundVolumeSnapshotContentName": "content", "readyToUse": true,
+                       "restoreSize": "1Gi"}
         });
         merge(&mut value, extra);
         serde_json::from_value(value).unwrap()
@@ -311,15 +322,17 @@ mod tests {
                 snapshot(json!({})),
                 content(json!({})),
                 true,
-                Err("less than the size"),
+                Err(
+                    "requested volume size 1048576 is less than the size 1073741824 for the source snapshot snap",
+                ),
             ),
             (
-                "restore size from the snapshot",
+                "only the snapshot's restore size counts, as upstream",
                 claim("1Mi", "Filesystem"),
-                snapshot(json!({"status": {"restoreSize": "1Gi"}})),
-                content(json!({"status": {"restoreSize": null}})),
+                snapshot(json!({"status": {"restoreSize": null}})),
+                content(json!({})),
                 true,
-                Err("less than the size"),
+                Ok("snap-1"),
             ),
             (
                 "not ready",
@@ -327,7 +340,7 @@ mod tests {
                 snapshot(json!({"status": {"readyToUse": false}})),
                 content(json!({})),
                 true,
-                Err("not Ready"),
+                Err("snapshot snap is not Ready"),
             ),
             (
                 "other driver",
@@ -335,7 +348,9 @@ mod tests {
                 snapshot(json!({})),
                 content(json!({"spec": {"driver": "other"}})),
                 true,
-                Err("belongs to driver"),
+                Err(
+                    "snapshotcontent content for snapshot snap is not handled by CSI driver of StorageClass fast",
+                ),
             ),
             (
                 "bound to another snapshot",
@@ -343,7 +358,7 @@ mod tests {
                 snapshot(json!({})),
                 content(json!({"spec": {"volumeSnapshotRef": {"uid": "s2"}}})),
                 true,
-                Err("not bound to snapshot"),
+                Err("snapshotcontent content for snapshot snap is bound to a different snapshot"),
             ),
             (
                 "no handle",
@@ -351,7 +366,7 @@ mod tests {
                 snapshot(json!({})),
                 content(json!({"status": {"snapshotHandle": null}})),
                 true,
-                Err("not available"),
+                Err("snapshot handle snap is not available"),
             ),
             (
                 "mode change",
@@ -359,7 +374,9 @@ mod tests {
                 snapshot(json!({})),
                 content(json!({})),
                 true,
-                Err("does not have permission"),
+                Err(
+                    "requested volume apps/restored modifies the mode of the source volume but does not have permission to do so. snapshot.storage.kubernetes.io/allow-volume-mode-change annotation is not present on snapshotcontent content",
+                ),
             ),
             (
                 "mode change allowed",
@@ -368,6 +385,34 @@ mod tests {
                 content(json!({"metadata": {"annotations": {ALLOW_VOLUME_MODE_CHANGE: "true"}}})),
                 true,
                 Ok("snap-1"),
+            ),
+            (
+                "mode change allowed, Go's spelling",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({"metadata": {"annotations": {ALLOW_VOLUME_MODE_CHANGE: "T"}}})),
+                true,
+                Ok("snap-1"),
+            ),
+            (
+                "mode change refused by the content",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({"metadata": {"annotations": {ALLOW_VOLUME_MODE_CHANGE: "false"}}})),
+                true,
+                Err(
+                    "requested volume apps/restored modifies the mode of the source volume but does not have permission to do so. snapshot.storage.kubernetes.io/allow-volume-mode-change is set to false on snapshotcontent content",
+                ),
+            ),
+            (
+                "mode change, not a boolean",
+                claim("1Gi", "Block"),
+                snapshot(json!({})),
+                content(json!({"metadata": {"annotations": {ALLOW_VOLUME_MODE_CHANGE: "yes"}}})),
+                true,
+                Err(
+                    "requested volume apps/restored modifies the mode of the source volume but does not have permission to do so. failed to convert snapshot.storage.kubernetes.io/allow-volume-mode-change annotation value to boolean with error: strconv.ParseBool: parsing \"yes\": invalid syntax",
+                ),
             ),
             (
                 "mode change not guarded",
@@ -387,14 +432,13 @@ mod tests {
             ),
         ];
         for (name, claim, snapshot, content, guard, expected) in cases {
-            let got = snapshot_source(&claim, DRIVER, &snapshot, &content, guard);
-            match (got, expected) {
-                (Ok(handle), Ok(want)) => assert_eq!(handle, want, "{name}"),
-                (Err(error), Err(want)) => {
-                    assert!(error.to_string().contains(want), "{name}: {error}")
-                }
-                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
-            }
+            let got = snapshot_source(&claim, DRIVER, "fast", &snapshot, &content, guard);
+            let got = got.map_err(|error| error.to_string());
+            assert_eq!(
+                got.as_deref(),
+                expected.map_err(str::to_string).as_deref(),
+                "{name}"
+            );
         }
     }
 

@@ -2,6 +2,7 @@
 //! texts are the ones users see in logs and Events, so they stay as upstream words them.
 
 use csi_sidecar::finalizers::FinalizerError;
+use csi_sidecar::kube::GoApiError;
 
 use crate::claims::ClaimError;
 use crate::request::RequestError;
@@ -31,8 +32,6 @@ pub enum SyncError {
     ClassRecord(#[source] serde_json::Error),
     #[error("claim {0} is gone")]
     ClaimGone(String),
-    #[error("persistentvolume {0} is not a CSI volume")]
-    NotCsi(String),
     /// The claim's size, for a node's capacity check.
     #[error(transparent)]
     Claim(#[from] ClaimError),
@@ -42,17 +41,28 @@ pub enum SyncError {
 }
 
 /// Why a snapshot cannot be restored from; the message of the claim's `ProvisioningFailed`
-/// Event.
+/// Event, wrapped as upstream wraps every error of reading a data source.
 #[derive(Debug, thiserror::Error)]
-pub enum SnapshotSourceError {
-    #[error("snapshot {0} not found")]
-    SnapshotNotFound(String),
-    #[error("error getting snapshot {name}: {source}")]
+#[error("error getting handle for DataSource Type VolumeSnapshot by Name {snapshot}: {cause}")]
+pub struct SnapshotSourceError {
+    pub snapshot: String,
+    pub cause: SnapshotSourceCause,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotSourceCause {
+    #[error(
+        "error getting snapshot {name} from api server: {}",
+        GoApiError(source)
+    )]
     GetSnapshot { name: String, source: kube::Error },
-    #[error("snapshotcontent {0} not found")]
-    ContentNotFound(String),
-    #[error("error getting snapshotcontent {name}: {source}")]
-    GetContent { name: String, source: kube::Error },
+    /// Upstream's Event names no cause (it logs it; so does the controller, from `Debug`).
+    #[error("error getting snapshotcontent {content} for snapshot {snapshot}")]
+    GetContent {
+        content: String,
+        snapshot: String,
+        source: kube::Error,
+    },
     /// Unbound, not ready, another driver's, or a refused volume mode conversion.
     #[error(transparent)]
     Invalid(#[from] ClaimError),
@@ -103,10 +113,6 @@ mod tests {
                 "claim data is gone".into(),
             ),
             (
-                SyncError::NotCsi("pv-1".into()).to_string(),
-                "persistentvolume pv-1 is not a CSI volume".into(),
-            ),
-            (
                 SyncError::Capacity(crate::capacity::CapacityError::GetCapacity(
                     tonic::Status::unavailable("no pool"),
                 ))
@@ -118,28 +124,31 @@ mod tests {
                 RequestError::MissingUid.to_string(),
             ),
             (
-                SnapshotSourceError::SnapshotNotFound("snap".into()).to_string(),
-                "snapshot snap not found".into(),
+                SnapshotSourceError {
+                    snapshot: "snap".into(),
+                    cause: SnapshotSourceCause::GetSnapshot {
+                        name: "snap".into(),
+                        source: kube::Error::Api(
+                            kube::core::Status::failure(
+                                r#"volumesnapshots.snapshot.storage.k8s.io "snap" not found"#,
+                                "NotFound",
+                            )
+                            .with_code(404)
+                            .boxed(),
+                        ),
+                    },
+                }
+                .to_string(),
+                r#"error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: volumesnapshots.snapshot.storage.k8s.io "snap" not found"#.into(),
             ),
             (
-                SnapshotSourceError::GetSnapshot {
-                    name: "snap".into(),
+                SnapshotSourceCause::GetContent {
+                    content: "content".into(),
+                    snapshot: "snap".into(),
                     source: api_error(),
                 }
                 .to_string(),
-                format!("error getting snapshot snap: {}", api_error()),
-            ),
-            (
-                SnapshotSourceError::ContentNotFound("content".into()).to_string(),
-                "snapshotcontent content not found".into(),
-            ),
-            (
-                SnapshotSourceError::GetContent {
-                    name: "content".into(),
-                    source: api_error(),
-                }
-                .to_string(),
-                format!("error getting snapshotcontent content: {}", api_error()),
+                "error getting snapshotcontent content for snapshot snap".into(),
             ),
         ];
         for (text, expected) in table {

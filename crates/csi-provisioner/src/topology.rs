@@ -13,23 +13,72 @@ use k8s_openapi::api::core::v1::TopologySelectorTerm;
 /// One topology term: segment key → value, ordered by key.
 pub type Term = BTreeMap<String, String>;
 
+/// Upstream's texts, with its Go `%v` of keys, labels and terms (`[k1 k2]`, `map[k:v]`,
+/// `[{zone a}]`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
     /// The selected node has no CSINode (yet): the scheduler should pick again.
-    #[error("no CSINode for selected node {0}; rescheduling")]
+    #[error("failed to get selected CSINode {0}: csinode.storage.k8s.io \"{0}\" not found")]
     Reschedule(String),
+    /// The selected node's CSINode has no keys of this driver (its node plugin is not
+    /// registered there, yet): retried, as upstream, not rescheduled.
     #[error("no topology key found for node {0}")]
     NoKeys(String),
-    #[error("topology label {key} not found on node {node}")]
-    MissingLabel { node: String, key: String },
-    #[error("selected node {node} topology {topology:?} is not in allowed topologies")]
-    NotAllowed { node: String, topology: Term },
-    #[error("topologyKeys {0:?} were not found on any nodes")]
+    #[error(
+        "topology labels from selected node {} does not match topology keys from CSINode {}",
+        go_map(labels),
+        go_list(keys)
+    )]
+    MissingLabel {
+        labels: BTreeMap<String, String>,
+        keys: Vec<String>,
+    },
+    #[error(
+        "selected node '\"{node}\"' topology '{}' is not in allowed topologies: {}",
+        go_term(topology),
+        go_terms(allowed)
+    )]
+    NotAllowed {
+        node: String,
+        topology: Term,
+        allowed: Vec<Term>,
+    },
+    #[error("topologyKeys {} were not found on any nodes", go_list(.0))]
     KeysNotFound(Vec<String>),
     #[error("no available topology found")]
     NoAvailableTopology,
-    #[error("topology {topology:?} from selected node {node} is not in requisite")]
-    NotInRequisite { node: String, topology: Term },
+    #[error(
+        "topology {} from selected node \"{node}\" is not in requisite: {}",
+        go_term(topology),
+        go_terms(requisite)
+    )]
+    NotInRequisite {
+        node: String,
+        topology: Term,
+        requisite: Vec<Term>,
+    },
+}
+
+/// Go's `%v` of a string slice: `[a b]`.
+fn go_list(items: &[String]) -> String {
+    format!("[{}]", items.join(" "))
+}
+
+/// Go's `%v` of a map (sorted by key): `map[a:1 b:2]`.
+fn go_map(map: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = map.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    format!("map[{}]", pairs.join(" "))
+}
+
+/// Go's `%v` of upstream's topologyTerm (segments sorted by key): `[{k1 v1} {k2 v2}]`.
+fn go_term(term: &Term) -> String {
+    let segments: Vec<String> = term.iter().map(|(k, v)| format!("{{{k} {v}}}")).collect();
+    format!("[{}]", segments.join(" "))
+}
+
+fn go_terms(terms: &[Term]) -> String {
+    let terms: Vec<String> = terms.iter().map(go_term).collect();
+    format!("[{}]", terms.join(" "))
 }
 
 /// The node the scheduler selected (WaitForFirstConsumer).
@@ -110,13 +159,14 @@ pub fn requirements(inputs: &Inputs<'_>) -> Result<Option<Requirements>, Topolog
         if keys.is_empty() {
             return Err(TopologyError::NoKeys(node.name.clone()));
         }
-        let topology = term_of(&node.name, keys, &node.labels)?;
+        let topology = term_of(keys, &node.labels)?;
         if inputs.strict {
             let allowed = flatten(inputs.allowed_topologies);
             if !allowed.is_empty() && !allowed.iter().any(|a| is_subset(a, &topology)) {
                 return Err(TopologyError::NotAllowed {
                     node: node.name.clone(),
                     topology,
+                    allowed,
                 });
             }
             requisite.push(topology.clone());
@@ -162,6 +212,7 @@ pub fn requirements(inputs: &Inputs<'_>) -> Result<Option<Requirements>, Topolog
                 .ok_or_else(|| TopologyError::NotInRequisite {
                     node: node.name.clone(),
                     topology: topology.clone(),
+                    requisite: requisite.clone(),
                 })?;
             rotated(&requisite, start)
         }
@@ -173,19 +224,15 @@ pub fn requirements(inputs: &Inputs<'_>) -> Result<Option<Requirements>, Topolog
 }
 
 /// The node's term for `keys`, from its labels.
-fn term_of(
-    node: &str,
-    keys: &[String],
-    labels: &BTreeMap<String, String>,
-) -> Result<Term, TopologyError> {
+fn term_of(keys: &[String], labels: &BTreeMap<String, String>) -> Result<Term, TopologyError> {
     keys.iter()
         .map(|key| {
             labels
                 .get(key)
                 .map(|value| (key.clone(), value.clone()))
                 .ok_or_else(|| TopologyError::MissingLabel {
-                    node: node.to_string(),
-                    key: key.clone(),
+                    labels: labels.clone(),
+                    keys: keys.to_vec(),
                 })
         })
         .collect()
@@ -382,6 +429,10 @@ mod tests {
             requirements(&inputs),
             Err(TopologyError::KeysNotFound(other.clone()))
         );
+        assert_eq!(
+            TopologyError::KeysNotFound(vec!["k1".into(), "k2".into()]).to_string(),
+            "topologyKeys [k1 k2] were not found on any nodes"
+        );
     }
 
     #[test]
@@ -409,15 +460,21 @@ mod tests {
 
         let only_a = allowed(json!([{"matchLabelExpressions": [{"key": ZONE, "values": ["a"]}]}]));
         strict.allowed_topologies = &only_a;
-        assert!(matches!(
-            requirements(&strict),
-            Err(TopologyError::NotAllowed { .. })
-        ));
+        let refused = requirements(&strict).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "selected node '\"n2\"' topology '[{{{ZONE} b}}]' is not in allowed topologies: [[{{{ZONE} a}}]]"
+            ),
+            "Go's %q in quotes and %v of terms, as upstream"
+        );
         let not_strict = inputs(Some(&selected), &[], &nodes, &only_a);
-        assert!(matches!(
-            requirements(&not_strict),
-            Err(TopologyError::NotInRequisite { .. })
-        ));
+        assert_eq!(
+            requirements(&not_strict).unwrap_err().to_string(),
+            format!(
+                "topology [{{{ZONE} b}}] from selected node \"n2\" is not in requisite: [[{{{ZONE} a}}]]"
+            )
+        );
     }
 
     #[test]
@@ -428,9 +485,11 @@ mod tests {
             keys: None,
             labels: BTreeMap::new(),
         };
+        let refused = requirements(&inputs(Some(&missing_csinode), &[], &nodes, &[]));
+        assert_eq!(refused, Err(TopologyError::Reschedule("n1".into())));
         assert_eq!(
-            requirements(&inputs(Some(&missing_csinode), &[], &nodes, &[])),
-            Err(TopologyError::Reschedule("n1".into()))
+            refused.unwrap_err().to_string(),
+            r#"failed to get selected CSINode n1: csinode.storage.k8s.io "n1" not found"#
         );
         let no_keys = SelectedNode {
             name: "n1".into(),
@@ -443,15 +502,16 @@ mod tests {
         );
         let unlabelled = SelectedNode {
             name: "n1".into(),
-            keys: Some(vec![ZONE.into()]),
-            labels: BTreeMap::new(),
+            keys: Some(vec![ZONE.into(), "rack".into()]),
+            labels: term(&[(ZONE, "a"), ("os", "linux")]),
         };
         assert_eq!(
-            requirements(&inputs(Some(&unlabelled), &[], &nodes, &[])),
-            Err(TopologyError::MissingLabel {
-                node: "n1".into(),
-                key: ZONE.into()
-            })
+            requirements(&inputs(Some(&unlabelled), &[], &nodes, &[]))
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "topology labels from selected node map[os:linux {ZONE}:a] does not match topology keys from CSINode [{ZONE} rack]"
+            )
         );
     }
 

@@ -267,7 +267,7 @@ pub enum CapacityError {
     Request(#[from] request::RequestError),
     #[error(transparent)]
     Parameters(#[from] csi_sidecar::secrets::SecretsError),
-    #[error("GetCapacity: rpc error: code = {:?} desc = {}", .0.code(), .0.message())]
+    #[error("GetCapacity: {}", csi_sidecar::conn::GoStatus(.0))]
     GetCapacity(tonic::Status),
     #[error("updating CSIStorageCapacity {name}: {source}")]
     Update { name: String, source: kube::Error },

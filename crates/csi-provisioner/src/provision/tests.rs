@@ -194,7 +194,12 @@ fn refusals_in_upstreams_order() {
             claim(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "gone"}})),
             plain.clone(),
             full_driver(),
-            Refusal::NoSourceClaim("gone".into()),
+            Refusal::CloneSource {
+                name: "gone".into(),
+                cause: ClaimError::CloneSource(
+                    r#"error getting PVC gone (namespace "apps") from api server: persistentvolumeclaim "gone" not found"#.into(),
+                ),
+            },
         ),
         (
             "a clone larger source than the claim",
@@ -204,9 +209,12 @@ fn refusals_in_upstreams_order() {
             ),
             plain.clone(),
             full_driver(),
-            Refusal::Claim(ClaimError::CloneSource(
-                "the requested size is smaller than the size of the source claim src".into(),
-            )),
+            Refusal::CloneSource {
+                name: "src".into(),
+                cause: ClaimError::CloneSource(
+                    "error, new PVC request must be greater than or equal in size to the specified PVC data source, requested 1048576 but source is 1073741824".into(),
+                ),
+            },
         ),
         (
             "no CREATE_DELETE_VOLUME",
@@ -252,6 +260,30 @@ fn refusals_in_upstreams_order() {
             full_driver(),
             Refusal::Request(RequestError::NoAccessModes),
         ),
+        (
+            "no controller service, before the missing source",
+            claim(json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "gone"}})),
+            plain.clone(),
+            DriverInfo {
+                plugin: PluginCapabilities::default(),
+                ..full_driver()
+            },
+            Refusal::NoControllerService,
+        ),
+        (
+            "no CREATE_DELETE_VOLUME, before the missing snapshot support",
+            claim(snapshot_source.clone()),
+            plain.clone(),
+            driver(&[CloneVolume], false),
+            Refusal::NoProvisioning,
+        ),
+        (
+            "no access modes, before the missing source",
+            claim(json!({"accessModes": [], "dataSource": {"kind": "PersistentVolumeClaim", "name": "gone"}})),
+            plain.clone(),
+            full_driver(),
+            Refusal::Request(RequestError::NoAccessModes),
+        ),
     ];
     let mut caches = Caches::default();
     with_clone_source(&mut caches);
@@ -260,6 +292,39 @@ fn refusals_in_upstreams_order() {
             Err(refusal) => assert_eq!(refusal, expected, "{case}"),
             Ok(decision) => panic!("{case}: expected {expected:?}, got {decision:?}"),
         }
+    }
+}
+
+/// The texts of upstream's `checkDriverCapabilities` and `prepareProvision`.
+#[test]
+fn refusals_read_as_upstreams() {
+    let table = [
+        (
+            Refusal::NoControllerService,
+            "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported",
+        ),
+        (
+            Refusal::NoProvisioning,
+            "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
+        ),
+        (
+            Refusal::NoSnapshots,
+            "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported",
+        ),
+        (
+            Refusal::NoCloning,
+            "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported",
+        ),
+        (
+            Refusal::CloneSource {
+                name: "src".into(),
+                cause: ClaimError::CloneSourceInvalid("no PV".into()),
+            },
+            "error getting handle for DataSource Type PersistentVolumeClaim by Name src: claim in dataSource not bound or invalid",
+        ),
+    ];
+    for (refusal, text) in table {
+        assert_eq!(refusal.to_string(), text);
     }
 }
 
