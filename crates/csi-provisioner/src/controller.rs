@@ -19,6 +19,7 @@ use csi_sidecar::finalizers::{
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
+use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use csi_sidecar::writes::patch_or_update;
 use futures::FutureExt;
@@ -34,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
-use crate::infeasible::InfeasibleClaims;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use crate::vac::{self, VacError, VolumeAttributesClass};
 
@@ -173,8 +173,9 @@ struct Provisioner {
     csi_events: EventRecorder,
     /// Topology inputs pinned per claim UID, so retries send the same request.
     pinned: Mutex<HashMap<String, PinnedTopology>>,
-    /// Claims whose CreateVolume was refused as infeasible, retried after `--retry-interval-max`.
-    infeasible: InfeasibleClaims,
+    /// Claim UIDs whose CreateVolume was refused as infeasible, tagged with their class's UID:
+    /// retried after `--retry-interval-max` (sig-storage-lib's slow set).
+    infeasible: SlowSet<String, String>,
     workers: Arc<KeyedWorkers<Key>>,
     unseen: UnseenWrites,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
@@ -346,7 +347,7 @@ pub async fn run(
         identity,
         caches,
         pinned: Mutex::new(HashMap::new()),
-        infeasible: InfeasibleClaims::new(settings.retry_max),
+        infeasible: SlowSet::new(settings.retry_max),
         unseen: UnseenWrites::default(),
         save_refusals: Mutex::new(HashMap::new()),
         node: settings.node_deployment.clone().map(|deployment| OwnNode {
@@ -938,7 +939,7 @@ impl Provisioner {
                 }
                 if outcome == Outcome::Infeasible {
                     let class_uid = class.uid().unwrap_or_default();
-                    self.infeasible.mark(&uid, &class_uid, Instant::now());
+                    self.infeasible.add(uid.clone(), class_uid, Instant::now());
                     let message = format!(
                         "Volume provisioning failed with infeasible error. Retries will be delayed. {error}"
                     );

@@ -1,7 +1,7 @@
 //! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks), [`infeasible`] (the slow retry of claims the driver refused as infeasible),
+//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks),
 //! [`vac`] (VolumeAttributesClasses: mutable parameters), [`grants`] (ReferenceGrants for
 //! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
 //! instance handles, and its delays before owning an Immediate claim).
@@ -13,7 +13,6 @@ pub mod deletion;
 pub mod flags;
 pub mod gates;
 pub mod grants;
-pub mod infeasible;
 pub mod metrics;
 pub mod node_deployment;
 pub mod protection;

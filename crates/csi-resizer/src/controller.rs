@@ -12,6 +12,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
+use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::vac::VolumeAttributesClass;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -110,12 +111,12 @@ struct Controller {
     in_use_errors: Mutex<HashSet<String>>,
     /// Claims whose last ControllerExpandVolume ended with a final error.
     final_errors: Mutex<HashSet<Key>>,
-    /// Claims whose expansion was infeasible, since when (upstream's slow set).
-    infeasible_since: Mutex<HashMap<Key, Instant>>,
+    /// Claims whose expansion was infeasible (upstream's slow set).
+    infeasible: SlowSet<Key>,
     /// Claims whose last ControllerModifyVolume may still run at the driver.
     modify_uncertain: Mutex<HashSet<Key>>,
-    /// Claims whose modification was infeasible, since when (the modify controller's slow set).
-    modify_infeasible_since: Mutex<HashMap<Key, Instant>>,
+    /// Claims whose modification was infeasible (the modify controller's slow set).
+    modify_infeasible: SlowSet<Key>,
 }
 
 /// A failed expansion step: its message and, for a CSI error, the gRPC code.
@@ -191,9 +192,9 @@ pub async fn run(
         superseded: Superseded::default(),
         in_use_errors: Mutex::default(),
         final_errors: Mutex::default(),
-        infeasible_since: Mutex::default(),
+        infeasible: SlowSet::new(settings.retry_max),
         modify_uncertain: Mutex::new(modify_uncertain),
-        modify_infeasible_since: Mutex::default(),
+        modify_infeasible: SlowSet::new(settings.retry_max),
         settings,
     });
     tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
@@ -246,9 +247,9 @@ impl Controller {
     fn forget(&self, key: &Key) {
         self.superseded.forget(key);
         lock(&self.final_errors).remove(key);
-        lock(&self.infeasible_since).remove(key);
+        self.infeasible.remove(key);
         lock(&self.modify_uncertain).remove(key);
-        lock(&self.modify_infeasible_since).remove(key);
+        self.modify_infeasible.remove(key);
     }
 
     fn volume_of(&self, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolume>> {
@@ -305,20 +306,13 @@ impl Controller {
     /// The controller's memory of the claim for the plan; an infeasible status starts (or
     /// continues) its slow retry.
     fn memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> Memory {
-        let mut infeasible = lock(&self.infeasible_since);
+        let now = Instant::now();
         if resize::resize_status(pvc) == Some(resize::resize_status::CONTROLLER_RESIZE_INFEASIBLE) {
-            infeasible.entry(key.clone()).or_insert_with(Instant::now);
-        }
-        let infeasible_wait = infeasible
-            .get(key)
-            .map(|since| self.settings.retry_max.saturating_sub(since.elapsed()))
-            .filter(|wait| !wait.is_zero());
-        if infeasible_wait.is_none() {
-            infeasible.remove(key);
+            self.infeasible.add_if_absent(key, (), now);
         }
         Memory {
             final_error: lock(&self.final_errors).contains(key),
-            infeasible_wait,
+            infeasible_wait: self.infeasible.remaining(key, &(), now),
         }
     }
 
@@ -368,7 +362,7 @@ impl Controller {
         let result = match self.call_driver(pv, expansion.bytes).await {
             Ok(done) => {
                 lock(&self.final_errors).remove(key);
-                lock(&self.infeasible_since).remove(key);
+                self.infeasible.remove(key);
                 self.record_success(&claim, pv, done).await
             }
             Err(failure) => Err(self.record_failure(key, &claim, &pv_name, failure).await),
@@ -483,12 +477,12 @@ impl Controller {
         }
         if !kind.final_error {
             lock(&self.final_errors).remove(key);
-            lock(&self.infeasible_since).remove(key);
+            self.infeasible.remove(key);
             return SyncError::Expand(message);
         }
         lock(&self.final_errors).insert(key.clone());
         if !kind.infeasible {
-            lock(&self.infeasible_since).remove(key);
+            self.infeasible.remove(key);
         }
         let patch = resize::failed_patch(claim, kind.infeasible, &failure.message, &now());
         match self.patch_status(claim, &patch).await {
@@ -619,7 +613,7 @@ impl Controller {
         {
             Ok(_) => {
                 lock(&self.modify_uncertain).remove(key);
-                lock(&self.modify_infeasible_since).remove(key);
+                self.modify_infeasible.remove(key);
                 self.patch_volume(pv, &modify::volume_patch(&class)).await?;
                 self.patch_status(&claim, &modify::completed_patch(&claim, &class))
                     .await?;
@@ -647,7 +641,7 @@ impl Controller {
                 }
                 let new_status = failure.status();
                 if new_status == modify::status::INFEASIBLE {
-                    lock(&self.modify_infeasible_since).insert(key.clone(), Instant::now());
+                    self.modify_infeasible.add(key.clone(), (), Instant::now());
                 }
                 let message = failure.event_message(&class);
                 self.patch_status(
@@ -665,19 +659,15 @@ impl Controller {
     /// What the modify plan needs to remember of the claim: whether a call may still run,
     /// and what is left of an infeasible modification's slow retry.
     fn modify_memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> modify::Memory {
-        let mut infeasible = lock(&self.modify_infeasible_since);
+        let now = Instant::now();
         if modify::is_infeasible(pvc) {
-            infeasible.entry(key.clone()).or_insert_with(Instant::now);
+            self.modify_infeasible.add_if_absent(key, (), now);
         } else {
-            infeasible.remove(key);
+            self.modify_infeasible.remove(key);
         }
-        let infeasible_wait = infeasible
-            .get(key)
-            .map(|since| self.settings.retry_max.saturating_sub(since.elapsed()))
-            .filter(|wait| !wait.is_zero());
         modify::Memory {
             uncertain: lock(&self.modify_uncertain).contains(key),
-            infeasible_wait,
+            infeasible_wait: self.modify_infeasible.remaining(key, &(), now),
         }
     }
 

@@ -30,6 +30,7 @@
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
 //! - [`vac`] VolumeAttributesClasses (storage.k8s.io/v1): the type and whether it is served;
 //! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume;
+//! - [`slow_set`] the slow retry of objects the driver refused as infeasible;
 //! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
 //!   errors, skip unchanged objects;
 //! - [`lock`] a mutex lock that outlives a panicked holder.
@@ -93,6 +94,7 @@ pub mod node_selector;
 pub mod quantity;
 pub mod secrets;
 pub mod shutdown;
+pub mod slow_set;
 pub mod startup;
 pub mod superseded;
 pub mod vac;
