@@ -38,10 +38,19 @@ struct UpstreamHelp<M> {
 
 impl<M: EncodeMetric + std::fmt::Debug + Send + Sync + 'static> Collector for UpstreamHelp<M> {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let family =
-            encoder.encode_descriptor(self.name, self.help, None, self.metric.metric_type())?;
-        self.metric.encode(family)
+        encode_as_upstream(&mut encoder, self.name, self.help, &self.metric)
     }
+}
+
+/// One family of a collector, with `help` as given (nothing appended).
+pub(crate) fn encode_as_upstream(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(family)
 }
 
 /// csi-lib-utils' `driver_name` label before the driver has told its name.

@@ -5,9 +5,11 @@
 //! collector does.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::metrics::encode_as_upstream;
 
 /// procfs' `userHZ`: the kernel reports times in 1/100 s to user space on every architecture.
 const USER_HZ: f64 = 100.0;
@@ -235,23 +237,17 @@ impl Collector for ProcessCollector {
             if sample.name == START_TIME && self.families != ProcessFamilies::All {
                 sample.help = MANAGER_START_TIME_HELP;
             }
+            let (name, help) = (sample.name, sample.help);
             if sample.counter {
-                encode_family(&mut encoder, &sample, ConstCounter::new(sample.value))?;
+                let counter = ConstCounter::new(sample.value);
+                encode_as_upstream(&mut encoder, name, help, &counter)?;
             } else {
-                encode_family(&mut encoder, &sample, ConstGauge::new(sample.value))?;
+                let gauge = ConstGauge::new(sample.value);
+                encode_as_upstream(&mut encoder, name, help, &gauge)?;
             }
         }
         Ok(())
     }
-}
-
-fn encode_family(
-    encoder: &mut DescriptorEncoder,
-    sample: &Sample,
-    metric: impl EncodeMetric,
-) -> Result<(), std::fmt::Error> {
-    let family = encoder.encode_descriptor(sample.name, sample.help, None, metric.metric_type())?;
-    metric.encode(family)
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! that select a bucket (`{le="25"}`) would silently match nothing. Go's text format also names
 //! counter families with their `_total` suffix, and has no `# EOF`, `# UNIT` or exemplars.
 
+use std::collections::HashMap;
+
 /// `Content-Type` of the Prometheus text format, as client_golang's promhttp sends it.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -63,6 +65,8 @@ struct TextFamily {
     kind: &'static str,
     help: Option<String>,
     series: Vec<Series>,
+    /// Where each label set's series is in `series`: a family may have thousands.
+    index: HashMap<Vec<(String, String)>, usize>,
 }
 
 /// The samples sharing one label set (a histogram's buckets, sum and count), written.
@@ -93,6 +97,7 @@ fn parse(openmetrics: &str) -> Vec<TextFamily> {
                         kind,
                         help,
                         series: Vec::new(),
+                        index: HashMap::new(),
                     });
                 }
                 // `# UNIT`, `# EOF`: OpenMetrics only.
@@ -173,16 +178,15 @@ fn add_sample(family: &mut TextFamily, line: &str) {
     } else {
         format!("{name}{{{}}} {value}", written.join(","))
     };
-    let series = match family.series.iter_mut().find(|s| s.labels == identity) {
-        Some(series) => series,
-        None => {
-            family.series.push(Series {
-                labels: identity,
-                samples: Vec::new(),
-            });
-            family.series.last_mut().expect("just pushed")
-        }
-    };
+    let next = family.series.len();
+    let at = *family.index.entry(identity.clone()).or_insert(next);
+    if at == next {
+        family.series.push(Series {
+            labels: identity,
+            samples: Vec::new(),
+        });
+    }
+    let series = &mut family.series[at];
     // Go writes a histogram's buckets (a summary's quantiles) first, then `_sum`, `_count`.
     let rank = |sample: &str| {
         let name = sample.split(['{', ' ']).next().unwrap_or_default();
