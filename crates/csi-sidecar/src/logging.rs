@@ -1,6 +1,8 @@
 //! tracing setup from the component-base logging flags: `-v` picks the level, and
 //! `--logging-format` picks text or JSON. `RUST_LOG`, when set, overrides `-v`.
 
+use std::io::IsTerminal;
+
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::EnvFilter;
 
@@ -30,12 +32,22 @@ pub fn filter_directives(verbosity: Option<u8>) -> String {
     format!("{level}{quiet}")
 }
 
+/// Whether text logs carry colour codes: only on a terminal, and not when `NO_COLOR` is set
+/// (no-color.org). A container's stderr is a pipe or file, where escape codes would end up
+/// verbatim in `kubectl logs` and log collectors, which klog never writes.
+pub fn coloured(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(str::is_empty)
+}
+
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init(args: &CommonArgs) {
     let filter = EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| EnvFilter::new(filter_directives(args.verbosity)));
+    let no_color = std::env::var("NO_COLOR").ok();
+    let ansi = coloured(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // A second init (tests, embedded use) keeps the first subscriber.
     let _ = if args.logging_format == "json" {
@@ -66,6 +78,24 @@ mod tests {
         ];
         for (verbosity, want) in table {
             assert_eq!(level_for_verbosity(verbosity), want, "{verbosity:?}");
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        let table = [
+            (true, None, true),
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (false, None, false),
+            (false, Some("1"), false),
+        ];
+        for (terminal, no_color, want) in table {
+            assert_eq!(
+                coloured(terminal, no_color),
+                want,
+                "{terminal} {no_color:?}"
+            );
         }
     }
 
