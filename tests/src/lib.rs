@@ -754,6 +754,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
             modify,
+            workqueues: Default::default(),
         };
         let client = self.component_client(rbac::RESIZER);
         let shutdown = CancellationToken::new();

@@ -14,6 +14,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
@@ -66,11 +67,16 @@ struct OperationLabel {
 #[derive(Clone, Debug, Default)]
 pub struct AttacherMetrics {
     pending: Family<OperationLabel, Gauge>,
+    /// client-go's `workqueue_*`: upstream's queues "csi-attacher-va" and "csi-attacher-pv".
+    pub workqueues: WorkqueueMetrics,
 }
 
 impl AttacherMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
+        let metrics = Self {
+            workqueues: WorkqueueMetrics::register(registry),
+            ..Self::default()
+        };
         registry.register(
             "csi_attacher_pending_operations",
             "VolumeAttachments waiting to be attached or detached",
@@ -202,6 +208,15 @@ pub async fn run(
         settings.retry_start,
         settings.retry_max,
     );
+    let queues = &settings.metrics.workqueues;
+    let named = vec![
+        queues.queue("csi-attacher-va"),
+        queues.queue("csi-attacher-pv"),
+    ];
+    workers.report_to(named, |key| match key {
+        Key::Attachment(_) => 0,
+        Key::Volume(_) => 1,
+    });
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let (attachment_work, volume_work) = (workers.clone(), workers.clone());
     let caches = Caches {

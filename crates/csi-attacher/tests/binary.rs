@@ -101,5 +101,12 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     ] {
         assert!(metrics.contains(name), "{name} missing from the metrics");
     }
+    // client-go's queue metrics under upstream's queue names: va-1 went through its queue.
+    let adds = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(r#"workqueue_adds_total{name="csi-attacher-va"} "#))
+        .and_then(|count| count.parse::<f64>().ok());
+    assert!(adds.is_some_and(|n| n >= 1.0), "{metrics}");
+    assert!(metrics.contains(r#"workqueue_depth{name="csi-attacher-pv"} "#));
     driver.stop().await;
 }

@@ -272,6 +272,16 @@ pub async fn run(
         settings.retry_start,
         settings.retry_max,
     );
+    // Upstream's queues: sig-storage-lib's "claims" and "volumes"; its cloning-protection
+    // controller's queue is named "claims" too.
+    let queues = &settings.metrics.workqueues;
+    workers.report_to(
+        vec![queues.queue("claims"), queues.queue("volumes")],
+        |key| match key {
+            Key::Claim(_) | Key::CloneSource(_) => 0,
+            Key::Volume(_) => 1,
+        },
+    );
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     // Upstream GETs a claim's class when it provisions and its sample RBAC grants no access
     // to classes: the cache of them must neither hold up provisioning nor fail /healthz when

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use csi_sidecar::metrics::register_as_upstream;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,6 +43,8 @@ pub struct ProvisionerMetrics {
     deleted: Family<DeleteLabels, Counter>,
     delete_failed: Family<DeleteLabels, Counter>,
     delete_duration: Histograms<DeleteLabels>,
+    /// client-go's `workqueue_*`: the provisioner's queues "claims" and "volumes".
+    pub workqueues: WorkqueueMetrics,
 }
 
 impl Default for ProvisionerMetrics {
@@ -54,13 +57,17 @@ impl Default for ProvisionerMetrics {
             deleted: Family::default(),
             delete_failed: Family::default(),
             delete_duration: Family::new_with_constructor(histogram),
+            workqueues: WorkqueueMetrics::default(),
         }
     }
 }
 
 impl ProvisionerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
+        let metrics = Self {
+            workqueues: WorkqueueMetrics::register(registry),
+            ..Self::default()
+        };
         // prometheus-client appends `_total` to counters. ("succesfully" is upstream's spelling.)
         register_as_upstream(
             registry,

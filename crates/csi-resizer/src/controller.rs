@@ -12,6 +12,7 @@ use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::vac::VolumeAttributesClass;
@@ -53,6 +54,9 @@ pub struct Settings {
     /// ControllerModifyVolume for VolumeAttributesClass changes: the driver can modify, the
     /// gate is on and the server serves the classes.
     pub modify: Option<ModifySettings>,
+    /// client-go's `workqueue_*`; upstream's resize and modify controllers both name their
+    /// queue "<driver>-pvc".
+    pub workqueues: WorkqueueMetrics,
 }
 
 /// How volumes are modified.
@@ -142,6 +146,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ResizerError> {
     let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    let queue = settings
+        .workqueues
+        .queue(&format!("{}-pvc", settings.driver_name));
+    workers.report_to(vec![queue], |_| 0);
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
     let caches = Caches {

@@ -18,6 +18,7 @@ use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
 use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +60,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
+    let workqueues = WorkqueueMetrics::register(&mut registry);
     let services = Services {
         controller: true,
         node: false,
@@ -121,6 +123,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
         annotate_fs_resize: gates.get(ANNOTATE_FS_RESIZE),
         cache_sync,
         modify,
+        workqueues,
     };
     let lock_name = lease_name(&driver.name);
     let work_client = client.clone();

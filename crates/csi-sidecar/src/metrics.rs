@@ -15,6 +15,7 @@ use tonic::Code;
 
 pub mod process;
 pub mod text;
+pub mod workqueue;
 
 /// Registers `metric` under upstream's exact help text. `Registry::register` appends a "." to
 /// every help text, which upstream's texts either end with already or lack on purpose:

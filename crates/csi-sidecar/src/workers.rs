@@ -30,7 +30,7 @@ use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kube::Resource;
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::lock;
+use crate::metrics::workqueue::QueueMetrics;
 
 /// How a sync ended without error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +83,13 @@ pub struct KeyedWorkers<K> {
     /// Woken when a key is triggered or a sync failed, so the next pass (or the retry) is
     /// scheduled without waiting for another change.
     wake: Notify,
+    /// The `workqueue_*` queues, and which one a key is counted in (an index), once
+    /// [`KeyedWorkers::report_to`].
+    queues: OnceLock<NamedQueues<K>>,
 }
+
+/// The queues and the index of a key's queue.
+type NamedQueues<K> = (Vec<QueueMetrics>, fn(&K) -> usize);
 
 impl<K> KeyedWorkers<K>
 where
@@ -124,7 +131,15 @@ where
                 .map(|workers| Semaphore::new((*workers).max(1)))
                 .collect(),
             wake: Notify::new(),
+            queues: OnceLock::new(),
         })
+    }
+
+    /// Counts the keys in client-go's `workqueue_*` families, each in the queue of `queues`
+    /// whose index `queue_of` gives (named as upstream's queues are). Once; later calls
+    /// change nothing.
+    pub fn report_to(&self, queues: Vec<QueueMetrics>, queue_of: fn(&K) -> usize) {
+        let _ = self.queues.set((queues, queue_of));
     }
 
     /// Queues `key` for the next pass (its object changed) and wakes the loop.
@@ -191,12 +206,22 @@ where
             // for as long as the sync runs.
             not_before.remove(&key);
         }
+        let queue = self
+            .queues
+            .get()
+            .and_then(|(queues, queue_of)| queues.get(queue_of(&key)).cloned());
+        if let Some(queue) = &queue {
+            queue.added();
+        }
+        let enqueued = Instant::now();
         let this = self.clone();
         tasks.spawn(async move {
             let permits = &this.lanes[lane.min(this.lanes.len() - 1)];
             let Ok(_permit) = permits.acquire().await else {
                 return;
             };
+            // Ends (and is observed) when the sync does.
+            let _work = queue.as_ref().map(|q| q.started(enqueued.elapsed()));
             let mut wake = false;
             // Boxed once it may run: inline, the sync's whole state (kilobytes: requests,
             // objects) would be part of every task, also of the thousands that wait for a
@@ -227,6 +252,9 @@ where
                     }
                 }
                 Err(error) => {
+                    if let Some(queue) = &queue {
+                        queue.retried();
+                    }
                     lock(&this.synced).remove(&key);
                     lock(&this.waiting).remove(&key);
                     lock(&this.requeue).remove(&key);
