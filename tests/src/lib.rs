@@ -788,6 +788,7 @@ impl Cluster {
             cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
+            workqueues: Default::default(),
         };
         let client = self.component_client(rbac::SNAPSHOTTER);
         let shutdown = CancellationToken::new();
@@ -918,6 +919,7 @@ impl Cluster {
             metrics: Default::default(),
             refresh: Default::default(),
             managed_by: csi_provisioner::capacity::MANAGED_BY.to_string(),
+            workqueue: None,
         }
     }
 

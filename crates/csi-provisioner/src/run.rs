@@ -117,7 +117,9 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
             if !driver.has_controller(ControllerCapability::GetCapacity) {
                 return Err(RunError::NoGetCapacity);
             }
-            Some(capacity_settings(&args, client, metrics, node_deployment.as_ref()).await?)
+            let queue = provisioner_metrics.workqueues.queue("csistoragecapacity");
+            let settings = capacity_settings(&args, client, metrics, node_deployment.as_ref());
+            Some(settings.await?.counted_in(queue))
         }
         _ => None,
     };
@@ -230,5 +232,6 @@ async fn capacity_settings(
             || crate::capacity::MANAGED_BY.to_string(),
             |nd| crate::capacity::node_managed_by(&nd.node_name),
         ),
+        workqueue: None,
     })
 }

@@ -18,6 +18,7 @@ use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
 use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use kube::api::{Api, ListParams};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -60,6 +61,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     let client = client(sidecar).await?;
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
+    let workqueues = WorkqueueMetrics::register(&mut registry);
     let services = Services {
         controller: true,
         node: false,
@@ -89,6 +91,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         workers: usize::try_from(sidecar.workers.worker_threads).unwrap_or(usize::MAX),
         resync: args.resync_period,
         cache_sync,
+        workqueues,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(

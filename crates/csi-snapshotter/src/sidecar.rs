@@ -14,6 +14,7 @@ use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
+use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::secrets::SecretRef;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
@@ -48,6 +49,8 @@ pub struct Settings {
     pub workers: usize,
     pub resync: Duration,
     pub cache_sync: Arc<CacheSyncHealth>,
+    /// client-go's `workqueue_*`: upstream's queue "csi-snapshotter-content".
+    pub workqueues: WorkqueueMetrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +100,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), SidecarError> {
     let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    let queue = settings.workqueues.queue("csi-snapshotter-content");
+    workers.report_to(vec![queue], |_| 0);
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let content_work = workers.clone();
     let driver = settings.driver_name.clone();

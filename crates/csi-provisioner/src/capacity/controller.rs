@@ -14,6 +14,7 @@ use csi_sidecar::cached::CachedVolume;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
 use csi_sidecar::lock;
+use csi_sidecar::metrics::workqueue::QueueMetrics;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
@@ -53,6 +54,9 @@ pub struct CapacitySettings {
     /// The objects' managed-by label: [`super::MANAGED_BY`], or with `--node-deployment`
     /// [`super::node_managed_by`].
     pub managed_by: String,
+    /// client-go's `workqueue_*` for upstream's queue "csistoragecapacity" (none: not
+    /// counted).
+    pub workqueue: Option<QueueMetrics>,
 }
 
 /// What the provisioner tells capacity tracking: a class whose items to refresh (after a
@@ -85,6 +89,16 @@ impl Refresh {
 
     fn take(&self) -> BTreeSet<String> {
         std::mem::take(&mut *lock(&self.classes))
+    }
+}
+
+impl CapacitySettings {
+    /// These settings with the updates counted in `queue`.
+    pub fn counted_in(self, queue: QueueMetrics) -> Self {
+        Self {
+            workqueue: Some(queue),
+            ..self
+        }
     }
 }
 
@@ -207,9 +221,13 @@ pub async fn run(
     let Some(wake) = informers.synced().await else {
         return;
     };
+    let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
+    if let Some(queue) = &settings.workqueue {
+        workers.report_to(vec![queue.clone()], |_| 0);
+    }
     let tracker = Arc::new(Tracker {
         api: Api::namespaced(client, &settings.namespace),
-        workers: KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max),
+        workers,
         settings,
         csi,
         driver,
