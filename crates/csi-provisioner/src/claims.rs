@@ -209,7 +209,8 @@ pub fn requested_size(claim: &PersistentVolumeClaim) -> Result<i64, ClaimError> 
     })
 }
 
-/// Validates a clone source (`getPVCSource`, in its order and words) and returns the source
+/// Validates a clone source (`getPVCSource`, in its order and words, but that a claim not
+/// Bound is named by its phase where Go prints its whole status struct) and returns the source
 /// volume's handle: the source claim Bound, not being deleted, both claims with a class, the
 /// request not smaller than the source's; its PV a Bound CSI volume of the same driver, bound
 /// back to it, of the same volume mode.

@@ -531,6 +531,7 @@ impl Provisioner {
             .collect();
         lock(&self.pinned).retain(|uid, _| uids.contains(uid));
         lock(&self.save_refusals).retain(|uid, _| uids.contains(uid));
+        self.infeasible.retain(|uid| uids.contains(uid));
         if let Some(node) = &self.node {
             node.backoff.retain(&uids);
         }

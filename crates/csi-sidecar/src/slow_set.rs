@@ -27,7 +27,9 @@ impl<K: Eq + Hash + Clone, T: PartialEq> SlowSet<K, T> {
         }
     }
 
-    /// Starts the wait of `key` afresh (a new refusal); expired entries are dropped.
+    /// Starts the wait of `key` afresh (a new refusal; unlike csi-lib-utils' `Add`, which
+    /// keeps a wait under way, as its ticker has dropped an expired one by then); expired
+    /// entries are dropped.
     pub fn add(&self, key: K, tag: T, now: Instant) {
         let mut entries = lock(&self.entries);
         entries.retain(|_, (since, _)| now.duration_since(*since) < self.retention);
@@ -37,9 +39,12 @@ impl<K: Eq + Hash + Clone, T: PartialEq> SlowSet<K, T> {
     /// Starts the wait of `key` unless it waits already (a refusal seen again, say in the
     /// object's status after a restart).
     pub fn add_if_absent(&self, key: &K, tag: T, now: Instant) {
-        if !lock(&self.entries).contains_key(key) {
-            self.add(key.clone(), tag, now);
-        }
+        lock(&self.entries).entry(key.clone()).or_insert((now, tag));
+    }
+
+    /// Forgets every key `keep` rejects (objects that are gone).
+    pub fn retain(&self, keep: impl Fn(&K) -> bool) {
+        lock(&self.entries).retain(|key, _| keep(key));
     }
 
     /// How long `key` still waits; `None` when it may be tried (its wait is over, or it was
@@ -123,5 +128,10 @@ mod tests {
         );
         slow.remove(&"c3");
         assert_eq!(slow.remaining(&"c3", &"sc1", later), None);
+        slow.add("c4", "sc1", later);
+        slow.add("c5", "sc1", later);
+        slow.retain(|key| *key != "c4");
+        assert_eq!(slow.remaining(&"c4", &"sc1", later), None, "gone");
+        assert!(slow.remaining(&"c5", &"sc1", later).is_some());
     }
 }

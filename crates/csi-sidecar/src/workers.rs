@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::lock;
-use crate::metrics::workqueue::QueueMetrics;
+use crate::metrics::workqueue::{QueueMetrics, Queued};
 
 /// How a sync ended without error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,6 +181,8 @@ where
     /// Runs `sync` for `key` on `tasks`, on `lane`'s workers (lanes past the last use the last),
     /// unless the key is backing off, or running (then it is triggered again when that run
     /// ends). A failure backs the key off (exponentially) and wakes [`KeyedWorkers::wakened`].
+    /// A scheduled key counts as running ([`KeyedWorkers::is_running`]) and, in its
+    /// `workqueue_*` queue, as added and waiting (depth) until a worker takes it.
     pub fn schedule<F, Fut, E>(
         self: &Arc<Self>,
         lane: usize,
@@ -210,10 +212,7 @@ where
             .queues
             .get()
             .and_then(|(queues, queue_of)| queues.get(queue_of(&key)).cloned());
-        if let Some(queue) = &queue {
-            queue.added();
-        }
-        let enqueued = Instant::now();
+        let queued = queue.as_ref().map(QueueMetrics::added);
         let this = self.clone();
         tasks.spawn(async move {
             let permits = &this.lanes[lane.min(this.lanes.len() - 1)];
@@ -221,7 +220,7 @@ where
                 return;
             };
             // Ends (and is observed) when the sync does.
-            let _work = queue.as_ref().map(|q| q.started(enqueued.elapsed()));
+            let _work = queued.map(Queued::start);
             let mut wake = false;
             // Boxed once it may run: inline, the sync's whole state (kilobytes: requests,
             // objects) would be part of every task, also of the thousands that wait for a

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
@@ -147,34 +147,58 @@ pub struct QueueMetrics {
 }
 
 impl QueueMetrics {
-    /// A key entered the queue.
-    pub fn added(&self) {
+    /// A key entered the queue; it counts in the depth until the returned guard starts its
+    /// work or is dropped (a task cancelled while it waited).
+    pub fn added(&self) -> Queued {
         self.metrics.adds.get_or_create(&self.label).inc();
         self.metrics.depth.get_or_create(&self.label).inc();
-    }
-
-    /// A worker took the key after it waited `waited`; the returned guard records the work's
-    /// duration when dropped.
-    pub fn started(&self, waited: Duration) -> Work {
-        self.metrics.depth.get_or_create(&self.label).dec();
-        self.metrics
-            .latency
-            .get_or_create(&self.label)
-            .observe(waited.as_secs_f64());
-        let running = &self.metrics.running;
-        let id = running.next_id.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        lock(&running.started).insert(id, (self.name.clone(), now));
-        Work {
-            queue: self.clone(),
-            id,
-            started: now,
+        Queued {
+            queue: Some(self.clone()),
+            since: Instant::now(),
         }
     }
 
     /// The key's sync failed and is retried later (client-go's `AddRateLimited`).
     pub fn retried(&self) {
         self.metrics.retries.get_or_create(&self.label).inc();
+    }
+}
+
+/// A key waiting for a worker.
+#[derive(Debug)]
+pub struct Queued {
+    /// Taken when the work starts.
+    queue: Option<QueueMetrics>,
+    since: Instant,
+}
+
+impl Queued {
+    /// A worker took the key: its wait is observed; the returned guard observes the work's
+    /// duration when dropped.
+    pub fn start(mut self) -> Work {
+        let queue = self.queue.take().expect("a queued key starts once");
+        let metrics = &queue.metrics;
+        metrics.depth.get_or_create(&queue.label).dec();
+        metrics
+            .latency
+            .get_or_create(&queue.label)
+            .observe(self.since.elapsed().as_secs_f64());
+        let id = metrics.running.next_id.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        lock(&metrics.running.started).insert(id, (queue.name.clone(), now));
+        Work {
+            queue,
+            id,
+            started: now,
+        }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let Some(queue) = self.queue.take() {
+            queue.metrics.depth.get_or_create(&queue.label).dec();
+        }
     }
 }
 
@@ -286,6 +310,8 @@ impl prometheus_client::encoding::EncodeMetric for ConstFamily {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn scrape(registry: &Registry) -> String {
@@ -326,19 +352,25 @@ mod tests {
             text.contains(r#"workqueue_work_duration_seconds_bucket{name="claims",le="1e-08"} 0"#)
         );
 
-        claims.added();
-        claims.added();
+        let first = claims.added();
+        let cancelled = claims.added();
         let text = scrape(&registry);
         assert!(
             text.contains(r#"workqueue_depth{name="claims"} 2"#),
             "{text}"
         );
         assert!(text.contains(r#"workqueue_adds_total{name="claims"} 2"#));
-        let work = claims.started(Duration::from_millis(20));
-        claims.retried();
+        drop(cancelled);
         let text = scrape(&registry);
         assert!(
             text.contains(r#"workqueue_depth{name="claims"} 1"#),
+            "a cancelled wait leaves the depth: {text}"
+        );
+        let work = first.start();
+        claims.retried();
+        let text = scrape(&registry);
+        assert!(
+            text.contains(r#"workqueue_depth{name="claims"} 0"#),
             "{text}"
         );
         assert!(text.contains(r#"workqueue_queue_duration_seconds_count{name="claims"} 1"#));
