@@ -101,12 +101,52 @@ async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     ] {
         assert!(metrics.contains(name), "{name} missing from the metrics");
     }
-    // client-go's queue metrics under upstream's queue names: va-1 went through its queue.
-    let adds = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(r#"workqueue_adds_total{name="csi-attacher-va"} "#))
-        .and_then(|count| count.parse::<f64>().ok());
-    assert!(adds.is_some_and(|n| n >= 1.0), "{metrics}");
-    assert!(metrics.contains(r#"workqueue_depth{name="csi-attacher-pv"} "#));
+    // client-go's queue metrics under upstream's queue names. va-1 went through its queue;
+    // pv-1 goes through the PV queue when, deleted, it sheds the attacher's finalizer
+    // (the API server's pv-protection finalizer keeps it).
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let attached = volumes.get("pv-1").await.unwrap().metadata.finalizers;
+    assert!(
+        attached.is_some_and(|f| f.contains(&"external-attacher/bin-attacher-test".to_string())),
+        "the attacher's finalizer on pv-1"
+    );
+    attachments
+        .delete("va-1", &Default::default())
+        .await
+        .unwrap();
+    eventually("va-1 detached and gone", || async {
+        attachments
+            .get_opt("va-1")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    volumes.delete("pv-1", &Default::default()).await.unwrap();
+    eventually("pv-1 released by the attacher", || async {
+        let pv = volumes.get_opt("pv-1").await.unwrap();
+        let finalizers = pv.map(|pv| pv.metadata.finalizers.unwrap_or_default());
+        (!finalizers?
+            .iter()
+            .any(|f| f.starts_with("external-attacher/")))
+        .then_some(())
+    })
+    .await;
+    let sample = |metrics: &str, series: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.parse::<f64>().ok())
+    };
+    for queue in ["csi-attacher-va", "csi-attacher-pv"] {
+        let adds = format!(r#"workqueue_adds_total{{name="{queue}"}}"#);
+        let depth = format!(r#"workqueue_depth{{name="{queue}"}}"#);
+        eventually(&format!("{queue} used and drained"), || async {
+            let (_, metrics) = http_get(address, "/metrics").await?;
+            (sample(&metrics, &adds)? >= 1.0 && sample(&metrics, &depth)? == 0.0).then_some(())
+        })
+        .await;
+    }
     driver.stop().await;
 }

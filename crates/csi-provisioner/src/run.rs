@@ -118,8 +118,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
                 return Err(RunError::NoGetCapacity);
             }
             let queue = provisioner_metrics.workqueues.queue("csistoragecapacity");
-            let settings = capacity_settings(&args, client, metrics, node_deployment.as_ref());
-            Some(settings.await?.counted_in(queue))
+            Some(capacity_settings(&args, client, metrics, queue, node_deployment.as_ref()).await?)
         }
         _ => None,
     };
@@ -196,6 +195,7 @@ async fn capacity_settings(
     args: &ProvisionerArgs,
     client: kube::Client,
     metrics: CapacityMetrics,
+    workqueue: csi_sidecar::metrics::workqueue::QueueMetrics,
     node_deployment: Option<&NodeDeployment>,
 ) -> Result<CapacitySettings, RunError> {
     let env = |name: &'static str| {
@@ -232,6 +232,6 @@ async fn capacity_settings(
             || crate::capacity::MANAGED_BY.to_string(),
             |nd| crate::capacity::node_managed_by(&nd.node_name),
         ),
-        workqueue: None,
+        workqueue: Some(workqueue),
     })
 }

@@ -66,7 +66,6 @@ pub struct SnapshotReference {
 pub struct VolumeSnapshotContentStatus {
     pub snapshot_handle: Option<String>,
     pub ready_to_use: Option<bool>,
-    pub restore_size: Option<i64>,
 }
 
 /// A custom resource's body names its kind: the API server refuses to decode one without

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
@@ -314,13 +314,13 @@ impl Controller {
     /// The controller's memory of the claim for the plan; an infeasible status starts (or
     /// continues) its slow retry.
     fn memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> Memory {
-        let now = Instant::now();
-        if resize::resize_status(pvc) == Some(resize::resize_status::CONTROLLER_RESIZE_INFEASIBLE) {
-            self.infeasible.add_if_absent(key, (), now);
-        }
+        let refused =
+            resize::resize_status(pvc) == Some(resize::resize_status::CONTROLLER_RESIZE_INFEASIBLE);
         Memory {
             final_error: lock(&self.final_errors).contains(key),
-            infeasible_wait: self.infeasible.remaining(key, &(), now),
+            infeasible_wait: self
+                .infeasible
+                .remaining_then_mark(key, (), refused, Instant::now()),
         }
     }
 
@@ -409,7 +409,7 @@ impl Controller {
             .controller_expand_volume(request, self.settings.timeout)
             .await
             .map_err(|status| Failure {
-                message: resize::grpc_message(&status),
+                message: GoStatus(&status).to_string(),
                 code: Some(status.code()),
             })?;
         Ok((
@@ -667,15 +667,18 @@ impl Controller {
     /// What the modify plan needs to remember of the claim: whether a call may still run,
     /// and what is left of an infeasible modification's slow retry.
     fn modify_memory(&self, key: &Key, pvc: &PersistentVolumeClaim) -> modify::Memory {
-        let now = Instant::now();
-        if modify::is_infeasible(pvc) {
-            self.modify_infeasible.add_if_absent(key, (), now);
-        } else {
+        let refused = modify::is_infeasible(pvc);
+        if !refused {
             self.modify_infeasible.remove(key);
         }
         modify::Memory {
             uncertain: lock(&self.modify_uncertain).contains(key),
-            infeasible_wait: self.modify_infeasible.remaining(key, &(), now),
+            infeasible_wait: self.modify_infeasible.remaining_then_mark(
+                key,
+                (),
+                refused,
+                Instant::now(),
+            ),
         }
     }
 

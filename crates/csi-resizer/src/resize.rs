@@ -681,10 +681,5 @@ pub fn claim_capacity_text(pvc: &PersistentVolumeClaim) -> String {
         .map_or_else(|| "0".to_string(), |q| q.0.clone())
 }
 
-/// The message of a failed gRPC call, as Go's status error prints it.
-pub fn grpc_message(status: &tonic::Status) -> String {
-    csi_sidecar::conn::GoStatus(status).to_string()
-}
-
 #[cfg(test)]
 mod tests;

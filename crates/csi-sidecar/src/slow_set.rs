@@ -38,8 +38,27 @@ impl<K: Eq + Hash + Clone, T: PartialEq> SlowSet<K, T> {
 
     /// Starts the wait of `key` unless it waits already (a refusal seen again, say in the
     /// object's status after a restart).
-    pub fn add_if_absent(&self, key: &K, tag: T, now: Instant) {
+    fn add_if_absent(&self, key: &K, tag: T, now: Instant) {
         lock(&self.entries).entry(key.clone()).or_insert((now, tag));
+    }
+
+    /// How long `key` still waits, and then, when its object still records a refusal
+    /// (`refused`), a wait started unless one is under way — upstream's order (`Contains`
+    /// before `markForSlowRetry`): the pass that finds a wait over goes through, once, and
+    /// its refusal, still on the object, makes the next pass wait again. A refusal found
+    /// only on the object (after a restart) is likewise tried once.
+    pub fn remaining_then_mark(
+        &self,
+        key: &K,
+        tag: T,
+        refused: bool,
+        now: Instant,
+    ) -> Option<Duration> {
+        let left = self.remaining(key, &tag, now);
+        if refused {
+            self.add_if_absent(key, tag, now);
+        }
+        left
     }
 
     /// Forgets every key `keep` rejects (objects that are gone).
@@ -133,5 +152,31 @@ mod tests {
         slow.retain(|key| *key != "c4");
         assert_eq!(slow.remaining(&"c4", &"sc1", later), None, "gone");
         assert!(slow.remaining(&"c5", &"sc1", later).is_some());
+    }
+
+    #[test]
+    fn a_refusal_kept_on_the_object_lets_one_pass_through_then_waits() {
+        let slow = SlowSet::new(Duration::from_secs(60));
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        // (seconds after start, the object still records the refusal, wait left)
+        let passes = [
+            (0, true, None),
+            (1, true, Some(59)),
+            (30, true, Some(30)),
+            (60, true, None),
+            (61, true, Some(59)),
+            (200, false, None),
+            (201, false, None),
+            (202, true, None),
+            (203, true, Some(59)),
+        ];
+        for (secs, refused, want) in passes {
+            assert_eq!(
+                slow.remaining_then_mark(&"c1", (), refused, at(secs)),
+                want.map(Duration::from_secs),
+                "+{secs}s refused={refused}"
+            );
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -316,7 +316,7 @@ impl Controller {
                 }
                 return Err(CreateError::Failed(format!(
                     "failed to take snapshot of the volume {volume_handle}: {:?}",
-                    grpc_error(&status)
+                    GoStatus(&status).to_string()
                 )));
             }
         };
@@ -368,7 +368,7 @@ impl Controller {
                 .csi
                 .list_snapshots(request, self.settings.timeout)
                 .await
-                .map_err(|status| grpc_error(&status))
+                .map_err(|status| GoStatus(&status).to_string())
                 .and_then(|response| {
                     response
                         .entries
@@ -440,7 +440,7 @@ impl Controller {
                     .await;
                 return Err(SyncError::Snapshot(format!(
                     "failed to delete snapshot {name:?}, err: failed to delete snapshot content {name}: {:?}",
-                    grpc_error(&status)
+                    GoStatus(&status).to_string()
                 )));
             }
             let cleared = json!({"status": {"snapshotHandle": null, "readyToUse": null,
@@ -600,11 +600,6 @@ impl From<SyncError> for CreateError {
     fn from(error: SyncError) -> Self {
         CreateError::Sync(error)
     }
-}
-
-/// Go's `%q` of a gRPC error prints `rpc error: code = X desc = Y`.
-fn grpc_error(status: &tonic::Status) -> String {
-    csi_sidecar::conn::GoStatus(status).to_string()
 }
 
 /// A CSI timestamp in nanoseconds since the epoch; now when the driver gave none.

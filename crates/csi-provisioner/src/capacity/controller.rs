@@ -92,16 +92,6 @@ impl Refresh {
     }
 }
 
-impl CapacitySettings {
-    /// These settings with the updates counted in `queue`.
-    pub fn counted_in(self, queue: QueueMetrics) -> Self {
-        Self {
-            workqueue: Some(queue),
-            ..self
-        }
-    }
-}
-
 impl std::fmt::Debug for CapacitySettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CapacitySettings")
