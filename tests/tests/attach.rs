@@ -306,6 +306,94 @@ async fn attach_errors_are_reported_in_status_and_retried_until_attached() {
     cluster.stop().await;
 }
 
+/// A VolumeAttachment the attacher cannot attach carries upstream's text in `attachError`
+/// (the attach/detach controller quotes it in the pod's Events), the first of several faults
+/// in upstream's order (the access modes, then the Secret, then the node), and no finalizer
+/// of ours, so it is deleted at once.
+#[tokio::test]
+async fn attach_refusals_read_as_upstream() {
+    let cluster = Cluster::start_with("attach-refusals", options("a-refusals.io")).await;
+    let attacher = cluster.start_attacher().await;
+    let ns = cluster.namespace.clone();
+    let ghost = format!("{ns}-ghost");
+    let pvs = cluster.cluster_scoped::<PersistentVolume>();
+    let volume = |name: &str, spec: serde_json::Value| {
+        let mut pv = static_pv(name, &cluster.driver_name, name, "1Mi", None);
+        for (key, value) in spec.as_object().into_iter().flatten() {
+            pv["spec"][key] = value.clone();
+        }
+        pv
+    };
+    let secret_ref = json!({"name": "missing", "namespace": ns});
+    let mut with_secret = volume(&format!("{ns}-secret"), json!({}));
+    with_secret["spec"]["csi"]["controllerPublishSecretRef"] = secret_ref.clone();
+    let mut bad_modes = volume(
+        &format!("{ns}-modes"),
+        json!({"accessModes": ["ReadOnlyMany", "ReadWriteOnce"]}),
+    );
+    bad_modes["spec"]["csi"]["controllerPublishSecretRef"] = secret_ref;
+    for pv in [
+        volume(&format!("{ns}-plain"), json!({})),
+        with_secret,
+        bad_modes,
+    ] {
+        let _: PersistentVolume = cluster.create(&pvs, pv).await;
+    }
+    // (VolumeAttachment, node, PV, upstream's attachError message)
+    let cases = [
+        (
+            "missing-pv",
+            cluster.node("node-a"),
+            format!("{ns}-absent"),
+            format!("persistentvolume \"{ns}-absent\" not found"),
+        ),
+        (
+            "no-csinode",
+            ghost.clone(),
+            format!("{ns}-plain"),
+            format!("csinode.storage.k8s.io \"{ghost}\" not found"),
+        ),
+        (
+            "no-secret",
+            ghost.clone(),
+            format!("{ns}-secret"),
+            format!("failed to load secret \"{ns}/missing\": secrets \"missing\" not found"),
+        ),
+        (
+            "modes",
+            ghost.clone(),
+            format!("{ns}-modes"),
+            "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume"
+                .to_string(),
+        ),
+    ];
+    let vas = cluster.cluster_scoped::<VolumeAttachment>();
+    for (name, node, pv, _) in &cases {
+        create_attachment(&cluster, &format!("{ns}-{name}"), node, pv).await;
+    }
+    for (name, _, _, message) in &cases {
+        // (An informer that lags may give a transient refusal first: wait for the settled one.)
+        let va = cluster
+            .wait_for(&vas, &format!("{ns}-{name}"), message, |va| {
+                attach_error(va).is_some_and(|(m, _)| &m == message)
+            })
+            .await;
+        assert!(!attached(&va), "{name}");
+        assert!(va.finalizers().is_empty(), "{name}: {:?}", va.finalizers());
+    }
+    for (name, _, _, _) in &cases {
+        cluster
+            .delete_and_wait(
+                &vas,
+                &format!("{ns}-{name}"),
+                "the refused VolumeAttachment",
+            )
+            .await;
+    }
+    attacher.stop().await;
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn attach_detach_of_a_volume_attachment_whose_node_was_deleted() {
     let cluster = Cluster::start_with(

@@ -17,26 +17,29 @@ use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
 use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
 use k8s_openapi::api::storage::v1::CSINode;
 
+/// Why a VolumeAttachment cannot be attached or detached. The texts are upstream's: they are
+/// the `attachError`/`detachError` message, which the attach/detach controller quotes in the
+/// pod's Events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttachError {
-    #[error("VolumeAttachment {0} has no volume source")]
-    NoSource(String),
-    #[error("VolumeAttachment {0} has both a PersistentVolume and an inline volume source")]
-    TwoSources(String),
-    #[error("PersistentVolume {0} not found")]
+    #[error("neither InlineCSIVolumeSource nor PersistentVolumeName specified in VA source")]
+    NoSource,
+    #[error("both InlineCSIVolumeSource and PersistentVolumeName specified in VA source")]
+    TwoSources,
+    /// Upstream's PV lister's NotFound.
+    #[error("persistentvolume \"{0}\" not found")]
     MissingVolume(String),
-    #[error("PersistentVolume {0} is marked for deletion")]
+    #[error("PersistentVolume \"{0}\" is marked for deletion")]
     VolumeDeleted(String),
-    #[error("{0} is not a CSI volume")]
-    NotCsi(String),
-    #[error("CSINode {node} not found")]
+    #[error("inline volume spec contains nil CSI source")]
+    InlineNotCsi,
+    #[error("pv spec contained non-csi source that was not migrated")]
+    NotCsi,
+    /// Upstream's CSINode lister's NotFound.
+    #[error("csinode.storage.k8s.io \"{node}\" not found")]
     MissingCsiNode { node: String },
     #[error("CSINode {node} does not contain driver {driver}")]
     DriverNotOnNode { node: String, driver: String },
-    #[error(
-        "no node ID for node {node}: its CSINode has no driver {driver} and the VolumeAttachment no {NODE_ID_ANNOTATION} annotation"
-    )]
-    NoNodeId { node: String, driver: String },
     #[error(transparent)]
     AccessMode(#[from] CapabilityError),
 }
@@ -150,16 +153,12 @@ pub fn volume_of(
     va: &CachedAttachment,
     pv: Option<&CachedVolume>,
 ) -> Result<AttachedVolume, AttachError> {
-    let name = va.metadata.name.clone().unwrap_or_default();
     let source = &va.spec.source;
     match (&source.persistent_volume_name, &source.inline_volume_spec) {
-        (Some(_), Some(_)) => Err(AttachError::TwoSources(name)),
-        (None, None) => Err(AttachError::NoSource(name)),
+        (Some(_), Some(_)) => Err(AttachError::TwoSources),
+        (None, None) => Err(AttachError::NoSource),
         (None, Some(inline)) => {
-            let csi = inline
-                .csi
-                .clone()
-                .ok_or_else(|| AttachError::NotCsi(format!("the inline volume of {name}")))?;
+            let csi = inline.csi.clone().ok_or(AttachError::InlineNotCsi)?;
             Ok(AttachedVolume {
                 pv_name: None,
                 access_modes: inline.access_modes.clone().unwrap_or_default(),
@@ -170,9 +169,8 @@ pub fn volume_of(
         }
         (Some(pv_name), None) => {
             let pv = pv.ok_or_else(|| AttachError::MissingVolume(pv_name.clone()))?;
-            let not_csi = || AttachError::NotCsi(format!("PersistentVolume {pv_name}"));
-            let spec = pv.spec.as_ref().ok_or_else(not_csi)?;
-            let csi = spec.csi.as_ref().ok_or_else(not_csi)?;
+            let spec = pv.spec.as_ref().ok_or(AttachError::NotCsi)?;
+            let csi = spec.csi.as_ref().ok_or(AttachError::NotCsi)?;
             Ok(AttachedVolume {
                 pv_name: Some(pv_name.clone()),
                 access_modes: spec.access_modes.clone().unwrap_or_default(),
@@ -207,22 +205,19 @@ pub fn attach_node_id(
 }
 
 /// The node ID to detach from: the CSINode's entry, else the ID the attach recorded on the
-/// VolumeAttachment — so a VolumeAttachment of a deleted node is detached, not stuck.
+/// VolumeAttachment — so a VolumeAttachment of a deleted node is detached, not stuck. Without
+/// either, the CSINode's error, as upstream.
 pub fn detach_node_id(
     va: &CachedAttachment,
     csi_node: Option<&CSINode>,
     driver: &str,
 ) -> Result<String, AttachError> {
-    let node = &va.spec.node_name;
-    attach_node_id(node, csi_node, driver).or_else(|_| {
+    attach_node_id(&va.spec.node_name, csi_node, driver).or_else(|error| {
         va.annotations()
             .get(NODE_ID_ANNOTATION)
             .filter(|id| !id.is_empty())
             .cloned()
-            .ok_or_else(|| AttachError::NoNodeId {
-                node: node.clone(),
-                driver: driver.to_string(),
-            })
+            .ok_or(error)
     })
 }
 
@@ -235,15 +230,15 @@ pub fn publish_secret(volume: &AttachedVolume) -> Option<SecretRef> {
     })
 }
 
-/// ControllerPublishVolume for `volume` on `node_id`: the capability from the access modes,
-/// volumeMode, fsType (or `default_fstype`) and mount options; `readonly` only when the driver
-/// has PUBLISH_READONLY; the volume attributes as context.
+/// ControllerPublishVolume for `volume`: the capability from the access modes, volumeMode,
+/// fsType (or `default_fstype`) and mount options; `readonly` only when the driver has
+/// PUBLISH_READONLY; the volume attributes as context. The secrets and the node ID are the
+/// caller's to add: upstream checks the capability first, then reads the Secret, then looks
+/// up the node ID, and a VolumeAttachment with several faults reports the first.
 pub fn publish_request(
     volume: &AttachedVolume,
-    node_id: &str,
     default_fstype: &str,
     support: DriverSupport,
-    secrets: HashMap<String, String>,
 ) -> Result<csi::ControllerPublishVolumeRequest, AttachError> {
     let mode = volume_access_mode(&volume.access_modes, support.single_node_multi_writer)?;
     let fs_type = volume
@@ -259,10 +254,10 @@ pub fn publish_request(
     );
     Ok(csi::ControllerPublishVolumeRequest {
         volume_id: volume.csi.volume_handle.clone(),
-        node_id: node_id.to_string(),
+        node_id: String::new(),
         volume_capability: Some(volume_capability(&kind, mode)),
         readonly: support.publish_readonly && volume.csi.read_only == Some(true),
-        secrets,
+        secrets: HashMap::new(),
         volume_context: volume
             .csi
             .volume_attributes

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::cached::{CachedAttachment, CachedVolume};
-use csi_sidecar::conn::CsiConnection;
+use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::kube::GoApiError;
 use csi_sidecar::lock;
 use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::superseded::Superseded;
@@ -109,13 +110,6 @@ pub enum SyncError {
     Detach { attachment: String, message: String },
     #[error(transparent)]
     Finalizers(#[from] FinalizerError),
-    #[error("building the patch: {0}")]
-    Patch(serde_json::Error),
-    #[error("adding the finalizer to VolumeAttachment {attachment}: {source}")]
-    Claim {
-        attachment: String,
-        source: kube::Error,
-    },
     #[error("updating the status of VolumeAttachment {attachment}: {source}")]
     Status {
         attachment: String,
@@ -189,7 +183,7 @@ impl From<AttachError> for Failure {
 impl From<tonic::Status> for Failure {
     fn from(status: tonic::Status) -> Self {
         Self {
-            message: csi_sidecar::conn::GoStatus(&status).to_string(),
+            message: GoStatus(&status).to_string(),
             code: Some(status.code() as i32),
         }
     }
@@ -463,26 +457,26 @@ impl Attacher {
             match Box::pin(add_finalizer(&api, pv.as_ref(), &self.finalizer)).await {
                 Ok(Some(_)) => {}
                 Ok(None) => return Err(AttachError::MissingVolume(pv.name_any()).into()),
-                Err(error) => return Err(message(error.to_string())),
+                Err(error) => {
+                    return Err(message(format!(
+                        "could not add PersistentVolume finalizer: {}",
+                        error.cause()
+                    )));
+                }
             }
         }
-        let node = &va.spec.node_name;
-        let csi_node = self.caches.csi_nodes.get(&ObjectRef::new(node));
-        let node_id =
-            attach::attach_node_id(node, csi_node.as_deref(), &self.settings.driver_name)?;
-        let secrets = self.secrets(&volume).await?;
-        let request = attach::publish_request(
+        let mut request = attach::publish_request(
             &volume,
-            &node_id,
             &self.settings.default_fstype,
             self.settings.support,
-            secrets,
         )?;
-        let current = match attach::claim_patch(va, &self.finalizer, &node_id) {
-            Some(ops) => self
-                .patch_metadata(va, ops)
-                .await
-                .map_err(|e| message(e.to_string()))?,
+        request.secrets = self.secrets(&volume).await?;
+        let node = &va.spec.node_name;
+        let csi_node = self.caches.csi_nodes.get(&ObjectRef::new(node));
+        request.node_id =
+            attach::attach_node_id(node, csi_node.as_deref(), &self.settings.driver_name)?;
+        let current = match attach::claim_patch(va, &self.finalizer, &request.node_id) {
+            Some(ops) => self.patch_metadata(va, ops).await?,
             None => va.clone(),
         };
         let response = self
@@ -575,15 +569,28 @@ impl Attacher {
         csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
             .await
             .map(|data| data.into_inner())
-            .map_err(|error| message(error.to_string()))
+            .map_err(|error| {
+                message(format!(
+                    "failed to load secret \"{}/{}\": {}",
+                    reference.namespace,
+                    reference.name,
+                    error.cause()
+                ))
+            })
     }
 
+    /// Our finalizer and node-ID annotation ([`attach::claim_patch`]); a failure reads as
+    /// upstream's.
     async fn patch_metadata(
         &self,
         va: &CachedAttachment,
         ops: Value,
-    ) -> Result<CachedAttachment, SyncError> {
-        let ops: json_patch::Patch = serde_json::from_value(ops).map_err(SyncError::Patch)?;
+    ) -> Result<CachedAttachment, Failure> {
+        let save_failed = |cause: &dyn std::fmt::Display| {
+            message(format!("could not save VolumeAttachment: {cause}"))
+        };
+        let ops: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|error| save_failed(&error))?;
         let updated = self
             .attachments()
             .patch(
@@ -592,10 +599,7 @@ impl Attacher {
                 &Patch::Json::<()>(ops),
             )
             .await
-            .map_err(|source| SyncError::Claim {
-                attachment: va.name_any(),
-                source,
-            })?;
+            .map_err(|error| save_failed(&GoApiError(&error)))?;
         self.wrote(va, Some(&updated));
         Ok(updated)
     }

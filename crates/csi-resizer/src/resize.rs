@@ -344,7 +344,7 @@ pub fn pre_resize_annotation_done(pvc: &PersistentVolumeClaim, pv: &PersistentVo
 pub enum RequestError {
     #[error("empty volume handle")]
     EmptyVolumeHandle,
-    #[error("volume {0} is not a CSI volume")]
+    #[error("volume {0} is not migrated to CSI")]
     NotCsi(String),
     #[error("failed to get capabilities of volume {volume} with {source}")]
     Capability {

@@ -6,16 +6,19 @@ use csi_proto::csi::v1::VolumeCapability;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 
+/// csi-lib-utils' texts (`accessmodes.ToCSIAccessMode`), which upstream's attacher and
+/// resizer report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CapabilityError {
-    #[error("unknown access mode {0:?}")]
-    UnknownAccessMode(String),
-    #[error("access mode ReadWriteOncePod must be the only access mode, got {0:?}")]
-    ReadWriteOncePodNotAlone(Vec<String>),
-    #[error("access modes ReadOnlyMany and ReadWriteOnce cannot be combined")]
+    /// No mode CSI knows, or none at all; the list as Go's `%+v` prints it.
+    #[error("unsupported AccessMode combination: [{}]", .0.join(" "))]
+    Unsupported(Vec<String>),
+    #[error(
+        "Kubernetes does not support use of ReadWriteOncePod with other access modes on the same PersistentVolume"
+    )]
+    ReadWriteOncePodNotAlone,
+    #[error("CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume")]
     ReadOnlyWithReadWriteOnce,
-    #[error("the volume has no access mode")]
-    NoAccessModes,
 }
 
 /// The one CSI access mode for a volume's Kubernetes access modes, as external-attacher sends it
@@ -29,7 +32,7 @@ pub fn volume_access_mode(
     let has = |mode: &str| modes.iter().any(|m| m == mode);
     if has("ReadWriteOncePod") {
         if modes.len() > 1 {
-            return Err(CapabilityError::ReadWriteOncePodNotAlone(modes.to_vec()));
+            return Err(CapabilityError::ReadWriteOncePodNotAlone);
         }
         return access_mode("ReadWriteOncePod", single_node_multi_writer);
     }
@@ -40,10 +43,7 @@ pub fn volume_access_mode(
         (true, true) => Err(CapabilityError::ReadOnlyWithReadWriteOnce),
         (true, false) => Ok(Mode::MultiNodeReaderOnly),
         (false, true) => access_mode("ReadWriteOnce", single_node_multi_writer),
-        (false, false) => match modes.first() {
-            Some(other) => Err(CapabilityError::UnknownAccessMode(other.clone())),
-            None => Err(CapabilityError::NoAccessModes),
-        },
+        (false, false) => Err(CapabilityError::Unsupported(modes.to_vec())),
     }
 }
 
@@ -61,7 +61,7 @@ pub fn access_mode(
         ("ReadWriteOnce" | "ReadWriteOncePod", false) => Mode::SingleNodeWriter,
         ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
         ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
-        (other, _) => return Err(CapabilityError::UnknownAccessMode(other.to_string())),
+        (other, _) => return Err(CapabilityError::Unsupported(vec![other.to_string()])),
     })
 }
 
@@ -138,7 +138,7 @@ mod tests {
         }
         assert_eq!(
             access_mode("WriteSometimes", false),
-            Err(CapabilityError::UnknownAccessMode("WriteSometimes".into()))
+            Err(CapabilityError::Unsupported(vec!["WriteSometimes".into()]))
         );
     }
 
@@ -180,10 +180,7 @@ mod tests {
             (
                 &["ReadWriteOncePod", "ReadWriteOnce"],
                 true,
-                Err(E::ReadWriteOncePodNotAlone(modes(&[
-                    "ReadWriteOncePod",
-                    "ReadWriteOnce",
-                ]))),
+                Err(E::ReadWriteOncePodNotAlone),
             ),
             (
                 &["ReadWriteMany", "ReadOnlyMany"],
@@ -203,11 +200,11 @@ mod tests {
             (&["ReadOnlyMany"], true, Ok(Mode::MultiNodeReaderOnly)),
             (&["ReadWriteOnce"], false, Ok(Mode::SingleNodeWriter)),
             (&["ReadWriteOnce"], true, Ok(Mode::SingleNodeMultiWriter)),
-            (&[], false, Err(E::NoAccessModes)),
+            (&[], false, Err(E::Unsupported(vec![]))),
             (
-                &["Sometimes"],
+                &["Sometimes", "Never"],
                 false,
-                Err(E::UnknownAccessMode("Sometimes".to_string())),
+                Err(E::Unsupported(modes(&["Sometimes", "Never"]))),
             ),
         ];
         for (given, multi_writer, expected) in cases {
@@ -216,6 +213,23 @@ mod tests {
                 expected,
                 "{given:?} with SINGLE_NODE_MULTI_WRITER={multi_writer}"
             );
+        }
+        let texts = [
+            (
+                E::Unsupported(vec![]),
+                "unsupported AccessMode combination: []",
+            ),
+            (
+                E::Unsupported(modes(&["Sometimes", "Never"])),
+                "unsupported AccessMode combination: [Sometimes Never]",
+            ),
+            (
+                E::ReadOnlyWithReadWriteOnce,
+                "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume",
+            ),
+        ];
+        for (error, text) in texts {
+            assert_eq!(error.to_string(), text);
         }
     }
 }

@@ -23,6 +23,19 @@ pub enum FinalizerError {
     Patch(String),
 }
 
+impl FinalizerError {
+    /// What went wrong, without our context: the API's refusal as client-go prints it, for
+    /// texts that quote upstream's (`could not add PersistentVolume finalizer: <cause>`).
+    pub fn cause(&self) -> String {
+        match self {
+            Self::Failed(_, error) | Self::Get(_, error) => {
+                crate::kube::GoApiError(error).to_string()
+            }
+            Self::Forbidden(_) | Self::Patch(_) => self.to_string(),
+        }
+    }
+}
+
 /// `finalizers` without `finalizer`.
 pub fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
     finalizers

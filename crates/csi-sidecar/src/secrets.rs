@@ -520,6 +520,17 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// What went wrong, without naming the Secret: the API's refusal as client-go prints it
+    /// (`secrets "s" not found`), or why its data cannot be used.
+    pub fn cause(&self) -> String {
+        match self {
+            Self::Get { source, .. } => crate::kube::GoApiError(source).to_string(),
+            Self::Data { source, .. } => source.to_string(),
+        }
+    }
+}
+
 /// Errors of the resolver. The texts are upstream's, since they reach users as Events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretsError {

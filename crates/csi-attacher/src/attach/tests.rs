@@ -268,34 +268,49 @@ fn attached_volumes() {
         json!({"spec": {"source": {"inlineVolumeSpec": {"csi": {"driver": DRIVER, "volumeHandle": "i"}}}}}),
     );
     let neither = va(json!({"spec": {"source": {"persistentVolumeName": null}}}));
+    let inline_not_csi = va(json!({"spec": {"source": {"persistentVolumeName": null,
+        "inlineVolumeSpec": {"accessModes": ["ReadWriteOnce"]}}}}));
+    // (case, result, error, upstream's attachError message)
     let cases = [
         (
             "missing PV",
             attached_volume(&va(json!({})), None),
             AttachError::MissingVolume("pv-1".into()),
+            r#"persistentvolume "pv-1" not found"#,
         ),
         (
             "PV being deleted",
             attached_volume(&va(json!({})), Some(&deleted)),
             AttachError::VolumeDeleted("pv-1".into()),
+            r#"PersistentVolume "pv-1" is marked for deletion"#,
         ),
         (
             "not CSI",
             attached_volume(&va(json!({})), Some(&not_csi)),
-            AttachError::NotCsi("PersistentVolume pv-1".into()),
+            AttachError::NotCsi,
+            "pv spec contained non-csi source that was not migrated",
+        ),
+        (
+            "inline, not CSI",
+            attached_volume(&inline_not_csi, None),
+            AttachError::InlineNotCsi,
+            "inline volume spec contains nil CSI source",
         ),
         (
             "both sources",
             attached_volume(&both, Some(&volume)),
-            AttachError::TwoSources("csi-1".into()),
+            AttachError::TwoSources,
+            "both InlineCSIVolumeSource and PersistentVolumeName specified in VA source",
         ),
         (
             "no source",
             attached_volume(&neither, None),
-            AttachError::NoSource("csi-1".into()),
+            AttachError::NoSource,
+            "neither InlineCSIVolumeSource nor PersistentVolumeName specified in VA source",
         ),
     ];
-    for (name, got, expected) in cases {
+    for (name, got, expected, text) in cases {
+        assert_eq!(expected.to_string(), text, "{name}");
         assert_eq!(got, Err(expected), "{name}");
     }
 }
@@ -333,10 +348,17 @@ fn node_ids_come_from_the_csinode_and_on_detach_from_the_annotation() {
         Ok("id-old".into()),
         "node deleted"
     );
-    assert!(matches!(
-        detach_node_id(&va(json!({})), None, DRIVER),
-        Err(AttachError::NoNodeId { .. })
-    ));
+    // Without either, the CSINode's error, as upstream's texts.
+    let missing = detach_node_id(&va(json!({})), None, DRIVER).unwrap_err();
+    assert_eq!(
+        missing.to_string(),
+        r#"csinode.storage.k8s.io "node-a" not found"#
+    );
+    let without_driver = detach_node_id(&va(json!({})), Some(&other), DRIVER).unwrap_err();
+    assert_eq!(
+        without_driver.to_string(),
+        format!("CSINode node-a does not contain driver {DRIVER}")
+    );
 }
 
 fn request(
@@ -345,7 +367,7 @@ fn request(
     default_fstype: &str,
 ) -> Result<csi::ControllerPublishVolumeRequest, AttachError> {
     let volume = attached_volume(&va(json!({})), Some(&pv(spec))).unwrap();
-    publish_request(&volume, "id-a", default_fstype, support, HashMap::new())
+    publish_request(&volume, default_fstype, support)
 }
 
 fn mount_of(request: &csi::ControllerPublishVolumeRequest) -> csi::volume_capability::MountVolume {
@@ -370,7 +392,8 @@ fn publish_requests() {
     .unwrap();
     assert_eq!(
         (got.volume_id.as_str(), got.node_id.as_str()),
-        ("vol-1", "id-a")
+        ("vol-1", ""),
+        "the node ID is the controller's to add, after the Secret"
     );
     assert!(got.readonly, "readOnly with PUBLISH_READONLY");
     assert_eq!(
