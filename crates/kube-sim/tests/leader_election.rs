@@ -1,6 +1,7 @@
 //! csi-sidecar's Lease-based leader election against kube-sim: one leader at a time,
 //! failover within the lease duration, release on exit, and exit on loss.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use csi_sidecar::leader::{
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use kube_sim::ApiServer;
 use tokio_util::sync::CancellationToken;
 
@@ -173,6 +175,80 @@ async fn released_lease_is_taken_at_once() {
     wait_until("b leads", TIMINGS.lease_duration, || b.status.is_leader()).await;
     b.shutdown.cancel();
     b.task.await.unwrap().unwrap();
+}
+
+/// Lease requests by verb, from every client.
+fn lease_requests(server: &ApiServer) -> BTreeMap<String, u64> {
+    let mut by_verb = BTreeMap::new();
+    for (key, count) in server.request_counts() {
+        if key.resource == "leases" {
+            *by_verb.entry(key.verb).or_default() += count;
+        }
+    }
+    by_verb
+}
+
+/// client-go's fast path: the leader renews with one write over the Lease it last wrote, and
+/// reads the Lease only when someone else wrote it meanwhile (counted as a slow path).
+#[tokio::test]
+async fn the_leader_renews_with_one_write_and_reads_only_after_a_foreign_write() {
+    let server = ApiServer::start().await.unwrap();
+    let a = candidate(&server, "node-a", false);
+    let mut registry = prometheus_client::registry::Registry::default();
+    a.status.register(&mut registry);
+    wait_until("a leads", Duration::from_secs(5), || a.status.is_leader()).await;
+    let before = lease_requests(&server);
+    tokio::time::sleep(TIMINGS.retry_period * 4).await;
+    let after = lease_requests(&server);
+    let count = |counts: &BTreeMap<String, u64>, verb: &str| counts.get(verb).copied().unwrap_or(0);
+    assert!(
+        count(&after, "update") >= count(&before, "update") + 3,
+        "renewals: {before:?} → {after:?}"
+    );
+    assert_eq!(
+        count(&after, "get"),
+        count(&before, "get"),
+        "no reads while renewing"
+    );
+    let slowpath = || {
+        csi_sidecar::metrics::encode(&registry)
+            .lines()
+            .find_map(|line| line.strip_prefix("leader_election_slowpath_total{name=\"\"} "))
+            .map(str::to_string)
+    };
+    assert_eq!(slowpath(), None);
+
+    // Someone else writes the Lease (a label): the next renewal conflicts, reads, and renews.
+    let leases: Api<Lease> = Api::namespaced(server.client(), "default");
+    leases
+        .patch(
+            "external-attacher-leader-hostpath-csi-suite-io",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "a renewal over the slow path",
+        Duration::from_secs(5),
+        || slowpath().as_deref() == Some("1"),
+    )
+    .await;
+    let renewed = count(&lease_requests(&server), "get");
+    assert!(
+        renewed > count(&after, "get"),
+        "the slow path reads the Lease"
+    );
+    tokio::time::sleep(TIMINGS.retry_period * 3).await;
+    assert!(a.status.is_leader());
+    assert_eq!(slowpath().as_deref(), Some("1"), "back on the fast path");
+    assert_eq!(
+        count(&lease_requests(&server), "get"),
+        renewed,
+        "no reads after the slow path"
+    );
+    a.shutdown.cancel();
+    a.task.await.unwrap().unwrap();
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -264,6 +265,29 @@ impl Candidate {
         })
     }
 
+    /// client-go's fast path: while the record we last saw or wrote is ours and unexpired, the
+    /// leader renews by writing over it without reading the Lease first; `None` otherwise.
+    pub fn renewal(&self, now: Instant, wall: Timestamp) -> Option<LeaseSpec> {
+        let (observed, observed_at) = self.observed.as_ref()?;
+        let duration = Duration::from_secs(
+            observed
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(0),
+        );
+        let ours = observed.holder_identity.as_deref() == Some(self.identity.as_str());
+        (ours && *observed_at + duration > now).then(|| LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: observed.acquire_time.clone(),
+            renew_time: Some(MicroTime(wall)),
+            lease_transitions: observed.lease_transitions,
+            ..LeaseSpec::default()
+        })
+    }
+
     /// Records our own successful write, so the next plan compares against it.
     pub fn wrote(&mut self, spec: LeaseSpec, now: Instant) {
         self.observed = Some((spec, now));
@@ -297,13 +321,14 @@ struct ElectionLabel {
     name: String,
 }
 
-/// Shared leadership state, for `/healthz/leader-election`, `leader_election_master_status`
-/// and logs.
+/// Shared leadership state, for `/healthz/leader-election`, `leader_election_master_status`,
+/// `leader_election_slowpath_total` and logs.
 #[derive(Debug)]
 pub struct LeaderStatus {
     lease_duration: Duration,
     state: Mutex<LeadState>,
     master_status: Family<ElectionLabel, Gauge>,
+    slowpath: Family<ElectionLabel, Counter>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -318,6 +343,7 @@ impl LeaderStatus {
             lease_duration,
             state: Mutex::new(LeadState::default()),
             master_status: Family::default(),
+            slowpath: Family::default(),
         })
     }
 
@@ -330,6 +356,17 @@ impl LeaderStatus {
             "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
             self.master_status.clone(),
         );
+        crate::metrics::register_as_upstream(
+            registry,
+            "leader_election_slowpath",
+            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            self.slowpath.clone(),
+        );
+    }
+
+    /// A renewal that had to read the Lease first (the fast path's write failed).
+    fn slowpath_exercised(&self) {
+        self.slowpath.get_or_create(&ElectionLabel::default()).inc();
     }
 
     pub fn is_leader(&self) -> bool {
@@ -391,7 +428,10 @@ where
 {
     let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let timings = config.timings;
-    let mut candidate = Candidate::new(config.identity.clone(), timings.lease_duration);
+    let mut lock = LeaseLock {
+        candidate: Candidate::new(config.identity.clone(), timings.lease_duration),
+        written: None,
+    };
     let lease = format!("{}/{}", config.namespace, config.lease_name);
     tracing::info!(%lease, identity = %config.identity, "attempting to acquire leader lease");
     status.set(false, None);
@@ -399,7 +439,7 @@ where
     let mut held = loop {
         let attempt = tokio::time::timeout(
             timings.renew_deadline,
-            try_acquire_or_renew(&api, &config, &mut candidate),
+            try_acquire_or_renew(&api, &config, &mut lock, &status),
         )
         .await;
         match attempt {
@@ -431,7 +471,7 @@ where
     let work = work(work_token.clone());
     tokio::pin!(work);
     let ended = {
-        let renewing = keep_renewing(&api, &config, &mut candidate, &status, &mut held);
+        let renewing = keep_renewing(&api, &config, &mut lock, &status, &mut held);
         tokio::pin!(renewing);
         tokio::select! {
             () = &mut work => Ended::WorkDone,
@@ -462,7 +502,7 @@ where
         }
         Ended::WorkDone | Ended::Shutdown => {
             if config.release_on_exit {
-                release(&api, &config, &candidate).await;
+                release(&api, &config, &lock).await;
             }
             // The process usually exits next: write the Event first, bounded.
             let _ = tokio::time::timeout(timings.renew_deadline, events.flush()).await;
@@ -484,7 +524,7 @@ enum Ended {
 async fn keep_renewing(
     api: &Api<Lease>,
     config: &LeaderElectionConfig,
-    candidate: &mut Candidate,
+    lock: &mut LeaseLock,
     status: &LeaderStatus,
     held: &mut ObjectReference,
 ) -> LeaderElectionError {
@@ -494,7 +534,7 @@ async fn keep_renewing(
         let started = Instant::now();
         loop {
             let deadline = started + timings.renew_deadline;
-            match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, config, candidate))
+            match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, config, lock, status))
                 .await
             {
                 Ok(Ok(Some(renewed))) => {
@@ -522,19 +562,56 @@ async fn keep_renewing(
     }
 }
 
-/// One client-go `tryAcquireOrRenew`: the Lease we hold afterwards, or `None`. Conflicts
-/// (someone else wrote first) are "not acquired", not errors.
+/// Our side of the Lease: the candidate's view, and the Lease as we last wrote it (client-go's
+/// resource lock keeps it, so the leader's renewal is a single write).
+struct LeaseLock {
+    candidate: Candidate,
+    written: Option<Lease>,
+}
+
+impl LeaseLock {
+    /// Records a successful write; the Lease as the involved object of Events.
+    fn wrote(&mut self, written: Lease) -> ObjectReference {
+        let reference = lease_reference(&written.metadata);
+        let spec = written.spec.clone().unwrap_or_default();
+        self.candidate.wrote(spec, Instant::now());
+        self.written = Some(written);
+        reference
+    }
+}
+
+/// One client-go `tryAcquireOrRenew`: the Lease we hold afterwards, or `None`. The leader first
+/// writes over the Lease it last wrote, unread (the fast path: one request per renewal); when
+/// that fails (someone else wrote it meanwhile), it reads the Lease and decides afresh (the
+/// slow path, counted in `leader_election_slowpath_total`). Conflicts (someone else wrote
+/// first) are "not acquired", not errors.
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     config: &LeaderElectionConfig,
-    candidate: &mut Candidate,
+    lock: &mut LeaseLock,
+    status: &LeaderStatus,
 ) -> Result<Option<ObjectReference>, ::kube::Error> {
+    let renewal = lock.candidate.renewal(Instant::now(), Timestamp::now());
+    if let (Some(spec), Some(written)) = (renewal, &lock.written) {
+        let mut lease = written.clone();
+        lease.spec = Some(spec);
+        match api
+            .replace(&config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => return Ok(Some(lock.wrote(written))),
+            Err(error) => {
+                tracing::debug!(lease = %config.lease_name, %error, "failed to update the lease optimistically, falling back to the slow path");
+            }
+        }
+    }
     let existing = api.get_opt(&config.lease_name).await?;
-    let plan = candidate.plan(
-        existing.as_ref().and_then(|lease| lease.spec.as_ref()),
-        Instant::now(),
-        Timestamp::now(),
-    );
+    let current = existing.as_ref().and_then(|lease| lease.spec.as_ref());
+    let renewing =
+        current.and_then(|spec| spec.holder_identity.as_deref()) == Some(config.identity.as_str());
+    let plan = lock
+        .candidate
+        .plan(current, Instant::now(), Timestamp::now());
     let result = match plan {
         Attempt::HeldBy(holder) => {
             tracing::debug!(lease = %config.lease_name, %holder, "lease is held by another candidate");
@@ -553,6 +630,9 @@ async fn try_acquire_or_renew(
             api.create(&PostParams::default(), &lease).await
         }
         Attempt::Update(spec) => {
+            if renewing {
+                status.slowpath_exercised();
+            }
             let mut lease = existing.unwrap_or_default();
             lease.spec = Some(spec);
             api.replace(&config.lease_name, &PostParams::default(), &lease)
@@ -560,11 +640,7 @@ async fn try_acquire_or_renew(
         }
     };
     match result {
-        Ok(written) => {
-            let reference = lease_reference(&written.metadata);
-            candidate.wrote(written.spec.unwrap_or_default(), Instant::now());
-            Ok(Some(reference))
-        }
+        Ok(written) => Ok(Some(lock.wrote(written))),
         Err(::kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(error) => Err(error),
     }
@@ -583,27 +659,22 @@ fn lease_reference(metadata: &ObjectMeta) -> ObjectReference {
     }
 }
 
-async fn release(api: &Api<Lease>, config: &LeaderElectionConfig, candidate: &Candidate) {
-    let Some(spec) = candidate.release(Timestamp::now()) else {
+/// Gives the Lease up by writing over the Lease as we last wrote it (client-go's release, no
+/// read): if someone else wrote it since, the write conflicts and their Lease stays as is.
+async fn release(api: &Api<Lease>, config: &LeaderElectionConfig, lock: &LeaseLock) {
+    let (Some(spec), Some(written)) = (lock.candidate.release(Timestamp::now()), &lock.written)
+    else {
         return;
     };
-    let result = async {
-        let mut lease = api.get(&config.lease_name).await?;
-        if lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            != Some(config.identity.as_str())
-        {
-            return Ok(());
-        }
-        lease.spec = Some(spec);
-        api.replace(&config.lease_name, &PostParams::default(), &lease)
-            .await
-            .map(drop)
-    };
+    let mut lease = written.clone();
+    lease.spec = Some(spec);
+    let params = PostParams::default();
+    let result = api.replace(&config.lease_name, &params, &lease);
     match tokio::time::timeout(config.timings.renew_deadline, result).await {
-        Ok(Ok(())) => tracing::info!(lease = %config.lease_name, "released leader lease"),
+        Ok(Ok(_)) => tracing::info!(lease = %config.lease_name, "released leader lease"),
+        Ok(Err(::kube::Error::Api(status))) if status.code == 409 => {
+            tracing::info!(lease = %config.lease_name, "leader lease was written by another candidate; not released")
+        }
         Ok(Err(error)) => {
             tracing::warn!(lease = %config.lease_name, %error, "failed to release leader lease")
         }

@@ -195,6 +195,35 @@ fn expiry_is_judged_by_the_duration_in_the_record() {
 }
 
 #[test]
+fn the_leader_renews_over_what_it_last_saw_while_that_is_unexpired() {
+    let start = Instant::now();
+    let at = |secs| start + Duration::from_secs(secs);
+    let renewed = |transitions, acquired, renewed| LeaseSpec {
+        renew_time: Some(MicroTime(wall(renewed))),
+        ..held_by("me", transitions, acquired)
+    };
+    // (what the candidate last saw or wrote, seconds after that, the fast path's write)
+    let cases = [
+        ("nothing seen yet", None, 0, None),
+        (
+            "our lease",
+            Some(held_by("me", 3, 0)),
+            5,
+            Some(renewed(3, 0, 5)),
+        ),
+        ("our lease, expired", Some(held_by("me", 3, 0)), 15, None),
+        ("someone else's", Some(held_by("other", 3, 0)), 5, None),
+    ];
+    for (case, seen, after, want) in cases {
+        let mut me = Candidate::new("me", LEASE);
+        if let Some(seen) = seen {
+            me.wrote(seen, start);
+        }
+        assert_eq!(me.renewal(at(after), wall(after as i64)), want, "{case}");
+    }
+}
+
+#[test]
 fn release_only_what_we_hold() {
     let now = Instant::now();
     let mut me = Candidate::new("me", LEASE);
@@ -273,6 +302,13 @@ fn master_status_follows_leadership() {
             scrape()
         );
     }
+    assert!(!scrape().contains("leader_election_slowpath_total{"));
+    status.slowpath_exercised();
+    assert!(
+        scrape().contains("# HELP leader_election_slowpath_total [ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.\n# TYPE leader_election_slowpath_total counter\nleader_election_slowpath_total{name=\"\"} 1\n"),
+        "{}",
+        scrape()
+    );
 }
 
 #[test]
