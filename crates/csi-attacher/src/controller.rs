@@ -543,12 +543,13 @@ impl Attacher {
     async fn unpublish(&self, va: &CachedAttachment) -> Result<(), Failure> {
         let pv = self.cached_volume(va);
         let volume = attach::volume_of(va, pv.as_deref())?;
+        // Upstream's order: the Secret, then the node ID.
+        let secrets = self.secrets(&volume).await?;
         let csi_node = self
             .caches
             .csi_nodes
             .get(&ObjectRef::new(&va.spec.node_name));
         let node_id = attach::detach_node_id(va, csi_node.as_deref(), &self.settings.driver_name)?;
-        let secrets = self.secrets(&volume).await?;
         let request = unpublish_request(&volume.csi.volume_handle, &node_id, secrets);
         self.csi
             .controller_unpublish_volume(request, self.settings.timeout)

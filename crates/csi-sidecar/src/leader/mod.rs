@@ -215,7 +215,7 @@ impl Candidate {
 
     /// Decides the next write given the Lease as just read (`None`: it does not exist).
     pub fn plan(&mut self, current: Option<&LeaseSpec>, now: Instant, wall: Timestamp) -> Attempt {
-        let lease_seconds = i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let lease_seconds = self.lease_seconds();
         let Some(current) = current else {
             return Attempt::Create(LeaseSpec {
                 holder_identity: Some(self.identity.clone()),
@@ -236,14 +236,7 @@ impl Candidate {
         let observed_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
         let holder = current.holder_identity.clone().unwrap_or_default();
         let held_by_me = holder == self.identity;
-        // A record without a duration has expired, as in client-go (zero seconds).
-        let holder_duration = Duration::from_secs(
-            current
-                .lease_duration_seconds
-                .and_then(|s| u64::try_from(s).ok())
-                .unwrap_or(0),
-        );
-        if !holder.is_empty() && !held_by_me && observed_at + holder_duration > now {
+        if !holder.is_empty() && !held_by_me && observed_at + record_duration(current) > now {
             return Attempt::HeldBy(holder);
         }
         let transitions = current.lease_transitions.unwrap_or(0);
@@ -269,23 +262,19 @@ impl Candidate {
     /// leader renews by writing over it without reading the Lease first; `None` otherwise.
     pub fn renewal(&self, now: Instant, wall: Timestamp) -> Option<LeaseSpec> {
         let (observed, observed_at) = self.observed.as_ref()?;
-        let duration = Duration::from_secs(
-            observed
-                .lease_duration_seconds
-                .and_then(|s| u64::try_from(s).ok())
-                .unwrap_or(0),
-        );
         let ours = observed.holder_identity.as_deref() == Some(self.identity.as_str());
-        (ours && *observed_at + duration > now).then(|| LeaseSpec {
+        (ours && *observed_at + record_duration(observed) > now).then(|| LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(
-                i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX),
-            ),
+            lease_duration_seconds: Some(self.lease_seconds()),
             acquire_time: observed.acquire_time.clone(),
             renew_time: Some(MicroTime(wall)),
             lease_transitions: observed.lease_transitions,
             ..LeaseSpec::default()
         })
+    }
+
+    fn lease_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
     }
 
     /// Records our own successful write, so the next plan compares against it.
@@ -306,6 +295,17 @@ impl Candidate {
             ..LeaseSpec::default()
         })
     }
+}
+
+/// The duration a Lease record states; a record without one has expired, as in client-go
+/// (zero seconds).
+fn record_duration(record: &LeaseSpec) -> Duration {
+    Duration::from_secs(
+        record
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .unwrap_or(0),
+    )
 }
 
 /// A leader whose renewal attempts started at `renewal_started` and have not succeeded by
