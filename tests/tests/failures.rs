@@ -143,6 +143,54 @@ async fn an_infeasible_request_is_reported_and_retried_slowly() {
     cluster.stop().await;
 }
 
+/// A claim whose CreateVolume fails is deleted while the claim backs off (for ten minutes
+/// here, `--retry-interval-start`): the provisioner acts on the deletion at once, as
+/// upstream's workqueue runs a changed claim at once, and releases the claim it protected
+/// (no volume left on the driver), instead of holding `kubectl delete` until the backoff
+/// ends.
+#[tokio::test]
+async fn a_claim_deleted_while_backing_off_goes_at_once() {
+    let cluster = Cluster::start("deleted-in-backoff").await;
+    // Larger than the driver's maximum volume size: CreateVolume fails (OutOfRange). Class and
+    // claim first, so that the provisioner's first look at the claim finds its class.
+    let class_name = cluster
+        .storage_class("failing", "Immediate", "Delete", json!({}))
+        .await;
+    let mut doomed = claim("doomed", &class_name);
+    doomed["spec"]["resources"]["requests"]["storage"] = json!("2Ti");
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, doomed).await;
+    let backoff = std::time::Duration::from_secs(600);
+    let provisioner = cluster
+        .start_provisioner_with(|settings| {
+            settings.retry_start = backoff;
+            settings.retry_max = backoff;
+        })
+        .await;
+    cluster
+        .wait_for_event(
+            "doomed",
+            "ProvisioningFailed",
+            "rpc error: code = OutOfRange desc = ",
+        )
+        .await;
+    let claim = claims.get("doomed").await.unwrap();
+    assert!(
+        claim
+            .finalizers()
+            .iter()
+            .any(|f| f == "csi-suite.io/provisioning-protection"),
+        "the provisioner holds the failing claim: {:?}",
+        claim.finalizers()
+    );
+    cluster
+        .delete_and_wait(&claims, "doomed", "the deleted claim released at once")
+        .await;
+    assert!(cluster.driver_volumes().await.is_empty());
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
 /// A storage request in any form the API server stores is sent to the driver in whole bytes,
 /// rounded up (1126400m is 1127 bytes); one that is no size in bytes (over int64) is a
 /// ProvisioningFailed Event on the claim, never a CreateVolume of 0 bytes.

@@ -65,7 +65,8 @@ pub async fn run(client: Client, settings: Settings, shutdown: CancellationToken
     let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let work = workers.clone();
-    let claims = informers.all_with(move |c: &BucketClaim| work.trigger(ObjectRef::from_obj(c)));
+    let claims =
+        informers.all_with(move |c: &BucketClaim| work.trigger_for(ObjectRef::from_obj(c), c));
     let work = workers.clone();
     let buckets = informers.all_with(move |b: &Bucket| {
         let reference = &b.spec.bucket_claim;

@@ -216,13 +216,13 @@ pub async fn run(
     let caches = Caches {
         // A VolumeAttachment's change may also free its PV for release.
         attachments: informers.all_with(move |va: &CachedAttachment| {
-            attachment_work.trigger(Key::Attachment(va.name_any()));
+            attachment_work.trigger_for(Key::Attachment(va.name_any()), va);
             if let Some(pv) = &va.spec.source.persistent_volume_name {
                 attachment_work.trigger(Key::Volume(pv.clone()));
             }
         }),
         volumes: informers.all_with(move |pv: &CachedVolume| {
-            volume_work.trigger(Key::Volume(pv.name_any()));
+            volume_work.trigger_for(Key::Volume(pv.name_any()), pv);
         }),
         csi_nodes: informers.all(),
     };

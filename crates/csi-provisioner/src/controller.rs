@@ -290,7 +290,7 @@ pub async fn run(
     let mut optional = Informers::new(&client, &shutdown);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
     let claims = informers.all_with(move |claim: &CachedClaim| {
-        claim_keys(claim).for_each(|key| claim_work.trigger(key));
+        claim_keys(claim).for_each(|key| claim_work.trigger_for(key, claim));
     });
     let attachments = informers.all();
     let attribute_classes =
@@ -307,7 +307,7 @@ pub async fn run(
     let caches = Caches {
         claims,
         volumes: informers.all_with(move |volume: &CachedVolume| {
-            volume_work.trigger(Key::Volume(volume.name_any()));
+            volume_work.trigger_for(Key::Volume(volume.name_any()), volume);
             let driver_of = volume.spec.as_ref().and_then(|s| s.csi.as_ref());
             if let Some(capacity) = &capacity
                 && driver_of.is_some_and(|csi| csi.driver == driver)

@@ -154,7 +154,7 @@ pub async fn run(
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
     let caches = Caches {
         claims: informers.all_with(move |pvc: &PersistentVolumeClaim| {
-            claim_work.trigger(ObjectRef::from_obj(pvc));
+            claim_work.trigger_for(ObjectRef::from_obj(pvc), pvc);
         }),
         // A PV's change (its capacity, our annotation) concerns the claim it is bound to.
         volumes: informers.all_with(move |pv: &PersistentVolume| {

@@ -16,7 +16,10 @@
 //! - Per-key exponential backoff reset on success: its `error_policy` is not told of successes
 //!   (kube-rs #297, #1916 — both open), and a spurious trigger during the backoff runs the key
 //!   early (kubernetes #132805); here neither the key's own new version (often our own error
-//!   written into its status) nor other events cut a backoff short.
+//!   written into its status) nor other events cut a backoff short, with one exception: an
+//!   object's deletion, and each finalizer another controller removes from the deleting object
+//!   ([`KeyedWorkers::trigger_for`]), so a user's delete of a failing object is acted on at
+//!   once, as client-go's `Add` would, not after up to `--retry-interval-max`.
 //! - Lanes with their own worker pools (`--worker-threads` and
 //!   `--cloning-protection-threads`; attach, detach and PV release): it has one concurrency
 //!   limit for all of a controller's work, the starvation external-attacher #761 fixed.
@@ -78,6 +81,11 @@ pub struct KeyedWorkers<K> {
     requeue: Mutex<HashMap<K, Instant>>,
     /// Keys offered while their sync ran: triggered again when it ends.
     rerun: Mutex<HashSet<K>>,
+    /// Keys whose object was seen being deleted, with the finalizers it then had.
+    deletion_seen: Mutex<HashMap<K, Vec<String>>>,
+    /// Keys whose backoff was ended ([`KeyedWorkers::trigger_for`]) while their sync ran: a
+    /// failure of that run sets no deadline (the change that ended it runs at once after).
+    backoff_ended_while_running: Mutex<HashSet<K>>,
     /// One pool of permits per lane.
     lanes: Vec<Semaphore>,
     /// Woken when a key is triggered or a sync failed, so the next pass (or the retry) is
@@ -126,6 +134,8 @@ where
             waiting: Mutex::new(HashSet::new()),
             requeue: Mutex::new(HashMap::new()),
             rerun: Mutex::new(HashSet::new()),
+            deletion_seen: Mutex::new(HashMap::new()),
+            backoff_ended_while_running: Mutex::new(HashSet::new()),
             lanes: sizes
                 .iter()
                 .map(|workers| Semaphore::new((*workers).max(1)))
@@ -146,6 +156,40 @@ where
     pub fn trigger(&self, key: K) {
         lock(&self.triggered).insert(key);
         self.wake.notify_one();
+    }
+
+    /// [`KeyedWorkers::trigger`] for a change of `object`, the object of `key`: the change
+    /// that shows it being deleted, and each later one that leaves it fewer finalizers, also
+    /// ends the key's backoff (client-go's `Add` runs a key at once: a `kubectl delete` of an
+    /// object whose sync keeps failing takes effect now, not after up to
+    /// `--retry-interval-max`; and a write of ours refused because another finalizer went
+    /// meanwhile is redone once the cache shows it gone). A deleting object takes no new
+    /// finalizers, so this ends a backoff a few times at most. Other changes of it, such as
+    /// our own error written into its status, wait for the backoff as any change does.
+    pub fn trigger_for(&self, key: K, object: &impl Resource) {
+        let meta = object.meta();
+        if meta.deletion_timestamp.is_some() {
+            let finalizers = meta.finalizers.clone().unwrap_or_default();
+            let seen = lock(&self.deletion_seen).insert(key.clone(), finalizers.clone());
+            if seen.as_ref() != Some(&finalizers) {
+                self.end_backoff(&key);
+            }
+        }
+        self.trigger(key);
+    }
+
+    /// Lets `key` run on the next pass whatever its backoff; a run under way that fails sets
+    /// no new deadline.
+    fn end_backoff(&self, key: &K) {
+        {
+            // Marked before the deadline goes, so that a run failing in between finds the mark,
+            // and under the running set's lock, so that no run ends between the two.
+            let running = lock(&self.in_flight);
+            if running.contains(key) {
+                lock(&self.backoff_ended_while_running).insert(key.clone());
+            }
+        }
+        lock(&self.not_before).remove(key);
     }
 
     /// The keys the next pass offers: those triggered since the last pass (taken), those
@@ -258,12 +302,17 @@ where
                     lock(&this.waiting).remove(&key);
                     lock(&this.requeue).remove(&key);
                     let delay = this.backoff.next_delay(&key);
-                    tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
-                    lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
+                    if lock(&this.backoff_ended_while_running).remove(&key) {
+                        tracing::warn!(?key, %error, "sync failed; retried now: the object's deletion changed meanwhile");
+                    } else {
+                        tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
+                        lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
+                    }
                     wake = true;
                 }
             }
             lock(&this.in_flight).remove(&key);
+            lock(&this.backoff_ended_while_running).remove(&key);
             if lock(&this.rerun).remove(&key) {
                 this.trigger(key);
             } else if wake {
@@ -407,6 +456,7 @@ where
         lock(&self.synced).retain(|key, _| present.contains(key));
         lock(&self.waiting).retain(|key| present.contains(key));
         lock(&self.requeue).retain(|key, _| present.contains(key));
+        lock(&self.deletion_seen).retain(|key, _| present.contains(key));
         self.backoff.retain(|key| present.contains(key));
     }
 
@@ -416,6 +466,7 @@ where
         lock(&self.synced).remove(key);
         lock(&self.waiting).remove(key);
         lock(&self.requeue).remove(key);
+        lock(&self.deletion_seen).remove(key);
         self.backoff.reset(key);
     }
 
@@ -526,6 +577,81 @@ mod tests {
             Err("broken".to_string())
         });
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs `key` if it may run now (not backing off); whether it ran.
+    async fn runs_now(workers: &Arc<KeyedWorkers<&'static str>>, key: &'static str) -> bool {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        let counter = ran.clone();
+        workers.schedule(0, key, None, &mut tasks, move || async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Err("still broken".to_string())
+        });
+        while tasks.join_next().await.is_some() {}
+        ran.load(Ordering::SeqCst) == 1
+    }
+
+    fn object(deleting: bool, finalizers: &[&str]) -> k8s_openapi::api::core::v1::ConfigMap {
+        let mut object = k8s_openapi::api::core::v1::ConfigMap::default();
+        object.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+        object.metadata.deletion_timestamp =
+            deleting.then_some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        object
+    }
+
+    /// The change that shows a failing key's object being deleted ends its backoff, and so
+    /// does each finalizer going from the deleting object; other changes do not.
+    #[tokio::test]
+    async fn a_deletion_and_its_finalizers_going_end_the_backoff() {
+        let workers =
+            KeyedWorkers::<&'static str>::new(2, Duration::from_secs(60), Duration::from_secs(60));
+        let (ours, theirs) = ("ours", "theirs");
+        fail(&workers, "a").await;
+        workers.trigger_for("a", &object(false, &[ours, theirs]));
+        assert!(
+            !runs_now(&workers, "a").await,
+            "a change backs off as before"
+        );
+        workers.trigger_for("a", &object(true, &[ours, theirs]));
+        assert!(runs_now(&workers, "a").await, "the deletion runs at once");
+        assert_eq!(workers.backoff.failures(&"a"), 2, "and counts as a retry");
+        workers.trigger_for("a", &object(true, &[ours, theirs]));
+        assert!(
+            !runs_now(&workers, "a").await,
+            "another change of the deleting object (its status, say) waits for the backoff"
+        );
+        workers.trigger_for("a", &object(true, &[ours]));
+        assert!(
+            runs_now(&workers, "a").await,
+            "a finalizer gone runs at once"
+        );
+        workers.trigger_for("a", &object(true, &[ours]));
+        assert!(!runs_now(&workers, "a").await);
+
+        // Deleted while its sync runs: that run's failure sets no deadline.
+        let release = Arc::new(Notify::new());
+        let mut tasks = JoinSet::new();
+        let wait = release.clone();
+        workers.schedule(0, "b", None, &mut tasks, move || async move {
+            wait.notified().await;
+            Err("broken".to_string())
+        });
+        tokio::task::yield_now().await;
+        assert!(workers.is_running(&"b"));
+        workers.trigger_for("b", &object(true, &[]));
+        release.notify_one();
+        while tasks.join_next().await.is_some() {}
+        assert!(
+            runs_now(&workers, "b").await,
+            "the deletion runs after the run"
+        );
+        assert!(!runs_now(&workers, "b").await, "then backs off");
+
+        workers.forget(&"b");
+        assert!(lock(&workers.deletion_seen).keys().eq([&"a"]));
     }
 
     /// A key whose object is gone loses its retry state; and no deadline that a pass has

@@ -102,7 +102,7 @@ pub async fn run(
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let work = workers.clone();
     let snapshots = informers.all_with(move |s: &VolumeSnapshot| {
-        work.trigger(Key::Snapshot(ObjectRef::from_obj(s)));
+        work.trigger_for(Key::Snapshot(ObjectRef::from_obj(s)), s);
         if let Some(claim) = &s.spec.source.persistent_volume_claim_name
             && let Some(namespace) = s.namespace()
         {
@@ -111,7 +111,7 @@ pub async fn run(
     });
     let work = workers.clone();
     let contents = informers.all_with(move |c: &VolumeSnapshotContent| {
-        work.trigger(Key::Content(ObjectRef::from_obj(c)));
+        work.trigger_for(Key::Content(ObjectRef::from_obj(c)), c);
         let reference = &c.spec.volume_snapshot_ref;
         if let Some(key) = snapshot_ref(reference.namespace.as_deref(), reference.name.as_deref()) {
             work.trigger(Key::Snapshot(key));
@@ -120,7 +120,7 @@ pub async fn run(
     let classes = informers.all::<VolumeSnapshotClass>();
     let work = workers.clone();
     let claims = informers.all_with(move |c: &PersistentVolumeClaim| {
-        work.trigger(Key::Claim(ObjectRef::from_obj(c)));
+        work.trigger_for(Key::Claim(ObjectRef::from_obj(c)), c);
     });
     let volumes = informers.all::<PersistentVolume>();
     let Some(wake) = informers.synced().await else {

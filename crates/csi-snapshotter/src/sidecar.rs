@@ -107,7 +107,7 @@ pub async fn run(
     let driver = settings.driver_name.clone();
     let contents = informers.all_with(move |content: &VolumeSnapshotContent| {
         if content.spec.driver == driver {
-            content_work.trigger(ObjectRef::from_obj(content));
+            content_work.trigger_for(ObjectRef::from_obj(content), content);
         }
     });
     let classes = informers.all::<VolumeSnapshotClass>();

@@ -110,7 +110,7 @@ pub async fn run(
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let work = workers.clone();
     let buckets = informers.all_with(move |b: &Bucket| {
-        work.trigger(Key::Bucket(ObjectRef::from_obj(b)));
+        work.trigger_for(Key::Bucket(ObjectRef::from_obj(b)), b);
         let claim = &b.spec.bucket_claim;
         if let Some(key) = claim_key(claim.namespace.as_deref(), claim.name.as_deref()) {
             work.trigger(key);
@@ -118,14 +118,15 @@ pub async fn run(
     });
     let work = workers.clone();
     let accesses = informers.all_with(move |a: &BucketAccess| {
-        work.trigger(Key::Access(ObjectRef::from_obj(a)));
+        work.trigger_for(Key::Access(ObjectRef::from_obj(a)), a);
         if let Some(key) = claim_key(a.namespace().as_deref(), Some(&a.spec.bucket_claim_name)) {
             work.trigger(key);
         }
     });
     let work = workers.clone();
-    let claims =
-        informers.all_with(move |c: &BucketClaim| work.trigger(Key::Claim(ObjectRef::from_obj(c))));
+    let claims = informers.all_with(move |c: &BucketClaim| {
+        work.trigger_for(Key::Claim(ObjectRef::from_obj(c)), c);
+    });
     let classes = informers.all::<BucketAccessClass>();
     let Some(wake) = informers.synced().await else {
         return;
