@@ -515,3 +515,80 @@ async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
     provisioner.stop().await;
     cluster.stop().await;
 }
+
+/// A pre-provisioned snapshot naming a content bound to another snapshot is refused as
+/// upstream's snapshot-controller refuses it: `SnapshotContentMisbound` once with the error in
+/// the snapshot's status, and `SnapshotFinalizerError` on every try; neither the snapshot
+/// nor the content gets a finalizer, and the refused snapshot goes when deleted.
+#[tokio::test]
+async fn a_content_bound_to_another_snapshot_is_refused_as_upstream() {
+    let cluster = Cluster::start("snapshot-misbound").await;
+    install_snapshot_crds(&cluster.client).await;
+    let controller = cluster.start_snapshot_controller();
+    let content_name = format!("{}-taken", cluster.namespace);
+    let contents = cluster.cluster_scoped::<VolumeSnapshotContent>();
+    cluster
+        .create(
+            &contents,
+            json!({"metadata": {"name": content_name},
+                "spec": {"deletionPolicy": "Retain", "driver": cluster.driver_name,
+                         "source": {"snapshotHandle": "handle-of-another"},
+                         "volumeSnapshotRef": {"name": "someone-else",
+                                               "namespace": cluster.namespace}}}),
+        )
+        .await;
+    cluster.delete_at_cleanup::<VolumeSnapshotContent>(None, &content_name);
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "misbound"},
+                "spec": {"source": {"volumeSnapshotContentName": content_name}}}),
+        )
+        .await;
+    let misbound =
+        format!("VolumeSnapshotContent [{content_name}] is bound to a different snapshot");
+    let message = cluster
+        .wait_for_event(
+            "misbound",
+            "SnapshotContentMisbound",
+            "bound to a different",
+        )
+        .await;
+    assert_eq!(message, misbound);
+    let message = cluster
+        .wait_for_event("misbound", "SnapshotFinalizerError", "bound to a different")
+        .await;
+    assert_eq!(
+        message,
+        format!("Failed to check and update snapshot: {misbound}")
+    );
+    let snapshot = snapshots.get("misbound").await.unwrap();
+    let status = snapshot.status.as_ref().expect("a status");
+    assert_eq!(
+        status.error.as_ref().and_then(|e| e.message.as_deref()),
+        Some(misbound.as_str())
+    );
+    assert_eq!(status.ready_to_use, Some(false));
+    assert!(
+        snapshot.finalizers().is_empty(),
+        "refused before its finalizers: {:?}",
+        snapshot.finalizers()
+    );
+    let content = contents.get(&content_name).await.unwrap();
+    assert_eq!(
+        content.spec.volume_snapshot_ref.name.as_deref(),
+        Some("someone-else"),
+        "the content keeps its binding"
+    );
+    assert!(
+        content.finalizers().is_empty(),
+        "{:?}",
+        content.finalizers()
+    );
+    cluster
+        .delete_and_wait(&snapshots, "misbound", "the refused snapshot deleted")
+        .await;
+    controller.stop().await;
+    cluster.stop().await;
+}

@@ -373,6 +373,10 @@ impl Controller {
         match step {
             Step::Nothing => return Ok(Synced::Done),
             Step::Fail(failure) => return Err(self.fail(snapshot, failure).await),
+            Step::RefuseContent { failure, error } => {
+                self.fail(snapshot, failure).await;
+                return Err(self.finalizer_check_failed(snapshot, error).await);
+            }
             Step::MarkContentBeingDeleted(name) => {
                 let patch = json!({"metadata": {"annotations": {BEING_DELETED: "yes"}}});
                 contents
@@ -436,15 +440,15 @@ impl Controller {
                 if bound {
                     finalizers.push(SNAPSHOT_BOUND_FINALIZER.into());
                 }
-                if let Err(error) = set_finalizers(&snapshots, snapshot, finalizers).await {
-                    self.event(
-                        snapshot,
-                        EventType::Warning,
-                        reason::FINALIZER_ERROR,
-                        &format!("Failed to check and update snapshot: {error}"),
-                    )
-                    .await;
-                    return Err(error.into());
+                match set_finalizers(&snapshots, snapshot, finalizers).await {
+                    // The next sync waits for the cache to show the finalizers: from the
+                    // version before, it would add them again over a stale list.
+                    Ok(Some(updated)) => self.superseded_by(snapshot, &updated),
+                    Ok(None) => {}
+                    Err(error) => {
+                        let error = controller_update_error(&key, error.cause());
+                        return Err(self.finalizer_check_failed(snapshot, error).await);
+                    }
                 }
             }
             Step::Bind {
@@ -748,6 +752,19 @@ impl Controller {
                 .metrics
                 .finish(Operation::DeleteSnapshot, &uid, SUCCESS);
         }
+    }
+
+    /// Upstream's `checkandAddSnapshotFinalizers` failed with `error`: a
+    /// `SnapshotFinalizerError` Event quoting it, on every sync that fails so.
+    async fn finalizer_check_failed(&self, snapshot: &VolumeSnapshot, error: String) -> SyncError {
+        self.event(
+            snapshot,
+            EventType::Warning,
+            reason::FINALIZER_ERROR,
+            &format!("Failed to check and update snapshot: {error}"),
+        )
+        .await;
+        SyncError::Failed(error)
     }
 
     fn superseded_by(&self, old: &VolumeSnapshot, new: &VolumeSnapshot) {

@@ -87,6 +87,13 @@ pub fn controller_update_error(
 pub enum Step {
     Nothing,
     Fail(Failure),
+    /// The content the snapshot names is not one it may bind (upstream's
+    /// `checkandAddSnapshotFinalizers` failing): `failure` is reported as [`Step::Fail`]'s,
+    /// then, on every sync, a `SnapshotFinalizerError` Event quotes `error`.
+    RefuseContent {
+        failure: Failure,
+        error: String,
+    },
     /// Tell the sidecar the snapshot is going (annotation on the content).
     MarkContentBeingDeleted(String),
     DeleteContent(String),
@@ -242,7 +249,7 @@ pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
     }
     let content = match checked_content(snapshot, inputs.content) {
         Ok(content) => content,
-        Err(failure) => return Step::Fail(failure),
+        Err((failure, error)) => return Step::RefuseContent { failure, error },
     };
     let source_finalizer = !has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER);
     let bound_finalizer = content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete)
@@ -273,11 +280,12 @@ pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
 }
 
 /// The content the snapshot's source names, checked to be of the right kind and to point back
-/// (upstream `get{Preprovisioned,DynamicallyProvisioned}ContentFromStore`).
+/// (upstream `get{Preprovisioned,DynamicallyProvisioned}ContentFromStore`); a refusal is the
+/// snapshot's failure and the error upstream returns with it.
 fn checked_content<'a>(
     snapshot: &VolumeSnapshot,
     content: Option<&'a VolumeSnapshotContent>,
-) -> Result<Option<&'a VolumeSnapshotContent>, Failure> {
+) -> Result<Option<&'a VolumeSnapshotContent>, (Failure, String)> {
     let Some(content) = content else {
         return Ok(None);
     };
@@ -285,20 +293,29 @@ fn checked_content<'a>(
     let reference = &content.spec.volume_snapshot_ref;
     let pre_provisioned = snapshot.spec.source.volume_snapshot_content_name.is_some();
     let misbound = || {
-        Failure::status(
-            reason::CONTENT_MISBOUND,
-            format!("VolumeSnapshotContent [{name}] is bound to a different snapshot"),
-            true,
+        let message = format!("VolumeSnapshotContent [{name}] is bound to a different snapshot");
+        (
+            Failure::status(reason::CONTENT_MISBOUND, message.clone(), true),
+            message,
+        )
+    };
+    let mismatch = |message: String, expected: &str, found: &str| {
+        (
+            Failure::status(reason::CONTENT_MISMATCH, message, true),
+            format!(
+                "snapshot {} expects a {expected} VolumeSnapshotContent {name} but gets a {found} one",
+                snapshot_key(snapshot)
+            ),
         )
     };
     let same_object = reference.name == snapshot.metadata.name
         && reference.namespace == snapshot.metadata.namespace;
     if pre_provisioned {
         if content.spec.source.snapshot_handle.is_none() {
-            return Err(Failure::status(
-                reason::CONTENT_MISMATCH,
-                "VolumeSnapshotContent is dynamically provisioned while expecting a pre-provisioned one",
-                true,
+            return Err(mismatch(
+                "VolumeSnapshotContent is dynamically provisioned while expecting a pre-provisioned one".into(),
+                "pre-provisioned",
+                "dynamically provisioned",
             ));
         }
         let uid = reference.uid.as_deref().unwrap_or("");
@@ -307,12 +324,12 @@ fn checked_content<'a>(
         }
     } else {
         if content.spec.source.volume_handle.is_none() {
-            return Err(Failure::status(
-                reason::CONTENT_MISMATCH,
+            return Err(mismatch(
                 format!(
                     "VolumeSnapshotContent {name} is pre-provisioned while expecting a dynamically provisioned one"
                 ),
-                true,
+                "dynamically provisioned",
+                "pre-provisioned",
             ));
         }
         if !same_object || reference.uid != snapshot.metadata.uid {

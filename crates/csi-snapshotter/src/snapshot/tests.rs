@@ -152,6 +152,14 @@ fn failure(step: Step) -> (&'static str, String) {
     }
 }
 
+/// A content refused: the failure's reason and message, and the error its Event quotes.
+fn refusal(step: Step) -> (&'static str, String, String) {
+    match step {
+        Step::RefuseContent { failure, error } => (failure.reason, failure.message, error),
+        other => panic!("expected a refused content, got {other:?}"),
+    }
+}
+
 const BOTH: &[&str] = &[SNAPSHOT_AS_SOURCE_FINALIZER, SNAPSHOT_BOUND_FINALIZER];
 
 #[test]
@@ -267,8 +275,15 @@ fn bad_inputs_fail_with_upstream_reasons() {
     assert_eq!(failure(world.plan(&both)).0, reason::VALIDATION_ERROR);
     let pre = World::new().with_content(content("imported", DeletionPolicy::Retain, true, None));
     assert_eq!(
-        failure(pre.plan(&pre_provisioned())).0,
-        reason::CONTENT_MISMATCH
+        refusal(pre.plan(&pre_provisioned())),
+        (
+            reason::CONTENT_MISMATCH,
+            "VolumeSnapshotContent is dynamically provisioned while expecting a pre-provisioned one"
+                .into(),
+            "snapshot ns/snap expects a pre-provisioned VolumeSnapshotContent imported \
+             but gets a dynamically provisioned one"
+                .into()
+        )
     );
     let other = World::new().with_content(content(
         "imported",
@@ -276,12 +291,10 @@ fn bad_inputs_fail_with_upstream_reasons() {
         false,
         Some("someone-else"),
     ));
+    let misbound = "VolumeSnapshotContent [imported] is bound to a different snapshot";
     assert_eq!(
-        failure(other.plan(&pre_provisioned())),
-        (
-            reason::CONTENT_MISBOUND,
-            "VolumeSnapshotContent [imported] is bound to a different snapshot".into()
-        )
+        refusal(other.plan(&pre_provisioned())),
+        (reason::CONTENT_MISBOUND, misbound.into(), misbound.into())
     );
     let missing = finalized(pre_provisioned(), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
     assert_eq!(
