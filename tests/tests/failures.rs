@@ -2,7 +2,8 @@
 //! provisioning recovers once they are fixed — with one volume per PV. A storage request that
 //! is no size in bytes is reported, never sent to the driver. A volume whose claim and class
 //! went away before its PV existed is not stranded, and one the provisioner cannot keep (or
-//! whose PV the API server refuses) is deleted with its secret.
+//! whose PV the API server refuses) is deleted with its secret. A claim deleted while its
+//! failures back off goes at once.
 
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
 use csi_suite_scenarios::{Cluster, real_cluster, report_skip};

@@ -234,6 +234,72 @@ async fn dynamic_provisioning_reports_an_unknown_reserved_parameter() {
     cluster.stop().await;
 }
 
+/// Malformed classes and claims are refused with upstream's texts (compared side by side with
+/// upstream external-provisioner v6.3.0 on v1.19.16), each after the Normal `Provisioning`
+/// Event as upstream, and nothing reaches the driver.
+#[tokio::test]
+async fn malformed_classes_and_claims_are_refused_as_upstream() {
+    let cluster = Cluster::start("provision-refusals").await;
+    let provisioner = cluster.start_provisioner().await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let cases = [
+        (
+            "fstypes",
+            json!({"fstype": "ext4", "csi.storage.k8s.io/fstype": "xfs"}),
+            "fstype specified in parameters with both \"fstype\" and \"csi.storage.k8s.io/fstype\" keys".to_string(),
+        ),
+        (
+            "ns-only",
+            json!({"csi.storage.k8s.io/provisioner-secret-namespace": "default"}),
+            "failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified".to_string(),
+        ),
+        (
+            "bad-token",
+            json!({"csi.storage.k8s.io/node-stage-secret-name": "${pvc.foo}",
+                "csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}"}),
+            "error resolving value \"${pvc.foo}\": invalid tokens: [\"pvc.foo\"]".to_string(),
+        ),
+    ];
+    for (name, parameters, _) in &cases {
+        let class_name = cluster
+            .storage_class(name, "Immediate", "Delete", parameters.clone())
+            .await;
+        cluster.create(&claims, claim(name, &class_name)).await;
+    }
+    let plain = cluster
+        .storage_class("plain", "Immediate", "Delete", json!({}))
+        .await;
+    let mut selector = claim("selector", &plain);
+    selector["spec"]["selector"] = json!({"matchLabels": {"tier": "gold"}});
+    cluster.create(&claims, selector).await;
+    let selector_case = (
+        "selector",
+        json!({}),
+        "claim Selector is not supported".to_string(),
+    );
+    for (name, _, expected) in cases.iter().chain([&selector_case]) {
+        let message = cluster.wait_for_event(name, "ProvisioningFailed", "").await;
+        assert_eq!(&message, expected, "{name}");
+        let namespace = &cluster.namespace;
+        cluster
+            .wait_for_event(
+                name,
+                "Provisioning",
+                &format!(
+                    "External provisioner is provisioning volume for claim \"{namespace}/{name}\""
+                ),
+            )
+            .await;
+    }
+    assert!(
+        cluster.driver_volumes().await.is_empty(),
+        "no CreateVolume for a refused claim"
+    );
+    assert!(cluster.driver_pvs().await.is_empty(), "no PV");
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
 /// A data source of another kind is left to its populator: one Normal `Provisioning` Event
 /// from csi-provisioner's own recorder ("external-provisioner"), no CreateVolume.
 #[tokio::test]

@@ -75,9 +75,6 @@ pub fn decide(
     }
     let class_name = spec.storage_class_name.unwrap_or_default();
     let class = class.ok_or(ClaimError::MissingClass(class_name))?;
-    if spec.selector.is_some() {
-        return Err(ClaimError::Selector);
-    }
     let selected_node = annotations
         .get(SELECTED_NODE)
         .or_else(|| annotations.get(ALPHA_SELECTED_NODE))
@@ -419,12 +416,15 @@ mod tests {
             json!({"metadata": {"name": "c", "annotations": {STORAGE_PROVISIONER: DRIVER}}, "spec": {"volumeName": "pv"}}),
         );
         assert_eq!(decide(&bound, DRIVER, None), Ok(ClaimDecision::Ignore));
+        // Provisioning refuses a selector (after its Provisioning Event, as upstream).
         let selector = claim(
             json!({"metadata": {"name": "c", "annotations": {STORAGE_PROVISIONER: DRIVER}}, "spec": {"storageClassName": "fast", "selector": {"matchLabels": {"a": "b"}}}}),
         );
         assert_eq!(
             decide(&selector, DRIVER, Some(&immediate)),
-            Err(ClaimError::Selector)
+            Ok(ClaimDecision::Provision {
+                selected_node: None
+            })
         );
     }
 

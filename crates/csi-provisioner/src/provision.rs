@@ -205,13 +205,16 @@ pub fn plan(
         }
         _ => {}
     }
+    let spec = pvc.spec.clone().unwrap_or_default();
     let attributes_class = vac::class_name(pvc, policy.volume_attributes_classes);
     if attributes_class.is_some() && !driver.has_controller(ControllerCapability::ModifyVolume) {
         return Err(VacError::NoModifyVolume.into());
     }
+    if spec.selector.is_some() {
+        return Err(ClaimError::Selector.into());
+    }
     let class_parameters = class.parameters.clone().unwrap_or_default();
     let fs_type = request::fs_type(&class_parameters, policy.default_fstype)?;
-    let spec = pvc.spec.clone().unwrap_or_default();
     let capabilities = request::volume_capabilities(
         &spec.access_modes.unwrap_or_default(),
         spec.volume_mode.as_deref(),

@@ -238,6 +238,20 @@ fn refusals_in_upstreams_order() {
             Refusal::AttributesClass(VacError::NotFound("silver".into())),
         ),
         (
+            "a selector, after the driver's capabilities",
+            claim(json!({"selector": {"matchLabels": {"a": "b"}}, "volumeAttributesClassName": "gold"})),
+            plain.clone(),
+            driver(&[CreateDeleteVolume], false),
+            Refusal::AttributesClass(VacError::NoModifyVolume),
+        ),
+        (
+            "a selector, before both fstype spellings",
+            claim(json!({"selector": {"matchLabels": {"a": "b"}}})),
+            class(json!({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"})),
+            full_driver(),
+            Refusal::Claim(ClaimError::Selector),
+        ),
+        (
             "both fstype spellings",
             claim(json!({})),
             class(json!({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"})),
