@@ -58,8 +58,13 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
         controller: true,
         node: false,
     };
-    let (csi, driver) =
-        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
+    let (csi, driver) = csi_sidecar::startup::connect_driver(
+        &sidecar.csi,
+        metrics,
+        services,
+        csi_sidecar::conn::StartupOrder::ProbeThenName,
+    )
+    .await?;
     let csi = csi.with_max_log_length(
         usize::try_from(args.max_grpc_log_length)
             .ok()

@@ -93,8 +93,13 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         controller: true,
         node: false,
     };
-    let (csi, driver) =
-        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
+    let (csi, driver) = csi_sidecar::startup::connect_driver(
+        &sidecar.csi,
+        metrics,
+        services,
+        csi_sidecar::conn::StartupOrder::ProbeThenName,
+    )
+    .await?;
     if !driver.plugin.controller_service {
         return Err(RunError::NoControllerService);
     }

@@ -65,8 +65,13 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
         controller: true,
         node: false,
     };
-    let (csi, mut driver) =
-        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
+    let (csi, mut driver) = csi_sidecar::startup::connect_driver(
+        &sidecar.csi,
+        metrics,
+        services,
+        csi_sidecar::conn::StartupOrder::NamedByCaller,
+    )
+    .await?;
     // Upstream asks the node service only when the controller cannot expand.
     if driver.plugin.controller_service
         && !driver.has_controller(ControllerCapability::ExpandVolume)
@@ -77,6 +82,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
             .map_err(RunError::NodeCapabilities)?;
         driver.node = node_capabilities(&response);
     }
+    csi.metrics().set_driver_name(&driver.name);
     let modifies = driver.has_controller(ControllerCapability::ModifyVolume);
     let resizer = match Resizer::of(&driver) {
         Ok(resizer) => resizer,

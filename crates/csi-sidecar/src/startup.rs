@@ -11,7 +11,9 @@ use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, connect};
+use crate::conn::{
+    ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, StartupOrder, connect,
+};
 use crate::flags::{CsiArgs, SidecarArgs};
 use crate::http::{HealthCheck, HttpError};
 use crate::informers::CacheSyncHealth;
@@ -20,18 +22,18 @@ use crate::metrics::CsiOperationMetrics;
 use crate::metrics::process::{ProcessCollector, ProcessFamilies};
 
 /// Connects (waiting a bounded time for the socket), exits the process when the connection is
-/// later lost, calls Probe until the driver is ready and discovers its name and capabilities.
+/// later lost, calls Probe until the driver is ready and discovers its name and capabilities,
+/// in the `order` of the upstream binary.
 pub async fn connect_driver(
     args: &CsiArgs,
     metrics: CsiOperationMetrics,
     services: Services,
+    order: StartupOrder,
 ) -> Result<(CsiConnection, DriverInfo), ConnError> {
     let endpoint = args.endpoint()?;
-    let csi = connect(&endpoint, DEFAULT_CONNECT_WAIT, metrics.clone()).await?;
+    let csi = connect(&endpoint, DEFAULT_CONNECT_WAIT, metrics).await?;
     csi.exit_on_loss();
-    csi.probe_until_ready(args.timeout).await?;
-    let driver = DriverInfo::discover(&csi, args.timeout, services).await?;
-    metrics.set_driver_name(&driver.name);
+    let driver = DriverInfo::start(&csi, args.timeout, services, order).await?;
     tracing::info!(driver = %driver.name, "detected CSI driver");
     Ok((csi, driver))
 }

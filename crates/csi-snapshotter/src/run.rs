@@ -66,8 +66,13 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         controller: true,
         node: false,
     };
-    let (csi, driver) =
-        csi_sidecar::startup::connect_driver(&sidecar.csi, metrics, services).await?;
+    let (csi, driver) = csi_sidecar::startup::connect_driver(
+        &sidecar.csi,
+        metrics,
+        services,
+        csi_sidecar::conn::StartupOrder::NameThenProbe,
+    )
+    .await?;
     if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
         return Err(RunError::NoSnapshots(driver.name));
     }

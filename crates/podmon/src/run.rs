@@ -55,8 +55,13 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
         controller: args.mode != Mode::Node,
         node: args.mode == Mode::Node,
     };
-    let (csi, driver) =
-        csi_sidecar::startup::connect_driver(&sidecar.csi, csi_metrics, services).await?;
+    let (csi, driver) = csi_sidecar::startup::connect_driver(
+        &sidecar.csi,
+        csi_metrics,
+        services,
+        csi_sidecar::conn::StartupOrder::ProbeThenName,
+    )
+    .await?;
     let driver_name = args
         .configured_driver_name()
         .unwrap_or(&driver.name)

@@ -43,58 +43,122 @@ pub struct DriverInfo {
     pub node: BTreeSet<NodeCapability>,
 }
 
+/// Where upstream's binary names the driver in its CSI call metrics among its start-up calls,
+/// and so the `driver_name` label those calls' samples carry (`unknown-driver` before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartupOrder {
+    /// Probe until ready, GetPluginInfo, the name, capabilities (csi-provisioner,
+    /// csi-attacher; podmon).
+    ProbeThenName,
+    /// GetPluginInfo, the name, Probe until ready, capabilities (csi-snapshotter).
+    NameThenProbe,
+    /// Probe until ready, GetPluginInfo, capabilities; the caller names the driver after its
+    /// own start-up calls (csi-resizer, whose resizer and modifier ask before its main sets
+    /// the name).
+    NamedByCaller,
+}
+
 impl DriverInfo {
-    /// Asks the driver. Every call uses `timeout`; any failure is final (upstream exits: these
-    /// quick calls are not retried).
+    /// Asks the driver, naming it in the metrics once its name is known. Every call uses
+    /// `timeout`; any failure is final (upstream exits: these quick calls are not retried).
     pub async fn discover(
         connection: &CsiConnection,
         timeout: Duration,
         services: Services,
     ) -> Result<Self, ConnError> {
-        let failed = |method| move |status| ConnError::Call { method, status };
+        let driver = Self::identify(connection, timeout).await?;
+        connection.metrics().set_driver_name(&driver.name);
+        driver
+            .with_capabilities(connection, timeout, services)
+            .await
+    }
+
+    /// Waits for the driver to be ready and discovers it, in upstream's `order`.
+    pub async fn start(
+        connection: &CsiConnection,
+        timeout: Duration,
+        services: Services,
+        order: StartupOrder,
+    ) -> Result<Self, ConnError> {
+        match order {
+            StartupOrder::ProbeThenName => {
+                connection.probe_until_ready(timeout).await?;
+                Self::discover(connection, timeout, services).await
+            }
+            StartupOrder::NameThenProbe => {
+                let driver = Self::identify(connection, timeout).await?;
+                connection.metrics().set_driver_name(&driver.name);
+                connection.probe_until_ready(timeout).await?;
+                driver
+                    .with_capabilities(connection, timeout, services)
+                    .await
+            }
+            StartupOrder::NamedByCaller => {
+                connection.probe_until_ready(timeout).await?;
+                Self::identify(connection, timeout)
+                    .await?
+                    .with_capabilities(connection, timeout, services)
+                    .await
+            }
+        }
+    }
+
+    /// GetPluginInfo: the name (never empty), version and manifest.
+    async fn identify(connection: &CsiConnection, timeout: Duration) -> Result<Self, ConnError> {
         let info = connection
             .get_plugin_info(csi::GetPluginInfoRequest {}, timeout)
             .await
-            .map_err(failed("GetPluginInfo"))?;
+            .map_err(|status| ConnError::Call {
+                method: "GetPluginInfo",
+                status,
+            })?;
         if info.name.is_empty() {
             return Err(ConnError::EmptyDriverName);
         }
-        connection.metrics().set_driver_name(&info.name);
+        Ok(Self {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            manifest: info.manifest.into_iter().collect(),
+            ..Self::default()
+        })
+    }
+
+    /// The plugin's capabilities, and those of the `services` asked for.
+    async fn with_capabilities(
+        mut self,
+        connection: &CsiConnection,
+        timeout: Duration,
+        services: Services,
+    ) -> Result<Self, ConnError> {
+        let failed = |method| move |status| ConnError::Call { method, status };
         let plugin_capabilities = connection
             .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}, timeout)
             .await
             .map_err(failed("GetPluginCapabilities"))?;
-        let plugin = PluginCapabilities::from_response(&plugin_capabilities);
-        let mut driver = Self {
-            name: info.name,
-            vendor_version: info.vendor_version,
-            manifest: info.manifest.into_iter().collect(),
-            plugin,
-            ..Self::default()
-        };
-        if services.controller && driver.plugin.controller_service {
+        self.plugin = PluginCapabilities::from_response(&plugin_capabilities);
+        if services.controller && self.plugin.controller_service {
             let response = connection
                 .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}, timeout)
                 .await
                 .map_err(failed("ControllerGetCapabilities"))?;
-            driver.controller = controller_capabilities(&response);
+            self.controller = controller_capabilities(&response);
         }
         if services.node {
             let response = connection
                 .node_get_capabilities(csi::NodeGetCapabilitiesRequest {}, timeout)
                 .await
                 .map_err(failed("NodeGetCapabilities"))?;
-            driver.node = node_capabilities(&response);
+            self.node = node_capabilities(&response);
         }
         tracing::info!(
-            driver = %driver.name,
-            version = %driver.vendor_version,
-            plugin = ?driver.plugin,
-            controller = ?driver.controller,
-            node = ?driver.node,
+            driver = %self.name,
+            version = %self.vendor_version,
+            plugin = ?self.plugin,
+            controller = ?self.controller,
+            node = ?self.node,
             "discovered CSI driver"
         );
-        Ok(driver)
+        Ok(self)
     }
 
     pub fn has_controller(&self, capability: ControllerCapability) -> bool {

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
 pub use driver::{
-    DriverInfo, PluginCapabilities, Services, controller_capabilities, node_capabilities,
+    DriverInfo, PluginCapabilities, Services, StartupOrder, controller_capabilities,
+    node_capabilities,
 };
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 

@@ -297,6 +297,42 @@ async fn discovery_reads_identity_and_capabilities_and_labels_metrics() {
     );
 }
 
+/// The driver name each start-up call's sample carries, per upstream binary's order.
+#[tokio::test]
+async fn start_up_calls_are_labelled_where_upstream_names_the_driver() {
+    const NAME: &str = "order.csi.test";
+    const UNKNOWN: &str = crate::metrics::UNKNOWN_DRIVER;
+    // (order, Probe, GetPluginInfo, GetPluginCapabilities)
+    let table = [
+        (StartupOrder::ProbeThenName, UNKNOWN, UNKNOWN, NAME),
+        (StartupOrder::NameThenProbe, NAME, UNKNOWN, NAME),
+        (StartupOrder::NamedByCaller, UNKNOWN, UNKNOWN, UNKNOWN),
+    ];
+    for (order, probe, info, capabilities) in table {
+        let fake = fixture(FakeIdentity::new(NAME, vec![Ok(Some(true))])).await;
+        let driver = DriverInfo::start(
+            &fake.connection,
+            Duration::from_secs(1),
+            Services::default(),
+            order,
+        )
+        .await
+        .unwrap();
+        assert_eq!(driver.name, NAME, "{order:?}");
+        let text = crate::metrics::encode(&fake.registry);
+        for (method, driver) in [
+            ("Probe", probe),
+            ("GetPluginInfo", info),
+            ("GetPluginCapabilities", capabilities),
+        ] {
+            let sample = format!(
+                r#"csi_sidecar_operations_seconds_count{{driver_name="{driver}",grpc_status_code="OK",method_name="/csi.v1.Identity/{method}"}} 1"#
+            );
+            assert!(text.contains(&sample), "{order:?}: {sample} not in {text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn empty_driver_name_is_rejected() {
     let fake = fixture(FakeIdentity::new("", vec![Ok(Some(true))])).await;
