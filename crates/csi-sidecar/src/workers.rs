@@ -81,8 +81,9 @@ pub struct KeyedWorkers<K> {
     requeue: Mutex<HashMap<K, Instant>>,
     /// Keys offered while their sync ran: triggered again when it ends.
     rerun: Mutex<HashSet<K>>,
-    /// Keys whose object was seen being deleted, with the finalizers it then had.
-    deletion_seen: Mutex<HashMap<K, Vec<String>>>,
+    /// Keys whose object was seen being deleted, with how many finalizers it then had (a
+    /// deleting object can only lose finalizers).
+    deletion_seen: Mutex<HashMap<K, usize>>,
     /// Keys whose backoff was ended ([`KeyedWorkers::trigger_for`]) while their sync ran: a
     /// failure of that run sets no deadline (the change that ended it runs at once after).
     backoff_ended_while_running: Mutex<HashSet<K>>,
@@ -169,9 +170,9 @@ where
     pub fn trigger_for(&self, key: K, object: &impl Resource) {
         let meta = object.meta();
         if meta.deletion_timestamp.is_some() {
-            let finalizers = meta.finalizers.clone().unwrap_or_default();
-            let seen = lock(&self.deletion_seen).insert(key.clone(), finalizers.clone());
-            if seen.as_ref() != Some(&finalizers) {
+            let finalizers = meta.finalizers.as_ref().map_or(0, Vec::len);
+            let seen = lock(&self.deletion_seen).insert(key.clone(), finalizers);
+            if seen != Some(finalizers) {
                 self.end_backoff(&key);
             }
         }
