@@ -277,8 +277,17 @@ async fn malformed_classes_and_claims_are_refused_as_upstream() {
         json!({}),
         "claim Selector is not supported".to_string(),
     );
+    // A class the provisioner's cache does not have yet is retried, not reported (the API
+    // server's binder reports a class that does not exist).
+    let late_class = format!("{}-late", cluster.namespace);
+    let mut late = claim("late-class", &late_class);
+    late["metadata"]["annotations"] =
+        json!({"volume.kubernetes.io/storage-provisioner": cluster.driver_name});
+    cluster.create(&claims, late).await;
     for (name, _, expected) in cases.iter().chain([&selector_case]) {
-        let message = cluster.wait_for_event(name, "ProvisioningFailed", "").await;
+        let message = cluster
+            .wait_for_event(name, "ProvisioningFailed", expected)
+            .await;
         assert_eq!(&message, expected, "{name}");
         let namespace = &cluster.namespace;
         cluster
@@ -296,6 +305,43 @@ async fn malformed_classes_and_claims_are_refused_as_upstream() {
         "no CreateVolume for a refused claim"
     );
     assert!(cluster.driver_pvs().await.is_empty(), "no PV");
+    cluster
+        .storage_class("late", "Immediate", "Delete", json!({}))
+        .await;
+    cluster
+        .wait_for(
+            &claims,
+            "late-class",
+            "the claim Bound once its class exists",
+            bound,
+        )
+        .await;
+    let expected: Vec<(String, String)> = cases
+        .iter()
+        .chain([&selector_case])
+        .map(|(name, _, message)| (name.to_string(), message.clone()))
+        .collect();
+    let events = cluster
+        .namespaced::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for event in events.items {
+        let component = event.source.as_ref().and_then(|s| s.component.as_deref());
+        if event.reason.as_deref() != Some("ProvisioningFailed")
+            || component == Some("persistentvolume-controller")
+        {
+            continue;
+        }
+        let failure = (
+            event.involved_object.name.unwrap_or_default(),
+            event.message.unwrap_or_default(),
+        );
+        assert!(
+            expected.contains(&failure),
+            "an unexpected Warning: {failure:?}"
+        );
+    }
     provisioner.stop().await;
     cluster.stop().await;
 }

@@ -653,15 +653,11 @@ impl Provisioner {
             None if protected => self.recorded_class(&claim),
             live => live,
         };
-        let decision = match claims::decide(&claim, &self.settings.driver.name, class.as_deref()) {
-            Ok(decision) => decision,
-            Err(error) => {
-                return self
-                    .failed(&claim, error.to_string())
-                    .await
-                    .map(|()| Synced::Done);
-            }
-        };
+        // A class not (yet) in the cache is logged by the workers and retried, without an
+        // Event, as upstream's getStorageClass failure: a class created just before its claim
+        // may not have reached the cache, and the API server's binder already reports a claim
+        // whose class does not exist.
+        let decision = claims::decide(&claim, &self.settings.driver.name, class.as_deref())?;
         let selected_node = match decision {
             ClaimDecision::Provision { selected_node } => selected_node,
             ClaimDecision::ForeignClass { provisioner } => {

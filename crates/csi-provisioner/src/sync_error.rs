@@ -32,7 +32,7 @@ pub enum SyncError {
     ClassRecord(#[source] serde_json::Error),
     #[error("claim {0} is gone")]
     ClaimGone(String),
-    /// The claim's size, for a node's capacity check.
+    /// The claim's class is not cached; or its size, for a node's capacity check.
     #[error(transparent)]
     Claim(#[from] ClaimError),
     /// A node's capacity check: its GetCapacity request, or the call.
