@@ -144,16 +144,19 @@ async fn an_infeasible_request_is_reported_and_retried_slowly() {
     cluster.stop().await;
 }
 
-/// A claim whose CreateVolume fails is deleted while the claim backs off (for ten minutes
-/// here, `--retry-interval-start`): the provisioner acts on the deletion at once, as
-/// upstream's workqueue runs a changed claim at once, and releases the claim it protected
-/// (no volume left on the driver), instead of holding `kubectl delete` until the backoff
-/// ends.
+/// Two claims whose CreateVolume fails back off for ten minutes (`--retry-interval-start`).
+/// One fails for good (OutOfRange: the driver created nothing): the provisioner releases it
+/// with the Event, so it is left as its user made it and, deleted after the provisioner is
+/// gone, goes at once. The other fails as still in progress (Unavailable: a volume may be
+/// on its way) and stays protected; deleted while it backs off, it is acted on at once, as
+/// upstream's workqueue runs a changed claim at once: provisioned, released and its volume
+/// deleted, instead of holding `kubectl delete` until the backoff ends.
 #[tokio::test]
 async fn a_claim_deleted_while_backing_off_goes_at_once() {
     let cluster = Cluster::start("deleted-in-backoff").await;
-    // Larger than the driver's maximum volume size: CreateVolume fails (OutOfRange). Class and
-    // claim first, so that the provisioner's first look at the claim finds its class.
+    let (proxy, csi) = cluster.csi_proxy().await;
+    // Class and claim first, so that the provisioner's first look at the claim finds its
+    // class. Larger than the driver's maximum volume size: CreateVolume fails (OutOfRange).
     let class_name = cluster
         .storage_class("failing", "Immediate", "Delete", json!({}))
         .await;
@@ -163,7 +166,7 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
     cluster.create(&claims, doomed).await;
     let backoff = std::time::Duration::from_secs(600);
     let provisioner = cluster
-        .start_provisioner_with(|settings| {
+        .start_provisioner_via(csi, |settings| {
             settings.retry_start = backoff;
             settings.retry_max = backoff;
         })
@@ -175,20 +178,58 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
             "rpc error: code = OutOfRange desc = ",
         )
         .await;
-    let claim = claims.get("doomed").await.unwrap();
-    assert!(
+    let protected = |claim: &PersistentVolumeClaim| {
         claim
             .finalizers()
             .iter()
-            .any(|f| f == "csi-suite.io/provisioning-protection"),
-        "the provisioner holds the failing claim: {:?}",
-        claim.finalizers()
+            .any(|f| f == "csi-suite.io/provisioning-protection")
+            || claim
+                .annotations()
+                .contains_key("csi-suite.io/provisioning-class")
+    };
+    let claim_now = claims.get("doomed").await.unwrap();
+    assert!(
+        !protected(&claim_now),
+        "a final error releases the claim: {:?} {:?}",
+        claim_now.finalizers(),
+        claim_now.annotations()
     );
+
+    proxy.fail_with(Some((tonic::Code::Unavailable, "the backend is busy")));
     cluster
-        .delete_and_wait(&claims, "doomed", "the deleted claim released at once")
+        .create(&claims, claim("in-flight", &class_name))
+        .await;
+    cluster
+        .wait_for_event(
+            "in-flight",
+            "ProvisioningFailed",
+            "rpc error: code = Unavailable desc = the backend is busy",
+        )
+        .await;
+    let claim_now = claims.get("in-flight").await.unwrap();
+    assert!(
+        protected(&claim_now),
+        "a volume may be on its way: the claim stays protected"
+    );
+    proxy.fail_with(None);
+    cluster
+        .delete_and_wait(&claims, "in-flight", "the deleted claim released at once")
+        .await;
+    cluster
+        .eventually_async("its volume deleted with its PV", || async {
+            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+        })
+        .await;
+
+    provisioner.stop().await;
+    cluster
+        .delete_and_wait(
+            &claims,
+            "doomed",
+            "the released claim gone with no provisioner",
+        )
         .await;
     assert!(cluster.driver_volumes().await.is_empty());
-    provisioner.stop().await;
     cluster.stop().await;
 }
 

@@ -920,8 +920,9 @@ impl Provisioner {
         }
     }
 
-    /// A failed CreateVolume: rescheduled, retried as still in progress, or final (the claim
-    /// may then go, when it is being deleted: there is no volume).
+    /// A failed CreateVolume: rescheduled, retried as still in progress, or final. A final
+    /// error means the driver created nothing, so the claim is released until its next
+    /// attempt: deleted meanwhile, it goes at once, even with no provisioner left to run.
     async fn create_failed(
         &self,
         claim: &PersistentVolumeClaim,
@@ -941,9 +942,7 @@ impl Provisioner {
             Outcome::Finished | Outcome::Infeasible => {
                 let uid = claim.uid().unwrap_or_default();
                 lock(&self.pinned).remove(&uid);
-                if claim.metadata.deletion_timestamp.is_some() {
-                    self.release(claim).await?;
-                }
+                self.release(claim).await?;
                 if outcome == Outcome::Infeasible {
                     let class_uid = class.uid().unwrap_or_default();
                     self.infeasible.add(uid.clone(), class_uid, Instant::now());
