@@ -1397,10 +1397,7 @@ async fn attacher_settings(
 async fn discover_controller(
     csi: &csi_sidecar::conn::CsiConnection,
 ) -> csi_sidecar::conn::DriverInfo {
-    let services = csi_sidecar::conn::Services {
-        controller: true,
-        node: false,
-    };
+    let services = csi_sidecar::conn::Services::CONTROLLER;
     csi_sidecar::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
         .await
         .expect("driver discovery")

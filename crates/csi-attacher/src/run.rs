@@ -54,10 +54,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
     let attacher_metrics = AttacherMetrics::register(&mut registry);
-    let services = Services {
-        controller: true,
-        node: false,
-    };
+    let services = Services::CONTROLLER;
     let (csi, driver) = csi_sidecar::startup::connect_driver(
         &sidecar.csi,
         metrics,

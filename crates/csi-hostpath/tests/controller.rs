@@ -22,16 +22,10 @@ async fn identity() {
     assert!(!info.vendor_version.is_empty());
     let ready = c.probe(csi::ProbeRequest {}, T).await.unwrap();
     assert_eq!(ready.ready, Some(true));
-    let plugin = csi_sidecar::conn::DriverInfo::discover(
-        c,
-        T,
-        csi_sidecar::conn::Services {
-            controller: true,
-            node: false,
-        },
-    )
-    .await
-    .unwrap();
+    let plugin =
+        csi_sidecar::conn::DriverInfo::discover(c, T, csi_sidecar::conn::Services::CONTROLLER)
+            .await
+            .unwrap();
     assert!(plugin.plugin.controller_service);
     assert!(plugin.plugin.volume_accessibility_constraints);
     assert!(plugin.plugin.online_expansion);
@@ -59,6 +53,7 @@ async fn identity() {
         &cluster.node("node-a").csi,
         T,
         csi_sidecar::conn::Services {
+            plugin: true,
             controller: false,
             node: true,
         },

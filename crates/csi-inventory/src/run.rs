@@ -96,10 +96,7 @@ impl Inventory {
         client: Client,
     ) -> Result<Self, InventoryError> {
         csi.probe_until_ready(target.csi.timeout).await?;
-        let services = Services {
-            controller: true,
-            node: false,
-        };
+        let services = Services::CONTROLLER;
         let driver = DriverInfo::discover(&csi, target.csi.timeout, services).await?;
         if !driver.has_controller(ControllerCapability::ListVolumes) {
             return Err(InventoryError::NoListVolumes(driver.name));

@@ -89,10 +89,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
     let capacity_metrics = args
         .enable_capacity
         .then(|| CapacityMetrics::register(&mut registry));
-    let services = Services {
-        controller: true,
-        node: false,
-    };
+    let services = Services::CONTROLLER;
     let (csi, driver) = csi_sidecar::startup::connect_driver(
         &sidecar.csi,
         metrics,

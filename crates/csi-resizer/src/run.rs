@@ -61,10 +61,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
     let workqueues = WorkqueueMetrics::register(&mut registry);
-    let services = Services {
-        controller: true,
-        node: false,
-    };
+    let services = Services::CONTROLLER;
     let (csi, mut driver) = csi_sidecar::startup::connect_driver(
         &sidecar.csi,
         metrics,

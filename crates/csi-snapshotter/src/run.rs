@@ -63,6 +63,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     let metrics = CsiOperationMetrics::register(&mut registry);
     let workqueues = WorkqueueMetrics::register(&mut registry);
     let services = Services {
+        plugin: false,
         controller: true,
         node: false,
     };

@@ -52,6 +52,7 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
     let csi_metrics = CsiOperationMetrics::register(&mut registry);
     let metrics = PodmonMetrics::register(&mut registry);
     let services = Services {
+        plugin: true,
         controller: args.mode != Mode::Node,
         node: args.mode == Mode::Node,
     };

@@ -1,5 +1,5 @@
-//! What a driver is and can do, discovered once at startup: GetPluginInfo, then plugin,
-//! controller and node capabilities.
+//! What a driver is and can do, discovered once at startup: GetPluginInfo, then the plugin,
+//! controller and node capabilities its sidecar asks for.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,13 +12,26 @@ use csi_proto::csi::v1 as csi;
 
 use super::{ConnError, CsiConnection};
 
-/// Which services to ask for capabilities beyond Identity.
+/// Which capabilities to ask for beyond GetPluginInfo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Services {
-    /// Ask ControllerGetCapabilities when the plugin advertises CONTROLLER_SERVICE.
+    /// Ask GetPluginCapabilities (every upstream sidecar does but csi-snapshotter).
+    pub plugin: bool,
+    /// Ask ControllerGetCapabilities: when the plugin advertises CONTROLLER_SERVICE or, with
+    /// plugin capabilities not asked, always (csi-snapshotter asks a driver that does not
+    /// advertise the service, as upstream).
     pub controller: bool,
     /// Ask NodeGetCapabilities (node sidecars only: controller-only drivers need not serve it).
     pub node: bool,
+}
+
+impl Services {
+    /// A controller sidecar's: plugin capabilities, then the controller's if advertised.
+    pub const CONTROLLER: Self = Self {
+        plugin: true,
+        controller: true,
+        node: false,
+    };
 }
 
 /// Plugin capabilities from GetPluginCapabilities.
@@ -123,7 +136,7 @@ impl DriverInfo {
         })
     }
 
-    /// The plugin's capabilities, and those of the `services` asked for.
+    /// The capabilities of the `services` asked for.
     async fn with_capabilities(
         mut self,
         connection: &CsiConnection,
@@ -131,12 +144,14 @@ impl DriverInfo {
         services: Services,
     ) -> Result<Self, ConnError> {
         let failed = |method| move |status| ConnError::Call { method, status };
-        let plugin_capabilities = connection
-            .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}, timeout)
-            .await
-            .map_err(failed("GetPluginCapabilities"))?;
-        self.plugin = PluginCapabilities::from_response(&plugin_capabilities);
-        if services.controller && self.plugin.controller_service {
+        if services.plugin {
+            let plugin_capabilities = connection
+                .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}, timeout)
+                .await
+                .map_err(failed("GetPluginCapabilities"))?;
+            self.plugin = PluginCapabilities::from_response(&plugin_capabilities);
+        }
+        if services.controller && (self.plugin.controller_service || !services.plugin) {
             let response = connection
                 .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}, timeout)
                 .await

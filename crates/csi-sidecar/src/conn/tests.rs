@@ -265,10 +265,7 @@ async fn slow_calls_time_out_with_deadline_exceeded() {
 #[tokio::test]
 async fn discovery_reads_identity_and_capabilities_and_labels_metrics() {
     let fake = fixture(FakeIdentity::new("disco.csi.test", vec![Ok(Some(true))])).await;
-    let services = Services {
-        controller: true,
-        node: false,
-    };
+    let services = Services::CONTROLLER;
     let driver = DriverInfo::discover(&fake.connection, Duration::from_secs(1), services)
         .await
         .unwrap();
@@ -313,7 +310,10 @@ async fn start_up_calls_are_labelled_where_upstream_names_the_driver() {
         let driver = DriverInfo::start(
             &fake.connection,
             Duration::from_secs(1),
-            Services::default(),
+            Services {
+                plugin: true,
+                ..Services::default()
+            },
             order,
         )
         .await
@@ -331,6 +331,45 @@ async fn start_up_calls_are_labelled_where_upstream_names_the_driver() {
             assert!(text.contains(&sample), "{order:?}: {sample} not in {text}");
         }
     }
+}
+
+/// csi-snapshotter's start-up, as upstream's: no GetPluginCapabilities, and
+/// ControllerGetCapabilities asked of a driver that advertises no CONTROLLER_SERVICE (this
+/// fake serves none, so the call fails and is named); the other sidecars do not ask it then.
+#[tokio::test]
+async fn controller_capabilities_are_asked_directly_without_plugin_capabilities() {
+    let direct = Services {
+        plugin: false,
+        controller: true,
+        node: false,
+    };
+    let fake = fixture(FakeIdentity::new("direct.csi.test", vec![Ok(Some(true))])).await;
+    let error = DriverInfo::discover(&fake.connection, Duration::from_secs(1), direct)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ConnError::Call { method: "ControllerGetCapabilities", status } if status.code() == Code::Unimplemented),
+        "{error}"
+    );
+    let text = crate::metrics::encode(&fake.registry);
+    assert!(!text.contains("GetPluginCapabilities"), "{text}");
+
+    let fake = fixture(FakeIdentity::new(
+        "advertised.csi.test",
+        vec![Ok(Some(true))],
+    ))
+    .await;
+    let driver = DriverInfo::discover(
+        &fake.connection,
+        Duration::from_secs(1),
+        Services::CONTROLLER,
+    )
+    .await
+    .unwrap();
+    assert!(driver.controller.is_empty());
+    let text = crate::metrics::encode(&fake.registry);
+    assert!(text.contains("GetPluginCapabilities"), "{text}");
+    assert!(!text.contains("ControllerGetCapabilities"), "{text}");
 }
 
 #[tokio::test]
