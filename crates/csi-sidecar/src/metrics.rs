@@ -159,6 +159,12 @@ impl CsiOperationMetrics {
         Self::with_family(Family::new_with_constructor(operation_histogram), false)
     }
 
+    /// Whether the calls of driver `name` carry `migrated` (a migration target, in a sidecar
+    /// that labels them).
+    pub fn labels_migration_of(&self, name: &str) -> bool {
+        self.labels_migration && MIGRATION_TARGETS.contains(&name)
+    }
+
     /// The driver name is learnt from GetPluginInfo; calls before that (and after an empty
     /// answer) carry [`UNKNOWN_DRIVER`], as csi-lib-utils' `SetDriverName`. A migration
     /// target starts the family afresh: upstream then serves a second metrics manager, made
@@ -169,8 +175,7 @@ impl CsiOperationMetrics {
         } else {
             name
         };
-        let migrated =
-            (self.labels_migration && MIGRATION_TARGETS.contains(&name)).then_some("false");
+        let migrated = self.labels_migration_of(name).then_some("false");
         let mut driver = self.driver.write().unwrap_or_else(|p| p.into_inner());
         if migrated.is_some() && driver.migrated.is_none() {
             self.operations.clear();

@@ -67,7 +67,8 @@ pub enum StartupOrder {
     NameThenProbe,
     /// Probe until ready, GetPluginInfo, capabilities; the caller names the driver after its
     /// own start-up calls (csi-resizer, whose resizer and modifier ask before its main sets
-    /// the name).
+    /// the name). A driver whose calls carry `migrated` is named after GetPluginInfo and
+    /// probed again, as upstream's second connection.
     NamedByCaller,
 }
 
@@ -108,8 +109,15 @@ impl DriverInfo {
             }
             StartupOrder::NamedByCaller => {
                 connection.probe_until_ready(timeout).await?;
-                Self::identify(connection, timeout)
-                    .await?
+                let driver = Self::identify(connection, timeout).await?;
+                if connection.metrics().labels_migration_of(&driver.name) {
+                    // Upstream's resizer reconnects to a driver that replaces an in-tree
+                    // plugin with a metrics manager named from the start: it probes again,
+                    // and its capability calls carry the name.
+                    connection.metrics().set_driver_name(&driver.name);
+                    connection.probe_until_ready(timeout).await?;
+                }
+                driver
                     .with_capabilities(connection, timeout, services)
                     .await
             }

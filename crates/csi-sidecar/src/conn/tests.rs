@@ -118,6 +118,12 @@ fn metrics() -> (Registry, CsiOperationMetrics) {
     (registry, metrics)
 }
 
+fn metrics_with_migration() -> (Registry, CsiOperationMetrics) {
+    let mut registry = Registry::default();
+    let metrics = CsiOperationMetrics::register_with_migration(&mut registry);
+    (registry, metrics)
+}
+
 /// A running fake driver and a connection to it.
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -127,6 +133,13 @@ struct Fixture {
 }
 
 async fn fixture(identity: FakeIdentity) -> Fixture {
+    fixture_with(identity, metrics).await
+}
+
+async fn fixture_with(
+    identity: FakeIdentity,
+    metrics: fn() -> (Registry, CsiOperationMetrics),
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("csi.sock");
     let server = serve(&path, identity);
@@ -330,6 +343,79 @@ async fn start_up_calls_are_labelled_where_upstream_names_the_driver() {
             );
             assert!(text.contains(&sample), "{order:?}: {sample} not in {text}");
         }
+    }
+}
+
+/// csi-resizer's start-up for a driver that replaces an in-tree plugin: only the second
+/// connection's calls are served (a Probe and the capabilities), named and `migrated`; any
+/// other driver's are all `unknown-driver` until the caller names it.
+#[tokio::test]
+async fn the_resizer_names_a_migrated_driver_before_its_capability_calls() {
+    const UNKNOWN: &str = crate::metrics::UNKNOWN_DRIVER;
+    let services = Services {
+        plugin: true,
+        ..Services::default()
+    };
+    let migrated = r#",migrated="false""#;
+    // (driver, [(method, its served sample's driver label, migrated label and count)])
+    let table = [
+        (
+            "ebs.csi.aws.com",
+            [
+                ("Probe", Some(("ebs.csi.aws.com", migrated, 1))),
+                ("GetPluginInfo", None),
+                (
+                    "GetPluginCapabilities",
+                    Some(("ebs.csi.aws.com", migrated, 1)),
+                ),
+            ],
+        ),
+        (
+            "other.csi.test",
+            [
+                ("Probe", Some((UNKNOWN, "", 1))),
+                ("GetPluginInfo", Some((UNKNOWN, "", 1))),
+                ("GetPluginCapabilities", Some((UNKNOWN, "", 1))),
+            ],
+        ),
+    ];
+    for (name, samples) in table {
+        let fake = fixture_with(
+            FakeIdentity::new(name, vec![Ok(Some(true))]),
+            metrics_with_migration,
+        )
+        .await;
+        DriverInfo::start(
+            &fake.connection,
+            Duration::from_secs(1),
+            services,
+            StartupOrder::NamedByCaller,
+        )
+        .await
+        .unwrap();
+        let text = crate::metrics::encode(&fake.registry);
+        for (method, served) in samples {
+            match served {
+                Some((driver, migrated, count)) => {
+                    let sample = format!(
+                        r#"csi_sidecar_operations_seconds_count{{driver_name="{driver}",grpc_status_code="OK",method_name="/csi.v1.Identity/{method}"{migrated}}} {count}"#
+                    );
+                    assert!(
+                        text.contains(&format!("{sample}\n")),
+                        "{name}: {sample} not in {text}"
+                    );
+                }
+                None => assert!(
+                    !text.contains(&format!("/csi.v1.Identity/{method}\"")),
+                    "{name}: {method} served: {text}"
+                ),
+            }
+        }
+        assert_eq!(
+            text.contains(UNKNOWN),
+            name == "other.csi.test",
+            "{name}: {text}"
+        );
     }
 }
 
