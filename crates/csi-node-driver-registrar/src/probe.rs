@@ -26,8 +26,23 @@ pub enum ProbeError {
     Http(#[from] csi_sidecar::http::HttpError),
 }
 
-/// One liveness check: connect afresh, Probe. 200 `ok`; 500 with the reason.
+/// One liveness check: connect afresh, Probe. 200 `ok`; 500 with the reason, which is also
+/// logged as an error (as upstream: the container log says why kubelet restarts the driver).
 pub async fn check(
+    endpoint: &Endpoint,
+    timeout: Duration,
+    metrics: &CsiOperationMetrics,
+) -> (StatusCode, String) {
+    let (code, body) = answer(endpoint, timeout, metrics).await;
+    if code == StatusCode::OK {
+        tracing::debug!("health check succeeded");
+    } else {
+        tracing::error!(reason = %body, "health check failed");
+    }
+    (code, body)
+}
+
+async fn answer(
     endpoint: &Endpoint,
     timeout: Duration,
     metrics: &CsiOperationMetrics,

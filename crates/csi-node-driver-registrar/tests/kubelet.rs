@@ -2,7 +2,8 @@
 //! (plugin watcher) and the reference driver's node instance: registration → CSINode entry,
 //! `/healthz` 200 → 404 when the socket goes; SIGTERM removes the socket and kubelet
 //! unregisters; a stale socket is replaced; a registration kubelet rejects exits 1;
-//! livenessprobe 200 while the driver answers, 500 once its socket is gone.
+//! livenessprobe 200 while the driver answers, 500 (and an error logged) once its socket is
+//! gone.
 
 mod common;
 
@@ -190,20 +191,34 @@ async fn a_registration_kubelet_rejects_exits_1() {
 async fn livenessprobe_reports_the_driver() {
     let node = node().await;
     let http = free_address();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_path = log_dir.path().join("livenessprobe.log");
     let _probe = Running(
         Command::new(env!("CARGO_BIN_EXE_livenessprobe"))
             .arg(format!("--csi-address={}", node.endpoint.display()))
             .arg(format!("--http-endpoint={http}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .unwrap(),
     );
     wait_healthy(http).await;
     assert_eq!(status_of(http, "/metrics").await, Some(200));
+    let failures = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains("ERROR") && line.contains("health check failed"))
+            .count()
+    };
+    assert_eq!(failures(), 0, "no failure logged while the driver answers");
     node.driver.stop().await;
     eventually("/healthz 500 once the driver is gone", || async {
         (status_of(http, "/healthz").await == Some(500)).then_some(())
+    })
+    .await;
+    eventually("the failed check logged as an error", || async {
+        (failures() > 0).then_some(())
     })
     .await;
 }
