@@ -137,6 +137,15 @@ pub async fn serve(
         address: address.to_string(),
         source,
     })?;
+    // Go's ServeMux answer to a path nobody serves, so a mistyped probe or scrape path reads
+    // as it does with the Go sidecars instead of an empty 404.
+    let app = app.fallback(|| async {
+        (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "404 page not found\n",
+        )
+    });
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

@@ -79,9 +79,9 @@ async fn http_endpoint_serves_metrics_and_health_checks() {
         (200, "ok".into())
     );
     assert_eq!(
-        get(addr, "/metrics").await.0,
-        404,
-        "only --metrics-path is served"
+        get(addr, "/metrics").await,
+        (404, "404 page not found\n".into()),
+        "only --metrics-path is served, and a wrong path is told as Go's ServeMux tells it"
     );
 
     healthy.store(false, Ordering::SeqCst);
