@@ -33,13 +33,7 @@ pub async fn check(
     timeout: Duration,
     metrics: &CsiOperationMetrics,
 ) -> (StatusCode, String) {
-    let (code, body) = answer(endpoint, timeout, metrics).await;
-    if code == StatusCode::OK {
-        tracing::debug!("health check succeeded");
-    } else {
-        tracing::error!(reason = %body, "health check failed");
-    }
-    (code, body)
+    crate::logged(answer(endpoint, timeout, metrics).await)
 }
 
 async fn answer(

@@ -148,7 +148,7 @@ pub async fn serve(
 }
 
 /// `/healthz`: 404 when the socket is missing, else GetInfo over it — 200 only when it names
-/// `driver` (upstream #322: a socket that exists is not enough).
+/// `driver` (upstream #322: a socket that exists is not enough). The server logs a failure.
 pub async fn health(socket: &Path, driver: &str, timeout: Duration) -> (StatusCode, String) {
     match std::fs::symlink_metadata(socket) {
         Ok(_) => {}
@@ -225,7 +225,7 @@ pub async fn run(args: RegistrarArgs, shutdown: CancellationToken) -> Result<(),
             "/healthz",
             axum::routing::get(move || {
                 let (socket, driver) = (socket.clone(), driver.clone());
-                async move { health(&socket, &driver, timeout).await }
+                async move { crate::logged(health(&socket, &driver, timeout).await) }
             }),
         );
         csi_sidecar::http::serve(&address, app, shutdown.clone()).await?;

@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use csi_hostpath::local::LocalCluster;
@@ -208,6 +209,7 @@ async fn path_and_empty_authorities_are_served_on_the_driver_and_registration_so
         &csi_socket,
         &registry,
         free_address(),
+        Stdio::null(),
     ));
     let registration_socket: PathBuf = registry.join(format!("{DRIVER}-reg.sock"));
     eventually("the registration socket", || async {

@@ -1,6 +1,6 @@
 //! The `csi-node-driver-registrar` and `livenessprobe` binaries against kube-sim's kubelet
 //! (plugin watcher) and the reference driver's node instance: registration → CSINode entry,
-//! `/healthz` 200 → 404 when the socket goes; SIGTERM removes the socket and kubelet
+//! `/healthz` 200 → 404 (logged as an error) when the socket goes; SIGTERM removes the socket and kubelet
 //! unregisters; a stale socket is replaced; a registration kubelet rejects exits 1;
 //! livenessprobe 200 while the driver answers, 500 (and an error logged) once its socket is
 //! gone.
@@ -22,6 +22,36 @@ use common::registrar;
 
 const DRIVER: &str = "reg.test.io";
 const NODE: &str = "node-a";
+
+/// A binary's stderr, kept in a file the test reads.
+struct LogFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl LogFile {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stderr.log");
+        Self { _dir: dir, path }
+    }
+
+    fn stderr(&self) -> Stdio {
+        std::fs::File::create(&self.path).unwrap().into()
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
+    }
+
+    /// The error lines of failed `/healthz` checks.
+    fn failed_health_checks(&self) -> usize {
+        self.text()
+            .lines()
+            .filter(|line| line.contains("ERROR") && line.contains("health check failed"))
+            .count()
+    }
+}
 
 /// The status code of `GET path`, `None` when nothing listens.
 async fn status_of(address: std::net::SocketAddr, path: &str) -> Option<u16> {
@@ -102,6 +132,7 @@ async fn registers_answers_health_and_deregisters_on_sigterm() {
         &node.endpoint,
         &node.registry,
         http,
+        Stdio::null(),
     ));
 
     wait_registered(&node.client, "the CSINode entry").await;
@@ -125,18 +156,31 @@ async fn registers_answers_health_and_deregisters_on_sigterm() {
     })
     .await;
 
-    // Running again registers again; a socket deleted under it fails /healthz with 404.
+    // Running again registers again; a socket deleted under it fails /healthz with 404,
+    // logged as an error with its reason.
     let http = free_address();
+    let log = LogFile::new();
     let _again = Running(registrar(
         &node.endpoint,
         &node.endpoint,
         &node.registry,
         http,
+        log.stderr(),
     ));
     wait_registered(&node.client, "registered again").await;
     wait_healthy(http).await;
+    assert_eq!(log.failed_health_checks(), 0);
     std::fs::remove_file(&socket).unwrap();
     assert_eq!(status_of(http, "/healthz").await, Some(404));
+    eventually("the failed check logged as an error", || async {
+        (log.failed_health_checks() > 0).then_some(())
+    })
+    .await;
+    assert!(
+        log.text().contains("registration socket does not exist"),
+        "{}",
+        log.text()
+    );
     node.driver.stop().await;
 }
 
@@ -151,6 +195,7 @@ async fn a_restarted_kubelet_registers_the_driver_again() {
         &node.endpoint,
         &node.registry,
         http,
+        Stdio::null(),
     ));
     wait_registered(&node.client, "the CSINode entry").await;
     node.kubelet.stop().await;
@@ -176,7 +221,13 @@ async fn a_registration_kubelet_rejects_exits_1() {
     let http = free_address();
     // kubelet cannot reach the endpoint it is told, so NodeGetInfo fails.
     let missing = node.registry.join("missing.sock");
-    let mut running = Running(registrar(&node.endpoint, &missing, &node.registry, http));
+    let mut running = Running(registrar(
+        &node.endpoint,
+        &missing,
+        &node.registry,
+        http,
+        Stdio::null(),
+    ));
     let status = eventually("the registrar exited", || {
         let status = running.0.try_wait().unwrap();
         async move { status }
@@ -191,34 +242,30 @@ async fn a_registration_kubelet_rejects_exits_1() {
 async fn livenessprobe_reports_the_driver() {
     let node = node().await;
     let http = free_address();
-    let log_dir = tempfile::tempdir().unwrap();
-    let log_path = log_dir.path().join("livenessprobe.log");
+    let log = LogFile::new();
     let _probe = Running(
         Command::new(env!("CARGO_BIN_EXE_livenessprobe"))
             .arg(format!("--csi-address={}", node.endpoint.display()))
             .arg(format!("--http-endpoint={http}"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
+            .stderr(log.stderr())
             .spawn()
             .unwrap(),
     );
     wait_healthy(http).await;
     assert_eq!(status_of(http, "/metrics").await, Some(200));
-    let failures = || {
-        std::fs::read_to_string(&log_path)
-            .unwrap()
-            .lines()
-            .filter(|line| line.contains("ERROR") && line.contains("health check failed"))
-            .count()
-    };
-    assert_eq!(failures(), 0, "no failure logged while the driver answers");
+    assert_eq!(
+        log.failed_health_checks(),
+        0,
+        "no failure logged while the driver answers"
+    );
     node.driver.stop().await;
     eventually("/healthz 500 once the driver is gone", || async {
         (status_of(http, "/healthz").await == Some(500)).then_some(())
     })
     .await;
     eventually("the failed check logged as an error", || async {
-        (failures() > 0).then_some(())
+        (log.failed_health_checks() > 0).then_some(())
     })
     .await;
 }
