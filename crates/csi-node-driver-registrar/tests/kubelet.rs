@@ -254,10 +254,13 @@ async fn livenessprobe_reports_the_driver() {
     );
     wait_healthy(http).await;
     assert_eq!(status_of(http, "/metrics").await, Some(200));
-    assert_eq!(
-        log.failed_health_checks(),
-        0,
-        "no failure logged while the driver answers"
+    for _ in 0..3 {
+        assert_eq!(status_of(http, "/healthz").await, Some(200));
+    }
+    let text = log.text();
+    assert!(
+        !text.contains("WARN") && !text.contains("ERROR"),
+        "nothing to warn of while the driver answers (each check connects and lets go): {text}"
     );
     node.driver.stop().await;
     eventually("/healthz 500 once the driver is gone", || async {

@@ -131,10 +131,24 @@ impl tower::Service<http::Request<tonic::body::Body>> for CsiChannel {
 #[derive(Clone, Debug)]
 pub struct CsiConnection {
     endpoint: Endpoint,
+    /// Declared before the channel, so it is dropped first: the connection's end is then
+    /// known to be ours by the time the driver side sees it.
+    _released: Arc<Released>,
     channel: CsiChannel,
     metrics: CsiOperationMetrics,
     lost: CancellationToken,
     max_log_length: Option<usize>,
+}
+
+/// Marks the connection released when the last [`CsiConnection`] clone goes, so that its end
+/// is not logged as the driver's (livenessprobe connects and lets go at every check).
+#[derive(Debug)]
+struct Released(CancellationToken);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// Whether a CSI call that failed with `code` is certainly over at the driver: not cancelled,
@@ -220,9 +234,14 @@ where
         })?;
     let lost = CancellationToken::new();
     let on_loss = lost.clone();
+    let released = CancellationToken::new();
+    let ours = released.clone();
     let watched = endpoint.clone();
     tokio::spawn(async move {
         match connection.await {
+            Ok(()) if ours.is_cancelled() => {
+                tracing::debug!(endpoint = %watched, "closed the connection to the CSI driver");
+            }
             Ok(()) => tracing::warn!(endpoint = %watched, "CSI driver closed the connection"),
             Err(error) => {
                 tracing::warn!(endpoint = %watched, %error, "connection to the CSI driver failed")
@@ -230,9 +249,12 @@ where
         }
         on_loss.cancel();
     });
-    tracing::info!(%endpoint, "connected to the CSI driver");
+    // Debug: a sidecar logs the driver it found once at start; livenessprobe connects at
+    // every check.
+    tracing::debug!(%endpoint, "connected to the CSI driver");
     Ok(CsiConnection {
         endpoint: endpoint.clone(),
+        _released: Arc::new(Released(released)),
         channel: CsiChannel { sender },
         metrics,
         lost,
