@@ -618,12 +618,11 @@ impl Cluster {
     /// Waits for an Event of the scenario's namespace with `reason` about `object` whose
     /// message contains `text` (earlier attempts may have failed otherwise); returns it.
     pub async fn wait_for_event(&self, object: &str, reason: &str, text: &str) -> String {
-        let events = self.namespaced::<k8s_openapi::api::core::v1::Event>();
         let deadline = Instant::now() + step_timeout();
         loop {
-            let list = events.list(&ListParams::default()).await.unwrap();
-            let found = list
-                .items
+            let found = self
+                .events()
+                .await
                 .into_iter()
                 .filter(|e| e.involved_object.name.as_deref() == Some(object))
                 .filter(|e| e.reason.as_deref() == Some(reason))
@@ -638,6 +637,15 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Every Event of the test's namespace, as the API server lists them now.
+    pub async fn events(&self) -> Vec<k8s_openapi::api::core::v1::Event> {
+        self.namespaced::<k8s_openapi::api::core::v1::Event>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
     }
 
     /// Creates `<namespace>-<suffix>`, a class of the cluster's driver, and returns its name.

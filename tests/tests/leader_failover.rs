@@ -6,7 +6,7 @@ use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{bound, claim};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::json;
 
 async fn provision_all(cluster: &Cluster, class: &str, names: &[String]) {
@@ -81,11 +81,8 @@ async fn the_standby_replica_takes_over_when_the_leader_dies() {
 
     // Each change of leader is an Event on the Lease, as the Go sidecars record it.
     let mut transitions: Vec<String> = cluster
-        .namespaced::<Event>()
-        .list(&Default::default())
+        .events()
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|event| {
             event.involved_object.kind.as_deref() == Some("Lease")

@@ -5,7 +5,7 @@ use csi_suite_scenarios::fixtures::{bound, claim, handle_of, is_running, pod, pv
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
 use csi_suite_scenarios::{Cluster, report_skip, skip_without_root};
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
@@ -94,16 +94,11 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
     );
     let handle = spec.csi.unwrap().volume_handle;
     assert!(cluster.driver_volumes().await.contains(&handle));
-    let events = cluster
-        .namespaced::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    let events = cluster.events().await;
     let succeeded = events
-        .items
         .iter()
         .find(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
-        .unwrap_or_else(|| panic!("no ProvisioningSucceeded in {:?}", events.items));
+        .unwrap_or_else(|| panic!("no ProvisioningSucceeded in {events:?}"));
     // sig-storage-lib's recorder: `<provisioner>_<host>_<uuid>`.
     let source = succeeded
         .source
@@ -319,12 +314,8 @@ async fn malformed_classes_and_claims_are_refused_as_upstream() {
             bound,
         )
         .await;
-    let events = cluster
-        .namespaced::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    for event in events.items {
+    let events = cluster.events().await;
+    for event in events {
         let component = event.source.as_ref().and_then(|s| s.component.as_deref());
         if event.reason.as_deref() != Some("ProvisioningFailed")
             || component == Some("persistentvolume-controller")
@@ -376,13 +367,8 @@ async fn dynamic_provisioning_leaves_other_data_sources_to_their_populator() {
             "Assuming an external populator will provision the volume",
         )
         .await;
-    let events = cluster
-        .namespaced::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    let events = cluster.events().await;
     let sources: Vec<&str> = events
-        .items
         .iter()
         .filter(|e| {
             e.message.as_deref() == Some("Assuming an external populator will provision the volume")

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use csi_proto::csi::v1 as csi;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::DeleteParams;
 use prost::Message;
 use serde_json::json;
 
@@ -135,14 +135,9 @@ async fn secrets_reach_the_driver_and_the_pv_but_not_logs_or_events() {
         !logged.contains(&password),
         "a secret value reached the logs"
     );
-    let events = cluster
-        .namespaced::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    let events = cluster.events().await;
     assert!(
         events
-            .items
             .iter()
             .all(|e| !e.message.clone().unwrap_or_default().contains(&password)),
         "a secret value reached an Event"
