@@ -5,6 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::resources::ResourceType;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: StatusCode,
@@ -69,6 +71,34 @@ impl ApiError {
             "Invalid",
             format!("{kind} \"{name}\" is invalid: {why}"),
         )
+    }
+
+    /// One field refused by validation, with its cause in the details
+    /// (k8s.io/apimachinery/pkg/api/errors/errors.go NewInvalid): the kind is qualified by its
+    /// group, as `schema.GroupKind`'s String.
+    pub fn invalid_field(
+        rt: &ResourceType,
+        name: &str,
+        field: &str,
+        reason: &str,
+        detail: String,
+    ) -> Self {
+        let kind = if rt.group.is_empty() {
+            rt.kind.clone()
+        } else {
+            format!("{}.{}", rt.kind, rt.group)
+        };
+        let mut error = Self::invalid(&kind, name, format!("{field}: {detail}"));
+        let mut details = json!({
+            "name": name,
+            "kind": rt.kind,
+            "causes": [{"reason": reason, "message": detail, "field": field}],
+        });
+        if !rt.group.is_empty() {
+            details["group"] = json!(rt.group);
+        }
+        error.details = Some(details);
+        error
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

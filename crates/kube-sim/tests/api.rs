@@ -379,11 +379,64 @@ async fn finalizers_hold_deletion() {
     api.delete("held", &DeleteParams::default()).await.unwrap();
     let deleting = api.get("held").await.unwrap();
     assert!(deleting.metadata.deletion_timestamp.is_some());
+    // No new finalizer on an object being deleted: 422 Invalid, the new ones sorted.
+    let more = json!({"metadata": {"finalizers": ["z.example.com/b", "example.com/hold", "a.example.com/a"]}});
+    match api
+        .patch("held", &PatchParams::default(), &Patch::Merge(&more))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+            assert_eq!(
+                status.message,
+                "ConfigMap \"held\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{\"a.example.com/a\", \"z.example.com/b\"}"
+            );
+        }
+        other => panic!("a new finalizer on a deleting object: {other:?}"),
+    }
     let release = json!({"metadata": {"finalizers": null}});
     api.patch("held", &PatchParams::default(), &Patch::Merge(&release))
         .await
         .unwrap();
     assert_eq!(code(api.get("held").await), 404);
+}
+
+// A claim's status strategy keeps the metadata it is sent, so `/status` cannot add a
+// finalizer to a claim being deleted either; it can still write an annotation.
+#[tokio::test]
+async fn a_deleting_claim_takes_no_new_finalizer_through_its_status() {
+    let c = cluster("claimfinalizers").await;
+    let api: Api<PersistentVolumeClaim> = c.api();
+    let claim = json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]},
+        "spec": {"storageClassName": "none", "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}}});
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(claim).unwrap(),
+    )
+    .await
+    .unwrap();
+    api.delete("held", &DeleteParams::default()).await.unwrap();
+    let params = PatchParams::default();
+    let more = json!({"metadata": {"finalizers": ["example.com/hold", "example.com/late"]}});
+    assert_eq!(
+        code(
+            api.patch_status("held", &params, &Patch::Merge(&more))
+                .await
+        ),
+        422
+    );
+    let annotated = json!({"metadata": {"annotations": {"example.com/note": "kept"}}});
+    let written = api
+        .patch_status("held", &params, &Patch::Merge(&annotated))
+        .await
+        .unwrap();
+    assert_eq!(written.annotations()["example.com/note"], "kept");
+    assert!(!written.finalizers().iter().any(|f| f == "example.com/late"));
+    let release = json!({"metadata": {"finalizers": null}});
+    api.patch("held", &params, &Patch::Merge(&release))
+        .await
+        .unwrap();
 }
 
 // Delete preconditions (uid, resourceVersion) answer 409 when they do not hold.
@@ -521,6 +574,15 @@ async fn pods_binding_and_graceful_deletion() {
     assert!(
         terminating.metadata.deletion_timestamp.is_some(),
         "a scheduled pod waits for its kubelet"
+    );
+    let finalizer = json!({"metadata": {"finalizers": ["example.com/late"]}});
+    assert_eq!(
+        code(
+            api.patch("web", &PatchParams::default(), &Patch::Merge(&finalizer))
+                .await
+        ),
+        422,
+        "a pod in its grace period takes no new finalizer"
     );
     api.delete(
         "web",
