@@ -121,14 +121,20 @@ fn object_meta(m: Option<meta::ObjectMeta>) -> Value {
             )
         })
         .collect();
+    // Go's protobuf marshals ObjectMeta's plain fields even when empty (kubectl sends
+    // `generateName: ""`, `generation: 0`); its JSON omits them (`omitempty`), so do we.
+    let text = |value: Option<String>| value.filter(|v| !v.is_empty()).map(Value::from);
     Value::Object(
         Object::default()
-            .set("name", m.name.map(Value::from))
-            .set("generateName", m.generate_name.map(Value::from))
-            .set("namespace", m.namespace.map(Value::from))
-            .set("uid", m.uid.map(Value::from))
-            .set("resourceVersion", m.resource_version.map(Value::from))
-            .set("generation", m.generation.map(Value::from))
+            .set("name", text(m.name))
+            .set("generateName", text(m.generate_name))
+            .set("namespace", text(m.namespace))
+            .set("uid", text(m.uid))
+            .set("resourceVersion", text(m.resource_version))
+            .set(
+                "generation",
+                m.generation.filter(|g| *g != 0).map(Value::from),
+            )
             .set("creationTimestamp", time(m.creation_timestamp))
             .set("deletionTimestamp", time(m.deletion_timestamp))
             .set(
@@ -278,10 +284,14 @@ mod tests {
     }
 
     #[test]
-    fn secrets_decode_to_their_json() {
+    fn secrets_decode_to_their_json_without_empty_fields() {
         let secret = core::Secret {
             metadata: Some(meta::ObjectMeta {
                 name: Some("s".into()),
+                // What Go's marshalling sends for fields left empty: not in the JSON.
+                generate_name: Some(String::new()),
+                uid: Some(String::new()),
+                generation: Some(0),
                 labels: [("a".to_string(), "b".to_string())].into(),
                 creation_timestamp: Some(meta::Time {
                     seconds: Some(0),

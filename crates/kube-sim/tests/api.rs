@@ -488,6 +488,24 @@ async fn list_selectors_and_paging() {
         .await
         .unwrap();
     assert_eq!(even.items.len(), 3);
+    // A malformed selector is a 400 in the parser's own words (labels/selector.go).
+    for (selector, message) in [
+        (
+            "parity in (even",
+            "unable to parse requirement: found '', expected: ',' or ')'",
+        ),
+        (
+            "=even",
+            "found '=', expected: !, identifier, or 'end of string'",
+        ),
+    ] {
+        match api.list(&ListParams::default().labels(selector)).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!((status.code, status.message.as_str()), (400, message));
+            }
+            other => panic!("{selector:?} listed: {other:?}"),
+        }
+    }
     let not_even = api
         .list(&ListParams::default().labels("parity!=even"))
         .await

@@ -613,13 +613,12 @@ impl Filters {
     fn parse(rt: &ResourceType, query: &HashMap<String, String>) -> Result<Self, ApiError> {
         // Field names differ per kind, and two groups serve a kind named Event.
         let kind = crate::selectors::qualified_kind(&rt.group, &rt.kind);
-        let labels =
-            match query.get("labelSelector").filter(|s| !s.is_empty()) {
-                Some(text) => Some(LabelSelector::parse(text).map_err(|e| {
-                    ApiError::bad_request(format!("unable to parse requirement: {e}"))
-                })?),
-                None => None,
-            };
+        let labels = match query.get("labelSelector").filter(|s| !s.is_empty()) {
+            Some(text) => {
+                Some(LabelSelector::parse(text).map_err(|e| ApiError::bad_request(e.to_string()))?)
+            }
+            None => None,
+        };
         let fields = match query.get("fieldSelector").filter(|s| !s.is_empty()) {
             Some(text) => {
                 let selector =
