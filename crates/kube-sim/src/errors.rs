@@ -7,6 +7,64 @@ use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
 
+/// One field's violation (k8s.io/apimachinery/pkg/util/validation/field): its path, the
+/// cause's reason, and its message after the path (`Required value`, `Invalid value: …`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub field: String,
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+impl FieldError {
+    pub fn required(field: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: "FieldValueRequired",
+            detail: "Required value".into(),
+        }
+    }
+
+    /// `Invalid value: <value>: <why>`, the value as Go's `%#v` prints it (strings quoted).
+    pub fn invalid(field: impl Into<String>, value: &Value, why: &str) -> Self {
+        Self {
+            field: field.into(),
+            reason: "FieldValueInvalid",
+            detail: format!("Invalid value: {}: {why}", go_value(value)),
+        }
+    }
+
+    /// `Unsupported value: <value>: supported values: "a", "b"`.
+    pub fn not_supported(field: impl Into<String>, value: &Value, supported: &[&str]) -> Self {
+        let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+        Self {
+            field: field.into(),
+            reason: "FieldValueNotSupported",
+            detail: format!(
+                "Unsupported value: {}: supported values: {}",
+                go_value(value),
+                supported.join(", ")
+            ),
+        }
+    }
+
+    pub fn forbidden(field: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: "FieldValueForbidden",
+            detail: format!("Forbidden: {}", why.into()),
+        }
+    }
+}
+
+/// A JSON value as Go's `%#v` prints the scalar it decoded to.
+fn go_value(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: StatusCode,
@@ -73,26 +131,33 @@ impl ApiError {
         )
     }
 
-    /// One field refused by validation, with its cause in the details
-    /// (k8s.io/apimachinery/pkg/api/errors/errors.go NewInvalid): the kind is qualified by its
-    /// group, as `schema.GroupKind`'s String.
-    pub fn invalid_field(
-        rt: &ResourceType,
-        name: &str,
-        field: &str,
-        reason: &str,
-        detail: String,
-    ) -> Self {
+    /// Field validation's refusal (k8s.io/apimachinery/pkg/api/errors/errors.go NewInvalid):
+    /// one error reads `<Kind> "<name>" is invalid: <field>: <detail>`, several are listed in
+    /// brackets, and each is a cause in the details; the kind is qualified by its group, as
+    /// `schema.GroupKind`'s String.
+    pub fn invalid_fields(rt: &ResourceType, name: &str, errors: &[FieldError]) -> Self {
         let kind = if rt.group.is_empty() {
             rt.kind.clone()
         } else {
             format!("{}.{}", rt.kind, rt.group)
         };
-        let mut error = Self::invalid(&kind, name, format!("{field}: {detail}"));
+        let messages: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.detail))
+            .collect();
+        let why = match messages.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut error = Self::invalid(&kind, name, why);
         let mut details = json!({
             "name": name,
             "kind": rt.kind,
-            "causes": [{"reason": reason, "message": detail, "field": field}],
+            "causes": errors.iter().map(|e| json!({
+                "reason": e.reason,
+                "message": e.detail,
+                "field": e.field,
+            })).collect::<Vec<_>>(),
         });
         if !rt.group.is_empty() {
             details["group"] = json!(rt.group);

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -437,6 +439,182 @@ async fn a_deleting_claim_takes_no_new_finalizer_through_its_status() {
     api.patch("held", &params, &Patch::Merge(&release))
         .await
         .unwrap();
+}
+
+/// The 422 an API call answered: its message (which must name the object as invalid).
+fn invalid<T: std::fmt::Debug>(result: kube::Result<T>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 422 && status.reason == "Invalid" => {
+            status.message
+        }
+        other => panic!("expected 422 Invalid, got {other:?}"),
+    }
+}
+
+// Finalizer names are qualified names, and a built-in kind's without a domain must be a
+// standard one (k8s.io/apimachinery ValidateFinalizers; pkg/apis/core/validation).
+#[tokio::test]
+async fn finalizer_names_are_validated() {
+    let c = cluster("finalizernames").await;
+    let api: Api<ConfigMap> = c.api();
+    let with = |name: &str, finalizer: &str| {
+        let mut object = configmap(name, "1");
+        object.metadata.finalizers = Some(vec![finalizer.into()]);
+        object
+    };
+    let post = PostParams::default();
+    assert_eq!(
+        invalid(api.create(&post, &with("bare", "hold")).await),
+        "ConfigMap \"bare\" is invalid: metadata.finalizers[0]: Invalid value: \"hold\": name is neither a standard finalizer name nor is it fully qualified"
+    );
+    assert!(
+        invalid(api.create(&post, &with("spaced", "example.com/a b")).await).starts_with(
+            "ConfigMap \"spaced\" is invalid: metadata.finalizers: Invalid value: \"example.com/a b\": name part must consist of alphanumeric characters"
+        )
+    );
+    api.create(&post, &with("standard", "kubernetes"))
+        .await
+        .unwrap();
+    let bare = json!({"metadata": {"finalizers": ["kubernetes", "hold"]}});
+    assert!(
+        invalid(
+            api.patch("standard", &PatchParams::default(), &Patch::Merge(&bare))
+                .await
+        )
+        .ends_with("metadata.finalizers[1]: Invalid value: \"hold\": name is neither a standard finalizer name nor is it fully qualified")
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    api.patch("standard", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
+}
+
+// A PersistentVolume's spec is validated on create (access modes, capacity, exactly one
+// source, the CSI source's driver and handle), defaulted (volume mode, reclaim policy), and its
+// source and volume mode cannot change (pkg/apis/core/validation ValidatePersistentVolume*).
+#[tokio::test]
+async fn persistent_volumes_are_validated_and_defaulted() {
+    let c = cluster("pvvalidation").await;
+    let api: Api<PersistentVolume> = Api::all(c.client.clone());
+    let name = |suffix: &str| format!("{}-{suffix}", c.namespace);
+    let volume = |suffix: &str, spec: serde_json::Value| -> PersistentVolume {
+        serde_json::from_value(json!({"metadata": {"name": name(suffix)}, "spec": spec})).unwrap()
+    };
+    let csi = json!({"driver": "validation.example.com", "volumeHandle": "h"});
+    let post = PostParams::default();
+    let refusals = [
+        (
+            "nocapacity",
+            json!({"accessModes": ["ReadWriteOnce"], "csi": csi}),
+            "[spec.capacity: Required value, spec.capacity: Unsupported value: core.ResourceList(nil): supported values: \"storage\"]",
+        ),
+        (
+            "nosource",
+            json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}),
+            "spec: Required value: must specify a volume type",
+        ),
+        (
+            "twosources",
+            json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                "hostPath": {"path": "/tmp"}, "csi": csi}),
+            "spec.csi: Forbidden: may not specify more than 1 volume type",
+        ),
+        (
+            "nohandle",
+            json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                "csi": {"driver": "validation.example.com"}}),
+            "spec.csi.volumeHandle: Required value",
+        ),
+        (
+            "badmode",
+            json!({"accessModes": ["ReadWriteSometimes"], "capacity": {"storage": "1Gi"}, "csi": csi}),
+            "spec.accessModes: Unsupported value: \"ReadWriteSometimes\": supported values: \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOnce\"",
+        ),
+        (
+            "badpolicy",
+            json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": csi,
+                "persistentVolumeReclaimPolicy": "Keep"}),
+            "spec.persistentVolumeReclaimPolicy: Unsupported value: \"Keep\": supported values: \"Delete\", \"Recycle\", \"Retain\"",
+        ),
+    ];
+    for (suffix, spec, why) in refusals {
+        let message = invalid(api.create(&post, &volume(suffix, spec)).await);
+        let name = name(suffix);
+        assert_eq!(
+            message,
+            format!("PersistentVolume \"{name}\" is invalid: {why}")
+        );
+    }
+    let spec = json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+        "csi": csi, "storageClassName": name("none")});
+    let created = api.create(&post, &volume("good", spec)).await.unwrap();
+    let defaults = created.spec.unwrap();
+    assert_eq!(
+        (
+            defaults.volume_mode.as_deref(),
+            defaults.persistent_volume_reclaim_policy.as_deref()
+        ),
+        (Some("Filesystem"), Some("Retain"))
+    );
+    let params = PatchParams::default();
+    let good = name("good");
+    let grown = json!({"spec": {"capacity": {"storage": "2Gi"}}});
+    api.patch(&good, &params, &Patch::Merge(&grown))
+        .await
+        .unwrap();
+    let handle = json!({"spec": {"csi": {"volumeHandle": "other"}}});
+    assert!(
+        invalid(api.patch(&good, &params, &Patch::Merge(&handle)).await).starts_with(&format!(
+            "PersistentVolume \"{good}\" is invalid: spec.persistentvolumesource: Forbidden: spec.persistentvolumesource is immutable after creation"
+        ))
+    );
+    let block = json!({"spec": {"volumeMode": "Block"}});
+    assert_eq!(
+        invalid(api.patch(&good, &params, &Patch::Merge(&block)).await),
+        format!(
+            "PersistentVolume \"{good}\" is invalid: volumeMode: Invalid value: \"Block\": field is immutable"
+        )
+    );
+    api.delete(&good, &DeleteParams::default()).await.unwrap();
+}
+
+// A claim's spec is immutable but for its volume name, set once, and a Bound claim's request;
+// its volume mode is defaulted (ValidatePersistentVolumeClaimUpdate, SetDefaults_*).
+#[tokio::test]
+async fn claim_specs_are_immutable_but_for_the_volume_name() {
+    let c = cluster("claimspec").await;
+    let api: Api<PersistentVolumeClaim> = c.api();
+    let class = format!("{}-none", c.namespace);
+    let claim = json!({"metadata": {"name": "c"}, "spec": {"storageClassName": class,
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(claim).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.spec.unwrap().volume_mode.as_deref(),
+        Some("Filesystem")
+    );
+    let params = PatchParams::default();
+    let other_class = json!({"spec": {"storageClassName": format!("{class}-other")}});
+    assert!(
+        invalid(api.patch("c", &params, &Patch::Merge(&other_class)).await).starts_with(
+            "PersistentVolumeClaim \"c\" is invalid: spec: Forbidden: spec is immutable after creation except resources.requests"
+        )
+    );
+    let same_size = json!({"spec": {"resources": {"requests": {"storage": "1073741824"}}}});
+    api.patch("c", &params, &Patch::Merge(&same_size))
+        .await
+        .unwrap();
+    let volume = json!({"spec": {"volumeName": format!("{}-pv", c.namespace)}});
+    api.patch("c", &params, &Patch::Merge(&volume))
+        .await
+        .unwrap();
+    let another = json!({"spec": {"volumeName": format!("{}-other", c.namespace)}});
+    invalid(api.patch("c", &params, &Patch::Merge(&another)).await);
 }
 
 // Delete preconditions (uid, resourceVersion) answer 409 when they do not hold.

@@ -50,11 +50,10 @@ pub fn admit(
     object
 }
 
-/// A claim's storage request on update: validation first (ValidatePersistentVolumeClaimUpdate:
-/// only a Bound claim's request may change, 422 otherwise), then the PersistentVolumeClaimResize
-/// admission plugin (plugin/pkg/admission/storage/persistentvolume/resize): a larger request
-/// needs a class (`class`, the StorageClass the claim names, if it exists) that allows volume
-/// expansion, 403 otherwise.
+/// A claim's larger storage request on update, after validation (which refuses any change of
+/// a claim not Bound): the PersistentVolumeClaimResize admission plugin
+/// (plugin/pkg/admission/storage/persistentvolume/resize) needs a class (`class`, the
+/// StorageClass the claim names, if it exists) that allows volume expansion, 403 otherwise.
 pub fn admit_claim_update(
     current: &Value,
     next: &Value,
@@ -69,13 +68,6 @@ pub fn admit_claim_update(
         return Ok(());
     };
     let name = current["metadata"]["name"].as_str().unwrap_or_default();
-    if new != old && current["status"]["phase"] != "Bound" {
-        return Err(ApiError::invalid(
-            "PersistentVolumeClaim",
-            name,
-            "spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
-        ));
-    }
     if new > old && class.is_none_or(|c| c["allowVolumeExpansion"] != true) {
         return Err(ApiError::forbidden(format!(
             "persistentvolumeclaims \"{name}\" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"

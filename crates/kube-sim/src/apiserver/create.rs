@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::{
     Server, admission, is_custom_resource, json_response, key, now_rfc3339, objects,
-    require_custom_resource_kind, schema,
+    require_custom_resource_kind, schema, validation,
 };
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
@@ -41,6 +41,7 @@ pub(super) fn create(
             .map(|classes| server.store.list(&classes.storage_key(), None).0)
             .unwrap_or_default()
     });
+    validation::on_create(rt, &object)?;
     schema::apply(rt, &mut object)?;
     if let Some(ns) = ns {
         let namespaces = server.resource("", "v1", "namespaces")?;

@@ -10,6 +10,7 @@ mod openapi;
 mod patch;
 mod schema;
 mod update;
+mod validation;
 mod watch;
 
 use std::collections::HashMap;

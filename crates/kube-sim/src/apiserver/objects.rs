@@ -161,6 +161,26 @@ fn default_spec(rt: &ResourceType, object: &mut Value) {
     if struct_spec && !object["spec"].is_object() {
         object["spec"] = json!({});
     }
+    // pkg/apis/core/v1/defaults.go SetDefaults_PersistentVolume(Claim): every body decoded,
+    // so an update that drops these gets them back.
+    if rt.group.is_empty()
+        && matches!(
+            rt.kind.as_str(),
+            "PersistentVolume" | "PersistentVolumeClaim"
+        )
+    {
+        let spec = &mut object["spec"];
+        if spec["volumeMode"].is_null() {
+            spec["volumeMode"] = json!("Filesystem");
+        }
+        if rt.kind == "PersistentVolume"
+            && spec["persistentVolumeReclaimPolicy"]
+                .as_str()
+                .is_none_or(str::is_empty)
+        {
+            spec["persistentVolumeReclaimPolicy"] = json!("Retain");
+        }
+    }
 }
 
 /// Kinds whose objects carry a generation: those with a spec whose strategies set it to 1 on

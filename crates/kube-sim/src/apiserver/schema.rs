@@ -3,18 +3,10 @@
 //! `x-kubernetes-preserve-unknown-fields`), then required fields, types and enums are checked;
 //! every violation is one field error of a 422 Invalid (k8s.io/apimachinery field errors).
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::errors::ApiError;
+use crate::errors::{ApiError, FieldError};
 use crate::resources::ResourceType;
-
-/// One violation: its field path, the cause's reason, and its message after the path.
-#[derive(Debug, Clone, PartialEq)]
-struct FieldError {
-    field: String,
-    reason: &'static str,
-    detail: String,
-}
 
 /// Prunes `object` and validates it, when `rt` is a custom resource with a schema.
 pub fn apply(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
@@ -40,24 +32,7 @@ pub fn apply(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
         return Ok(());
     }
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    let messages: Vec<String> = errors
-        .iter()
-        .map(|e| format!("{}: {}", e.field, e.detail))
-        .collect();
-    let why = match messages.as_slice() {
-        [one] => one.clone(),
-        many => format!("[{}]", many.join(", ")),
-    };
-    let mut error = ApiError::invalid(&format!("{}.{}", rt.kind, rt.group), name, why);
-    error.details = Some(json!({
-        "name": name, "group": rt.group, "kind": rt.kind,
-        "causes": errors.iter().map(|e| json!({
-            "reason": e.reason,
-            "message": e.detail,
-            "field": e.field,
-        })).collect::<Vec<_>>(),
-    }));
-    Err(error)
+    Err(ApiError::invalid_fields(rt, name, &errors))
 }
 
 fn preserves_unknown(schema: &Value) -> bool {
@@ -209,6 +184,8 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldErr
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use serde_json::json;
 
     use super::*;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::delete::after_removal;
-use super::{Server, admission, key, objects, schema};
+use super::{Server, admission, key, objects, schema, validation};
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 
@@ -40,10 +40,7 @@ pub(super) fn update(
             return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
         let mut next = objects::prepare_update(rt, current, incoming, status_only)?;
-        // After preparing: a status write keeps the metadata it was sent only for claims.
-        if objects::is_deleting(current) {
-            no_new_finalizers(rt, name, current, &next)?;
-        }
+        validation::on_update(rt, current, &next)?;
         schema::apply(rt, &mut next)?;
         if resizes_claim {
             admission::admit_claim_update(current, &next, class.as_deref())?;
@@ -59,38 +56,6 @@ pub(super) fn update(
     }
     after_removal(server, rt, &written);
     Ok(written)
-}
-
-/// An object being deleted takes no new finalizer: 422 Invalid, the new ones sorted and
-/// quoted as Go's `%#v`
-/// (k8s.io/apimachinery/pkg/api/validation/objectmeta.go ValidateNoNewFinalizers).
-fn no_new_finalizers(
-    rt: &ResourceType,
-    name: &str,
-    current: &Value,
-    next: &Value,
-) -> Result<(), ApiError> {
-    let existing = objects::finalizers(current);
-    let mut added: Vec<String> = objects::finalizers(next)
-        .into_iter()
-        .filter(|f| !existing.contains(f))
-        .collect();
-    if added.is_empty() {
-        return Ok(());
-    }
-    added.sort();
-    added.dedup();
-    let quoted: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
-    Err(ApiError::invalid_field(
-        rt,
-        name,
-        "metadata.finalizers",
-        "FieldValueForbidden",
-        format!(
-            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
-            quoted.join(", ")
-        ),
-    ))
 }
 
 /// A pod deleted with a grace period stays until the kubelet (or a grace-0 delete) removes it

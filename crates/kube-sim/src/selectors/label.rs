@@ -639,7 +639,7 @@ fn is_qualified_name_part(s: &str) -> bool {
     }
 }
 
-fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
+pub(crate) fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > DNS1123_SUBDOMAIN_MAX {
         errors.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
@@ -659,7 +659,7 @@ fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
 
 /// `IsQualifiedName`: an optional DNS-subdomain prefix and `/`, then a name of at most 63
 /// characters.
-fn qualified_name_errors(value: &str) -> Vec<String> {
+pub(crate) fn qualified_name_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     let parts: Vec<&str> = value.split('/').collect();
     let name = match parts.as_slice() {

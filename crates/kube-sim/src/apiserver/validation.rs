@@ -1,0 +1,377 @@
+//! Field validation of the built-in objects storage stories write, as kube-apiserver's
+//! registries run it on create and update (pkg/apis/core/validation/validation.go and
+//! k8s.io/apimachinery/pkg/api/validation/objectmeta.go, v1.19 rules): every object's finalizer
+//! names (and none added while it is being deleted), a PersistentVolume's spec, and what a
+//! claim's spec may change. Every violation is one field error of a 422 Invalid; Go's dumps of
+//! a whole struct (the diff after "immutable after creation") are left out of the messages.
+
+use serde_json::Value;
+
+use crate::errors::{ApiError, FieldError};
+use crate::resources::ResourceType;
+use crate::selectors::{dns1123_subdomain_errors, qualified_name_errors};
+
+/// Finalizers a name without a domain may have (pkg/apis/core/helper IsStandardFinalizerName).
+const STANDARD_FINALIZERS: [&str; 3] = ["kubernetes", "orphan", "foregroundDeletion"];
+const ACCESS_MODES: [&str; 3] = ["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce"];
+const RECLAIM_POLICIES: [&str; 3] = ["Delete", "Recycle", "Retain"];
+const VOLUME_MODES: [&str; 2] = ["Block", "Filesystem"];
+/// A PersistentVolume's sources, in the order validation counts them.
+const VOLUME_SOURCES: [&str; 22] = [
+    "hostPath",
+    "gcePersistentDisk",
+    "awsElasticBlockStore",
+    "glusterfs",
+    "flocker",
+    "nfs",
+    "rbd",
+    "quobyte",
+    "cephfs",
+    "iscsi",
+    "cinder",
+    "fc",
+    "flexVolume",
+    "azureFile",
+    "vsphereVolume",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "azureDisk",
+    "scaleIO",
+    "local",
+    "storageos",
+    "csi",
+];
+/// The CSI source's secret references (CSIPersistentVolumeSource).
+const CSI_SECRET_REFS: [&str; 4] = [
+    "controllerPublishSecretRef",
+    "nodeStageSecretRef",
+    "nodePublishSecretRef",
+    "controllerExpandSecretRef",
+];
+
+/// A new object of `rt`.
+pub fn on_create(rt: &ResourceType, object: &Value) -> Result<(), ApiError> {
+    let mut errors = finalizer_errors(rt, object);
+    if is_core(rt, "PersistentVolume") {
+        errors.extend(volume_spec_errors(&object["spec"]));
+    }
+    refuse(rt, object, errors)
+}
+
+/// `next` replacing `current` (both after the update's own rules: a status write's metadata
+/// is already the current one where the kind's status strategy resets it).
+pub fn on_update(rt: &ResourceType, current: &Value, next: &Value) -> Result<(), ApiError> {
+    let mut errors = Vec::new();
+    if current["metadata"]["deletionTimestamp"].is_string() {
+        errors.extend(new_finalizer_errors(current, next));
+    }
+    errors.extend(finalizer_errors(rt, next));
+    if is_core(rt, "PersistentVolume") {
+        errors.extend(volume_spec_errors(&next["spec"]));
+        errors.extend(volume_update_errors(&current["spec"], &next["spec"]));
+    }
+    if is_core(rt, "PersistentVolumeClaim") {
+        errors.extend(claim_update_errors(current, next));
+    }
+    refuse(rt, next, errors)
+}
+
+fn is_core(rt: &ResourceType, kind: &str) -> bool {
+    rt.group.is_empty() && rt.kind == kind
+}
+
+fn refuse(rt: &ResourceType, object: &Value, errors: Vec<FieldError>) -> Result<(), ApiError> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    Err(ApiError::invalid_fields(rt, name, &errors))
+}
+
+fn finalizers(object: &Value) -> Vec<&str> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .map(|list| list.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// apimachinery's ValidateFinalizers (each a qualified name; the path not indexed), then, for
+/// built-in kinds (their validation is core's ValidateObjectMeta, a custom resource's is
+/// apimachinery's alone), a name without a domain must be a standard one.
+fn finalizer_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
+    let names = finalizers(object);
+    let mut errors: Vec<FieldError> = names
+        .iter()
+        .flat_map(|name| {
+            qualified_name_errors(name).into_iter().map(move |why| {
+                FieldError::invalid("metadata.finalizers", &Value::from(*name), &why)
+            })
+        })
+        .collect();
+    if super::is_custom_resource(rt) {
+        return errors;
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !name.contains('/') && !STANDARD_FINALIZERS.contains(name) {
+            errors.push(FieldError::invalid(
+                format!("metadata.finalizers[{i}]"),
+                &Value::from(*name),
+                "name is neither a standard finalizer name nor is it fully qualified",
+            ));
+        }
+    }
+    errors
+}
+
+/// ValidateNoNewFinalizers: the new ones sorted, as Go's `%#v` of a string slice.
+fn new_finalizer_errors(current: &Value, next: &Value) -> Option<FieldError> {
+    let existing = finalizers(current);
+    let mut added: Vec<&str> = finalizers(next)
+        .into_iter()
+        .filter(|f| !existing.contains(f))
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    added.sort_unstable();
+    added.dedup();
+    let quoted: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+    Some(FieldError::forbidden(
+        "metadata.finalizers",
+        format!(
+            "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+            quoted.join(", ")
+        ),
+    ))
+}
+
+/// ValidatePersistentVolumeSpec: access modes, capacity (storage only, not negative), reclaim
+/// policy, exactly one source, the CSI source's driver, handle and secret references, the
+/// class name and the volume mode.
+fn volume_spec_errors(spec: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let modes = spec["accessModes"].as_array().cloned().unwrap_or_default();
+    if modes.is_empty() {
+        errors.push(FieldError::required("spec.accessModes"));
+    }
+    for mode in &modes {
+        if !mode.as_str().is_some_and(|m| ACCESS_MODES.contains(&m)) {
+            errors.push(FieldError::not_supported(
+                "spec.accessModes",
+                mode,
+                &ACCESS_MODES,
+            ));
+        }
+    }
+    let capacity = spec["capacity"].as_object().cloned().unwrap_or_default();
+    if capacity.is_empty() {
+        errors.push(FieldError::required("spec.capacity"));
+    }
+    if !capacity.contains_key("storage") || capacity.len() > 1 {
+        // Go prints the map it decoded; an absent or empty one as below.
+        let printed = match &spec["capacity"] {
+            Value::Null => "core.ResourceList(nil)".to_string(),
+            _ if capacity.is_empty() => "core.ResourceList{}".to_string(),
+            other => other.to_string(),
+        };
+        errors.push(FieldError {
+            field: "spec.capacity".into(),
+            reason: "FieldValueNotSupported",
+            detail: format!("Unsupported value: {printed}: supported values: \"storage\""),
+        });
+    }
+    // validateBasicResource (the value as an integer), then ValidatePositiveQuantityValue.
+    for (resource, quantity) in &capacity {
+        let text = quantity.as_str().unwrap_or_default();
+        let Some(magnitude) = text.strip_prefix('-') else {
+            continue;
+        };
+        let Ok(bytes) = csi_sidecar::quantity::bytes(magnitude) else {
+            continue;
+        };
+        if bytes == 0 {
+            continue;
+        }
+        let field = format!("spec.capacity[{resource}]");
+        errors.push(FieldError::invalid(
+            field.clone(),
+            &Value::from(-bytes),
+            "must be a valid resource quantity",
+        ));
+        errors.push(FieldError::invalid(
+            field,
+            quantity,
+            "must be greater than zero",
+        ));
+    }
+    let policy = &spec["persistentVolumeReclaimPolicy"];
+    if policy
+        .as_str()
+        .is_some_and(|p| !RECLAIM_POLICIES.contains(&p))
+    {
+        errors.push(FieldError::not_supported(
+            "spec.persistentVolumeReclaimPolicy",
+            policy,
+            &RECLAIM_POLICIES,
+        ));
+    }
+    let sources: Vec<&str> = VOLUME_SOURCES
+        .into_iter()
+        .filter(|source| spec[*source].is_object())
+        .collect();
+    match sources.as_slice() {
+        [] => errors.push(FieldError {
+            detail: "Required value: must specify a volume type".into(),
+            ..FieldError::required("spec")
+        }),
+        [first, more @ ..] => {
+            if *first == "csi" {
+                errors.extend(csi_source_errors(&spec["csi"]));
+            }
+            errors.extend(more.iter().map(|source| {
+                FieldError::forbidden(
+                    format!("spec.{source}"),
+                    "may not specify more than 1 volume type",
+                )
+            }));
+        }
+    }
+    if let Some(class) = spec["storageClassName"].as_str().filter(|c| !c.is_empty()) {
+        errors.extend(
+            dns1123_subdomain_errors(class)
+                .into_iter()
+                .map(|why| FieldError::invalid("spec.storageClassName", &Value::from(class), &why)),
+        );
+    }
+    let mode = &spec["volumeMode"];
+    if mode.as_str().is_some_and(|m| !VOLUME_MODES.contains(&m)) {
+        errors.push(FieldError::not_supported(
+            "spec.volumeMode",
+            mode,
+            &VOLUME_MODES,
+        ));
+    }
+    errors
+}
+
+/// validateCSIPersistentVolumeSource: the driver a DNS subdomain (case aside) of at most 63
+/// characters, a handle, and each secret reference with a name and a namespace.
+fn csi_source_errors(csi: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let driver = csi["driver"].as_str().unwrap_or_default();
+    if driver.is_empty() {
+        errors.push(FieldError::required("spec.csi.driver"));
+    }
+    if driver.len() > 63 {
+        errors.push(FieldError {
+            field: "spec.csi.driver".into(),
+            reason: "FieldValueTooLong",
+            detail: "Too long: must have at most 63 bytes".into(),
+        });
+    }
+    errors.extend(
+        dns1123_subdomain_errors(&driver.to_lowercase())
+            .into_iter()
+            .map(|why| FieldError::invalid("spec.csi.driver", &Value::from(driver), &why)),
+    );
+    if csi["volumeHandle"].as_str().is_none_or(str::is_empty) {
+        errors.push(FieldError::required("spec.csi.volumeHandle"));
+    }
+    for reference in CSI_SECRET_REFS {
+        if !csi[reference].is_object() {
+            continue;
+        }
+        for field in ["name", "namespace"] {
+            if csi[reference][field].as_str().is_none_or(str::is_empty) {
+                errors.push(FieldError::required(format!(
+                    "spec.csi.{reference}.{field}"
+                )));
+            }
+        }
+    }
+    errors
+}
+
+/// ValidatePersistentVolumeUpdate: the source is immutable, so is the volume mode, and node
+/// affinity once set (the paths as v1.19 names them).
+fn volume_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let source =
+        |spec: &Value| -> Vec<Value> { VOLUME_SOURCES.iter().map(|s| spec[*s].clone()).collect() };
+    if source(current) != source(next) {
+        errors.push(FieldError::forbidden(
+            "spec.persistentvolumesource",
+            "spec.persistentvolumesource is immutable after creation",
+        ));
+    }
+    for (field, set_once) in [("volumeMode", false), ("nodeAffinity", true)] {
+        if set_once && current[field].is_null() {
+            continue;
+        }
+        if current[field] != next[field] {
+            errors.push(FieldError::invalid(
+                field,
+                &next[field],
+                "field is immutable",
+            ));
+        }
+    }
+    errors
+}
+
+/// ValidatePersistentVolumeClaimUpdate: the spec is immutable but for the volume name (set
+/// once), and for a Bound claim the storage request (never below the previous one) and the
+/// VolumeAttributesClass; a class may be set where only the beta annotation named it.
+fn claim_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let (mut old, mut new) = (current["spec"].clone(), next["spec"].clone());
+    if old["volumeName"].as_str().is_none_or(str::is_empty) {
+        old["volumeName"] = new["volumeName"].clone();
+    }
+    let beta_class = &current["metadata"]["annotations"]["volume.beta.kubernetes.io/storage-class"];
+    if old["storageClassName"].is_null()
+        && !beta_class.is_null()
+        && new["storageClassName"] == *beta_class
+    {
+        new["storageClassName"] = Value::Null;
+    }
+    let storage = |spec: &Value| {
+        spec["resources"]["requests"]["storage"]
+            .as_str()
+            .and_then(|q| csi_sidecar::quantity::bytes(q).ok())
+    };
+    let bound = next["status"]["phase"] == "Bound";
+    // Quantities compare by value ("1Gi" is "1073741824").
+    if storage(&old) == storage(&new) || bound {
+        new["resources"]["requests"]["storage"] = old["resources"]["requests"]["storage"].clone();
+    }
+    if bound {
+        new["volumeAttributesClassName"] = old["volumeAttributesClassName"].clone();
+    }
+    if strip_nulls(old) != strip_nulls(new) {
+        errors.push(FieldError::forbidden(
+            "spec",
+            "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+        ));
+    }
+    if let (Some(before), Some(after)) = (storage(&current["spec"]), storage(&next["spec"]))
+        && after < before
+    {
+        errors.push(FieldError::forbidden(
+            "spec.resources.requests.storage",
+            "field can not be less than previous value",
+        ));
+    }
+    errors
+}
+
+/// A JSON value without null members, as Go decodes absent and null alike.
+fn strip_nulls(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+        for v in map.values_mut() {
+            *v = strip_nulls(std::mem::take(v));
+        }
+    }
+    value
+}
