@@ -25,6 +25,14 @@ impl FieldError {
         }
     }
 
+    /// `Required value: <why>`.
+    pub fn required_because(field: impl Into<String>, why: &str) -> Self {
+        Self {
+            detail: format!("Required value: {why}"),
+            ..Self::required(field)
+        }
+    }
+
     /// `Invalid value: <value>: <why>`, the value as Go's `%#v` prints it (strings quoted).
     pub fn invalid(field: impl Into<String>, value: &Value, why: &str) -> Self {
         Self {

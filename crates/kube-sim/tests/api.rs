@@ -578,6 +578,95 @@ async fn persistent_volumes_are_validated_and_defaulted() {
     api.delete(&good, &DeleteParams::default()).await.unwrap();
 }
 
+// The storage objects our components and the cluster's roles write are validated on create as
+// kube-apiserver validates them (pkg/apis/{core,storage,coordination}/validation).
+#[tokio::test]
+async fn storage_objects_are_validated_on_create() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("objvalidation").await;
+    let ns = c.namespace.clone();
+    let cluster_name = |suffix: &str| format!("{ns}-{suffix}");
+    let cases = [
+        (
+            ("storage.k8s.io", "v1", "VolumeAttachment"),
+            json!({"metadata": {"name": cluster_name("va")}, "spec": {"attacher": "a.example.com",
+                "nodeName": "n1", "source": {}}}),
+            "spec.source: Required value: must specify exactly one of inlineVolumeSpec and persistentVolumeName",
+        ),
+        (
+            ("storage.k8s.io", "v1", "StorageClass"),
+            json!({"metadata": {"name": cluster_name("sc")}, "provisioner": "a.example.com",
+                "volumeBindingMode": "Later"}),
+            "volumeBindingMode: Unsupported value: \"Later\": supported values: \"Immediate\", \"WaitForFirstConsumer\"",
+        ),
+        (
+            ("storage.k8s.io", "v1", "CSINode"),
+            json!({"metadata": {"name": cluster_name("node")}, "spec": {"drivers": [
+                {"name": "a.example.com", "nodeID": "x"}, {"name": "a.example.com", "nodeID": "y"}]}}),
+            "spec.drivers[1].name: Duplicate value: \"a.example.com\"",
+        ),
+        (
+            ("", "v1", "Node"),
+            json!({"metadata": {"name": cluster_name("node")}, "spec": {"taints": [
+                {"key": "a", "effect": "Sometimes"}]}}),
+            "metadata.taints[0].effect: Unsupported value: \"Sometimes\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"",
+        ),
+        (
+            ("coordination.k8s.io", "v1", "Lease"),
+            json!({"metadata": {"name": "lease", "namespace": ns}, "spec": {"leaseDurationSeconds": -1}}),
+            "spec.leaseDurationSeconds: Invalid value: -1: must be greater than 0",
+        ),
+        (
+            ("", "v1", "Event"),
+            json!({"metadata": {"name": "event", "namespace": ns}, "reason": "R", "message": "m",
+                "involvedObject": {"kind": "Pod", "name": "p", "namespace": "default"}}),
+            "involvedObject.namespace: Invalid value: \"default\": does not match event.namespace",
+        ),
+        (
+            ("", "v1", "PersistentVolumeClaim"),
+            json!({"metadata": {"name": "claim", "namespace": ns},
+                "spec": {"resources": {"requests": {"storage": "1Gi"}}}}),
+            "spec.accessModes: Required value: at least 1 access mode is required",
+        ),
+    ];
+    for ((group, version, kind), object, why) in cases {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let namespaced = object["metadata"]["namespace"].is_string();
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(c.client.clone(), &ns, &resource)
+        } else {
+            Api::all_with(c.client.clone(), &resource)
+        };
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        let mut object: DynamicObject = serde_json::from_value(object).unwrap();
+        object.types = Some(kube::api::TypeMeta {
+            api_version: resource.api_version.clone(),
+            kind: kind.into(),
+        });
+        let message = invalid(api.create(&PostParams::default(), &object).await);
+        // The kind qualified by its group, as `schema.GroupKind` prints.
+        let qualified = [kind, group].join(".");
+        let qualified = qualified.trim_end_matches('.');
+        assert_eq!(message, format!("{qualified} \"{name}\" is invalid: {why}"));
+    }
+    // A cluster-scoped object's Events go to "default".
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    let event = json!({"metadata": {"name": cluster_name("event")}, "reason": "R", "message": "m",
+        "involvedObject": {"kind": "Node", "name": "n1"}});
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(event).unwrap(),
+        )
+        .await
+        .unwrap();
+    events
+        .delete(&cluster_name("event"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 // A claim's spec is immutable but for its volume name, set once, and a Bound claim's request;
 // its volume mode is defaulted (ValidatePersistentVolumeClaimUpdate, SetDefaults_*).
 #[tokio::test]

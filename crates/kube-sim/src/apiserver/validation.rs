@@ -1,9 +1,11 @@
 //! Field validation of the built-in objects storage stories write, as kube-apiserver's
-//! registries run it on create and update (pkg/apis/core/validation/validation.go and
-//! k8s.io/apimachinery/pkg/api/validation/objectmeta.go, v1.19 rules): every object's finalizer
-//! names (and none added while it is being deleted), a PersistentVolume's spec, and what a
-//! claim's spec may change. Every violation is one field error of a 422 Invalid; Go's dumps of
-//! a whole struct (the diff after "immutable after creation") are left out of the messages.
+//! registries run it on create and update (pkg/apis/core/validation, pkg/apis/storage/validation,
+//! pkg/apis/coordination/validation and k8s.io/apimachinery/pkg/api/validation/objectmeta.go,
+//! v1.19 rules): every object's finalizer names (and none added while it is being deleted);
+//! PersistentVolumes, claims (on create, and what an update may change), Events' namespaces,
+//! Node taints, VolumeAttachments, StorageClasses, CSINodes and Leases. Every violation is one
+//! field error of a 422 Invalid; Go's dumps of a whole struct (the diff after "immutable after
+//! creation") are left out of the messages.
 
 use serde_json::Value;
 
@@ -52,10 +54,25 @@ const CSI_SECRET_REFS: [&str; 4] = [
 /// A new object of `rt`.
 pub fn on_create(rt: &ResourceType, object: &Value) -> Result<(), ApiError> {
     let mut errors = finalizer_errors(rt, object);
-    if is_core(rt, "PersistentVolume") {
-        errors.extend(volume_spec_errors(&object["spec"]));
+    errors.extend(kind_errors(rt, object));
+    if is_core(rt, "PersistentVolumeClaim") {
+        errors.extend(claim_spec_errors(&object["spec"]));
     }
     refuse(rt, object, errors)
+}
+
+/// The rules of a kind that hold on create and on every update.
+fn kind_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
+    match (rt.group.as_str(), rt.kind.as_str()) {
+        ("", "PersistentVolume") => volume_spec_errors(&object["spec"]),
+        ("", "Event") => event_errors(object),
+        ("", "Node") => taint_errors(&object["spec"]),
+        ("storage.k8s.io", "VolumeAttachment") => attachment_spec_errors(&object["spec"]),
+        ("storage.k8s.io", "StorageClass") => class_errors(object),
+        ("storage.k8s.io", "CSINode") => csi_node_errors(&object["spec"]),
+        ("coordination.k8s.io", "Lease") => lease_errors(&object["spec"]),
+        _ => Vec::new(),
+    }
 }
 
 /// `next` replacing `current` (both after the update's own rules: a status write's metadata
@@ -66,8 +83,8 @@ pub fn on_update(rt: &ResourceType, current: &Value, next: &Value) -> Result<(),
         errors.extend(new_finalizer_errors(current, next));
     }
     errors.extend(finalizer_errors(rt, next));
+    errors.extend(kind_errors(rt, next));
     if is_core(rt, "PersistentVolume") {
-        errors.extend(volume_spec_errors(&next["spec"]));
         errors.extend(volume_update_errors(&current["spec"], &next["spec"]));
     }
     if is_core(rt, "PersistentVolumeClaim") {
@@ -150,19 +167,10 @@ fn new_finalizer_errors(current: &Value, next: &Value) -> Option<FieldError> {
 /// class name and the volume mode.
 fn volume_spec_errors(spec: &Value) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    let modes = spec["accessModes"].as_array().cloned().unwrap_or_default();
-    if modes.is_empty() {
-        errors.push(FieldError::required("spec.accessModes"));
-    }
-    for mode in &modes {
-        if !mode.as_str().is_some_and(|m| ACCESS_MODES.contains(&m)) {
-            errors.push(FieldError::not_supported(
-                "spec.accessModes",
-                mode,
-                &ACCESS_MODES,
-            ));
-        }
-    }
+    errors.extend(access_mode_errors(
+        spec,
+        FieldError::required("spec.accessModes"),
+    ));
     let capacity = spec["capacity"].as_object().cloned().unwrap_or_default();
     if capacity.is_empty() {
         errors.push(FieldError::required("spec.capacity"));
@@ -204,26 +212,20 @@ fn volume_spec_errors(spec: &Value) -> Vec<FieldError> {
             "must be greater than zero",
         ));
     }
-    let policy = &spec["persistentVolumeReclaimPolicy"];
-    if policy
-        .as_str()
-        .is_some_and(|p| !RECLAIM_POLICIES.contains(&p))
-    {
-        errors.push(FieldError::not_supported(
-            "spec.persistentVolumeReclaimPolicy",
-            policy,
-            &RECLAIM_POLICIES,
-        ));
-    }
+    errors.extend(one_of(
+        "spec.persistentVolumeReclaimPolicy",
+        &spec["persistentVolumeReclaimPolicy"],
+        &RECLAIM_POLICIES,
+    ));
     let sources: Vec<&str> = VOLUME_SOURCES
         .into_iter()
         .filter(|source| spec[*source].is_object())
         .collect();
     match sources.as_slice() {
-        [] => errors.push(FieldError {
-            detail: "Required value: must specify a volume type".into(),
-            ..FieldError::required("spec")
-        }),
+        [] => errors.push(FieldError::required_because(
+            "spec",
+            "must specify a volume type",
+        )),
         [first, more @ ..] => {
             if *first == "csi" {
                 errors.extend(csi_source_errors(&spec["csi"]));
@@ -237,42 +239,69 @@ fn volume_spec_errors(spec: &Value) -> Vec<FieldError> {
         }
     }
     if let Some(class) = spec["storageClassName"].as_str().filter(|c| !c.is_empty()) {
-        errors.extend(
-            dns1123_subdomain_errors(class)
-                .into_iter()
-                .map(|why| FieldError::invalid("spec.storageClassName", &Value::from(class), &why)),
-        );
+        errors.extend(subdomain_errors("spec.storageClassName", class, class));
     }
-    let mode = &spec["volumeMode"];
-    if mode.as_str().is_some_and(|m| !VOLUME_MODES.contains(&m)) {
-        errors.push(FieldError::not_supported(
-            "spec.volumeMode",
-            mode,
-            &VOLUME_MODES,
-        ));
-    }
+    errors.extend(one_of(
+        "spec.volumeMode",
+        &spec["volumeMode"],
+        &VOLUME_MODES,
+    ));
     errors
 }
 
-/// validateCSIPersistentVolumeSource: the driver a DNS subdomain (case aside) of at most 63
-/// characters, a handle, and each secret reference with a name and a namespace.
-fn csi_source_errors(csi: &Value) -> Vec<FieldError> {
+/// `value`, when it is set, one of `supported`.
+fn one_of(field: &str, value: &Value, supported: &[&str]) -> Option<FieldError> {
+    value
+        .as_str()
+        .filter(|v| !supported.contains(v))
+        .map(|_| FieldError::not_supported(field, value, supported))
+}
+
+/// At least one access mode (`required` when there is none), each one supported.
+fn access_mode_errors(spec: &Value, required: FieldError) -> Vec<FieldError> {
+    let modes = spec["accessModes"].as_array().cloned().unwrap_or_default();
+    let missing = modes.is_empty().then_some(required);
+    missing
+        .into_iter()
+        .chain(
+            modes
+                .iter()
+                .filter_map(|mode| one_of("spec.accessModes", mode, &ACCESS_MODES)),
+        )
+        .collect()
+}
+
+/// IsDNS1123Subdomain's complaints about `checked` (`value`, or a form of it), at `field`.
+fn subdomain_errors(field: &str, value: &str, checked: &str) -> Vec<FieldError> {
+    dns1123_subdomain_errors(checked)
+        .into_iter()
+        .map(|why| FieldError::invalid(field, &Value::from(value), &why))
+        .collect()
+}
+
+/// ValidateCSIDriverName: a DNS subdomain (case aside) of at most 63 characters.
+fn csi_driver_errors(field: &str, driver: &str) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    let driver = csi["driver"].as_str().unwrap_or_default();
     if driver.is_empty() {
-        errors.push(FieldError::required("spec.csi.driver"));
+        errors.push(FieldError::required(field));
     }
     if driver.len() > 63 {
         errors.push(FieldError {
-            field: "spec.csi.driver".into(),
+            field: field.into(),
             reason: "FieldValueTooLong",
             detail: "Too long: must have at most 63 bytes".into(),
         });
     }
-    errors.extend(
-        dns1123_subdomain_errors(&driver.to_lowercase())
-            .into_iter()
-            .map(|why| FieldError::invalid("spec.csi.driver", &Value::from(driver), &why)),
+    errors.extend(subdomain_errors(field, driver, &driver.to_lowercase()));
+    errors
+}
+
+/// validateCSIPersistentVolumeSource: the driver's name, a handle, and each secret reference
+/// with a name and a namespace.
+fn csi_source_errors(csi: &Value) -> Vec<FieldError> {
+    let mut errors = csi_driver_errors(
+        "spec.csi.driver",
+        csi["driver"].as_str().unwrap_or_default(),
     );
     if csi["volumeHandle"].as_str().is_none_or(str::is_empty) {
         errors.push(FieldError::required("spec.csi.volumeHandle"));
@@ -374,4 +403,148 @@ fn strip_nulls(mut value: Value) -> Value {
         }
     }
     value
+}
+
+/// ValidatePersistentVolumeClaimSpec: at least one access mode, each supported, and a
+/// storage request.
+fn claim_spec_errors(spec: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    errors.extend(access_mode_errors(
+        spec,
+        FieldError::required_because("spec.accessModes", "at least 1 access mode is required"),
+    ));
+    if spec["resources"]["requests"]["storage"].is_null() {
+        errors.push(FieldError::required("spec.resources[storage]"));
+    }
+    errors
+}
+
+/// A core Event without `eventTime` (legacyValidateEvent): its namespace is its object's, or
+/// "default" (or none) for a cluster-scoped object.
+fn event_errors(event: &Value) -> Vec<FieldError> {
+    if event["eventTime"].is_string() {
+        return Vec::new();
+    }
+    let namespace = event["metadata"]["namespace"].as_str().unwrap_or_default();
+    let involved = event["involvedObject"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let matches = if involved.is_empty() {
+        namespace.is_empty() || namespace == "default"
+    } else {
+        namespace == involved
+    };
+    if matches {
+        return Vec::new();
+    }
+    vec![FieldError::invalid(
+        "involvedObject.namespace",
+        &Value::from(involved),
+        "does not match event.namespace",
+    )]
+}
+
+/// validateNodeTaints' effects (the path as v1.19 names it).
+fn taint_errors(spec: &Value) -> Vec<FieldError> {
+    const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+    let taints = spec["taints"].as_array().cloned().unwrap_or_default();
+    taints
+        .iter()
+        .enumerate()
+        .filter_map(|(i, taint)| {
+            let effect = &taint["effect"];
+            let field = format!("metadata.taints[{i}].effect");
+            match effect.as_str() {
+                None | Some("") => Some(FieldError::required(field)),
+                Some(_) => one_of(&field, effect, &EFFECTS),
+            }
+        })
+        .collect()
+}
+
+/// ValidateVolumeAttachmentSpec: the attacher a CSI driver name, exactly one source, and the
+/// node a DNS subdomain.
+fn attachment_spec_errors(spec: &Value) -> Vec<FieldError> {
+    let mut errors = csi_driver_errors(
+        "spec.attacher",
+        spec["attacher"].as_str().unwrap_or_default(),
+    );
+    let source = &spec["source"];
+    let named = source["persistentVolumeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    let inline = source["inlineVolumeSpec"].is_object();
+    if named == inline {
+        errors.push(FieldError::required_because(
+            "spec.source",
+            "must specify exactly one of inlineVolumeSpec and persistentVolumeName",
+        ));
+    }
+    let node = spec["nodeName"].as_str().unwrap_or_default();
+    errors.extend(subdomain_errors("spec.nodeName", node, node));
+    errors
+}
+
+/// ValidateStorageClass: a provisioner, and the reclaim policy and binding mode it supports.
+fn class_errors(class: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if class["provisioner"].as_str().is_none_or(str::is_empty) {
+        errors.push(FieldError::required("provisioner"));
+    }
+    errors.extend(one_of(
+        "reclaimPolicy",
+        &class["reclaimPolicy"],
+        &["Delete", "Retain"],
+    ));
+    errors.extend(one_of(
+        "volumeBindingMode",
+        &class["volumeBindingMode"],
+        &["Immediate", "WaitForFirstConsumer"],
+    ));
+    errors
+}
+
+/// ValidateCSINodeSpec: each driver named once, with a node ID.
+fn csi_node_errors(spec: &Value) -> Vec<FieldError> {
+    let drivers = spec["drivers"].as_array().cloned().unwrap_or_default();
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, driver) in drivers.iter().enumerate() {
+        let name = driver["name"].as_str().unwrap_or_default();
+        errors.extend(csi_driver_errors(&format!("spec.drivers[{i}].name"), name));
+        if !seen.insert(name) {
+            errors.push(FieldError {
+                field: format!("spec.drivers[{i}].name"),
+                reason: "FieldValueDuplicate",
+                detail: format!("Duplicate value: {name:?}"),
+            });
+        }
+        if driver["nodeID"].as_str().is_none_or(str::is_empty) {
+            errors.push(FieldError::required(format!("spec.drivers[{i}].nodeID")));
+        }
+    }
+    errors
+}
+
+/// ValidateLeaseSpec: durations and transitions, when given, positive (transitions: not
+/// negative).
+fn lease_errors(spec: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let duration = &spec["leaseDurationSeconds"];
+    if duration.as_i64().is_some_and(|d| d <= 0) {
+        errors.push(FieldError::invalid(
+            "spec.leaseDurationSeconds",
+            duration,
+            "must be greater than 0",
+        ));
+    }
+    let transitions = &spec["leaseTransitions"];
+    if transitions.as_i64().is_some_and(|t| t < 0) {
+        errors.push(FieldError::invalid(
+            "spec.leaseTransitions",
+            transitions,
+            "must be greater than or equal to 0",
+        ));
+    }
+    errors
 }
