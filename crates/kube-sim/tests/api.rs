@@ -667,6 +667,65 @@ async fn storage_objects_are_validated_on_create() {
         .unwrap();
 }
 
+// A VolumeAttachment's spec is immutable, and a Node's taints are unique by key and effect
+// (ValidateVolumeAttachmentUpdate, validateNodeTaints).
+#[tokio::test]
+async fn attachment_specs_are_immutable_and_node_taints_unique() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    let c = cluster("updatevalidation").await;
+    let name = format!("{}-a", c.namespace);
+    let attachments: Api<VolumeAttachment> = Api::all(c.client.clone());
+    let attachment = json!({"metadata": {"name": name}, "spec": {"attacher": "a.example.com",
+        "nodeName": "n1", "source": {"persistentVolumeName": "pv1"}}});
+    attachments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(attachment).unwrap(),
+        )
+        .await
+        .unwrap();
+    let params = PatchParams::default();
+    let moved = json!({"spec": {"nodeName": "n2"}});
+    let message = invalid(
+        attachments
+            .patch(&name, &params, &Patch::Merge(&moved))
+            .await,
+    );
+    assert!(
+        message.starts_with(&format!(
+            "VolumeAttachment.storage.k8s.io \"{name}\" is invalid: spec: Invalid value: "
+        )) && message.ends_with(": field is immutable"),
+        "{message}"
+    );
+    attachments
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let taint = json!({"key": "example.com/a", "effect": "NoExecute"});
+    let twice = json!({"spec": {"taints": [taint, taint]}});
+    assert_eq!(
+        invalid(nodes.patch(&name, &params, &Patch::Merge(&twice)).await),
+        format!(
+            "Node \"{name}\" is invalid: metadata.taints[1]: Duplicate value: core.Taint{{Key:\"example.com/a\", Value:\"\", Effect:\"NoExecute\", TimeAdded:<nil>}}: taints must be unique by key and effect pair"
+        )
+    );
+    let other_effect = json!({"key": "example.com/a", "effect": "NoSchedule"});
+    let both = json!({"spec": {"taints": [taint, other_effect]}});
+    nodes
+        .patch(&name, &params, &Patch::Merge(&both))
+        .await
+        .unwrap();
+    nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+}
+
 // A claim's spec is immutable but for its volume name, set once, and a Bound claim's request;
 // its volume mode is defaulted (ValidatePersistentVolumeClaimUpdate, SetDefaults_*).
 #[tokio::test]

@@ -657,8 +657,6 @@ impl Filters {
     }
 }
 
-/// A custom resource's body must name its kind: the API server decodes it as unstructured data,
-/// which has no type to default the kind from (built-in kinds are defaulted from the path).
 /// Whether `rt` is served from a CustomResourceDefinition.
 fn is_custom_resource(rt: &ResourceType) -> bool {
     !crate::resources::builtin()
@@ -666,6 +664,8 @@ fn is_custom_resource(rt: &ResourceType) -> bool {
         .any(|b| b.group == rt.group && b.plural == rt.plural)
 }
 
+/// A custom resource's body must name its kind: the API server decodes it as unstructured data,
+/// which has no type to default the kind from (built-in kinds are defaulted from the path).
 fn require_custom_resource_kind(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
     if !is_custom_resource(rt) || body["kind"].as_str().is_some_and(|k| !k.is_empty()) {
         return Ok(());

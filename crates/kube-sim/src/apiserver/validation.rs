@@ -90,6 +90,17 @@ pub fn on_update(rt: &ResourceType, current: &Value, next: &Value) -> Result<(),
     if is_core(rt, "PersistentVolumeClaim") {
         errors.extend(claim_update_errors(current, next));
     }
+    // ValidateVolumeAttachmentUpdate.
+    if rt.group == "storage.k8s.io"
+        && rt.kind == "VolumeAttachment"
+        && current["spec"] != next["spec"]
+    {
+        errors.push(FieldError {
+            field: "spec".into(),
+            reason: "FieldValueInvalid",
+            detail: format!("Invalid value: {}: field is immutable", next["spec"]),
+        });
+    }
     refuse(rt, next, errors)
 }
 
@@ -448,18 +459,36 @@ fn event_errors(event: &Value) -> Vec<FieldError> {
 fn taint_errors(spec: &Value) -> Vec<FieldError> {
     const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
     let taints = spec["taints"].as_array().cloned().unwrap_or_default();
-    taints
-        .iter()
-        .enumerate()
-        .filter_map(|(i, taint)| {
-            let effect = &taint["effect"];
-            let field = format!("metadata.taints[{i}].effect");
-            match effect.as_str() {
-                None | Some("") => Some(FieldError::required(field)),
-                Some(_) => one_of(&field, effect, &EFFECTS),
-            }
-        })
-        .collect()
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, taint) in taints.iter().enumerate() {
+        let at = format!("metadata.taints[{i}]");
+        let key = taint["key"].as_str().unwrap_or_default();
+        errors.extend(
+            qualified_name_errors(key)
+                .into_iter()
+                .map(|why| FieldError::invalid(format!("{at}.key"), &Value::from(key), &why)),
+        );
+        let effect = &taint["effect"];
+        errors.extend(match effect.as_str() {
+            None | Some("") => Some(FieldError::required(format!("{at}.effect"))),
+            Some(_) => one_of(&format!("{at}.effect"), effect, &EFFECTS),
+        });
+        let effect = effect.as_str().unwrap_or_default();
+        if !seen.insert((key, effect)) {
+            // Go prints the taint with %#v.
+            let added = taint["timeAdded"].as_str().unwrap_or("<nil>");
+            let value = taint["value"].as_str().unwrap_or_default();
+            errors.push(FieldError {
+                field: at,
+                reason: "FieldValueDuplicate",
+                detail: format!(
+                    "Duplicate value: core.Taint{{Key:{key:?}, Value:{value:?}, Effect:{effect:?}, TimeAdded:{added}}}: taints must be unique by key and effect pair"
+                ),
+            });
+        }
+    }
+    errors
 }
 
 /// ValidateVolumeAttachmentSpec: the attacher a CSI driver name, exactly one source, and the
