@@ -360,8 +360,8 @@ fn volume_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
 }
 
 /// ValidatePersistentVolumeClaimUpdate: the spec is immutable but for the volume name (set
-/// once), and for a Bound claim the storage request (never below the previous one) and the
-/// VolumeAttributesClass; a class may be set where only the beta annotation named it.
+/// once), and for a Bound claim the storage request (lowered only above its capacity) and
+/// the VolumeAttributesClass; a class may be set where only the beta annotation named it.
 fn claim_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let (mut old, mut new) = (current["spec"].clone(), next["spec"].clone());
@@ -394,12 +394,19 @@ fn claim_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
             "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
         ));
     }
+    // With RecoverVolumeExpansionFailure (GA since 1.34) a request may come down, to recover
+    // from an expansion that cannot finish, but stay above the capacity the claim has.
+    let capacity = current["status"]["capacity"]["storage"]
+        .as_str()
+        .and_then(|q| csi_sidecar::quantity::bytes(q).ok())
+        .unwrap_or(0);
     if let (Some(before), Some(after)) = (storage(&current["spec"]), storage(&next["spec"]))
         && after < before
+        && after <= capacity
     {
         errors.push(FieldError::forbidden(
             "spec.resources.requests.storage",
-            "field can not be less than previous value",
+            "field can not be less than status.capacity",
         ));
     }
     errors
@@ -576,4 +583,76 @@ fn lease_errors(spec: &Value) -> Vec<FieldError> {
         ));
     }
     errors
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim(phase: &str, request: &str, capacity: Option<&str>, volume: &str) -> Value {
+        json!({"metadata": {"name": "c"},
+            "spec": {"storageClassName": "fast", "volumeName": volume,
+                "resources": {"requests": {"storage": request}}},
+            "status": {"phase": phase, "capacity": capacity.map(|c| json!({"storage": c}))}})
+    }
+
+    /// What a claim update may change (the phase and capacity are the current claim's).
+    #[test]
+    fn claim_updates() {
+        let bound = |request| claim("Bound", request, Some("1Gi"), "pv");
+        let cases = [
+            ("a Bound claim grows", bound("1Gi"), bound("2Gi"), vec![]),
+            (
+                "lowered above its capacity, to recover from a failed expansion",
+                bound("2Pi"),
+                bound("2Gi"),
+                vec![],
+            ),
+            (
+                "lowered to its capacity",
+                bound("2Gi"),
+                bound("1Gi"),
+                vec![
+                    "spec.resources.requests.storage: Forbidden: field can not be less than status.capacity",
+                ],
+            ),
+            (
+                "a Pending claim's request",
+                claim("Pending", "1Gi", None, ""),
+                claim("Pending", "2Gi", None, ""),
+                vec![
+                    "spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+                ],
+            ),
+            (
+                "the same request written another way",
+                claim("Pending", "1Gi", None, ""),
+                claim("Pending", "1073741824", None, ""),
+                vec![],
+            ),
+            (
+                "the volume name, set once",
+                claim("Pending", "1Gi", None, ""),
+                claim("Pending", "1Gi", None, "pv"),
+                vec![],
+            ),
+            (
+                "the volume name, changed",
+                claim("Pending", "1Gi", None, "pv"),
+                claim("Pending", "1Gi", None, "other"),
+                vec![
+                    "spec: Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+                ],
+            ),
+        ];
+        for (case, current, next, want) in cases {
+            let got: Vec<String> = claim_update_errors(&current, &next)
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.detail))
+                .collect();
+            assert_eq!(got, want, "{case}");
+        }
+    }
 }
