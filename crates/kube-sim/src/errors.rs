@@ -144,11 +144,7 @@ impl ApiError {
     /// brackets, and each is a cause in the details; the kind is qualified by its group, as
     /// `schema.GroupKind`'s String.
     pub fn invalid_fields(rt: &ResourceType, name: &str, errors: &[FieldError]) -> Self {
-        let kind = if rt.group.is_empty() {
-            rt.kind.clone()
-        } else {
-            format!("{}.{}", rt.kind, rt.group)
-        };
+        let kind = crate::selectors::qualified_kind(&rt.group, &rt.kind);
         let messages: Vec<String> = errors
             .iter()
             .map(|e| format!("{}: {}", e.field, e.detail))

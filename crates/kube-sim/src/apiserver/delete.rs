@@ -33,13 +33,9 @@ pub(super) fn delete(
         options.check(rt, current)?;
         let mut next = current.clone();
         let grace = pod_grace(rt, current, options);
-        if foreground
-            && !objects::finalizers(current)
-                .iter()
-                .any(|f| f == "foregroundDeletion")
-        {
+        if foreground && !objects::finalizers(current).contains(&"foregroundDeletion") {
             let mut list = objects::finalizers(current);
-            list.push("foregroundDeletion".into());
+            list.push("foregroundDeletion");
             next["metadata"]["finalizers"] = json!(list);
         }
         let keep = !objects::finalizers(&next).is_empty() || grace > 0 || rt.kind == "Namespace";
@@ -220,7 +216,7 @@ async fn finish_blocking_deletion(server: Arc<Server>, rt: ResourceType, object:
                 return Ok(None);
             };
             let mut finalizers = objects::finalizers(current);
-            finalizers.retain(|f| f != "foregroundDeletion");
+            finalizers.retain(|f| *f != "foregroundDeletion");
             if finalizers.is_empty() {
                 return Ok(None);
             }

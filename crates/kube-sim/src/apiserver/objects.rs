@@ -323,12 +323,12 @@ pub fn expected_version(object: &Value) -> Option<&str> {
         .filter(|v| !v.is_empty())
 }
 
-pub fn finalizers(object: &Value) -> Vec<String> {
+pub fn finalizers(object: &Value) -> Vec<&str> {
     object["metadata"]["finalizers"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|f| f.as_str().map(str::to_string))
+        .filter_map(Value::as_str)
         .collect()
 }
 

@@ -9,6 +9,7 @@
 
 use serde_json::Value;
 
+use super::objects;
 use crate::errors::{ApiError, FieldError};
 use crate::resources::ResourceType;
 use crate::selectors::{dns1123_subdomain_errors, qualified_name_errors};
@@ -116,18 +117,11 @@ fn refuse(rt: &ResourceType, object: &Value, errors: Vec<FieldError>) -> Result<
     Err(ApiError::invalid_fields(rt, name, &errors))
 }
 
-fn finalizers(object: &Value) -> Vec<&str> {
-    object["metadata"]["finalizers"]
-        .as_array()
-        .map(|list| list.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
 /// apimachinery's ValidateFinalizers (each a qualified name; the path not indexed), then, for
 /// built-in kinds (their validation is core's ValidateObjectMeta, a custom resource's is
 /// apimachinery's alone), a name without a domain must be a standard one.
 fn finalizer_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
-    let names = finalizers(object);
+    let names = objects::finalizers(object);
     let mut errors: Vec<FieldError> = names
         .iter()
         .flat_map(|name| {
@@ -153,8 +147,8 @@ fn finalizer_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
 
 /// ValidateNoNewFinalizers: the new ones sorted, as Go's `%#v` of a string slice.
 fn new_finalizer_errors(current: &Value, next: &Value) -> Option<FieldError> {
-    let existing = finalizers(current);
-    let mut added: Vec<&str> = finalizers(next)
+    let existing = objects::finalizers(current);
+    let mut added: Vec<&str> = objects::finalizers(next)
         .into_iter()
         .filter(|f| !existing.contains(f))
         .collect();
