@@ -2205,3 +2205,219 @@ async fn volume_attributes_classes_are_cluster_scoped() {
         .unwrap();
     assert_eq!(code(classes.get(&name).await), 404);
 }
+
+// The decoding step of a write: a value its Go type cannot hold refuses a create or update
+// with 400 ("cannot be handled as a <Kind>") and a patch with 422 on the field `patch`;
+// MicroTime takes exactly six fractional digits, Secret data is base64, quantities parse
+// (k8s.io/apiserver/pkg/endpoints/handlers/create.go, update.go, patch.go).
+#[tokio::test]
+async fn writes_their_types_cannot_hold_are_refused() {
+    let c = cluster("decode").await;
+    let ns = c.namespace.clone();
+    let send = |method: http::Method, path: String, content_type: &str, body: serde_json::Value| {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", content_type)
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        let client = c.client.clone();
+        async move {
+            match client.request_text(request).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) => Err(*status),
+                Err(other) => panic!("not an API error: {other}"),
+            }
+        }
+    };
+    let refused = |result: Result<(), kube::core::Status>, code: u16, prefix: &str, field: &str| {
+        let status = result.expect_err("the write is refused");
+        assert_eq!(status.code, code, "{}", status.message);
+        assert!(status.message.starts_with(prefix), "{}", status.message);
+        assert!(
+            status.message.to_lowercase().contains(field),
+            "{field}: {}",
+            status.message
+        );
+    };
+    let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases");
+    let lease = |renew: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}, "spec": {"renewTime": renew}});
+    let cannot_handle_lease = "Lease in version \"v1\" cannot be handled as a Lease: ";
+    for renew in ["2026-12-02T04:00:00Z", "2026-12-02T04:00:00.123Z"] {
+        let created = send(
+            http::Method::POST,
+            leases.clone(),
+            "application/json",
+            lease(renew),
+        )
+        .await;
+        refused(created, 400, cannot_handle_lease, "renewtime");
+    }
+    let micro = "2026-12-02T04:00:00.123456Z";
+    send(
+        http::Method::POST,
+        leases.clone(),
+        "application/json",
+        lease(micro),
+    )
+    .await
+    .unwrap();
+    let lease_path = format!("{leases}/l");
+    let bad = json!({"spec": {"renewTime": "2026-12-02T04:00:01Z"}});
+    for content_type in [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ] {
+        let patched = send(
+            http::Method::PATCH,
+            lease_path.clone(),
+            content_type,
+            bad.clone(),
+        )
+        .await;
+        refused(
+            patched,
+            422,
+            " \"\" is invalid: patch: Invalid value: ",
+            "renewtime",
+        );
+    }
+    let operations =
+        json!([{"op": "replace", "path": "/spec/renewTime", "value": "2026-12-02T04:00:01Z"}]);
+    let patched = send(
+        http::Method::PATCH,
+        lease_path.clone(),
+        "application/json-patch+json",
+        operations,
+    )
+    .await;
+    refused(
+        patched,
+        422,
+        " \"\" is invalid: patch: Invalid value: ",
+        "renewtime",
+    );
+    let mut wrong_type = lease(micro);
+    wrong_type["spec"]["leaseDurationSeconds"] = json!("15");
+    let updated = send(
+        http::Method::PUT,
+        lease_path.clone(),
+        "application/json",
+        wrong_type,
+    )
+    .await;
+    refused(updated, 400, cannot_handle_lease, "leasedurationseconds");
+    let stored: k8s_openapi::api::coordination::v1::Lease = Api::namespaced(c.client.clone(), &ns)
+        .get("l")
+        .await
+        .unwrap();
+    let renewed = stored.spec.unwrap().renew_time.unwrap();
+    assert_eq!(serde_json::to_value(renewed).unwrap(), micro);
+
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"key": "YWI"}});
+    let created = send(
+        http::Method::POST,
+        format!("/api/v1/namespaces/{ns}/secrets"),
+        "application/json",
+        secret,
+    )
+    .await;
+    refused(
+        created,
+        400,
+        "Secret in version \"v1\" cannot be handled as a Secret: ",
+        "base64",
+    );
+    let labelled = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m", "labels": {"a": 1}}});
+    let created = send(
+        http::Method::POST,
+        format!("/api/v1/namespaces/{ns}/configmaps"),
+        "application/json",
+        labelled,
+    )
+    .await;
+    refused(
+        created,
+        400,
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: ",
+        "labels",
+    );
+    // Times are kept as Go encodes them: in UTC, a Time in whole seconds.
+    let event = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "ConfigMap", "namespace": ns, "name": "m"},
+        "reason": "Probe", "message": "times", "type": "Normal", "lastTimestamp": "2026-12-02T04:00:00.7+01:00"});
+    send(
+        http::Method::POST,
+        format!("/api/v1/namespaces/{ns}/events"),
+        "application/json",
+        event,
+    )
+    .await
+    .unwrap();
+    let offset = json!({"spec": {"acquireTime": "2026-12-02T04:00:00.000120-00:30"}});
+    send(
+        http::Method::PATCH,
+        lease_path.clone(),
+        "application/merge-patch+json",
+        offset,
+    )
+    .await
+    .unwrap();
+
+    // Fields the type lacks have nowhere to go: dropped, on create and on a patch.
+    let unknown = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "u", "bar": 1}, "foo": 2, "data": {"a": "b"}});
+    send(
+        http::Method::POST,
+        format!("/api/v1/namespaces/{ns}/configmaps"),
+        "application/json",
+        unknown,
+    )
+    .await
+    .unwrap();
+    let typo = json!({"spec": {"holderIdentity": "x", "holder": "y"}, "status": {"a": 1}});
+    send(
+        http::Method::PATCH,
+        lease_path.clone(),
+        "application/merge-patch+json",
+        typo,
+    )
+    .await
+    .unwrap();
+    let read = |path: String| {
+        let client = c.client.clone();
+        async move {
+            let request = http::Request::get(path).body(Vec::new()).unwrap();
+            let text = client.request_text(request).await.unwrap();
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()
+        }
+    };
+    let stored = read(format!("/api/v1/namespaces/{ns}/configmaps/u")).await;
+    assert!(
+        stored.get("foo").is_none() && stored["metadata"].get("bar").is_none(),
+        "{stored}"
+    );
+    assert_eq!(stored["data"], json!({"a": "b"}));
+    let stored = read(lease_path.clone()).await;
+    assert!(
+        stored.get("status").is_none() && stored["spec"].get("holder").is_none(),
+        "{stored}"
+    );
+    assert_eq!(stored["spec"]["holderIdentity"], "x");
+    assert_eq!(stored["spec"]["acquireTime"], "2026-12-02T04:30:00.000120Z");
+    let stored = read(format!("/api/v1/namespaces/{ns}/events/e")).await;
+    assert_eq!(stored["lastTimestamp"], "2026-12-02T03:00:00Z");
+
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "abc"}}}});
+    let created = send(
+        http::Method::POST,
+        format!("/api/v1/namespaces/{ns}/persistentvolumeclaims"),
+        "application/json",
+        claim,
+    )
+    .await;
+    refused(
+        created,
+        400,
+        "PersistentVolumeClaim in version \"v1\" cannot be handled as a PersistentVolumeClaim: ",
+        "quantities must match the regular expression",
+    );
+}

@@ -2,6 +2,7 @@
 
 pub(crate) mod admission;
 mod create;
+mod decode;
 mod delete;
 mod discovery;
 mod list;
@@ -521,7 +522,11 @@ async fn dispatch(
     let out = |code: StatusCode, object: &Value| {
         json_response(code, &conversion::to_served(&served, object))
     };
-    let incoming = || parse_body(body).map(|o| conversion::to_storage(&served, o));
+    let incoming = || {
+        let mut object = parse_body(body)?;
+        decode::check_body(&served, &mut object)?;
+        Ok::<_, ApiError>(conversion::to_storage(&served, object))
+    };
     match (method.clone(), name) {
         (Method::GET, None) if is_watch(query) => {
             watch::serve(server.clone(), served, namespace, query)

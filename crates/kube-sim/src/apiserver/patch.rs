@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::create::create;
 use super::update::update;
-use super::{Server, is_builtin_group, json_response, key, objects, parse_body};
+use super::{Server, decode, is_builtin_group, json_response, key, objects, parse_body};
 use crate::conversion;
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
@@ -67,6 +67,8 @@ pub(super) fn patch(
         // object without field ownership; an absent object is created from it
         // (https://kubernetes.io/docs/reference/using-api/server-side-apply/).
         let Some(current) = current else {
+            let mut patch = patch;
+            decode::check_patched(served, &mut patch)?;
             let created = create(server, rt, ns, conversion::to_storage(served, patch))?;
             return Ok(json_response(
                 StatusCode::CREATED,
@@ -75,6 +77,7 @@ pub(super) fn patch(
         };
         let mut merged = conversion::to_served(served, &current).into_owned();
         json_patch::merge(&mut merged, &without_version(patch));
+        decode::check_patched(served, &mut merged)?;
         let merged = conversion::to_storage(served, merged);
         return update(server, rt, ns, name, merged, status_only).map(|o| out(&o));
     }
@@ -115,6 +118,7 @@ pub(super) fn patch(
             )));
         }
     }
+    decode::check_patched(served, &mut patched)?;
     let mut patched = conversion::to_storage(served, patched);
     // A patch that names no resourceVersion applies to whatever is current.
     if objects::expected_version(&patched) == current["metadata"]["resourceVersion"].as_str()

@@ -69,7 +69,8 @@ fn prune(value: &mut Value, schema: &Value) {
     }
 }
 
-fn join(path: &str, key: &str) -> String {
+/// `path.key`, or `key` at the root: a field's path as validation errors name it.
+pub(super) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
     } else {
