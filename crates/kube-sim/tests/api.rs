@@ -2421,3 +2421,42 @@ async fn writes_their_types_cannot_hold_are_refused() {
         "quantities must match the regular expression",
     );
 }
+
+// TaintNodesByCondition (plugin/pkg/admission/nodetaint): a new Node is created with the
+// not-ready NoSchedule taint after its own, once; the node lifecycle controller lifts it.
+#[tokio::test]
+async fn a_new_node_is_not_ready_until_the_controller_says_so() {
+    let c = cluster("nodetaint").await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let keys = |node: &Node| -> Vec<(String, String)> {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| (t.key, t.effect))
+            .collect()
+    };
+    let not_ready = (
+        "node.kubernetes.io/not-ready".to_string(),
+        "NoSchedule".to_string(),
+    );
+    let own = (
+        "example.com/dedicated".to_string(),
+        "NoSchedule".to_string(),
+    );
+    let first = format!("{}-a", c.namespace);
+    let node: Node = serde_json::from_value(
+        json!({"metadata": {"name": first}, "spec": {"taints": [{"key": own.0, "effect": own.1}]}}),
+    )
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+    assert_eq!(keys(&created), [own.clone(), not_ready.clone()]);
+    let second = format!("{}-b", c.namespace);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": second}, "spec": {"taints": [{"key": not_ready.0, "effect": not_ready.1}]}})).unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+    assert_eq!(keys(&created), [not_ready]);
+    for name in [first, second] {
+        nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+}

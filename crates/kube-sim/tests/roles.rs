@@ -100,6 +100,28 @@ async fn make_ready(client: &Client, name: &str) {
         .unwrap();
 }
 
+/// Ready, and without the not-ready taint its creation got: the node lifecycle controller's
+/// part, for tests that do not run it.
+async fn make_schedulable(client: &Client, name: &str) {
+    make_ready(client, name).await;
+    let nodes = Api::<Node>::all(client.clone());
+    let taints: Vec<_> = nodes
+        .get(name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "node.kubernetes.io/not-ready")
+        .collect();
+    let lifted = json!({"spec": {"taints": taints}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(lifted))
+        .await
+        .unwrap();
+}
+
 fn phase_of_claim(claim: Option<&PersistentVolumeClaim>) -> Option<&str> {
     claim?.status.as_ref()?.phase.as_deref()
 }
@@ -333,8 +355,8 @@ async fn scheduler_selects_a_node_for_wait_for_first_consumer_and_binds_once_pro
     let client = &sim.client;
     create(&Api::<Node>::all(client.clone()), node("n1", json!({}))).await;
     create(&Api::<Node>::all(client.clone()), node("n2", json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}}))).await;
-    make_ready(client, "n1").await;
-    make_ready(client, "n2").await;
+    make_schedulable(client, "n1").await;
+    make_schedulable(client, "n2").await;
     create(&Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone()), json!({"metadata": {"name": "local"}, "provisioner": "csi.example.com", "volumeBindingMode": "WaitForFirstConsumer"})).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -436,8 +458,8 @@ async fn unschedulable_pods_say_why() {
         node("n2", json!({"spec": {"unschedulable": true}})),
     )
     .await;
-    make_ready(client, "n1").await;
-    make_ready(client, "n2").await;
+    make_schedulable(client, "n1").await;
+    make_schedulable(client, "n2").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     create(&Api::<Pod>::namespaced(client.clone(), "default"), json!({"metadata": {"name": "picky"}, "spec": {"nodeSelector": {"disk": "ssd"}, "containers": [{"name": "c", "image": "pause"}]}})).await;
     let pod = until(&pods, "picky", "unschedulable condition", |p| {
@@ -591,7 +613,23 @@ async fn node_lifecycle_taints_silent_nodes_evicts_after_toleration_and_collects
     let sim = sim(&[Role::NodeLifecycle]).await;
     let client = &sim.client;
     create(&Api::<Node>::all(client.clone()), node("n1", json!({}))).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let not_ready = |n: Option<&Node>| {
+        n.and_then(|n| n.spec.as_ref()?.taints.clone())
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t.key == "node.kubernetes.io/not-ready" && t.effect == "NoSchedule")
+            })
+    };
+    assert!(
+        not_ready(Some(&nodes.get("n1").await.unwrap())),
+        "a new node is not ready"
+    );
     make_ready(client, "n1").await;
+    until(&nodes, "n1", "the not-ready taint lifted", |n| {
+        !not_ready(n)
+    })
+    .await;
     // A healthy second node of the zone: with every node of every zone down, the controller
     // would assume it is the one cut off and add no NoExecute taint.
     create(&Api::<Node>::all(client.clone()), node("n2", json!({}))).await;
@@ -614,7 +652,6 @@ async fn node_lifecycle_taints_silent_nodes_evicts_after_toleration_and_collects
     create(&Api::<Pod>::namespaced(client.clone(), "default"), orphan).await;
 
     // No heartbeat for the grace period (2 s in fast timing): Unknown and tainted.
-    let nodes: Api<Node> = Api::all(client.clone());
     let tainted = until(&nodes, "n1", "unreachable taints", |n| {
         n.and_then(|n| n.spec.as_ref()?.taints.clone())
             .is_some_and(|t| {

@@ -1,8 +1,9 @@
 //! The default admission plugins of kube-apiserver that storage stories depend on, applied on
 //! create: StorageObjectInUseProtection (plugin/pkg/admission/storage/storageobjectinuseprotection),
 //! DefaultStorageClass (plugin/pkg/admission/storage/persistentvolume/defaultstorageclass),
-//! DefaultTolerationSeconds (plugin/pkg/admission/defaulttolerationseconds), and the pod
-//! defaulting of pkg/apis/core/v1/defaults.go that controllers read.
+//! DefaultTolerationSeconds (plugin/pkg/admission/defaulttolerationseconds), TaintNodesByCondition
+//! (plugin/pkg/admission/nodetaint), and the pod defaulting of pkg/apis/core/v1/defaults.go that
+//! controllers read.
 
 use std::sync::Arc;
 
@@ -41,6 +42,7 @@ pub fn admit(
             }
         }
         "PersistentVolume" => add_finalizer(&mut object, PV_PROTECTION),
+        "Node" => add_not_ready_taint(&mut object),
         "Pod" => {
             default_pod(&mut object);
             add_default_tolerations(&mut object);
@@ -74,6 +76,24 @@ pub fn admit_claim_update(
         )));
     }
     Ok(())
+}
+
+/// A new Node is not ready until the node lifecycle controller sees it Ready and lifts the
+/// taint, so that nothing is scheduled to it before.
+fn add_not_ready_taint(node: &mut Value) {
+    let taints = &mut node["spec"]["taints"];
+    if !taints.is_array() {
+        *taints = json!([]);
+    }
+    let Some(list) = taints.as_array_mut() else {
+        return;
+    };
+    if !list
+        .iter()
+        .any(|t| t["key"] == NOT_READY_TAINT && t["effect"] == "NoSchedule")
+    {
+        list.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
+    }
 }
 
 fn add_finalizer(object: &mut Value, finalizer: &str) {
