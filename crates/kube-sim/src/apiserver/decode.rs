@@ -3,9 +3,9 @@
 //! time, or Secret data that is not base64 refuses the write — 400 BadRequest on create and
 //! update ("<Kind> in version "v1" cannot be handled as a <Kind>: …"), 422 Invalid on the field
 //! `patch` when a patch produced it (k8s.io/apiserver/pkg/endpoints/handlers/create.go, update.go,
-//! patch.go). The types are k8s-openapi's JSON schemas; a field not in them is left alone (Go
-//! ignores it, and kube-sim serves newer fields than v1.19), and `null` is every type's zero
-//! value, as for Go.
+//! patch.go). What decodes is stored as Go encodes it back: a field the type lacks is dropped,
+//! a time is in UTC (a Time in whole seconds). The types are k8s-openapi's JSON schemas (v1.33's,
+//! so kube-sim keeps fields newer than v1.19's), and `null` is every type's zero value, as for Go.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
