@@ -400,18 +400,12 @@ fn quantity_reason(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn lease() -> ResourceType {
+    /// The built-in resource of `kind` (kinds served once).
+    fn served(kind: &str) -> ResourceType {
         crate::resources::builtin()
             .into_iter()
-            .find(|rt| rt.kind == "Lease")
-            .expect("Lease is served")
-    }
-
-    fn secret() -> ResourceType {
-        crate::resources::builtin()
-            .into_iter()
-            .find(|rt| rt.kind == "Secret")
-            .expect("Secret is served")
+            .find(|rt| rt.kind == kind)
+            .unwrap_or_else(|| panic!("{kind} is served"))
     }
 
     #[test]
@@ -511,7 +505,7 @@ mod tests {
             (json!({"spec": {"unknownField": 1}}), None),
         ];
         for (object, expected) in rows {
-            let got = decode(&lease(), &mut object.clone()).err();
+            let got = decode(&served("Lease"), &mut object.clone()).err();
             let expected = expected.map(|(field, reason)| DecodeError {
                 field: field.into(),
                 reason: reason.into(),
@@ -528,7 +522,7 @@ mod tests {
             "status": {"a": 1},
             "foo": 2,
         });
-        decode(&lease(), &mut object).unwrap();
+        decode(&served("Lease"), &mut object).unwrap();
         assert_eq!(
             object,
             json!({"metadata": {"name": "l", "labels": {"any": "key"}}, "spec": {"holderIdentity": "a"}})
@@ -541,7 +535,7 @@ mod tests {
             "metadata": {"creationTimestamp": "2026-12-02T04:00:00.7+01:00"},
             "spec": {"renewTime": "2026-12-02T04:00:00.000120-00:30", "acquireTime": "2026-12-02T04:00:00.123456Z"},
         });
-        decode(&lease(), &mut object).unwrap();
+        decode(&served("Lease"), &mut object).unwrap();
         assert_eq!(
             object["metadata"]["creationTimestamp"],
             "2026-12-02T03:00:00Z"
@@ -553,13 +547,13 @@ mod tests {
     #[test]
     fn secret_data_is_base64() {
         assert_eq!(
-            decode(&secret(), &mut json!({"data": {"a": "YWI="}})),
+            decode(&served("Secret"), &mut json!({"data": {"a": "YWI="}})),
             Ok(())
         );
-        let error = decode(&secret(), &mut json!({"data": {"a": "YWI"}})).unwrap_err();
+        let error = decode(&served("Secret"), &mut json!({"data": {"a": "YWI"}})).unwrap_err();
         assert_eq!(error.field, "data.a");
         assert!(error.reason.starts_with("decode base64: "), "{error}");
-        let error = decode(&secret(), &mut json!({"data": {"a": 5}})).unwrap_err();
+        let error = decode(&served("Secret"), &mut json!({"data": {"a": 5}})).unwrap_err();
         assert_eq!(error.reason, "base64Codec: invalid input");
     }
 }
