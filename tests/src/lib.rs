@@ -39,6 +39,9 @@ use kube::api::{
 };
 use kube::{Client, Resource, ResourceExt};
 use kube_sim::ApiServer;
+use kube_sim::apiserver::RequestCounts;
+use kube_sim::faults::Faults;
+use kube_sim::proxy::FaultProxy;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig, StagingLayout};
 use kube_sim::roles::{Role, Timing};
 use serde::Serialize;
@@ -148,6 +151,9 @@ pub struct Options {
     /// Where the simulated kubelets stage filesystem volumes (their Kubernetes version's
     /// layout).
     pub staging_layout: StagingLayout,
+    /// The scenario injects API faults ([`Cluster::faults`]): on a real cluster its components
+    /// then talk to the API server through a [`FaultProxy`].
+    pub api_faults: bool,
 }
 
 impl Default for Options {
@@ -160,6 +166,17 @@ impl Default for Options {
             pool_bytes: None,
             podmon_extension: true,
             staging_layout: StagingLayout::default(),
+            api_faults: false,
+        }
+    }
+}
+
+impl Options {
+    /// The defaults, with API faults ([`Options::api_faults`]).
+    pub fn with_api_faults() -> Self {
+        Self {
+            api_faults: true,
+            ..Self::default()
         }
     }
 }
@@ -182,6 +199,8 @@ pub struct Cluster {
     pub registrations: Vec<RegistrationServer>,
     pub timing: Timing,
     pub sim: Option<ApiServer>,
+    /// On a real cluster with [`Options::api_faults`]: where the components' requests go.
+    fault_proxy: Option<FaultProxy>,
     shutdown: CancellationToken,
     /// The control-plane roles' tasks (dropping the set would abort them).
     control_plane: tokio::task::JoinSet<()>,
@@ -276,6 +295,14 @@ impl Cluster {
             (kube::Config::new(uri), Some(sim))
         };
         let client = Client::try_from(config.clone()).expect("a client");
+        let fault_proxy = if sim.is_none() && options.api_faults {
+            let proxy = FaultProxy::start(client.clone())
+                .await
+                .expect("the fault proxy starts");
+            Some(proxy)
+        } else {
+            None
+        };
         if let Some(sim) = &sim {
             let roles = Role::ALL
                 .into_iter()
@@ -365,6 +392,7 @@ impl Cluster {
             registrations,
             timing,
             sim,
+            fault_proxy,
             shutdown,
             control_plane,
             sweep_on_panic,
@@ -1098,8 +1126,31 @@ impl Cluster {
         csi_sidecar::kube::client_from_config(config, None).expect("a client")
     }
 
+    /// The API faults of the scenario's components: kube-sim's own, or on a real cluster
+    /// those of the proxy between its components and the API server.
+    pub fn faults(&self) -> Faults {
+        match (&self.sim, &self.fault_proxy) {
+            (Some(sim), _) => sim.faults(),
+            (None, Some(proxy)) => proxy.faults(),
+            (None, None) => panic!("API faults on a real cluster need Options::api_faults"),
+        }
+    }
+
+    /// The requests of the scenario's components (on kube-sim, of every client), by client,
+    /// verb and resource.
+    pub fn request_counts(&self) -> RequestCounts {
+        match (&self.sim, &self.fault_proxy) {
+            (Some(sim), _) => sim.request_counts(),
+            (None, Some(proxy)) => proxy.request_counts(),
+            (None, None) => panic!("request counts on a real cluster need Options::api_faults"),
+        }
+    }
+
     fn component_config(&self, component: &str) -> kube::Config {
-        let mut config = self.config.clone();
+        let mut config = match &self.fault_proxy {
+            Some(proxy) => proxy.config(),
+            None => self.config.clone(),
+        };
         config.headers.push((
             http::header::USER_AGENT,
             http::HeaderValue::from_str(component).expect("a component name is a header value"),

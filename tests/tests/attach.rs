@@ -14,9 +14,7 @@ use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{
     is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv, static_pvc,
 };
-use csi_suite_scenarios::{
-    Cluster, Options, Sidecar, real_cluster, report_skip, skip_without_root,
-};
+use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::ResourceExt;
@@ -590,25 +588,22 @@ async fn attach_a_restarted_attacher_reconciles_at_once() {
 /// unpublish reaching the driver.
 #[tokio::test]
 async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
-    if real_cluster() {
-        report_skip(
-            "attach_conflicts_and_driver_restarts_cause_no_duplicate_calls",
-            "injects API faults (kube-sim only)",
-        );
-        return;
-    }
-    let cluster = Cluster::start_with("attach-conflicts", options("a-conflict.io")).await;
-    let sim = cluster.sim.as_ref().expect("kube-sim");
+    let options = Options {
+        api_faults: true,
+        ..options("a-conflict.io")
+    };
+    let cluster = Cluster::start_with("attach-conflicts", options).await;
+    let faults = cluster.faults();
     let (proxy, attacher) = attacher_through_proxy(&cluster).await;
     let (pv_name, _) = static_volume(&cluster, "vol").await;
-    sim.fail_next(
+    faults.fail_next(
         "PATCH",
         "persistentvolumes",
         http::StatusCode::CONFLICT,
         2,
         None,
     );
-    sim.fail_next(
+    faults.fail_next(
         "PATCH",
         "volumeattachments",
         http::StatusCode::CONFLICT,
@@ -630,7 +625,7 @@ async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
     wait_attached(&cluster, &va_name).await;
     assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
 
-    sim.fail_next(
+    faults.fail_next(
         "PATCH",
         "volumeattachments",
         http::StatusCode::CONFLICT,

@@ -293,8 +293,14 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
     data["spec"]["resources"]["requests"]["storage"] = json!("16Mi");
     cluster.create(&claims, data).await;
     let pods = cluster.namespaced::<Pod>();
+    // The scheduler's first choice is node-a, whose published capacity is stale (a real
+    // scheduler picks any node that fits, kube-sim's the first).
+    let mut affinity = cluster.on_scenario_nodes();
+    affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!([{
+        "weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname",
+            "operator": "In", "values": [cluster.node("node-a")]}]}}]);
     let user = json!({"metadata": {"name": "user"}, "spec": {
-        "containers": [{"name": "app", "image": "busybox"}],
+        "containers": [{"name": "app", "image": "busybox"}], "affinity": affinity,
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}});
     cluster.create(&pods, user).await;
     let message = cluster

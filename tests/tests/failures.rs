@@ -6,7 +6,7 @@
 //! failures back off goes at once.
 
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
-use csi_suite_scenarios::{Cluster, real_cluster, report_skip};
+use csi_suite_scenarios::{Cluster, Options, report_skip};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -387,16 +387,8 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
 /// volume, whose PV is accepted.
 #[tokio::test]
 async fn a_refused_pv_costs_its_volume_after_five_refusals() {
-    if real_cluster() {
-        report_skip(
-            "a_refused_pv_costs_its_volume_after_five_refusals",
-            "injects API faults (kube-sim only)",
-        );
-        return;
-    }
-    let cluster = Cluster::start("pv-refused").await;
-    let sim = cluster.sim.as_ref().expect("kube-sim");
-    sim.fail_next(
+    let cluster = Cluster::start_with("pv-refused", Options::with_api_faults()).await;
+    cluster.faults().fail_next(
         "POST",
         "persistentvolumes",
         http::StatusCode::UNPROCESSABLE_ENTITY,
@@ -437,7 +429,7 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
         .map(|d| d.volume_id)
         .collect();
     assert_eq!(deleted.len(), 1, "one volume deleted: {deleted:?}");
-    let pv_creates: u64 = sim
+    let pv_creates: u64 = cluster
         .request_counts()
         .iter()
         .filter(|(key, _)| key.verb == "create" && key.resource == "persistentvolumes")

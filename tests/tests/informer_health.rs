@@ -12,7 +12,7 @@ use csi_attacher::flags::AttacherArgs;
 use csi_sidecar::informers::CacheSyncHealth;
 use csi_suite_scenarios::logs::CapturedLogs;
 use csi_suite_scenarios::service_accounts::skip_without_service_accounts;
-use csi_suite_scenarios::{Cluster, Options, logs, rbac, real_cluster, report_skip};
+use csi_suite_scenarios::{Cluster, Options, logs, rbac, report_skip};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ListParams};
@@ -86,18 +86,10 @@ async fn csinodes_reported(
 
 #[tokio::test]
 async fn a_cache_that_cannot_list_is_warned_about_and_fails_healthz() {
-    if real_cluster() {
-        report_skip(
-            "a_cache_that_cannot_list_is_warned_about_and_fails_healthz",
-            "injects API faults (kube-sim only)",
-        );
-        return;
-    }
     let logs = logs::capture("csi_sidecar::informers=warn");
-    let cluster = Cluster::start("cache-sync").await;
-    let sim = cluster.sim.as_ref().expect("kube-sim");
+    let cluster = Cluster::start_with("cache-sync", Options::with_api_faults()).await;
     // Only the attacher keeps a cache of CSINodes: every list of them is refused from now on.
-    sim.fail_next(
+    cluster.faults().fail_next(
         "GET",
         "csinodes",
         http::StatusCode::FORBIDDEN,

@@ -17,7 +17,7 @@ use csi_suite_scenarios::fixtures::{
 };
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
-use csi_suite_scenarios::{Cluster, real_cluster, report_skip, skip_without_root};
+use csi_suite_scenarios::{Cluster, Options, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -452,13 +452,7 @@ async fn a_snapshot_is_cut_under_upstream_rbac() {
 /// (`ErrorPVCFinalizer`, as upstream), and released once the API server takes the write.
 #[tokio::test]
 async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
-    const SCENARIO: &str = "a_failed_release_of_the_source_claim_is_reported_on_its_snapshot";
-    if real_cluster() {
-        report_skip(SCENARIO, "injects API faults (kube-sim only)");
-        return;
-    }
-    let cluster = Cluster::start("snapshot-release-fails").await;
-    let sim = cluster.sim.as_ref().expect("kube-sim");
+    let cluster = Cluster::start_with("snapshot-release-fails", Options::with_api_faults()).await;
     install_snapshot_crds(&cluster.client).await;
     let storage = cluster
         .storage_class("snap", "Immediate", "Delete", json!({}))
@@ -488,7 +482,7 @@ async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
             has(c.finalizers(), PVC_AS_SOURCE_FINALIZER)
         })
         .await;
-    sim.fail_next(
+    cluster.faults().fail_next(
         "PATCH",
         "persistentvolumeclaims",
         http::StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,6 +1,7 @@
 //! Helpers for tests that run the suite's binaries against kube-sim: a child process killed
-//! when the test ends, polling until a condition holds, and a minimal HTTP GET for their
-//! `/healthz` and `/metrics`.
+//! when the test ends, polling until a condition holds, a minimal HTTP GET for their
+//! `/healthz` and `/metrics`, and the client of kube-sim's API tests (kube-sim, or the real
+//! server they are compared with).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -111,4 +112,24 @@ pub async fn api_server_with_kubeconfig(
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, crate::cli::kubeconfig_yaml(sim.addr)).expect("a kubeconfig");
     (sim, kubeconfig)
+}
+
+/// A client of the API server `KUBE_SIM_COMPARE_KUBECONFIG` names (compare mode), else of a
+/// new kube-sim, returned with it.
+pub async fn server_under_test() -> (kube::Client, Option<crate::ApiServer>) {
+    match std::env::var("KUBE_SIM_COMPARE_KUBECONFIG") {
+        Ok(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                .unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("the configuration of {path}: {e}"));
+            let client = kube::Client::try_from(config).expect("a client of the compared server");
+            (client, None)
+        }
+        Err(_) => {
+            let sim = crate::ApiServer::start().await.expect("kube-sim starts");
+            (sim.client(), Some(sim))
+        }
+    }
 }

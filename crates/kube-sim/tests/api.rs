@@ -13,6 +13,7 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Client, ResourceExt};
+use kube_sim::roles::service_accounts::ROOT_CA_CONFIG_MAP;
 use kube_sim::roles::{Role, Timing};
 use kube_sim::{ApiServer, harness};
 use serde_json::json;
@@ -22,24 +23,15 @@ struct Cluster {
     client: Client,
     sim: Option<ApiServer>,
     namespace: String,
+    /// The ConfigMaps the cluster keeps in every namespace (from 1.20, the root CA's), which
+    /// the namespace's lists hold beside the test's own.
+    system_config_maps: Vec<String>,
     /// kube-sim's service account controller (its tasks end with the test).
     _controller_manager: Option<tokio::task::JoinSet<()>>,
 }
 
 async fn cluster(test: &str) -> Cluster {
-    let (client, sim) = match std::env::var("KUBE_SIM_COMPARE_KUBECONFIG") {
-        Ok(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .unwrap();
-            (Client::try_from(config).unwrap(), None)
-        }
-        Err(_) => {
-            let sim = ApiServer::start().await.unwrap();
-            (sim.client(), Some(sim))
-        }
-    };
+    let (client, sim) = harness::server_under_test().await;
     // A real cluster's controller manager gives every namespace its default ServiceAccount,
     // without which pods are refused; on kube-sim, the role that does it.
     let controller_manager = sim.as_ref().map(|_| {
@@ -66,10 +58,24 @@ async fn cluster(test: &str) -> Cluster {
             .then_some(())
     })
     .await;
+    let version = client.apiserver_version().await.unwrap();
+    let system_config_maps = if version.minor.trim_end_matches('+').parse::<u32>().unwrap() >= 20 {
+        vec![ROOT_CA_CONFIG_MAP.to_string()]
+    } else {
+        Vec::new()
+    };
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    for name in &system_config_maps {
+        harness::eventually("the namespace's system ConfigMaps", || async {
+            config_maps.get_opt(name).await.unwrap().map(|_| ())
+        })
+        .await;
+    }
     Cluster {
         client,
         sim,
         namespace,
+        system_config_maps,
         _controller_manager: controller_manager,
     }
 }
@@ -111,6 +117,21 @@ where
 }
 
 impl Cluster {
+    /// The names a list of the namespace's ConfigMaps holds when the test made `ours`: those and
+    /// the cluster's own, in name order.
+    fn config_maps_with(&self, ours: &[&str]) -> Vec<String> {
+        let mut all: Vec<String> = ours.iter().map(ToString::to_string).collect();
+        all.extend(self.system_config_maps.iter().cloned());
+        all.sort();
+        all
+    }
+
+    /// The server's minor version (kube-sim's is the Kubernetes it models).
+    async fn minor(&self) -> u32 {
+        let version = self.client.apiserver_version().await.unwrap();
+        version.minor.trim_end_matches('+').parse().unwrap()
+    }
+
     fn api<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -502,7 +523,17 @@ async fn persistent_volumes_are_validated_and_defaulted() {
     };
     let csi = json!({"driver": "validation.example.com", "volumeHandle": "h"});
     let post = PostParams::default();
-    let refusals = [
+    // ReadWriteOncePod is on by default from 1.27.
+    let read_write_once_pod = c.minor().await >= 27;
+    let bad_mode = format!(
+        "spec.accessModes: Unsupported value: \"ReadWriteSometimes\": supported values: \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOnce\"{}",
+        if read_write_once_pod {
+            ", \"ReadWriteOncePod\""
+        } else {
+            ""
+        }
+    );
+    let mut refusals = vec![
         (
             "nocapacity",
             json!({"accessModes": ["ReadWriteOnce"], "csi": csi}),
@@ -528,7 +559,7 @@ async fn persistent_volumes_are_validated_and_defaulted() {
         (
             "badmode",
             json!({"accessModes": ["ReadWriteSometimes"], "capacity": {"storage": "1Gi"}, "csi": csi}),
-            "spec.accessModes: Unsupported value: \"ReadWriteSometimes\": supported values: \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOnce\"",
+            &bad_mode,
         ),
         (
             "badpolicy",
@@ -537,6 +568,13 @@ async fn persistent_volumes_are_validated_and_defaulted() {
             "spec.persistentVolumeReclaimPolicy: Unsupported value: \"Keep\": supported values: \"Delete\", \"Recycle\", \"Retain\"",
         ),
     ];
+    if read_write_once_pod {
+        refusals.push((
+            "podandnode",
+            json!({"accessModes": ["ReadWriteOncePod", "ReadWriteOnce"], "capacity": {"storage": "1Gi"}, "csi": csi}),
+            "spec.accessModes: Forbidden: may not use ReadWriteOncePod with other access modes",
+        ));
+    }
     for (suffix, spec, why) in refusals {
         let message = invalid(api.create(&post, &volume(suffix, spec)).await);
         let name = name(suffix);
@@ -765,6 +803,53 @@ async fn claim_specs_are_immutable_but_for_the_volume_name() {
     invalid(api.patch("c", &params, &Patch::Merge(&another)).await);
 }
 
+// A new claim's data sources (the claim strategy's PrepareForCreate): a populator named in
+// `dataSource` is dropped; from v1.24 on (AnyVolumeDataSource) `dataSource` and `dataSourceRef`
+// are filled from each other, before that `dataSourceRef` is dropped too.
+#[tokio::test]
+async fn claim_data_sources_are_normalized() {
+    let c = cluster("datasources").await;
+    let api: Api<PersistentVolumeClaim> = c.api();
+    let any_volume_data_source = c.minor().await >= 24;
+    let claim_source = json!({"kind": "PersistentVolumeClaim", "name": "src"});
+    let populator = json!({"apiGroup": "populators.example.com", "kind": "Sample", "name": "p"});
+    let stored = |name: &'static str, field: &'static str, source: &serde_json::Value| {
+        let claim = json!({"metadata": {"name": name}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}},
+            "storageClassName": format!("{}-none", c.namespace), field: source}});
+        let api = api.clone();
+        async move {
+            let created = api
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(claim).unwrap(),
+                )
+                .await
+                .unwrap();
+            let spec = serde_json::to_value(created.spec.unwrap()).unwrap();
+            (
+                spec.get("dataSource").cloned(),
+                spec.get("dataSourceRef").cloned(),
+            )
+        }
+    };
+    let (source, reference) = stored("clone", "dataSource", &claim_source).await;
+    assert_eq!(source.as_ref(), Some(&claim_source));
+    assert_eq!(
+        reference,
+        any_volume_data_source.then(|| claim_source.clone())
+    );
+    assert_eq!(
+        stored("populated", "dataSource", &populator).await,
+        (None, None)
+    );
+    let expected = any_volume_data_source.then(|| populator.clone());
+    assert_eq!(
+        stored("referenced", "dataSourceRef", &populator).await,
+        (expected.clone(), expected)
+    );
+}
+
 // Delete preconditions (uid, resourceVersion) answer 409 when they do not hold.
 #[tokio::test]
 async fn delete_preconditions() {
@@ -836,7 +921,8 @@ async fn list_selectors_and_paging() {
         .list(&ListParams::default().labels("parity!=even"))
         .await
         .unwrap();
-    assert_eq!(not_even.items.len(), 2);
+    // Objects without the label match too.
+    assert_eq!(not_even.items.len(), 2 + c.system_config_maps.len());
     let in_set = api
         .list(&ListParams::default().labels("parity in (odd,other)"))
         .await
@@ -858,7 +944,10 @@ async fn list_selectors_and_paging() {
             _ => break,
         }
     }
-    assert_eq!(paged, ["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"]);
+    assert_eq!(
+        paged,
+        c.config_maps_with(&["cm-0", "cm-1", "cm-2", "cm-3", "cm-4"])
+    );
     // With a selector the pages hold matching objects only, and no remainingItemCount.
     let first = api
         .list(&ListParams::default().labels("parity=even").limit(2))
@@ -1146,7 +1235,7 @@ async fn injected_throttling_is_retried() {
     api.create(&PostParams::default(), &configmap("t", "1"))
         .await
         .unwrap();
-    sim.fail_next(
+    sim.faults().fail_next(
         "GET",
         "configmaps",
         http::StatusCode::TOO_MANY_REQUESTS,
@@ -1321,9 +1410,9 @@ async fn custom_resources_follow_their_schema() {
         .unwrap();
 }
 
-// A watch naming a resourceVersionMatch (the streaming list of newer client-go informers,
-// sendInitialEvents) is refused as Kubernetes 1.19 refuses it; the informer then falls back to
-// list and watch.
+// A watch asking for its initial events (the streaming list of newer client-go informers,
+// sendInitialEvents) is refused as a server without the WatchList feature refuses it; the
+// informer then falls back to list and watch.
 #[tokio::test]
 async fn a_watch_with_resource_version_match_is_refused() {
     let c = cluster("watch-list").await;
@@ -1337,9 +1426,15 @@ async fn a_watch_with_resource_version_match_is_refused() {
         panic!("expected a refusal, got {refused:?}");
     };
     assert_eq!(status.code, 422);
+    // Since 1.27 a watch may carry sendInitialEvents; the WatchList gate decides.
+    let refusal = if c.minor().await >= 27 {
+        "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+    } else {
+        "[resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch, resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided]"
+    };
     assert_eq!(
         status.message,
-        "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch, resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided]"
+        format!("ListOptions.meta.k8s.io \"\" is invalid: {refusal}")
     );
 }
 
@@ -1382,7 +1477,10 @@ async fn delete_collection_by_label() {
     )
     .await
     .unwrap();
-    assert_eq!(names(&api, &ListParams::default()).await, ["c"]);
+    assert_eq!(
+        names(&api, &ListParams::default()).await,
+        c.config_maps_with(&["c"])
+    );
 }
 
 // Strategic merge patch on built-in kinds: metadata.finalizers merge as a set, containers
@@ -1669,7 +1767,8 @@ async fn list_pages_are_one_snapshot() {
     configmaps(&api, &["a", "b", "c", "d"]).await;
     let first = api.list(&ListParams::default().limit(2)).await.unwrap();
     let snapshot = first.metadata.resource_version.clone().unwrap();
-    assert_eq!(first.metadata.remaining_item_count, Some(2));
+    let system = c.system_config_maps.len() as i64;
+    assert_eq!(first.metadata.remaining_item_count, Some(2 + system));
     api.create(&PostParams::default(), &configmap("e", "1"))
         .await
         .unwrap();
@@ -1688,6 +1787,7 @@ async fn list_pages_are_one_snapshot() {
         seen.extend(
             page.items
                 .iter()
+                .filter(|o| !c.system_config_maps.contains(&o.name_any()))
                 .map(|o| (o.name_any(), o.data.clone().unwrap()["key"].clone())),
         );
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
@@ -1707,7 +1807,7 @@ async fn list_pages_are_one_snapshot() {
     assert_eq!(seen, expected);
     assert_eq!(
         names(&api, &ListParams::default()).await,
-        ["a", "b", "c", "e"]
+        c.config_maps_with(&["a", "b", "c", "e"])
     );
 }
 
@@ -1744,7 +1844,7 @@ async fn expired_continue_token_is_gone() {
     let latest = body["metadata"]["continue"].as_str().unwrap();
     assert_eq!(
         names(&api, &ListParams::default().continue_token(latest)).await,
-        ["b", "c", "d"],
+        c.config_maps_with(&["b", "c", "d"]),
         "the latest state"
     );
     assert_eq!(
@@ -1780,16 +1880,19 @@ async fn list_resource_version_semantics() {
     let exact = ListParams::default()
         .at(&before)
         .matching(VersionMatch::Exact);
-    assert_eq!(names(&api, &exact).await, ["a", "b"]);
+    assert_eq!(names(&api, &exact).await, c.config_maps_with(&["a", "b"]));
     let legacy_paged = ListParams::default().at(&before).limit(10);
-    assert_eq!(names(&api, &legacy_paged).await, ["a", "b"]);
+    assert_eq!(
+        names(&api, &legacy_paged).await,
+        c.config_maps_with(&["a", "b"])
+    );
     let not_older = ListParams::default()
         .at(&before)
         .matching(VersionMatch::NotOlderThan);
     // Served from the watch cache, which servers before 1.2x do not keep in key order.
     let mut newer = names(&api, &not_older).await;
     newer.sort();
-    assert_eq!(newer, ["a", "b", "c"]);
+    assert_eq!(newer, c.config_maps_with(&["a", "b", "c"]));
     let any: ObjectList<ConfigMap> = c
         .client
         .request(
@@ -1802,7 +1905,11 @@ async fn list_resource_version_semantics() {
         )
         .await
         .unwrap();
-    assert_eq!(any.items.len(), 3, "limit is ignored for resourceVersion=0");
+    assert_eq!(
+        any.items.len(),
+        3 + c.system_config_maps.len(),
+        "limit is ignored for resourceVersion=0"
+    );
     // kube::Client retries 504 (15 times), so this one goes out as a single request.
     if let Some(sim) = &c.sim {
         let future: u64 = before.parse::<u64>().unwrap() + 1_000_000;
@@ -2251,7 +2358,9 @@ async fn writes_their_types_cannot_hold_are_refused() {
             lease(renew),
         )
         .await;
-        refused(created, 400, cannot_handle_lease, "renewtime");
+        // Go's parse error; servers before 1.23 (jsoniter) put the field's path before it.
+        let parse_error = format!("parsing time {renew:?}").to_lowercase();
+        refused(created, 400, cannot_handle_lease, &parse_error);
     }
     let micro = "2026-12-02T04:00:00.123456Z";
     send(
@@ -2279,7 +2388,7 @@ async fn writes_their_types_cannot_hold_are_refused() {
             patched,
             422,
             " \"\" is invalid: patch: Invalid value: ",
-            "renewtime",
+            "parsing time \"2026-12-02t04:00:01z\"",
         );
     }
     let operations =
@@ -2295,7 +2404,7 @@ async fn writes_their_types_cannot_hold_are_refused() {
         patched,
         422,
         " \"\" is invalid: patch: Invalid value: ",
-        "renewtime",
+        "parsing time \"2026-12-02t04:00:01z\"",
     );
     let mut wrong_type = lease(micro);
     wrong_type["spec"]["leaseDurationSeconds"] = json!("15");

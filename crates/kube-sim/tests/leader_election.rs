@@ -257,7 +257,7 @@ async fn leadership_is_lost_when_renewals_fail() {
     let a = candidate(&server, "node-a", false);
     wait_until("a leads", Duration::from_secs(5), || a.status.is_leader()).await;
     // The API server refuses every Lease request from now on.
-    server.fail_next(
+    server.faults().fail_next(
         "*",
         "leases",
         http::StatusCode::INTERNAL_SERVER_ERROR,

@@ -74,6 +74,7 @@ pub(super) async fn list(
             validate(
                 param("resourceVersion"),
                 param("resourceVersionMatch"),
+                param("sendInitialEvents"),
                 true,
                 false,
             )?;
@@ -82,6 +83,13 @@ pub(super) async fn list(
             (read, Some(resume))
         }
         None => {
+            validate(
+                param("resourceVersion"),
+                param("resourceVersionMatch"),
+                param("sendInitialEvents"),
+                false,
+                false,
+            )?;
             let read = read_of(
                 param("resourceVersion"),
                 param("resourceVersionMatch"),
@@ -158,36 +166,56 @@ pub(super) async fn list(
 }
 
 /// ListOptions validation (k8s.io/apimachinery/pkg/apis/meta/internalversion/validation
-/// ValidateListOptions), answered as 422 on ListOptions like the list handler does. A watch
-/// may not name a resourceVersionMatch (as Kubernetes 1.19 answers the streaming-list watch
-/// of newer clients, which then fall back to list and watch).
+/// ValidateListOptions), answered as 422 on ListOptions like the list handler does. A watch may
+/// ask for its initial events (`sendInitialEvents`, the streaming list of newer clients) only
+/// where the WatchList feature is on: kube-sim answers as a server with it off (Kubernetes
+/// 1.27 to 1.31), and such clients fall back to list and watch.
 pub(super) fn validate(
     resource_version: Option<&str>,
     matching: Option<&str>,
+    send_initial_events: Option<&str>,
     continued: bool,
     watch: bool,
 ) -> Result<(), ApiError> {
-    let Some(matching) = matching else {
-        return Ok(());
-    };
     let mut errors = Vec::new();
     if watch {
-        errors.push(
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch"
-                .to_string(),
-        );
-    }
-    if resource_version.is_none() {
-        errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".to_string());
-    }
-    if continued {
-        errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided".to_string());
-    }
-    if !matches!(matching, "Exact" | "NotOlderThan") {
-        errors.push(format!("resourceVersionMatch: Unsupported value: {matching:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""));
-    }
-    if matching == "Exact" && resource_version == Some("0") {
-        errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".to_string());
+        if send_initial_events.is_some() {
+            if matching != Some("NotOlderThan") {
+                errors.push("resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".to_string());
+            }
+            errors.push("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled".to_string());
+        }
+        if let Some(matching) = matching {
+            if send_initial_events.is_none() {
+                errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".to_string());
+            }
+            if matching != "NotOlderThan" {
+                errors.push(format!("resourceVersionMatch: Unsupported value: {matching:?}: supported values: \"NotOlderThan\""));
+            }
+            if continued {
+                errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided".to_string());
+            }
+        }
+    } else {
+        if let Some(matching) = matching {
+            if resource_version.is_none() {
+                errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".to_string());
+            }
+            if continued {
+                errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided".to_string());
+            }
+            if !matches!(matching, "Exact" | "NotOlderThan") {
+                errors.push(format!("resourceVersionMatch: Unsupported value: {matching:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""));
+            }
+            if matching == "Exact" && resource_version == Some("0") {
+                errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".to_string());
+            }
+        }
+        if send_initial_events.is_some() {
+            errors.push(
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list".to_string(),
+            );
+        }
     }
     match errors.as_slice() {
         [] => Ok(()),
@@ -210,7 +238,6 @@ fn read_of(
     matching: Option<&str>,
     limit: usize,
 ) -> Result<Read, ApiError> {
-    validate(resource_version, matching, false, false)?;
     let Some(version) = resource_version else {
         return Ok(Read::Latest);
     };
@@ -345,11 +372,67 @@ mod tests {
             Read::Exact(5)
         );
         for (version, matching) in [(None, "Exact"), (Some("0"), "Exact"), (Some("5"), "Newest")] {
-            let error = read_of(version, Some(matching), 0).unwrap_err();
+            let error = validate(version, Some(matching), None, false, false).unwrap_err();
             assert_eq!(
                 error.code,
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "{version:?} {matching}"
+            );
+        }
+    }
+
+    /// What the v1.28 server answers (WatchList off), message for message.
+    #[test]
+    fn list_options_validation() {
+        let message = |version, matching, initial, continued, watch| {
+            validate(version, matching, initial, continued, watch)
+                .err()
+                .map(|error| error.message)
+        };
+        let prefix = "ListOptions.meta.k8s.io \"\" is invalid: ";
+        let cases = [
+            (
+                (None, Some("NotOlderThan"), Some("true"), false, true),
+                Some(
+                    "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                ),
+            ),
+            (
+                (Some("5"), Some("NotOlderThan"), None, false, true),
+                Some(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ),
+            ),
+            (
+                (None, None, Some("true"), false, true),
+                Some(
+                    "[resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled]",
+                ),
+            ),
+            (
+                (None, Some("Exact"), None, true, true),
+                Some(
+                    "[resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided, resourceVersionMatch: Unsupported value: \"Exact\": supported values: \"NotOlderThan\", resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided]",
+                ),
+            ),
+            (
+                (None, None, Some("true"), false, false),
+                Some("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list"),
+            ),
+            (
+                (None, Some("Exact"), None, false, false),
+                Some(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ),
+            ),
+            ((Some("5"), None, None, false, true), None),
+            ((Some("5"), Some("Exact"), None, false, false), None),
+        ];
+        for ((version, matching, initial, continued, watch), expected) in cases {
+            assert_eq!(
+                message(version, matching, initial, continued, watch),
+                expected.map(|e| format!("{prefix}{e}")),
+                "{version:?} {matching:?} {initial:?} continue={continued} watch={watch}"
             );
         }
     }

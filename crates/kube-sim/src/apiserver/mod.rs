@@ -5,6 +5,7 @@ mod create;
 mod decode;
 mod delete;
 mod discovery;
+mod go_time;
 mod list;
 pub(crate) mod objects;
 mod openapi;
@@ -28,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::conversion;
 use crate::errors::ApiError;
+pub use crate::faults::{Fault, Faults, RequestCounts, RequestKey};
+use crate::faults::{RequestCounter, ResourcePath};
 use crate::resources::{Registry, ResourceType};
 use crate::roles;
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -46,52 +49,18 @@ pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");
 /// (https://kubernetes.io/docs/concepts/overview/working-with-objects/namespaces/#initial-namespaces).
 const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
-/// Injected failures, for tests of retries and backoff.
-#[derive(Debug, Clone)]
-pub struct Fault {
-    /// HTTP method (`GET`, `POST`, …) or `*`.
-    pub method: String,
-    /// Resource plural (`leases`) or `*`.
-    pub resource: String,
-    pub status: StatusCode,
-    pub remaining: usize,
-    /// `Retry-After` seconds to send with it.
-    pub retry_after: Option<u64>,
-}
-
-#[derive(Debug, Default)]
-struct Faults {
-    fail: Vec<Fault>,
-    latency: Duration,
-}
-
 /// Shared server state.
 #[derive(Debug)]
 pub struct Server {
     pub store: Store,
     pub registry: Registry,
-    faults: Mutex<Faults>,
+    faults: Faults,
     /// Cancelled to drop every open watch; replaced afterwards.
     watches: Mutex<CancellationToken>,
     bookmark_interval: Mutex<Duration>,
     /// Events a watcher may fall behind before it is disconnected.
     watch_buffer: Mutex<usize>,
-    requests: Mutex<RequestCounts>,
-}
-
-/// Requests served, by client (the User-Agent's program name), verb and resource — what
-/// kube-apiserver's `apiserver_request_total` counts, plus who sent them.
-pub type RequestCounts = std::collections::BTreeMap<RequestKey, u64>;
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RequestKey {
-    pub client: String,
-    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`.
-    pub verb: String,
-    /// The API group (`""` for core): with verb and resource, what an RBAC rule matches.
-    pub group: String,
-    /// The plural, with `/subresource` when there is one.
-    pub resource: String,
+    requests: RequestCounter,
 }
 
 /// A running server.
@@ -114,28 +83,19 @@ impl ApiServer {
         let server = Arc::new(Server {
             store: Store::default(),
             registry: Registry::default(),
-            faults: Mutex::default(),
+            faults: Faults::default(),
             watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
             watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
-            requests: Mutex::default(),
+            requests: RequestCounter::default(),
         });
         server
             .create_initial_namespaces()
             .map_err(|e| std::io::Error::other(e.message))?;
-        let shutdown = CancellationToken::new();
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(server.clone());
-        let stopping = shutdown.clone();
-        tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopping.cancelled().await })
-                .await;
-            if let Err(error) = served {
-                tracing::error!(%error, "kube-sim API server failed");
-            }
-        });
+        let shutdown = serve(listener, app, "kube-sim API server");
         Ok(Self {
             addr,
             server,
@@ -148,36 +108,9 @@ impl ApiServer {
         crate::client(self.addr)
     }
 
-    /// Fails the next `count` requests matching `method` and `resource` (`*` for any).
-    pub fn fail_next(
-        &self,
-        method: &str,
-        resource: &str,
-        status: StatusCode,
-        count: usize,
-        retry_after: Option<u64>,
-    ) {
-        self.server
-            .faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .fail
-            .push(Fault {
-                method: method.into(),
-                resource: resource.into(),
-                status,
-                remaining: count,
-                retry_after,
-            });
-    }
-
-    /// Delays every request.
-    pub fn set_latency(&self, latency: Duration) {
-        self.server
-            .faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .latency = latency;
+    /// The server's fault injection (shared with clones of it).
+    pub fn faults(&self) -> Faults {
+        self.server.faults.clone()
     }
 
     /// How often watches that allow bookmarks get one (applies to watches opened later).
@@ -229,11 +162,7 @@ impl ApiServer {
 
     /// The requests served so far (see [`RequestCounts`]).
     pub fn request_counts(&self) -> RequestCounts {
-        self.server
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.server.requests.counts()
     }
 
     pub fn stop(&self) {
@@ -252,13 +181,16 @@ impl Server {
     fn create_initial_namespaces(&self) -> Result<(), ApiError> {
         let rt = self.resource("", "v1", "namespaces")?;
         let accounts = self.resource("", "v1", "serviceaccounts")?;
+        let config_maps = self.resource("", "v1", "configmaps")?;
+        let root_ca = roles::service_accounts::root_ca_config_map();
         for namespace in INITIAL_NAMESPACES {
             create(self, &rt, None, json!({"metadata": {"name": namespace}}))?;
-            // As in a cluster whose controller manager has run: the service account controller
-            // gave the initial namespaces their `default` ServiceAccount.
+            // As in a cluster whose controller manager has run: the initial namespaces have
+            // their `default` ServiceAccount and the root CA ConfigMap.
             let account =
                 json!({"metadata": {"name": roles::service_accounts::DEFAULT_SERVICE_ACCOUNT}});
             create(self, &accounts, Some(namespace), account)?;
+            create(self, &config_maps, Some(namespace), root_ca.clone())?;
         }
         Ok(())
     }
@@ -269,70 +201,6 @@ impl Server {
                 "the server could not find the requested resource ({plural}.{version}.{group})"
             ))
         })
-    }
-
-    fn injected_fault(&self, method: &Method, resource: &str) -> Option<(StatusCode, Option<u64>)> {
-        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        let fault = faults.fail.iter_mut().find(|f| {
-            f.remaining > 0
-                && (f.method == "*" || f.method == method.as_str())
-                && (f.resource == "*" || f.resource == resource)
-        })?;
-        fault.remaining -= 1;
-        Some((fault.status, fault.retry_after))
-    }
-
-    fn count(
-        &self,
-        method: &Method,
-        target: &Target,
-        headers: &HeaderMap,
-        query: &HashMap<String, String>,
-    ) {
-        let named = target.name.is_some();
-        let verb = match *method {
-            Method::GET if named => "get",
-            Method::GET if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => {
-                "watch"
-            }
-            Method::GET => "list",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if named => "delete",
-            Method::DELETE => "deletecollection",
-            _ => "other",
-        };
-        let client = headers
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|ua| ua.split('/').next())
-            .filter(|name| !name.is_empty())
-            .unwrap_or("unknown")
-            .to_string();
-        let resource = match &target.subresource {
-            Some(sub) => format!("{}/{sub}", target.rt.plural),
-            None => target.rt.plural.clone(),
-        };
-        let key = RequestKey {
-            client,
-            verb: verb.to_string(),
-            group: target.rt.group.clone(),
-            resource,
-        };
-        *self
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_default() += 1;
-    }
-
-    fn latency(&self) -> Duration {
-        self.faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .latency
     }
 
     fn bookmark_interval(&self) -> Duration {
@@ -381,7 +249,7 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let latency = server.latency();
+    let latency = server.faults.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
@@ -392,17 +260,16 @@ async fn handle(
         Some(response) => response,
         None => match route(&server, path) {
             Ok(target) => {
-                server.count(&method, &target, &headers, &query);
-                if let Some((status, retry_after)) =
-                    server.injected_fault(&method, &target.rt.plural)
-                {
-                    let mut response =
-                        ApiError::injected(status, "injected failure").into_response();
-                    if let Some(seconds) = retry_after
-                        && let Ok(value) = seconds.to_string().parse()
-                    {
-                        response.headers_mut().insert(header::RETRY_AFTER, value);
-                    }
+                let resource = (
+                    target.rt.group.as_str(),
+                    target.rt.plural.as_str(),
+                    target.subresource.as_deref(),
+                );
+                let named = target.name.is_some();
+                server
+                    .requests
+                    .count(&method, resource, named, &headers, &query);
+                if let Some(response) = server.faults.injected(&method, &target.rt.plural) {
                     return response;
                 }
                 dispatch(&server, &method, target, &headers, &query, &body)
@@ -414,38 +281,42 @@ async fn handle(
     }
 }
 
+/// Serves `app` on `listener` in a task of its own until the token it returns is cancelled.
+pub(crate) fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    what: &'static str,
+) -> CancellationToken {
+    let shutdown = CancellationToken::new();
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopping.cancelled().await })
+            .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "{what} failed");
+        }
+    });
+    shutdown
+}
+
 /// Resolves `/api/v1/…` and `/apis/<group>/<version>/…` resource paths
 /// (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-uris).
 fn route(server: &Server, path: &str) -> Result<Target, ApiError> {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (group, version, rest) = match parts.as_slice() {
-        ["api", version, rest @ ..] => ("", *version, rest),
-        ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        _ => {
-            return Err(ApiError::not_found("", "", path)
-                .with_message("the server could not find the requested resource".into()));
-        }
+    let Some(ResourcePath {
+        group,
+        version,
+        namespace,
+        plural,
+        name,
+        subresource,
+    }) = ResourcePath::parse(path)
+    else {
+        return Err(ApiError::not_found("", "", path)
+            .with_message("the server could not find the requested resource".into()));
     };
-    let (namespace, rest) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if !matches!(*plural, "status" | "finalize") => {
-            (Some((*ns).to_string()), {
-                let mut v = vec![*plural];
-                v.extend_from_slice(tail);
-                v
-            })
-        }
-        other => (None, other.to_vec()),
-    };
-    let (plural, name, subresource) = match rest.as_slice() {
-        [plural] => (*plural, None, None),
-        [plural, name] => (*plural, Some((*name).to_string()), None),
-        [plural, name, sub] => (*plural, Some((*name).to_string()), Some((*sub).to_string())),
-        _ => {
-            return Err(ApiError::not_found(group, "", path)
-                .with_message("the server could not find the requested resource".into()));
-        }
-    };
-    let rt = server.resource(group, version, plural)?;
+    let (group, plural) = (group.as_str(), plural.as_str());
+    let rt = server.resource(group, &version, plural)?;
     if namespace.is_some() && !rt.namespaced {
         return Err(ApiError::not_found(group, plural, "")
             .with_message(format!("{plural} is not namespaced")));

@@ -132,7 +132,62 @@ pub fn prepare_create(
     }
     default_status(rt, &mut object);
     default_spec(rt, &mut object);
+    if rt.group.is_empty() && rt.kind == "PersistentVolumeClaim" {
+        normalize_data_sources(&mut object["spec"]);
+    }
     Ok(object)
+}
+
+/// What the claim strategy's PrepareForCreate does to a new claim's data sources
+/// (pkg/api/persistentvolumeclaim/util.go, AnyVolumeDataSource): a `dataSource` of any kind
+/// but a claim or a VolumeSnapshot is dropped, as before populators (they are named in
+/// `dataSourceRef`); then each of the two fields is filled from the other, but for a
+/// `dataSourceRef` into another namespace, which `dataSource` cannot name.
+fn normalize_data_sources(spec: &mut Value) {
+    let is_claim_or_snapshot = |source: &Value| {
+        let group = source["apiGroup"].as_str().unwrap_or_default();
+        match source["kind"].as_str() {
+            Some("PersistentVolumeClaim") => group.is_empty(),
+            Some("VolumeSnapshot") => group == "snapshot.storage.k8s.io",
+            _ => false,
+        }
+    };
+    let Some(spec) = spec.as_object_mut() else {
+        return;
+    };
+    if spec
+        .get("dataSource")
+        .is_some_and(|source| !source.is_null() && !is_claim_or_snapshot(source))
+    {
+        spec.remove("dataSource");
+    }
+    let local = |source: &Value| {
+        let mut copy = serde_json::Map::new();
+        for field in ["apiGroup", "kind", "name"] {
+            if let Some(value) = source.get(field).filter(|v| !v.is_null()) {
+                copy.insert(field.to_string(), value.clone());
+            }
+        }
+        Value::Object(copy)
+    };
+    let set = |field: &str, spec: &serde_json::Map<String, Value>| {
+        spec.get(field).is_some_and(|v| !v.is_null())
+    };
+    match (set("dataSource", spec), set("dataSourceRef", spec)) {
+        (true, false) => {
+            let copy = local(&spec["dataSource"]);
+            spec.insert("dataSourceRef".to_string(), copy);
+        }
+        (false, true)
+            if spec["dataSourceRef"]["namespace"]
+                .as_str()
+                .is_none_or(str::is_empty) =>
+        {
+            let copy = local(&spec["dataSourceRef"]);
+            spec.insert("dataSource".to_string(), copy);
+        }
+        _ => {}
+    }
 }
 
 /// Built-in kinds whose Go type holds the spec as a struct value, so a real server always
@@ -447,6 +502,63 @@ mod tests {
         }
         assert!(is_dns_label("kube-system"));
         assert!(!is_dns_label("a.b"));
+    }
+
+    #[test]
+    fn claim_data_sources_are_normalized_on_create() {
+        let claim_source = json!({"kind": "PersistentVolumeClaim", "name": "src"});
+        let snapshot =
+            json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "s"});
+        let populator =
+            json!({"apiGroup": "populators.example.com", "kind": "Sample", "name": "p"});
+        let elsewhere = json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "s", "namespace": "other"});
+        let wrong_group = json!({"apiGroup": "example.com", "kind": "VolumeSnapshot", "name": "s"});
+        // (dataSource, dataSourceRef) sent -> stored.
+        let cases = [
+            ((None, None), (None, None)),
+            (
+                (Some(&claim_source), None),
+                (Some(&claim_source), Some(&claim_source)),
+            ),
+            ((Some(&snapshot), None), (Some(&snapshot), Some(&snapshot))),
+            ((Some(&populator), None), (None, None)),
+            ((Some(&wrong_group), None), (None, None)),
+            (
+                (None, Some(&populator)),
+                (Some(&populator), Some(&populator)),
+            ),
+            ((None, Some(&elsewhere)), (None, Some(&elsewhere))),
+            (
+                (Some(&populator), Some(&snapshot)),
+                (Some(&snapshot), Some(&snapshot)),
+            ),
+            (
+                (Some(&claim_source), Some(&populator)),
+                (Some(&claim_source), Some(&populator)),
+            ),
+        ];
+        for ((source, reference), (stored_source, stored_reference)) in cases {
+            let mut spec = json!({"accessModes": ["ReadWriteOnce"]});
+            if let Some(source) = source {
+                spec["dataSource"] = source.clone();
+            }
+            if let Some(reference) = reference {
+                spec["dataSourceRef"] = reference.clone();
+            }
+            let claim = prepare_create(
+                &rt("persistentvolumeclaims"),
+                Some("default"),
+                json!({"metadata": {"name": "c"}, "spec": spec}),
+            )
+            .unwrap();
+            let sent = (source, reference);
+            assert_eq!(claim["spec"].get("dataSource"), stored_source, "{sent:?}");
+            assert_eq!(
+                claim["spec"].get("dataSourceRef"),
+                stored_reference,
+                "{sent:?}"
+            );
+        }
     }
 
     #[test]

@@ -16,7 +16,12 @@ use crate::selectors::{dns1123_subdomain_errors, qualified_name_errors};
 
 /// Finalizers a name without a domain may have (pkg/apis/core/helper IsStandardFinalizerName).
 const STANDARD_FINALIZERS: [&str; 3] = ["kubernetes", "orphan", "foregroundDeletion"];
-const ACCESS_MODES: [&str; 3] = ["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce"];
+const ACCESS_MODES: [&str; 4] = [
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
 const RECLAIM_POLICIES: [&str; 3] = ["Delete", "Recycle", "Retain"];
 const VOLUME_MODES: [&str; 2] = ["Block", "Filesystem"];
 /// A PersistentVolume's sources, in the order validation counts them.
@@ -262,10 +267,23 @@ fn one_of(field: &str, value: &Value, supported: &[&str]) -> Option<FieldError> 
         .map(|_| FieldError::not_supported(field, value, supported))
 }
 
-/// At least one access mode (`required` when there is none), each one supported.
+/// At least one access mode (`required` when there is none), each one supported, and
+/// ReadWriteOncePod alone.
 fn access_mode_errors(spec: &Value, required: FieldError) -> Vec<FieldError> {
     let modes = spec["accessModes"].as_array().cloned().unwrap_or_default();
     let missing = modes.is_empty().then_some(required);
+    let supported = |mode: &&Value| mode.as_str().is_some_and(|m| ACCESS_MODES.contains(&m));
+    let pod = modes.iter().any(|mode| mode == "ReadWriteOncePod");
+    let other = modes
+        .iter()
+        .filter(supported)
+        .any(|mode| mode != "ReadWriteOncePod");
+    let mixed = (pod && other).then(|| {
+        FieldError::forbidden(
+            "spec.accessModes",
+            "may not use ReadWriteOncePod with other access modes",
+        )
+    });
     missing
         .into_iter()
         .chain(
@@ -273,6 +291,7 @@ fn access_mode_errors(spec: &Value, required: FieldError) -> Vec<FieldError> {
                 .iter()
                 .filter_map(|mode| one_of("spec.accessModes", mode, &ACCESS_MODES)),
         )
+        .chain(mixed)
         .collect()
 }
 

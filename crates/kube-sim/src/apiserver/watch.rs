@@ -117,7 +117,8 @@ pub(super) fn serve(
     super::list::validate(
         param("resourceVersion"),
         param("resourceVersionMatch"),
-        false,
+        param("sendInitialEvents"),
+        param("continue").is_some(),
         true,
     )?;
     let watcher = Watcher {
