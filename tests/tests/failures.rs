@@ -3,7 +3,7 @@
 //! is no size in bytes is reported, never sent to the driver. A volume whose claim and class
 //! went away before its PV existed is not stranded, and one the provisioner cannot keep (or
 //! whose PV the API server refuses) is deleted with its secret. A claim deleted while its
-//! failures back off goes at once.
+//! failures back off goes at once. A slow, throttling and failing API server costs no volume.
 
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
 use csi_suite_scenarios::{Cluster, Options, report_skip};
@@ -39,6 +39,16 @@ async fn claim_of_new_class(
         )
         .await;
     class_name
+}
+
+/// How many PV creates the scenario's components sent (refused ones too).
+fn pv_creates(cluster: &Cluster) -> u64 {
+    cluster
+        .request_counts()
+        .iter()
+        .filter(|(key, _)| key.verb == "create" && key.resource == "persistentvolumes")
+        .map(|(_, count)| count)
+        .sum()
 }
 
 #[tokio::test]
@@ -429,12 +439,7 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
         .map(|d| d.volume_id)
         .collect();
     assert_eq!(deleted.len(), 1, "one volume deleted: {deleted:?}");
-    let pv_creates: u64 = cluster
-        .request_counts()
-        .iter()
-        .filter(|(key, _)| key.verb == "create" && key.resource == "persistentvolumes")
-        .map(|(_, count)| count)
-        .sum();
+    let pv_creates = pv_creates(&cluster);
     assert_eq!(pv_creates, 6, "five refused, then the new volume's PV");
     assert_ne!(deleted[0], handle, "not the one with a PV");
     assert_eq!(
@@ -442,6 +447,92 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
         [handle],
         "only the volume with a PV is left"
     );
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// csi-provisioner under a slow and failing API server: every request 50 ms late, new PVs
+/// throttled (429 with `Retry-After`), claim and PV writes failing (500, 503) and the open
+/// watches cut twice. Every claim is still provisioned once and Bound, and deleting the claims
+/// leaves no volume behind.
+#[tokio::test]
+async fn a_slow_and_failing_api_server_costs_no_volume() {
+    const CLAIMS: usize = 10;
+    let cluster = Cluster::start_with("api-unreliable", Options::with_api_faults()).await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = cluster
+        .storage_class("unreliable", "Immediate", "Delete", json!({}))
+        .await;
+    let faults = cluster.faults();
+    faults.set_latency(std::time::Duration::from_millis(50));
+    faults.fail_next(
+        "POST",
+        "persistentvolumes",
+        http::StatusCode::TOO_MANY_REQUESTS,
+        3,
+        Some(1),
+    );
+    faults.fail_next(
+        "PATCH",
+        "persistentvolumeclaims",
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        3,
+        None,
+    );
+    faults.fail_next(
+        "PATCH",
+        "persistentvolumes",
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        3,
+        None,
+    );
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    for i in 0..CLAIMS {
+        cluster
+            .create(&claims, claim(&format!("c{i}"), &class_name))
+            .await;
+        if i == CLAIMS / 2 {
+            faults.cut_watches();
+        }
+    }
+    faults.cut_watches();
+    for i in 0..CLAIMS {
+        cluster
+            .wait_for(&claims, &format!("c{i}"), "the claim Bound", bound)
+            .await;
+    }
+    let handles = |pvs: Vec<PersistentVolume>| -> Vec<String> {
+        let mut handles: Vec<String> = pvs
+            .into_iter()
+            .filter_map(|pv| Some(pv.spec?.csi?.volume_handle))
+            .collect();
+        handles.sort();
+        handles
+    };
+    let bound_handles = handles(cluster.driver_pvs().await);
+    assert_eq!(bound_handles.len(), CLAIMS, "one PV per claim");
+    let mut on_driver = cluster.driver_volumes().await;
+    on_driver.sort();
+    assert_eq!(on_driver, bound_handles, "one volume per PV, none more");
+    let pv_creates = pv_creates(&cluster);
+    assert!(
+        pv_creates >= CLAIMS as u64 + 3,
+        "the three throttled PV creates were sent again: {pv_creates}"
+    );
+
+    faults.cut_watches();
+    for i in 0..CLAIMS {
+        claims
+            .delete(&format!("c{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    cluster
+        .eventually_async("every PV and volume gone", || async {
+            cluster.driver_pvs().await.is_empty() && cluster.driver_volumes().await.is_empty()
+        })
+        .await;
+    faults.set_latency(std::time::Duration::ZERO);
     provisioner.stop().await;
     cluster.stop().await;
 }

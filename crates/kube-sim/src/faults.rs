@@ -1,7 +1,8 @@
 //! Fault injection and request counting, shared by kube-sim's API server and by the
 //! [`crate::proxy::FaultProxy`] that puts the same faults in front of a real API server: a test
-//! says which requests fail (method, resource, status, how often, `Retry-After`) or how slow
-//! every request is, and reads what was asked, by client, verb and resource.
+//! says which requests fail (method, resource, status, how often, `Retry-After`), how slow
+//! every request is, when the open watches end, and reads what was asked, by client, verb and
+//! resource.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tokio_util::sync::CancellationToken;
 
 use crate::errors::ApiError;
 
@@ -29,6 +31,8 @@ pub struct Fault {
 struct Rules {
     fail: Vec<Fault>,
     latency: Duration,
+    /// Cancelled to end every open watch; replaced afterwards.
+    watches: CancellationToken,
 }
 
 /// The faults of one server or proxy; clones share them.
@@ -59,8 +63,20 @@ impl Faults {
         self.rules().latency = latency;
     }
 
+    /// Ends every open watch (clients must resume from their last resourceVersion).
+    pub fn cut_watches(&self) {
+        let mut rules = self.rules();
+        rules.watches.cancel();
+        rules.watches = CancellationToken::new();
+    }
+
     pub(crate) fn latency(&self) -> Duration {
         self.rules().latency
+    }
+
+    /// Cancelled when the watches open now are cut.
+    pub(crate) fn watches(&self) -> CancellationToken {
+        self.rules().watches.clone()
     }
 
     /// The failure a request of `method` on `resource` gets instead of its answer, if any

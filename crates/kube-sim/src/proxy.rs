@@ -2,7 +2,7 @@
 //! forwards each request to the upstream server through a `kube::Client` (which brings the
 //! upstream's TLS and credentials), streams the answer back (watches included), and answers
 //! instead with the [`Faults`] a test set: a status with `Retry-After` on chosen methods and
-//! resources, a delay before every request. A component under test is pointed at the proxy
+//! resources, a delay before every request, the end of every open watch. A component under test is pointed at the proxy
 //! (its config from [`FaultProxy::config`]), while the rest of the cluster talks to the real
 //! server, so a fault reaches the component alone, as a fault on kube-sim reaches every client.
 
@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::errors::ApiError;
@@ -97,9 +98,12 @@ async fn forward(State(proxy): State<Arc<Proxy>>, request: Request) -> Response 
         tokio::time::sleep(latency).await;
     }
     let (mut parts, body) = request.into_parts();
+    let query: HashMap<String, String> =
+        serde_urlencoded::from_str(parts.uri.query().unwrap_or_default()).unwrap_or_default();
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    // Taken now: a cut made while the watch opens ends it too.
+    let cut = proxy.faults.watches();
     if let Some(resource) = ResourcePath::parse(parts.uri.path()) {
-        let query: HashMap<String, String> =
-            serde_urlencoded::from_str(parts.uri.query().unwrap_or_default()).unwrap_or_default();
         proxy.requests.count(
             &parts.method,
             (
@@ -131,7 +135,14 @@ async fn forward(State(proxy): State<Arc<Proxy>>, request: Request) -> Response 
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
             remove_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, Body::new(body))
+            let body = Body::new(body);
+            if !watch {
+                return Response::from_parts(parts, body);
+            }
+            let events = body
+                .into_data_stream()
+                .take_until(async move { cut.cancelled().await });
+            Response::from_parts(parts, Body::from_stream(events))
         }
         Err(error) => ApiError::with_reason(
             StatusCode::BAD_GATEWAY,

@@ -1,6 +1,7 @@
 //! The fault proxy in front of an API server: kube-sim by default, the cluster of
 //! `KUBE_SIM_COMPARE_KUBECONFIG` when set (as `make test-real` runs it). Through the proxy a
-//! client sees the server's own answers, watches included, but for the faults a test sets.
+//! client sees the server's own answers, watches included, but for the faults a test sets:
+//! failed requests and watches cut.
 
 use std::time::Duration;
 
@@ -70,6 +71,14 @@ async fn the_proxy_forwards_writes_reads_and_watches() {
         }
         other => panic!("expected the change, got {other:?}"),
     }
+    proxy.faults().cut_watches();
+    let ended = tokio::time::timeout(Duration::from_secs(10), watch.try_next())
+        .await
+        .expect("the watch ends when cut");
+    assert!(
+        matches!(ended, Ok(None)),
+        "no event after the cut: {ended:?}"
+    );
     let missing = proxied.get("absent").await.unwrap_err();
     assert!(
         matches!(&missing, kube::Error::Api(status) if status.code == 404),

@@ -55,8 +55,6 @@ pub struct Server {
     pub store: Store,
     pub registry: Registry,
     faults: Faults,
-    /// Cancelled to drop every open watch; replaced afterwards.
-    watches: Mutex<CancellationToken>,
     bookmark_interval: Mutex<Duration>,
     /// Events a watcher may fall behind before it is disconnected.
     watch_buffer: Mutex<usize>,
@@ -84,7 +82,6 @@ impl ApiServer {
             store: Store::default(),
             registry: Registry::default(),
             faults: Faults::default(),
-            watches: Mutex::new(CancellationToken::new()),
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
             watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
             requests: RequestCounter::default(),
@@ -134,13 +131,7 @@ impl ApiServer {
 
     /// Closes every open watch (clients must resume from their last resourceVersion).
     pub fn drop_watches(&self) {
-        let mut watches = self
-            .server
-            .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        watches.cancel();
-        *watches = CancellationToken::new();
+        self.server.faults.cut_watches();
     }
 
     /// Simulates an API server restart that keeps its objects: open watches drop and the
@@ -215,10 +206,7 @@ impl Server {
     }
 
     fn watch_token(&self) -> CancellationToken {
-        self.watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.faults.watches()
     }
 }
 
