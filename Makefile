@@ -21,13 +21,14 @@ IMAGE ?= csi-suite:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart
 test: fmt-check lint chart unit
 
 ## test-real: the scenario suite and kube-sim's API tests (compare mode) on a real control plane:
-## the cluster of KUBECONFIG, or ../shared/k8s/control-plane brought up and down around the run.
+## the cluster of KUBECONFIG, or ../shared/k8s/control-plane of each of K8S_VERSIONS (default
+## "1.28 1.19", side by side) brought up and down around the run.
 test-real: $(HELM) $(MOTO_SERVER)
 	CARGO="$(CARGO)" scripts/test-real.sh
 
-## test-node: the chart on a real kubelet (../shared/k8s/node, or the cluster of KUBECONFIG with
-## the image loaded): image built offline, registration, a smoke volume, a COSI bucket and its
-## credentials, fencing a real writer.
+## test-node: the chart on a real kubelet (../shared/k8s/node of each of K8S_VERSIONS in turn, or
+## the cluster of KUBECONFIG with the image loaded): image built offline, registration, a smoke
+## volume, a COSI bucket and its credentials, fencing a real writer.
 test-node: $(HELM) $(MOTO_SERVER) build
 	CARGO="$(CARGO)" scripts/test-node.sh
 
@@ -95,13 +96,16 @@ crds:
 ## or if readelf cannot read one (a missing readelf must not pass every binary).
 RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
   csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi kube-sim
+## RELEASE_PROFILE=ci-release (what .ci/run sets) builds them with Cargo.toml's CI profile
+## instead: the same code generation without fat LTO.
 HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')
 RELEASE_RUSTFLAGS := -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs
+RELEASE_PROFILE ?= release
 build:
-	RUSTFLAGS="$(RELEASE_RUSTFLAGS)" $(CARGO) build --release --locked --target $(HOST_TRIPLE) \
+	RUSTFLAGS="$(RELEASE_RUSTFLAGS)" $(CARGO) build --profile $(RELEASE_PROFILE) --locked --target $(HOST_TRIPLE) \
 	  $(addprefix -p ,$(RELEASE_PACKAGES)) --bins
 	mkdir -p target/release
-	@for binary in $$(find target/$(HOST_TRIPLE)/release -maxdepth 1 -type f -perm -u+x); do \
+	@for binary in $$(find target/$(HOST_TRIPLE)/$(RELEASE_PROFILE) -maxdepth 1 -type f -perm -u+x); do \
 	  headers=$$(readelf -lW $$binary) || { echo "make build: readelf failed on $$binary" >&2; exit 1; }; \
 	  case "$$headers" in *'program interpreter'*) \
 	    echo "make build: $$binary is dynamically linked; RELEASE_RUSTFLAGS did not apply" >&2; \
@@ -138,6 +142,7 @@ demo: $(MOTO_SERVER)
 ## podmon's failover time (1 and 10 pods per node, 20 runs), the registrar's and
 ## livenessprobe's footprint (the release binaries as their own
 ## processes); each rewrites its own sections of BENCHMARKS.md.
+bench: RELEASE_PROFILE = release
 bench: export CSI_SUITE_RELEASE_DIR = $(CURDIR)/target/$(HOST_TRIPLE)/release
 bench: $(MOTO_SERVER) build
 	$(CARGO) bench --locked -p csi-hostpath --bench driver

@@ -13,10 +13,21 @@
 #      and a BucketAccess get a bucket and a Secret whose key reads and writes it, until the
 #      access is deleted (the key is refused) and the claim too (the bucket is gone);
 #   6. uninstalls the chart; nothing is left behind (but the COSI CRDs and classes it keeps).
-# The node and control plane are ../shared/k8s's (started and stopped here) unless KUBECONFIG
-# names a cluster that already has the image; step 4 needs ../shared/k8s's node.
+# The node and control plane are ../shared/k8s's (started and stopped here, once for each of
+# K8S_VERSIONS, default "1.28 1.19") unless KUBECONFIG names a cluster that already has the
+# image; step 4 needs ../shared/k8s's node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ -z "${KUBECONFIG:-}" ] && [ -z "${K8S_VERSION:-}" ]; then
+  for version in ${K8S_VERSIONS:-1.28 1.19}; do
+    begin=$SECONDS
+    echo "test-node: on a v$version node"
+    K8S_VERSION=$version "$0" "$@"
+    echo "test-node: v$version passed in $((SECONDS - begin)) s"
+  done
+  exit 0
+fi
 
 K8S=${K8S_DIR:-../shared/k8s}
 CARGO=${CARGO:-cargo}
@@ -182,10 +193,13 @@ $CARGO run --locked -q -p csi-suite-scenarios --example node_image -- \
 if [ -n "$managed" ]; then "$K8S/node" import "$WORK/csi-suite.tar" >/dev/null; fi
 
 # A namespace accepts pods once its default ServiceAccount (and, before v1.24, its token) exists.
+server_minor=$("$kubectl" get --raw /version |
+  python3 -c 'import json, sys; print(int(json.load(sys.stdin)["minor"].rstrip("+")))')
+if [ "$server_minor" -lt 24 ]; then token_path='{.secrets[0].name}'; else token_path='{.metadata.name}'; fi
 namespace() {
   "$kubectl" create namespace "$1" >/dev/null
   until_ok 60 "namespace $1 admits pods" \
-    sh -c "'$kubectl' -n '$1' get serviceaccount default -o jsonpath='{.secrets[0].name}' | grep -q ."
+    sh -c "'$kubectl' -n '$1' get serviceaccount default -o jsonpath='$token_path' | grep -q ."
 }
 
 echo "== install the chart"
