@@ -2,9 +2,10 @@
 //! forwards each request to the upstream server through a `kube::Client` (which brings the
 //! upstream's TLS and credentials), streams the answer back (watches included), and answers
 //! instead with the [`Faults`] a test set: a status with `Retry-After` on chosen methods and
-//! resources, a delay before every request, the end of every open watch. A component under test is pointed at the proxy
-//! (its config from [`FaultProxy::config`]), while the rest of the cluster talks to the real
-//! server, so a fault reaches the component alone, as a fault on kube-sim reaches every client.
+//! resources, a delay before every request, the end of every open watch. A component under
+//! test is pointed at the proxy (its config from [`FaultProxy::config`]), while the rest of the
+//! cluster talks to the real server, so a fault reaches the component alone, as a fault on
+//! kube-sim reaches every client.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -30,19 +31,12 @@ struct Proxy {
 }
 
 /// A running proxy; dropping it stops it.
+#[derive(Debug)]
 pub struct FaultProxy {
     pub addr: SocketAddr,
     faults: Faults,
     requests: RequestCounter,
     shutdown: CancellationToken,
-}
-
-impl std::fmt::Debug for FaultProxy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultProxy")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
 }
 
 impl FaultProxy {

@@ -7,10 +7,11 @@
 //!   serves Kubernetes 1.33, which mounts projected tokens: no token Secret is made or needed,
 //!   as since 1.24.)
 //! - the root CA publisher (pkg/controller/certificates/rootcacertpublisher, since 1.20): every
-//!   such namespace holds the ConfigMap `kube-root-ca.crt`, put back when it is deleted or
-//!   changed. Its `ca.crt` is the CA data of the controller's own connection to the API server:
-//!   kube-sim serves plain HTTP, so it is empty, as kube-controller-manager publishes it over a
-//!   connection without one.
+//!   such namespace holds the ConfigMap `kube-root-ca.crt`, put back when it is deleted. Its
+//!   `ca.crt` is the CA data of the controller's own connection to the API server: kube-sim
+//!   serves plain HTTP, so it is empty, as kube-controller-manager publishes it over a
+//!   connection without one. A ConfigMap that exists is left as it is (on a real cluster, whose
+//!   controller manager publishes the real bundle, the role must not replace it).
 
 use std::sync::Arc;
 
@@ -94,23 +95,12 @@ async fn pass(client: Client, caches: Arc<Caches>) -> Result<(), RoleError> {
             let api: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
             tolerate(api.create(&PostParams::default(), &account).await)?;
         }
-        let current = config_maps.iter().find(|config_map| {
+        let published_here = config_maps.iter().any(|config_map| {
             in_namespace(config_map.namespace()) && config_map.name_any() == ROOT_CA_CONFIG_MAP
         });
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &name);
-        match current {
-            None => tolerate(api.create(&PostParams::default(), &published).await)?,
-            Some(current) if current.data != published.data => {
-                // The publisher replaces the data and keeps the rest (an update on the cached
-                // version: a conflict means a newer one, seen on the next pass).
-                let mut fixed = (**current).clone();
-                fixed.data = published.data.clone();
-                tolerate(
-                    api.replace(ROOT_CA_CONFIG_MAP, &PostParams::default(), &fixed)
-                        .await,
-                )?;
-            }
-            Some(_) => {}
+        if !published_here {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &name);
+            tolerate(api.create(&PostParams::default(), &published).await)?;
         }
     }
     Ok(())
