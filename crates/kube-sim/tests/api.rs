@@ -356,12 +356,38 @@ async fn json_patch_test_guards() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        code(
-            api.patch("j", &PatchParams::default(), &Patch::Json::<()>(guarded))
-                .await
-        ),
-        422
+    // A failed test, a missing path, an unknown operation: apimachinery's generic 422.
+    let path = format!("/api/v1/namespaces/{}/configmaps/j", c.namespace);
+    let send = |body: serde_json::Value| {
+        let request = http::Request::patch(path.clone())
+            .header("content-type", "application/json-patch+json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        let client = c.client.clone();
+        async move {
+            match client.request_text(request).await {
+                Err(kube::Error::Api(status)) => (status.code, status.reason, status.message),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+    };
+    let not_applied = (
+        422,
+        "Invalid".to_string(),
+        "the server rejected our request due to an error in our request".to_string(),
+    );
+    let missing = json!([{"op": "replace", "path": "/data/nokey/x", "value": "3"}]);
+    let unknown = json!([{"op": "bogus", "path": "/data/key", "value": "3"}]);
+    for refused in [serde_json::to_value(&guarded).unwrap(), missing, unknown] {
+        assert_eq!(send(refused.clone()).await, not_applied, "{refused}");
+    }
+    // A body that is no list of operations is 400 (v1.19 names the library's type, later
+    // servers their handler's: "error decoding patch: … []handlers.jsonPatchOp").
+    let (code, reason, message) = send(json!({"not": "a list"})).await;
+    assert_eq!((code, reason.as_str()), (400, "BadRequest"), "{message}");
+    assert!(
+        message.contains("json: cannot unmarshal object into Go value of type "),
+        "{message}"
     );
     assert_eq!(api.get("j").await.unwrap().data.unwrap()["key"], "2");
 }

@@ -85,17 +85,7 @@ pub(super) fn patch(
     let mut patched = conversion::to_served(served, &current).into_owned();
     match media {
         "application/merge-patch+json" => json_patch::merge(&mut patched, &patch),
-        "application/json-patch+json" => {
-            let operations: json_patch::Patch = serde_json::from_value(patch)
-                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut patched, &operations).map_err(|e| {
-                ApiError::invalid(
-                    &rt.kind,
-                    name,
-                    format!("the JSON patch could not be applied: {e}"),
-                )
-            })?;
-        }
+        "application/json-patch+json" => apply_json_patch(&mut patched, patch)?,
         "application/strategic-merge-patch+json" => {
             if !strategic::supports_kind(&served.kind)
                 || !served.group.is_empty() && !is_builtin_group(&served.group)
@@ -135,4 +125,43 @@ fn without_version(mut object: Value) -> Value {
         meta.remove("resourceVersion");
     }
     object
+}
+
+/// A JSON patch as kube-apiserver's patch handler applies it: a body that is no list of
+/// operations is 400; an operation it cannot apply (unknown, a failed `test`, a missing path)
+/// is 422 Invalid with apimachinery's generic message, which names neither the operation nor
+/// the object (so v1.19 and v1.28 answer).
+fn apply_json_patch(object: &mut Value, patch: Value) -> Result<(), ApiError> {
+    let go_type = |value: &Value| match value {
+        Value::Object(_) => "object",
+        Value::Array(_) => "array",
+        Value::String(_) => "string",
+        Value::Number(_) => "number",
+        Value::Bool(_) => "bool",
+        Value::Null => "null",
+    };
+    let not_decoded = |value: &Value, into: &str| {
+        ApiError::bad_request(format!(
+            "error decoding patch: json: cannot unmarshal {} into Go value of type {into}",
+            go_type(value)
+        ))
+    };
+    let Value::Array(operations) = &patch else {
+        return Err(not_decoded(&patch, "[]handlers.jsonPatchOp"));
+    };
+    if let Some(operation) = operations
+        .iter()
+        .find(|op| !op.is_object() && !op.is_null())
+    {
+        return Err(not_decoded(operation, "handlers.jsonPatchOp"));
+    }
+    let not_applied = || {
+        ApiError::with_reason(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        )
+    };
+    let operations: json_patch::Patch = serde_json::from_value(patch).map_err(|_| not_applied())?;
+    json_patch::patch(object, &operations).map_err(|_| not_applied())
 }
