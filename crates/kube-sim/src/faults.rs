@@ -1,7 +1,7 @@
 //! Fault injection and request counting, shared by kube-sim's API server and by the
 //! [`crate::proxy::FaultProxy`] that puts the same faults in front of a real API server: a test
 //! says which requests fail (method, resource, status, how often, `Retry-After`), how slow
-//! every request is, when the open watches end, and reads what was asked, by client, verb and
+//! every request is, when the open watches end and whether they may resume, and reads what was asked, by client, verb and
 //! resource.
 
 use std::collections::{BTreeMap, HashMap};
@@ -33,6 +33,8 @@ struct Rules {
     latency: Duration,
     /// Cancelled to end every open watch; replaced afterwards.
     watches: CancellationToken,
+    /// How many more watches that resume from a resourceVersion get 410 Gone.
+    expire_resumes: usize,
 }
 
 /// The faults of one server or proxy; clones share them.
@@ -70,6 +72,13 @@ impl Faults {
         rules.watches = CancellationToken::new();
     }
 
+    /// Answers the next `count` watches that resume from a resourceVersion with 410 Gone, as
+    /// a server answers once that version has left its history (a restart, a compaction):
+    /// their clients must list again.
+    pub fn expire_watch_resumes(&self, count: usize) {
+        self.rules().expire_resumes = count;
+    }
+
     pub(crate) fn latency(&self) -> Duration {
         self.rules().latency
     }
@@ -96,6 +105,24 @@ impl Faults {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
         Some(response)
+    }
+
+    /// The 410 Gone a watch with `query` gets instead of its events, if it resumes from a
+    /// resourceVersion while [`Faults::expire_watch_resumes`] has some left.
+    pub(crate) fn expired_resume(&self, query: &HashMap<String, String>) -> Option<Response> {
+        let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        let from: u64 = query
+            .get("resourceVersion")
+            .filter(|_| watch)?
+            .parse()
+            .ok()
+            .filter(|&version| version != 0)?;
+        let mut rules = self.rules();
+        rules.expire_resumes = rules.expire_resumes.checked_sub(1)?;
+        Some(crate::apiserver::too_old_watch(
+            from,
+            from.saturating_add(1),
+        ))
     }
 
     fn rules(&self) -> std::sync::MutexGuard<'_, Rules> {
@@ -329,5 +356,42 @@ mod tests {
         assert_eq!(status(Method::PATCH, "persistentvolumes"), None);
         assert_eq!(status(Method::PUT, "leases"), Some((429, Some("3".into()))));
         assert_eq!(status(Method::PUT, "leases"), None);
+    }
+
+    #[test]
+    fn only_watches_resuming_from_a_version_expire() {
+        let faults = Faults::default();
+        let query = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let resume = query(&[("watch", "true"), ("resourceVersion", "42")]);
+        assert!(faults.expired_resume(&resume).is_none(), "none asked");
+        faults.expire_watch_resumes(2);
+        for not_a_resume in [
+            query(&[("resourceVersion", "42")]),
+            query(&[("watch", "true")]),
+            query(&[("watch", "true"), ("resourceVersion", "0")]),
+            query(&[("watch", "1"), ("resourceVersion", "x")]),
+        ] {
+            assert!(
+                faults.expired_resume(&not_a_resume).is_none(),
+                "{not_a_resume:?}"
+            );
+        }
+        let expired = faults.expired_resume(&resume).expect("the first resume");
+        assert_eq!(
+            expired.status(),
+            StatusCode::OK,
+            "a watch's 410 is an ERROR event"
+        );
+        assert!(
+            faults
+                .expired_resume(&query(&[("watch", "1"), ("resourceVersion", "7")]))
+                .is_some()
+        );
+        assert!(faults.expired_resume(&resume).is_none(), "two were asked");
     }
 }

@@ -2,7 +2,8 @@
 //! forwards each request to the upstream server through a `kube::Client` (which brings the
 //! upstream's TLS and credentials), streams the answer back (watches included), and answers
 //! instead with the [`Faults`] a test set: a status with `Retry-After` on chosen methods and
-//! resources, a delay before every request, the end of every open watch. A component under
+//! resources, a delay before every request, the end of every open watch, 410 Gone to the
+//! watches that resume after it. A component under
 //! test is pointed at the proxy (its config from [`FaultProxy::config`]), while the rest of the
 //! cluster talks to the real server, so a fault reaches the component alone, as a fault on
 //! kube-sim reaches every client.
@@ -110,6 +111,9 @@ async fn forward(State(proxy): State<Arc<Proxy>>, request: Request) -> Response 
             &query,
         );
         if let Some(response) = proxy.faults.injected(&parts.method, &resource.plural) {
+            return response;
+        }
+        if let Some(response) = proxy.faults.expired_resume(&query) {
             return response;
         }
     }

@@ -1,7 +1,7 @@
 //! The fault proxy in front of an API server: kube-sim by default, the cluster of
 //! `KUBE_SIM_COMPARE_KUBECONFIG` when set (as `make test-real` runs it). Through the proxy a
 //! client sees the server's own answers, watches included, but for the faults a test sets:
-//! failed requests and watches cut.
+//! failed requests, watches cut, and resumes refused as expired.
 
 use std::time::Duration;
 
@@ -138,6 +138,62 @@ async fn the_proxy_injects_faults_on_chosen_methods_and_resources() {
     assert_eq!(response.status(), 200);
     let direct: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     assert_eq!(direct.get("a").await.unwrap().data.unwrap()["key"], "3");
+    Api::<Namespace>::all(client)
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_proxy_answers_watch_resumes_with_410_gone_when_asked() {
+    let (client, _sim, namespace) = upstream("proxy-expired").await;
+    let proxy = FaultProxy::start(client.clone()).await.unwrap();
+    let proxied: Api<ConfigMap> =
+        Api::namespaced(Client::try_from(proxy.config()).unwrap(), &namespace);
+    let created = proxied
+        .create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    let version = created.resource_version().unwrap();
+    proxy.faults().expire_watch_resumes(1);
+    let watch = |version: String| {
+        let proxied = proxied.clone();
+        async move {
+            let stream = proxied
+                .watch(&WatchParams::default().timeout(5), &version)
+                .await
+                .unwrap();
+            tokio::time::timeout(Duration::from_secs(30), Box::pin(stream).try_next())
+                .await
+                .expect("an event or the end")
+                .unwrap()
+        }
+    };
+    match watch(version.clone()).await {
+        Some(WatchEvent::Error(status)) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+            assert!(status.message.starts_with("too old resource version: "));
+        }
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    // A watch from "now" (a fresh list's state) is not a resume; the next resume is served.
+    let fresh = proxied
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap();
+    assert!(matches!(
+        Box::pin(fresh).try_next().await.unwrap(),
+        Some(WatchEvent::Added(_))
+    ));
+    let patch = json!({"data": {"key": "2"}});
+    proxied
+        .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert!(
+        matches!(watch(version).await, Some(WatchEvent::Modified(_))),
+        "the fault expired after one"
+    );
     Api::<Namespace>::all(client)
         .delete(&namespace, &DeleteParams::default())
         .await

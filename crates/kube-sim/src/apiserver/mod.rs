@@ -15,6 +15,8 @@ mod update;
 mod validation;
 mod watch;
 
+pub(crate) use watch::too_old as too_old_watch;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -258,6 +260,9 @@ async fn handle(
                     .requests
                     .count(&method, resource, named, &headers, &query);
                 if let Some(response) = server.faults.injected(&method, &target.rt.plural) {
+                    return response;
+                }
+                if let Some(response) = server.faults.expired_resume(&query) {
                     return response;
                 }
                 dispatch(&server, &method, target, &headers, &query, &body)

@@ -87,6 +87,17 @@ impl Watcher {
     }
 }
 
+/// The answer to a watch that resumes from a version older than the server's history: one
+/// ERROR event carrying a 410 Status, then the end; the client lists again
+/// (https://kubernetes.io/docs/reference/using-api/api-concepts/#410-gone-responses).
+pub(crate) fn too_old(from: u64, oldest: u64) -> Response {
+    let status = ApiError::gone(format!("too old resource version: {from} ({oldest})")).status();
+    stream_body(futures::stream::iter([Ok(event_line(
+        "ERROR",
+        &encode(&status),
+    ))]))
+}
+
 fn encode(value: &Value) -> Bytes {
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
 }
@@ -153,15 +164,7 @@ pub(super) fn serve(
             })?;
             match server.store.watch_from(Some(from)) {
                 Ok(start) => (Vec::new(), start),
-                Err(oldest) => {
-                    // Too old: one ERROR event carrying a 410 Status, then the end
-                    // (https://kubernetes.io/docs/reference/using-api/api-concepts/#410-gone-responses).
-                    let status =
-                        ApiError::gone(format!("too old resource version: {from} ({oldest})"))
-                            .status();
-                    let body = futures::stream::iter([Ok(event_line("ERROR", &encode(&status)))]);
-                    return Ok(stream_body(body));
-                }
+                Err(oldest) => return Ok(too_old(from, oldest)),
             }
         }
     };
