@@ -710,8 +710,17 @@ impl Cluster {
 
     /// The volume ids the driver's controller lists.
     pub async fn driver_volumes(&self) -> Vec<String> {
-        let response = self
-            .driver
+        self.listed_volumes()
+            .await
+            .into_iter()
+            .filter_map(|e| e.volume.map(|v| v.volume_id))
+            .collect()
+    }
+
+    /// What the driver's controller lists (ListVolumes): each volume with its capacity and
+    /// the nodes it is published to.
+    pub async fn listed_volumes(&self) -> Vec<csi_proto::csi::v1::list_volumes_response::Entry> {
+        self.driver
             .controller
             .csi
             .list_volumes(
@@ -719,12 +728,8 @@ impl Cluster {
                 Duration::from_secs(10),
             )
             .await
-            .expect("ListVolumes");
-        response
+            .expect("ListVolumes")
             .entries
-            .into_iter()
-            .filter_map(|e| e.volume.map(|v| v.volume_id))
-            .collect()
     }
 
     /// Runs csi-attacher's controller in this process against the driver's controller
@@ -1124,6 +1129,21 @@ impl Cluster {
         let mut config = self.component_config(component);
         config.auth_info = object(serde_json::json!({ "token": token }));
         csi_sidecar::kube::client_from_config(config, None).expect("a client")
+    }
+
+    /// What the reliability scenarios put their components through: every request 50 ms
+    /// late, and the next three requests of each `(method, resource, status, Retry-After)`
+    /// failed. Returns the faults, to cut watches and to check that all were met.
+    pub fn slow_and_failing_api(
+        &self,
+        failures: &[(&str, &str, http::StatusCode, Option<u64>)],
+    ) -> Faults {
+        let faults = self.faults();
+        faults.set_latency(Duration::from_millis(50));
+        for &(method, resource, status, retry_after) in failures {
+            faults.fail_next(method, resource, status, 3, retry_after);
+        }
+        faults
     }
 
     /// The API faults of the scenario's components: kube-sim's own, or on a real cluster

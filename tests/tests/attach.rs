@@ -15,6 +15,7 @@ use csi_suite_scenarios::fixtures::{
     is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv, static_pvc,
 };
 use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
+use http::StatusCode;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::ResourceExt;
@@ -102,15 +103,9 @@ async fn wait_attached(cluster: &Cluster, name: &str) -> VolumeAttachment {
 
 /// The node IDs the driver reports `handle` published to (ListVolumes).
 async fn published_nodes(cluster: &Cluster, handle: &str) -> Vec<String> {
-    let response = cluster
-        .driver
-        .controller
-        .csi
-        .list_volumes(csi::ListVolumesRequest::default(), Duration::from_secs(10))
+    cluster
+        .listed_volumes()
         .await
-        .expect("ListVolumes");
-    response
-        .entries
         .into_iter()
         .filter(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == handle))
         .flat_map(|e| e.status.map(|s| s.published_node_ids).unwrap_or_default())
@@ -596,20 +591,8 @@ async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
     let faults = cluster.faults();
     let (proxy, attacher) = attacher_through_proxy(&cluster).await;
     let (pv_name, _) = static_volume(&cluster, "vol").await;
-    faults.fail_next(
-        "PATCH",
-        "persistentvolumes",
-        http::StatusCode::CONFLICT,
-        2,
-        None,
-    );
-    faults.fail_next(
-        "PATCH",
-        "volumeattachments",
-        http::StatusCode::CONFLICT,
-        3,
-        None,
-    );
+    faults.fail_next("PATCH", "persistentvolumes", StatusCode::CONFLICT, 2, None);
+    faults.fail_next("PATCH", "volumeattachments", StatusCode::CONFLICT, 3, None);
     proxy.fail_with(Some((tonic::Code::Unavailable, "driver restarting")));
     let va_name = format!("{}-busy", cluster.namespace);
     create_attachment(&cluster, &va_name, &cluster.node("node-a"), &pv_name).await;
@@ -625,13 +608,7 @@ async fn attach_conflicts_and_driver_restarts_cause_no_duplicate_calls() {
     wait_attached(&cluster, &va_name).await;
     assert_eq!(proxy.forwarded("ControllerPublishVolume"), 1);
 
-    faults.fail_next(
-        "PATCH",
-        "volumeattachments",
-        http::StatusCode::CONFLICT,
-        2,
-        None,
-    );
+    faults.fail_next("PATCH", "volumeattachments", StatusCode::CONFLICT, 2, None);
     cluster
         .cluster_scoped::<VolumeAttachment>()
         .delete(&va_name, &DeleteParams::default())
@@ -684,5 +661,104 @@ async fn attach_converges_after_a_kill_between_publish_and_status() {
     assert_eq!(published_nodes(&cluster, &handle).await, [id]);
     detach(&cluster, &va_name).await;
     restarted.stop().await;
+    cluster.stop().await;
+}
+
+/// csi-attacher under a slow and failing API server: every request 50 ms late, its
+/// VolumeAttachment writes throttled (429 with `Retry-After`) and failing (500, 503), PV writes
+/// failing, and its watches cut, some resumes refused as expired (410 Gone, so it lists
+/// again). Every VolumeAttachment is still attached with the volume published to its node,
+/// then detached with the volume released and the finalizer gone; no volume stays published.
+#[tokio::test]
+async fn attach_survives_a_slow_and_failing_api_server() {
+    const VOLUMES: usize = 6;
+    let options = Options {
+        api_faults: true,
+        ..options("a-unreliable.io")
+    };
+    let cluster = Cluster::start_with("attach-unreliable", options).await;
+    let (proxy, attacher) = attacher_through_proxy(&cluster).await;
+    let node = cluster.node("node-a");
+    let node_id = node_id(&cluster, &node).await;
+    let mut volumes = Vec::new();
+    for i in 0..VOLUMES {
+        volumes.push(static_volume(&cluster, &format!("vol{i}")).await);
+    }
+    let faults = cluster.slow_and_failing_api(&[
+        (
+            "PATCH",
+            "volumeattachments",
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(1),
+        ),
+        (
+            "PATCH",
+            "volumeattachments",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+        ),
+        (
+            "PATCH",
+            "persistentvolumes",
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+        ),
+    ]);
+    let va_name = |i: usize| format!("{}-unreliable-{i}", cluster.namespace);
+    for (i, (pv_name, _)) in volumes.iter().enumerate() {
+        create_attachment(&cluster, &va_name(i), &node, pv_name).await;
+        if i == VOLUMES / 2 {
+            faults.expire_watch_resumes(2);
+            faults.cut_watches();
+        }
+    }
+    for i in 0..VOLUMES {
+        wait_attached(&cluster, &va_name(i)).await;
+    }
+    for (_, handle) in &volumes {
+        assert_eq!(
+            published_nodes(&cluster, handle).await,
+            std::slice::from_ref(&node_id)
+        );
+    }
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
+    let (publishes, _) = publishes_and_unpublishes(&proxy);
+    assert!(
+        publishes >= VOLUMES,
+        "every volume published: {publishes} calls"
+    );
+
+    faults.fail_next(
+        "PATCH",
+        "volumeattachments",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        3,
+        None,
+    );
+    faults.expire_watch_resumes(2);
+    faults.cut_watches();
+    let attachments = cluster.cluster_scoped::<VolumeAttachment>();
+    for i in 0..VOLUMES {
+        attachments
+            .delete(&va_name(i), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for i in 0..VOLUMES {
+        cluster
+            .wait_gone(&attachments, &va_name(i), "the VolumeAttachment detached")
+            .await;
+    }
+    for (_, handle) in &volumes {
+        assert!(
+            published_nodes(&cluster, handle).await.is_empty(),
+            "{handle} released"
+        );
+    }
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
+    let (_, unpublishes) = publishes_and_unpublishes(&proxy);
+    assert!(unpublishes >= VOLUMES, "{unpublishes} unpublish calls");
+    faults.set_latency(Duration::ZERO);
+    attacher.stop().await;
     cluster.stop().await;
 }

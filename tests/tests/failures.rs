@@ -453,8 +453,8 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
 
 /// csi-provisioner under a slow and failing API server: every request 50 ms late, new PVs
 /// throttled (429 with `Retry-After`), claim and PV writes failing (500, 503) and the open
-/// watches cut twice. Every claim is still provisioned once and Bound, and deleting the claims
-/// leaves no volume behind.
+/// watches cut three times, two resumes refused as expired (410 Gone). Every claim is still
+/// provisioned once and Bound, and deleting the claims leaves no volume behind.
 #[tokio::test]
 async fn a_slow_and_failing_api_server_costs_no_volume() {
     const CLAIMS: usize = 10;
@@ -492,6 +492,7 @@ async fn a_slow_and_failing_api_server_costs_no_volume() {
             .create(&claims, claim(&format!("c{i}"), &class_name))
             .await;
         if i == CLAIMS / 2 {
+            faults.expire_watch_resumes(2);
             faults.cut_watches();
         }
     }
@@ -532,6 +533,8 @@ async fn a_slow_and_failing_api_server_costs_no_volume() {
             cluster.driver_pvs().await.is_empty() && cluster.driver_volumes().await.is_empty()
         })
         .await;
+    // The PV patches failed are those of deletion (the finalizer's removal).
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
     faults.set_latency(std::time::Duration::ZERO);
     provisioner.stop().await;
     cluster.stop().await;

@@ -15,7 +15,8 @@ use std::time::Duration;
 use csi_hostpath::export::can_resize_online;
 use csi_proto::csi::v1 as csi;
 use csi_suite_scenarios::fixtures::{bound, is_running, pod};
-use csi_suite_scenarios::{Cluster, Sidecar, report_skip, skip_without_root};
+use csi_suite_scenarios::{Cluster, Options, Sidecar, report_skip, skip_without_root};
+use http::StatusCode;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -376,5 +377,87 @@ async fn an_infeasible_size_is_reported_and_a_smaller_request_recovers() {
     }
     wait_pv_capacity(&cluster, &pv, "3Mi").await;
     wait_claim_capacity(&cluster, "data", "3Mi").await;
+    cluster.stop().await;
+}
+
+/// The capacity in bytes the driver reports for `handle` (ListVolumes).
+async fn driver_capacity(cluster: &Cluster, handle: &str) -> i64 {
+    cluster
+        .listed_volumes()
+        .await
+        .into_iter()
+        .filter_map(|e| e.volume)
+        .find(|v| v.volume_id == handle)
+        .map(|v| v.capacity_bytes)
+        .expect("the volume at the driver")
+}
+
+/// csi-resizer under a slow and failing API server: every request 50 ms late, claim status
+/// writes throttled (429 with `Retry-After`) and failing (503), PV writes failing (500), and
+/// the watches cut, some resumes refused as expired (410 Gone). Every claim still grows: the
+/// volume at the driver, its PV and the claim's capacity, with no resize condition left.
+#[tokio::test]
+async fn expansion_survives_a_slow_and_failing_api_server() {
+    const CLAIMS: usize = 4;
+    let cluster = Cluster::start_with("resize-unreliable", Options::with_api_faults()).await;
+    let _controllers = controllers(&cluster).await;
+    let class = expandable_class(&cluster, "unreliable", json!({})).await;
+    let mut pvs = Vec::new();
+    for i in 0..CLAIMS {
+        pvs.push(bound_claim(&cluster, &format!("d{i}"), &class, "2Mi").await);
+    }
+
+    let faults = cluster.slow_and_failing_api(&[
+        (
+            "PATCH",
+            "persistentvolumeclaims",
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(1),
+        ),
+        (
+            "PATCH",
+            "persistentvolumeclaims",
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+        ),
+        (
+            "PATCH",
+            "persistentvolumes",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+        ),
+    ]);
+    for i in 0..CLAIMS {
+        // On kube-sim the faults meet every client, the scenario's own requests too.
+        let claim = format!("d{i}");
+        cluster
+            .eventually_async("the larger request taken", || async {
+                try_request(&cluster, &claim, "4Mi").await.is_ok()
+            })
+            .await;
+        if i == CLAIMS / 2 {
+            faults.expire_watch_resumes(2);
+            faults.cut_watches();
+        }
+    }
+    for (i, pv) in pvs.iter().enumerate() {
+        wait_pv_capacity(&cluster, pv, "4Mi").await;
+        wait_claim_capacity(&cluster, &format!("d{i}"), "4Mi").await;
+        let handle = cluster
+            .cluster_scoped::<PersistentVolume>()
+            .get(pv)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.csi)
+            .map(|c| c.volume_handle)
+            .expect("a CSI PV");
+        assert!(
+            driver_capacity(&cluster, &handle).await >= 4 << 20,
+            "{pv} grown at the driver"
+        );
+    }
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
+    faults.set_latency(Duration::ZERO);
     cluster.stop().await;
 }

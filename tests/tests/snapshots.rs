@@ -17,7 +17,8 @@ use csi_suite_scenarios::fixtures::{
 };
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
-use csi_suite_scenarios::{Cluster, Options, skip_without_root};
+use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
+use http::StatusCode;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
@@ -79,6 +80,27 @@ async fn class(cluster: &Cluster, suffix: &str, policy: &str, default: bool) -> 
         .await;
     cluster.delete_at_cleanup::<VolumeSnapshotClass>(None, &name);
     name
+}
+
+/// The snapshot CRDs, a Bound claim `source` of a new Immediate class, the provisioner and
+/// the snapshot-controller running (no csi-snapshotter yet), the snapshotter's secret, and a
+/// snapshot class named after `suffix` (policy Delete); returns the two sidecars and the
+/// class's name.
+async fn bound_source(cluster: &Cluster, suffix: &str) -> (Sidecar, Sidecar, String) {
+    install_snapshot_crds(&cluster.client).await;
+    let storage = cluster
+        .storage_class("snap", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster.create(&claims, claim("source", &storage)).await;
+    let provisioner = cluster.start_provisioner().await;
+    let controller = cluster.start_snapshot_controller();
+    secret(cluster, "snapshotter", "s3cret").await;
+    let snapshot_class = class(cluster, suffix, "Delete", false).await;
+    cluster
+        .wait_for(&claims, "source", "the source claim Bound", bound)
+        .await;
+    (provisioner, controller, snapshot_class)
 }
 
 /// Cuts a snapshot `name` of `claim` with `class` and waits until it is ready; returns it and
@@ -453,19 +475,8 @@ async fn a_snapshot_is_cut_under_upstream_rbac() {
 #[tokio::test]
 async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
     let cluster = Cluster::start_with("snapshot-release-fails", Options::with_api_faults()).await;
-    install_snapshot_crds(&cluster.client).await;
-    let storage = cluster
-        .storage_class("snap", "Immediate", "Delete", json!({}))
-        .await;
+    let (provisioner, controller, snapshot_class) = bound_source(&cluster, "release-fails").await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
-    cluster.create(&claims, claim("source", &storage)).await;
-    let provisioner = cluster.start_provisioner().await;
-    let controller = cluster.start_snapshot_controller();
-    secret(&cluster, "snapshotter", "s3cret").await;
-    let snapshot_class = class(&cluster, "release-fails", "Delete", false).await;
-    cluster
-        .wait_for(&claims, "source", "the source claim Bound", bound)
-        .await;
 
     // No csi-snapshotter yet: the snapshot stays unready and its claim protected.
     let snapshots = cluster.namespaced::<VolumeSnapshot>();
@@ -485,7 +496,7 @@ async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
     cluster.faults().fail_next(
         "PATCH",
         "persistentvolumeclaims",
-        http::StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::INTERNAL_SERVER_ERROR,
         3,
         None,
     );
@@ -584,5 +595,115 @@ async fn a_content_bound_to_another_snapshot_is_refused_as_upstream() {
         .delete_and_wait(&snapshots, "misbound", "the refused snapshot deleted")
         .await;
     controller.stop().await;
+    cluster.stop().await;
+}
+
+/// The snapshot-controller and csi-snapshotter under a slow and failing API server: every
+/// request 50 ms late, new contents throttled (429 with `Retry-After`), content and snapshot
+/// writes failing (500, 503), and the watches cut, some resumes refused as expired (410 Gone).
+/// Every snapshot is still cut once and ready, and deleting them leaves no snapshot at the
+/// driver and no content.
+#[tokio::test]
+async fn snapshots_survive_a_slow_and_failing_api_server() {
+    const SNAPSHOTS: usize = 4;
+    let cluster = Cluster::start_with("snapshot-unreliable", Options::with_api_faults()).await;
+    let (provisioner, controller, snapshot_class) = bound_source(&cluster, "unreliable").await;
+    let snapshotter = cluster.start_snapshotter().await;
+    let before = driver_snapshots(&cluster).await.len();
+
+    let faults = cluster.slow_and_failing_api(&[
+        (
+            "POST",
+            "volumesnapshotcontents",
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(1),
+        ),
+        (
+            "PATCH",
+            "volumesnapshotcontents",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+        ),
+        (
+            "PATCH",
+            "volumesnapshots",
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+        ),
+    ]);
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    for i in 0..SNAPSHOTS {
+        cluster
+            .create(
+                &snapshots,
+                json!({"metadata": {"name": format!("s{i}")},
+                    "spec": {"source": {"persistentVolumeClaimName": "source"},
+                             "volumeSnapshotClassName": snapshot_class}}),
+            )
+            .await;
+        if i == SNAPSHOTS / 2 {
+            faults.expire_watch_resumes(3);
+            faults.cut_watches();
+        }
+    }
+    let mut contents = Vec::new();
+    for i in 0..SNAPSHOTS {
+        let snapshot = cluster
+            .wait_for(&snapshots, &format!("s{i}"), "the snapshot ready", ready)
+            .await;
+        contents.extend(
+            snapshot
+                .status
+                .and_then(|s| s.bound_volume_snapshot_content_name),
+        );
+    }
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
+    assert_eq!(
+        driver_snapshots(&cluster).await.len(),
+        before + SNAPSHOTS,
+        "one snapshot cut per VolumeSnapshot"
+    );
+    contents.sort();
+    contents.dedup();
+    assert_eq!(contents.len(), SNAPSHOTS, "a content of its own for each");
+
+    faults.fail_next(
+        "PATCH",
+        "volumesnapshotcontents",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        3,
+        None,
+    );
+    faults.fail_next(
+        "PATCH",
+        "volumesnapshots",
+        StatusCode::SERVICE_UNAVAILABLE,
+        3,
+        None,
+    );
+    faults.expire_watch_resumes(3);
+    faults.cut_watches();
+    for i in 0..SNAPSHOTS {
+        snapshots
+            .delete(&format!("s{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let all_contents = cluster.cluster_scoped::<VolumeSnapshotContent>();
+    for content in &contents {
+        cluster
+            .wait_gone(&all_contents, content, "the content deleted")
+            .await;
+    }
+    cluster
+        .eventually_async("the snapshots gone from the driver", || async {
+            driver_snapshots(&cluster).await.len() == before
+        })
+        .await;
+    assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
+    faults.set_latency(Duration::ZERO);
+    snapshotter.stop().await;
+    controller.stop().await;
+    provisioner.stop().await;
     cluster.stop().await;
 }

@@ -79,6 +79,29 @@ impl Faults {
         self.rules().expire_resumes = count;
     }
 
+    /// The failures and expired resumes asked for that have not happened yet (`PATCH
+    /// leases 409 ×2`, `1 watch resume to expire`): a test checks with it that its faults
+    /// were met.
+    pub fn unspent(&self) -> Vec<String> {
+        let rules = self.rules();
+        let mut unspent: Vec<String> = rules
+            .fail
+            .iter()
+            .filter(|f| f.remaining > 0)
+            .map(|f| {
+                let status = f.status.as_u16();
+                format!("{} {} {status} ×{}", f.method, f.resource, f.remaining)
+            })
+            .collect();
+        if rules.expire_resumes > 0 {
+            unspent.push(format!(
+                "{} watch resume(s) to expire",
+                rules.expire_resumes
+            ));
+        }
+        unspent
+    }
+
     pub(crate) fn latency(&self) -> Duration {
         self.rules().latency
     }
@@ -335,6 +358,10 @@ mod tests {
         let faults = Faults::default();
         faults.fail_next("PATCH", "persistentvolumes", StatusCode::CONFLICT, 2, None);
         faults.fail_next("*", "leases", StatusCode::TOO_MANY_REQUESTS, 1, Some(3));
+        assert_eq!(
+            faults.unspent(),
+            ["PATCH persistentvolumes 409 ×2", "* leases 429 ×1"]
+        );
         let status = |method: Method, resource: &str| {
             faults.injected(&method, resource).map(|r| {
                 let retry = r
@@ -356,6 +383,7 @@ mod tests {
         assert_eq!(status(Method::PATCH, "persistentvolumes"), None);
         assert_eq!(status(Method::PUT, "leases"), Some((429, Some("3".into()))));
         assert_eq!(status(Method::PUT, "leases"), None);
+        assert!(faults.unspent().is_empty());
     }
 
     #[test]
@@ -393,5 +421,6 @@ mod tests {
                 .is_some()
         );
         assert!(faults.expired_resume(&resume).is_none(), "two were asked");
+        assert!(faults.unspent().is_empty());
     }
 }
