@@ -60,6 +60,40 @@ pub fn requested_size(
     Ok((size, limit))
 }
 
+/// The size ControllerExpandVolume grows a volume of `current` bytes to: at least
+/// `required_bytes`, and never less than it is (volumes do not shrink). A range that sets
+/// neither field asks for nothing: the CSI spec requires one of them, so it is refused rather
+/// than read as a new volume's default size.
+pub fn expanded_size(
+    range: &csi::CapacityRange,
+    current: u64,
+    max: u64,
+) -> Result<u64, DriverError> {
+    let (required, limit) = (range.required_bytes, range.limit_bytes);
+    if required < 0 || limit < 0 {
+        return Err(DriverError::Negative {
+            field: "capacity_range bytes",
+        });
+    }
+    if required == 0 && limit == 0 {
+        return Err(DriverError::EmptyCapacityRange);
+    }
+    let (required, limit) = (required.unsigned_abs(), limit.unsigned_abs());
+    if limit > 0 && required > limit {
+        return Err(DriverError::RequiredAboveLimit { required, limit });
+    }
+    if required > max {
+        return Err(DriverError::AboveMaximumSize {
+            size: required,
+            max,
+        });
+    }
+    if limit > 0 && current > limit {
+        return Err(DriverError::LimitBelowSize { current, limit });
+    }
+    Ok(required.max(current))
+}
+
 impl Driver {
     /// Bytes per node available in pool `kind` (None: unlimited pools).
     fn pool_capacity(&self, kind: &str) -> Result<Option<u64>, DriverError> {
@@ -711,10 +745,10 @@ impl Driver {
         if let Some(capability) = &request.volume_capability {
             rules::capability(capability)?;
         }
-        let (size, _) = requested_size(Some(range), self.config.max_volume_size)?;
         let _guard = self.locks.acquire(&[id])?;
-        let volume = self.store.update(|state| {
+        let (volume, new_size) = self.store.update(|state| {
             let volume = ready_volume(state, id)?.clone();
+            let size = expanded_size(range, volume.capacity_bytes, self.config.max_volume_size)?;
             if size > volume.capacity_bytes {
                 let growth = size - volume.capacity_bytes;
                 if self.available_bytes(state, &volume.home_node, &volume.kind)? < growth {
@@ -725,9 +759,8 @@ impl Driver {
                     });
                 }
             }
-            Ok(volume)
+            Ok((volume, size))
         })?;
-        let new_size = size.max(volume.capacity_bytes);
         let layout = volume.layout();
         data::expand(&self.store.volume_data(id, layout), layout, new_size)
             .map_err(|e| DriverError::io(format!("expanding volume {id}"), e))?;
@@ -853,6 +886,33 @@ mod tests {
         for (input, want) in table {
             assert_eq!(
                 requested_size(input.as_ref(), max).map_err(|e| e.code()),
+                want,
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn expansion_ranges() {
+        let range = |required, limit| csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        };
+        let (current, max) = (16 << 20, 10 << 30);
+        let table = [
+            (range(0, 0), Err(Code::InvalidArgument)),
+            (range(-1, 0), Err(Code::InvalidArgument)),
+            (range(32 << 20, 0), Ok(32 << 20)),
+            (range(8 << 20, 0), Ok(current)),
+            (range(0, 64 << 20), Ok(current)),
+            (range(32 << 20, 64 << 20), Ok(32 << 20)),
+            (range(64 << 20, 32 << 20), Err(Code::OutOfRange)),
+            (range(0, 8 << 20), Err(Code::OutOfRange)),
+            (range(11 << 30, 0), Err(Code::OutOfRange)),
+        ];
+        for (input, want) in table {
+            assert_eq!(
+                expanded_size(&input, current, max).map_err(|e| e.code()),
                 want,
                 "{input:?}"
             );

@@ -15,6 +15,8 @@ pub enum DriverError {
     Missing { field: &'static str },
     #[error("{field} must not be negative")]
     Negative { field: &'static str },
+    #[error("capacity_range asks for nothing: set required_bytes or limit_bytes")]
+    EmptyCapacityRange,
     #[error("volume capabilities mix block and mount access types")]
     MixedAccessTypes,
     #[error("volume capabilities ask for different fs_types ({first:?} and {second:?})")]
@@ -47,6 +49,8 @@ pub enum DriverError {
     RequiredAboveLimit { required: u64, limit: u64 },
     #[error("requested {size} bytes exceeds the maximum volume size {max}")]
     AboveMaximumSize { size: u64, max: u64 },
+    #[error("limit_bytes {limit} is below the volume's {current} bytes: volumes do not shrink")]
+    LimitBelowSize { current: u64, limit: u64 },
     #[error("an ext4 volume needs at least {min} bytes; limit_bytes is {limit}")]
     LimitBelowExt4Minimum { min: u64, limit: u64 },
     #[error("volume smaller than source {kind} ({source_bytes} bytes)")]
@@ -96,6 +100,8 @@ pub enum DriverError {
     NoExport { id: String, node: String },
     #[error("volume {id} is not staged at {path}")]
     NotStaged { id: String, path: String },
+    #[error("{path} has a mount that is not volume {id}'s: it is left alone")]
+    OtherMountAt { id: String, path: String },
     #[error("{action} needs {privilege}, which this node plugin lacks")]
     MissingPrivilege {
         action: &'static str,
@@ -166,6 +172,7 @@ impl DriverError {
         match self {
             Missing { .. }
             | Negative { .. }
+            | EmptyCapacityRange
             | MixedAccessTypes
             | MixedFsTypes { .. }
             | UnsupportedFsType { .. }
@@ -178,6 +185,7 @@ impl DriverError {
             | GroupMembersMismatch { .. } => Code::InvalidArgument,
             RequiredAboveLimit { .. }
             | AboveMaximumSize { .. }
+            | LimitBelowSize { .. }
             | LimitBelowExt4Minimum { .. }
             | SmallerThanSource { .. } => Code::OutOfRange,
             NotFound { .. } | SourceNotFound { .. } | NotAtPath { .. } => Code::NotFound,
@@ -192,6 +200,7 @@ impl DriverError {
             | NotPublished { .. }
             | NoExport { .. }
             | NotStaged { .. }
+            | OtherMountAt { .. }
             | MissingPrivilege { .. } => Code::FailedPrecondition,
             NoCapacityOnNode { .. }
             | NoCapacityOnAnyNode { .. }

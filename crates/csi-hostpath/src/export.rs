@@ -201,6 +201,12 @@ pub fn format(image: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether the loop device `device` is bound to `image` (same inode and filesystem): loop
+/// numbers are reused, so a device known by its name alone may be another image's by now.
+pub fn loop_bound_to(device: &str, image: &Path) -> io::Result<bool> {
+    Ok(bound_to(device, image)?.is_some())
+}
+
 /// The loop device opened, when it is still bound to `image` (same inode and filesystem).
 fn bound_to(device: &str, image: &Path) -> io::Result<Option<File>> {
     let not_there = |error: &io::Error| {

@@ -1,8 +1,17 @@
 //! The CSI Node service of one (simulated) node, and its fencing: once a volume is
 //! ControllerUnpublished from this node while the node still has it staged or published, the
 //! node's writers to it are killed and its mounts remounted read-only.
+//!
+//! A record of what is staged or published is a claim, not a proof: a restart of the machine
+//! takes every mount and loop device away and keeps the records, and loop numbers are reused,
+//! so a recorded device may be another volume's by now. Before a record is trusted (an
+//! idempotent answer, a device handed to a pod, detached or grown) the mount or device is
+//! checked to be this volume's: the same file or directory (device and inode) as its data, or
+//! a loop device bound to its image. What no longer is gets staged or published again; a
+//! mount that is something else's is refused and left alone.
 
 use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -90,14 +99,20 @@ impl Driver {
             });
         }
         if let Some(staged) = volume.nodes.get(node).and_then(|u| u.staged.as_ref()) {
-            return if Path::new(&staged.path) == staging {
-                Ok(())
-            } else {
-                Err(DriverError::StagedElsewhere {
+            if Path::new(&staged.path) != staging {
+                return Err(DriverError::StagedElsewhere {
                     id: id.to_string(),
                     path: staged.path.clone(),
-                })
-            };
+                });
+            }
+            if self.staging_intact(&volume, staged)? {
+                return Ok(());
+            }
+            tracing::warn!(
+                volume = id,
+                path = %staging.display(),
+                "recorded as staged, but no longer is (a restart, or a reused loop device): staging again"
+            );
         }
         need_mounts()?;
         let layout = volume.layout();
@@ -113,6 +128,11 @@ impl Driver {
                     let readonly = publication.is_some_and(|p| p.readonly);
                     mounts::bind(&data, &staging, readonly)
                         .map_err(|e| DriverError::io("bind-mounting the volume", e))?;
+                } else if !same_object(&staging, &data)? {
+                    return Err(DriverError::OtherMountAt {
+                        id: id.to_string(),
+                        path: staging.display().to_string(),
+                    });
                 }
                 None
             }
@@ -148,8 +168,16 @@ impl Driver {
         mounts::unmount_all(&staging)
             .map_err(|e| DriverError::io("unmounting the staging path", e))?;
         if let Some(device) = &staged.device {
-            mounts::loop_detach(device)
-                .map_err(|e| DriverError::io("detaching the loop device", e))?;
+            if self.device_of_volume(&volume, device)? {
+                mounts::loop_detach(device)
+                    .map_err(|e| DriverError::io("detaching the loop device", e))?;
+            } else {
+                tracing::warn!(
+                    volume = id,
+                    device,
+                    "the recorded loop device is no longer bound to the volume: left alone"
+                );
+            }
         }
         if !self.config.enable_attach {
             self.end_export(&volume, &self.config.node_id, true)?;
@@ -173,6 +201,47 @@ impl Driver {
         Ok(export::volume_root(&at))
     }
 
+    /// What this node's mounts of a filesystem volume show once staged: the volume's
+    /// directory, or the root of its ext4 export (looked up only; nothing is made here).
+    fn mounted_data(&self, volume: &Volume) -> PathBuf {
+        match volume.layout() {
+            Layout::Ext4Image => {
+                export::volume_root(&self.store.export_path(&self.config.node_id, &volume.id))
+            }
+            layout => self.store.volume_data(&volume.id, layout),
+        }
+    }
+
+    /// Whether `device` is a loop device bound to `volume`'s image.
+    fn device_of_volume(&self, volume: &Volume, device: &str) -> Result<bool, DriverError> {
+        let image = self.store.volume_data(&volume.id, volume.layout());
+        export::loop_bound_to(device, &image)
+            .map_err(|e| DriverError::io("checking the loop device's image", e))
+    }
+
+    /// Whether what `staged` records is still there: the volume's data mounted at its path
+    /// (filesystem), or its loop device still bound to the volume's image (block).
+    fn staging_intact(&self, volume: &Volume, staged: &Staging) -> Result<bool, DriverError> {
+        match &staged.device {
+            Some(device) => self.device_of_volume(volume, device),
+            None => same_object(Path::new(&staged.path), &self.mounted_data(volume)),
+        }
+    }
+
+    /// Whether `target` still shows what publishing put there over the intact `staged`: the
+    /// volume's data (filesystem) or its loop device (block).
+    fn target_intact(
+        &self,
+        volume: &Volume,
+        staged: &Staging,
+        target: &Path,
+    ) -> Result<bool, DriverError> {
+        match &staged.device {
+            Some(device) => same_block_device(target, Path::new(device)),
+            None => same_object(target, &self.mounted_data(volume)),
+        }
+    }
+
     fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let target = self.allowed(&request.target_path, "target_path")?;
@@ -189,32 +258,45 @@ impl Driver {
             .get(&self.config.node_id)
             .cloned()
             .unwrap_or_default();
+        let not_staged = || DriverError::NotStaged {
+            id: id.to_string(),
+            path: staging.display().to_string(),
+        };
         let Some(staged) = usage
             .staged
             .as_ref()
             .filter(|s| Path::new(&s.path) == staging)
         else {
-            return Err(DriverError::NotStaged {
-                id: id.to_string(),
-                path: staging.display().to_string(),
-            });
+            return Err(not_staged());
         };
+        // Gone since (a restart): the caller stages again first.
+        if !self.staging_intact(&volume, staged)? {
+            return Err(not_staged());
+        }
         let target_key = target.display().to_string();
         if let Some(existing) = usage.targets.get(&target_key) {
-            return if existing.readonly == readonly && existing.access_mode == mode as i32 {
-                Ok(())
-            } else {
-                Err(DriverError::PublishedWithOtherOptions {
+            if existing.readonly != readonly || existing.access_mode != mode as i32 {
+                return Err(DriverError::PublishedWithOtherOptions {
                     id: id.to_string(),
                     target: target_key,
-                })
-            };
+                });
+            }
+            if self.target_intact(&volume, staged, &target)? {
+                return Ok(());
+            }
         }
-        if rules::single_writer(mode) && !usage.targets.is_empty() {
+        if rules::single_writer(mode) && usage.targets.keys().any(|t| *t != target_key) {
             return Err(DriverError::SingleWriterInUse { id: id.to_string() });
         }
         need_mounts()?;
-        if !is_mount_point(&target)? {
+        if is_mount_point(&target)? {
+            if !self.target_intact(&volume, staged, &target)? {
+                return Err(DriverError::OtherMountAt {
+                    id: id.to_string(),
+                    path: target_key,
+                });
+            }
+        } else {
             let source = match (access_type, &staged.device) {
                 (AccessType::Mount, _) => {
                     fs::create_dir_all(&target)
@@ -406,6 +488,9 @@ impl Driver {
             .get(&self.config.node_id)
             .and_then(|u| u.staged.as_ref()?.device.clone())
         {
+            if !self.device_of_volume(&volume, &device)? {
+                return Err(DriverError::NoLoopDevice { id: id.to_string() });
+            }
             mounts::loop_refresh(&device)
                 .map_err(|e| DriverError::io("refreshing the loop device size", e))?;
         }
@@ -566,6 +651,36 @@ impl Driver {
                 })
                 .collect(),
         }
+    }
+}
+
+/// Whether `a` and `b` are one file or directory (device and inode): a bind mount shows its
+/// source's. A path that does not exist is no match.
+fn same_object(a: &Path, b: &Path) -> Result<bool, DriverError> {
+    let (Some(a), Some(b)) = (metadata(a)?, metadata(b)?) else {
+        return Ok(false);
+    };
+    Ok(a.dev() == b.dev() && a.ino() == b.ino())
+}
+
+/// Whether `target` is a block device node of the same device number as `device`.
+fn same_block_device(target: &Path, device: &Path) -> Result<bool, DriverError> {
+    let (Some(target), Some(device)) = (metadata(target)?, metadata(device)?) else {
+        return Ok(false);
+    };
+    Ok(target.file_type().is_block_device()
+        && device.file_type().is_block_device()
+        && target.rdev() == device.rdev())
+}
+
+fn metadata(path: &Path) -> Result<Option<fs::Metadata>, DriverError> {
+    match fs::metadata(path) {
+        Ok(meta) => Ok(Some(meta)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(DriverError::io(
+            format!("reading {}", path.display()),
+            error,
+        )),
     }
 }
 

@@ -656,6 +656,20 @@ async fn validate_list_get_expand_modify() {
         code(c.controller_expand_volume(no_range, T).await),
         Code::InvalidArgument
     );
+    // An empty range asks for nothing: refused, not read as a new volume's 1 GiB default.
+    assert_eq!(
+        code(c.controller_expand_volume(expand(&ids[3], 0), T).await),
+        Code::InvalidArgument
+    );
+    let unchanged = c
+        .controller_expand_volume(expand(&ids[3], 1), T)
+        .await
+        .unwrap();
+    assert_eq!(
+        unchanged.capacity_bytes,
+        GI / 8,
+        "a smaller request leaves the volume as it is"
+    );
 
     let modify = |id: &str, key: &str| csi::ControllerModifyVolumeRequest {
         volume_id: id.into(),

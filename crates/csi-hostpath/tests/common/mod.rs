@@ -96,16 +96,22 @@ pub struct MountCleanup(pub std::path::PathBuf);
 
 impl Drop for MountCleanup {
     fn drop(&mut self) {
-        let mut points = mounts_under(&self.0);
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        for point in points {
-            let _ = rustix::mount::unmount(point.as_str(), rustix::mount::UnmountFlags::DETACH);
-        }
-        let volumes = self.0.join("state").join("volumes");
-        for entry in std::fs::read_dir(volumes).into_iter().flatten().flatten() {
-            if let Ok(Some(device)) = csi_hostpath::mounts::loop_device_of(&entry.path()) {
-                let _ = csi_hostpath::mounts::loop_detach(&device);
-            }
+        drop_mounts_and_loop_devices(&self.0);
+    }
+}
+
+/// Takes away every mount under `root` and every loop device of its volumes, as a restart of
+/// the machine does (the driver's state stays).
+pub fn drop_mounts_and_loop_devices(root: &Path) {
+    let mut points = mounts_under(root);
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = rustix::mount::unmount(point.as_str(), rustix::mount::UnmountFlags::DETACH);
+    }
+    let volumes = root.join("state").join("volumes");
+    for entry in std::fs::read_dir(volumes).into_iter().flatten().flatten() {
+        if let Ok(Some(device)) = csi_hostpath::mounts::loop_device_of(&entry.path()) {
+            let _ = csi_hostpath::mounts::loop_detach(&device);
         }
     }
 }
