@@ -47,6 +47,7 @@ for access in mount block; do
   mkdir -p "$run"
   "$driver" --mode=both --nodeid=sanity-node --endpoint="unix://$run/csi.sock" \
     --statedir="$run/state" --capacity=100Gi --enable-attach --max-volumes-per-node=8 \
+    --allowed-path-roots="$run" \
     >"$run/driver.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do [ -S "$run/csi.sock" ] && break; sleep 0.1; done

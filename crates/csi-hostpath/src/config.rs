@@ -88,8 +88,9 @@ pub struct DriverArgs {
     #[arg(long, value_delimiter = ',')]
     pub accepted_mutable_parameter_names: Vec<String>,
 
-    /// Roots under which staging and target paths must lie (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "/var/lib/kubelet,/tmp")]
+    /// Roots under which staging and target paths must lie (comma-separated). Not `/tmp` by
+    /// default: anyone may make symlinks and directories there.
+    #[arg(long, value_delimiter = ',', default_value = "/var/lib/kubelet")]
     pub allowed_path_roots: Vec<PathBuf>,
 }
 

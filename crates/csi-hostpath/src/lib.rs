@@ -6,6 +6,7 @@
 //! never wait for another; a node ControllerUnpublished from a volume it still uses is fenced
 //! (its export cut; its writers stopped). It also serves the podmon connectivity extension.
 
+pub mod beneath;
 pub mod config;
 pub mod controller;
 pub mod data;

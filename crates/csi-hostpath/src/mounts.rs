@@ -1,6 +1,7 @@
-//! The node's OS operations: bind mounts, read-only remounts, unmounts, loop devices, and
+//! The node's OS operations: read-only remounts, unmounts, loop devices, and
 //! finding the processes that write under a path (for fencing). Mounts use rustix's safe
-//! wrappers of mount(2); loop devices use util-linux `losetup`.
+//! wrappers of mount(2); loop devices use util-linux `losetup`. Bind mounts onto a request's
+//! path are [`crate::beneath`]'s.
 
 use std::collections::HashMap;
 use std::fs;
@@ -9,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rustix::mount::{MountFlags, UnmountFlags, mount_bind, mount_remount, unmount};
+use rustix::mount::{MountFlags, mount_remount};
 
 pub use csi_sidecar::mounts::{is_mount_point, mount_points};
 
@@ -31,17 +32,6 @@ pub fn skip_without_root(test: &str) -> bool {
     );
     eprintln!("skipped {test}: real mounts need root");
     true
-}
-
-/// Bind-mounts `source` on `target`, read-only when asked (a bind mount takes `ro` only on
-/// a remount).
-pub fn bind(source: &Path, target: &Path, readonly: bool) -> io::Result<()> {
-    mount_bind(source, target)?;
-    if readonly && let Err(error) = remount_read_only(target) {
-        let _ = unmount(target, UnmountFlags::DETACH);
-        return Err(error);
-    }
-    Ok(())
 }
 
 pub fn remount_read_only(target: &Path) -> io::Result<()> {
@@ -290,7 +280,7 @@ mod tests {
         for d in [&data, &target, &inside] {
             fs::create_dir(d).unwrap();
         }
-        bind(&data, &target, false).unwrap();
+        rustix::mount::mount_bind(&data, &target).unwrap();
         let script = format!(
             "mount --bind {target} {inside} && while :; do echo x >> {inside}/log; sleep 0.05; done",
             target = target.display(),
@@ -311,7 +301,7 @@ mod tests {
         }
         kill(pid);
         let _ = child.wait();
-        let _ = unmount(&target, UnmountFlags::DETACH);
+        let _ = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH);
         assert!(
             found.contains(&pid),
             "the container's writer must be found: {found:?}"

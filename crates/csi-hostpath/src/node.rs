@@ -19,6 +19,7 @@ use csi::node_server::Node;
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi_proto::csi::v1 as csi;
 
+use crate::beneath::NodePath;
 use crate::data;
 use crate::driver::{Driver, ready_volume};
 use crate::error::DriverError;
@@ -50,13 +51,21 @@ fn need_mounts() -> Result<(), DriverError> {
 }
 
 impl Driver {
-    fn allowed(&self, path: &str, field: &'static str) -> Result<PathBuf, DriverError> {
-        rules::allowed_path(
-            path,
-            field,
-            &self.config.allowed_path_roots,
-            &self.config.state_dir,
-        )
+    /// A staging or target path of a request, checked (see [`rules::allowed_path`] and
+    /// [`NodePath::check`]).
+    fn allowed(&self, path: &str, field: &'static str) -> Result<NodePath, DriverError> {
+        let roots = &self.config.allowed_path_roots;
+        let path = rules::allowed_path(path, field, roots, &self.config.state_dir)?;
+        // The innermost root the path lies under (allowed_path found at least one).
+        let root = roots
+            .iter()
+            .filter(|root| path.starts_with(root))
+            .max_by_key(|root| root.components().count())
+            .cloned()
+            .unwrap_or_default();
+        let checked = NodePath::new(field, &root, path);
+        checked.check()?;
+        Ok(checked)
     }
 
     fn ready_volume(&self, id: &str) -> Result<Volume, DriverError> {
@@ -83,7 +92,8 @@ impl Driver {
 
     fn node_stage(&self, request: &csi::NodeStageVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
-        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let staging_at = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let staging = staging_at.path();
         let (access_type, _) = rules::required_capability(request.volume_capability.as_ref())?;
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
@@ -122,13 +132,11 @@ impl Driver {
         };
         let device = match access_type {
             AccessType::Mount => {
-                fs::create_dir_all(&staging)
-                    .map_err(|e| DriverError::io("creating the staging path", e))?;
-                if !is_mount_point(&staging)? {
+                staging_at.create_dir_all()?;
+                if !is_mount_point(staging)? {
                     let readonly = publication.is_some_and(|p| p.readonly);
-                    mounts::bind(&data, &staging, readonly)
-                        .map_err(|e| DriverError::io("bind-mounting the volume", e))?;
-                } else if !same_object(&staging, &data)? {
+                    staging_at.bind_from(&data, readonly)?;
+                } else if !same_object(staging, &data)? {
                     return Err(DriverError::OtherMountAt {
                         id: id.to_string(),
                         path: staging.display().to_string(),
@@ -151,7 +159,8 @@ impl Driver {
 
     fn node_unstage(&self, request: &csi::NodeUnstageVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
-        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let staging_at = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let staging = staging_at.path();
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.ready_volume(id)?;
         let Some(staged) = volume
@@ -165,7 +174,7 @@ impl Driver {
             return Ok(());
         }
         need_mounts()?;
-        mounts::unmount_all(&staging)
+        mounts::unmount_all(staging)
             .map_err(|e| DriverError::io("unmounting the staging path", e))?;
         if let Some(device) = &staged.device {
             if self.device_of_volume(&volume, device)? {
@@ -244,8 +253,12 @@ impl Driver {
 
     fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
-        let target = self.allowed(&request.target_path, "target_path")?;
-        let staging = self.allowed(&request.staging_target_path, "staging_target_path")?;
+        let target_at = self.allowed(&request.target_path, "target_path")?;
+        let target = target_at.path();
+        let staging = self
+            .allowed(&request.staging_target_path, "staging_target_path")?
+            .path()
+            .to_path_buf();
         let (access_type, mode) = rules::required_capability(request.volume_capability.as_ref())?;
         let readonly = request.readonly || rules::read_only_mode(mode);
         let _guard = self.locks.acquire(&[id])?;
@@ -281,7 +294,7 @@ impl Driver {
                     target: target_key,
                 });
             }
-            if self.target_intact(&volume, staged, &target)? {
+            if self.target_intact(&volume, staged, target)? {
                 return Ok(());
             }
         }
@@ -289,8 +302,8 @@ impl Driver {
             return Err(DriverError::SingleWriterInUse { id: id.to_string() });
         }
         need_mounts()?;
-        if is_mount_point(&target)? {
-            if !self.target_intact(&volume, staged, &target)? {
+        if is_mount_point(target)? {
+            if !self.target_intact(&volume, staged, target)? {
                 return Err(DriverError::OtherMountAt {
                     id: id.to_string(),
                     path: target_key,
@@ -299,21 +312,18 @@ impl Driver {
         } else {
             let source = match (access_type, &staged.device) {
                 (AccessType::Mount, _) => {
-                    fs::create_dir_all(&target)
-                        .map_err(|e| DriverError::io("creating the target path", e))?;
+                    target_at.create_dir_all()?;
                     staging.clone()
                 }
                 (AccessType::Block, Some(device)) => {
-                    fs::File::create(&target)
-                        .map_err(|e| DriverError::io("creating the target file", e))?;
+                    target_at.create_file()?;
                     PathBuf::from(device)
                 }
                 (AccessType::Block, None) => {
                     return Err(DriverError::NoLoopDevice { id: id.to_string() });
                 }
             };
-            mounts::bind(&source, &target, readonly)
-                .map_err(|e| DriverError::io("bind-mounting the target", e))?;
+            target_at.bind_from(&source, readonly)?;
         }
         self.record_node_use(id, |usage| {
             usage.targets.insert(
@@ -329,17 +339,17 @@ impl Driver {
     fn node_unpublish(&self, request: &csi::NodeUnpublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
         let target = self.allowed(&request.target_path, "target_path")?;
+        let target = target.path();
         let _guard = self.locks.acquire(&[id])?;
         self.ready_volume(id)?;
-        if is_mount_point(&target)? {
+        if is_mount_point(target)? {
             need_mounts()?;
-            mounts::unmount_all(&target)
-                .map_err(|e| DriverError::io("unmounting the target", e))?;
+            mounts::unmount_all(target).map_err(|e| DriverError::io("unmounting the target", e))?;
         }
         // Only an empty directory or our placeholder file: never delete data recursively.
-        let removed = match fs::symlink_metadata(&target) {
-            Ok(meta) if meta.is_dir() => fs::remove_dir(&target),
-            Ok(_) => fs::remove_file(&target),
+        let removed = match fs::symlink_metadata(target) {
+            Ok(meta) if meta.is_dir() => fs::remove_dir(target),
+            Ok(_) => fs::remove_file(target),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(error) => Err(error),
         };
@@ -356,8 +366,11 @@ impl Driver {
     fn volume_at(&self, id: &str, path: &str) -> Result<Volume, DriverError> {
         let volume = self.ready_volume(id)?;
         let usage = volume.nodes.get(&self.config.node_id);
+        // Recorded normalized, as staging and publishing checked them.
+        let normalized: PathBuf = Path::new(path).components().collect();
+        let key = normalized.display().to_string();
         let known = usage.is_some_and(|u| {
-            u.targets.contains_key(path) || u.staged.as_ref().is_some_and(|s| s.path == path)
+            u.targets.contains_key(&key) || u.staged.as_ref().is_some_and(|s| s.path == key)
         });
         if known {
             Ok(volume)

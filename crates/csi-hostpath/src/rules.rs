@@ -128,14 +128,14 @@ pub fn read_only_mode(mode: Mode) -> bool {
 
 /// Checks that a staging or target path is absolute, has no `..`, lies under one of the
 /// allowed roots and not inside the state directory: the driver never mounts or deletes
-/// anywhere else.
+/// anywhere else. Returns it normalized (`a//b/./c/` is `a/b/c`): one place, one path.
 pub fn allowed_path(
     path: &str,
     field: &'static str,
     roots: &[PathBuf],
     state_dir: &Path,
 ) -> Result<PathBuf, DriverError> {
-    let path = PathBuf::from(required(path, field)?);
+    let path: PathBuf = Path::new(required(path, field)?).components().collect();
     let why = if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir))
     {
         "must be an absolute path without ..".to_string()
@@ -292,16 +292,19 @@ mod tests {
     fn paths_are_confined() {
         let roots = [PathBuf::from("/var/lib/kubelet"), PathBuf::from("/tmp")];
         let state = Path::new("/tmp/state");
-        let ok = allowed_path(
+        for spelling in [
             "/var/lib/kubelet/pods/x/volumes/v",
-            "target_path",
-            &roots,
-            state,
-        );
-        assert_eq!(
-            ok.unwrap(),
-            PathBuf::from("/var/lib/kubelet/pods/x/volumes/v")
-        );
+            "/var/lib/kubelet/pods/x/volumes/v/",
+            "/var/lib/kubelet//pods/x/./volumes/v",
+            "//var/lib/kubelet/pods/x/volumes/./v/.",
+        ] {
+            let ok = allowed_path(spelling, "target_path", &roots, state);
+            assert_eq!(
+                ok.unwrap(),
+                PathBuf::from("/var/lib/kubelet/pods/x/volumes/v"),
+                "{spelling:?} is one path"
+            );
+        }
         for bad in [
             "",
             "relative/path",

@@ -1,0 +1,178 @@
+//! Staging and target paths are named by whoever calls the node service (the kubelet, or
+//! anyone who reaches the socket), and what lies under the allowed roots can be changed by
+//! others. Below its allowed root such a path is resolved by the node plugin itself, refusing
+//! every symbolic link (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`); what is
+//! missing is created the same way, one component at a time, and a file is created only when
+//! absent, never truncated. A mount goes onto the file that resolution opened, through its
+//! `/proc/self/fd` link, so a symlink swapped in after the check is not followed either. The
+//! allowed root itself is the operator's, and may be a symlink.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, UnmountFlags};
+
+use crate::error::DriverError;
+
+/// A staging or target path, with the allowed root it lies under.
+#[derive(Debug, Clone)]
+pub struct NodePath {
+    field: &'static str,
+    root: PathBuf,
+    path: PathBuf,
+}
+
+impl NodePath {
+    /// `path` (absolute, normalized, without `..`) under `root`.
+    pub fn new(field: &'static str, root: &Path, path: PathBuf) -> Self {
+        Self {
+            field,
+            root: root.to_path_buf(),
+            path,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn relative(&self) -> &Path {
+        self.path.strip_prefix(&self.root).unwrap_or(Path::new(""))
+    }
+
+    /// Refuses the path when it names the allowed root itself, or when a symbolic link is in
+    /// it below the root; `Ok` when it is free of them (whether it exists or not).
+    pub fn check(&self) -> Result<(), DriverError> {
+        if self.relative().as_os_str().is_empty() {
+            return Err(self.not_allowed("is an allowed root itself"));
+        }
+        self.open().map(drop)
+    }
+
+    /// The path opened (`O_PATH`), or `None` when it does not exist.
+    pub fn open(&self) -> Result<Option<OwnedFd>, DriverError> {
+        match self.resolve(self.relative(), OFlags::PATH, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(errno) => Err(self.failed("resolving", errno)),
+        }
+    }
+
+    /// Creates the missing directories of the path, the path itself included.
+    pub fn create_dir_all(&self) -> Result<(), DriverError> {
+        self.create_dirs(self.relative())
+    }
+
+    /// Creates the path as an empty regular file (and its missing parents) unless it exists;
+    /// an existing file is left as it is.
+    pub fn create_file(&self) -> Result<(), DriverError> {
+        let relative = self.relative();
+        if let Some(parent) = relative.parent() {
+            self.create_dirs(parent)?;
+        }
+        self.resolve(
+            relative,
+            OFlags::CREATE | OFlags::RDONLY,
+            Mode::from_raw_mode(0o640),
+        )
+        .map(drop)
+        .map_err(|errno| self.failed("creating", errno))
+    }
+
+    /// Bind-mounts `source` onto the path (which must exist), read-only when asked.
+    pub fn bind_from(&self, source: &Path, readonly: bool) -> Result<(), DriverError> {
+        let at = self.existing()?;
+        rustix::mount::mount_bind(source, fd_path(&at))
+            .map_err(|errno| self.failed("bind-mounting onto", errno))?;
+        if !readonly {
+            return Ok(());
+        }
+        // Opened again: the file opened before is the one under the new mount, not its root.
+        let remounted = self.existing().and_then(|root| {
+            rustix::mount::mount_remount(fd_path(&root), MountFlags::BIND | MountFlags::RDONLY, "")
+                .map_err(|errno| self.failed("remounting read-only", errno))
+        });
+        if remounted.is_err()
+            && let Ok(root) = self.existing()
+        {
+            let _ = rustix::mount::unmount(fd_path(&root), UnmountFlags::DETACH);
+        }
+        remounted
+    }
+
+    fn existing(&self) -> Result<OwnedFd, DriverError> {
+        self.open()?
+            .ok_or_else(|| self.failed("opening", Errno::NOENT))
+    }
+
+    fn create_dirs(&self, relative: &Path) -> Result<(), DriverError> {
+        let mut parent = PathBuf::new();
+        for component in relative.components() {
+            let Component::Normal(name) = component else {
+                continue;
+            };
+            let dir = self
+                .resolve(&parent, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+                .map_err(|errno| self.failed("creating", errno))?;
+            match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o750)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(errno) => return Err(self.failed("creating", errno)),
+            }
+            parent.push(name);
+        }
+        // What exists now must be a directory reached without a symlink.
+        self.resolve(relative, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+            .map(drop)
+            .map_err(|errno| self.failed("creating", errno))
+    }
+
+    /// `relative` opened beneath the root without following a symbolic link anywhere.
+    fn resolve(&self, relative: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+        let root = rustix::fs::open(
+            &self.root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let relative = if relative.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            relative
+        };
+        rustix::fs::openat2(
+            &root,
+            relative,
+            flags | OFlags::CLOEXEC,
+            mode,
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+    }
+
+    fn not_allowed(&self, why: &str) -> DriverError {
+        DriverError::PathNotAllowed {
+            field: self.field,
+            path: self.path.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    /// A symbolic link (`ELOOP`) or an escape from the root (`EXDEV`) is the caller's fault;
+    /// anything else is the node's.
+    fn failed(&self, action: &str, errno: Errno) -> DriverError {
+        match errno {
+            Errno::LOOP | Errno::XDEV => self.not_allowed("passes through a symbolic link"),
+            Errno::NOTDIR => self.not_allowed("passes through something that is not a directory"),
+            errno => DriverError::io(
+                format!("{action} {}", self.path.display()),
+                std::io::Error::from_raw_os_error(errno.raw_os_error()),
+            ),
+        }
+    }
+}
+
+/// The `/proc/self/fd` link of `fd`: a path that reaches exactly the file opened.
+fn fd_path(fd: &OwnedFd) -> PathBuf {
+    Path::new("/proc/self/fd").join(OsStr::new(&fd.as_raw_fd().to_string()))
+}

@@ -1,0 +1,226 @@
+//! Hostile staging and target paths (root only; skipped with a reason otherwise): a symbolic
+//! link anywhere below the allowed root is refused (INVALID_ARGUMENT) and nothing outside the
+//! root is mounted on, created or truncated; the allowed root itself is no target; and the
+//! spellings of one path (`a//t`, `a/./t`, `t/`) are one target.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use csi::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1 as csi;
+use tonic::Code;
+
+/// The volume published to node-a and staged at its usual staging path.
+async fn staged(
+    cluster: &csi_hostpath::local::LocalCluster,
+    cap: &csi::VolumeCapability,
+) -> (String, PathBuf, PathBuf) {
+    let c = &cluster.controller.csi;
+    let created = c
+        .create_volume(create_request("v", 16 << 20, cap.clone()), T)
+        .await
+        .unwrap();
+    let volume = created.volume.unwrap().volume_id;
+    c.controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    let (staging, target) = paths(cluster, "node-a", &volume);
+    cluster
+        .node("node-a")
+        .csi
+        .node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    (volume, staging, target)
+}
+
+fn text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn symlinks_below_the_allowed_root_are_refused() {
+    if !root_or_skip("symlinks_below_the_allowed_root_are_refused") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster(dir.path()).await;
+    let a = &cluster.node("node-a").csi;
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("precious"), b"host data").unwrap();
+
+    // A filesystem volume: a target that is a symlink out of the root, and one below a
+    // symlinked directory.
+    let fs_cap = mount(Mode::SingleNodeWriter);
+    let (volume, staging, target) = staged(&cluster, &fs_cap).await;
+    symlink(&outside, &target).unwrap();
+    let linked_parent = target.with_file_name("linked-dir");
+    symlink(&outside, &linked_parent).unwrap();
+    for hostile in [target.clone(), linked_parent.join("t")] {
+        let refused = a
+            .node_publish_volume(
+                publish(&volume, &staging, &hostile, fs_cap.clone(), false),
+                T,
+            )
+            .await;
+        assert_eq!(
+            code(refused),
+            Code::InvalidArgument,
+            "{}",
+            hostile.display()
+        );
+        assert_eq!(
+            code(
+                a.node_unpublish_volume(unpublish(&volume, &hostile), T)
+                    .await
+            ),
+            Code::InvalidArgument,
+            "unpublish of {} is no success",
+            hostile.display()
+        );
+    }
+    // A staging path below a symlink.
+    let linked_staging = linked_parent.join("globalmount");
+    assert_eq!(
+        code(
+            a.node_stage_volume(stage(&volume, &linked_staging, fs_cap.clone()), T)
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert!(
+        mounts_under(&outside).is_empty(),
+        "nothing mounted outside the root"
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        1,
+        "nothing created outside the root"
+    );
+
+    // A block volume whose target is a symlink to a host file: refused, the file untouched.
+    let block_cap = block(Mode::SingleNodeWriter);
+    let (block_volume, block_staging, block_target) = {
+        let created = cluster
+            .controller
+            .csi
+            .create_volume(create_request("b", 16 << 20, block_cap.clone()), T)
+            .await
+            .unwrap();
+        let id = created.volume.unwrap().volume_id;
+        cluster
+            .controller
+            .csi
+            .controller_publish_volume(publish_to(&id, "node-a", block_cap.clone()), T)
+            .await
+            .unwrap();
+        let (staging, target) = paths(&cluster, "node-a", &id);
+        a.node_stage_volume(stage(&id, &staging, block_cap.clone()), T)
+            .await
+            .unwrap();
+        (id, staging, target)
+    };
+    symlink(outside.join("precious"), &block_target).unwrap();
+    let refused = a
+        .node_publish_volume(
+            publish(
+                &block_volume,
+                &block_staging,
+                &block_target,
+                block_cap.clone(),
+                false,
+            ),
+            T,
+        )
+        .await;
+    assert_eq!(code(refused), Code::InvalidArgument);
+    assert_eq!(
+        std::fs::read(outside.join("precious")).unwrap(),
+        b"host data",
+        "the host file is not truncated"
+    );
+    assert!(mounts_under(&outside).is_empty());
+
+    a.node_unstage_volume(unstage(&volume, &staging), T)
+        .await
+        .unwrap();
+    a.node_unstage_volume(unstage(&block_volume, &block_staging), T)
+        .await
+        .unwrap();
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn one_path_is_one_target_and_the_root_is_none() {
+    if !root_or_skip("one_path_is_one_target_and_the_root_is_none") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster(dir.path()).await;
+    let a = &cluster.node("node-a").csi;
+    let c = &cluster.controller.csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let (volume, staging, target) = staged(&cluster, &cap).await;
+
+    let root = dir.path().join("kubelet");
+    assert_eq!(
+        code(
+            a.node_publish_volume(publish(&volume, &staging, &root, cap.clone(), false), T)
+                .await
+        ),
+        Code::InvalidArgument,
+        "the allowed root itself is no target"
+    );
+
+    // Published under one spelling, idempotent under the others, unpublished under a fourth.
+    let parent = text(target.parent().unwrap());
+    let name = target.file_name().unwrap().to_str().unwrap();
+    let spellings = [
+        format!("{parent}//{name}"),
+        format!("{parent}/./{name}"),
+        format!("{parent}/{name}/"),
+    ];
+    for spelling in &spellings {
+        a.node_publish_volume(
+            publish(&volume, &staging, Path::new(spelling), cap.clone(), false),
+            T,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(mounts_under(&target).len(), 1, "one mount at the target");
+    a.node_unpublish_volume(unpublish(&volume, &target), T)
+        .await
+        .unwrap();
+    a.node_unstage_volume(unstage(&volume, &staging), T)
+        .await
+        .unwrap();
+    // No record is left behind to hold the volume.
+    c.controller_unpublish_volume(
+        csi::ControllerUnpublishVolumeRequest {
+            volume_id: volume.clone(),
+            node_id: "node-a".into(),
+            ..Default::default()
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    c.delete_volume(
+        csi::DeleteVolumeRequest {
+            volume_id: volume,
+            ..Default::default()
+        },
+        T,
+    )
+    .await
+    .unwrap();
+    assert!(mounts_under(dir.path()).is_empty());
+    cluster.stop().await;
+}
