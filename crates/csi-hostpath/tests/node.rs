@@ -292,25 +292,7 @@ async fn filesystem_volume_lifecycle_and_error_table() {
         mounts_under(dir.path())
     );
     assert_eq!(std::fs::read(&stored).unwrap(), b"written on node-a");
-    c.controller_unpublish_volume(
-        csi::ControllerUnpublishVolumeRequest {
-            volume_id: volume.clone(),
-            node_id: "node-a".into(),
-            ..Default::default()
-        },
-        T,
-    )
-    .await
-    .unwrap();
-    c.delete_volume(
-        csi::DeleteVolumeRequest {
-            volume_id: volume,
-            ..Default::default()
-        },
-        T,
-    )
-    .await
-    .unwrap();
+    unpublish_and_delete(c, &volume, "node-a").await;
     cluster.stop().await;
 }
 

@@ -202,25 +202,7 @@ async fn one_path_is_one_target_and_the_root_is_none() {
         .await
         .unwrap();
     // No record is left behind to hold the volume.
-    c.controller_unpublish_volume(
-        csi::ControllerUnpublishVolumeRequest {
-            volume_id: volume.clone(),
-            node_id: "node-a".into(),
-            ..Default::default()
-        },
-        T,
-    )
-    .await
-    .unwrap();
-    c.delete_volume(
-        csi::DeleteVolumeRequest {
-            volume_id: volume,
-            ..Default::default()
-        },
-        T,
-    )
-    .await
-    .unwrap();
+    unpublish_and_delete(c, &volume, "node-a").await;
     assert!(mounts_under(dir.path()).is_empty());
     cluster.stop().await;
 }

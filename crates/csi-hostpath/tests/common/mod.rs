@@ -216,3 +216,28 @@ pub async fn teardown(node: &CsiConnection, volume: &str, staging: &Path, target
         .await
         .unwrap();
 }
+
+/// ControllerUnpublish from `node`, then DeleteVolume: both must succeed (no record holds it).
+pub async fn unpublish_and_delete(controller: &CsiConnection, volume: &str, node: &str) {
+    controller
+        .controller_unpublish_volume(
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: volume.into(),
+                node_id: node.into(),
+                ..Default::default()
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    controller
+        .delete_volume(
+            csi::DeleteVolumeRequest {
+                volume_id: volume.into(),
+                ..Default::default()
+            },
+            T,
+        )
+        .await
+        .unwrap();
+}
