@@ -44,7 +44,7 @@ pub fn remount_read_write(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
-pub use csi_sidecar::mounts::unmount_all;
+pub use csi_sidecar::mounts::{unmount_all, unmount_top};
 
 /// Attaches `image` to a loop device, reusing one already attached to it.
 pub fn loop_attach(image: &Path) -> io::Result<String> {

@@ -174,8 +174,10 @@ impl Driver {
             return Ok(());
         }
         need_mounts()?;
-        mounts::unmount_all(staging)
-            .map_err(|e| DriverError::io("unmounting the staging path", e))?;
+        // A block volume mounts nothing at its staging path.
+        if staged.device.is_none() {
+            self.unmount_volume(&volume, staging, None)?;
+        }
         if let Some(device) = &staged.device {
             if self.device_of_volume(&volume, device)? {
                 mounts::loop_detach(device)
@@ -226,6 +228,55 @@ impl Driver {
         let image = self.store.volume_data(&volume.id, volume.layout());
         export::loop_bound_to(device, &image)
             .map_err(|e| DriverError::io("checking the loop device's image", e))
+    }
+
+    /// The loop device this node has bound to a block volume's image: the staged one while
+    /// it is, else any other.
+    fn loop_device_of(&self, volume: &Volume) -> Result<Option<String>, DriverError> {
+        let staged = volume
+            .nodes
+            .get(&self.config.node_id)
+            .and_then(|u| u.staged.as_ref()?.device.clone());
+        if let Some(device) = staged
+            && self.device_of_volume(volume, &device)?
+        {
+            return Ok(Some(device));
+        }
+        let image = self.store.volume_data(&volume.id, volume.layout());
+        mounts::loop_device_of(&image).map_err(|e| DriverError::io("finding the loop device", e))
+    }
+
+    /// Unmounts every layer of `volume` mounted at `path` (its data, or for a block volume
+    /// its loop `device`), and refuses, leaving it alone, a mount there that is something
+    /// else's.
+    fn unmount_volume(
+        &self,
+        volume: &Volume,
+        path: &Path,
+        device: Option<&str>,
+    ) -> Result<(), DriverError> {
+        while is_mount_point(path)? {
+            let ours = match (device, volume.layout()) {
+                (Some(device), _) => same_block_device(path, Path::new(device))?,
+                (None, Layout::Image) => false,
+                (None, Layout::Directory) => same_object(path, &self.mounted_data(volume))?,
+                // A cut export (a fence) leaves the node's mounts of the filesystem with
+                // nothing to compare them with: they are taken as the volume's.
+                (None, Layout::Ext4Image) => {
+                    let export = self.store.export_path(&self.config.node_id, &volume.id);
+                    same_object(path, &self.mounted_data(volume))? || !is_mount_point(&export)?
+                }
+            };
+            if !ours {
+                return Err(DriverError::OtherMountAt {
+                    id: volume.id.clone(),
+                    path: path.display().to_string(),
+                });
+            }
+            need_mounts()?;
+            mounts::unmount_top(path).map_err(|e| DriverError::io("unmounting", e))?;
+        }
+        Ok(())
     }
 
     /// Whether what `staged` records is still there: the volume's data mounted at its path
@@ -341,11 +392,12 @@ impl Driver {
         let target = self.allowed(&request.target_path, "target_path")?;
         let target = target.path();
         let _guard = self.locks.acquire(&[id])?;
-        self.ready_volume(id)?;
-        if is_mount_point(target)? {
-            need_mounts()?;
-            mounts::unmount_all(target).map_err(|e| DriverError::io("unmounting the target", e))?;
-        }
+        let volume = self.ready_volume(id)?;
+        let device = match volume.access_type {
+            AccessType::Mount => None,
+            AccessType::Block => self.loop_device_of(&volume)?,
+        };
+        self.unmount_volume(&volume, target, device.as_deref())?;
         // Only an empty directory or our placeholder file: never delete data recursively.
         let removed = match fs::symlink_metadata(target) {
             Ok(meta) if meta.is_dir() => fs::remove_dir(target),

@@ -672,16 +672,22 @@ impl Store {
         self.dir.join("nodes").join(format!(".{node}.link-down"))
     }
 
-    /// Records that `node`'s instance is alive now (unless its storage link is down).
+    /// Records that `node`'s instance is alive now (unless its storage link is down). A beat
+    /// is the heartbeat file's modification time: setting it writes no data block, so a full
+    /// state filesystem (ENOSPC) does not make a live node look disconnected.
     pub fn beat(&self, node: &str) -> Result<(), StoreError> {
         if self.link_down_marker(node).exists() {
             return Ok(());
         }
-        // Replaced by rename, so readers never see a half-written beat.
         let path = self.heartbeat(node);
-        let temp = self.dir.join("nodes").join(format!(".{node}.beat"));
-        fs::write(&temp, now_millis().to_string()).map_err(io_error(&temp))?;
-        fs::rename(&temp, &path).map_err(io_error(&path))
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_error(&path))?;
+        file.set_modified(SystemTime::now())
+            .map_err(io_error(&path))
     }
 
     /// Milliseconds since `node` last beat, or `None` if it never did.
@@ -689,9 +695,9 @@ impl Store {
         if !valid_node_name(node) {
             return None;
         }
-        let text = fs::read_to_string(self.heartbeat(node)).ok()?;
-        let beat: u64 = text.trim().parse().ok()?;
-        Some(now_millis().saturating_sub(beat))
+        let beat = fs::metadata(self.heartbeat(node)).ok()?.modified().ok()?;
+        let age = SystemTime::now().duration_since(beat).unwrap_or_default();
+        Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
     }
 
     /// Nodes that ever registered a heartbeat.
@@ -1044,18 +1050,24 @@ pub(crate) mod tests {
     fn a_node_whose_link_is_down_stops_beating() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
+        let beat_at = || {
+            fs::metadata(store.heartbeat("n1"))
+                .unwrap()
+                .modified()
+                .unwrap()
+        };
         store.beat("n1").unwrap();
-        let first = fs::read_to_string(store.heartbeat("n1")).unwrap();
+        let first = beat_at();
         store.set_link("n1", false).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
         store.beat("n1").unwrap();
-        assert_eq!(fs::read_to_string(store.heartbeat("n1")).unwrap(), first);
+        assert_eq!(beat_at(), first);
         assert_eq!(store.known_nodes(), ["n1"], "the marker names no node");
         store.set_link("n1", true).unwrap();
         store.set_link("n1", true).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
         store.beat("n1").unwrap();
-        assert_ne!(fs::read_to_string(store.heartbeat("n1")).unwrap(), first);
+        assert_ne!(beat_at(), first);
     }
 
     #[test]

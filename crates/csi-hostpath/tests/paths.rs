@@ -1,7 +1,8 @@
 //! Hostile staging and target paths (root only; skipped with a reason otherwise): a symbolic
 //! link anywhere below the allowed root is refused (INVALID_ARGUMENT) and nothing outside the
 //! root is mounted on, created or truncated; the allowed root itself is no target; and the
-//! spellings of one path (`a//t`, `a/./t`, `t/`) are one target.
+//! spellings of one path (`a//t`, `a/./t`, `t/`) are one target; a mount at the path that is
+//! not the volume's is refused and left alone.
 
 mod common;
 
@@ -204,5 +205,66 @@ async fn one_path_is_one_target_and_the_root_is_none() {
     // No record is left behind to hold the volume.
     unpublish_and_delete(c, &volume, "node-a").await;
     assert!(mounts_under(dir.path()).is_empty());
+    cluster.stop().await;
+}
+
+/// Mounts an empty tmpfs at `path`: somebody else's mount.
+fn foreign_mount(path: &Path) {
+    std::fs::create_dir_all(path).unwrap();
+    rustix::mount::mount(
+        "tmpfs",
+        path,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=1m",
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_mount_that_is_not_the_volume_is_left_alone() {
+    if !root_or_skip("a_mount_that_is_not_the_volume_is_left_alone") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster(dir.path()).await;
+    let a = &cluster.node("node-a").csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let (volume, staging, target) = staged(&cluster, &cap).await;
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+
+    // Stacked on the volume's target, and at a path the volume was never published to.
+    foreign_mount(&target);
+    let elsewhere = target.with_file_name("elsewhere");
+    foreign_mount(&elsewhere);
+    for path in [&target, &elsewhere] {
+        assert_eq!(
+            code(a.node_unpublish_volume(unpublish(&volume, path), T).await),
+            Code::FailedPrecondition,
+            "{}",
+            path.display()
+        );
+    }
+    assert_eq!(
+        mounts_under(&target).len(),
+        2,
+        "the foreign mount stays on the target"
+    );
+    assert_eq!(mounts_under(&elsewhere).len(), 1, "and elsewhere");
+
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    a.node_unpublish_volume(unpublish(&volume, &target), T)
+        .await
+        .unwrap();
+    assert!(
+        mounts_under(&target).is_empty(),
+        "the volume's own mount is gone"
+    );
+    a.node_unstage_volume(unstage(&volume, &staging), T)
+        .await
+        .unwrap();
     cluster.stop().await;
 }

@@ -88,15 +88,23 @@ pub fn mount_points_under(root: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// Unmounts every mount stacked on `target`, lazily when it is busy.
 pub fn unmount_all(target: &Path) -> io::Result<()> {
-    use rustix::mount::{UnmountFlags, unmount};
     while is_mount_point(target)? {
-        match unmount(target, UnmountFlags::empty()) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::BUSY) => unmount(target, UnmountFlags::DETACH)?,
-            Err(error) => return Err(error.into()),
-        }
+        unmount_top(target)?;
     }
     Ok(())
+}
+
+/// Unmounts the topmost mount on `target`, lazily when it is busy.
+pub fn unmount_top(target: &Path) -> io::Result<()> {
+    use rustix::mount::{UnmountFlags, unmount};
+    match unmount(target, UnmountFlags::NOFOLLOW) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::BUSY) => Ok(unmount(
+            target,
+            UnmountFlags::DETACH | UnmountFlags::NOFOLLOW,
+        )?),
+        Err(error) => Err(error.into()),
+    }
 }
 
 #[cfg(test)]
