@@ -135,9 +135,11 @@ pub fn allowed_path(
     roots: &[PathBuf],
     state_dir: &Path,
 ) -> Result<PathBuf, DriverError> {
-    let path: PathBuf = Path::new(required(path, field)?).components().collect();
-    let why = if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir))
-    {
+    let text = required(path, field)?;
+    let path: PathBuf = Path::new(text).components().collect();
+    let why = if text.contains('\0') {
+        "must not contain NUL".to_string()
+    } else if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir)) {
         "must be an absolute path without ..".to_string()
     } else if path.starts_with(state_dir) || state_dir.starts_with(&path) {
         "overlaps the driver's state directory".to_string()
@@ -312,6 +314,7 @@ mod tests {
             "/var/lib/kubelet/../../etc",
             "/tmp/state/volumes/x",
             "/tmp",
+            "/var/lib/kubelet/pods/x\0/volumes/v",
         ] {
             let error = allowed_path(bad, "target_path", &roots, state).unwrap_err();
             assert_eq!(error.code(), Code::InvalidArgument, "{bad:?}");
