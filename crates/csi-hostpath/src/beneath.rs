@@ -1,7 +1,8 @@
 //! Staging and target paths are named by whoever calls the node service (the kubelet, or
 //! anyone who reaches the socket), and what lies under the allowed roots can be changed by
 //! others. Below its allowed root such a path is resolved by the node plugin itself, refusing
-//! every symbolic link (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`); what is
+//! every symbolic link (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or where a
+//! kernel or seccomp profile lacks it, a walk of `O_NOFOLLOW` opens); what is
 //! missing is created the same way, one component at a time, and a file is created only when
 //! absent, never truncated. A mount goes onto the file that resolution opened, through its
 //! `/proc/self/fd` link, so a symlink swapped in after the check is not followed either. The
@@ -26,15 +27,21 @@ pub struct NodePath {
 }
 
 impl NodePath {
-    /// `path` (absolute, normalized, without `..`) under `root`.
-    pub fn new(field: &'static str, root: &Path, path: PathBuf) -> Self {
-        Self {
-            field,
-            root: root.to_path_buf(),
-            path,
-        }
+    /// `path` (absolute, normalized, without `..`) under `root`. A root that is a symbolic link
+    /// (a kubelet directory moved to another disk) is taken as where it leads: the mount table
+    /// names that place, not the link.
+    pub fn new(field: &'static str, root: &Path, path: &Path) -> Self {
+        let relative = path.strip_prefix(root).unwrap_or(Path::new(""));
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let path = if relative.as_os_str().is_empty() {
+            root.clone()
+        } else {
+            root.join(relative)
+        };
+        Self { field, root, path }
     }
 
+    /// The path, below the allowed root's real place.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -141,13 +148,17 @@ impl NodePath {
         } else {
             relative
         };
-        rustix::fs::openat2(
+        match rustix::fs::openat2(
             &root,
             relative,
             flags | OFlags::CLOEXEC,
             mode,
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
+        ) {
+            // A kernel before 5.6, or a seccomp profile without openat2.
+            Err(Errno::NOSYS | Errno::PERM) => walk(root, relative, flags, mode),
+            resolved => resolved,
+        }
     }
 
     fn not_allowed(&self, why: &str) -> DriverError {
@@ -172,7 +183,103 @@ impl NodePath {
     }
 }
 
+/// What `openat2` with `RESOLVE_NO_SYMLINKS` does, one component at a time: each opened
+/// without following a symbolic link (`O_NOFOLLOW`) and refused (`ELOOP`) when it is one.
+/// `relative` is normalized (no `..`: see [`crate::rules::allowed_path`]), so it stays beneath
+/// `root`.
+fn walk(root: OwnedFd, relative: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+    let names: Vec<&OsStr> = relative
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name),
+            _ => None,
+        })
+        .collect();
+    let Some((last, parents)) = names.split_last() else {
+        return rustix::fs::openat(&root, ".", flags | OFlags::CLOEXEC, mode);
+    };
+    let mut dir = root;
+    for name in parents {
+        let next = rustix::fs::openat(
+            &dir,
+            *name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        match rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&next)?.st_mode) {
+            rustix::fs::FileType::Directory => dir = next,
+            rustix::fs::FileType::Symlink => return Err(Errno::LOOP),
+            _ => return Err(Errno::NOTDIR),
+        }
+    }
+    let opened = rustix::fs::openat(
+        &dir,
+        *last,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        mode,
+    )?;
+    // O_PATH | O_NOFOLLOW opens a symbolic link itself.
+    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&opened)?.st_mode)
+        == rustix::fs::FileType::Symlink
+    {
+        return Err(Errno::LOOP);
+    }
+    Ok(opened)
+}
+
 /// The `/proc/self/fd` link of `fd`: a path that reaches exactly the file opened.
 fn fd_path(fd: &OwnedFd) -> PathBuf {
     Path::new("/proc/self/fd").join(OsStr::new(&fd.as_raw_fd().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk that stands in for openat2 where it is missing refuses what openat2 refuses.
+    #[test]
+    fn the_walk_refuses_symlinks_at_every_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/file"), b"x").unwrap();
+        std::os::unix::fs::symlink(root.join("a"), root.join("link")).unwrap();
+        std::os::unix::fs::symlink(root.join("a/file"), root.join("a/file-link")).unwrap();
+        let open_root =
+            || rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let walked = |relative: &str, flags: OFlags| {
+            walk(
+                open_root(),
+                Path::new(relative),
+                flags,
+                Mode::from_raw_mode(0o600),
+            )
+            .map(drop)
+        };
+        let rows = [
+            ("a/b", OFlags::PATH, Ok(())),
+            ("a/file", OFlags::PATH, Ok(())),
+            ("", OFlags::PATH, Ok(())),
+            ("missing/x", OFlags::PATH, Err(Errno::NOENT)),
+            ("link", OFlags::PATH, Err(Errno::LOOP)),
+            ("link/b", OFlags::PATH, Err(Errno::LOOP)),
+            ("a/file-link", OFlags::PATH, Err(Errno::LOOP)),
+            (
+                "a/file-link",
+                OFlags::CREATE | OFlags::RDONLY,
+                Err(Errno::LOOP),
+            ),
+            ("a/file/x", OFlags::PATH, Err(Errno::NOTDIR)),
+            ("a/new", OFlags::CREATE | OFlags::RDONLY, Ok(())),
+        ];
+        for (relative, flags, want) in rows {
+            assert_eq!(walked(relative, flags), want, "{relative}");
+        }
+        assert_eq!(
+            std::fs::read(root.join("a/file")).unwrap(),
+            b"x",
+            "never truncated"
+        );
+        assert!(root.join("a/new").is_file());
+    }
 }

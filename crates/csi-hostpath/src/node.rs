@@ -63,7 +63,7 @@ impl Driver {
             .max_by_key(|root| root.components().count())
             .cloned()
             .unwrap_or_default();
-        let checked = NodePath::new(field, &root, path);
+        let checked = NodePath::new(field, &root, &path);
         checked.check()?;
         Ok(checked)
     }
@@ -418,9 +418,12 @@ impl Driver {
     fn volume_at(&self, id: &str, path: &str) -> Result<Volume, DriverError> {
         let volume = self.ready_volume(id)?;
         let usage = volume.nodes.get(&self.config.node_id);
-        // Recorded normalized, as staging and publishing checked them.
-        let normalized: PathBuf = Path::new(path).components().collect();
-        let key = normalized.display().to_string();
+        // Recorded as staging and publishing checked them; a path that fails the check is
+        // none of them.
+        let key = match self.allowed(path, "volume_path") {
+            Ok(checked) => checked.path().display().to_string(),
+            Err(_) => path.to_string(),
+        };
         let known = usage.is_some_and(|u| {
             u.targets.contains_key(&key) || u.staged.as_ref().is_some_and(|s| s.path == key)
         });

@@ -2,7 +2,8 @@
 //! link anywhere below the allowed root is refused (INVALID_ARGUMENT) and nothing outside the
 //! root is mounted on, created or truncated; the allowed root itself is no target; and the
 //! spellings of one path (`a//t`, `a/./t`, `t/`) are one target; a mount at the path that is
-//! not the volume's is refused and left alone.
+//! not the volume's is refused and left alone. An allowed root that is itself a symlink (a
+//! kubelet directory moved elsewhere) works.
 
 mod common;
 
@@ -266,5 +267,66 @@ async fn a_mount_that_is_not_the_volume_is_left_alone() {
     a.node_unstage_volume(unstage(&volume, &staging), T)
         .await
         .unwrap();
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_kubelet_root_that_is_a_symlink_works() {
+    if !root_or_skip("a_kubelet_root_that_is_a_symlink_works") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    // The kubelet's directory moved to another disk, its usual path left as a symlink.
+    let moved = dir.path().join("kubelet-link");
+    symlink(dir.path().join("kubelet"), &moved).unwrap();
+    let cluster = csi_hostpath::local::LocalCluster::start(dir.path(), &["node-a"], |config| {
+        config.allowed_path_roots = vec![moved.clone()];
+    })
+    .await
+    .unwrap();
+    let a = &cluster.node("node-a").csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let volume = create(&cluster.controller.csi, "v", 16 << 20)
+        .await
+        .volume_id;
+    cluster
+        .controller
+        .csi
+        .controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    let (staging, target) = paths(&cluster, "node-a", &volume);
+    let through_link =
+        |path: &Path| moved.join(path.strip_prefix(dir.path().join("kubelet")).unwrap());
+    let (staging, target) = (through_link(&staging), through_link(&target));
+    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    assert_eq!(
+        mounts_under(dir.path()).len(),
+        2,
+        "staged and published once each"
+    );
+    let stats = a
+        .node_get_volume_stats(
+            csi::NodeGetVolumeStatsRequest {
+                volume_id: volume.clone(),
+                volume_path: text(&target),
+                ..Default::default()
+            },
+            T,
+        )
+        .await;
+    assert!(stats.is_ok(), "{stats:?}");
+    teardown(a, &volume, &staging, &target).await;
+    assert!(mounts_under(dir.path()).is_empty(), "nothing left mounted");
+    unpublish_and_delete(&cluster.controller.csi, &volume, "node-a").await;
     cluster.stop().await;
 }
