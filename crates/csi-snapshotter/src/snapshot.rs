@@ -569,6 +569,10 @@ fn new_content(
             },
         },
     );
+    // Born with the bound finalizer (upstream adds it in a write of its own afterwards): a
+    // content that lost the race to get it, then was deleted with its snapshot, would be gone
+    // before csi-snapshotter could DeleteSnapshot, and the snapshot would leak.
+    content.metadata.finalizers = Some(vec![CONTENT_BOUND_FINALIZER.to_string()]);
     if let Some(secret) = secret {
         content.metadata.annotations = Some(
             [

@@ -189,6 +189,11 @@ fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
     assert_eq!(created.spec.source.volume_handle.as_deref(), Some("vol-1"));
     assert_eq!(created.spec.volume_snapshot_ref.uid.as_deref(), Some("u1"));
     assert_eq!(
+        created.metadata.finalizers.as_deref(),
+        Some(&[crate::api::CONTENT_BOUND_FINALIZER.to_string()][..]),
+        "born with the bound finalizer: no window in which a deletion loses the snapshot"
+    );
+    assert_eq!(
         created.spec.source_volume_mode.as_deref(),
         Some("Filesystem")
     );
