@@ -418,7 +418,13 @@ fn create(
                 )
             })?);
             io::copy(data, &mut file)?;
-            set_owner_and_mode(&file, meta)?;
+            // A file of a copy never carries set-user-ID or set-group-ID: a tenant's clone or
+            // restore must not hand out a program that runs as its owner.
+            let plain = Meta {
+                mode: meta.mode & !(SET_USER_ID | SET_GROUP_ID),
+                ..*meta
+            };
+            set_owner_and_mode(&file, &plain)?;
             let mtime = Timespec {
                 tv_sec: meta.mtime,
                 tv_nsec: 0,
@@ -470,6 +476,9 @@ fn open_dir(parent: impl AsFd, name: impl rustix::path::Arg) -> io::Result<Owned
         Mode::empty(),
     )?)
 }
+
+const SET_USER_ID: u32 = 0o4000;
+const SET_GROUP_ID: u32 = 0o2000;
 
 /// Owner first: a change of owner clears set-user-ID bits the mode may carry.
 fn set_owner_and_mode(fd: impl AsFd, meta: &Meta) -> io::Result<()> {
@@ -640,12 +649,15 @@ mod tests {
         fs::write(source.join("d/f"), b"x").unwrap();
         fs::set_permissions(source.join("d/f"), fs::Permissions::from_mode(0o640)).unwrap();
         fs::set_permissions(source.join("d"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::write(source.join("d/tool"), b"#!/bin/sh").unwrap();
+        fs::set_permissions(source.join("d/tool"), fs::Permissions::from_mode(0o6755)).unwrap();
         let cloned = dir.path().join("clone");
         copy(&source, &cloned).unwrap();
         let restored = dir.path().join("restored");
         extract(archive(&source, Vec::new()).unwrap().as_slice(), &restored).unwrap();
         for copy in [&cloned, &restored] {
-            for (path, mode) in [("d", 0o750), ("d/f", 0o640)] {
+            // Set-user-ID and set-group-ID are dropped from files.
+            for (path, mode) in [("d", 0o750), ("d/f", 0o640), ("d/tool", 0o755)] {
                 let meta = fs::metadata(copy.join(path)).unwrap();
                 let want = fs::metadata(source.join(path)).unwrap();
                 assert_eq!(meta.mode() & 0o7777, mode, "{}", copy.join(path).display());
