@@ -218,11 +218,27 @@ impl DriverError {
     }
 }
 
+/// The longest status message sent: a message names what the request named (ids, names,
+/// paths, tokens), and a request may name megabytes; the message travels in a header.
+const MAX_MESSAGE: usize = 1024;
+
 /// The only place the driver makes a gRPC status.
 impl From<DriverError> for Status {
     fn from(error: DriverError) -> Self {
-        Status::new(error.code(), error.to_string())
+        Status::new(error.code(), bounded(error.to_string()))
     }
+}
+
+/// `message`, cut to [`MAX_MESSAGE`] bytes (at a character boundary) and saying so.
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &message[..end], message.len())
 }
 
 #[cfg(test)]
@@ -247,5 +263,23 @@ mod tests {
         ));
         assert_eq!(status.code(), Code::Internal);
         assert_eq!(status.message(), "reading mounts: no /proc");
+    }
+
+    #[test]
+    fn a_huge_request_is_not_echoed_whole() {
+        let id = "é".repeat(1 << 20);
+        let status = Status::from(DriverError::not_found("volume", id));
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(
+            status.message().len() < MAX_MESSAGE + 64,
+            "{}",
+            status.message().len()
+        );
+        assert!(status.message().starts_with("volume éé"));
+        assert!(
+            status.message().ends_with("… (2097169 bytes in all)"),
+            "{}",
+            &status.message()[1000..]
+        );
     }
 }
