@@ -175,9 +175,9 @@ impl<'a> Volume<'a> {
             if !target.is_absolute() {
                 return false;
             }
-            let under = self.paths.iter().any(|p| target.starts_with(p))
-                || self.contains_in_root_of(pid, &target);
-            under && {
+            // By device and inode, never by the path's text: in another mount namespace the
+            // same path may be another filesystem, and its writers are not the volume's.
+            self.contains_in_root_of(pid, &target) && {
                 let info = fs::read_to_string(format!(
                     "/proc/{pid}/fdinfo/{}",
                     fd.file_name().to_string_lossy()
@@ -310,5 +310,47 @@ mod tests {
             !found.contains(&i32::try_from(std::process::id()).unwrap()),
             "never this process"
         );
+    }
+
+    /// A process of another mount namespace writing at the volume's path, where that
+    /// namespace has mounted another filesystem over it: the same path, not the volume.
+    #[test]
+    fn a_writer_of_another_filesystem_at_the_same_path_is_spared() {
+        if skip_without_root("a_writer_of_another_filesystem_at_the_same_path_is_spared") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (data, target) = (dir.path().join("data"), dir.path().join("target"));
+        for d in [&data, &target] {
+            fs::create_dir(d).unwrap();
+        }
+        rustix::mount::mount_bind(&data, &target).unwrap();
+        let script = format!(
+            "mount -t tmpfs none {target} && exec 3>>{target}/log && while :; do echo x >&3; sleep 0.05; done",
+            target = target.display()
+        );
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let log = target.join("log");
+        let mut open = false;
+        for _ in 0..100 {
+            open = fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.filter_map(Result::ok)
+                    .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t == log))
+            });
+            if open {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let found = writers_under(std::slice::from_ref(&target));
+        kill(pid);
+        let _ = child.wait();
+        let _ = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH);
+        assert!(open, "the writer holds {} open", log.display());
+        assert!(!found.contains(&pid), "not the volume's writer: {found:?}");
     }
 }
