@@ -45,22 +45,6 @@ async fn unmount_and_detach(
     unpublish_from(cluster, node, volume).await;
 }
 
-async fn unpublish_from(cluster: &LocalCluster, node: &str, volume: &str) {
-    cluster
-        .controller
-        .csi
-        .controller_unpublish_volume(
-            csi::ControllerUnpublishVolumeRequest {
-                volume_id: volume.into(),
-                node_id: node.into(),
-                ..Default::default()
-            },
-            T,
-        )
-        .await
-        .unwrap();
-}
-
 /// What a container would run: its own mount and PID namespaces (so neither a host-side
 /// unmount nor a host-side search of its mounts reaches it), appending a numbered record per
 /// write, each write its own open of the file, and one more through a file held open.

@@ -292,7 +292,7 @@ async fn filesystem_volume_lifecycle_and_error_table() {
         mounts_under(dir.path())
     );
     assert_eq!(std::fs::read(&stored).unwrap(), b"written on node-a");
-    unpublish_and_delete(c, &volume, "node-a").await;
+    unpublish_and_delete(&cluster, "node-a", &volume).await;
     cluster.stop().await;
 }
 

@@ -166,7 +166,6 @@ async fn one_path_is_one_target_and_the_root_is_none() {
     let _cleanup = MountCleanup(dir.path().to_path_buf());
     let cluster = cluster(dir.path()).await;
     let a = &cluster.node("node-a").csi;
-    let c = &cluster.controller.csi;
     let cap = mount(Mode::SingleNodeWriter);
     let (volume, staging, target) = staged(&cluster, &cap).await;
 
@@ -204,7 +203,7 @@ async fn one_path_is_one_target_and_the_root_is_none() {
         .await
         .unwrap();
     // No record is left behind to hold the volume.
-    unpublish_and_delete(c, &volume, "node-a").await;
+    unpublish_and_delete(&cluster, "node-a", &volume).await;
     assert!(mounts_under(dir.path()).is_empty());
     cluster.stop().await;
 }
@@ -327,6 +326,6 @@ async fn a_kubelet_root_that_is_a_symlink_works() {
     assert!(stats.is_ok(), "{stats:?}");
     teardown(a, &volume, &staging, &target).await;
     assert!(mounts_under(dir.path()).is_empty(), "nothing left mounted");
-    unpublish_and_delete(&cluster.controller.csi, &volume, "node-a").await;
+    unpublish_and_delete(&cluster, "node-a", &volume).await;
     cluster.stop().await;
 }

@@ -217,9 +217,11 @@ pub async fn teardown(node: &CsiConnection, volume: &str, staging: &Path, target
         .unwrap();
 }
 
-/// ControllerUnpublish from `node`, then DeleteVolume: both must succeed (no record holds it).
-pub async fn unpublish_and_delete(controller: &CsiConnection, volume: &str, node: &str) {
-    controller
+/// ControllerUnpublish of `volume` from `node`, which must succeed.
+pub async fn unpublish_from(cluster: &LocalCluster, node: &str, volume: &str) {
+    cluster
+        .controller
+        .csi
         .controller_unpublish_volume(
             csi::ControllerUnpublishVolumeRequest {
                 volume_id: volume.into(),
@@ -230,7 +232,14 @@ pub async fn unpublish_and_delete(controller: &CsiConnection, volume: &str, node
         )
         .await
         .unwrap();
-    controller
+}
+
+/// [`unpublish_from`] `node`, then DeleteVolume: both must succeed (no record holds it).
+pub async fn unpublish_and_delete(cluster: &LocalCluster, node: &str, volume: &str) {
+    unpublish_from(cluster, node, volume).await;
+    cluster
+        .controller
+        .csi
         .delete_volume(
             csi::DeleteVolumeRequest {
                 volume_id: volume.into(),
