@@ -1,8 +1,8 @@
 //! Fault injection and request counting, shared by kube-sim's API server and by the
 //! [`crate::proxy::FaultProxy`] that puts the same faults in front of a real API server: a test
 //! says which requests fail (method, resource, status, how often, `Retry-After`), how slow
-//! every request is, when the open watches end and whether they may resume, and reads what was asked, by client, verb and
-//! resource.
+//! every request is, when the open watches end and whether they may resume, and reads what was
+//! asked, by client, verb and resource.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -80,7 +80,7 @@ impl Faults {
     }
 
     /// The failures and expired resumes asked for that have not happened yet (`PATCH
-    /// leases 409 ×2`, `1 watch resume to expire`): a test checks with it that its faults
+    /// leases 409 ×2`, `1 watch resume(s) to expire`): a test checks with it that its faults
     /// were met.
     pub fn unspent(&self) -> Vec<String> {
         let rules = self.rules();
@@ -133,10 +133,9 @@ impl Faults {
     /// The 410 Gone a watch with `query` gets instead of its events, if it resumes from a
     /// resourceVersion while [`Faults::expire_watch_resumes`] has some left.
     pub(crate) fn expired_resume(&self, query: &HashMap<String, String>) -> Option<Response> {
-        let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         let from: u64 = query
             .get("resourceVersion")
-            .filter(|_| watch)?
+            .filter(|_| crate::apiserver::is_watch(query))?
             .parse()
             .ok()
             .filter(|&version| version != 0)?;
@@ -239,9 +238,7 @@ impl RequestCounter {
         let (group, plural, subresource) = resource;
         let verb = match *method {
             Method::GET if named => "get",
-            Method::GET if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => {
-                "watch"
-            }
+            Method::GET if crate::apiserver::is_watch(query) => "watch",
             Method::GET => "list",
             Method::POST => "create",
             Method::PUT => "update",

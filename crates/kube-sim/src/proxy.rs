@@ -95,7 +95,7 @@ async fn forward(State(proxy): State<Arc<Proxy>>, request: Request) -> Response 
     let (mut parts, body) = request.into_parts();
     let query: HashMap<String, String> =
         serde_urlencoded::from_str(parts.uri.query().unwrap_or_default()).unwrap_or_default();
-    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let watch = crate::apiserver::is_watch(&query);
     // Taken now: a cut made while the watch opens ends it too.
     let cut = proxy.faults.watches();
     if let Some(resource) = ResourcePath::parse(parts.uri.path()) {

@@ -448,7 +448,8 @@ async fn dispatch(
     }
 }
 
-fn is_watch(query: &HashMap<String, String>) -> bool {
+/// Whether a GET with `query` is a watch (`watch=true` or `watch=1`).
+pub(crate) fn is_watch(query: &HashMap<String, String>) -> bool {
     matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
 }
 
