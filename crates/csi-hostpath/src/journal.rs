@@ -5,8 +5,10 @@
 //! of volumes. When the changes outgrow the base, the writer compacts: the file is replaced
 //! whole (atomically, see `csi_sidecar::durable`) by a new header, one generation up, and a
 //! base holding everything. A last line without its newline is a write a crash interrupted,
-//! never acknowledged: it is ignored, and cut off before the next append. Any other line that
-//! does not parse is corruption: the file is refused, never overwritten.
+//! never acknowledged: it is ignored, and cut off before the next append. So is a last line
+//! holding NUL bytes: after a power loss a file system may keep the page with the newline and
+//! lose an earlier one of the same append, which then reads as zeros (JSON never holds a NUL).
+//! Any other line that does not parse is corruption: the file is refused, never overwritten.
 //!
 //! Why a journal, and not the alternatives (issue 24):
 //! - The whole state rewritten on every change (this driver before, and upstream's
@@ -140,9 +142,12 @@ fn apply_lines(
     mut lines: CompleteLines<'_>,
 ) -> Result<(Option<u64>, bool), String> {
     let mut applied = None;
-    for (end, line) in lines.by_ref() {
-        let change: Change = serde_json::from_slice(line)
-            .map_err(|e| format!("change line ending at byte {end}: {e}"))?;
+    while let Some((end, line)) = lines.next() {
+        let change: Change = match serde_json::from_slice(line) {
+            Ok(change) => change,
+            Err(_) if line.contains(&0) && lines.rest.is_empty() => return Ok((applied, true)),
+            Err(e) => return Err(format!("change line ending at byte {end}: {e}")),
+        };
         state.apply(change);
         applied = Some(end as u64);
     }
@@ -264,6 +269,77 @@ mod tests {
         assert_eq!(reader.state, expected);
         assert_eq!(reader.position.applied, bytes.len() as u64);
         assert!(!reader.position.torn);
+    }
+
+    /// A file at generation 1 with five changes, and the state after each line: the base's,
+    /// then one per change.
+    fn history() -> (Vec<u8>, Vec<(usize, State)>) {
+        let mut state = state_with(&["a"]);
+        let mut bytes = encode_base(1, &state).unwrap();
+        let mut states = vec![(bytes.len(), state.clone())];
+        for step in 0..5 {
+            let id = format!("v{step}");
+            state.volumes.insert(id.clone(), volume(&id));
+            if step % 2 == 1 {
+                state.volumes.remove("a");
+            }
+            bytes.extend(encode_change(&state.commit()).unwrap());
+            states.push((bytes.len(), state.clone()));
+        }
+        (bytes, states)
+    }
+
+    /// The committed state a file cut at `length` holds: the last one whose line ended there.
+    fn committed_at(states: &[(usize, State)], length: usize) -> Option<&State> {
+        states
+            .iter()
+            .rev()
+            .find(|(end, _)| *end <= length)
+            .map(|(_, state)| state)
+    }
+
+    #[test]
+    fn a_file_cut_at_any_byte_reads_as_a_prefix_of_its_commits() {
+        let (bytes, states) = history();
+        for length in 0..=bytes.len() {
+            let cut = &bytes[..length];
+            match (parse(cut, any_version), committed_at(&states, length)) {
+                (Ok(parsed), Some(expected)) => {
+                    assert_eq!(&parsed.state, expected, "cut at {length}");
+                    assert_eq!(
+                        parsed.position.torn,
+                        !states.iter().any(|(end, _)| *end == length)
+                    );
+                }
+                (Err(_), None) => {}
+                (parsed, expected) => panic!("cut at {length}: {parsed:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_last_line_with_lost_pages_reads_as_the_commits_before_it() {
+        let (bytes, states) = history();
+        let (last_start, before) = &states[states.len() - 2];
+        // Any run of the last line's bytes reads as zeros, its newline kept: a page written
+        // after the one before it was lost.
+        for start in *last_start..bytes.len() - 1 {
+            for zeros in [1, 7, bytes.len() - 1 - start] {
+                let mut torn = bytes.clone();
+                let end = (start + zeros).min(bytes.len() - 1);
+                torn[start..end].fill(0);
+                let parsed = parse(&torn, any_version).unwrap();
+                assert_eq!(&parsed.state, before, "zeros at {start}..{end}");
+                assert_eq!(parsed.position.applied, *last_start as u64);
+                assert!(parsed.position.torn);
+            }
+        }
+        // The same damage on an earlier line is corruption.
+        let (earlier_start, _) = states[1];
+        let mut corrupt = bytes.clone();
+        corrupt[earlier_start + 2] = 0;
+        let error = parse(&corrupt, any_version).unwrap_err();
+        assert!(error.contains("change line"), "{error}");
     }
 
     #[test]

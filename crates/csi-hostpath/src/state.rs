@@ -981,8 +981,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// A power cut while a change is appended leaves any prefix of its line: the change is
-    /// not there after a restart, everything before it is, and the next change is kept.
+    /// A power cut while a change is appended leaves any prefix of its line, or the line with
+    /// a page of zeros: the change is not there after a restart, everything before it is, and
+    /// the next change is kept.
     #[test]
     fn a_torn_append_is_ignored_and_overwritten() {
         let dir = tempfile::tempdir().unwrap();
@@ -1003,6 +1004,14 @@ pub(crate) mod tests {
                 "cut at {cut}"
             );
         }
+        // A lost page inside the last line (zeros, its newline kept) is a torn append too.
+        let mut lost_page = with_c.clone();
+        lost_page[whole.len() + 1..with_c.len() - 3].fill(0);
+        fs::write(store.state_file(), &lost_page).unwrap();
+        let restarted = Store::open(dir.path()).unwrap();
+        assert_eq!(ids(&restarted), ["a", "b"]);
+        add(&restarted, "d");
+        assert_eq!(ids(&Store::open(dir.path()).unwrap()), ["a", "b", "d"]);
         // A damaged line that is not the last one is corruption, refused and kept.
         let mut damaged = with_c.clone();
         damaged[whole.len() + 2] = b'V';
