@@ -125,15 +125,6 @@ struct Caches {
     driver_pods: Option<Store<Pod>>,
 }
 
-/// What a finished cleanup did.
-#[derive(Debug, Default)]
-struct Cleaned {
-    /// UIDs of the pods force-deleted.
-    pods: Vec<String>,
-    /// The PVs fenced from the node.
-    volumes: BTreeSet<String>,
-}
-
 /// Why a cleanup did not finish: the plans' refusal, or a call that failed (an Event and a
 /// retry either way).
 #[derive(Debug, thiserror::Error)]
@@ -491,13 +482,8 @@ impl Controller {
         let outcome = self.clean_up_steps(&node, &group, extension).await;
         let metrics = &self.settings.metrics;
         match outcome {
-            Ok(cleaned) => {
-                let failover = self.state().cleanup_succeeded(
-                    &node,
-                    cleaned.pods,
-                    cleaned.volumes,
-                    Instant::now(),
-                );
+            Ok(deleted) => {
+                let failover = self.state().cleanup_succeeded(&node, deleted);
                 if failover {
                     metrics.failover(FailoverResult::Success);
                     metrics.cleanup_took(started.elapsed().as_secs_f64());
@@ -528,13 +514,13 @@ impl Controller {
         self.wake.notify_one();
     }
 
-    /// Executes the steps of [`plan::cleanup`] in order.
+    /// Executes the steps of [`plan::cleanup`] in order; the UIDs of the pods force-deleted.
     async fn clean_up_steps(
         &self,
         node: &str,
         group: &Group,
         extension: Extension,
-    ) -> Result<Cleaned, CleanupError> {
+    ) -> Result<Vec<String>, CleanupError> {
         let pods = self.caches.pods.state();
         let attachments = self.caches.attachments.state();
         let input = CleanupInput {
@@ -567,17 +553,19 @@ impl Controller {
                 Step::CannotFence => {
                     tracing::warn!(%node, "the driver cannot unpublish volumes: the node is tainted without fencing")
                 }
-                Step::Taint => self.taint(node).await?,
+                Step::Taint => {
+                    // Recorded before the write: a write whose answer is lost must leave a
+                    // taint this controller still believes on its retry.
+                    self.state().tainted(node, &cleanup.volumes, Instant::now());
+                    self.taint(node).await?
+                }
                 Step::ForceDelete(recheck) => {
                     chosen = self.confirm_live(node, recheck, &chosen).await?;
                     self.force_delete(node, group.trigger, &chosen).await?;
                 }
             }
         }
-        Ok(Cleaned {
-            pods: chosen.values().map(|p| uid(p)).collect(),
-            volumes: cleanup.volumes,
-        })
+        Ok(chosen.values().map(|p| uid(p)).collect())
     }
 
     /// Our fenced taint (and the out-of-service one if so configured) on the node

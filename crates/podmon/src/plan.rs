@@ -3,6 +3,7 @@
 //! how node mode judges a remembered pod; controller-podmon's pass ([`pass()`]) and a node's
 //! cleanup ([`cleanup()`]) as plans the adapter executes. No I/O here.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use csi_sidecar::cached::{CachedClaim, CachedVolume};
@@ -158,6 +159,30 @@ pub fn without_taint(current: &[Taint], key: &str) -> Option<Vec<Taint>> {
         .then(|| current.iter().filter(|t| t.key != key).cloned().collect())
 }
 
+/// Our fenced taint as evidence that a node failed: its key, and the nodes this controller
+/// tainted itself ([`Memory::fenced`]). Node-podmon may write Nodes to lift the taint — on a
+/// cluster without the chart's admission policy (Kubernetes before 1.30), any Node — so the
+/// key on any other node may be forged: it never starts a cleanup, nor outweighs the driver's
+/// "connected". (After a restart, until a node fails again, none is believed: podmon then
+/// waits for Kubernetes' unreachable taint, as on a first failure.)
+#[derive(Debug, Clone, Copy)]
+pub struct FencedTaint<'a> {
+    pub key: &'a str,
+    pub ours: &'a BTreeSet<String>,
+}
+
+impl FencedTaint<'_> {
+    /// The node carries the taint, and this controller put it there.
+    pub fn on(&self, node: &Node) -> bool {
+        has_taint(node, self.key, NO_SCHEDULE)
+            && node
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|name| self.ours.contains(name))
+    }
+}
+
 /// What the node's taints say about it. The driver-offline taint is not among them, unlike
 /// Dell's: a driver node pod that is not Ready (a DaemonSet rollout restarts each one) says
 /// nothing about the node's pods or storage, so it keeps new pods away (NoSchedule) and no
@@ -166,16 +191,17 @@ pub fn without_taint(current: &[Taint], key: &str) -> Option<Vec<Taint>> {
 pub struct NodeSignals {
     pub unreachable_no_schedule: bool,
     pub unreachable_no_execute: bool,
-    /// Our fenced taint: podmon fenced the node before.
+    /// Our fenced taint, put there by this controller ([`FencedTaint::on`]): podmon fenced the
+    /// node before.
     pub podmon: bool,
 }
 
 impl NodeSignals {
-    pub fn of(node: &Node, fenced_key: &str) -> Self {
+    pub fn of(node: &Node, fenced: &FencedTaint<'_>) -> Self {
         Self {
             unreachable_no_schedule: has_taint(node, UNREACHABLE_TAINT, NO_SCHEDULE),
             unreachable_no_execute: has_taint(node, UNREACHABLE_TAINT, NO_EXECUTE),
-            podmon: has_taint(node, fenced_key, NO_SCHEDULE),
+            podmon: fenced.on(node),
         }
     }
 
@@ -261,19 +287,17 @@ pub enum PodAction {
 }
 
 /// Dell's trigger: a scheduled pod that is not Ready, on a node with the unreachable taint
-/// (NoSchedule or NoExecute) or our fenced taint → clean up; else not Ready and crash-looping
-/// → delete. Finished pods are left alone, and so are pods someone already deletes (forcing
-/// that deletion would race whoever decided it).
-pub fn pod_action(pod: &Pod, node: Option<&Node>, fenced_key: &str) -> PodAction {
+/// (NoSchedule or NoExecute) or our fenced taint (one we put there) → clean up; else not
+/// Ready and crash-looping → delete. Finished pods are left alone, and so are pods someone
+/// already deletes (forcing that deletion would race whoever decided it).
+pub fn pod_action(pod: &Pod, node: Option<&Node>, fenced: &FencedTaint<'_>) -> PodAction {
     if is_ready(pod)
         || node_name(pod).is_none()
         || matches!(phase(pod), Some("Succeeded" | "Failed"))
     {
         return PodAction::Nothing;
     }
-    let signals = node
-        .map(|n| NodeSignals::of(n, fenced_key))
-        .unwrap_or_default();
+    let signals = node.map(|n| NodeSignals::of(n, fenced)).unwrap_or_default();
     // A pod being deleted on a failed node (e.g. evicted by the unreachable NoExecute taint)
     // stays Terminating until its kubelet confirms, which a dead kubelet never does: it is
     // cleaned up like any other.
@@ -418,22 +442,24 @@ pub fn plugin_up<'a>(
 
 /// Whether the node still shows the failure a NodeFailure cleanup was decided on, read live
 /// right before acting: decided on the unreachable taint, the node must still carry it and not
-/// be Ready; decided on our fenced taint alone, that taint must still be there.
+/// be Ready; decided on our fenced taint alone (one we put there), that taint must still be
+/// there.
 pub fn node_still_failed(
     decided: NodeSignals,
     live: &Node,
     fenced_key: &str,
 ) -> Result<(), &'static str> {
-    let now = NodeSignals::of(live, fenced_key);
     if decided.unreachable() {
-        if !now.unreachable() {
+        if !has_taint(live, UNREACHABLE_TAINT, NO_SCHEDULE)
+            && !has_taint(live, UNREACHABLE_TAINT, NO_EXECUTE)
+        {
             return Err("the node is no longer unreachable");
         }
         if node_is_ready(live) {
             return Err("the node is Ready again");
         }
         Ok(())
-    } else if now.podmon {
+    } else if has_taint(live, fenced_key, NO_SCHEDULE) {
         Ok(())
     } else {
         Err("the node's podmon taint is gone")

@@ -13,9 +13,9 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::ResourceExt;
 
 use super::{
-    CrashLoopDeletes, Extension, MAINTENANCE_ANNOTATION, NO_SCHEDULE, NodeSignals, Objects,
-    PodAction, Trigger, breaker_allows, evacuation_limit, has_taint, is_ready, loss_after_sample,
-    node_name, pod_action, volumes_of,
+    CrashLoopDeletes, Extension, FencedTaint, MAINTENANCE_ANNOTATION, NO_SCHEDULE, NodeSignals,
+    Objects, PodAction, Trigger, breaker_allows, evacuation_limit, has_taint, is_ready,
+    loss_after_sample, node_name, pod_action, volumes_of,
 };
 
 /// How long crash-loop deletes of a pod that is gone are remembered (its StatefulSet may
@@ -41,7 +41,9 @@ pub struct Memory {
     pub held: HashSet<String>,
     /// UIDs of pods force-deleted, until the cache no longer shows them.
     pub cleaned: HashSet<String>,
-    /// PVs fenced per node (and when), kept fenced while the node carries our taint.
+    /// The nodes this controller fenced and tainted itself, with the PVs fenced (and when),
+    /// kept fenced while the node carries our taint. Only on these is our taint believed
+    /// ([`FencedTaint`]).
     pub fenced: HashMap<String, (BTreeSet<String>, Instant)>,
     /// Whether the driver serves the podmon extension; asked again until known.
     pub extension: Extension,
@@ -78,27 +80,26 @@ impl Memory {
         true
     }
 
-    /// A node's cleanup finished: its backoff and loss count go, the pods it force-deleted are
-    /// not looked at again, and its volumes stay fenced. Whether it was a failover (it
-    /// force-deleted pods: nothing left to clean, the pods gone meanwhile, is none).
-    pub fn cleanup_succeeded(
-        &mut self,
-        node: &str,
-        pods: Vec<String>,
-        volumes: BTreeSet<String>,
-        now: Instant,
-    ) -> bool {
+    /// A cleanup fenced `volumes` from `node` and tainted it: the volumes stay fenced, and the
+    /// node's taint is ours.
+    pub fn tainted(&mut self, node: &str, volumes: &BTreeSet<String>, now: Instant) {
+        let entry = self
+            .fenced
+            .entry(node.to_string())
+            .or_insert_with(|| (BTreeSet::new(), now));
+        entry.0.extend(volumes.iter().cloned());
+        entry.1 = now;
+    }
+
+    /// A node's cleanup finished: its backoff and loss count go, and the pods it force-deleted
+    /// are not looked at again. Whether it was a failover (it force-deleted pods: nothing left
+    /// to clean, the pods gone meanwhile, is none).
+    pub fn cleanup_succeeded(&mut self, node: &str, pods: Vec<String>) -> bool {
         self.busy.remove(node);
         self.backoff.remove(node);
         self.loss.remove(node);
         let failover = !pods.is_empty();
         self.cleaned.extend(pods);
-        let entry = self
-            .fenced
-            .entry(node.to_string())
-            .or_insert_with(|| (BTreeSet::new(), now));
-        entry.0.extend(volumes);
-        entry.1 = now;
         failover
     }
 
@@ -141,7 +142,7 @@ pub fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
-/// The nodes carrying our fenced taint.
+/// The nodes carrying our fenced taint, whoever put it there.
 pub fn fenced_nodes(nodes: &[Arc<Node>], fenced_key: &str) -> BTreeSet<String> {
     nodes
         .iter()
@@ -242,7 +243,7 @@ pub fn node_groups(
     disconnected: &BTreeSet<String>,
     objects: &impl Objects,
     driver: &str,
-    fenced_key: &str,
+    fenced: &FencedTaint<'_>,
 ) -> Groups {
     let mut groups = Groups::default();
     for pod in pods.iter().filter(|p| !cleaned.contains(&uid(p))) {
@@ -250,7 +251,7 @@ pub fn node_groups(
             continue;
         };
         let node = objects.node(node_name);
-        match pod_action(pod, node.as_deref(), fenced_key) {
+        match pod_action(pod, node.as_deref(), fenced) {
             PodAction::Nothing => {
                 if is_ready(pod) {
                     groups.ready.push(key(pod));
@@ -262,7 +263,7 @@ pub fn node_groups(
                     && volumes_of(pod, objects, driver).is_ok_and(|v| !v.is_empty())
                 {
                     let signals = node
-                        .map(|n| NodeSignals::of(&n, fenced_key))
+                        .map(|n| NodeSignals::of(&n, fenced))
                         .unwrap_or_default();
                     let group = groups.nodes.entry(node_name.to_string()).or_insert(Group {
                         trigger: Trigger::ArrayConnectivityLoss,
@@ -336,7 +337,8 @@ pub enum Action {
 pub struct PassInput<'a> {
     /// The protected pods.
     pub pods: &'a [Arc<Pod>],
-    /// The nodes carrying our fenced taint ([`fenced_nodes`]).
+    /// The nodes carrying our fenced taint ([`fenced_nodes`]), whoever put it there: the
+    /// circuit breaker counts them all (a forged taint may hold a cleanup, never start one).
     pub fenced_nodes: &'a BTreeSet<String>,
     /// How many nodes run the driver ([`driver_node_count`], the circuit breaker's base).
     pub node_count: usize,
@@ -371,13 +373,18 @@ pub fn pass(
         .filter(|(_, count)| **count >= input.loss_threshold)
         .map(|(node, _)| node.clone())
         .collect();
+    let ours: BTreeSet<String> = memory.fenced.keys().cloned().collect();
+    let fenced = FencedTaint {
+        key: input.fenced_key,
+        ours: &ours,
+    };
     let groups = node_groups(
         input.pods,
         &memory.cleaned,
         &disconnected,
         objects,
         input.driver,
-        input.fenced_key,
+        &fenced,
     );
     for ready in &groups.ready {
         memory.crash_deletes.remove(ready);

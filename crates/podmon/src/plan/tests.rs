@@ -59,10 +59,17 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
     ]);
     let no_schedule_only = node(&[(UNREACHABLE_TAINT, NO_SCHEDULE)]);
     let ours = node(&[(FENCED, NO_SCHEDULE)]);
+    let mut forged = node(&[(FENCED, NO_SCHEDULE)]);
+    forged.metadata.name = Some("n2".into());
     let offline = node(&[(OFFLINE, NO_SCHEDULE)]);
     let not_ready_taint = node(&[("node.kubernetes.io/not-ready", NO_EXECUTE)]);
     let healthy = node(&[]);
-    let clean = |n: &Node| PodAction::CleanUp(NodeSignals::of(n, FENCED));
+    let tainted_by_us: BTreeSet<String> = ["n1".to_string()].into();
+    let fenced = FencedTaint {
+        key: FENCED,
+        ours: &tainted_by_us,
+    };
+    let clean = |n: &Node| PodAction::CleanUp(NodeSignals::of(n, &fenced));
     let mut deleting = pod("False", false, "Running");
     deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
     for (pod, node, expected, why) in [
@@ -83,6 +90,12 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
             Some(&ours),
             clean(&ours),
             "our taint",
+        ),
+        (
+            pod("False", false, "Running"),
+            Some(&forged),
+            PodAction::Nothing,
+            "our taint's key on a node podmon did not taint: no evidence (node-podmon may write it)",
         ),
         (
             pod("False", false, "Running"),
@@ -156,12 +169,12 @@ fn the_trigger_is_not_ready_on_a_failed_node() {
             "ready again",
         ),
     ] {
-        assert_eq!(pod_action(&pod, node, FENCED), expected, "{why}");
+        assert_eq!(pod_action(&pod, node, &fenced), expected, "{why}");
     }
     let mut unscheduled = pod("False", false, "Pending");
     unscheduled.spec.as_mut().unwrap().node_name = None;
     assert_eq!(
-        pod_action(&unscheduled, Some(&unreachable), FENCED),
+        pod_action(&unscheduled, Some(&unreachable), &fenced),
         PodAction::Nothing
     );
     assert_eq!(
@@ -840,7 +853,11 @@ fn pods_group_by_node_and_a_node_failure_wins_over_connectivity_loss() {
         ),
     ] {
         let cleaned: HashSet<String> = cleaned.into_iter().map(String::from).collect();
-        let groups = node_groups(&pods, &cleaned, &disconnected, &world, DRIVER, FENCED);
+        let fenced = FencedTaint {
+            key: FENCED,
+            ours: &BTreeSet::new(),
+        };
+        let groups = node_groups(&pods, &cleaned, &disconnected, &world, DRIVER, &fenced);
         let found: Vec<_> = groups
             .nodes
             .iter()
@@ -887,6 +904,14 @@ fn summary(actions: &[Action]) -> Vec<String> {
         .collect()
 }
 
+/// The memory of a controller whose driver serves the podmon extension.
+fn served() -> Memory {
+    Memory {
+        extension: Extension::Served,
+        ..Memory::default()
+    }
+}
+
 #[test]
 fn a_pass_holds_or_starts_each_failed_nodes_cleanup() {
     let now = Instant::now();
@@ -901,10 +926,6 @@ fn a_pass_holds_or_starts_each_failed_nodes_cleanup() {
         pod_on("b", "n2", false, &[]),
         pod_on("c", "n3", false, &[]),
     ];
-    let served = || Memory {
-        extension: Extension::Served,
-        ..Memory::default()
-    };
     let none = BTreeSet::new();
     let fenced_n4: BTreeSet<String> = ["n4".to_string()].into();
     for (mut memory, input, expected, why) in [
@@ -1001,6 +1022,72 @@ fn a_pass_holds_or_starts_each_failed_nodes_cleanup() {
 }
 
 #[test]
+fn a_fenced_taint_starts_a_cleanup_only_on_a_node_this_controller_tainted() {
+    let now = Instant::now();
+    let fenced_taint = [(FENCED, NO_SCHEDULE)];
+    // Both nodes Ready by Kubernetes' account; node-podmon could have written the taint on
+    // either (without the chart's admission policy, any node-podmon on any Node).
+    let world = World::default()
+        .with_node("ours", &fenced_taint, json!({}))
+        .with_node("forged", &fenced_taint, json!({}));
+    let pods = vec![
+        pod_on("a", "ours", false, &[]),
+        pod_on("b", "forged", false, &[]),
+    ];
+    let tainted: BTreeSet<String> = ["ours".to_string(), "forged".to_string()].into();
+    let mut remembering = served();
+    remembering.tainted("ours", &["pv1".to_string()].into(), now);
+    for (mut memory, expected, why) in [
+        (
+            remembering,
+            vec!["clean ours"],
+            "our own taint: its pods that are not Ready are cleaned up",
+        ),
+        (
+            served(),
+            vec![],
+            "after a restart no fenced taint is believed: the unreachable taint must come again",
+        ),
+    ] {
+        let input = pass_input(&pods, &tainted, 10, false);
+        let actions = pass(&mut memory, &input, &world, now);
+        assert_eq!(summary(&actions), expected, "{why}");
+        for action in actions {
+            let Action::CleanUp { group, .. } = action else {
+                continue;
+            };
+            assert!(group.signals.podmon, "{why}");
+            assert_eq!(
+                validation_allows(
+                    group.trigger,
+                    Connectivity::Answer {
+                        connected: true,
+                        ios_in_progress: false
+                    },
+                    false,
+                    group.signals,
+                    false
+                ),
+                Ok(()),
+                "{why}: the driver's \"connected\" is not believed on a node we fenced"
+            );
+        }
+    }
+    let world = world.with_node("failed", &[(UNREACHABLE_TAINT, NO_SCHEDULE)], json!({}));
+    let pods = vec![pod_on("c", "failed", false, &[])];
+    assert_eq!(
+        summary(&pass(
+            &mut served(),
+            &pass_input(&pods, &tainted, 4, false),
+            &world,
+            now
+        )),
+        ["hold failed: circuit breaker: 2 of 4 nodes already evacuated (limit 2)"],
+        "every fenced taint counts against the breaker: a forged one may hold a cleanup, never start one"
+    );
+}
+
+#[test]
 fn a_pass_deletes_a_crash_looping_pod_at_most_once_per_incarnation_and_forgets_the_gone() {
     let now = Instant::now();
     let world = World::default().with_node("n1", &[], json!({}));
@@ -1067,12 +1154,17 @@ fn a_cleanups_outcome_sets_the_backoff_the_loss_count_and_the_fences() {
     assert_eq!(memory.backoff["n1"], (now + max, 5));
     assert!(memory.busy.is_empty());
     assert!(
-        !memory.cleanup_succeeded("n1", vec![], BTreeSet::new(), now),
+        !memory.cleanup_succeeded("n1", vec![]),
         "nothing left: no failover"
     );
     assert!(memory.backoff.is_empty() && memory.loss.is_empty());
+    assert!(
+        memory.fenced.is_empty(),
+        "a cleanup that tainted nothing makes no taint ours"
+    );
     let later = now + Duration::from_secs(1);
-    assert!(memory.cleanup_succeeded("n1", vec!["u1".into()], ["pv1".to_string()].into(), later));
+    memory.tainted("n1", &["pv1".to_string()].into(), later);
+    assert!(memory.cleanup_succeeded("n1", vec!["u1".into()]));
     assert!(memory.cleaned.contains("u1"));
     assert_eq!(memory.fenced["n1"], (["pv1".to_string()].into(), later));
 
@@ -1090,7 +1182,7 @@ fn a_cleanups_outcome_sets_the_backoff_the_loss_count_and_the_fences() {
             .is_empty(),
         "then only while tainted"
     );
-    memory.cleanup_succeeded("n1", vec![], ["pv1".to_string()].into(), now);
+    memory.tainted("n1", &["pv1".to_string()].into(), now);
     let tainted: BTreeSet<String> = ["n1".to_string()].into();
     assert_eq!(
         memory.kept_fences(&tainted, now + CRASH_LOOP_MEMORY).len(),
