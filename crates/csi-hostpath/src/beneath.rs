@@ -97,17 +97,22 @@ impl NodePath {
         if !readonly {
             return Ok(());
         }
-        // Opened again: the file opened before is the one under the new mount, not its root.
-        let remounted = self.existing().and_then(|root| {
-            rustix::mount::mount_remount(fd_path(&root), MountFlags::BIND | MountFlags::RDONLY, "")
-                .map_err(|errno| self.failed("remounting read-only", errno))
-        });
+        let remounted = self.remount_read_only();
         if remounted.is_err()
             && let Ok(root) = self.existing()
         {
             let _ = rustix::mount::unmount(fd_path(&root), UnmountFlags::DETACH);
         }
         remounted
+    }
+
+    /// Makes the mount at the path read-only (again: a crash between [`Self::bind_from`]'s
+    /// bind mount and this remount leaves it writable).
+    pub fn remount_read_only(&self) -> Result<(), DriverError> {
+        // Opened anew: a file opened before the mount is the one under it, not its root.
+        let root = self.existing()?;
+        rustix::mount::mount_remount(fd_path(&root), MountFlags::BIND | MountFlags::RDONLY, "")
+            .map_err(|errno| self.failed("remounting read-only", errno))
     }
 
     fn existing(&self) -> Result<OwnedFd, DriverError> {

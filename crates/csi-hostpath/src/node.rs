@@ -133,14 +133,17 @@ impl Driver {
         let device = match access_type {
             AccessType::Mount => {
                 staging_at.create_dir_all()?;
+                let readonly = publication.is_some_and(|p| p.readonly);
                 if !is_mount_point(staging)? {
-                    let readonly = publication.is_some_and(|p| p.readonly);
                     staging_at.bind_from(&data, readonly)?;
                 } else if !same_object(staging, &data)? {
                     return Err(DriverError::OtherMountAt {
                         id: id.to_string(),
                         path: staging.display().to_string(),
                     });
+                } else if readonly {
+                    // Ours, from a staging a crash cut short: maybe not read-only yet.
+                    staging_at.remount_read_only()?;
                 }
                 None
             }
@@ -359,6 +362,10 @@ impl Driver {
                     id: id.to_string(),
                     path: target_key,
                 });
+            }
+            if readonly {
+                // Ours, from a publishing a crash cut short: maybe not read-only yet.
+                target_at.remount_read_only()?;
             }
         } else {
             let source = match (access_type, &staged.device) {
