@@ -239,9 +239,9 @@ impl Driver {
             }
             if let Some(source) = &source {
                 // Access type and size of a ready source.
-                let (kind, id, found) = match source {
+                let kind = source.kind();
+                let (id, found) = match source {
                     ContentSource::Snapshot(id) => (
-                        "snapshot",
                         id,
                         state
                             .snapshots
@@ -250,7 +250,6 @@ impl Driver {
                             .map(|s| (s.layout(), s.size_bytes)),
                     ),
                     ContentSource::Volume(id) => (
-                        "volume",
                         id,
                         state
                             .volumes
@@ -323,10 +322,15 @@ impl Driver {
             };
             if let Err(error) = made {
                 self.roll_back_volume(&volume.id, layout);
-                return Err(DriverError::io(
-                    format!("creating data of volume {name}"),
-                    error,
-                ));
+                return Err(match (&volume.source, error.kind()) {
+                    (Some(source), std::io::ErrorKind::QuotaExceeded) => {
+                        DriverError::SourceDataAboveCapacity {
+                            kind: source.kind(),
+                            capacity: volume.capacity_bytes,
+                        }
+                    }
+                    _ => DriverError::io(format!("creating data of volume {name}"), error),
+                });
             }
             self.store.update(|state| {
                 if let Some(v) = state.volumes.get_mut(&volume.id) {

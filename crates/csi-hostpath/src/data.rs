@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::export;
+use crate::sparse::{self, Budget};
 use crate::state::Layout;
 use crate::tree;
 
@@ -26,20 +27,23 @@ pub fn create_empty(path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     file.sync_all()
 }
 
-/// Creates a volume as a copy of another volume's data.
+/// Creates a volume of `size` bytes as a copy of another volume's data. A directory volume
+/// holding more data than `size` is refused (`ErrorKind::QuotaExceeded`): its capacity binds
+/// the copy as it binds an image's.
 pub fn clone_volume(source: &Path, path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     remove(path)?;
     match layout {
-        Layout::Directory => tree::copy(source, path),
+        Layout::Directory => tree::copy(source, path, &mut Budget::new(size)),
         Layout::Image | Layout::Ext4Image => copy_image(source, path, size),
     }
 }
 
-/// Creates a volume from a snapshot's data.
+/// Creates a volume of `size` bytes from a snapshot's data; a directory snapshot holding more
+/// data than `size` is refused (`ErrorKind::QuotaExceeded`).
 pub fn restore(snapshot: &Path, path: &Path, layout: Layout, size: u64) -> io::Result<()> {
     remove(path)?;
     match layout {
-        Layout::Directory => tree::extract(File::open(snapshot)?, path),
+        Layout::Directory => tree::extract(File::open(snapshot)?, path, &mut Budget::new(size)),
         Layout::Image | Layout::Ext4Image => copy_image(snapshot, path, size),
     }
 }
@@ -111,44 +115,14 @@ fn copy_image(source: &Path, target: &Path, size: u64) -> io::Result<()> {
     file.sync_all()
 }
 
-/// Copies an image file's data and keeps its holes: only the extents that hold data are read
-/// and written (`SEEK_DATA`/`SEEK_HOLE`). A plain copy would read and write every zero of a
-/// sparse image (a 10 GiB block volume that holds a few MiB) and make the copy that large on
-/// disk. Returns the copy, not yet synced.
+/// Copies an image file, its holes kept (see [`sparse`]): a 10 GiB block volume that holds a
+/// few MiB costs a few MiB. Returns the copy, not yet synced.
 fn copy_sparse(source: &Path, target: &Path) -> io::Result<File> {
-    use rustix::fs::SeekFrom;
     let from = File::open(source)?;
     let length = from.metadata()?.len();
     let to = File::create(target)?;
-    to.set_len(length)?;
-    let mut offset = 0;
-    while offset < length {
-        let data = match rustix::fs::seek(&from, SeekFrom::Data(offset)) {
-            Ok(data) => data,
-            // No data after `offset`: the rest is a hole.
-            Err(rustix::io::Errno::NXIO) => break,
-            Err(error) => return Err(error.into()),
-        };
-        let hole = rustix::fs::seek(&from, SeekFrom::Hole(data))?;
-        let (mut read_at, mut write_at) = (data, data);
-        while read_at < hole {
-            let chunk = usize::try_from(hole - read_at).unwrap_or(usize::MAX);
-            let copied = rustix::fs::copy_file_range(
-                &from,
-                Some(&mut read_at),
-                &to,
-                Some(&mut write_at),
-                chunk,
-            )?;
-            if copied == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("{} shrank while it was copied", source.display()),
-                ));
-            }
-        }
-        offset = hole;
-    }
+    // An image is never larger than its own length: the budget cannot run out.
+    sparse::copy(&from, &to, length, &mut Budget::new(length))?;
     Ok(to)
 }
 
@@ -174,11 +148,11 @@ mod tests {
         assert!(!dir.path().join("snap.tar.partial").exists());
 
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, Layout::Directory, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 1 << 20).unwrap();
         assert_eq!(fs::read(restored.join("sub/file")).unwrap(), b"hello");
 
         let cloned = dir.path().join("cloned");
-        clone_volume(&volume, &cloned, Layout::Directory, 0).unwrap();
+        clone_volume(&volume, &cloned, Layout::Directory, 1 << 20).unwrap();
         assert_eq!(fs::read(cloned.join("sub/file")).unwrap(), b"hello");
         assert_eq!(
             usage(&cloned).unwrap(),
@@ -189,6 +163,98 @@ mod tests {
         remove(&cloned).unwrap();
         remove(&cloned).unwrap();
         assert!(!cloned.exists());
+    }
+
+    /// Bytes a tree takes on disk.
+    fn on_disk(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::symlink_metadata(path).unwrap();
+        let below: u64 = if meta.is_dir() {
+            fs::read_dir(path)
+                .unwrap()
+                .map(|entry| on_disk(&entry.unwrap().path()))
+                .sum()
+        } else {
+            0
+        };
+        meta.blocks() * 512 + below
+    }
+
+    #[test]
+    fn directory_copies_keep_holes_and_fit_the_capacity() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        const GIB: u64 = 1 << 30;
+        let dir = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("vol");
+        create_empty(&volume, Layout::Directory, 0).unwrap();
+        // 2 GiB long, 8 KiB of data: at the start and at the end.
+        let big = File::create(volume.join("sparse")).unwrap();
+        big.set_len(2 * GIB).unwrap();
+        big.write_all_at(&[7; 4096], 0).unwrap();
+        big.write_all_at(&[9; 4096], 2 * GIB - 4096).unwrap();
+        drop(big);
+        fs::write(volume.join("dense"), vec![1; 100_000]).unwrap();
+
+        let snap = dir.path().join("snap.tar");
+        snapshot(&volume, &snap, Layout::Directory).unwrap();
+        let restored = dir.path().join("restored");
+        restore(&snap, &restored, Layout::Directory, GIB).unwrap();
+        let cloned = dir.path().join("cloned");
+        clone_volume(&volume, &cloned, Layout::Directory, GIB).unwrap();
+        assert!(
+            fs::metadata(&snap).unwrap().len() < 1 << 20,
+            "archive of {} bytes",
+            fs::metadata(&snap).unwrap().len()
+        );
+        for copy in [&restored, &cloned] {
+            let file = File::open(copy.join("sparse")).unwrap();
+            assert_eq!(file.metadata().unwrap().len(), 2 * GIB);
+            let allocated = file.metadata().unwrap().blocks() * 512;
+            assert!(
+                allocated < 1 << 20,
+                "{}: {allocated} bytes on disk",
+                copy.display()
+            );
+            let mut edge = [0; 8];
+            file.read_exact_at(&mut edge, 4092).unwrap();
+            assert_eq!(edge, [7, 7, 7, 7, 0, 0, 0, 0], "{}", copy.display());
+            file.read_exact_at(&mut edge, 2 * GIB - 4100).unwrap();
+            assert_eq!(edge, [0, 0, 0, 0, 9, 9, 9, 9], "{}", copy.display());
+            assert_eq!(fs::read(copy.join("dense")).unwrap(), vec![1; 100_000]);
+        }
+
+        // 108 KiB of data does not fit a 64 KiB volume: refused, nothing beyond it written.
+        for (what, made) in [
+            (
+                "restore",
+                restore(
+                    &snap,
+                    &dir.path().join("small-r"),
+                    Layout::Directory,
+                    64 << 10,
+                ),
+            ),
+            (
+                "clone",
+                clone_volume(
+                    &volume,
+                    &dir.path().join("small-c"),
+                    Layout::Directory,
+                    64 << 10,
+                ),
+            ),
+        ] {
+            let error = made.unwrap_err();
+            assert_eq!(
+                error.kind(),
+                io::ErrorKind::QuotaExceeded,
+                "{what}: {error}"
+            );
+        }
+        for small in ["small-r", "small-c"] {
+            let used = on_disk(&dir.path().join(small));
+            assert!(used <= 80 << 10, "{small}: {used} bytes on disk");
+        }
     }
 
     #[test]
@@ -299,13 +365,13 @@ mod tests {
         let (source, cloned) = (volume.clone(), dir.path().join("cloned"));
         let into = cloned.clone();
         without_hanging_on(&fifo, move || {
-            clone_volume(&source, &into, Layout::Directory, 0)
+            clone_volume(&source, &into, Layout::Directory, 1 << 20)
         });
         let (source, snap) = (volume.clone(), dir.path().join("snap.tar"));
         let into = snap.clone();
         without_hanging_on(&fifo, move || snapshot(&source, &into, Layout::Directory));
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, Layout::Directory, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 1 << 20).unwrap();
         for copy in [&cloned, &restored] {
             assert!(
                 fs::symlink_metadata(copy.join("fifo"))
@@ -329,11 +395,11 @@ mod tests {
         std::os::unix::fs::symlink(&secret, volume.join("leak")).unwrap();
         std::os::unix::fs::symlink(dir.path(), volume.join("host")).unwrap();
         let cloned = dir.path().join("cloned");
-        clone_volume(&volume, &cloned, Layout::Directory, 0).unwrap();
+        clone_volume(&volume, &cloned, Layout::Directory, 1 << 20).unwrap();
         let snap = dir.path().join("snap.tar");
         snapshot(&volume, &snap, Layout::Directory).unwrap();
         let restored = dir.path().join("restored");
-        restore(&snap, &restored, Layout::Directory, 0).unwrap();
+        restore(&snap, &restored, Layout::Directory, 1 << 20).unwrap();
         for copy in [&cloned, &restored] {
             for (name, target) in [("leak", secret.as_path()), ("host", dir.path())] {
                 let link = copy.join(name);
@@ -354,6 +420,9 @@ mod tests {
             header.as_old_mut().name[..name.len()].copy_from_slice(name);
             header.set_entry_type(*kind);
             header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
             if *kind == tar::EntryType::Symlink {
                 header.as_old_mut().linkname[..body.len()].copy_from_slice(body);
                 header.set_size(0);
@@ -375,14 +444,17 @@ mod tests {
         fs::create_dir(&outside).unwrap();
         let outside_text = outside.to_str().unwrap().as_bytes().to_vec();
         let absolute = format!("{}/abs", outside.display());
-        let table: [(&str, Vec<RawEntry<'_>>); 3] = [
+        // Case, entries, and how the restore refuses them.
+        let table: [(&str, Vec<RawEntry<'_>>, io::ErrorKind); 3] = [
             (
                 "dot-dot",
                 vec![(b"../outside/dotdot", tar::EntryType::Regular, b"x")],
+                io::ErrorKind::InvalidData,
             ),
             (
                 "absolute",
                 vec![(absolute.as_bytes(), tar::EntryType::Regular, b"x")],
+                io::ErrorKind::InvalidData,
             ),
             (
                 "through an extracted symlink",
@@ -390,18 +462,21 @@ mod tests {
                     (b"link", tar::EntryType::Symlink, &outside_text),
                     (b"link/through", tar::EntryType::Regular, b"x"),
                 ],
+                // The symlink is opened as a directory without following it.
+                io::ErrorKind::NotADirectory,
             ),
         ];
-        for (case, entries) in table {
+        for (case, entries, refusal) in table {
             let snap = dir.path().join(format!("{case}.tar"));
             fs::write(&snap, raw_archive(&entries)).unwrap();
             let result = restore(
                 &snap,
                 &dir.path().join(format!("vol-{case}")),
                 Layout::Directory,
-                0,
+                1 << 20,
             );
-            assert!(result.is_err(), "{case}: restored");
+            let error = result.expect_err(case);
+            assert_eq!(error.kind(), refusal, "{case}: {error}");
             assert_eq!(
                 fs::read_dir(&outside).unwrap().count(),
                 0,

@@ -58,6 +58,8 @@ pub enum DriverError {
         kind: &'static str,
         source_bytes: u64,
     },
+    #[error("source {kind} holds more data than the volume's {capacity} bytes")]
+    SourceDataAboveCapacity { kind: &'static str, capacity: u64 },
 
     // NOT_FOUND
     #[error("{kind} {id} not found")]
@@ -187,7 +189,8 @@ impl DriverError {
             | AboveMaximumSize { .. }
             | LimitBelowSize { .. }
             | LimitBelowExt4Minimum { .. }
-            | SmallerThanSource { .. } => Code::OutOfRange,
+            | SmallerThanSource { .. }
+            | SourceDataAboveCapacity { .. } => Code::OutOfRange,
             NotFound { .. } | SourceNotFound { .. } | NotAtPath { .. } => Code::NotFound,
             ExistsWithOtherParameters { .. }
             | PublishedWithOtherReadonly { .. }

@@ -22,6 +22,7 @@ pub mod node;
 pub mod recovery;
 pub mod rules;
 pub mod server;
+pub mod sparse;
 pub mod state;
 pub mod table;
 pub mod tree;

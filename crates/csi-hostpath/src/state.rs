@@ -107,6 +107,16 @@ pub enum ContentSource {
     Volume(String),
 }
 
+impl ContentSource {
+    /// What the source is, as messages name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Snapshot(_) => "snapshot",
+            Self::Volume(_) => "volume",
+        }
+    }
+}
+
 /// A ControllerPublishVolume to one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Publication {

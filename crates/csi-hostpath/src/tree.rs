@@ -9,6 +9,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -16,6 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Gid, Mode, OFlags, Stat, Timespec, Timestamps, Uid};
 use rustix::io::Errno;
+
+use crate::sparse::{self, Budget};
 
 /// What a node is, as far as copying goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,22 +176,25 @@ pub fn each_node(root: &Path, each: impl FnMut(&Node)) -> io::Result<()> {
     walk(root, &mut Each(each))
 }
 
-/// Copies the tree at `source` to a new directory `target`.
-pub fn copy(source: &Path, target: &Path) -> io::Result<()> {
-    walk(source, &mut Copier::new(target))
+/// Copies the tree at `source` to a new directory `target`, its files' holes kept, writing
+/// no more data than `budget`.
+pub fn copy(source: &Path, target: &Path, budget: &mut Budget) -> io::Result<()> {
+    walk(source, &mut Copier::new(target, budget))
 }
 
 /// The visitor of [`copy`].
 struct Copier<'a> {
     target: &'a Path,
+    budget: &'a mut Budget,
     /// The target directory of each source directory entered and not yet left.
     dirs: Vec<OwnedFd>,
 }
 
 impl<'a> Copier<'a> {
-    fn new(target: &'a Path) -> Self {
+    fn new(target: &'a Path, budget: &'a mut Budget) -> Self {
         Self {
             target,
+            budget,
             dirs: Vec::new(),
         }
     }
@@ -204,9 +210,13 @@ impl Visit for Copier<'_> {
             self.dirs.push(root);
             return Ok(());
         };
+        let budget = &mut *self.budget;
         let made = match node.kind() {
             Kind::Dir => create(parent, name, Content::Dir, &meta)?,
-            Kind::File => create(parent, name, Content::File(&mut node.read()?), &meta)?,
+            Kind::File => {
+                let data = FileData::Copy(&node.read()?, node.size());
+                create(parent, name, Content::File(data, budget), &meta)?
+            }
             Kind::Symlink => create(parent, name, Content::Symlink(&node.link_target()?), &meta)?,
             Kind::Fifo => create(parent, name, Content::Fifo, &meta)?,
             Kind::Other => {
@@ -270,12 +280,26 @@ impl<W: Write> Visit for Archiver<W> {
                 }
             }
             Kind::File => {
-                // Exactly the size in the header, whatever the tenant does to the file
-                // meanwhile: a longer or shorter body would corrupt the archive.
+                // Exactly the bytes the header and the map list, whatever the tenant does to
+                // the file meanwhile: a longer or shorter body would corrupt the archive.
                 let size = node.size();
+                let file = node.read()?;
+                let extents = sparse::data_extents(&file, size)?;
+                let all = 0..size;
+                let whole = std::slice::from_ref(&all);
+                let stored = if extents == whole {
+                    whole
+                } else {
+                    self.builder.append_pax_extensions(
+                        sparse_records(&extents, size)
+                            .iter()
+                            .map(|(key, value)| (*key, value.as_bytes())),
+                    )?;
+                    &extents[..]
+                };
                 header.set_entry_type(tar::EntryType::Regular);
-                header.set_size(size);
-                let body = node.read()?.take(size).chain(io::repeat(0)).take(size);
+                header.set_size(stored.iter().map(|e| e.end - e.start).sum());
+                let body = sparse::Extents::new(&file, stored);
                 self.builder.append_data(&mut header, &path, body)?;
             }
             Kind::Symlink => {
@@ -304,11 +328,92 @@ impl<W: Write> Visit for Archiver<W> {
     }
 }
 
-/// Unpacks a tar archive into the directory `target` (created if needed). Entries must stay
-/// inside it: an absolute path or `..` is refused, and every directory on the way to an entry
-/// is opened without following symlinks, so a symlink an earlier entry made is never written
-/// through.
-pub fn extract(archive: impl Read, target: &Path) -> io::Result<()> {
+/// The PAX keys of a sparse file (GNU tar's format 0.1): its size, and where the data the
+/// entry holds goes, as "offset,length,offset,length…". The entry holds only those bytes.
+const SPARSE_SIZE: &str = "GNU.sparse.size";
+const SPARSE_MAP: &str = "GNU.sparse.map";
+
+/// The PAX records that describe a file of `size` bytes holding data at `extents`.
+fn sparse_records(extents: &[Range<u64>], size: u64) -> [(&'static str, String); 2] {
+    let map: Vec<String> = extents
+        .iter()
+        .map(|e| format!("{},{}", e.start, e.end - e.start))
+        .collect();
+    [(SPARSE_SIZE, size.to_string()), (SPARSE_MAP, map.join(","))]
+}
+
+/// The size and data extents an entry's PAX records describe, if it is a sparse file. The map
+/// must list ordered, disjoint extents inside the size whose lengths add up to the `stored`
+/// bytes of the entry.
+fn sparse_map(entry: &mut tar::Entry<'_, impl Read>) -> io::Result<Option<(u64, Vec<Range<u64>>)>> {
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+    let stored = entry.header().size()?;
+    let Some(records) = entry.pax_extensions()? else {
+        return Ok(None);
+    };
+    let (mut size, mut map) = (None, None);
+    for record in records {
+        let record = record?;
+        match record.key() {
+            Ok(SPARSE_SIZE) => size = Some(record.value_bytes().to_vec()),
+            Ok(SPARSE_MAP) => map = Some(record.value_bytes().to_vec()),
+            _ => {}
+        }
+    }
+    let (Some(size), Some(map)) = (size, map) else {
+        return Ok(None);
+    };
+    let number = |text: &[u8]| {
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|text| text.parse::<u64>().ok())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "sparse map number {:?}",
+                    String::from_utf8_lossy(text)
+                ))
+            })
+    };
+    let size = number(&size)?;
+    let numbers = map
+        .split(|b| *b == b',')
+        .filter(|text| !text.is_empty())
+        .map(number)
+        .collect::<io::Result<Vec<u64>>>()?;
+    if numbers.len() % 2 != 0 {
+        return Err(invalid("sparse map with an offset and no length".into()));
+    }
+    let mut extents = Vec::with_capacity(numbers.len() / 2);
+    let (mut end, mut total) = (0u64, 0u64);
+    for pair in numbers.chunks_exact(2) {
+        let (offset, length) = (pair[0], pair[1]);
+        let extent_end = offset.checked_add(length).filter(|e| *e <= size);
+        match extent_end {
+            Some(extent_end) if offset >= end => {
+                extents.push(offset..extent_end);
+                end = extent_end;
+                total += length;
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "sparse map extent {offset},{length} out of order or past {size}"
+                )));
+            }
+        }
+    }
+    if total != stored {
+        return Err(invalid(format!(
+            "sparse map lists {total} bytes, the entry holds {stored}"
+        )));
+    }
+    Ok(Some((size, extents)))
+}
+
+/// Unpacks a tar archive into the directory `target` (created if needed), its files' zero
+/// blocks left as holes, writing no more data than `budget`. Entries must stay inside it: an
+/// absolute path or `..` is refused, and every directory on the way to an entry is opened
+/// without following symlinks, so a symlink an earlier entry made is never written through.
+pub fn extract(archive: impl Read, target: &Path, budget: &mut Budget) -> io::Result<()> {
     std::fs::create_dir_all(target)?;
     let root = open_dir(CWD, target)?;
     for entry in tar::Archive::new(archive).entries()? {
@@ -339,7 +444,12 @@ pub fn extract(archive: impl Read, target: &Path) -> io::Result<()> {
         let content = match kind {
             tar::EntryType::Directory => Content::Dir,
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                Content::File(&mut entry)
+                match sparse_map(&mut entry)? {
+                    Some((size, extents)) => {
+                        Content::File(FileData::Extents(&mut entry, extents, size), budget)
+                    }
+                    None => Content::File(FileData::Stream(&mut entry), budget),
+                }
             }
             tar::EntryType::Symlink => match &link {
                 Some(to) => Content::Symlink(to),
@@ -378,9 +488,31 @@ fn names_inside(path: &Path) -> io::Result<Vec<CString>> {
 /// What [`create`] makes.
 enum Content<'a> {
     Dir,
-    File(&'a mut dyn Read),
+    File(FileData<'a>, &'a mut Budget),
     Symlink(&'a CStr),
     Fifo,
+}
+
+/// Where a regular file's bytes come from.
+enum FileData<'a> {
+    /// The first bytes of a file (this many), holes kept.
+    Copy(&'a File, u64),
+    /// A stream, zero blocks left as holes.
+    Stream(&'a mut dyn Read),
+    /// A stream of the data extents of a sparse file of this size.
+    Extents(&'a mut dyn Read, Vec<Range<u64>>, u64),
+}
+
+impl FileData<'_> {
+    fn write_into(self, file: &File, budget: &mut Budget) -> io::Result<()> {
+        match self {
+            Self::Copy(from, length) => sparse::copy(from, file, length, budget),
+            Self::Stream(from) => sparse::write_stream(from, file, budget).map(drop),
+            Self::Extents(from, extents, size) => {
+                sparse::write_extents(from, file, &extents, size, budget)
+            }
+        }
+    }
 }
 
 /// Creates `name` in `parent` with `meta`, returning a created directory's descriptor. An
@@ -404,8 +536,8 @@ fn create(
             set_owner_and_mode(&dir, meta)?;
             return Ok(Some(dir));
         }
-        Content::File(data) => {
-            let mut file = File::from(replacing(parent, name, || {
+        Content::File(data, budget) => {
+            let file = File::from(replacing(parent, name, || {
                 rustix::fs::openat(
                     parent,
                     name,
@@ -417,7 +549,7 @@ fn create(
                     Mode::RUSR | Mode::WUSR,
                 )
             })?);
-            io::copy(data, &mut file)?;
+            data.write_into(&file, budget)?;
             // A file of a copy never carries set-user-ID or set-group-ID: a tenant's clone or
             // restore must not hand out a program that runs as its owner.
             let plain = Meta {
@@ -594,7 +726,7 @@ mod tests {
         walk(
             &source,
             &mut Meddling {
-                inner: Copier::new(&target),
+                inner: Copier::new(&target, &mut Budget::new(u64::MAX)),
                 meddle: swapping(&source, &secret, &host, &first),
             },
         )
@@ -615,7 +747,7 @@ mod tests {
         walk(&source, &mut archiver).unwrap();
         let archive = archiver.inner.builder.into_inner().unwrap();
         let target = dir.path().join("restored");
-        extract(archive.as_slice(), &target).unwrap();
+        extract(archive.as_slice(), &target, &mut Budget::new(u64::MAX)).unwrap();
         let first = first.get().expect("a or b was archived");
         assert_nothing_followed(&target, first, &secret);
     }
@@ -652,9 +784,10 @@ mod tests {
         fs::write(source.join("d/tool"), b"#!/bin/sh").unwrap();
         fs::set_permissions(source.join("d/tool"), fs::Permissions::from_mode(0o6755)).unwrap();
         let cloned = dir.path().join("clone");
-        copy(&source, &cloned).unwrap();
+        copy(&source, &cloned, &mut Budget::new(u64::MAX)).unwrap();
         let restored = dir.path().join("restored");
-        extract(archive(&source, Vec::new()).unwrap().as_slice(), &restored).unwrap();
+        let archived = archive(&source, Vec::new()).unwrap();
+        extract(archived.as_slice(), &restored, &mut Budget::new(u64::MAX)).unwrap();
         for copy in [&cloned, &restored] {
             // Set-user-ID and set-group-ID are dropped from files.
             for (path, mode) in [("d", 0o750), ("d/f", 0o640), ("d/tool", 0o755)] {
@@ -664,5 +797,87 @@ mod tests {
                 assert_eq!((meta.uid(), meta.gid()), (want.uid(), want.gid()));
             }
         }
+    }
+
+    /// An archive of one regular entry `f` holding `body`, after PAX records `records`.
+    fn with_records(records: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        builder
+            .append_pax_extensions(records.iter().map(|(k, v)| (*k, v.as_bytes())))
+            .unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_size(body.len() as u64);
+        builder.append_data(&mut header, "f", body).unwrap();
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn sparse_maps_are_checked_before_anything_is_written() {
+        /// The file made (length, bytes at 4096), or the refusal's words.
+        type Outcome = Result<(u64, &'static [u8]), &'static str>;
+        // Map, body, outcome.
+        let table: [(&str, &[u8], Outcome); 9] = [
+            ("0,2,4096,3", b"abcde", Ok((10_000, b"cde"))),
+            ("", b"", Ok((10_000, b""))),
+            ("0,2,4096", b"ab", Err("offset and no length")),
+            ("4096,3,0,2", b"cdeab", Err("out of order")),
+            ("0,2,1,2", b"abcd", Err("out of order")),
+            ("9999,2", b"ab", Err("past 10000")),
+            ("18446744073709551615,2", b"ab", Err("out of order or past")),
+            ("0,2", b"abc", Err("lists 2 bytes, the entry holds 3")),
+            ("0,-2", b"", Err("sparse map number")),
+        ];
+        for (map, body, expected) in table {
+            let dir = tempfile::tempdir().unwrap();
+            let archived = with_records(&[(SPARSE_SIZE, "10000"), (SPARSE_MAP, map)], body);
+            let target = dir.path().join("t");
+            let extracted = extract(archived.as_slice(), &target, &mut Budget::new(u64::MAX));
+            match expected {
+                Ok((length, at_4096)) => {
+                    extracted.unwrap_or_else(|e| panic!("{map}: {e}"));
+                    let bytes = fs::read(target.join("f")).unwrap();
+                    assert_eq!(bytes.len() as u64, length, "{map}");
+                    assert_eq!(&bytes[4096..4096 + at_4096.len()], at_4096, "{map}");
+                }
+                Err(words) => {
+                    let error = extracted.expect_err(map);
+                    assert!(error.to_string().contains(words), "{map}: {error}");
+                    assert!(!target.join("f").exists(), "{map}: a file was made");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_of_many_extents_is_archived_sparse_and_restored_whole() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("vol");
+        fs::create_dir(&source).unwrap();
+        let file = File::create(source.join("f")).unwrap();
+        file.set_len(64 << 20).unwrap();
+        for piece in 0..30u8 {
+            file.write_all_at(&[piece + 1; 100], u64::from(piece) * (2 << 20) + 5)
+                .unwrap();
+        }
+        drop(file);
+        let archived = archive(&source, Vec::new()).unwrap();
+        assert!(
+            archived.len() < 1 << 20,
+            "archive of {} bytes",
+            archived.len()
+        );
+        let restored = dir.path().join("restored");
+        extract(archived.as_slice(), &restored, &mut Budget::new(u64::MAX)).unwrap();
+        assert_eq!(
+            fs::read(restored.join("f")).unwrap(),
+            fs::read(source.join("f")).unwrap()
+        );
+        assert!(fs::metadata(restored.join("f")).unwrap().blocks() * 512 < 1 << 20);
     }
 }

@@ -877,6 +877,104 @@ async fn snapshots_and_clones_carry_data() {
     cluster.stop().await;
 }
 
+/// A directory volume's capacity binds its copies: a clone or restore costs the data its
+/// source holds (holes free), and a source holding more than the new volume's capacity (a
+/// tenant wrote past it) is refused with OUT_OF_RANGE, its partial copy removed.
+#[tokio::test]
+async fn copies_of_directory_volumes_keep_holes_and_fit_the_capacity() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    const MI: i64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(dir.path()).await;
+    let c = &cluster.controller.csi;
+    let volumes = cluster.state_dir.join("volumes");
+    let source = create(c, "source", MI).await;
+    let sparse = std::fs::File::create(volumes.join(&source.volume_id).join("sparse")).unwrap();
+    sparse.set_len(2 << 30).unwrap();
+    sparse.write_all_at(&[1; 8192], 1 << 30).unwrap();
+    drop(sparse);
+    let from = |name: &str, source: csi::volume_content_source::Type| {
+        let mut request = create_request(name, MI, mount(Mode::SingleNodeWriter));
+        request.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(source),
+        });
+        request
+    };
+    let of_volume = || {
+        csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+            volume_id: source.volume_id.clone(),
+        })
+    };
+    let snapshot_of_source = |name: &str| csi::CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: source.volume_id.clone(),
+        ..Default::default()
+    };
+    let of_snapshot = |snapshot: &csi::Snapshot| {
+        csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+            snapshot_id: snapshot.snapshot_id.clone(),
+        })
+    };
+    let snapshot = c
+        .create_snapshot(snapshot_of_source("sparse"), T)
+        .await
+        .unwrap()
+        .snapshot
+        .unwrap();
+    for request in [
+        from("clone", of_volume()),
+        from("restore", of_snapshot(&snapshot)),
+    ] {
+        let volume = c.create_volume(request, T).await.unwrap().volume.unwrap();
+        let copy = std::fs::metadata(volumes.join(&volume.volume_id).join("sparse")).unwrap();
+        assert_eq!(copy.len(), 2 << 30);
+        assert!(
+            copy.blocks() * 512 < MI as u64,
+            "{} bytes on disk",
+            copy.blocks() * 512
+        );
+    }
+
+    // The tenant writes 2 MiB into its 1 MiB volume: no copy of it fits a 1 MiB volume.
+    std::fs::write(
+        volumes.join(&source.volume_id).join("dense"),
+        vec![7; 2 << 20],
+    )
+    .unwrap();
+    let snapshot = c
+        .create_snapshot(snapshot_of_source("dense"), T)
+        .await
+        .unwrap()
+        .snapshot
+        .unwrap();
+    for request in [
+        from("too-big-clone", of_volume()),
+        from("too-big-restore", of_snapshot(&snapshot)),
+    ] {
+        let refused = c.create_volume(request.clone(), T).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::OutOfRange,
+            "{}: {refused:?}",
+            request.name
+        );
+        assert!(
+            refused.message().contains("more data than"),
+            "{}",
+            refused.message()
+        );
+    }
+    let listed = c
+        .list_volumes(csi::ListVolumesRequest::default(), T)
+        .await
+        .unwrap()
+        .entries
+        .len();
+    assert_eq!(listed, 3, "the source and the two copies that fit");
+    assert_eq!(std::fs::read_dir(&volumes).unwrap().count(), 3);
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn group_snapshots() {
     let dir = tempfile::tempdir().unwrap();
