@@ -52,11 +52,24 @@ fn external_driver_values() -> String {
 /// `helm template` of the chart with `values` (YAML) over its defaults; None (after saying
 /// why) when helm is missing outside CI.
 fn template(values: &str) -> Option<std::process::Output> {
-    template_for(values, None)
+    template_with(values, &[])
 }
 
 /// [`template`] for a cluster of Kubernetes `version` (helm's default when `None`).
 fn template_for(values: &str, version: Option<&str>) -> Option<std::process::Output> {
+    template_with(values, &kube_version(version))
+}
+
+/// helm's argument for a cluster of Kubernetes `version`, if any.
+fn kube_version(version: Option<&str>) -> Vec<String> {
+    version
+        .map(|v| format!("--kube-version={v}"))
+        .into_iter()
+        .collect()
+}
+
+/// [`template`] with more arguments for helm (`--kube-version`, `--api-versions`).
+fn template_with(values: &str, extra: &[String]) -> Option<std::process::Output> {
     let Some(helm) = helm() else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -73,7 +86,7 @@ fn template_for(values: &str, version: Option<&str>) -> Option<std::process::Out
         .args(["template", "csi-suite", CHART, "--namespace", "storage"])
         .arg("--values")
         .arg(&file)
-        .args(version.map(|v| format!("--kube-version={v}")))
+        .args(extra)
         .output()
         .expect("helm runs");
     Some(output)
@@ -92,7 +105,12 @@ impl Rendering {
 
     /// [`Rendering::of`] for a cluster of Kubernetes `version` (helm's default when `None`).
     fn for_version(values: &str, version: Option<&str>) -> Option<Self> {
-        let output = template_for(values, version)?;
+        Self::with_args(values, &kube_version(version))
+    }
+
+    /// [`Rendering::of`] with more arguments for helm.
+    fn with_args(values: &str, extra: &[String]) -> Option<Self> {
+        let output = template_with(values, extra)?;
         assert!(
             output.status.success(),
             "helm template failed:\n{}",
@@ -462,14 +480,28 @@ const NO_API_CALLERS: &str = "provisioner:\n  enabled: false\nattacher:\n  enabl
 /// Where in-cluster clients read the token, the cluster CA and the namespace.
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// The ServiceAccount of podmon's controller side, and the Secret holding its token.
+const PODMON_CONTROLLER_ACCOUNT: &str = "csi-suite-podmon-controller";
+const PODMON_CONTROLLER_TOKEN: &str = "csi-suite-podmon-controller-token";
+
+/// Whether the container is podmon's controller side, which calls the API with a token of
+/// its own account (a Secret), not the pod's.
+fn own_token(pod_name: &str, container: &Value) -> bool {
+    pod_name == "controller" && container["name"] == "podmon"
+}
+
 /// The API token reaches only the containers that call the API. `projected`: no pod automounts
 /// a token, and each of those containers (only they) mounts a projected one, with the CA and
 /// the namespace, at the in-cluster path; otherwise a pod automounts it when one of its
-/// containers calls the API, and none mounts a projected one.
+/// containers calls the API, and none mounts a projected one. podmon's controller side mounts
+/// its own account's token Secret there either way (an automounted token skips a container
+/// that mounts the path).
 fn assert_tokens(rendering: &Rendering, projected: bool) {
-    for (_, pod) in rendering.pods() {
+    for (pod_name, pod) in rendering.pods() {
         let containers = pod["containers"].as_array().unwrap();
-        let pod_calls = containers.iter().any(calls_api);
+        let pod_calls = containers
+            .iter()
+            .any(|c| calls_api(c) && !own_token(pod_name, c));
         let automount = pod["automountServiceAccountToken"].as_bool();
         assert_eq!(
             automount,
@@ -486,6 +518,17 @@ fn assert_tokens(rendering: &Rendering, projected: bool) {
         for container in containers {
             let mounts = mounts(container);
             let token = mounts.iter().find(|(_, path, _)| path == TOKEN_DIR);
+            if own_token(pod_name, container) {
+                let (name, _, _) = token.expect("podmon's controller side mounts its token");
+                let volume = pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| &v["name"] == name)
+                    .unwrap();
+                assert_eq!(volume["secret"]["secretName"], PODMON_CONTROLLER_TOKEN);
+                continue;
+            }
             assert_eq!(
                 token.is_some(),
                 projected && calls_api(container),
@@ -549,8 +592,29 @@ fn assert_least_privilege(rendering: &Rendering) {
         }
         let binding = rendering.get(&format!("{kind}Binding"), name);
         assert_eq!(binding["roleRef"]["name"], name);
+        let controller = rendering.controller();
         let accounts = if name.ends_with("-podmon-node") {
             vec!["csi-suite-node"]
+        } else if name.ends_with("-podmon-controller") {
+            vec![PODMON_CONTROLLER_ACCOUNT]
+        } else if name == "csi-suite-leader-election" {
+            // The controller pod's account for the sidecars that elect, podmon's own for it.
+            let sidecars = [
+                "csi-provisioner",
+                "csi-attacher",
+                "csi-resizer",
+                "csi-snapshotter",
+            ]
+            .iter()
+            .any(|c| container(controller, c).is_some());
+            let podmon = container(controller, "podmon").is_some();
+            [
+                (sidecars, "csi-suite-controller"),
+                (podmon, PODMON_CONTROLLER_ACCOUNT),
+            ]
+            .into_iter()
+            .filter_map(|(elects, account)| elects.then_some(account))
+            .collect()
         } else if name.starts_with("csi-suite-snapshot-controller") {
             vec!["csi-suite-snapshot-controller"]
         } else if name.starts_with("csi-suite-cosi-controller") {
@@ -559,7 +623,7 @@ fn assert_least_privilege(rendering: &Rendering) {
             vec!["csi-suite-cosi-driver"]
         } else if name == INVENTORY_RBAC {
             // The account of each pod that runs csi-inventory, and no other.
-            let serving = container(rendering.controller(), "csi-inventory").is_some();
+            let serving = container(controller, "csi-inventory").is_some();
             let cron = rendering.inventory_job().is_some();
             assert!(serving || cron, "{name} without a csi-inventory");
             [
@@ -1001,6 +1065,219 @@ fn a_disabled_component_is_gone_with_its_rbac() {
             _ => {}
         }
     }
+}
+
+/// What `helm install` finds on a cluster that serves ValidatingAdmissionPolicy v1 (1.30+).
+const VAP_V1: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+
+/// Values whose node-podmon also lifts the out-of-service taint.
+const VAP_SERVED: &str = "podmon:\n  outOfServiceTaint: true\n";
+
+fn api_versions(version: &str) -> Vec<String> {
+    vec!["--api-versions".to_string(), version.to_string()]
+}
+
+/// The roles bound to the ServiceAccount `account` of the release's namespace.
+fn bound_roles(rendering: &Rendering, account: &str) -> Vec<(String, String)> {
+    rendering
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
+        .filter(|b| {
+            b["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["kind"] == "ServiceAccount" && s["name"] == account)
+        })
+        .map(|b| {
+            (
+                str(&b["roleRef"]["kind"]).to_string(),
+                str(&b["roleRef"]["name"]).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// node-podmon's account reads, and writes nothing but `patch` on nodes (to lift podmon's
+/// taints from its own Node), which RBAC cannot narrow to the pod's own Node. Where the
+/// cluster serves ValidatingAdmissionPolicy v1 the chart adds a policy that does: only the
+/// Node of the token's `authentication.kubernetes.io/node-name` (refused without one), only
+/// podmon's taints removed, nothing else changed, anyone else's requests untouched. Without it
+/// (helm template's defaults, v1.28, v1.19) or when turned off, no policy is rendered.
+#[test]
+fn node_podmon_may_patch_only_its_own_node_where_the_cluster_serves_a_policy() {
+    let Some(plain) = Rendering::of("{}") else {
+        return;
+    };
+    assert_eq!(
+        bound_roles(&plain, "csi-suite-node"),
+        [(
+            "ClusterRole".to_string(),
+            "csi-suite-podmon-node".to_string()
+        )]
+    );
+    for (group, resource, verbs) in plain.rules("ClusterRole", "csi-suite-podmon-node") {
+        if (group.as_str(), resource.as_str()) == ("", "nodes") {
+            assert_eq!(
+                verbs,
+                ["get", "patch"],
+                "the one write: its own Node's taints"
+            );
+        } else {
+            assert!(
+                verbs
+                    .iter()
+                    .all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+                "{group}/{resource}: {verbs:?}"
+            );
+        }
+    }
+    let policy_of = |rendering: &Rendering| {
+        (
+            rendering
+                .find("ValidatingAdmissionPolicy", "csi-suite-podmon-node")
+                .cloned(),
+            rendering
+                .find("ValidatingAdmissionPolicyBinding", "csi-suite-podmon-node")
+                .cloned(),
+        )
+    };
+    assert_eq!(policy_of(&plain), (None, None), "no policy API: no policy");
+    for version in ["1.28.0", "1.19.16"] {
+        let old = Rendering::for_version("{}", Some(version)).unwrap();
+        assert_eq!(policy_of(&old), (None, None), "{version}");
+    }
+    for values in [
+        "podmon:\n  node:\n    admissionPolicy: false\n",
+        "podmon:\n  enabled: false\n",
+    ] {
+        let off = Rendering::with_args(values, &api_versions(VAP_V1)).unwrap();
+        assert_eq!(policy_of(&off), (None, None), "{values}");
+    }
+
+    for (values, removable) in [
+        ("{}", "['hostpath.podmon.storage/fenced']"),
+        (
+            VAP_SERVED,
+            "['hostpath.podmon.storage/fenced', 'node.kubernetes.io/out-of-service']",
+        ),
+    ] {
+        let served = Rendering::with_args(values, &api_versions(VAP_V1)).unwrap();
+        let (Some(policy), Some(binding)) = policy_of(&served) else {
+            panic!("{values}: no policy where the cluster serves it");
+        };
+        let spec = &policy["spec"];
+        assert_eq!(spec["failurePolicy"], "Fail");
+        assert_eq!(
+            spec["matchConstraints"]["resourceRules"],
+            serde_json::json!([{"apiGroups": [""], "apiVersions": ["*"],
+                                "operations": ["UPDATE"], "resources": ["nodes"]}])
+        );
+        assert_eq!(
+            spec["matchConditions"][0]["expression"],
+            "request.userInfo.username == 'system:serviceaccount:storage:csi-suite-node'",
+            "node-podmon's requests only"
+        );
+        let variable = |name: &str| {
+            spec["variables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .map(|v| str(&v["expression"]).to_string())
+                .unwrap_or_else(|| panic!("no variable {name}"))
+        };
+        assert_eq!(
+            variable("nodeName"),
+            "has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in \
+             request.userInfo.extra ? request.userInfo.extra['authentication.kubernetes.io/node-name'] : []",
+            "no node-name in the token: no node"
+        );
+        assert_eq!(variable("removable"), removable);
+        let validations: Vec<&str> = spec["validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| str(&v["expression"]))
+            .collect();
+        assert_eq!(
+            validations[0],
+            "size(variables.nodeName) == 1 && variables.nodeName[0] == object.metadata.name",
+            "its own Node, and a request without a node name refused"
+        );
+        assert!(
+            validations[1].contains("variables.newTaints.all(t, t in variables.oldTaints)"),
+            "no taint added or changed"
+        );
+        assert!(
+            validations[1].contains("t.key in variables.removable"),
+            "only podmon's taints removed"
+        );
+        for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
+            assert!(validations[2].contains(&format!("'{field}'")), "{field}");
+        }
+        assert!(
+            validations[2].contains("f == 'taints' ||"),
+            "the spec beside the taints"
+        );
+        assert_eq!(binding["spec"]["policyName"], "csi-suite-podmon-node");
+        assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+        assert!(binding["spec"]["matchResources"].is_null(), "every Node");
+        // node-podmon lifts what the policy lets it lift.
+        assert!(has_arg(
+            container(served.node(), "podmon").unwrap(),
+            &format!("--out-of-service-taint={}", values == VAP_SERVED)
+        ));
+    }
+}
+
+/// podmon's controller side runs in the controller pod under a ServiceAccount of its own: its
+/// container mounts that account's token (a Secret kube-controller-manager fills), its
+/// ClusterRole is bound to that account alone, and the pod's account, which the other
+/// sidecars use, may neither patch Nodes nor delete pods.
+#[test]
+fn the_podmon_controller_has_its_own_service_account() {
+    let external = external_driver_values();
+    for values in ["{}", "controller:\n  replicas: 2\n", external.as_str()] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        rendering.get("ServiceAccount", PODMON_CONTROLLER_ACCOUNT);
+        let secret = rendering.get("Secret", PODMON_CONTROLLER_TOKEN);
+        assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+        assert_eq!(
+            secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+            PODMON_CONTROLLER_ACCOUNT
+        );
+        let podmon = container(rendering.controller(), "podmon").unwrap();
+        assert!(
+            mounts(podmon).contains(&("podmon-token".into(), TOKEN_DIR.into(), String::new())),
+            "{values}"
+        );
+        let podmon_roles = bound_roles(&rendering, PODMON_CONTROLLER_ACCOUNT);
+        assert!(
+            podmon_roles.contains(&("ClusterRole".into(), "csi-suite-podmon-controller".into())),
+            "{values}"
+        );
+        for (kind, role) in bound_roles(&rendering, "csi-suite-controller") {
+            for (group, resource, verbs) in rendering.rules(&kind, &role) {
+                let has = |verb: &str| verbs.iter().any(|v| v == verb);
+                match (group.as_str(), resource.as_str()) {
+                    ("", "nodes") => assert!(!has("patch"), "{role} patches Nodes"),
+                    ("", "pods") => assert!(!has("delete"), "{role} deletes pods"),
+                    _ => {}
+                }
+            }
+        }
+        assert_least_privilege(&rendering);
+    }
+    let off = Rendering::of("podmon:\n  enabled: false\n").unwrap();
+    assert!(
+        off.find("ServiceAccount", PODMON_CONTROLLER_ACCOUNT)
+            .is_none()
+    );
+    assert!(off.find("Secret", PODMON_CONTROLLER_TOKEN).is_none());
 }
 
 /// csi-resizer watches pods only with --handle-volume-inuse-error (on by default), and the
@@ -1571,9 +1848,12 @@ fn csidriver_fields_follow_the_cluster_version() {
 /// (what `kubeconform -strict` checks), in each values set the other tests use.
 #[test]
 fn every_rendered_object_is_a_valid_kubernetes_object() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
     use k8s_openapi::api::batch::v1::CronJob;
-    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1591,13 +1871,24 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         "podmon:\n  enabled: false\nlivenessProbe:\n  enabled: false\nnode:\n  tolerations: [{operator: Exists}]\n",
         "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\ncontroller:\n  tolerations: [{operator: Exists}]\n",
         COSI_SAMPLE,
+        VAP_SERVED,
     ] {
-        let Some(rendering) = Rendering::of(values) else {
+        let extra = if values == VAP_SERVED {
+            api_versions(VAP_V1)
+        } else {
+            Vec::new()
+        };
+        let Some(rendering) = Rendering::with_args(values, &extra) else {
             return;
         };
         for object in &rendering.objects {
             let typed = match str(&object["kind"]) {
                 "ServiceAccount" => round_trip::<ServiceAccount>(object),
+                "Secret" => round_trip::<Secret>(object),
+                "ValidatingAdmissionPolicy" => round_trip::<ValidatingAdmissionPolicy>(object),
+                "ValidatingAdmissionPolicyBinding" => {
+                    round_trip::<ValidatingAdmissionPolicyBinding>(object)
+                }
                 "ConfigMap" => round_trip::<ConfigMap>(object),
                 "ClusterRole" => round_trip::<ClusterRole>(object),
                 "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(object),

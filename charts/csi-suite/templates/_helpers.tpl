@@ -30,6 +30,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.serviceAccount.nodeName | default (printf "%s-node" (include "csi-suite.fullname" .)) -}}
 {{- end -}}
 
+{{/* podmon's controller side: its own ServiceAccount (see serviceaccounts.yaml). */}}
+{{- define "csi-suite.podmonControllerServiceAccount" -}}
+{{- .Values.serviceAccount.podmonControllerName | default (printf "%s-podmon-controller" (include "csi-suite.fullname" .)) -}}
+{{- end -}}
+
+{{/* "true" when the chart restricts podmon's node side to its own Node with a
+     ValidatingAdmissionPolicy: asked for (podmon.node.admissionPolicy), and served by the
+     cluster (admissionregistration.k8s.io/v1, Kubernetes 1.30+). */}}
+{{- define "csi-suite.podmonNodePolicy" -}}
+{{- if and .Values.podmon.enabled .Values.podmon.node.admissionPolicy (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* A list of strings as CEL string literals, comma-separated. */}}
+{{- define "csi-suite.celStrings" -}}
+{{- range $i, $s := . }}{{ if $i }}, {{ end }}'{{ $s }}'{{ end }}
+{{- end -}}
+
 {{/* The inventory CronJob's own ServiceAccount. */}}
 {{- define "csi-suite.inventoryServiceAccount" -}}
 {{- .Values.serviceAccount.inventoryName | default (printf "%s-inventory" (include "csi-suite.fullname" .)) -}}
