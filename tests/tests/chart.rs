@@ -1655,6 +1655,48 @@ fn the_cosi_part_runs_the_controller_and_a_driver_with_its_sidecar() {
     );
 }
 
+/// Every container of every workload (the snapshot-controller's too) has a CPU and a memory
+/// request and a memory limit, and no CPU limit (values.yaml says why); a component's values
+/// change them or, with `null`, drop them.
+#[test]
+fn every_container_has_requests_and_a_memory_limit() {
+    let external = external_driver_values();
+    let snapshots = "snapshotter:\n  enabled: true\nsnapshotController:\n  enabled: true\n";
+    for values in [
+        "{}",
+        external.as_str(),
+        INVENTORY_BOTH,
+        COSI_SAMPLE,
+        snapshots,
+    ] {
+        let Some(rendering) = Rendering::of(values) else {
+            return;
+        };
+        let snapshot_controller = rendering
+            .find("Deployment", "csi-suite-snapshot-controller")
+            .map(|d| ("snapshot-controller", &d["spec"]["template"]["spec"]));
+        for (pod_name, pod) in rendering.pods().into_iter().chain(snapshot_controller) {
+            for container in pod["containers"].as_array().unwrap() {
+                let at = format!("{values}: {pod_name}/{}", str(&container["name"]));
+                let resources = &container["resources"];
+                assert!(resources["requests"]["cpu"].is_string(), "{at}");
+                assert!(resources["requests"]["memory"].is_string(), "{at}");
+                assert!(resources["limits"]["memory"].is_string(), "{at}");
+                assert!(resources["limits"]["cpu"].is_null(), "{at}: no CPU limit");
+            }
+        }
+    }
+    let provisioner = |values: &str| {
+        let rendering = Rendering::of(values).unwrap();
+        container(rendering.controller(), "csi-provisioner").unwrap()["resources"].clone()
+    };
+    assert_eq!(
+        provisioner("provisioner:\n  resources:\n    limits:\n      memory: 1Gi\n"),
+        serde_json::json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "1Gi"}})
+    );
+    assert!(provisioner("provisioner:\n  resources: null\n").is_null());
+}
+
 /// Images layer field by field: a workload's image over the suite's (the nodes move to a new
 /// version while the controller is held back), and a sidecar's own image over its workload's.
 #[test]
