@@ -6,8 +6,17 @@
 # container of the chart picks its binary with `command:`.
 #
 # Build: make image   (docker build -t csi-suite:<appVersion> .)
+#
+# Base images by digest, so a rebuild gets the bytes it was tested with rather than whatever a
+# moving tag names that day; bump a tag and its digest together. rust:1-bookworm is the image
+# Docker's official-images bot recorded for that tag on 2026-08-25 (Rust 1.98.0; the index
+# digest in docker-library/repo-info, repos/rust/remote/1-bookworm.md). No digest of
+# gcr.io/distroless/cc-debian12:nonroot could be checked where this was written (no registry
+# reachable): pass one (`crane digest gcr.io/distroless/cc-debian12:nonroot`) as
+# --build-arg DISTROLESS_DIGEST=sha256:...; left empty, the tag alone is used.
+ARG DISTROLESS_DIGEST=""
 
-FROM rust:1-bookworm AS build
+FROM rust:1-bookworm@sha256:e536cf316987faedfe8ae120f83b70c7df0068fdb4fc9efcce55c71a625001d5 AS build
 WORKDIR /src
 COPY . .
 # protox compiles the protos in-process: the build needs no protoc. The cache mounts keep the
@@ -39,7 +48,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends e2fsprogs \
 # glibc and libgcc only (for losetup and mke2fs; the suite's binaries are static), no shell;
 # runs as 65532 (nonroot) unless a container asks for root,
 # as the chart does for the node driver (privileged), the registrar and node podmon.
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/cc-debian12:nonroot${DISTROLESS_DIGEST:+@${DISTROLESS_DIGEST}}
 COPY --from=build /out/lib/ /usr/lib/
 COPY --from=build /out/bin/ /usr/local/bin/
 USER 65532:65532
