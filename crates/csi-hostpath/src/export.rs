@@ -17,7 +17,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,11 +37,49 @@ pub fn volume_root(at: &Path) -> PathBuf {
     at.join("volume")
 }
 
-/// Attaches a fresh loop device to `image` and mounts its ext4 filesystem at `at`, with its
-/// [`volume_root`]. Returns the device.
-pub fn open(image: &Path, at: &Path) -> io::Result<String> {
+/// A loop device just bound to an image, set to detach itself on its last close and held
+/// open until a mount holds it too: should this process die before, nothing stays bound.
+#[derive(Debug)]
+pub struct Attached {
+    /// Its one opener until the mount: closing it detaches an unmounted device.
+    _open: File,
+    pub device: String,
+}
+
+/// Binds a fresh loop device to `image` (see [`Attached`]).
+pub fn attach(image: &Path) -> io::Result<Attached> {
+    let control = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    let backing = OpenOptions::new().read(true).write(true).open(image)?;
+    let mut info = LoopInfo64::zeroed();
+    info.flags = LO_FLAGS_AUTOCLEAR;
+    // Another process may take the free device first.
+    for _ in 0..16 {
+        let device = format!("/dev/loop{}", free_loop_number(&control)?);
+        let file = OpenOptions::new().read(true).write(true).open(&device)?;
+        match configure_loop(&file, &backing, info) {
+            Ok(()) => {
+                return Ok(Attached {
+                    _open: file,
+                    device,
+                });
+            }
+            Err(error) if error.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Err(io::Error::other(format!(
+        "no free loop device for {}",
+        image.display()
+    )))
+}
+
+/// Mounts the ext4 filesystem of `attached` (on `image`) at `at`, with its [`volume_root`].
+pub fn mount(attached: &Attached, image: &Path, at: &Path) -> io::Result<()> {
+    let device = &attached.device;
     fs::create_dir_all(at)?;
-    let device = mounts::loop_attach_new(image)?;
     if let Err(error) = rustix::mount::mount(
         device.as_str(),
         at,
@@ -49,7 +87,6 @@ pub fn open(image: &Path, at: &Path) -> io::Result<String> {
         MountFlags::NOSUID | MountFlags::NODEV,
         None,
     ) {
-        let _ = mounts::loop_detach(&device);
         return Err(io::Error::other(format!(
             "mounting the ext4 filesystem of {} ({device}) at {}: {error}",
             image.display(),
@@ -57,10 +94,10 @@ pub fn open(image: &Path, at: &Path) -> io::Result<String> {
         )));
     }
     if let Err(error) = fs::create_dir_all(volume_root(at)) {
-        let _ = cut(at, &device, image);
+        let _ = cut(at, device, image);
         return Err(error);
     }
-    Ok(device)
+    Ok(())
 }
 
 /// Cuts the export of `image` mounted at `at` through `device` (see the module comment).
@@ -247,8 +284,41 @@ struct LoopInfo64 {
     init: [u64; 2],
 }
 
+impl LoopInfo64 {
+    fn zeroed() -> Self {
+        Self {
+            device: 0,
+            inode: 0,
+            rdevice: 0,
+            offset: 0,
+            size_limit: 0,
+            number: 0,
+            encrypt_type: 0,
+            encrypt_key_size: 0,
+            flags: 0,
+            file_name: [0; 64],
+            crypt_name: [0; 64],
+            encrypt_key: [0; 32],
+            init: [0; 2],
+        }
+    }
+}
+
+/// The kernel's `struct loop_config` (linux/loop.h).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const LOOP_SET_FD: rustix::ioctl::Opcode = 0x4C00;
 const LOOP_SET_STATUS64: rustix::ioctl::Opcode = 0x4C04;
 const LOOP_GET_STATUS64: rustix::ioctl::Opcode = 0x4C05;
+const LOOP_CONFIGURE: rustix::ioctl::Opcode = 0x4C0A;
+const LOOP_CTL_GET_FREE: rustix::ioctl::Opcode = 0x4C82;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
 const EXT4_IOC_SHUTDOWN: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u32>(b'X', 125);
 const EXT4_IOC_RESIZE_FS: rustix::ioctl::Opcode = rustix::ioctl::opcode::write::<u64>(b'f', 16);
 /// Shut down without flushing the journal: [`cut`] has synced what came before.
@@ -260,6 +330,70 @@ fn revoke_loop(device: &File) -> io::Result<()> {
     let mut info = loop_status(device)?;
     info.offset = 1 << 62;
     info.size_limit = 0;
+    set_loop_status(device, info)
+}
+
+/// LOOP_CTL_GET_FREE: no argument; the kernel answers with the device's number.
+struct GetFree;
+
+#[allow(unsafe_code)]
+// SAFETY: the opcode takes no argument and writes nothing to memory: the number is the
+// return value.
+unsafe impl rustix::ioctl::Ioctl for GetFree {
+    type Output = u32;
+    const IS_MUTATING: bool = false;
+
+    fn opcode(&self) -> rustix::ioctl::Opcode {
+        LOOP_CTL_GET_FREE
+    }
+
+    fn as_ptr(&mut self) -> *mut std::ffi::c_void {
+        std::ptr::null_mut()
+    }
+
+    unsafe fn output_from_ptr(
+        out: rustix::ioctl::IoctlOutput,
+        _: *mut std::ffi::c_void,
+    ) -> rustix::io::Result<u32> {
+        u32::try_from(out).map_err(|_| rustix::io::Errno::RANGE)
+    }
+}
+
+/// The number of a free loop device (created if none is).
+#[allow(unsafe_code)]
+fn free_loop_number(control: &File) -> io::Result<u32> {
+    // SAFETY: the fd is /dev/loop-control; see `GetFree`.
+    Ok(unsafe { rustix::ioctl::ioctl(control, GetFree) }?)
+}
+
+/// Binds `device` to `backing` with `info`, in one step (LOOP_CONFIGURE), or where the kernel
+/// lacks that (before 5.8) in two.
+#[allow(unsafe_code)]
+fn configure_loop(device: &File, backing: &File, info: LoopInfo64) -> io::Result<()> {
+    let config = LoopConfig {
+        fd: u32::try_from(backing.as_raw_fd()).map_err(io::Error::other)?,
+        block_size: 0,
+        info,
+        reserved: [0; 8],
+    };
+    // SAFETY: LOOP_CONFIGURE reads a `struct loop_config`, which `LoopConfig` mirrors.
+    let configure = unsafe { rustix::ioctl::Setter::<LOOP_CONFIGURE, LoopConfig>::new(config) };
+    // SAFETY: the fd is a loop device (the kernel refuses the opcode on anything else).
+    match unsafe { rustix::ioctl::ioctl(device, configure) } {
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOTTY) => {
+            configure_loop_in_two_steps(device, backing, info)
+        }
+        configured => Ok(configured?),
+    }
+}
+
+#[allow(unsafe_code)]
+fn configure_loop_in_two_steps(device: &File, backing: &File, info: LoopInfo64) -> io::Result<()> {
+    let fd = usize::try_from(backing.as_raw_fd()).map_err(io::Error::other)?;
+    // SAFETY: LOOP_SET_FD takes the backing file's descriptor as its integer argument.
+    let set_fd = unsafe { rustix::ioctl::IntegerSetter::<LOOP_SET_FD>::new_usize(fd) };
+    // SAFETY: the fd is a loop device (the kernel refuses the opcode on anything else).
+    unsafe { rustix::ioctl::ioctl(device, set_fd) }?;
     set_loop_status(device, info)
 }
 
@@ -308,27 +442,27 @@ impl Driver {
         };
         if let Some(export) = volume.exports.get(node) {
             if mounts::is_mount_point(&at).map_err(|e| failed("checking the export of", e))? {
-                return Ok(());
+                // A crash may have come between the mount and its volume root.
+                return fs::create_dir_all(volume_root(&at)).map_err(|e| failed("exporting", e));
             }
             cut(&at, &export.device, &image).map_err(|e| failed("cutting a stale export of", e))?;
         }
-        let device = open(&image, &at).map_err(|e| failed("exporting", e))?;
-        let recorded = self.store.update(|state| {
+        let attached = attach(&image).map_err(|e| failed("exporting", e))?;
+        // Recorded before it is mounted: a crash before the record leaves nothing (the device
+        // detaches itself), one after leaves a record the next call finds stale and cuts.
+        self.store.update(|state| {
             let Some(v) = state.volumes.get_mut(&volume.id) else {
                 return Err(DriverError::not_found("volume", volume.id.as_str()));
             };
             v.exports.insert(
                 node.to_string(),
                 Export {
-                    device: device.clone(),
+                    device: attached.device.clone(),
                 },
             );
             Ok(())
-        });
-        if recorded.is_err() {
-            let _ = cut(&at, &device, &image);
-        }
-        recorded
+        })?;
+        mount(&attached, &image, &at).map_err(|e| failed("exporting", e))
     }
 
     /// Ends `node`'s export of an ext4 volume and forgets it: closed cleanly when the node has
@@ -394,7 +528,45 @@ mod tests {
     #[test]
     fn kernel_abi() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
         assert_eq!(EXT4_IOC_SHUTDOWN, 0x8004_587D);
         assert_eq!(EXT4_IOC_RESIZE_FS, 0x4008_6610);
+    }
+
+    /// A device attached for an export that nothing mounts is gone once its file closes (as
+    /// when the driver dies before mounting it), however the kernel had it bound.
+    #[test]
+    fn an_unmounted_export_device_detaches_itself() {
+        if mounts::skip_without_root("an_unmounted_export_device_detaches_itself") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("image");
+        File::create(&image).unwrap().set_len(1 << 20).unwrap();
+        let attached = attach(&image).unwrap();
+        let device = attached.device.clone();
+        assert!(loop_bound_to(&device, &image).unwrap());
+        drop(attached);
+        assert!(!loop_bound_to(&device, &image).unwrap(), "{device}");
+
+        // The way of kernels before LOOP_CONFIGURE.
+        let control = File::open("/dev/loop-control").unwrap();
+        let device = format!("/dev/loop{}", free_loop_number(&control).unwrap());
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device)
+            .unwrap();
+        let backing = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&image)
+            .unwrap();
+        let mut info = LoopInfo64::zeroed();
+        info.flags = LO_FLAGS_AUTOCLEAR;
+        configure_loop_in_two_steps(&file, &backing, info).unwrap();
+        assert!(loop_bound_to(&device, &image).unwrap());
+        drop(file);
+        assert!(!loop_bound_to(&device, &image).unwrap(), "{device}");
     }
 }
