@@ -11,7 +11,7 @@ use csi_proto::pluginregistration::registration_server::{
 use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use csi_sidecar::grpc_authority;
+use csi_sidecar::grpc_server;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -75,9 +75,9 @@ impl RegistrationServer {
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(
-            tonic::transport::Server::builder()
+            grpc_server::builder()
                 .add_service(Service::new(answers))
-                .serve_with_incoming_shutdown(grpc_authority::incoming(listener), async move {
+                .serve_with_incoming_shutdown(grpc_server::incoming(listener), async move {
                     stop.cancelled().await
                 }),
         );

@@ -11,7 +11,7 @@ use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
 use csi_sidecar::conn::{ConnError, Endpoint};
-use csi_sidecar::grpc_authority;
+use csi_sidecar::grpc_server;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -70,7 +70,7 @@ pub async fn run(
         tokio::spawn(fencing_loop(driver.clone(), shutdown.clone()));
     }
     let mode = driver.config.mode;
-    let mut router = tonic::transport::Server::builder()
+    let mut router = grpc_server::builder()
         .add_service(IdentityServer::new(IdentityService::new(driver.clone())))
         .add_optional_service(
             driver
@@ -92,7 +92,7 @@ pub async fn run(
     }
     tracing::info!(%endpoint, driver = %driver.config.driver_name, node = %driver.config.node_id, ?mode, "serving CSI");
     let served = router
-        .serve_with_incoming_shutdown(grpc_authority::incoming(listener), shutdown.cancelled())
+        .serve_with_incoming_shutdown(grpc_server::incoming(listener), shutdown.cancelled())
         .await;
     let _ = std::fs::remove_file(endpoint.path());
     served.map_err(ServeError::from)

@@ -142,9 +142,9 @@ mod tests {
     async fn serve(socket: &std::path::Path, ready: Option<bool>) {
         let listener = tokio::net::UnixListener::bind(socket).unwrap();
         tokio::spawn(
-            tonic::transport::Server::builder()
+            csi_sidecar::grpc_server::builder()
                 .add_service(IdentityServer::new(Readiness(ready)))
-                .serve_with_incoming(csi_sidecar::grpc_authority::incoming(listener)),
+                .serve_with_incoming(csi_sidecar::grpc_server::incoming(listener)),
         );
     }
 

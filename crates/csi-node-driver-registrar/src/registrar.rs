@@ -14,7 +14,7 @@ use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use csi_sidecar::conn::{ConnError, Endpoint, check_socket_path, connect};
-use csi_sidecar::grpc_authority;
+use csi_sidecar::grpc_server;
 use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -122,9 +122,9 @@ pub async fn serve(
     let (rejected, mut rejections) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();
     let stopping = stop.clone();
-    let server = tonic::transport::Server::builder()
+    let server = grpc_server::builder()
         .add_service(RegistrationServer::new(Registrar { info, rejected }))
-        .serve_with_incoming_shutdown(grpc_authority::incoming(listener), async move {
+        .serve_with_incoming_shutdown(grpc_server::incoming(listener), async move {
             stopping.cancelled().await
         });
     let mut server = std::pin::pin!(server);

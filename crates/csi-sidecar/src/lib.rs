@@ -81,6 +81,7 @@ pub mod finalizers;
 pub mod flags;
 pub mod go_duration;
 pub mod grpc_authority;
+pub mod grpc_server;
 pub mod http;
 pub mod informers;
 pub mod kube;

@@ -121,11 +121,11 @@ pub async fn serve(
         source,
     })?;
     tracing::info!(%endpoint, driver = %driver.name, s3 = %driver.client.s3_endpoint(), "serving COSI");
-    let served = tonic::transport::Server::builder()
+    let served = csi_sidecar::grpc_server::builder()
         .add_service(IdentityServer::new(driver.clone()))
         .add_service(ProvisionerServer::new(driver))
         .serve_with_incoming_shutdown(
-            csi_sidecar::grpc_authority::incoming(listener),
+            csi_sidecar::grpc_server::incoming(listener),
             shutdown.cancelled(),
         )
         .await;

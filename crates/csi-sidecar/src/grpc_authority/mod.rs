@@ -42,13 +42,10 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
 use frames::{AuthorityRewrite, FrameRewriter};
-pub use frames::{FrameError, FrameType};
+pub use frames::{FrameError, FrameType, PREFACE};
 
 /// How much is read from the socket at once while a frame header or header block is parsed.
 const READ_CHUNK: usize = 8 * 1024;
@@ -262,20 +259,6 @@ impl<S: Connected> Connected for AuthorityStream<S> {
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
     }
-}
-
-/// The connections `listener` accepts, each behind [`AuthorityStream::server`]: what every gRPC
-/// server on a Unix socket passes to tonic's `serve_with_incoming[_shutdown]`.
-pub fn incoming(
-    listener: UnixListener,
-) -> impl Stream<Item = io::Result<AuthorityStream<UnixStream>>> + Send + 'static {
-    let socket: Arc<Path> = listener
-        .local_addr()
-        .ok()
-        .and_then(|address| address.as_pathname().map(Arc::from))
-        .unwrap_or_else(|| Arc::from(Path::new("")));
-    UnixListenerStream::new(listener)
-        .map(move |accepted| accepted.map(|stream| AuthorityStream::server(stream, socket.clone())))
 }
 
 #[cfg(test)]

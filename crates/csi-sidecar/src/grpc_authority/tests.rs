@@ -9,10 +9,14 @@ use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::*;
 use crate::conn::{CsiConnection, Endpoint, connect, connect_as_kubelet};
+use crate::grpc_server::incoming;
 use crate::metrics::CsiOperationMetrics;
 
 const DRIVER: &str = "authority.test.io";
