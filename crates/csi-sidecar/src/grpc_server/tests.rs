@@ -9,11 +9,15 @@ const WAIT: Duration = Duration::from_secs(5);
 /// Long enough for a server that will answer to have answered.
 const SILENCE: Duration = Duration::from_millis(500);
 
-/// Serves a router without services on `socket` within `limits`: admission is all it shows.
-fn serve(socket: &Path, limits: Limits) {
-    let listener = UnixListener::bind(socket).unwrap();
+/// Serves a router without services within `limits` on a socket of a new directory:
+/// admission is all it shows.
+fn serve(limits: Limits) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
     let router = builder().add_routes(tonic::service::Routes::default());
     tokio::spawn(router.serve_with_incoming(incoming_within(listener, limits)));
+    (dir, socket)
 }
 
 /// A raw client that sends the preface and an empty SETTINGS frame.
@@ -38,15 +42,10 @@ async fn answered(client: &mut UnixStream, wait: Duration) -> bool {
 
 #[tokio::test]
 async fn connections_past_the_limit_wait_for_a_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
-    serve(
-        &socket,
-        Limits {
-            max_connections: 2,
-            ..Limits::default()
-        },
-    );
+    let (_dir, socket) = serve(Limits {
+        max_connections: 2,
+        ..Limits::default()
+    });
     let mut first = greeting_client(&socket).await;
     let mut second = greeting_client(&socket).await;
     assert!(answered(&mut first, WAIT).await);
@@ -65,15 +64,10 @@ async fn connections_past_the_limit_wait_for_a_place() {
 
 #[tokio::test]
 async fn a_client_that_never_greets_is_closed_and_its_place_freed() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
-    serve(
-        &socket,
-        Limits {
-            max_connections: 1,
-            greeting_timeout: Duration::from_millis(200),
-        },
-    );
+    let (_dir, socket) = serve(Limits {
+        max_connections: 1,
+        greeting_timeout: Duration::from_millis(200),
+    });
     let mut silent = UnixStream::connect(&socket).await.unwrap();
     // Half a preface, then nothing.
     silent.write_all(&PREFACE[..10]).await.unwrap();
@@ -88,15 +82,10 @@ async fn a_client_that_never_greets_is_closed_and_its_place_freed() {
 
 #[tokio::test]
 async fn a_client_that_greets_in_time_is_served_past_the_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
-    serve(
-        &socket,
-        Limits {
-            max_connections: 1,
-            greeting_timeout: Duration::from_millis(300),
-        },
-    );
+    let (_dir, socket) = serve(Limits {
+        max_connections: 1,
+        greeting_timeout: Duration::from_millis(300),
+    });
     let mut client = UnixStream::connect(&socket).await.unwrap();
     client.write_all(&PREFACE[..10]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
