@@ -9,6 +9,10 @@
 //! checked to be this volume's: the same file or directory (device and inode) as its data, or
 //! a loop device bound to its image. What no longer is gets staged or published again; a
 //! mount that is something else's is refused and left alone.
+//!
+//! A crash can also come between a step and its record. Each step is therefore one a retry
+//! finds done and takes over (the volume's own mount at the path, the loop device bound to
+//! its image), and an unstaging without a record still undoes what such a staging left.
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -166,37 +170,61 @@ impl Driver {
         let staging = staging_at.path();
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.ready_volume(id)?;
-        let Some(staged) = volume
+        let staged = volume
             .nodes
             .get(&self.config.node_id)
-            .and_then(|u| u.staged.clone())
-        else {
-            return Ok(());
-        };
-        if Path::new(&staged.path) != staging {
-            return Ok(());
-        }
-        need_mounts()?;
-        // A block volume mounts nothing at its staging path.
-        if staged.device.is_none() {
-            self.unmount_volume(&volume, staging, None)?;
-        }
-        if let Some(device) = &staged.device {
-            if self.device_of_volume(&volume, device)? {
-                mounts::loop_detach(device)
-                    .map_err(|e| DriverError::io("detaching the loop device", e))?;
-            } else {
-                tracing::warn!(
-                    volume = id,
-                    device,
-                    "the recorded loop device is no longer bound to the volume: left alone"
-                );
-            }
+            .and_then(|u| u.staged.clone());
+        match staged {
+            Some(staged) if Path::new(&staged.path) != staging => return Ok(()),
+            Some(staged) => self.unstage_recorded(&volume, &staged)?,
+            // Without the privilege nothing was staged.
+            None if !mounts::can_mount() => return Ok(()),
+            None => self.unstage_unrecorded(&volume, staging)?,
         }
         if !self.config.enable_attach {
             self.end_export(&volume, &self.config.node_id, true)?;
         }
         self.record_node_use(id, |usage| usage.staged = None)
+    }
+
+    fn unstage_recorded(&self, volume: &Volume, staged: &Staging) -> Result<(), DriverError> {
+        need_mounts()?;
+        let Some(device) = &staged.device else {
+            return self.unmount_volume(volume, Path::new(&staged.path), None);
+        };
+        // A block volume mounts nothing at its staging path.
+        if self.device_of_volume(volume, device)? {
+            mounts::loop_detach(device)
+                .map_err(|e| DriverError::io("detaching the loop device", e))?;
+        } else {
+            tracing::warn!(
+                volume = %volume.id,
+                device,
+                "the recorded loop device is no longer bound to the volume: left alone"
+            );
+        }
+        Ok(())
+    }
+
+    /// Undoes what a NodeStageVolume a crash cut short before its record did (the CO unstages
+    /// a volume whose staging it is unsure of): the volume's mount at `staging`, or the loop
+    /// device bound to a block volume's image, unless another node has it staged (the nodes
+    /// of a machine share that device).
+    fn unstage_unrecorded(&self, volume: &Volume, staging: &Path) -> Result<(), DriverError> {
+        if volume.access_type == AccessType::Mount {
+            return self.unmount_volume(volume, staging, None);
+        }
+        if volume.nodes.values().any(|u| u.staged.is_some()) {
+            return Ok(());
+        }
+        let image = self.store.volume_data(&volume.id, volume.layout());
+        let device = mounts::loop_device_of(&image)
+            .map_err(|e| DriverError::io("finding the loop device", e))?;
+        if let Some(device) = device {
+            mounts::loop_detach(&device)
+                .map_err(|e| DriverError::io("detaching the loop device", e))?;
+        }
+        Ok(())
     }
 
     /// Where this node reaches an ext4 volume: its export. With attach enabled the export is
