@@ -250,3 +250,23 @@ pub async fn unpublish_and_delete(cluster: &LocalCluster, node: &str, volume: &s
         .await
         .unwrap();
 }
+
+/// Loop devices whose backing file lies under `root`, as `(device, backing file)`: a file
+/// deleted since still counts (the kernel names it `<path> (deleted)`; the suffix is cut).
+pub fn loop_devices_under(root: &Path) -> Vec<(String, String)> {
+    let root = root.to_string_lossy();
+    let Ok(devices) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    devices
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let file = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            let file = file.trim_end_matches('\n');
+            let file = file.strip_suffix(" (deleted)").unwrap_or(file);
+            file.starts_with(&*root)
+                .then(|| (format!("/dev/{name}"), file.to_string()))
+        })
+        .collect()
+}
