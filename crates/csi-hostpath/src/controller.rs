@@ -176,6 +176,8 @@ impl Driver {
         request: csi::CreateVolumeRequest,
     ) -> Result<csi::CreateVolumeResponse, DriverError> {
         let name = required(&request.name, "name")?;
+        rules::bounded_map(&request.parameters, "parameters")?;
+        rules::bounded_map(&request.mutable_parameters, "mutable_parameters")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
         let filesystem = rules::filesystem(&request.volume_capabilities)?;
         let layout = Layout::of(access_type, filesystem);
@@ -406,7 +408,7 @@ impl Driver {
     ) -> Result<csi::ControllerPublishVolumeResponse, DriverError> {
         self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
-        let node = required(&request.node_id, "node_id")?;
+        let node = rules::required_within(&request.node_id, "node_id", rules::MAX_NODE_ID)?;
         let (access_type, mode) = rules::required_capability(request.volume_capability.as_ref())?;
         let readonly = request.readonly && self.config.enable_attach;
         let _guard = self.locks.acquire(&[id])?;
@@ -464,6 +466,9 @@ impl Driver {
     ) -> Result<(), DriverError> {
         self.attach_enabled()?;
         let id = required(&request.volume_id, "volume_id")?;
+        if !request.node_id.is_empty() {
+            rules::required_within(&request.node_id, "node_id", rules::MAX_NODE_ID)?;
+        }
         let _guard = self.locks.acquire(&[id])?;
         let unpublished = |node: &str| request.node_id.is_empty() || node == request.node_id;
         if let Some(volume) = self.store.read()?.volumes.get(id) {
@@ -488,6 +493,8 @@ impl Driver {
         request: &csi::ValidateVolumeCapabilitiesRequest,
     ) -> Result<csi::ValidateVolumeCapabilitiesResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
+        rules::bounded_map(&request.parameters, "parameters")?;
+        rules::bounded_map(&request.mutable_parameters, "mutable_parameters")?;
         let access_type = rules::capabilities(&request.volume_capabilities)?;
         let state = self.store.read()?;
         let volume = ready_volume(&state, id)?;
@@ -540,6 +547,7 @@ impl Driver {
         if !request.volume_capabilities.is_empty() {
             rules::capabilities(&request.volume_capabilities)?;
         }
+        rules::bounded_map(&request.parameters, "parameters")?;
         let kind = request.parameters.get("kind").cloned().unwrap_or_default();
         let key = self.config.topology_key();
         let node = match &request.accessible_topology {
@@ -602,6 +610,7 @@ impl Driver {
     ) -> Result<csi::CreateSnapshotResponse, DriverError> {
         let name = required(&request.name, "name")?;
         let source = required(&request.source_volume_id, "source_volume_id")?;
+        rules::bounded_map(&request.parameters, "parameters")?;
         let _guard = self.locks.acquire(&[&format!("snapshot/{name}"), source])?;
         let snapshot = self.store.update(|state| {
             if let Some(existing) = state.snapshot_by_name_mut(name) {
@@ -806,6 +815,7 @@ impl Driver {
 
     fn modify(&self, request: &csi::ControllerModifyVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
+        rules::bounded_map(&request.mutable_parameters, "mutable_parameters")?;
         self.check_mutable_names(request.mutable_parameters.keys())?;
         let _guard = self.locks.acquire(&[id])?;
         self.store.update(|state| {

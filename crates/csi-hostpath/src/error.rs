@@ -13,6 +13,12 @@ pub enum DriverError {
     // INVALID_ARGUMENT: the request itself is wrong.
     #[error("{field} is required")]
     Missing { field: &'static str },
+    #[error("{field} is {size} bytes: at most {limit} are accepted")]
+    TooLarge {
+        field: &'static str,
+        size: usize,
+        limit: usize,
+    },
     #[error("{field} must not be negative")]
     Negative { field: &'static str },
     #[error("capacity_range asks for nothing: set required_bytes or limit_bytes")]
@@ -173,6 +179,7 @@ impl DriverError {
         use DriverError::*;
         match self {
             Missing { .. }
+            | TooLarge { .. }
             | Negative { .. }
             | EmptyCapacityRange
             | MixedAccessTypes

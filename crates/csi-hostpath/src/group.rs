@@ -44,6 +44,7 @@ impl Driver {
         request: &csi::CreateVolumeGroupSnapshotRequest,
     ) -> Result<csi::CreateVolumeGroupSnapshotResponse, DriverError> {
         let name = required(&request.name, "name")?;
+        rules::bounded_map(&request.parameters, "parameters")?;
         if request.source_volume_ids.is_empty() {
             return Err(DriverError::Missing {
                 field: "source_volume_ids",

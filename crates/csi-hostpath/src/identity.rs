@@ -104,7 +104,8 @@ impl Driver {
                 messages: vec!["ValidateVolumeHostConnectivity is implemented".into()],
             });
         }
-        let node = crate::rules::required(&request.node_id, "node_id")?;
+        let node =
+            crate::rules::required_within(&request.node_id, "node_id", crate::rules::MAX_NODE_ID)?;
         let mut messages = Vec::new();
         let connected = match self.store.heartbeat_age_ms(node) {
             Some(age) if u128::from(age) < HEARTBEAT_STALE.as_millis() => {

@@ -478,7 +478,7 @@ impl Driver {
     ) -> Result<csi::NodeGetVolumeStatsResponse, DriverError> {
         use csi::volume_usage::Unit;
         let id = required(&request.volume_id, "volume_id")?;
-        let path = required(&request.volume_path, "volume_path")?;
+        let path = rules::required_within(&request.volume_path, "volume_path", rules::MAX_PATH)?;
         let volume = self.volume_at(id, path)?;
         let layout = volume.layout();
         let data = self.store.volume_data(id, layout);
@@ -567,7 +567,7 @@ impl Driver {
         request: &csi::NodeExpandVolumeRequest,
     ) -> Result<csi::NodeExpandVolumeResponse, DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
-        let path = required(&request.volume_path, "volume_path")?;
+        let path = rules::required_within(&request.volume_path, "volume_path", rules::MAX_PATH)?;
         if let Some(capability) = &request.volume_capability {
             rules::capability(capability)?;
         }

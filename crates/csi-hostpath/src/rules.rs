@@ -9,19 +9,58 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType as Capability
 use crate::error::DriverError;
 use crate::state::{AccessType, Filesystem};
 
-/// `INVALID_ARGUMENT` unless `value` is non-empty.
+/// The CSI spec's size limits (its "Size Limits" table): a string field, and all the keys and
+/// values of a map, or of a repeated string field such as `mount_flags`. Paths are the
+/// kernel's `PATH_MAX`: the kubelet's are longer than 128 bytes. Node IDs may be as long as a
+/// Kubernetes node name (a DNS subdomain, 253). `volume_context` and `secrets` are not
+/// bounded here: the kubelet puts service account tokens in `volume_context`, past 4 KiB.
+pub const MAX_STRING: usize = 128;
+pub const MAX_MAP: usize = 4096;
+pub const MAX_PATH: usize = 4096;
+pub const MAX_NODE_ID: usize = 256;
+
+/// `INVALID_ARGUMENT` unless `value` is non-empty and within [`MAX_STRING`]: names and IDs.
 pub fn required<'a>(value: &'a str, field: &'static str) -> Result<&'a str, DriverError> {
+    required_within(value, field, MAX_STRING)
+}
+
+/// `INVALID_ARGUMENT` unless `value` is non-empty and within `limit` bytes.
+pub fn required_within<'a>(
+    value: &'a str,
+    field: &'static str,
+    limit: usize,
+) -> Result<&'a str, DriverError> {
     if value.is_empty() {
-        Err(DriverError::Missing { field })
-    } else {
-        Ok(value)
+        return Err(DriverError::Missing { field });
     }
+    within(value.len(), field, limit)?;
+    Ok(value)
+}
+
+/// `INVALID_ARGUMENT` if the keys and values of `map` exceed [`MAX_MAP`] bytes.
+pub fn bounded_map<'a>(
+    map: impl IntoIterator<Item = (&'a String, &'a String)>,
+    field: &'static str,
+) -> Result<(), DriverError> {
+    let size = map.into_iter().map(|(k, v)| k.len() + v.len()).sum();
+    within(size, field, MAX_MAP)
+}
+
+fn within(size: usize, field: &'static str, limit: usize) -> Result<(), DriverError> {
+    if size > limit {
+        return Err(DriverError::TooLarge { field, size, limit });
+    }
+    Ok(())
 }
 
 /// The access type and mode of one capability; both are required.
 pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), DriverError> {
     let access_type = match &capability.access_type {
-        Some(CapabilityAccess::Mount(_)) => AccessType::Mount,
+        Some(CapabilityAccess::Mount(mount)) => {
+            let flags = mount.mount_flags.iter().map(String::len).sum();
+            within(flags, "mount_flags", MAX_MAP)?;
+            AccessType::Mount
+        }
         Some(CapabilityAccess::Block(_)) => AccessType::Block,
         None => {
             return Err(DriverError::Missing {
@@ -135,7 +174,7 @@ pub fn allowed_path(
     roots: &[PathBuf],
     state_dir: &Path,
 ) -> Result<PathBuf, DriverError> {
-    let text = required(path, field)?;
+    let text = required_within(path, field, MAX_PATH)?;
     let path: PathBuf = Path::new(text).components().collect();
     let why = if text.contains('\0') {
         "must not contain NUL".to_string()
@@ -159,6 +198,7 @@ pub fn page_start(
     if token.is_empty() {
         return Ok(None);
     }
+    within(token.len(), "starting_token", MAX_STRING)?;
     if valid_id(token) {
         Ok(Some(token.to_string()))
     } else {
@@ -288,6 +328,83 @@ mod tests {
         assert!(single_writer(Mode::SingleNodeSingleWriter));
         assert!(!single_writer(Mode::SingleNodeMultiWriter));
         assert!(read_only_mode(Mode::MultiNodeReaderOnly));
+    }
+
+    #[test]
+    fn sizes_are_bounded_as_the_csi_spec_says_and_never_echoed() {
+        let long = |n: usize| "x".repeat(n);
+        let map =
+            |bytes: usize| std::collections::HashMap::from([("k".to_string(), long(bytes - 1))]);
+        let roots = [PathBuf::from("/var/lib/kubelet")];
+        let path = |n: usize| format!("/var/lib/kubelet/{}", long(n - 17));
+        let state = Path::new("/state");
+        // What is checked, and whether it passes.
+        let table: [(&str, Result<(), DriverError>, bool); 12] = [
+            ("name of 128", required(&long(128), "name").map(drop), true),
+            ("name of 129", required(&long(129), "name").map(drop), false),
+            (
+                "node of 256",
+                required_within(&long(256), "node_id", MAX_NODE_ID).map(drop),
+                true,
+            ),
+            (
+                "node of 257",
+                required_within(&long(257), "node_id", MAX_NODE_ID).map(drop),
+                false,
+            ),
+            ("map of 4096", bounded_map(&map(4096), "parameters"), true),
+            ("map of 4097", bounded_map(&map(4097), "parameters"), false),
+            (
+                "path of 4096",
+                allowed_path(&path(4096), "target_path", &roots, state).map(drop),
+                true,
+            ),
+            (
+                "path of 4097",
+                allowed_path(&path(4097), "target_path", &roots, state).map(drop),
+                false,
+            ),
+            (
+                "token of 129",
+                page_start(&long(129), |_| true).map(drop),
+                false,
+            ),
+            ("empty token", page_start("", |_| false).map(drop), true),
+            (
+                "flags of 4096",
+                capability(&mount_with_flags(vec![long(4000), long(96)])).map(drop),
+                true,
+            ),
+            (
+                "flags of 4097",
+                capability(&mount_with_flags(vec![long(4000), long(97)])).map(drop),
+                false,
+            ),
+        ];
+        for (case, result, passes) in table {
+            match result {
+                Ok(()) => assert!(passes, "{case}: accepted"),
+                Err(error) => {
+                    assert!(!passes, "{case}: {error}");
+                    assert_eq!(error.code(), Code::InvalidArgument, "{case}");
+                    assert!(error.to_string().len() < 100, "{case}: {error}");
+                }
+            }
+        }
+    }
+
+    fn mount_with_flags(mount_flags: Vec<String>) -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(CapabilityAccess::Mount(
+                csi_proto::csi::v1::volume_capability::MountVolume {
+                    mount_flags,
+                    ..Default::default()
+                },
+            )),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter.into(),
+            }),
+        }
     }
 
     #[test]

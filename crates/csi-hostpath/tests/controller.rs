@@ -169,10 +169,22 @@ async fn create_volume_table() {
         }],
         preferred: vec![],
     });
+    let mut huge_parameters = create_request("params", GI, mount(Mode::SingleNodeWriter));
+    huge_parameters.parameters = [("color".to_string(), "b".repeat(1 << 20))].into();
     let table = [
         (
             "missing name",
             create_request("", GI, mount(Mode::SingleNodeWriter)),
+            Code::InvalidArgument,
+        ),
+        (
+            "a name past 128 bytes",
+            create_request(&"n".repeat(129), GI, mount(Mode::SingleNodeWriter)),
+            Code::InvalidArgument,
+        ),
+        (
+            "parameters past 4 KiB",
+            huge_parameters,
             Code::InvalidArgument,
         ),
         ("no capabilities", no_caps, Code::InvalidArgument),
