@@ -306,6 +306,77 @@ async fn podmon_does_not_clean_up_while_the_driver_sees_the_node_connected_or_bu
     end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
 }
 
+/// Puts podmon's fenced taint on `node` as anyone allowed to patch Nodes could.
+async fn put_fenced_taint(cluster: &Cluster, node: &str) {
+    let nodes = cluster.cluster_scoped::<Node>();
+    let node = nodes.get(node).await.unwrap();
+    let key = fenced_taint_key(&cluster.driver_name);
+    podmon::taints::update_taints(&nodes, node, |t| {
+        podmon::plan::with_taint(
+            t,
+            &key,
+            "",
+            "NoSchedule",
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ),
+        )
+    })
+    .await
+    .unwrap();
+}
+
+/// node-podmon's account may patch any Node (where no admission policy keeps it to its own):
+/// a fenced taint that controller-podmon did not put there proves nothing, and never
+/// overrules the driver hearing the node.
+#[tokio::test]
+async fn podmon_does_not_believe_a_fenced_taint_it_did_not_put_there() {
+    let Some((cluster, attacher, controller)) = podmon_cluster("podmon-forged-taint").await else {
+        return;
+    };
+    let node = cluster.node("node-a");
+    let (uid, pv) = idle_protected_pod(&cluster, "app-0", &node).await;
+    let handle = cluster.volume_handle(&pv).await;
+    cluster
+        .eventually_async("the driver sees no I/O on the volume", || async {
+            let request = ValidateVolumeHostConnectivityRequest {
+                node_id: node.clone(),
+                volume_ids: vec![handle.clone()],
+                ..Default::default()
+            };
+            cluster
+                .driver
+                .controller
+                .csi
+                .validate_volume_host_connectivity(request, Duration::from_secs(5))
+                .await
+                .is_ok_and(|r| r.connected && !r.ios_in_progress)
+        })
+        .await;
+    // Only the control plane loses the node; the driver hears it, and someone forges the taint.
+    cluster.kubelet(&node).partition();
+    put_fenced_taint(&cluster, &node).await;
+    aborted_as_connected(&cluster, &uid).await;
+    let aborted = controller.metrics.failovers(FailoverResult::Aborted);
+    cluster
+        .eventually("more aborted attempts with the taint there", || {
+            controller.metrics.failovers(FailoverResult::Aborted) >= aborted + 2
+        })
+        .await;
+    let pod = cluster.namespaced::<Pod>().get("app-0").await.unwrap();
+    assert_eq!(
+        pod.uid().as_deref(),
+        Some(uid.as_str()),
+        "the pod was deleted"
+    );
+    assert!(
+        !cluster.is_fenced(&handle, &node),
+        "a forged taint got the volume fenced"
+    );
+    assert_eq!(controller.metrics.failovers(FailoverResult::Success), 0);
+    end_with_the_pod_in_place(cluster, [controller.sidecar, attacher]).await;
+}
+
 #[tokio::test]
 async fn podmon_holds_cleanups_until_the_driver_says_whether_it_serves_the_extension() {
     // The driver does not answer while podmon starts: whether it serves the extension is
@@ -672,25 +743,7 @@ async fn podmon_node_cleanup_survives_a_node_podmon_restart_and_a_reboot() {
     );
 
     // A reboot while tainted again: the new boot is noticed and the node is untainted.
-    let node = cluster
-        .cluster_scoped::<Node>()
-        .get(&cluster.node("node-a"))
-        .await
-        .unwrap();
-    let key = fenced_taint_key(&cluster.driver_name);
-    podmon::taints::update_taints(&cluster.cluster_scoped::<Node>(), node, |t| {
-        podmon::plan::with_taint(
-            t,
-            &key,
-            "",
-            "NoSchedule",
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::now(),
-            ),
-        )
-    })
-    .await
-    .unwrap();
+    put_fenced_taint(&cluster, &cluster.node("node-a")).await;
     cluster
         .kubelet(&cluster.node("node-a"))
         .reboot()
