@@ -6,7 +6,7 @@ CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test test-real test-node sanity fmt-check lint unit chart manifests crds build image demo bench
+.PHONY: test test-real test-node sanity fmt-check lint unit strace chart manifests crds build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
@@ -43,8 +43,12 @@ fmt-check:
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: $(HELM) $(MOTO_SERVER)
+unit: $(HELM) $(MOTO_SERVER) strace
 	$(CARGO) test --workspace --locked
+
+# csi-hostpath's crash-point tests kill the driver at chosen system calls through strace.
+strace:
+	@command -v strace >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq strace; }
 
 $(HELM):
 	scripts/install-tools.sh
