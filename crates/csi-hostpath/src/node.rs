@@ -55,6 +55,71 @@ fn need_mounts() -> Result<(), DriverError> {
 }
 
 impl Driver {
+    /// Respells this node's records under an allowed root that is a symbolic link to lie below
+    /// its real place, as requests are resolved: records of a driver that kept the link's
+    /// spelling would otherwise never match their NodeUnstage and NodeUnpublish. Run once, as
+    /// the node instance starts.
+    pub fn respell_node_records(&self) -> Result<(), DriverError> {
+        let roots: Vec<(PathBuf, PathBuf)> = self
+            .config
+            .allowed_path_roots
+            .iter()
+            .map(|root| {
+                let real = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+                (root.clone(), real)
+            })
+            .filter(|(root, real)| root != real)
+            .collect();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let node = &self.config.node_id;
+        let respell = |usage: &mut NodeUse| {
+            if let Some(staged) = &mut usage.staged
+                && let Some(real) = rules::real_spelling(&staged.path, &roots)
+            {
+                staged.path = real;
+            }
+            usage.targets = std::mem::take(&mut usage.targets)
+                .into_iter()
+                .map(|(path, target)| (rules::real_spelling(&path, &roots).unwrap_or(path), target))
+                .collect();
+        };
+        let stale = |usage: &NodeUse| {
+            let staged = usage.staged.iter().map(|s| s.path.as_str());
+            staged
+                .chain(usage.targets.keys().map(String::as_str))
+                .any(|path| rules::real_spelling(path, &roots).is_some())
+        };
+        let ids: Vec<String> = self
+            .store
+            .read()?
+            .volumes
+            .values()
+            .filter(|v| v.nodes.get(node).is_some_and(stale))
+            .map(|v| v.id.clone())
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            volumes = ids.len(),
+            "respelling records under symlinked allowed roots"
+        );
+        self.store.update(|state| {
+            for id in &ids {
+                if let Some(usage) = state
+                    .volumes
+                    .get_mut(id)
+                    .and_then(|v| v.nodes.get_mut(node))
+                {
+                    respell(usage);
+                }
+            }
+            Ok::<_, DriverError>(())
+        })
+    }
+
     /// A staging or target path of a request, checked (see [`rules::allowed_path`] and
     /// [`NodePath::check`]).
     fn allowed(&self, path: &str, field: &'static str) -> Result<NodePath, DriverError> {

@@ -190,6 +190,22 @@ pub fn allowed_path(
     Err(DriverError::PathNotAllowed { field, path, why })
 }
 
+/// A recorded staging or target path as the driver spells it now: below its allowed root's
+/// real place. Records written before the driver resolved a root that is a symbolic link
+/// carry the link's spelling; `roots` pairs each configured root with its real place.
+/// `None` when the path is spelled right already (or lies under no root).
+pub fn real_spelling(path: &str, roots: &[(PathBuf, PathBuf)]) -> Option<String> {
+    let path = Path::new(path);
+    roots
+        .iter()
+        .filter(|(root, real)| root != real && path.starts_with(root))
+        .max_by_key(|(root, _)| root.components().count())
+        .and_then(|(root, real)| {
+            let relative = path.strip_prefix(root).ok()?;
+            Some(real.join(relative).display().to_string())
+        })
+}
+
 /// Paging tokens are the last returned ID; anything else is a bad token (`ABORTED`).
 pub fn page_start(
     token: &str,
@@ -404,6 +420,26 @@ mod tests {
             access_mode: Some(AccessMode {
                 mode: Mode::SingleNodeWriter.into(),
             }),
+        }
+    }
+
+    #[test]
+    fn records_of_a_symlinked_root_are_respelled_below_its_real_place() {
+        let roots = [
+            (
+                PathBuf::from("/var/lib/kubelet"),
+                PathBuf::from("/data/kubelet"),
+            ),
+            (PathBuf::from("/plain"), PathBuf::from("/plain")),
+        ];
+        for (path, spelled) in [
+            ("/var/lib/kubelet/pods/p/v", Some("/data/kubelet/pods/p/v")),
+            ("/data/kubelet/pods/p/v", None),
+            ("/plain/t", None),
+            ("/var/lib/kubeletx/t", None),
+            ("/elsewhere/t", None),
+        ] {
+            assert_eq!(real_spelling(path, &roots).as_deref(), spelled, "{path}");
         }
     }
 

@@ -38,6 +38,8 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("respelling the node's records: {0}")]
+    Records(crate::error::DriverError),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -65,6 +67,7 @@ pub async fn run(
         source,
     })?;
     if driver.config.mode.node() {
+        driver.respell_node_records().map_err(ServeError::Records)?;
         driver.store.beat(&driver.config.node_id)?;
         tokio::spawn(heartbeat_loop(driver.clone(), shutdown.clone()));
         tokio::spawn(fencing_loop(driver.clone(), shutdown.clone()));

@@ -329,3 +329,80 @@ async fn a_kubelet_root_that_is_a_symlink_works() {
     unpublish_and_delete(&cluster, "node-a", &volume).await;
     cluster.stop().await;
 }
+
+/// A driver before c993429 recorded paths under a symlinked root by the link's spelling; on
+/// its first start the node instance respells them below the real place, so the kubelet's
+/// NodeUnpublish and NodeUnstage (through the link) find and remove them, and the volume can
+/// be deleted.
+#[tokio::test]
+async fn records_spelled_through_a_symlinked_root_are_found_after_an_upgrade() {
+    if !root_or_skip("records_spelled_through_a_symlinked_root_are_found_after_an_upgrade") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let moved = dir.path().join("kubelet-link");
+    symlink(dir.path().join("kubelet"), &moved).unwrap();
+    let start = || {
+        csi_hostpath::local::LocalCluster::start(dir.path(), &["node-a"], |config| {
+            config.allowed_path_roots = vec![moved.clone()];
+        })
+    };
+    let cluster = start().await.unwrap();
+    let cap = mount(Mode::SingleNodeWriter);
+    let volume = create(&cluster.controller.csi, "v", 16 << 20)
+        .await
+        .volume_id;
+    cluster
+        .controller
+        .csi
+        .controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    let (real_staging, real_target) = paths(&cluster, "node-a", &volume);
+    let through_link =
+        |path: &Path| moved.join(path.strip_prefix(dir.path().join("kubelet")).unwrap());
+    let (staging, target) = (through_link(&real_staging), through_link(&real_target));
+    let a = &cluster.node("node-a").csi;
+    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
+        .await
+        .unwrap();
+    cluster.stop().await;
+
+    // The records as the older driver wrote them: the link's spelling.
+    let store = csi_hostpath::state::Store::open(&dir.path().join("state")).unwrap();
+    store
+        .update(|state| {
+            let usage = state
+                .volumes
+                .get_mut(&volume)
+                .and_then(|v| v.nodes.get_mut("node-a"))
+                .expect("node-a's records");
+            usage.staged.as_mut().unwrap().path = text(&staging);
+            let kept = usage
+                .targets
+                .remove(&text(&real_target))
+                .expect("the target record");
+            usage.targets.insert(text(&target), kept);
+            Ok::<_, csi_hostpath::error::DriverError>(())
+        })
+        .unwrap();
+    drop(store);
+
+    let cluster = start().await.unwrap();
+    teardown(&cluster.node("node-a").csi, &volume, &staging, &target).await;
+    assert!(mounts_under(dir.path()).is_empty(), "nothing left mounted");
+    let records = csi_hostpath::state::Store::open(&dir.path().join("state"))
+        .unwrap()
+        .read()
+        .unwrap()
+        .volumes[&volume]
+        .nodes
+        .clone();
+    assert!(records.is_empty(), "records left: {records:?}");
+    unpublish_and_delete(&cluster, "node-a", &volume).await;
+    cluster.stop().await;
+}
