@@ -64,7 +64,7 @@ pub fn admit_claim_update(
     let storage = |claim: &Value| {
         claim["spec"]["resources"]["requests"]["storage"]
             .as_str()
-            .and_then(csi_sidecar::quantity::parse)
+            .and_then(|q| crate::quantity::parse(q).ok())
     };
     let (Some(old), Some(new)) = (storage(current), storage(next)) else {
         return Ok(());

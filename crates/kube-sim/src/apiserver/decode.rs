@@ -19,10 +19,8 @@ use serde_json::{Map, Value, json};
 use super::go_time;
 use super::schema::join;
 use crate::errors::ApiError;
+use crate::quantity::{self, QuantityError};
 use crate::resources::ResourceType;
-
-const QUANTITY_FORMAT: &str =
-    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
 
 /// Why a value cannot be decoded: the path of the field (`spec.renewTime`) and the reason. A
 /// time's reason is Go's parse error, which kube-apiserver prints alone.
@@ -292,9 +290,11 @@ fn decode_special(special: &Special, value: &mut Value) -> Option<Reason> {
             let text = match value {
                 Value::String(text) => text.trim().to_string(),
                 Value::Number(number) => number.to_string(),
-                _ => return Some(Reason::OfField(QUANTITY_FORMAT.into())),
+                _ => return Some(Reason::OfField(QuantityError::Format.to_string())),
             };
-            quantity_reason(&text).map(Reason::OfField)
+            quantity::parse(&text)
+                .err()
+                .map(|e| Reason::OfField(e.to_string()))
         }
         Special::Time | Special::MicroTime => {
             let micro = matches!(special, Special::MicroTime);
@@ -329,50 +329,6 @@ fn decode_special(special: &Special, value: &mut Value) -> Option<Reason> {
     }
 }
 
-/// apimachinery's ParseQuantity: a signed decimal number, then a known suffix.
-fn quantity_reason(text: &str) -> Option<String> {
-    let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
-    let number_len = unsigned
-        .bytes()
-        .take_while(|b| b.is_ascii_digit() || *b == b'.')
-        .count();
-    let (number, suffix) = unsigned.split_at(number_len);
-    let regex_suffix = suffix.trim_start_matches(|c: char| "eEinumkKMGTP".contains(c));
-    let regex_suffix = regex_suffix
-        .strip_prefix(['+', '-'])
-        .unwrap_or(regex_suffix);
-    if number.is_empty()
-        || number.matches('.').count() > 1
-        || !regex_suffix.bytes().all(|b| b.is_ascii_digit())
-    {
-        return Some(QUANTITY_FORMAT.into());
-    }
-    let known = matches!(
-        suffix,
-        "" | "Ki"
-            | "Mi"
-            | "Gi"
-            | "Ti"
-            | "Pi"
-            | "Ei"
-            | "n"
-            | "u"
-            | "m"
-            | "k"
-            | "M"
-            | "G"
-            | "T"
-            | "P"
-            | "E"
-    ) || suffix
-        .strip_prefix(['e', 'E'])
-        .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
-        .is_some_and(|exponent| {
-            !exponent.is_empty() && exponent.bytes().all(|b| b.is_ascii_digit())
-        });
-    (!known).then(|| "unable to parse quantity's suffix".into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,27 +339,6 @@ mod tests {
             .into_iter()
             .find(|rt| rt.kind == kind)
             .unwrap_or_else(|| panic!("{kind} is served"))
-    }
-
-    #[test]
-    fn quantities_as_parse_quantity_reads_them() {
-        let rows = [
-            ("1Gi", None),
-            ("1.5Gi", None),
-            ("-5", None),
-            ("100m", None),
-            ("1e3", None),
-            ("1E-3", None),
-            (".5", None),
-            ("abc", Some(QUANTITY_FORMAT)),
-            ("1.2.3", Some(QUANTITY_FORMAT)),
-            ("", Some(QUANTITY_FORMAT)),
-            ("5ii", Some("unable to parse quantity's suffix")),
-            ("5Gb", Some(QUANTITY_FORMAT)),
-        ];
-        for (text, reason) in rows {
-            assert_eq!(quantity_reason(text).as_deref(), reason, "{text}");
-        }
     }
 
     #[test]

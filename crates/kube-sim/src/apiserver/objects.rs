@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use crate::errors::ApiError;
+use crate::names::{is_dns1123_label, is_dns1123_subdomain};
 use crate::resources::ResourceType;
 
 /// kube-apiserver's time format for `metav1.Time`: RFC 3339 with whole seconds.
@@ -23,16 +24,6 @@ pub fn rfc3339(seconds: u64) -> String {
     k8s_openapi::jiff::Timestamp::from_second(seconds)
         .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
         .to_string()
-}
-
-/// DNS-1123 subdomain (most object names; apimachinery validation.IsDNS1123Subdomain).
-pub fn is_dns_subdomain(name: &str) -> bool {
-    csi_sidecar::names::is_dns1123_subdomain(name)
-}
-
-/// DNS-1123 label (namespace names).
-pub fn is_dns_label(name: &str) -> bool {
-    csi_sidecar::names::is_dns1123_label(name)
 }
 
 /// `generateName` suffix: 5 characters from apimachinery's rand.String alphabet (no vowels, no
@@ -98,9 +89,9 @@ pub fn prepare_create(
         }
     };
     let valid = if rt.kind == "Namespace" {
-        is_dns_label(&name)
+        is_dns1123_label(&name)
     } else {
-        is_dns_subdomain(&name)
+        is_dns1123_subdomain(&name)
     };
     if !valid {
         return Err(ApiError::invalid(
@@ -490,18 +481,6 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_795_334_400), "2026-11-22T08:00:00Z");
-    }
-
-    #[test]
-    fn names() {
-        for good in ["a", "pvc-1", "csi.example.com", "a.b-c"] {
-            assert!(is_dns_subdomain(good), "{good}");
-        }
-        for bad in ["", "A", "-a", "a-", "a..b", "a_b", &"a".repeat(254)] {
-            assert!(!is_dns_subdomain(bad), "{bad}");
-        }
-        assert!(is_dns_label("kube-system"));
-        assert!(!is_dns_label("a.b"));
     }
 
     #[test]

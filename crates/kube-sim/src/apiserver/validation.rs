@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::objects;
 use crate::errors::{ApiError, FieldError};
+use crate::quantity;
 use crate::resources::ResourceType;
 use crate::selectors::{dns1123_subdomain_errors, qualified_name_errors};
 
@@ -200,25 +201,36 @@ fn volume_spec_errors(spec: &Value) -> Vec<FieldError> {
     }
     // validateBasicResource (the value as an integer), then ValidatePositiveQuantityValue.
     for (resource, quantity) in &capacity {
-        let text = quantity.as_str().unwrap_or_default();
-        let Some(magnitude) = text.strip_prefix('-') else {
+        // What decoding accepted: a string (trimmed, as Go's UnmarshalJSON) or a number.
+        let text = match quantity {
+            Value::Number(number) => number.to_string(),
+            other => other.as_str().unwrap_or_default().trim().to_string(),
+        };
+        let Ok(parsed) = quantity::parse(&text) else {
             continue;
         };
-        let Ok(bytes) = csi_sidecar::quantity::bytes(magnitude) else {
-            continue;
-        };
-        if bytes == 0 {
+        let zero = quantity::Quantity::default();
+        if parsed > zero {
             continue;
         }
         let field = format!("spec.capacity[{resource}]");
-        errors.push(FieldError::invalid(
-            field.clone(),
-            &Value::from(-bytes),
-            "must be a valid resource quantity",
-        ));
+        // Go's Value() wraps beyond int64; kube-sim leaves that error out for such sizes.
+        if let Some(value) = parsed.value().filter(|v| *v < 0) {
+            errors.push(FieldError::invalid(
+                field.clone(),
+                &Value::from(value),
+                "must be a valid resource quantity",
+            ));
+        }
+        // Go prints the quantity in canonical form, which for zero is always "0".
+        let shown = if parsed == zero {
+            Value::from("0")
+        } else {
+            quantity.clone()
+        };
         errors.push(FieldError::invalid(
             field,
-            quantity,
+            &shown,
             "must be greater than zero",
         ));
     }
@@ -391,7 +403,7 @@ fn claim_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
     let storage = |spec: &Value| {
         spec["resources"]["requests"]["storage"]
             .as_str()
-            .and_then(|q| csi_sidecar::quantity::bytes(q).ok())
+            .and_then(|q| quantity::parse(q).ok())
     };
     let bound = next["status"]["phase"] == "Bound";
     // Quantities compare by value ("1Gi" is "1073741824").
@@ -411,8 +423,8 @@ fn claim_update_errors(current: &Value, next: &Value) -> Vec<FieldError> {
     // from an expansion that cannot finish, but stay above the capacity the claim has.
     let capacity = current["status"]["capacity"]["storage"]
         .as_str()
-        .and_then(|q| csi_sidecar::quantity::bytes(q).ok())
-        .unwrap_or(0);
+        .and_then(|q| quantity::parse(q).ok())
+        .unwrap_or_default();
     if let (Some(before), Some(after)) = (storage(&current["spec"]), storage(&next["spec"]))
         && after < before
         && after <= capacity

@@ -255,14 +255,14 @@ async fn sync_claim(
     Ok(())
 }
 
-fn capacity(volume: &PersistentVolume) -> u128 {
+fn capacity(volume: &PersistentVolume) -> crate::quantity::Quantity {
     volume
         .spec
         .as_ref()
         .and_then(|s| s.capacity.as_ref())
         .and_then(|c| c.get("storage"))
-        .and_then(|q| parse_quantity(&q.0))
-        .unwrap_or(0)
+        .and_then(parse_quantity)
+        .unwrap_or_default()
 }
 
 /// Binds in pv_controller's order: the PV's claimRef, the PV phase, the claim's volumeName

@@ -244,14 +244,14 @@ fn has_enough_capacity(caches: &Caches, claim: &PersistentVolumeClaim, node: &No
         .and_then(|s| s.resources.as_ref())
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
-        .and_then(|q| parse_quantity(&q.0))
-        .unwrap_or(0);
+        .and_then(parse_quantity)
+        .unwrap_or_default();
     caches.capacities.state().iter().any(|capacity| {
         let limit = capacity
             .maximum_volume_size
             .as_ref()
             .or(capacity.capacity.as_ref())
-            .and_then(|q| parse_quantity(&q.0));
+            .and_then(parse_quantity);
         capacity.storage_class_name == class.name_any()
             && limit.is_some_and(|limit| limit >= requested)
             && capacity

@@ -8,10 +8,16 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Node, NodeSelector, PersistentVolume, PersistentVolumeClaim, Taint, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
-pub use csi_sidecar::quantity::parse as parse_quantity;
+use crate::quantity;
+
+/// A quantity as the controllers read one the API server stored (which always parses).
+pub fn parse_quantity(stored: &Quantity) -> Option<quantity::Quantity> {
+    quantity::parse(&stored.0).ok()
+}
 
 /// The status of the node's Ready condition ("True", "False", "Unknown"), if it has one.
 pub fn node_ready_status(node: &Node) -> Option<&str> {
@@ -78,14 +84,14 @@ pub fn claim_matches_pv(claim: &PersistentVolumeClaim, volume: &PersistentVolume
         .as_ref()
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
-        .and_then(|q| parse_quantity(&q.0))
-        .unwrap_or(0);
+        .and_then(parse_quantity)
+        .unwrap_or_default();
     let offered = spec
         .capacity
         .as_ref()
         .and_then(|c| c.get("storage"))
-        .and_then(|q| parse_quantity(&q.0))
-        .unwrap_or(0);
+        .and_then(parse_quantity)
+        .unwrap_or_default();
     let modes = spec.access_modes.clone().unwrap_or_default();
     let mode_of = |m: Option<&String>| m.map_or("Filesystem".to_string(), Clone::clone);
     claim_class == volume_class

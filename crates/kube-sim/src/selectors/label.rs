@@ -644,10 +644,7 @@ pub(crate) fn dns1123_subdomain_errors(value: &str) -> Vec<String> {
     if value.len() > DNS1123_SUBDOMAIN_MAX {
         errors.push(max_len_error(DNS1123_SUBDOMAIN_MAX));
     }
-    if !value
-        .split('.')
-        .all(csi_sidecar::names::matches_dns1123_label_pattern)
-    {
+    if !crate::names::matches_dns1123_subdomain(value) {
         errors.push(regex_error(
             DNS1123_SUBDOMAIN_ERR,
             DNS1123_SUBDOMAIN_FMT,

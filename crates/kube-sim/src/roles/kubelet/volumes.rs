@@ -631,11 +631,11 @@ fn node_expansion_due(volume: &CsiVolume) -> Option<i64> {
     let storage = |capacity: Option<&BTreeMap<String, Quantity>>| {
         capacity
             .and_then(|c| c.get("storage"))
-            .and_then(|q| csi_sidecar::quantity::bytes(&q.0).ok())
+            .and_then(crate::roles::scheduling::parse_quantity)
     };
     let wanted = storage(volume.pv.spec.as_ref()?.capacity.as_ref())?;
     let current = storage(volume.claim.status.as_ref()?.capacity.as_ref())?;
-    (current < wanted && !volume.read_only).then_some(wanted)
+    (current < wanted && !volume.read_only).then(|| wanted.value())?
 }
 
 /// kubelet's online expansion (`ExpandInUseVolume`): NodeExpandVolume on the published
