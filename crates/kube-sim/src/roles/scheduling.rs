@@ -6,13 +6,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelector, PersistentVolume, PersistentVolumeClaim, Taint, Toleration,
+    Node, NodeSelector, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaim, Taint,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
 use crate::quantity;
+use crate::selectors::{label_value_errors, qualified_name_errors};
 
 /// A quantity as the controllers read one the API server stored (which always parses).
 pub fn parse_quantity(stored: &Quantity) -> Option<quantity::Quantity> {
@@ -56,9 +58,64 @@ pub fn label_selector_matches(
         })
 }
 
-/// `v1.NodeSelector` against a Node (component-helpers `MatchNodeSelectorTerms`).
+/// `v1.NodeSelector` against a Node (component-helpers nodeaffinity `NodeSelector.Match`):
+/// terms are ORed, an empty one skipped; a term's requirements are ANDed, and a term with one
+/// upstream cannot parse (`labels.NewRequirement`, a field other than In/NotIn of one value)
+/// matches nothing.
 pub fn node_selector_matches(selector: &NodeSelector, node: &Node) -> bool {
-    csi_sidecar::node_selector::matches(selector, &node.name_any(), node.labels())
+    selector.node_selector_terms.iter().any(|term| {
+        let expressions = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        (!expressions.is_empty() || !fields.is_empty())
+            && expressions
+                .iter()
+                .all(|r| label_requirement_matches(r, node.labels()))
+            && fields.iter().all(|r| field_requirement_matches(r, node))
+    })
+}
+
+fn label_requirement_matches(
+    requirement: &NodeSelectorRequirement,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let values = requirement.values.as_deref().unwrap_or_default();
+    let valid = qualified_name_errors(&requirement.key).is_empty()
+        && values.iter().all(|v| label_value_errors(v).is_empty());
+    let label = labels.get(&requirement.key);
+    let integer = |text: &String| text.parse::<i64>().ok();
+    valid
+        && match (requirement.operator.as_str(), values) {
+            ("In", [_, ..]) => label.is_some_and(|v| values.contains(v)),
+            ("NotIn", [_, ..]) => label.is_none_or(|v| !values.contains(v)),
+            ("Exists", []) => label.is_some(),
+            ("DoesNotExist", []) => label.is_none(),
+            (operator @ ("Gt" | "Lt"), [bound]) => {
+                match (label.and_then(integer), integer(bound)) {
+                    (Some(actual), Some(bound)) if operator == "Gt" => actual > bound,
+                    (Some(actual), Some(bound)) => actual < bound,
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+}
+
+/// A Node's fields are `metadata.name` alone; any other reads as empty, as in a fields.Set.
+fn field_requirement_matches(requirement: &NodeSelectorRequirement, node: &Node) -> bool {
+    let name = node.name_any();
+    let field = if requirement.key == "metadata.name" {
+        name.as_str()
+    } else {
+        ""
+    };
+    match (
+        requirement.operator.as_str(),
+        requirement.values.as_deref().unwrap_or_default(),
+    ) {
+        ("In", [value]) => field == value,
+        ("NotIn", [value]) => field != value,
+        _ => false,
+    }
 }
 
 /// The PV's required node affinity admits the node (no affinity: every node).
@@ -248,6 +305,89 @@ mod tests {
         }
         let pv: PersistentVolume = from(json!({"metadata": {"name": "pv"}, "spec": {}}));
         assert!(pv_matches_node(&pv, &node));
+    }
+
+    /// component-helpers nodeaffinity_test.go (TestNodeSelectorMatch,
+    /// TestNodeSelectorRequirementsAsSelector): a term upstream cannot parse matches nothing.
+    #[test]
+    fn node_selectors_as_component_helpers_match_them() {
+        let host: Node = from(json!({"metadata": {"name": "host_1"}}));
+        let labelled: Node = from(
+            json!({"metadata": {"name": "host_1", "labels": {"label_1": "label_1_val", "foo": "bar"}}}),
+        );
+        let label = json!({"key": "label_1", "operator": "In", "values": ["label_1_val"]});
+        let name = json!({"key": "metadata.name", "operator": "In", "values": ["host_1"]});
+        let expression = |r: serde_json::Value| json!([{"matchExpressions": [r]}]);
+        let table = [
+            // Fields: In/NotIn with exactly one value.
+            (
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["host_1", "host_2"]}]}]),
+                &labelled,
+                false,
+            ),
+            (
+                json!([{"matchExpressions": [label], "matchFields": [name]}]),
+                &host,
+                false,
+            ),
+            (
+                json!([{"matchExpressions": [label], "matchFields": [name]}]),
+                &labelled,
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [label]}, {"matchFields": [name]}]),
+                &host,
+                true,
+            ),
+            (
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["host_2"]}]}]),
+                &host,
+                true,
+            ),
+            (
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "Exists"}]}]),
+                &host,
+                false,
+            ),
+            // Labels: NewRequirement's rules.
+            (
+                expression(
+                    json!({"key": "invalid key", "operator": "In", "values": ["label_value"]}),
+                ),
+                &labelled,
+                false,
+            ),
+            (
+                expression(json!({"key": "foo", "operator": "In", "values": ["bar", "baz"]})),
+                &labelled,
+                true,
+            ),
+            (
+                expression(json!({"key": "foo", "operator": "Exists", "values": ["bar", "baz"]})),
+                &labelled,
+                false,
+            ),
+            (
+                expression(json!({"key": "foo", "operator": "NotIn", "values": []})),
+                &labelled,
+                false,
+            ),
+            (
+                expression(json!({"key": "baz", "operator": "invalid", "values": ["5"]})),
+                &labelled,
+                false,
+            ),
+            (
+                expression(json!({"key": "foo", "operator": "NotIn", "values": ["bad value"]})),
+                &labelled,
+                false,
+            ),
+        ];
+        for (i, (terms, node, expected)) in table.into_iter().enumerate() {
+            let selector: NodeSelector = from(json!({"nodeSelectorTerms": terms}));
+            assert_eq!(node_selector_matches(&selector, node), expected, "case {i}");
+        }
     }
 
     #[test]

@@ -700,7 +700,7 @@ pub(crate) fn qualified_name_errors(value: &str) -> Vec<String> {
 }
 
 /// `IsValidLabelValue`: empty, or at most 63 characters of the qualified-name alphabet.
-fn label_value_errors(value: &str) -> Vec<String> {
+pub(crate) fn label_value_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > LABEL_VALUE_MAX {
         errors.push(max_len_error(LABEL_VALUE_MAX));

@@ -15,7 +15,7 @@ mod label;
 pub use field::{FieldOperator, FieldRequirement, FieldSelector, qualified_kind};
 pub use label::{LabelOperator, LabelRequirement, LabelSelector};
 /// apimachinery's name checks, which object validation uses too.
-pub(crate) use label::{dns1123_subdomain_errors, qualified_name_errors};
+pub(crate) use label::{dns1123_subdomain_errors, label_value_errors, qualified_name_errors};
 
 /// A selector that kube-apiserver would reject. The message follows upstream's wording.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

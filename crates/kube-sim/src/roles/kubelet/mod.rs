@@ -11,6 +11,7 @@
 //! `nodeInfo.bootID`. Node agents (a DaemonSet's pods) get their API client from
 //! [`Kubelet::node_client`], so a partition cuts them off too.
 
+mod paths;
 mod plugins;
 mod volumes;
 

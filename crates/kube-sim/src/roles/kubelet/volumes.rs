@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use csi::node_service_capability::rpc::Type as NodeCapability;
+use csi::volume_capability::access_mode::Mode;
+use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, access_mode, volume_capability};
 use csi_sidecar::conn::GoStatus;
 use csi_sidecar::events::EventType;
-use csi_sidecar::kubelet_paths::legacy_staging_path;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference,
 };
@@ -39,7 +39,8 @@ use crate::roles::{
 /// volumes after a restart.
 const VOL_DATA: &str = "vol_data.json";
 
-pub use csi_sidecar::kubelet_paths::{attachment_name, pod_volume_dir, staging_path, target_path};
+pub use super::paths::{attachment_name, staging_path, target_path};
+use super::paths::{legacy_staging_path, pod_volume_dir};
 
 /// The name kubelet reports in `node.status.volumesInUse`.
 pub fn unique_volume_name(driver: &str, handle: &str) -> String {
@@ -487,7 +488,7 @@ async fn publish(
         ),
     };
     let target = target_path(root, uid, &volume.pv_name, volume.block);
-    let capability = capability_of(&driver, &volume.pv)?;
+    let capability = capability_of(&driver, &volume.pv);
     let mut volume_context: HashMap<String, String> = source
         .volume_attributes
         .clone()
@@ -599,29 +600,43 @@ async fn publish(
     Ok(published)
 }
 
-/// The volume capability kubelet sends for `pv` to `driver`.
-fn capability_of(
-    driver: &RegisteredDriver,
-    pv: &PersistentVolume,
-) -> Result<csi::VolumeCapability, String> {
+/// The volume capability kubelet sends for `pv` to `driver` (pkg/volume/csi: csi_mounter.go,
+/// csi_attacher.go, csi_block.go): the PV's first access mode (ReadWriteOnce when it has none),
+/// a block device or a mount with the CSI source's fsType and the PV's mount options.
+fn capability_of(driver: &RegisteredDriver, pv: &PersistentVolume) -> csi::VolumeCapability {
     let spec = pv.spec.clone().unwrap_or_default();
-    let source = spec.csi.clone().unwrap_or_default();
-    let mode_name = spec
-        .access_modes
-        .as_ref()
-        .and_then(|m| m.first().cloned())
-        .unwrap_or_else(|| "ReadWriteOnce".to_string());
+    let first_mode = spec.access_modes.as_ref().and_then(|m| m.first().cloned());
     let mode = access_mode(
-        &mode_name,
+        first_mode.as_deref().unwrap_or("ReadWriteOnce"),
         driver.can(NodeCapability::SingleNodeMultiWriter),
-    )
-    .map_err(|e| e.to_string())?;
-    let kind = AccessKind::from_volume_mode(
-        spec.volume_mode.as_deref(),
-        source.fs_type.unwrap_or_default(),
-        spec.mount_options.unwrap_or_default(),
     );
-    Ok(volume_capability(&kind, mode))
+    let access_type = if spec.volume_mode.as_deref() == Some("Block") {
+        AccessType::Block(BlockVolume {})
+    } else {
+        AccessType::Mount(MountVolume {
+            fs_type: spec.csi.and_then(|c| c.fs_type).unwrap_or_default(),
+            mount_flags: spec.mount_options.unwrap_or_default(),
+            volume_mount_group: String::new(),
+        })
+    };
+    csi::VolumeCapability {
+        access_type: Some(access_type),
+        access_mode: Some(AccessMode { mode: mode.into() }),
+    }
+}
+
+/// kubelet's access mode mappers (csi_client.go `asCSIAccessModeV1`, and with the driver's
+/// SINGLE_NODE_MULTI_WRITER capability `asSingleNodeMultiWriterCapableCSIAccessModeV1`); a
+/// mode they do not know is UNKNOWN, not an error.
+fn access_mode(kubernetes: &str, single_node_multi_writer: bool) -> Mode {
+    match (kubernetes, single_node_multi_writer) {
+        ("ReadWriteOnce", true) => Mode::SingleNodeMultiWriter,
+        ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+        ("ReadWriteOnce" | "ReadWriteOncePod", false) => Mode::SingleNodeWriter,
+        ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+        ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+        _ => Mode::Unknown,
+    }
 }
 
 /// The size a published volume's filesystem must grow to: the PV's capacity, when the claim's
@@ -681,7 +696,7 @@ async fn expand_on_node(
                     limit_bytes: 0,
                 }),
                 staging_target_path: published.staging_path.display().to_string(),
-                volume_capability: Some(capability_of(&driver, &volume.pv)?),
+                volume_capability: Some(capability_of(&driver, &volume.pv)),
                 secrets,
             },
             CSI_TIMEOUT,
@@ -1019,46 +1034,42 @@ async fn report_volumes_in_use(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sha2::{Digest, Sha256};
 
+    /// The table of csi_client.go's two mappers: plain, then with SINGLE_NODE_MULTI_WRITER.
     #[test]
-    fn kubelet_paths() {
-        let root = Path::new("/var/lib/kubelet");
-        assert_eq!(
-            staging_path(root, "hostpath.csi-suite.io", "vol-1", "pv-1", false),
-            PathBuf::from(format!(
-                "/var/lib/kubelet/plugins/kubernetes.io/csi/hostpath.csi-suite.io/{}/globalmount",
-                hex::encode(Sha256::digest(b"vol-1"))
-            ))
-        );
-        assert_eq!(
-            staging_path(root, "d", "vol-1", "pv-1", true),
-            PathBuf::from("/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/pv-1")
-        );
-        assert_eq!(
-            target_path(root, "uid-1", "pv-1", false),
-            PathBuf::from("/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pv-1/mount")
-        );
-        assert_eq!(
-            target_path(root, "uid-1", "pv-1", true),
-            PathBuf::from(
-                "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/uid-1"
-            )
-        );
-        assert_eq!(unique_volume_name("d", "h"), "kubernetes.io/csi/d^h");
+    fn access_modes_as_kubelet_maps_them() {
+        let table = [
+            (
+                "ReadWriteOnce",
+                Mode::SingleNodeWriter,
+                Mode::SingleNodeMultiWriter,
+            ),
+            (
+                "ReadOnlyMany",
+                Mode::MultiNodeReaderOnly,
+                Mode::MultiNodeReaderOnly,
+            ),
+            (
+                "ReadWriteMany",
+                Mode::MultiNodeMultiWriter,
+                Mode::MultiNodeMultiWriter,
+            ),
+            (
+                "ReadWriteOncePod",
+                Mode::SingleNodeWriter,
+                Mode::SingleNodeSingleWriter,
+            ),
+            ("ReadWriteSometimes", Mode::Unknown, Mode::Unknown),
+        ];
+        for (kubernetes, plain, multi_writer) in table {
+            assert_eq!(access_mode(kubernetes, false), plain, "{kubernetes}");
+            assert_eq!(access_mode(kubernetes, true), multi_writer, "{kubernetes}");
+        }
     }
 
     #[test]
-    fn attachment_names() {
-        let name = attachment_name("vol-1", "hostpath.csi-suite.io", "node-a");
-        assert_eq!(name.len(), 68);
-        assert_eq!(
-            name,
-            format!(
-                "csi-{}",
-                hex::encode(Sha256::digest(b"vol-1hostpath.csi-suite.ionode-a"))
-            )
-        );
+    fn unique_volume_names() {
+        assert_eq!(unique_volume_name("d", "h"), "kubernetes.io/csi/d^h");
     }
 
     #[test]
