@@ -1,8 +1,10 @@
 //! The node's mount table as this process sees it — which paths are mount points — and
 //! unmounting. The reference driver, the simulated kubelet and podmon's node mode all need it.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// Mount points currently in this process's mount namespace.
@@ -27,18 +29,22 @@ pub struct Mount {
 
 /// The mount table of the mount namespace of process `pid` (`"self"`: this process).
 pub fn mount_table(pid: &str) -> io::Result<Vec<Mount>> {
-    let table = fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    // Bytes, not text: a path may be any bytes but NUL, and one path that is not UTF-8 must
+    // neither hide the table nor be read as another path.
+    let table = fs::read(format!("/proc/{pid}/mountinfo"))?;
     Ok(parse_mount_table(&table))
 }
 
-fn parse_mount_table(table: &str) -> Vec<Mount> {
+/// The mounts of a mount table's text (`/proc/<pid>/mountinfo`); lines too short to be one
+/// are skipped.
+pub fn parse_mount_table(table: &[u8]) -> Vec<Mount> {
     table
-        .lines()
+        .split(|b| *b == b'\n')
         .filter_map(|line| {
-            let mut fields = line.split(' ').skip(2);
-            let device = fields.next()?.to_string();
-            let root = PathBuf::from(unescape_mountinfo(fields.next()?));
-            let mount_point = PathBuf::from(unescape_mountinfo(fields.next()?));
+            let mut fields = line.split(|b| *b == b' ').skip(2);
+            let device = String::from_utf8_lossy(fields.next()?).into_owned();
+            let root = unescape_mountinfo(fields.next()?);
+            let mount_point = unescape_mountinfo(fields.next()?);
             Some(Mount {
                 device,
                 root,
@@ -48,26 +54,24 @@ fn parse_mount_table(table: &str) -> Vec<Mount> {
         .collect()
 }
 
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+/// The kernel escapes space, tab, newline and backslash in mountinfo paths as `\ooo` (three
+/// octal digits); anything else after a backslash is no escape it makes, and stays as it is.
+fn unescape_mountinfo(field: &[u8]) -> PathBuf {
+    let mut out = Vec::with_capacity(field.len());
+    let mut rest = field;
+    while let Some((&first, tail)) = rest.split_first() {
+        match (first, tail) {
+            (b'\\', [a @ b'0'..=b'3', b @ b'0'..=b'7', c @ b'0'..=b'7', ..]) => {
+                out.push((a - b'0') << 6 | (b - b'0') << 3 | (c - b'0'));
+                rest = &tail[3..];
+            }
+            _ => {
+                out.push(first);
+                rest = tail;
+            }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    PathBuf::from(OsString::from_vec(out))
 }
 
 /// True when `path` itself is a mount point (not merely inside one).
@@ -113,9 +117,10 @@ mod tests {
 
     #[test]
     fn mount_table_lines() {
-        let table = "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw\n\
-                     37 36 8:1 /data/vol\\040a /var/lib/kubelet/pods/p/mount rw - ext4 /dev/sda1 rw\n\
-                     garbage\n";
+        let table = b"36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw\n\
+                      37 36 8:1 /data/vol\\040a /var/lib/kubelet/pods/p/mount rw - ext4 /dev/sda1 rw\n\
+                      38 36 8:1 /data/\xff /mnt/\xfe\\377 rw - ext4 /dev/sda1 rw\n\
+                      garbage\n";
         assert_eq!(
             parse_mount_table(table),
             [
@@ -129,16 +134,41 @@ mod tests {
                     root: "/data/vol a".into(),
                     mount_point: "/var/lib/kubelet/pods/p/mount".into()
                 },
+                // Paths that are not UTF-8 are the kernel's bytes, not replacement characters.
+                Mount {
+                    device: "8:1".into(),
+                    root: PathBuf::from(OsString::from_vec(b"/data/\xff".to_vec())),
+                    mount_point: PathBuf::from(OsString::from_vec(b"/mnt/\xfe\xff".to_vec())),
+                },
             ]
         );
     }
 
     #[test]
     fn mountinfo_escapes() {
-        assert_eq!(unescape_mountinfo(r"/a\040b"), "/a b");
-        assert_eq!(unescape_mountinfo(r"/tab\011x"), "/tab\tx");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo(r"/end\04"), r"/end\04");
+        for (field, path) in [
+            (&br"/a\040b"[..], &b"/a b"[..]),
+            (br"/tab\011x", b"/tab\tx"),
+            (br"/nl\012", b"/nl\n"),
+            (br"/back\134slash", br"/back\slash"),
+            (b"/plain", b"/plain"),
+            (br"/end\04", br"/end\04"),
+            (br"\\040", br"\ "),
+            // No escape the kernel makes, kept as they are: digits past 7, or a code past one
+            // byte, overflowed the octal arithmetic (a panic, or a wrapped byte in release).
+            (br"/x\999", br"/x\999"),
+            (br"/x\777", br"/x\777"),
+            (br"/x\400", br"/x\400"),
+            (br"/x\08", br"/x\08"),
+            (br"/x\377", b"/x\xff"),
+        ] {
+            assert_eq!(
+                unescape_mountinfo(field).into_os_string().into_vec(),
+                path,
+                "{}",
+                String::from_utf8_lossy(field)
+            );
+        }
     }
 
     #[test]
