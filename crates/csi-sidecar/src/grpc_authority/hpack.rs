@@ -14,6 +14,12 @@ const INITIAL_TABLE_SIZE: usize = 4096;
 /// re-encoded blocks drop them), so this bound is only about the memory of the mirror table.
 const MAX_TABLE_SIZE: usize = 64 * 1024;
 
+/// The largest header list one block may decode to (sizes counted as RFC 9113 §6.5.2 counts
+/// them), as large as the largest block collected (`frames::MAX_HEADER_BLOCK`). Our servers
+/// (hyper's default) take 16 KiB; the bound is about what re-encoding writes out: one-byte
+/// references to a 4 KiB dynamic-table entry would turn a 1 MiB block into 4 GiB.
+const MAX_HEADER_LIST_SIZE: usize = 1 << 20;
+
 /// Per-entry overhead counted in the table size (RFC 7541 §4.1).
 const ENTRY_OVERHEAD: usize = 32;
 
@@ -94,6 +100,8 @@ pub enum HpackError {
     TableSizeTooLarge { size: usize },
     #[error("dynamic table size update after the first header field")]
     LateTableSizeUpdate,
+    #[error("header block decodes to a header list of more than {MAX_HEADER_LIST_SIZE} bytes")]
+    HeaderListTooLarge,
     #[error(transparent)]
     Huffman(#[from] HuffmanError),
 }
@@ -144,15 +152,16 @@ impl Decoder {
     /// Decodes one complete header block, updating the dynamic table as the encoder did.
     pub fn decode(&mut self, block: &[u8]) -> Result<Vec<Field>, HpackError> {
         let mut fields = Vec::new();
+        let mut list_size = 0;
         let mut input = Input { block, at: 0 };
         while let Some(first) = input.peek() {
-            if first & 0x80 != 0 {
+            let field = if first & 0x80 != 0 {
                 let index = input.integer(7)?;
-                fields.push(self.entry(index)?);
+                self.entry(index)?
             } else if first & 0x40 != 0 {
                 let field = self.literal(&mut input, 6, false)?;
                 self.insert(field.clone());
-                fields.push(field);
+                field
             } else if first & 0x20 != 0 {
                 if !fields.is_empty() {
                     return Err(HpackError::LateTableSizeUpdate);
@@ -163,10 +172,16 @@ impl Decoder {
                 }
                 self.max_size = size;
                 self.evict(0);
+                continue;
             } else {
                 let never_indexed = first & 0x10 != 0;
-                fields.push(self.literal(&mut input, 4, never_indexed)?);
+                self.literal(&mut input, 4, never_indexed)?
+            };
+            list_size += field.size();
+            if list_size > MAX_HEADER_LIST_SIZE {
+                return Err(HpackError::HeaderListTooLarge);
             }
+            fields.push(field);
         }
         Ok(fields)
     }
@@ -471,6 +486,16 @@ mod tests {
             (
                 vec![0x41, 0x81, 0x00],
                 HpackError::Huffman(HuffmanError::Padding),
+            ),
+            // A 4 KiB entry, then 300 one-byte references to it: 1.2 MiB of fields.
+            (
+                [
+                    &[0x40, 0x01, b'x', 0x7f, 0xa1, 0x1e][..],
+                    &[b'v'; 4000],
+                    &[0xbe; 300],
+                ]
+                .concat(),
+                HpackError::HeaderListTooLarge,
             ),
         ] {
             assert_eq!(
