@@ -45,7 +45,7 @@ suite() {
   local name=$1 status=0 begin=$SECONDS skips="$work/skips-$1" api="$work/api-$1" scenarios="$work/scenarios-$1"
   : > "$skips"
   echo "test-real: on $name ($KUBECONFIG)"
-  KUBE_SIM_COMPARE_KUBECONFIG=$KUBECONFIG $CARGO test --locked -p kube-sim --test api --test proxy \
+  KUBE_SIM_COMPARE_KUBECONFIG=$KUBECONFIG $CARGO test --locked -p kube-sim --test api --test proxy --test quantities_and_names \
     > "$api" 2>&1 || status=1
   CSI_SUITE_SKIPS=$skips $CARGO "${run_scenarios[@]}" > "$scenarios" 2>&1 || status=1
   cat "$api" "$scenarios"
@@ -69,7 +69,7 @@ on_version() {
 }
 
 # Build once, before the versions share the target directory.
-$CARGO test --locked -p kube-sim --test api --test proxy --no-run
+$CARGO test --locked -p kube-sim --test api --test proxy --test quantities_and_names --no-run
 $CARGO test --locked -p csi-suite-scenarios --no-run
 
 status=0
