@@ -337,22 +337,7 @@ async fn podmon_does_not_believe_a_fenced_taint_it_did_not_put_there() {
     let node = cluster.node("node-a");
     let (uid, pv) = idle_protected_pod(&cluster, "app-0", &node).await;
     let handle = cluster.volume_handle(&pv).await;
-    cluster
-        .eventually_async("the driver sees no I/O on the volume", || async {
-            let request = ValidateVolumeHostConnectivityRequest {
-                node_id: node.clone(),
-                volume_ids: vec![handle.clone()],
-                ..Default::default()
-            };
-            cluster
-                .driver
-                .controller
-                .csi
-                .validate_volume_host_connectivity(request, Duration::from_secs(5))
-                .await
-                .is_ok_and(|r| r.connected && !r.ios_in_progress)
-        })
-        .await;
+    driver_sees_no_io(&cluster, &node, &handle).await;
     // Only the control plane loses the node; the driver hears it, and someone forges the taint.
     cluster.kubelet(&node).partition();
     put_fenced_taint(&cluster, &node).await;
@@ -851,6 +836,27 @@ async fn idle_protected_pod(cluster: &Cluster, name: &str, node: &str) -> (Strin
     (created.uid().unwrap(), pv)
 }
 
+/// Waits until the driver sees no I/O from `node` on the volume `handle` (its last write is
+/// 10 s old).
+async fn driver_sees_no_io(cluster: &Cluster, node: &str, handle: &str) {
+    cluster
+        .eventually_async("the driver sees no I/O on the volume", || async {
+            let request = ValidateVolumeHostConnectivityRequest {
+                node_id: node.to_string(),
+                volume_ids: vec![handle.to_string()],
+                ..Default::default()
+            };
+            cluster
+                .driver
+                .controller
+                .csi
+                .validate_volume_host_connectivity(request, Duration::from_secs(5))
+                .await
+                .is_ok_and(|r| !r.ios_in_progress)
+        })
+        .await;
+}
+
 /// A driver node pod on `node`, labelled as podmon finds them; it tolerates podmon's taints
 /// (else a restarted one could not come back).
 fn driver_pod(cluster: &Cluster, name: &str, node: &str) -> serde_json::Value {
@@ -1041,22 +1047,7 @@ async fn podmon_does_not_fail_over_ready_pods_during_a_driver_rollout() {
     }
     // Idle as the driver sees it: Dell's rule would let a disconnected node's pods go.
     for (_, _, handle, node, _) in &apps {
-        cluster
-            .eventually_async("the driver sees no I/O on the volume", || async {
-                let request = ValidateVolumeHostConnectivityRequest {
-                    node_id: node.clone(),
-                    volume_ids: vec![handle.clone()],
-                    ..Default::default()
-                };
-                cluster
-                    .driver
-                    .controller
-                    .csi
-                    .validate_volume_host_connectivity(request, Duration::from_secs(5))
-                    .await
-                    .is_ok_and(|r| !r.ios_in_progress)
-            })
-            .await;
+        driver_sees_no_io(&cluster, node, handle).await;
     }
 
     // The DaemonSet replaces each node's driver pod in turn: the old one stops being Ready and
