@@ -276,35 +276,11 @@ async fn a_kubelet_root_that_is_a_symlink_works() {
     }
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = MountCleanup(dir.path().to_path_buf());
-    // The kubelet's directory moved to another disk, its usual path left as a symlink.
-    let moved = dir.path().join("kubelet-link");
-    symlink(dir.path().join("kubelet"), &moved).unwrap();
-    let cluster = csi_hostpath::local::LocalCluster::start(dir.path(), &["node-a"], |config| {
-        config.allowed_path_roots = vec![moved.clone()];
-    })
-    .await
-    .unwrap();
+    let moved = symlinked_kubelet_root(dir.path());
+    let cluster = behind(dir.path(), &moved).await;
     let a = &cluster.node("node-a").csi;
     let cap = mount(Mode::SingleNodeWriter);
-    let volume = create(&cluster.controller.csi, "v", 16 << 20)
-        .await
-        .volume_id;
-    cluster
-        .controller
-        .csi
-        .controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
-        .await
-        .unwrap();
-    let (staging, target) = paths(&cluster, "node-a", &volume);
-    let through_link =
-        |path: &Path| moved.join(path.strip_prefix(dir.path().join("kubelet")).unwrap());
-    let (staging, target) = (through_link(&staging), through_link(&target));
-    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
-        .await
-        .unwrap();
+    let (volume, staging, target) = mounted_through(&cluster, dir.path(), &moved).await;
     a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
         .await
         .unwrap();
@@ -341,35 +317,10 @@ async fn records_spelled_through_a_symlinked_root_are_found_after_an_upgrade() {
     }
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = MountCleanup(dir.path().to_path_buf());
-    let moved = dir.path().join("kubelet-link");
-    symlink(dir.path().join("kubelet"), &moved).unwrap();
-    let start = || {
-        csi_hostpath::local::LocalCluster::start(dir.path(), &["node-a"], |config| {
-            config.allowed_path_roots = vec![moved.clone()];
-        })
-    };
-    let cluster = start().await.unwrap();
-    let cap = mount(Mode::SingleNodeWriter);
-    let volume = create(&cluster.controller.csi, "v", 16 << 20)
-        .await
-        .volume_id;
-    cluster
-        .controller
-        .csi
-        .controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
-        .await
-        .unwrap();
-    let (real_staging, real_target) = paths(&cluster, "node-a", &volume);
-    let through_link =
-        |path: &Path| moved.join(path.strip_prefix(dir.path().join("kubelet")).unwrap());
-    let (staging, target) = (through_link(&real_staging), through_link(&real_target));
-    let a = &cluster.node("node-a").csi;
-    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
-        .await
-        .unwrap();
-    a.node_publish_volume(publish(&volume, &staging, &target, cap.clone(), false), T)
-        .await
-        .unwrap();
+    let moved = symlinked_kubelet_root(dir.path());
+    let cluster = behind(dir.path(), &moved).await;
+    let (volume, staging, target) = mounted_through(&cluster, dir.path(), &moved).await;
+    let real_target = paths(&cluster, "node-a", &volume).1;
     cluster.stop().await;
 
     // The records as the older driver wrote them: the link's spelling.
@@ -392,7 +343,7 @@ async fn records_spelled_through_a_symlinked_root_are_found_after_an_upgrade() {
         .unwrap();
     drop(store);
 
-    let cluster = start().await.unwrap();
+    let cluster = behind(dir.path(), &moved).await;
     teardown(&cluster.node("node-a").csi, &volume, &staging, &target).await;
     assert!(mounts_under(dir.path()).is_empty(), "nothing left mounted");
     let records = csi_hostpath::state::Store::open(&dir.path().join("state"))
@@ -405,4 +356,52 @@ async fn records_spelled_through_a_symlinked_root_are_found_after_an_upgrade() {
     assert!(records.is_empty(), "records left: {records:?}");
     unpublish_and_delete(&cluster, "node-a", &volume).await;
     cluster.stop().await;
+}
+
+/// The kubelet's directory moved to another disk, its usual path left as a symlink: returns
+/// the link, `kubelet-link` in `dir`, to `dir`'s `kubelet`.
+fn symlinked_kubelet_root(dir: &Path) -> PathBuf {
+    let moved = dir.join("kubelet-link");
+    symlink(dir.join("kubelet"), &moved).unwrap();
+    moved
+}
+
+/// A driver on node-a (and its controller) in `dir` whose allowed root is the link `moved`.
+async fn behind(dir: &Path, moved: &Path) -> csi_hostpath::local::LocalCluster {
+    csi_hostpath::local::LocalCluster::start(dir, &["node-a"], |config| {
+        config.allowed_path_roots = vec![moved.to_path_buf()];
+    })
+    .await
+    .unwrap()
+}
+
+/// A new filesystem volume published to node-a, then staged and published there through the
+/// link `moved`, as a kubelet that still uses the link's path does; returns the volume and
+/// its staging and target paths through the link.
+async fn mounted_through(
+    cluster: &csi_hostpath::local::LocalCluster,
+    dir: &Path,
+    moved: &Path,
+) -> (String, PathBuf, PathBuf) {
+    let a = &cluster.node("node-a").csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let volume = create(&cluster.controller.csi, "v", 16 << 20)
+        .await
+        .volume_id;
+    cluster
+        .controller
+        .csi
+        .controller_publish_volume(publish_to(&volume, "node-a", cap.clone()), T)
+        .await
+        .unwrap();
+    let (staging, target) = paths(cluster, "node-a", &volume);
+    let through_link = |path: &Path| moved.join(path.strip_prefix(dir.join("kubelet")).unwrap());
+    let (staging, target) = (through_link(&staging), through_link(&target));
+    a.node_stage_volume(stage(&volume, &staging, cap.clone()), T)
+        .await
+        .unwrap();
+    a.node_publish_volume(publish(&volume, &staging, &target, cap, false), T)
+        .await
+        .unwrap();
+    (volume, staging, target)
 }
