@@ -17,8 +17,7 @@ use common::*;
 use csi::volume_capability::access_mode::Mode;
 use csi_hostpath::state::{Phase, Store, Volume};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{CsiConnection, Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_sidecar::conn::CsiConnection;
 
 fn spawn_driver(root: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_csi-hostpath"))
@@ -35,16 +34,7 @@ fn spawn_driver(root: &Path) -> Child {
 }
 
 async fn client(root: &Path) -> CsiConnection {
-    let endpoint = Endpoint::from_path(root.join("csi.sock")).unwrap();
-    let csi = connect(
-        &endpoint,
-        Duration::from_secs(20),
-        CsiOperationMetrics::unregistered(),
-    )
-    .await
-    .unwrap();
-    csi.probe_until_ready(T).await.unwrap();
-    csi
+    connect_ready(&root.join("csi.sock")).await
 }
 
 fn random_below(limit: u64) -> u64 {

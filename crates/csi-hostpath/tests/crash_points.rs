@@ -33,8 +33,7 @@ use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_hostpath::state::Store;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{CsiConnection, Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_sidecar::conn::CsiConnection;
 use tonic::{Code, Status};
 
 /// Beyond this N a step would be a loop, not a step.
@@ -197,15 +196,7 @@ impl Driver {
             .stderr(log)
             .spawn()
             .unwrap();
-        let endpoint = Endpoint::from_path(socket).unwrap();
-        let csi = connect(
-            &endpoint,
-            Duration::from_secs(20),
-            CsiOperationMetrics::unregistered(),
-        )
-        .await
-        .unwrap();
-        csi.probe_until_ready(T).await.unwrap();
+        let csi = connect_ready(&socket).await;
         Self { child, csi }
     }
 

@@ -270,3 +270,17 @@ pub fn loop_devices_under(root: &Path) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// A connection to a driver process serving `socket`, once its Probe says ready.
+pub async fn connect_ready(socket: &Path) -> CsiConnection {
+    let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).unwrap();
+    let csi = csi_sidecar::conn::connect(
+        &endpoint,
+        Duration::from_secs(20),
+        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+    )
+    .await
+    .unwrap();
+    csi.probe_until_ready(T).await.unwrap();
+    csi
+}
