@@ -26,7 +26,9 @@ cleanup() {
 trap cleanup EXIT
 
 # With cargo-nextest (on this kind of machine) the scenarios run several at a time across the
-# test binaries; `cargo test` runs one binary after the other.
+# test binaries, those with a snapshot-controller one at a time (.config/nextest.toml); `cargo
+# test` runs one binary after the other, and within one binary its tests together: there two
+# snapshot scenarios' controllers may act on each other's snapshots.
 if $CARGO nextest --version >/dev/null 2>&1; then
   run_scenarios=(nextest run --locked -p csi-suite-scenarios --no-fail-fast --test-threads 6)
 else
