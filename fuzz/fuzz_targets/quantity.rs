@@ -1,11 +1,11 @@
-//! Kubernetes quantities (`csi_sidecar::quantity`): capacities from claims, StorageClasses and
+//! Kubernetes quantities (`csi_kinds::quantity`): capacities from claims, StorageClasses and
 //! flags. Properties: no panic; a size is never negative and `parse` agrees with `bytes`; a
 //! size is its quantity rounded up to a whole byte (against a floating-point estimate, for
 //! quantities with a letter suffix); and every size, printed as BinarySI, parses back to
 //! itself.
 #![no_main]
 
-use csi_sidecar::quantity::{QuantityError, binary_si, bytes, parse};
+use csi_kinds::quantity::{QuantityError, binary_si, bytes, parse};
 use libfuzzer_sys::fuzz_target;
 
 /// The letter suffixes and what they multiply by; the binary ones first, as "Mi" ends like

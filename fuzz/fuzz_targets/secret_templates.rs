@@ -1,4 +1,4 @@
-//! StorageClass secret references (`csi_sidecar::secrets`): the name and namespace templates
+//! StorageClass secret references (`csi_kinds::secrets`): the name and namespace templates
 //! (`${pv.name}`, `${pvc.annotations['…']}`, …) of every kind of secret, as a StorageClass
 //! author and a claim's author may write them.
 //!
@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use csi_sidecar::names::{is_dns1123_label, is_dns1123_subdomain};
-use csi_sidecar::secrets::{
+use csi_kinds::names::{is_dns1123_label, is_dns1123_subdomain};
+use csi_kinds::secrets::{
     SecretKind, SecretRefs, TemplateInputs, deletion_secret, remove_reserved_parameters,
     resolve_template, secret_reference,
 };

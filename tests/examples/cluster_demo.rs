@@ -193,7 +193,7 @@ async fn story() {
     assert!(attachment.finalizers().contains(&attacher_finalizer));
     let node_id = attachment
         .annotations()
-        .get(csi_sidecar::volume_attachment::NODE_ID_ANNOTATION)
+        .get(csi_kinds::volume_attachment::NODE_ID_ANNOTATION)
         .cloned()
         .unwrap_or_default();
     let pv = cluster

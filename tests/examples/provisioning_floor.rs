@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, PROVISIONED_BY, STORAGE_PROVISIONER};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::annotations::{BETA_STORAGE_PROVISIONER, PROVISIONED_BY, STORAGE_PROVISIONER};
 use csi_sidecar::conn::{Endpoint, connect};
 use csi_sidecar::kube::client_from_config;
 use csi_sidecar::metrics::CsiOperationMetrics;

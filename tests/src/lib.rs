@@ -1431,7 +1431,7 @@ async fn provisioner_settings(
         prevent_volume_mode_conversion: true,
         snapshot_orphan_sweep_interval: Duration::from_secs(1),
         capacity: None,
-        volume_attributes_classes: csi_provisioner::vac::discover(
+        volume_attributes_classes: csi_sidecar::vac::discover(
             client,
             csi_provisioner::vac::GATE.default,
             false,

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use csi_attacher::attach::finalizer;
+use csi_kinds::volume_attachment::NODE_ID_ANNOTATION;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
 use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{
     is_running, pod, provision_static_volume, running_pod_with_static_volume, static_pv, static_pvc,

@@ -273,8 +273,8 @@ async fn resource_exhausted_reschedules_to_a_node_with_room() {
                     required_bytes: i64::try_from(POOL - (8 << 20)).unwrap(),
                     limit_bytes: 0,
                 }),
-                volume_capabilities: vec![csi_sidecar::capability::volume_capability(
-                    &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
+                volume_capabilities: vec![csi_kinds::capability::volume_capability(
+                    &csi_kinds::capability::AccessKind::from_volume_mode(None, "", vec![]),
                     csi_proto::csi::v1::volume_capability::access_mode::Mode::SingleNodeWriter,
                 )],
                 accessibility_requirements: Some(csi_proto::csi::v1::TopologyRequirement {

@@ -200,7 +200,7 @@ async fn podmon_fails_over_a_failed_nodes_pod_and_no_zombie_write_lands_after_th
     let story = failover_story(&cluster, &cluster.node("node-a"), |_| {}).await;
     assert_eq!(story.new_node, cluster.node("node-b"));
     let handle = cluster.volume_handle(&story.pv).await;
-    let old_attachment = csi_sidecar::kubelet_paths::attachment_name(
+    let old_attachment = csi_kinds::kubelet_paths::attachment_name(
         &handle,
         &cluster.driver_name,
         &cluster.node("node-a"),

@@ -1,7 +1,7 @@
 //! VolumeAttributesClasses with csi-provisioner: a claim's class gives CreateVolume its
 //! mutable parameters and names itself on the PV; a class of another driver is refused.
 
-use csi_provisioner::vac::VolumeAttributesClass;
+use csi_kinds::vac::VolumeAttributesClass;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{bound, bound_volume, claim, driver_state};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;

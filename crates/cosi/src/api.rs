@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use csi_sidecar::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
+use csi_kinds::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{CustomResource, CustomResourceExt};
@@ -343,7 +343,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 
 #[cfg(test)]
 mod tests {
-    use csi_sidecar::crd::stale_crds;
+    use csi_kinds::crd::stale_crds;
 
     use super::*;
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use csi_sidecar::crd::ObjectReference;
+use csi_kinds::crd::ObjectReference;
 
 use crate::api::{Bucket, BucketClaim, BucketClass, BucketSpec, Protocol};
 

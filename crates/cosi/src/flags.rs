@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use clap::Parser;
-use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_duration};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli};
 
 /// cosi-controller: makes (or binds) a Bucket for every BucketClaim, cluster-wide.
 #[derive(Parser, Debug, Clone)]

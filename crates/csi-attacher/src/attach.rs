@@ -1,19 +1,19 @@
 //! The pure core of the attacher (external-attacher `pkg/controller/{csi_handler,util}.go`):
 //! which VolumeAttachments are ours and what to do with them, the volume they attach, the node
 //! ID to attach to, and the ControllerPublishVolume request (ControllerUnpublishVolume's, shared
-//! with podmon, is in `csi_sidecar::volume_attachment`).
+//! with podmon, is in `csi_kinds::volume_attachment`).
 
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_kinds::cached::{CachedAttachment, CachedVolume};
+use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
+use csi_kinds::secrets::SecretRef;
+use csi_kinds::volume_attachment::NODE_ID_ANNOTATION;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::{CachedAttachment, CachedVolume};
-use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_sidecar::conn::DriverInfo;
-use csi_sidecar::secrets::SecretRef;
-use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
 use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
 use k8s_openapi::api::storage::v1::CSINode;
 

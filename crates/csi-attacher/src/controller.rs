@@ -8,8 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_kinds::cached::{CachedAttachment, CachedVolume};
+use csi_kinds::volume_attachment::unpublish_request;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::{CachedAttachment, CachedVolume};
 use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -17,7 +18,6 @@ use csi_sidecar::kube::GoApiError;
 use csi_sidecar::lock;
 use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::volume_attachment::unpublish_request;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use clap::Parser;
-use csi_sidecar::flags::{SidecarArgs, SidecarCli, parse_go_duration};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::flags::{SidecarArgs, SidecarCli};
 
 /// csi-attacher: attaches and detaches CSI volumes for VolumeAttachments.
 #[derive(Parser, Debug, Clone)]

@@ -172,7 +172,7 @@ impl Config {
 
 /// Parses a Kubernetes quantity of bytes: `1073741824`, `10Gi`, `500M`, `1.5Ti`.
 pub fn parse_quantity(input: &str) -> Result<u64, String> {
-    let bytes = csi_sidecar::quantity::parse(input).ok_or_else(|| {
+    let bytes = csi_kinds::quantity::parse(input).ok_or_else(|| {
         format!("invalid quantity {input:?}: expected a number with an optional suffix like Gi")
     })?;
     u64::try_from(bytes).map_err(|_| format!("invalid quantity {input:?}: out of range"))

@@ -185,8 +185,8 @@ pub async fn create_plain_volume(
     bytes: i64,
     timeout: Duration,
 ) -> Result<csi::Volume, tonic::Status> {
-    let capability = csi_sidecar::capability::volume_capability(
-        &csi_sidecar::capability::AccessKind::from_volume_mode(None, "", vec![]),
+    let capability = csi_kinds::capability::volume_capability(
+        &csi_kinds::capability::AccessKind::from_volume_mode(None, "", vec![]),
         csi::volume_capability::access_mode::Mode::SingleNodeWriter,
     );
     let request = csi::CreateVolumeRequest {

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use csi_sidecar::flags::{CommonArgs, CsiArgs, HttpArgs, KubeArgs, SidecarCli, parse_go_duration};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::flags::{CommonArgs, CsiArgs, HttpArgs, KubeArgs, SidecarCli};
 
 /// csi-inventory: compares what a CSI driver holds with what the cluster records, and imports
 /// pre-existing volumes as PersistentVolumes.
@@ -141,8 +142,7 @@ impl SidecarCli for InventoryArgs {
                     return Err("--all-orphans creates a PV for every orphaned volume: confirm with --yes (or look first with --dry-run)".into());
                 }
                 if let Some(capacity) = &args.capacity {
-                    csi_sidecar::quantity::bytes(capacity)
-                        .map_err(|e| format!("--capacity: {e}"))?;
+                    csi_kinds::quantity::bytes(capacity).map_err(|e| format!("--capacity: {e}"))?;
                 }
             }
         }

@@ -58,7 +58,7 @@ pub fn cluster_volume(pv: &PersistentVolume, driver: &str) -> Option<ClusterVolu
             .capacity
             .as_ref()
             .and_then(|c| c.get("storage"))
-            .and_then(|q| csi_sidecar::quantity::bytes(&q.0).ok()),
+            .and_then(|q| csi_kinds::quantity::bytes(&q.0).ok()),
         topology: pv_topology(
             spec.node_affinity
                 .as_ref()

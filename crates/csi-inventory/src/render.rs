@@ -1,6 +1,6 @@
 //! The report as a person reads it (aligned tables, one per finding kind) or as JSON. Pure.
 
-use csi_sidecar::quantity::binary_si;
+use csi_kinds::quantity::binary_si;
 
 use crate::report::{Difference, Finding, KINDS, Report, StorageVolume, describe_segments};
 

@@ -229,7 +229,7 @@ impl Inventory {
         let capacity_bytes = args
             .capacity
             .as_deref()
-            .and_then(|c| csi_sidecar::quantity::bytes(c).ok());
+            .and_then(|c| csi_kinds::quantity::bytes(c).ok());
         let base = ImportSpec {
             pv_name: "",
             driver: &self.driver.name,

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use csi_kinds::go_duration::parse_go_duration;
 use csi_sidecar::flags::{
-    CommonArgs, CsiArgs, DefaultOverrides, HttpArgs, SidecarCli, parse_go_bool, parse_go_duration,
+    CommonArgs, CsiArgs, DefaultOverrides, HttpArgs, SidecarCli, parse_go_bool,
 };
 
 /// csi-node-driver-registrar: registers a CSI driver with the kubelet.

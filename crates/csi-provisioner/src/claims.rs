@@ -1,12 +1,12 @@
 //! Which claims the provisioner acts on, and what their data source is (external-provisioner
 //! `shouldProvision`, `dataSource`, `getPVCSource`). Pure: inputs from the caches.
 
-use csi_sidecar::cached::CachedClaim;
+use csi_kinds::cached::CachedClaim;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-pub use csi_sidecar::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
+pub use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
 const ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 /// The finalizer a clone's source claim carries while the clone is provisioned.
 pub const CLONING_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
@@ -30,7 +30,7 @@ pub enum ClaimError {
     #[error("storage request of claim {claim}: {source}")]
     StorageRequest {
         claim: String,
-        source: csi_sidecar::quantity::QuantityError,
+        source: csi_kinds::quantity::QuantityError,
     },
 }
 
@@ -200,7 +200,7 @@ pub fn requested_size(claim: &PersistentVolumeClaim) -> Result<i64, ClaimError> 
     let Some(request) = request else {
         return Ok(0);
     };
-    csi_sidecar::quantity::bytes(&request.0).map_err(|source| ClaimError::StorageRequest {
+    csi_kinds::quantity::bytes(&request.0).map_err(|source| ClaimError::StorageRequest {
         claim: claim.name_any(),
         source,
     })

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
+use csi_kinds::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_sidecar::conn::{CsiConnection, DriverInfo, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
@@ -18,7 +19,6 @@ use csi_sidecar::finalizers::{
 };
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
-use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use csi_sidecar::writes::patch_or_update;
@@ -36,7 +36,8 @@ use crate::capacity::controller::{Refresh, Segments, SharedCaches};
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
-use crate::vac::{self, VacError, VolumeAttributesClass};
+use crate::vac::VacError;
+use csi_kinds::vac::VolumeAttributesClass;
 
 /// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
 /// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
@@ -85,8 +86,8 @@ pub struct Settings {
     /// Capacity tracking, when `--enable-capacity` (runs with the controller, so only on the
     /// leader).
     pub capacity: Option<crate::capacity::controller::CapacitySettings>,
-    /// Claims' VolumeAttributesClasses: the gate after discovery (see [`vac::discover`]).
-    pub volume_attributes_classes: vac::Support,
+    /// Claims' VolumeAttributesClasses: the gate after discovery (see [`csi_sidecar::vac::discover`]).
+    pub volume_attributes_classes: csi_kinds::vac::Support,
     /// The CrossNamespaceVolumeDataSource gate: `dataSourceRef.namespace` honoured when a
     /// ReferenceGrant allows it.
     pub cross_namespace_data_sources: bool,
@@ -100,7 +101,7 @@ struct Caches {
     classes: Store<StorageClass>,
     topology: NodeTopology,
     attachments: Store<CachedAttachment>,
-    /// With [`vac::Support::Served`] only.
+    /// With [`csi_kinds::vac::Support::Served`] only.
     attribute_classes: Option<Store<VolumeAttributesClass>>,
     /// With the CrossNamespaceVolumeDataSource gate only.
     reference_grants: Option<Store<ReferenceGrant>>,
@@ -293,8 +294,8 @@ pub async fn run(
         claim_keys(claim).for_each(|key| claim_work.trigger_for(key, claim));
     });
     let attachments = informers.all();
-    let attribute_classes =
-        (settings.volume_attributes_classes == vac::Support::Served).then(|| optional.all());
+    let attribute_classes = (settings.volume_attributes_classes == csi_kinds::vac::Support::Served)
+        .then(|| optional.all());
     // As upstream, the gate makes the provisioner wait for this cache too.
     let reference_grants = settings
         .cross_namespace_data_sources
@@ -914,7 +915,7 @@ impl Provisioner {
         let Some(reference) = &refs.provisioner else {
             return Ok(HashMap::new());
         };
-        match secrets::fetch_secret_data(self.client.clone(), reference).await {
+        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), reference).await {
             Ok(data) => Ok(data.into_inner()),
             Err(error) => self.failed(claim, error.to_string()).await,
         }
@@ -1655,7 +1656,7 @@ impl Provisioner {
         let Some(reference) = reference else {
             return Ok(HashMap::new());
         };
-        match secrets::fetch_secret_data(self.client.clone(), &reference).await {
+        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference).await {
             Ok(data) => Ok(data.into_inner()),
             Err(error) => {
                 tracing::warn!(volume = %volume.name_any(), %error, "deleting without secrets");

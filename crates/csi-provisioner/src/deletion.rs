@@ -3,13 +3,13 @@
 //! Released volumes with reclaim policy Delete — never while a VolumeAttachment still
 //! references the PV. Pure: inputs → [`VolumePlan`].
 
-use csi_sidecar::secrets::{DeletionSecret, deletion_secret};
+use csi_kinds::secrets::{DeletionSecret, deletion_secret};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 
 /// The finalizer on PVs whose volume the provisioner deletes (HonorPVReclaimPolicy, KEP-2644).
 pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-pub use csi_sidecar::annotations::PROVISIONED_BY;
+pub use csi_kinds::annotations::PROVISIONED_BY;
 pub const MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
 pub const DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
 pub const DELETION_SECRET_NAMESPACE: &str =
@@ -100,7 +100,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::secrets::{
+    use csi_kinds::secrets::{
         DELETION_SECRET_NAME_ANNOTATION, DELETION_SECRET_NAMESPACE_ANNOTATION,
     };
     use serde_json::{Value, json};

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use csi_sidecar::flags::{
-    DefaultOverrides, ResolvedGates, SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration,
-};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::feature_gates::ResolvedGates;
+use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
 
 use crate::gates;
 
@@ -136,7 +136,7 @@ pub struct ProvisionerArgs {
 impl ProvisionerArgs {
     /// `--feature-gates` against upstream's table, as component-base resolves them. Pure.
     pub fn gates(&self) -> Result<ResolvedGates, String> {
-        csi_sidecar::flags::resolve_gates(&self.sidecar.feature_gates(), gates::TABLE)
+        csi_sidecar::feature_gates::resolve_gates(&self.sidecar.feature_gates(), gates::TABLE)
     }
 }
 

@@ -4,9 +4,9 @@
 //! `k8s.io/apiserver/pkg/server` v0.36.1 registers in the same gate set
 //! (`k8s.io/apiserver/pkg/features` and `k8s.io/component-base/zpages/features`): upstream
 //! accepts them and they change nothing there, nor here. `AllAlpha` and `AllBeta` are
-//! component-base's own ([`csi_sidecar::flags::resolve_gates`]).
+//! component-base's own ([`csi_sidecar::feature_gates::resolve_gates`]).
 
-use csi_sidecar::flags::{FeatureGate, Stage};
+use csi_sidecar::feature_gates::{FeatureGate, Stage};
 pub use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
 /// GA, default on, not locked: off, the provisioner ignores the driver's topology support

@@ -3,7 +3,7 @@
 //! gateway.networking.k8s.io/v1beta1 ReferenceGrant there allows it (external-provisioner's
 //! `dataSource` and `IsGranted`). Pure: the grants come from a cache.
 
-use csi_sidecar::flags::FeatureGate;
+use csi_sidecar::feature_gates::FeatureGate;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -53,7 +53,7 @@ pub struct GrantTo {
     pub name: Option<String>,
 }
 
-csi_sidecar::fixed_resource!(
+csi_kinds::fixed_resource!(
     ReferenceGrant,
     NamespaceResourceScope,
     GROUP,

@@ -111,7 +111,7 @@ impl NodeDeployment {
         match required {
             // Upstream matches a Node that has the segments as labels and no name.
             Some(selector) if !self.segments.is_empty() => {
-                csi_sidecar::node_selector::matches(selector, "", &self.segments)
+                csi_kinds::node_selector::matches(selector, "", &self.segments)
             }
             _ => true,
         }

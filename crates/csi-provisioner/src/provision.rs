@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_kinds::secrets::{self, SecretRefs, SecretsError, TemplateInputs};
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::DriverInfo;
-use csi_sidecar::secrets::{self, SecretRefs, SecretsError, TemplateInputs};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -19,7 +19,8 @@ use crate::claims::{self, ClaimError, DataSource};
 use crate::grants::{self, NotGranted, ReferenceGrant};
 use crate::request::{self, RequestError};
 use crate::topology::{self, PinnedTopology, TopologyError};
-use crate::vac::{self, VacError, VolumeAttributesClass};
+use crate::vac::{self, VacError};
+use csi_kinds::vac::VolumeAttributesClass;
 
 /// The flags and driver facts a plan depends on.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +39,7 @@ pub struct Policy<'a> {
     /// The CrossNamespaceVolumeDataSource gate.
     pub cross_namespace_data_sources: bool,
     /// VolumeAttributesClasses, after discovery.
-    pub volume_attributes_classes: vac::Support,
+    pub volume_attributes_classes: csi_kinds::vac::Support,
 }
 
 impl Policy<'_> {

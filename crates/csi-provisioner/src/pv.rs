@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use csi_kinds::quantity::binary_si;
+use csi_kinds::secrets::{SecretRefs, deletion_secret_annotations, modify_secret_annotations};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::quantity::binary_si;
-use csi_sidecar::secrets::{SecretRefs, deletion_secret_annotations, modify_secret_annotations};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, SecretReference};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -59,7 +59,7 @@ pub fn persistent_volume(inputs: &PvInputs<'_>) -> Value {
     )]);
     // The driver's volume context may overwrite the identity key, as upstream.
     attributes.extend(inputs.volume.volume_context.clone());
-    let reference = |r: &Option<csi_sidecar::secrets::SecretRef>| -> Option<SecretReference> {
+    let reference = |r: &Option<csi_kinds::secrets::SecretRef>| -> Option<SecretReference> {
         r.clone().map(Into::into)
     };
     let read_only = inputs.controller_publish_readonly
@@ -116,7 +116,7 @@ pub fn persistent_volume(inputs: &PvInputs<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::secrets::SecretRef;
+    use csi_kinds::secrets::SecretRef;
     use k8s_openapi::api::core::v1::PersistentVolume;
 
     #[test]

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use csi_kinds::capability::{AccessKind, CapabilityError, access_mode, volume_capability};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, CapabilityError, access_mode, volume_capability};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
 };

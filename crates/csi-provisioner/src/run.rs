@@ -76,7 +76,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         })
         .transpose()?;
     let client = csi_sidecar::kube::client_from_config(config, rate_limit)?;
-    let volume_attributes_classes = vac::discover(
+    let volume_attributes_classes = csi_sidecar::vac::discover(
         &client,
         gates.get(vac::GATE),
         sidecar.feature_gates().contains_key(vac::GATE.name),

@@ -105,7 +105,7 @@ impl Serialize for VolumeSnapshotContent {
     }
 }
 
-csi_sidecar::fixed_resource!(
+csi_kinds::fixed_resource!(
     VolumeSnapshot,
     NamespaceResourceScope,
     SNAPSHOT_GROUP,
@@ -114,7 +114,7 @@ csi_sidecar::fixed_resource!(
     "volumesnapshots"
 );
 
-csi_sidecar::fixed_resource!(
+csi_kinds::fixed_resource!(
     VolumeSnapshotContent,
     k8s_openapi::ClusterResourceScope,
     SNAPSHOT_GROUP,
@@ -183,7 +183,7 @@ pub fn snapshot_source(
     };
     // As upstream: the snapshot's restore size, when it has one.
     if let Some(size) = status.and_then(|s| s.restore_size.as_deref()) {
-        let size = csi_sidecar::quantity::bytes(size)
+        let size = csi_kinds::quantity::bytes(size)
             .map_err(|error| fail(format!("restore size of snapshot {name}: {error}")))?;
         let requested = requested_size(claim)?;
         if requested < size {

@@ -6,10 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use csi_sidecar::flags::FeatureGate;
-pub use csi_sidecar::vac::{
-    DISABLED_MESSAGE, Support, VolumeAttributesClass, discover, served, support,
-};
+use csi_kinds::vac::{Support, VolumeAttributesClass};
+use csi_sidecar::feature_gates::FeatureGate;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 /// external-provisioner's gate: GA, on by default, not locked (pkg/features/features.go).
@@ -76,6 +74,7 @@ pub fn mutable_parameters(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_kinds::vac::support;
     use serde_json::json;
 
     #[test]

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_kinds::vac::VolumeAttributesClass;
 use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
@@ -15,7 +16,6 @@ use csi_sidecar::lock;
 use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::vac::VolumeAttributesClass;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

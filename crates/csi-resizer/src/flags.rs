@@ -6,10 +6,9 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use csi_sidecar::flags::{
-    DefaultOverrides, FeatureGate, ResolvedGates, SidecarArgs, SidecarCli, Stage, parse_go_bool,
-    parse_go_duration,
-};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::feature_gates::{FeatureGate, ResolvedGates, Stage};
+use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
 use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
 /// Beta, default on: a PV expanded on the controller that still needs node expansion keeps
@@ -65,7 +64,7 @@ pub struct ResizerArgs {
 impl ResizerArgs {
     /// `--feature-gates` against upstream's table, as component-base resolves them. Pure.
     pub fn gates(&self) -> Result<ResolvedGates, String> {
-        csi_sidecar::flags::resolve_gates(&self.sidecar.feature_gates(), GATES)
+        csi_sidecar::feature_gates::resolve_gates(&self.sidecar.feature_gates(), GATES)
     }
 }
 

@@ -7,9 +7,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use csi_kinds::secrets::SecretRef;
+use csi_kinds::vac::VolumeAttributesClass;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::secrets::SecretRef;
-use csi_sidecar::vac::VolumeAttributesClass;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
@@ -47,9 +47,9 @@ pub const PVC_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pvc/namespace";
 pub const PV_NAME_KEY: &str = "csi.storage.k8s.io/pv/name";
 
 /// The annotations csi-provisioner writes on a PV when its class names a modify secret.
-pub const SECRET_NAME_ANNOTATION: &str = csi_sidecar::secrets::MODIFY_SECRET_NAME_ANNOTATION;
+pub const SECRET_NAME_ANNOTATION: &str = csi_kinds::secrets::MODIFY_SECRET_NAME_ANNOTATION;
 pub const SECRET_NAMESPACE_ANNOTATION: &str =
-    csi_sidecar::secrets::MODIFY_SECRET_NAMESPACE_ANNOTATION;
+    csi_kinds::secrets::MODIFY_SECRET_NAMESPACE_ANNOTATION;
 
 /// What to do about a claim's class.
 #[derive(Debug, Clone, PartialEq, Eq)]

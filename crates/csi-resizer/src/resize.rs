@@ -36,10 +36,10 @@ use std::time::Duration;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi::node_service_capability::rpc::Type as NodeCapability;
+use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
+use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_sidecar::conn::DriverInfo;
-use csi_sidecar::secrets::SecretRef;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
@@ -173,7 +173,7 @@ fn storage(
     map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
 ) -> Option<i64> {
     map?.get(STORAGE)
-        .and_then(|q| csi_sidecar::quantity::bytes(&q.0).ok())
+        .and_then(|q| csi_kinds::quantity::bytes(&q.0).ok())
 }
 
 /// `spec.resources.requests.storage` in bytes (0 when absent).
@@ -545,7 +545,7 @@ pub fn in_progress_patch(
     });
     if path == Path::Recovering {
         patch["status"]["allocatedResources"] =
-            json!({STORAGE: csi_sidecar::quantity::binary_si(expansion.bytes)});
+            json!({STORAGE: csi_kinds::quantity::binary_si(expansion.bytes)});
         if expansion.update_status {
             patch["status"]["allocatedResourceStatuses"] =
                 json!({STORAGE: resize_status::CONTROLLER_RESIZE_IN_PROGRESS});
@@ -593,7 +593,7 @@ pub fn finished_patch(pvc: &PersistentVolumeClaim, path: Path, bytes: i64) -> Va
     let mut patch = json!({
         "metadata": {"resourceVersion": pvc.metadata.resource_version},
         "status": {
-            "capacity": {STORAGE: csi_sidecar::quantity::binary_si(bytes)},
+            "capacity": {STORAGE: csi_kinds::quantity::binary_si(bytes)},
             "conditions": conditions_value(conditions),
         },
     });
@@ -653,8 +653,7 @@ pub fn volume_patch(
     node_expansion_required: bool,
     annotate: bool,
 ) -> Value {
-    let mut patch =
-        json!({"spec": {"capacity": {STORAGE: csi_sidecar::quantity::binary_si(bytes)}}});
+    let mut patch = json!({"spec": {"capacity": {STORAGE: csi_kinds::quantity::binary_si(bytes)}}});
     let annotated = pv
         .metadata
         .annotations

@@ -98,7 +98,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
                 .contains_key(VOLUME_ATTRIBUTES_CLASS.name),
         )
         .await;
-        (support == csi_sidecar::vac::Support::Served).then_some(ModifySettings {
+        (support == csi_kinds::vac::Support::Served).then_some(ModifySettings {
             extra_metadata: args.extra_modify_metadata,
         })
     } else {

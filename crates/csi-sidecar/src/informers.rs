@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use csi_kinds::annotations::LAST_APPLIED;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::runtime::reflector::{self, Store};
@@ -74,7 +75,7 @@ impl CacheSyncHealth {
         late.dedup();
         Err(format!(
             "caches not synced after {}: {} (see the warnings about their list/watch)",
-            crate::go_duration::format_go_duration(self.grace),
+            csi_kinds::go_duration::format_go_duration(self.grace),
             late.join(", ")
         ))
     }
@@ -292,9 +293,6 @@ impl Informers {
         }
     }
 }
-
-/// The annotation `kubectl apply` keeps a whole copy of the object in.
-pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Metadata no controller reads and every cache would otherwise hold: managedFields (on a real
 /// API server often the larger part of an object) and kubectl's copy of the applied object.

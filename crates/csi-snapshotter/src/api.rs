@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use csi_sidecar::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
+use csi_kinds::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -321,7 +321,7 @@ pub fn snapshot_key(snapshot: &VolumeSnapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::crd::stale_crds;
+    use csi_kinds::crd::stale_crds;
 
     /// The committed YAML (and the chart's copy) is what the types generate (`make crds`
     /// rewrites both).

@@ -5,10 +5,9 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use csi_sidecar::flags::{
-    DefaultOverrides, FeatureGate, ResolvedGates, SidecarArgs, SidecarCli, Stage, parse_go_bool,
-    parse_go_duration,
-};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::feature_gates::{FeatureGate, ResolvedGates, Stage};
+use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
 use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
 /// GA, default on: the VolumeGroupSnapshot API. The group API is not served by this build:
@@ -92,7 +91,7 @@ pub struct ControllerArgs {
 }
 
 fn gates(sidecar: &SidecarArgs) -> Result<ResolvedGates, String> {
-    csi_sidecar::flags::resolve_gates(&sidecar.feature_gates(), GATES)
+    csi_sidecar::feature_gates::resolve_gates(&sidecar.feature_gates(), GATES)
 }
 
 impl SnapshotterArgs {

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use csi_sidecar::names::{is_dns1123_label, is_dns1123_subdomain};
-use csi_sidecar::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
+use csi_kinds::names::{is_dns1123_label, is_dns1123_subdomain};
+use csi_kinds::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
 
 use crate::api::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
 

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
@@ -15,7 +16,6 @@ use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
-use csi_sidecar::secrets::SecretRef;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -626,11 +626,11 @@ pub fn status_from_content(
     let zero = new
         .restore_size
         .as_ref()
-        .is_some_and(|q| csi_sidecar::quantity::bytes(&q.0).is_ok_and(|b| b == 0));
+        .is_some_and(|q| csi_kinds::quantity::bytes(&q.0).is_ok_and(|b| b == 0));
     if let Some(size) = size
         && (new.restore_size.is_none() || (zero && size > 0))
     {
-        new.restore_size = Some(Quantity(csi_sidecar::quantity::binary_si(size)));
+        new.restore_size = Some(Quantity(csi_kinds::quantity::binary_si(size)));
     }
     // The content's error (or none) is the snapshot's, as upstream copies it on every update.
     new.error = error;

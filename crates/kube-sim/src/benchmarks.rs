@@ -41,19 +41,25 @@ pub fn write_section(heading: &str, body: &str) -> std::io::Result<PathBuf> {
         .ok_or_else(|| std::io::Error::other("kube-sim is not inside the workspace"))?
         .join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&path).unwrap_or_default();
-    let kept = match existing.find(heading) {
-        Some(start) => {
-            let after = &existing[start + heading.len()..];
-            let end = after
-                .find("\n## ")
-                .map_or(existing.len(), |i| start + heading.len() + i + 1);
-            format!("{}{}", &existing[..start], &existing[end..])
-        }
-        None => existing,
-    };
-    let report = format!("{}\n\n{heading}\n\n{}\n", kept.trim_end(), body.trim_end());
-    std::fs::write(&path, report)?;
+    std::fs::write(&path, replace_section(&existing, heading, body))?;
     Ok(path)
+}
+
+/// `document` without the section whose heading line is exactly `heading` (to the next `## `
+/// line), with `heading` and `body` appended. Only a whole line matches: `## csi-provisioner`
+/// is not the start of `## csi-provisioner: the PV cache`.
+fn replace_section(document: &str, heading: &str, body: &str) -> String {
+    let mut kept = String::with_capacity(document.len());
+    let mut skipping = false;
+    for line in document.split_inclusive('\n') {
+        if line.starts_with("## ") {
+            skipping = line.trim_end() == heading;
+        }
+        if !skipping {
+            kept.push_str(line);
+        }
+    }
+    format!("{}\n\n{heading}\n\n{}\n", kept.trim_end(), body.trim_end())
 }
 
 /// The environment variable naming the directory of the release binaries to measure; `make
@@ -97,4 +103,29 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
         .parse()
         .ok()?;
     Some(kib / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_section;
+
+    #[test]
+    fn a_section_is_replaced_by_its_whole_heading_line() {
+        let document = "# Benchmarks\n\n## csi-provisioner: the PV cache\n\nkept\n\n\
+                        ## csi-provisioner\n\nold\n\n## csi-attacher\n\nother\n";
+        assert_eq!(
+            replace_section(document, "## csi-provisioner", "new"),
+            "# Benchmarks\n\n## csi-provisioner: the PV cache\n\nkept\n\n\
+             ## csi-attacher\n\nother\n\n## csi-provisioner\n\nnew\n"
+        );
+    }
+
+    #[test]
+    fn a_new_section_is_appended() {
+        assert_eq!(
+            replace_section("# Benchmarks\n\n## a\n\nx\n", "## b", "y\n"),
+            "# Benchmarks\n\n## a\n\nx\n\n## b\n\ny\n"
+        );
+        assert_eq!(replace_section("", "## b", "y"), "\n\n## b\n\ny\n");
+    }
 }

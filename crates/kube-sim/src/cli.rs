@@ -70,10 +70,10 @@ pub struct NodeArgs {
     #[arg(long)]
     pub driver_endpoint: Option<String>,
     /// Node heartbeat (Lease renewal) interval.
-    #[arg(long, default_value = "10s", value_parser = csi_sidecar::flags::parse_go_duration)]
+    #[arg(long, default_value = "10s", value_parser = csi_kinds::go_duration::parse_go_duration)]
     pub heartbeat_interval: Duration,
     /// Silence after which a node is Unknown and tainted unreachable.
-    #[arg(long, default_value = "40s", value_parser = csi_sidecar::flags::parse_go_duration)]
+    #[arg(long, default_value = "40s", value_parser = csi_kinds::go_duration::parse_go_duration)]
     pub node_monitor_grace_period: Duration,
 }
 

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
-use csi_sidecar::flags::{SidecarArgs, SidecarCli, parse_go_bool, parse_go_duration};
+use csi_kinds::go_duration::parse_go_duration;
+use csi_sidecar::flags::{SidecarArgs, SidecarCli, parse_go_bool};
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use csi_kinds::kubelet_paths;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
-use csi_sidecar::kubelet_paths;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use csi_sidecar::cached::{CachedClaim, CachedVolume};
+use csi_kinds::cached::{CachedClaim, CachedVolume};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -68,7 +68,7 @@ impl CrashLoopDeletes {
 
 /// The Node annotation kubelet writes on plugin registration: a JSON map of driver name → CSI
 /// node ID, one entry per registered driver. Not the VolumeAttachment annotation of the node ID
-/// an attach used (`csi_sidecar::volume_attachment::NODE_ID_ANNOTATION`, another string).
+/// an attach used (`csi_kinds::volume_attachment::NODE_ID_ANNOTATION`, another string).
 pub const NODE_IDS_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 /// The first DNS label of the driver name, lower-cased, other characters as '-':

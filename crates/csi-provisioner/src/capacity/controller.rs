@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use csi_sidecar::cached::CachedVolume;
+use csi_kinds::cached::CachedVolume;
 use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
 use csi_sidecar::lock;

@@ -248,7 +248,7 @@ pub fn get_capacity_request(
         &class.mount_options.clone().unwrap_or_default(),
         shape.single_node_multi_writer,
     )?;
-    let parameters = csi_sidecar::secrets::remove_reserved_parameters(&parameters)?;
+    let parameters = csi_kinds::secrets::remove_reserved_parameters(&parameters)?;
     Ok(csi::GetCapacityRequest {
         volume_capabilities: capabilities,
         parameters: parameters.into_iter().collect(),
@@ -266,7 +266,7 @@ pub enum CapacityError {
     #[error(transparent)]
     Request(#[from] request::RequestError),
     #[error(transparent)]
-    Parameters(#[from] csi_sidecar::secrets::SecretsError),
+    Parameters(#[from] csi_kinds::secrets::SecretsError),
     #[error("GetCapacity: {}", csi_sidecar::conn::GoStatus(.0))]
     GetCapacity(tonic::Status),
     #[error("updating CSIStorageCapacity {name}: {source}")]
@@ -342,17 +342,15 @@ pub fn updated_object(
 }
 
 fn fill(object: &mut CSIStorageCapacity, capacity: Capacity) {
-    object.capacity = Some(Quantity(csi_sidecar::quantity::binary_si(
-        capacity.available,
-    )));
+    object.capacity = Some(Quantity(csi_kinds::quantity::binary_si(capacity.available)));
     object.maximum_volume_size = capacity
         .maximum_volume_size
-        .map(|m| Quantity(csi_sidecar::quantity::binary_si(m)));
+        .map(|m| Quantity(csi_kinds::quantity::binary_si(m)));
 }
 
 /// Quantities compared by value ("1Gi" and "1073741824" are the same capacity).
 fn bytes(quantity: &Quantity) -> Option<u128> {
-    csi_sidecar::quantity::parse(&quantity.0)
+    csi_kinds::quantity::parse(&quantity.0)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 
+use csi_kinds::secrets::SecretRef;
 use csi_sidecar::conn::PluginCapabilities;
-use csi_sidecar::secrets::SecretRef;
 use serde_json::{Value, json};
 
 use super::*;
@@ -45,7 +45,7 @@ fn policy(driver: &DriverInfo) -> Policy<'_> {
         strict_topology: false,
         immediate_topology: true,
         cross_namespace_data_sources: false,
-        volume_attributes_classes: vac::Support::Served,
+        volume_attributes_classes: csi_kinds::vac::Support::Served,
     }
 }
 

@@ -31,9 +31,9 @@ pub use driver::{
 };
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 
-use crate::go_duration::format_go_duration;
 use crate::grpc_authority::AuthorityStream;
 use crate::metrics::CsiOperationMetrics;
+use csi_kinds::go_duration::format_go_duration;
 
 /// A gRPC error as grpc-go's `status.Error` prints it (`rpc error: code = Canceled desc = …`):
 /// the text of upstream's Events and conditions that quote a CSI error.

@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, error::ErrorKind};
 
-// Where the other crates have always found them.
-pub use crate::feature_gates::{FeatureGate, ResolvedGates, Stage, resolve_gates};
-pub use crate::go_duration::parse_go_duration;
+use csi_kinds::go_duration::parse_go_duration;
 pub use values::{
     MIN_POSITIVE_KUBE_API_QPS, parse_colon_map, parse_feature_gate_map, parse_go_bool,
     parse_kube_api_qps,
@@ -85,7 +83,7 @@ impl CommonArgs {
     pub fn validate(&self) -> Result<(), String> {
         let nonzero = |size: &Option<String>| {
             size.as_deref()
-                .is_some_and(|s| crate::quantity::parse(s) != Some(0))
+                .is_some_and(|s| csi_kinds::quantity::parse(s) != Some(0))
         };
         let forbidden = [
             (self.log_text_split_stream, "text.splitStream"),

@@ -5,7 +5,7 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
 use super::*;
-use crate::feature_gates::GateWarning;
+use crate::feature_gates::{FeatureGate, GateWarning, ResolvedGates, Stage, resolve_gates};
 
 /// A binary with the attacher's defaults (the ones `SidecarArgs` declares).
 #[derive(Parser, Debug)]

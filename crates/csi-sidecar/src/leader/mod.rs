@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventRecorder, EventType};
 use crate::feature_gates::{FeatureGate, Stage};
-use crate::go_duration::format_go_duration;
+use csi_kinds::go_duration::format_go_duration;
 
 /// Feature gate shared by the controller sidecars: on SIGTERM, drain and release the Lease.
 pub const RELEASE_ON_EXIT_GATE: FeatureGate = FeatureGate {

@@ -2,7 +2,7 @@
 //! given (default `manifests/crds`), one file per CRD as upstream names them.
 
 fn main() -> Result<(), String> {
-    csi_sidecar::crd::write_crds_into_argument_dir(
+    csi_kinds::crd::write_crds_into_argument_dir(
         &csi_snapshotter::api::crds(),
         csi_snapshotter::api::CRDS_COMMAND,
     )

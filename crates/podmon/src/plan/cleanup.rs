@@ -4,12 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use csi_kinds::cached::{CachedAttachment, CachedVolume};
+use csi_kinds::kubelet_paths;
+use csi_kinds::secrets::SecretRef;
+use csi_kinds::volume_attachment::{NODE_ID_ANNOTATION, unpublish_request};
 use csi_proto::csi::v1 as csi;
 use csi_proto::podmon::v1 as podmon;
-use csi_sidecar::cached::{CachedAttachment, CachedVolume};
-use csi_sidecar::kubelet_paths;
-use csi_sidecar::secrets::SecretRef;
-use csi_sidecar::volume_attachment::{NODE_ID_ANNOTATION, unpublish_request};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use csi_kinds::cached::CachedAttachment;
 use csi_sidecar::backoff::delay_for;
-use csi_sidecar::cached::CachedAttachment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::ResourceExt;

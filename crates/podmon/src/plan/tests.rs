@@ -1,8 +1,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use csi_sidecar::cached::{CachedAttachment, CachedClaim, CachedVolume};
-use csi_sidecar::volume_attachment::NODE_ID_ANNOTATION;
+use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
+use csi_kinds::volume_attachment::NODE_ID_ANNOTATION;
 use serde_json::{Value, json};
 
 use super::*;
@@ -1297,7 +1297,7 @@ fn step_names(steps: &[Step]) -> Vec<String> {
 fn a_cleanup_validates_confirms_deletes_attachments_fences_taints_and_force_deletes_in_order() {
     let world = failed_world();
     let a = pod_on("a", "n1", false, &["c1"]);
-    let va_name = csi_sidecar::kubelet_paths::attachment_name("handle-pv1", DRIVER, "n1");
+    let va_name = csi_kinds::kubelet_paths::attachment_name("handle-pv1", DRIVER, "n1");
     let computed = format!("{va_name:?}");
     let cached = [attachment("cached-va", "n1", "pv1", None)];
     let cached_names = format!("{{\"cached-va\", {computed}}}");

@@ -12,3 +12,5 @@ pub const BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-pr
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// The provisioner that created a PV (its deleter acts on the PVs it names).
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// The annotation `kubectl apply` keeps a whole copy of the object in (the caches drop it).
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

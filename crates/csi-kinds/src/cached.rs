@@ -30,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Deserializer};
 
-use crate::informers::LAST_APPLIED;
+use crate::annotations::LAST_APPLIED;
 
 /// A PersistentVolume without the in-tree volume sources: its metadata, its status and every
 /// other field of its spec.

@@ -113,7 +113,7 @@ pub fn top_level_crd<T: JsonSchema>(kind: TopLevelKind) -> CustomResourceDefinit
             s.meta_schema = None;
         })
         .with_transform(schemars::transform::AddNullable::default())
-        .with_transform(kube::core::schema::StructuralSchemaRewriter)
+        .with_transform(kube_core::schema::StructuralSchemaRewriter)
         .into_generator();
     let mut schema =
         serde_json::to_value(generator.into_root_schema_for::<T>()).expect("a schema is JSON");
