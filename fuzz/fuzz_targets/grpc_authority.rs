@@ -1,4 +1,4 @@
-//! The layer in front of every gRPC socket (`csi_sidecar::grpc_authority`): what a client
+//! The layer in front of every gRPC socket (`csi_grpc::grpc_authority`): what a client
 //! writes, read through `AuthorityStream::server` as tonic reads it; and the same bytes
 //! written through `AuthorityStream::client`, as our kubelet dials.
 //!
@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use csi_sidecar::grpc_authority::AuthorityStream;
+use csi_grpc::grpc_authority::AuthorityStream;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 

@@ -1,11 +1,11 @@
-//! The mount table (`csi_sidecar::mounts::parse_mount_table`), as `/proc/<pid>/mountinfo`
+//! The mount table (`csi_grpc::mounts::parse_mount_table`), as `/proc/<pid>/mountinfo`
 //! gives it. Properties: no panic on any text; and paths escaped as the kernel escapes them
 //! (space, tab, newline and backslash as three octal digits) come back as they were.
 #![no_main]
 
 use std::os::unix::ffi::OsStrExt;
 
-use csi_sidecar::mounts::parse_mount_table;
+use csi_grpc::mounts::parse_mount_table;
 use libfuzzer_sys::fuzz_target;
 
 /// The kernel's `mangle` of a path in mountinfo (`seq_path_root` with " \t\n\\").

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use cosi::api::{Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use cosi::s3::driver::S3Driver;
-use csi_sidecar::conn::Endpoint;
+use csi_grpc::conn::Endpoint;
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, Footprint, Phase, SidecarProcess, client_requests, latencies, listed_watch,
     main_with_count, record, sidecar_report, timed_requests,

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use csi_grpc::conn::{Endpoint, connect};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, PROVISIONED_BY, STORAGE_PROVISIONER};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{Endpoint, connect};
 use csi_sidecar::kube::client_from_config;
-use csi_sidecar::metrics::CsiOperationMetrics;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use csi_grpc::conn::{Endpoint, connect};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use futures::StreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
@@ -201,7 +201,7 @@ impl DriverUnderTest {
     }
 
     /// A connection to its controller socket, for the benchmark's own calls (its volumes).
-    pub async fn controller_connection(&self) -> anyhow::Result<csi_sidecar::conn::CsiConnection> {
+    pub async fn controller_connection(&self) -> anyhow::Result<csi_grpc::conn::CsiConnection> {
         Ok(connect(
             &Endpoint::from_path(&self.controller)?,
             Duration::from_secs(10),
@@ -731,7 +731,7 @@ pub struct BoundClaims<'a> {
 /// bound to it.
 pub async fn volumes_with_pvs(
     client: &Client,
-    csi: &csi_sidecar::conn::CsiConnection,
+    csi: &csi_grpc::conn::CsiConnection,
     driver: &str,
     count: usize,
     clients: usize,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use csi_sidecar::conn::CsiConnection;
+use csi_grpc::conn::CsiConnection;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};

@@ -240,9 +240,9 @@ impl ScratchRoot {
 
 impl Drop for ScratchRoot {
     fn drop(&mut self) {
-        let points = csi_sidecar::mounts::mount_points_under(self.path()).unwrap_or_default();
+        let points = csi_grpc::mounts::mount_points_under(self.path()).unwrap_or_default();
         for point in points {
-            if let Err(error) = csi_sidecar::mounts::unmount_all(&point) {
+            if let Err(error) = csi_grpc::mounts::unmount_all(&point) {
                 eprintln!("scenario cleanup: unmounting {}: {error}", point.display());
             }
         }
@@ -742,7 +742,7 @@ impl Cluster {
     /// [`Cluster::start_attacher`] talking to the driver through `csi`, with changed settings.
     pub async fn start_attacher_via(
         &self,
-        csi: csi_sidecar::conn::CsiConnection,
+        csi: csi_grpc::conn::CsiConnection,
         change: impl FnOnce(&mut csi_attacher::controller::Settings),
     ) -> Sidecar {
         self.start_attacher_as(self.component_client(rbac::ATTACHER), csi, change)
@@ -754,7 +754,7 @@ impl Cluster {
     pub async fn start_attacher_as(
         &self,
         client: Client,
-        csi: csi_sidecar::conn::CsiConnection,
+        csi: csi_grpc::conn::CsiConnection,
         change: impl FnOnce(&mut csi_attacher::controller::Settings),
     ) -> Sidecar {
         let settings = attacher_settings(&csi, change).await;
@@ -862,11 +862,11 @@ impl Cluster {
 
     /// Runs the cosi-provisioner sidecar in this process for the COSI driver behind `driver`
     /// (fast retries).
-    pub async fn start_cosi_provisioner(&self, driver: &csi_sidecar::conn::Endpoint) -> Sidecar {
-        let csi = csi_sidecar::conn::connect(
+    pub async fn start_cosi_provisioner(&self, driver: &csi_grpc::conn::Endpoint) -> Sidecar {
+        let csi = csi_grpc::conn::connect(
             driver,
             Duration::from_secs(10),
-            csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+            csi_grpc::metrics::CsiOperationMetrics::unregistered(),
         )
         .await
         .expect("the COSI driver's socket");
@@ -965,17 +965,17 @@ impl Cluster {
     }
 
     /// A proxy in front of the driver's controller socket, and a connection through it.
-    pub async fn csi_proxy(&self) -> (csi_proxy::CsiProxy, csi_sidecar::conn::CsiConnection) {
+    pub async fn csi_proxy(&self) -> (csi_proxy::CsiProxy, csi_grpc::conn::CsiConnection) {
         let socket = self
             .root()
             .join("sockets")
             .join(format!("proxy-{}.sock", scenario_id()));
         let proxy = csi_proxy::CsiProxy::start(&socket, self.driver.controller.endpoint.path());
-        let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).expect("the proxy endpoint");
-        let csi = csi_sidecar::conn::connect(
+        let endpoint = csi_grpc::conn::Endpoint::from_path(socket).expect("the proxy endpoint");
+        let csi = csi_grpc::conn::connect(
             &endpoint,
             Duration::from_secs(10),
-            csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+            csi_grpc::metrics::CsiOperationMetrics::unregistered(),
         )
         .await
         .expect("a connection through the proxy");
@@ -985,7 +985,7 @@ impl Cluster {
     /// [`Cluster::start_provisioner_with`] talking to the driver through `csi`.
     pub async fn start_provisioner_via(
         &self,
-        csi: csi_sidecar::conn::CsiConnection,
+        csi: csi_grpc::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
         self.start_provisioner_as(self.component_client(rbac::PROVISIONER), csi, change)
@@ -997,7 +997,7 @@ impl Cluster {
     pub async fn start_provisioner_as(
         &self,
         client: Client,
-        csi: csi_sidecar::conn::CsiConnection,
+        csi: csi_grpc::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
         let settings = provisioner_settings(&self.client, &csi, change).await;
@@ -1017,7 +1017,7 @@ impl Cluster {
     pub async fn start_provisioner_replica(
         &self,
         identity: &str,
-        csi: csi_sidecar::conn::CsiConnection,
+        csi: csi_grpc::conn::CsiConnection,
     ) -> Sidecar {
         let settings = provisioner_settings(&self.client, &csi, |_| {}).await;
         let client = self.component_client(rbac::PROVISIONER);
@@ -1404,7 +1404,7 @@ fn scratch_dir() -> PathBuf {
 /// serves VolumeAttributesClasses.
 async fn provisioner_settings(
     client: &Client,
-    csi: &csi_sidecar::conn::CsiConnection,
+    csi: &csi_grpc::conn::CsiConnection,
     change: impl FnOnce(&mut csi_provisioner::controller::Settings),
 ) -> csi_provisioner::controller::Settings {
     let driver = discover_controller(csi).await;
@@ -1447,7 +1447,7 @@ async fn provisioner_settings(
 /// csi-attacher's settings for scenarios: upstream's defaults with fast retries and a fast
 /// reconcile, after discovering the driver behind `csi`.
 async fn attacher_settings(
-    csi: &csi_sidecar::conn::CsiConnection,
+    csi: &csi_grpc::conn::CsiConnection,
     change: impl FnOnce(&mut csi_attacher::controller::Settings),
 ) -> csi_attacher::controller::Settings {
     let driver = discover_controller(csi).await;
@@ -1473,11 +1473,9 @@ async fn attacher_settings(
 }
 
 /// The driver behind `csi`, as a controller sidecar discovers it.
-async fn discover_controller(
-    csi: &csi_sidecar::conn::CsiConnection,
-) -> csi_sidecar::conn::DriverInfo {
-    let services = csi_sidecar::conn::Services::CONTROLLER;
-    csi_sidecar::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
+async fn discover_controller(csi: &csi_grpc::conn::CsiConnection) -> csi_grpc::conn::DriverInfo {
+    let services = csi_grpc::conn::Services::CONTROLLER;
+    csi_grpc::conn::DriverInfo::discover(csi, Duration::from_secs(10), services)
         .await
         .expect("driver discovery")
 }

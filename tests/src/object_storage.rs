@@ -5,7 +5,7 @@
 use cosi::api::{Bucket, BucketAccess, BucketClaim};
 use cosi::s3::client::AwsClient;
 use cosi::s3::driver::S3Driver;
-use csi_sidecar::conn::Endpoint;
+use csi_grpc::conn::Endpoint;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use serde_json::json;

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::state::{Layout, Store};
-use csi_sidecar::conn::CsiConnection;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use podmon::config::{LiveConfig, Tunables};
 use podmon::controller::Settings;

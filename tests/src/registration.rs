@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use csi_grpc::grpc_server;
 use csi_proto::pluginregistration::registration_server::{
     Registration, RegistrationServer as Service,
 };
 use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use csi_sidecar::grpc_server;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

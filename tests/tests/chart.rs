@@ -258,7 +258,7 @@ fn argv(container: &Value) -> Vec<String> {
 /// Parses the container's args with the flag parser of the binary its command names (ours
 /// only); panics with clap's message when a flag or value is not accepted.
 fn parse_with_binary(container: &Value) -> bool {
-    use csi_sidecar::flags::try_parse_from as parse;
+    use csi_grpc::flags::try_parse_from as parse;
     let argv = argv(container);
     let parsed = match argv[0].as_str() {
         "csi-provisioner" => {
@@ -335,7 +335,7 @@ fn host_path(pod: &Value, volume: &str) -> String {
 /// The paths a container of ours writes (its sockets, state and mount points), from its args
 /// as its binary parses them; nothing for a binary that is not ours.
 fn written_paths(container: &Value) -> Vec<PathBuf> {
-    use csi_sidecar::flags::try_parse_from as parse;
+    use csi_grpc::flags::try_parse_from as parse;
     let argv = argv(container);
     match argv[0].as_str() {
         "csi-hostpath" => {
@@ -1309,7 +1309,7 @@ fn the_resizer_may_watch_pods_only_when_it_does() {
         };
         let resizer = container(rendering.controller(), "csi-resizer").unwrap();
         let parsed: csi_resizer::flags::ResizerArgs =
-            csi_sidecar::flags::try_parse_from(argv(resizer)).unwrap();
+            csi_grpc::flags::try_parse_from(argv(resizer)).unwrap();
         assert_eq!(parsed.handle_volume_inuse_error, watches, "{values}");
         let verbs = rendering.verbs(
             "ClusterRole",
@@ -2063,7 +2063,7 @@ fn socket_volume(pod: &Value) -> &Value {
 /// A csi-inventory container's `report` as the binary parses it.
 fn inventory_report(container: &Value) -> csi_inventory::flags::ReportArgs {
     let parsed: csi_inventory::flags::InventoryArgs =
-        csi_sidecar::flags::try_parse_from(argv(container)).unwrap();
+        csi_grpc::flags::try_parse_from(argv(container)).unwrap();
     match parsed.command {
         csi_inventory::flags::Command::Report(report) => report,
         other => panic!("not a report: {other:?}"),

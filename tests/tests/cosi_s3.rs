@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use cosi::s3::driver::S3Driver;
 use cosi::s3::sigv4::Credentials;
+use csi_grpc::conn::{CsiConnection, Endpoint};
 use csi_proto::cosi::v1alpha1 as proto;
-use csi_sidecar::conn::{CsiConnection, Endpoint};
 use csi_suite_scenarios::moto::{Moto, keys};
 use proto::identity_client::IdentityClient;
 use proto::provisioner_client::ProvisionerClient;
@@ -45,10 +45,10 @@ async fn buckets_and_per_access_keys_the_endpoint_enforces() {
         let (socket, shutdown) = (socket.clone(), shutdown.clone());
         async move { cosi::s3::serve::serve(driver, &socket, shutdown).await }
     });
-    let connection: CsiConnection = csi_sidecar::conn::connect(
+    let connection: CsiConnection = csi_grpc::conn::connect(
         &socket,
         Duration::from_secs(10),
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .expect("the driver's socket");

@@ -32,9 +32,8 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 async fn diagnostics() -> (SocketAddr, Arc<CacheSyncHealth>, CancellationToken) {
     let addr = free_address();
     let endpoint = format!("--http-endpoint={addr}");
-    let args =
-        csi_sidecar::flags::try_parse_from::<AttacherArgs, _, _>(["csi-attacher", &endpoint])
-            .expect("attacher flags");
+    let args = csi_grpc::flags::try_parse_from::<AttacherArgs, _, _>(["csi-attacher", &endpoint])
+        .expect("attacher flags");
     let http = CancellationToken::new();
     let (_, caches) = csi_sidecar::startup::serve_http_with_caches(
         &args.sidecar,

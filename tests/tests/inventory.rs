@@ -34,7 +34,7 @@ fn args(cluster: &Cluster, command: &[&str]) -> InventoryArgs {
         .into_iter()
         .chain(command.iter().copied())
         .chain(["--csi-address", &socket]);
-    csi_sidecar::flags::try_parse_from::<InventoryArgs, _, _>(argv).expect("valid flags")
+    csi_grpc::flags::try_parse_from::<InventoryArgs, _, _>(argv).expect("valid flags")
 }
 
 /// The inventory as the chart's CronJob runs it: with its own RBAC (report) or, for imports,
@@ -43,7 +43,7 @@ async fn inventory(cluster: &Cluster, command: &[&str], client: kube::Client) ->
     Inventory::connect(
         args(cluster, command).target(),
         client,
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .expect("the inventory connects")

@@ -159,7 +159,7 @@ async fn node_reboot_mounts_the_volumes_of_its_pods_again() {
         .unwrap();
     cluster
         .eventually("the volume mounted again after the reboot", || {
-            csi_sidecar::mounts::is_mount_point(&target).unwrap_or(false)
+            csi_grpc::mounts::is_mount_point(&target).unwrap_or(false)
         })
         .await;
     let after_reboot = file_size(&log);

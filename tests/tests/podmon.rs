@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_proto::podmon::v1::ValidateVolumeHostConnectivityRequest;
-use csi_sidecar::conn::CsiConnection;
 use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{is_running, pod, running_pod_with_static_volume};
 use csi_suite_scenarios::podmon::{

@@ -30,7 +30,7 @@ async fn delete_pod_and_check_unmounted(cluster: &Cluster, node: &str, target: &
         )
         .await;
     assert!(!target.exists(), "unpublished and cleaned up");
-    let left = csi_sidecar::mounts::mount_points_under(&cluster.driver.kubelet_dir(node)).unwrap();
+    let left = csi_grpc::mounts::mount_points_under(&cluster.driver.kubelet_dir(node)).unwrap();
     assert!(left.is_empty(), "unstaged: {left:?}");
 }
 
@@ -96,7 +96,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
     );
 
     assert!(
-        csi_sidecar::mounts::is_mount_point(&target).unwrap(),
+        csi_grpc::mounts::is_mount_point(&target).unwrap(),
         "mounted at kubelet's path on node-b"
     );
     let log = target.join("app.log");
@@ -105,7 +105,7 @@ async fn static_pv_pod_runs_with_the_volume_mounted_on_its_node() {
         .await;
     for other in [&cluster.node("node-a"), &cluster.node("node-c")] {
         let mounts =
-            csi_sidecar::mounts::mount_points_under(&cluster.driver.kubelet_dir(other)).unwrap();
+            csi_grpc::mounts::mount_points_under(&cluster.driver.kubelet_dir(other)).unwrap();
         assert!(mounts.is_empty(), "nothing mounted on {other}: {mounts:?}");
     }
 

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use clap::Parser;
+use csi_grpc::flags::{DefaultOverrides, SidecarCli};
 use csi_kinds::go_duration::parse_go_duration;
-use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli};
+use csi_sidecar::flags::SidecarArgs;
 
 /// cosi-controller: makes (or binds) a Bucket for every BucketClaim, cluster-wide.
 #[derive(Parser, Debug, Clone)]
@@ -71,7 +72,7 @@ impl SidecarCli for ProvisionerArgs {
         self.sidecar.common.validate()?;
         self.sidecar.http.validate()?;
         self.sidecar.workers.validate()?;
-        csi_sidecar::conn::Endpoint::parse(&self.driver_addr).map_err(|e| e.to_string())?;
+        csi_grpc::conn::Endpoint::parse(&self.driver_addr).map_err(|e| e.to_string())?;
         self.sidecar.leader_election.timings().validate()
     }
 }
@@ -83,7 +84,7 @@ mod tests {
     #[test]
     fn upstream_defaults_and_its_one_flag() {
         let args: ControllerArgs =
-            csi_sidecar::flags::try_parse_from(["cosi-controller", "--kubeconfig=/k", "-v=5"])
+            csi_grpc::flags::try_parse_from(["cosi-controller", "--kubeconfig=/k", "-v=5"])
                 .expect("upstream's flags parse");
         assert!(args.sidecar.leader_election.leader_election);
         assert_eq!(args.sidecar.workers.worker_threads, 40);
@@ -96,14 +97,14 @@ mod tests {
             Duration::from_secs(30)
         );
         let args: ControllerArgs =
-            csi_sidecar::flags::try_parse_from(["cosi-controller", "--leader-election=false"])
+            csi_grpc::flags::try_parse_from(["cosi-controller", "--leader-election=false"])
                 .expect("election can be turned off");
         assert!(!args.sidecar.leader_election.leader_election);
     }
 
     #[test]
     fn the_sidecar_takes_upstreams_flags() {
-        let args: ProvisionerArgs = csi_sidecar::flags::try_parse_from([
+        let args: ProvisionerArgs = csi_grpc::flags::try_parse_from([
             "cosi-provisioner",
             "-d",
             "unix:///cosi/cosi.sock",
@@ -115,7 +116,7 @@ mod tests {
         assert!(args.debug);
         assert!(args.sidecar.leader_election.leader_election);
         assert!(
-            csi_sidecar::flags::try_parse_from::<ProvisionerArgs, _, _>([
+            csi_grpc::flags::try_parse_from::<ProvisionerArgs, _, _>([
                 "cosi-provisioner",
                 "--driver-addr=tcp://somewhere"
             ])

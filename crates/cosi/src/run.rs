@@ -9,10 +9,10 @@ use csi_sidecar::leader::LeaderElectionError;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use csi_grpc::conn::{ConnError, Endpoint};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::cosi::v1alpha1 as proto;
-use csi_sidecar::conn::{ConnError, Endpoint};
 use csi_sidecar::leader::sanitize_name;
-use csi_sidecar::metrics::CsiOperationMetrics;
 
 use crate::controller::{self, Settings};
 use crate::flags::{ControllerArgs, ProvisionerArgs};
@@ -31,12 +31,12 @@ pub enum RunError {
     #[error(transparent)]
     Kube(#[from] KubeClientError),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
     Driver(#[from] ConnError),
-    #[error("DriverGetInfo: {}", csi_sidecar::conn::GoStatus(.0))]
+    #[error("DriverGetInfo: {}", csi_grpc::conn::GoStatus(.0))]
     DriverInfo(tonic::Status),
     #[error("DriverGetInfo returned an empty driver name")]
     NoDriverName,
@@ -51,9 +51,9 @@ pub async fn provisioner(
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
     let endpoint = Endpoint::parse(&args.driver_addr)?;
-    let driver = csi_sidecar::conn::connect(
+    let driver = csi_grpc::conn::connect(
         &endpoint,
-        csi_sidecar::conn::DEFAULT_CONNECT_WAIT,
+        csi_grpc::conn::DEFAULT_CONNECT_WAIT,
         metrics.clone(),
     )
     .await?;

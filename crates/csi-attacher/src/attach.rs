@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_grpc::conn::DriverInfo;
 use csi_kinds::cached::{CachedAttachment, CachedVolume};
 use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_kinds::secrets::SecretRef;
 use csi_kinds::volume_attachment::NODE_ID_ANNOTATION;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::DriverInfo;
 use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
 use k8s_openapi::api::storage::v1::CSINode;
 

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use clap::Parser;
+use csi_grpc::flags::SidecarCli;
 use csi_kinds::go_duration::parse_go_duration;
-use csi_sidecar::flags::{SidecarArgs, SidecarCli};
+use csi_sidecar::flags::SidecarArgs;
 
 /// csi-attacher: attaches and detaches CSI volumes for VolumeAttachments.
 #[derive(Parser, Debug, Clone)]
@@ -49,7 +50,7 @@ impl SidecarCli for AttacherArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     fn parse(args: &[&str]) -> Result<AttacherArgs, clap::Error> {
         try_parse_from::<AttacherArgs, _, _>(
@@ -62,7 +63,7 @@ mod tests {
     fn every_upstream_flag_is_accepted_with_its_default() {
         let command = <AttacherArgs as clap::CommandFactory>::command();
         let table = include_str!("../upstream-flags/csi-attacher.tsv");
-        let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+        let missing = csi_grpc::flags::missing_upstream_flags(&command, table);
         assert!(
             missing.is_empty(),
             "upstream flags not accepted: {missing:?}"

@@ -4,12 +4,12 @@
 //! `--http-endpoint`, then the controller, under leader election on the Lease
 //! `external-attacher-leader-<driver>` when asked (losing it exits).
 
-use csi_sidecar::conn::{ConnError, Services};
+use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_sidecar::feature_gates::{FeatureGate, Stage};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +32,7 @@ pub enum RunError {
     #[error(transparent)]
     Csi(#[from] ConnError),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
@@ -59,7 +59,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
         &sidecar.csi,
         metrics,
         services,
-        csi_sidecar::conn::StartupOrder::ProbeThenName,
+        csi_grpc::conn::StartupOrder::ProbeThenName,
     )
     .await?;
     let csi = csi.with_max_log_length(

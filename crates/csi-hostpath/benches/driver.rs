@@ -29,9 +29,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow};
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::local::{LocalCluster, base_config};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tonic::Status;
 
 const COMMAND: &str = "cargo bench -p csi-hostpath --bench driver";
@@ -319,12 +319,12 @@ struct NodeSide {
 
 /// A connection to the controller of a driver this benchmark did not start.
 async fn connect_external(socket: &Path) -> Result<CsiConnection> {
-    let endpoint = csi_sidecar::conn::Endpoint::from_path(socket)
+    let endpoint = csi_grpc::conn::Endpoint::from_path(socket)
         .with_context(|| format!("BENCH_CSI_ENDPOINT {}", socket.display()))?;
-    let csi = csi_sidecar::conn::connect(
+    let csi = csi_grpc::conn::connect(
         &endpoint,
         T,
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .with_context(|| format!("connecting to {}", socket.display()))?;

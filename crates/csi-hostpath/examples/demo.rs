@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::local::{LocalCluster, base_config};
 use csi_hostpath::mounts;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tokio::process::{Child, Command};
 use tonic::{Code, Status};
 

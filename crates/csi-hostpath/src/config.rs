@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser, ValueEnum};
-use csi_sidecar::conn::Endpoint;
-use csi_sidecar::flags::{CommonArgs, SidecarCli, parse_go_bool};
+use csi_grpc::conn::Endpoint;
+use csi_grpc::flags::{CommonArgs, SidecarCli, parse_go_bool};
 
 /// Our driver name: reverse-domain, so it never collides with upstream's hostpath driver.
 pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi-suite.io";
@@ -216,7 +216,7 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<DriverArgs, clap::Error> {
-        csi_sidecar::flags::try_parse_from::<DriverArgs, _, _>(
+        csi_grpc::flags::try_parse_from::<DriverArgs, _, _>(
             std::iter::once("csi-hostpath").chain(args.iter().copied()),
         )
     }

@@ -3,7 +3,7 @@
 //! each the rows it changed. A change is committed once its line, newline included, is on
 //! disk (appended and fdatasynced), so a change costs the rows it touched whatever the number
 //! of volumes. When the changes outgrow the base, the writer compacts: the file is replaced
-//! whole (atomically, see `csi_sidecar::durable`) by a new header, one generation up, and a
+//! whole (atomically, see `csi_grpc::durable`) by a new header, one generation up, and a
 //! base holding everything. A last line without its newline is a write a crash interrupted,
 //! never acknowledged: it is ignored, and cut off before the next append. So is a last line
 //! holding NUL bytes: after a power loss a file system may keep the page with the newline and

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use csi_grpc::conn::{ConnError, CsiConnection, Endpoint, connect};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{ConnError, CsiConnection, Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, mount_remount};
 
-pub use csi_sidecar::mounts::{is_mount_point, mount_points};
+pub use csi_grpc::mounts::{is_mount_point, mount_points};
 
 /// True when running with the privileges mounting needs.
 pub fn can_mount() -> bool {
@@ -44,7 +44,7 @@ pub fn remount_read_write(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
-pub use csi_sidecar::mounts::{unmount_all, unmount_top};
+pub use csi_grpc::mounts::{unmount_all, unmount_top};
 
 /// Attaches `image` to a loop device, reusing one already attached to it.
 pub fn loop_attach(image: &Path) -> io::Result<String> {
@@ -150,7 +150,7 @@ impl<'a> Volume<'a> {
             .filter_map(|path| fs::metadata(path).ok())
             .map(|meta| (meta.dev(), meta.ino()))
             .collect();
-        let sources = csi_sidecar::mounts::mount_table("self")
+        let sources = csi_grpc::mounts::mount_table("self")
             .unwrap_or_default()
             .into_iter()
             .filter(|mount| paths.contains(&mount.mount_point))
@@ -200,7 +200,7 @@ impl<'a> Volume<'a> {
     /// Whether the mount namespace of `pid` has the volume (or a directory of it) mounted
     /// anywhere but at `paths`.
     fn mounted_elsewhere_by(&self, pid: i32) -> bool {
-        csi_sidecar::mounts::mount_table(&pid.to_string())
+        csi_grpc::mounts::mount_table(&pid.to_string())
             .unwrap_or_default()
             .iter()
             .any(|mount| {

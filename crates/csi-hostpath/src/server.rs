@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_grpc::conn::{ConnError, Endpoint};
+use csi_grpc::grpc_server;
 use csi_proto::csi::v1::controller_server::ControllerServer;
 use csi_proto::csi::v1::group_controller_server::GroupControllerServer;
 use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
-use csi_sidecar::conn::{ConnError, Endpoint};
-use csi_sidecar::grpc_server;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;

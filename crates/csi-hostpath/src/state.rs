@@ -618,7 +618,7 @@ impl Store {
     fn compact(&self, cache: &mut Cache, generation: u64) -> Result<(), StoreError> {
         let path = self.state_file();
         let bytes = journal::encode_base(generation, &cache.state).map_err(|e| self.corrupt(e))?;
-        csi_sidecar::durable::replace(&path, &bytes).map_err(io_error(&path))?;
+        csi_grpc::durable::replace(&path, &bytes).map_err(io_error(&path))?;
         let length = bytes.len() as u64;
         cache.position = Some(Position {
             generation,

@@ -22,10 +22,9 @@ async fn identity() {
     assert!(!info.vendor_version.is_empty());
     let ready = c.probe(csi::ProbeRequest {}, T).await.unwrap();
     assert_eq!(ready.ready, Some(true));
-    let plugin =
-        csi_sidecar::conn::DriverInfo::discover(c, T, csi_sidecar::conn::Services::CONTROLLER)
-            .await
-            .unwrap();
+    let plugin = csi_grpc::conn::DriverInfo::discover(c, T, csi_grpc::conn::Services::CONTROLLER)
+        .await
+        .unwrap();
     assert!(plugin.plugin.controller_service);
     assert!(plugin.plugin.volume_accessibility_constraints);
     assert!(plugin.plugin.online_expansion);
@@ -49,10 +48,10 @@ async fn identity() {
     ] {
         assert!(plugin.has_controller(rpc), "{rpc:?}");
     }
-    let node = csi_sidecar::conn::DriverInfo::discover(
+    let node = csi_grpc::conn::DriverInfo::discover(
         &cluster.node("node-a").csi,
         T,
-        csi_sidecar::conn::Services {
+        csi_grpc::conn::Services {
             plugin: true,
             controller: false,
             node: true,

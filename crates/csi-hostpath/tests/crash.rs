@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use common::*;
 use csi::volume_capability::access_mode::Mode;
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::state::{Phase, Store, Volume};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 
 fn spawn_driver(root: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_csi-hostpath"))

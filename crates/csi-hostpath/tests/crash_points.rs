@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::state::Store;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tonic::{Code, Status};
 
 /// Beyond this N a step would be a loop, not a step.

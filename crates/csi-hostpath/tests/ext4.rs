@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::*;
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tonic::Code;
 
 const MI: i64 = 1 << 20;

@@ -582,11 +582,11 @@ async fn node_rpcs_without_root_fail_cleanly() {
         command.uid(UNPRIVILEGED).gid(UNPRIVILEGED);
     }
     let mut driver = command.spawn().unwrap();
-    let endpoint = csi_sidecar::conn::Endpoint::from_path(&socket).unwrap();
-    let csi = csi_sidecar::conn::connect(
+    let endpoint = csi_grpc::conn::Endpoint::from_path(&socket).unwrap();
+    let csi = csi_grpc::conn::connect(
         &endpoint,
         T,
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .unwrap();

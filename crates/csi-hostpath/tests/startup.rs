@@ -67,17 +67,17 @@ async fn stale_socket_is_replaced_group_writable_and_removed_on_shutdown() {
     assert!(socket.exists());
     let mut config = csi_hostpath::local::base_config(dir.path());
     config.state_dir = dir.path().join("state");
-    let endpoint = csi_sidecar::conn::Endpoint::from_path(&socket).unwrap();
+    let endpoint = csi_grpc::conn::Endpoint::from_path(&socket).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(csi_hostpath::server::run(
         config,
         endpoint.clone(),
         shutdown.clone(),
     ));
-    let csi = csi_sidecar::conn::connect(
+    let csi = csi_grpc::conn::connect(
         &endpoint,
         std::time::Duration::from_secs(10),
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .unwrap();

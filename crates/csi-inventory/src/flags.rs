@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use csi_grpc::flags::{CommonArgs, CsiArgs, HttpArgs, SidecarCli};
 use csi_kinds::go_duration::parse_go_duration;
-use csi_sidecar::flags::{CommonArgs, CsiArgs, HttpArgs, KubeArgs, SidecarCli};
+use csi_sidecar::flags::KubeArgs;
 
 /// csi-inventory: compares what a CSI driver holds with what the cluster records, and imports
 /// pre-existing volumes as PersistentVolumes.
@@ -155,7 +156,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<InventoryArgs, String> {
-        csi_sidecar::flags::try_parse_from::<InventoryArgs, _, _>(
+        csi_grpc::flags::try_parse_from::<InventoryArgs, _, _>(
             std::iter::once("csi-inventory").chain(args.iter().copied()),
         )
         .map_err(|e| e.to_string())

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tonic::{Code, Status};
 
 /// How often a listing starts again after ABORTED before giving up.

@@ -1,16 +1,16 @@
 use anyhow::Context;
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_inventory::flags::{Command, InventoryArgs};
 use csi_inventory::run::{self, FINDINGS_EXIT_CODE};
-use csi_sidecar::metrics::CsiOperationMetrics;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: InventoryArgs = csi_sidecar::flags::parse();
-    csi_sidecar::logging::init(&args.target().common);
+    let args: InventoryArgs = csi_grpc::flags::parse();
+    csi_grpc::logging::init(&args.target().common);
     if let Command::Report(report) = &args.command
         && report.serve
     {
-        let shutdown = csi_sidecar::shutdown::on_signals().context("installing signal handlers")?;
+        let shutdown = csi_grpc::shutdown::on_signals().context("installing signal handlers")?;
         return Ok(run::serve(report, shutdown).await?);
     }
     let inventory = run::connect(args.target(), CsiOperationMetrics::unregistered()).await?;

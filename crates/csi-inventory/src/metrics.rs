@@ -91,7 +91,7 @@ mod tests {
             },
         );
         metrics.record(&report, 1_700_000_000);
-        let text = csi_sidecar::metrics::encode(&registry);
+        let text = csi_grpc::metrics::encode(&registry);
         assert!(
             text.contains("csi_inventory_findings{kind=\"orphaned\"} 1"),
             "{text}"

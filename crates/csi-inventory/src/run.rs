@@ -6,9 +6,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use csi_grpc::conn::{self, ConnError, CsiConnection, DriverInfo, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_sidecar::conn::{self, ConnError, CsiConnection, DriverInfo, Services};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use csi_snapshotter::api::VolumeSnapshotContent;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -53,7 +53,7 @@ pub enum InventoryError {
     #[error("{failed} of {total} orphans were not imported (see above)")]
     Partly { failed: usize, total: usize },
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -350,7 +350,7 @@ pub async fn serve(args: &ReportArgs, shutdown: CancellationToken) -> Result<(),
     let metrics = InventoryMetrics::register(&mut registry);
     let inventory = connect(&args.target, calls).await?;
     inventory.csi.exit_on_loss();
-    csi_sidecar::http::start(&args.http, Arc::new(registry), Vec::new(), shutdown.clone()).await?;
+    csi_grpc::http::start(&args.http, Arc::new(registry), Vec::new(), shutdown.clone()).await?;
     loop {
         match inventory.scan(&mut |_, _, _| {}).await {
             Ok(report) => {

@@ -4,10 +4,8 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use csi_grpc::flags::{CommonArgs, CsiArgs, DefaultOverrides, HttpArgs, SidecarCli, parse_go_bool};
 use csi_kinds::go_duration::parse_go_duration;
-use csi_sidecar::flags::{
-    CommonArgs, CsiArgs, DefaultOverrides, HttpArgs, SidecarCli, parse_go_bool,
-};
 
 /// csi-node-driver-registrar: registers a CSI driver with the kubelet.
 #[derive(Parser, Debug, Clone)]
@@ -118,7 +116,7 @@ impl ProbeArgs {
 
 impl SidecarCli for ProbeArgs {
     fn validate(&self) -> Result<(), String> {
-        csi_sidecar::conn::Endpoint::parse(&self.csi_address).map_err(|e| e.to_string())?;
+        csi_grpc::conn::Endpoint::parse(&self.csi_address).map_err(|e| e.to_string())?;
         if !self.http.http_endpoint.is_empty() && self.health_port != "9808" {
             return Err("only one of --health-port and --http-endpoint can be set".to_string());
         }
@@ -129,7 +127,7 @@ impl SidecarCli for ProbeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     /// Every flag in upstream's tables is accepted by name, with upstream's defaults.
     #[test]
@@ -146,7 +144,7 @@ mod tests {
                 include_str!("../upstream-flags/livenessprobe.tsv"),
             ),
         ] {
-            let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+            let missing = csi_grpc::flags::missing_upstream_flags(&command, table);
             assert!(
                 missing.is_empty(),
                 "{name}: upstream flags not accepted: {missing:?}"

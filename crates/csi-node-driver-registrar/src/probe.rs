@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use csi_grpc::conn::{ConnError, Endpoint, connect};
+use csi_grpc::metrics::CsiOperationMetrics;
+use csi_grpc::metrics::process::{ProcessCollector, ProcessFamilies};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{ConnError, Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
-use csi_sidecar::metrics::process::{ProcessCollector, ProcessFamilies};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +23,7 @@ pub enum ProbeError {
     #[error("GetPluginInfo: {0}")]
     PluginInfo(tonic::Status),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
 }
 
 /// One liveness check: connect afresh, Probe. 200 `ok`; 500 with the reason, which is also
@@ -83,14 +83,13 @@ pub async fn run(args: ProbeArgs, shutdown: CancellationToken) -> Result<(), Pro
             async move { check(&endpoint, timeout, &metrics).await }
         }),
     );
-    let metrics_app =
-        csi_sidecar::http::router(&args.http.metrics_path, registry, Vec::new(), false);
+    let metrics_app = csi_grpc::http::router(&args.http.metrics_path, registry, Vec::new(), false);
     if args.http.metrics_address.is_empty() {
         app = app.merge(metrics_app);
     } else {
-        csi_sidecar::http::serve(&args.http.metrics_address, metrics_app, shutdown.clone()).await?;
+        csi_grpc::http::serve(&args.http.metrics_address, metrics_app, shutdown.clone()).await?;
     }
-    csi_sidecar::http::serve(&args.health_address(), app, shutdown.clone()).await?;
+    csi_grpc::http::serve(&args.health_address(), app, shutdown.clone()).await?;
     // Wait for the driver as long as it takes: kubelet's probes report it meanwhile.
     let forever = Duration::from_secs(u64::from(u32::MAX));
     let csi = connect(&endpoint, forever, metrics.clone()).await?;
@@ -142,9 +141,9 @@ mod tests {
     async fn serve(socket: &std::path::Path, ready: Option<bool>) {
         let listener = tokio::net::UnixListener::bind(socket).unwrap();
         tokio::spawn(
-            csi_sidecar::grpc_server::builder()
+            csi_grpc::grpc_server::builder()
                 .add_service(IdentityServer::new(Readiness(ready)))
-                .serve_with_incoming(csi_sidecar::grpc_server::incoming(listener)),
+                .serve_with_incoming(csi_grpc::grpc_server::incoming(listener)),
         );
     }
 

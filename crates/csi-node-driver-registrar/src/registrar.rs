@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use csi_grpc::conn::{ConnError, Endpoint, check_socket_path, connect};
+use csi_grpc::grpc_server;
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::pluginregistration::registration_client::RegistrationClient;
 use csi_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use csi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use csi_sidecar::conn::{ConnError, Endpoint, check_socket_path, connect};
-use csi_sidecar::grpc_server;
-use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -47,7 +47,7 @@ pub enum RegistrarError {
     #[error("serving the registration socket: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
 }
 
 /// `<dir>/<driver>-reg.sock`.
@@ -202,7 +202,7 @@ pub async fn run(args: RegistrarArgs, shutdown: CancellationToken) -> Result<(),
     let endpoint = args.csi.endpoint()?;
     let csi = connect(
         &endpoint,
-        csi_sidecar::conn::DEFAULT_CONNECT_WAIT,
+        csi_grpc::conn::DEFAULT_CONNECT_WAIT,
         CsiOperationMetrics::unregistered(),
     )
     .await?;
@@ -228,7 +228,7 @@ pub async fn run(args: RegistrarArgs, shutdown: CancellationToken) -> Result<(),
                 async move { crate::logged(health(&socket, &driver, timeout).await) }
             }),
         );
-        csi_sidecar::http::serve(&address, app, shutdown.clone()).await?;
+        csi_grpc::http::serve(&address, app, shutdown.clone()).await?;
     }
     serve(
         &socket,

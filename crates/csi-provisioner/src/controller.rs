@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_grpc::conn::{CsiConnection, DriverInfo, GoStatus};
 use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_kinds::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{CsiConnection, DriverInfo, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{
     FinalizerError, remove_finalizer, remove_finalizer_from, set_finalizers,

@@ -7,9 +7,10 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use csi_grpc::flags::{DefaultOverrides, SidecarCli, parse_go_bool};
 use csi_kinds::go_duration::parse_go_duration;
 use csi_sidecar::feature_gates::ResolvedGates;
-use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
+use csi_sidecar::flags::SidecarArgs;
 
 use crate::gates;
 
@@ -162,7 +163,7 @@ impl SidecarCli for ProvisionerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     fn parse(args: &[&str]) -> Result<ProvisionerArgs, clap::Error> {
         try_parse_from::<ProvisionerArgs, _, _>(
@@ -175,7 +176,7 @@ mod tests {
     fn every_upstream_flag_is_accepted_with_its_default() {
         let command = <ProvisionerArgs as clap::CommandFactory>::command();
         let table = include_str!("../upstream-flags/csi-provisioner.tsv");
-        let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+        let missing = csi_grpc::flags::missing_upstream_flags(&command, table);
         assert!(
             missing.is_empty(),
             "upstream flags not accepted: {missing:?}"

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use csi_sidecar::metrics::register_as_upstream;
-use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
+use csi_grpc::metrics::register_as_upstream;
+use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -154,7 +154,7 @@ mod tests {
         metrics.provision_failed(&labels);
         metrics.deleted("fast", Duration::from_millis(5));
         metrics.delete_failed("fast");
-        let text = csi_sidecar::metrics::encode(&registry);
+        let text = csi_grpc::metrics::encode(&registry);
         for line in [
             "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 1",
             "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",source=\"\"} 1",

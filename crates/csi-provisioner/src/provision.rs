@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_grpc::conn::DriverInfo;
 use csi_kinds::secrets::{self, SecretRefs, SecretsError, TemplateInputs};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::DriverInfo;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;

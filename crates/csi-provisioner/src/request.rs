@@ -263,7 +263,7 @@ impl CreatedVolumeError {
         };
         format!(
             "{self}. {cleanup} of volume {pv} failed, volume is orphaned: {}",
-            csi_sidecar::conn::GoStatus(status)
+            csi_grpc::conn::GoStatus(status)
         )
     }
 

@@ -3,13 +3,13 @@
 //! health on `--http-endpoint`, then the controller — under leader election when asked (the
 //! Lease is the driver name, sanitized; losing it exits).
 
+use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1::NodeGetInfoRequest;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::LeaderElectionError;
-use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +32,7 @@ pub enum RunError {
     #[error("the driver has no controller service; csi-provisioner needs CREATE_DELETE_VOLUME")]
     NoControllerService,
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
@@ -94,7 +94,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         &sidecar.csi,
         metrics,
         services,
-        csi_sidecar::conn::StartupOrder::ProbeThenName,
+        csi_grpc::conn::StartupOrder::ProbeThenName,
     )
     .await?;
     if !driver.plugin.controller_service {
@@ -169,7 +169,7 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
 /// Who this node's instance is: `NODE_NAME` and the driver's NodeGetInfo (its topology).
 async fn node_deployment(
     args: &ProvisionerArgs,
-    csi: &csi_sidecar::conn::CsiConnection,
+    csi: &csi_grpc::conn::CsiConnection,
     node_name: String,
 ) -> Result<NodeDeployment, RunError> {
     let info = csi
@@ -197,7 +197,7 @@ async fn capacity_settings(
     args: &ProvisionerArgs,
     client: kube::Client,
     metrics: CapacityMetrics,
-    workqueue: csi_sidecar::metrics::workqueue::QueueMetrics,
+    workqueue: csi_sidecar::workqueue_metrics::QueueMetrics,
     node_deployment: Option<&NodeDeployment>,
 ) -> Result<CapacitySettings, RunError> {
     let env = |name: &'static str| {

@@ -210,7 +210,7 @@ pub fn snapshot_source(
                 "{ALLOW_VOLUME_MODE_CHANGE} annotation is not present on snapshotcontent {content_name}"
             )));
         };
-        match csi_sidecar::flags::parse_go_bool(allowed) {
+        match csi_grpc::flags::parse_go_bool(allowed) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(refused(format!(

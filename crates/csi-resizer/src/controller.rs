@@ -8,15 +8,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_grpc::conn::{CsiConnection, GoStatus};
 use csi_kinds::vac::VolumeAttributesClass;
-use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
-use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use csi_grpc::flags::{DefaultOverrides, SidecarCli, parse_go_bool};
 use csi_kinds::go_duration::parse_go_duration;
 use csi_sidecar::feature_gates::{FeatureGate, ResolvedGates, Stage};
-use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
+use csi_sidecar::flags::SidecarArgs;
 use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
 /// Beta, default on: a PV expanded on the controller that still needs node expansion keeps
@@ -83,7 +84,7 @@ impl SidecarCli for ResizerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     fn parse(args: &[&str]) -> Result<ResizerArgs, clap::Error> {
         try_parse_from::<ResizerArgs, _, _>(
@@ -96,7 +97,7 @@ mod tests {
     fn every_upstream_flag_is_accepted_with_its_default() {
         let command = <ResizerArgs as clap::CommandFactory>::command();
         let table = include_str!("../upstream-flags/csi-resizer.tsv");
-        let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+        let missing = csi_grpc::flags::missing_upstream_flags(&command, table);
         assert!(
             missing.is_empty(),
             "upstream flags not accepted: {missing:?}"

@@ -240,7 +240,7 @@ pub struct Failure {
 impl Failure {
     /// The driver is not still modifying (upstream `IsFinalError`).
     pub fn is_final(&self) -> bool {
-        csi_sidecar::conn::is_final_error(self.code)
+        csi_grpc::conn::is_final_error(self.code)
     }
 
     /// The status it leaves: Infeasible for an invalid argument, else still in progress.
@@ -256,7 +256,7 @@ impl Failure {
     pub fn event_message(&self, class: &str) -> String {
         let base = format!(
             "rpc error: code = {} desc = {}",
-            csi_sidecar::metrics::go_code_name(self.code),
+            csi_grpc::metrics::go_code_name(self.code),
             self.message
         );
         if self.is_final() {

@@ -36,10 +36,10 @@ use std::time::Duration;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi::node_service_capability::rpc::Type as NodeCapability;
+use csi_grpc::conn::DriverInfo;
 use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
 use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::DriverInfo;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
 };
@@ -442,7 +442,7 @@ impl FailureKind {
                 in_use: false,
             };
         };
-        let final_error = csi_sidecar::conn::is_final_error(code);
+        let final_error = csi_grpc::conn::is_final_error(code);
         Self {
             final_error,
             infeasible: matches!(

@@ -12,13 +12,13 @@
 //! controller only.
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_grpc::conn::{ConnError, Services, node_capabilities};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{ConnError, Services, node_capabilities};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
-use csi_sidecar::metrics::CsiOperationMetrics;
-use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
+use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ pub enum RunError {
     )]
     ModifyOnly,
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
@@ -66,7 +66,7 @@ pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), R
         &sidecar.csi,
         metrics,
         services,
-        csi_sidecar::conn::StartupOrder::NamedByCaller,
+        csi_grpc::conn::StartupOrder::NamedByCaller,
     )
     .await?;
     // Upstream asks the node service only when the controller cannot expand.

@@ -1,55 +1,46 @@
-//! The shared runtime of the CSI sidecars: everything the provisioner, attacher, registrar,
-//! livenessprobe and podmon have in common, so no binary carries its own copy.
+//! The controller runtime of the suite: the Kubernetes client, caches, keyed workers, leader
+//! election and the writes, events and flags of the controllers. Its users are the
+//! controllers: csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter (and the
+//! snapshot-controller), podmon, COSI's controller and provisioner sidecar, csi-inventory, and
+//! kube-sim's simulated cluster roles. CSI transport and the process basics are csi-grpc's,
+//! Kubernetes kinds and rules csi-kinds'.
 //!
-//! - [`conn`] the CSI driver connection (bounded wait, Probe, discovery, per-call timeouts,
-//!   metrics, redacted logging, exit on connection loss);
-//! - [`grpc_authority`] gRPC servers on Unix sockets accept the `:authority` real clients send
-//!   (a socket path, or nothing);
-//! - [`flags`] upstream's standard flags with upstream names and defaults;
+//! - [`flags`] the Kubernetes flags (client, leader election, workers, feature gates) and
+//!   [`flags::SidecarArgs`], the controllers' standard set;
 //! - [`feature_gates`] `--feature-gates` with component-base semantics;
 //! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
 //!   Retry-After);
 //! - [`leader`] Lease-based leader election with client-go semantics;
 //! - [`informers`] reflector caches with one wake-up signal per controller;
-//! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
-//! - [`backoff`] per-object exponential retry delays;
-//! - [`events`] core/v1 Event recording;
-//! - [`finalizers`] guarded finalizer patches;
-//! - [`shutdown`] one cancellation token for every task;
-//! - [`startup`] connect and discover, serve metrics and health, run (elected);
-//! - [`logging`] tracing from `-v` and `--logging-format`;
-//! - [`metrics`] the `csi_sidecar_operations_seconds` histogram and the `process_*` families;
-//! - [`mounts`] the node's mount table;
-//! - [`secrets`] fetching a StorageClass-referenced Secret's data;
-//! - [`vac`] whether the API server serves VolumeAttributesClasses (storage.k8s.io/v1);
-//! - [`slow_set`] the slow retry of objects the driver refused as infeasible;
 //! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
 //!   errors, skip unchanged objects;
+//! - [`workqueue_metrics`] client-go's `workqueue_*` metrics for the workers;
+//! - [`backoff`] per-object exponential retry delays;
+//! - [`slow_set`] the slow retry of objects the driver refused as infeasible;
+//! - [`superseded`] the versions of objects our own writes replaced;
+//! - [`events`] core/v1 Event recording;
+//! - [`finalizers`] guarded finalizer patches;
+//! - [`writes`] patches that fall back to GET + update under upstream's RBAC;
+//! - [`startup`] connect and discover, serve metrics and health, run (elected);
+//! - [`secrets`] fetching a StorageClass-referenced Secret's data;
+//! - [`vac`] whether the API server serves VolumeAttributesClasses (storage.k8s.io/v1);
 //! - [`lock`] a mutex lock that outlives a panicked holder.
 
 pub mod backoff;
-pub mod conn;
-pub mod durable;
 pub mod events;
 pub mod feature_gates;
 pub mod finalizers;
 pub mod flags;
-pub mod grpc_authority;
-pub mod grpc_server;
-pub mod http;
 pub mod informers;
 pub mod kube;
 pub mod leader;
-pub mod logging;
-pub mod metrics;
-pub mod mounts;
 pub mod secrets;
-pub mod shutdown;
 pub mod slow_set;
 pub mod startup;
 pub mod superseded;
 pub mod vac;
 pub mod workers;
+pub mod workqueue_metrics;
 pub mod writes;
 
 /// Locks `mutex` even if a holder panicked: the controllers keep plain maps and sets of keys

@@ -11,15 +11,16 @@ use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{
-    ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, StartupOrder, connect,
-};
-use crate::flags::{CsiArgs, SidecarArgs};
-use crate::http::{HealthCheck, HttpError};
+use crate::flags::SidecarArgs;
 use crate::informers::CacheSyncHealth;
 use crate::leader::{LeaderElectionError, LeaderStatus};
-use crate::metrics::CsiOperationMetrics;
-use crate::metrics::process::{ProcessCollector, ProcessFamilies};
+use csi_grpc::conn::{
+    ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, StartupOrder, connect,
+};
+use csi_grpc::flags::CsiArgs;
+use csi_grpc::http::{HealthCheck, HttpError};
+use csi_grpc::metrics::CsiOperationMetrics;
+use csi_grpc::metrics::process::{ProcessCollector, ProcessFamilies};
 
 /// Connects (waiting a bounded time for the socket), exits the process when the connection is
 /// later lost, calls Probe until the driver is ready and discovers its name and capabilities,
@@ -110,7 +111,7 @@ async fn serve_checks(
             Arc::new(move || status.check()),
         ));
     }
-    crate::http::start(&sidecar.http, Arc::new(registry), checks, shutdown).await?;
+    csi_grpc::http::start(&sidecar.http, Arc::new(registry), checks, shutdown).await?;
     Ok(status)
 }
 
@@ -187,7 +188,7 @@ mod tests {
             let status = LeaderStatus::new(Duration::from_secs(15));
             add_go_families(&mut registry, go_registries, &status);
             status.set(true, Some(Instant::now()));
-            let text = crate::metrics::encode(&registry);
+            let text = csi_grpc::metrics::encode(&registry);
             assert_eq!(
                 text.contains("leader_election_master_status{name=\"\"} 1"),
                 leader_gauge,

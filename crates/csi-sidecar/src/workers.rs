@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::lock;
-use crate::metrics::workqueue::{QueueMetrics, Queued};
+use crate::workqueue_metrics::{QueueMetrics, Queued};
 
 /// How a sync ended without error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use csi_grpc::flags::{DefaultOverrides, SidecarCli, parse_go_bool};
 use csi_kinds::go_duration::parse_go_duration;
 use csi_sidecar::feature_gates::{FeatureGate, ResolvedGates, Stage};
-use csi_sidecar::flags::{DefaultOverrides, SidecarArgs, SidecarCli, parse_go_bool};
+use csi_sidecar::flags::SidecarArgs;
 use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
 /// GA, default on: the VolumeGroupSnapshot API. The group API is not served by this build:
@@ -141,7 +142,7 @@ impl SidecarCli for ControllerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     fn snapshotter(args: &[&str]) -> Result<SnapshotterArgs, clap::Error> {
         try_parse_from::<SnapshotterArgs, _, _>(
@@ -167,7 +168,7 @@ mod tests {
                 include_str!("../upstream-flags/snapshot-controller.tsv"),
             ),
         ] {
-            let missing = csi_sidecar::flags::missing_upstream_flags(&command, table);
+            let missing = csi_grpc::flags::missing_upstream_flags(&command, table);
             assert!(
                 missing.is_empty(),
                 "{}: not accepted: {missing:?}",

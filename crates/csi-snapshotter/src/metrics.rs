@@ -75,13 +75,13 @@ impl OperationMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::unregistered();
         let subsystem = registry.sub_registry_with_prefix("snapshot_controller");
-        csi_sidecar::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             subsystem,
             "operation_total_seconds",
             "[ALPHA] Total number of seconds spent by the controller on an operation",
             metrics.seconds.clone(),
         );
-        csi_sidecar::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             subsystem,
             "operations_in_flight",
             "[ALPHA] Total number of operations in flight",
@@ -146,7 +146,7 @@ mod tests {
 
     /// What `/metrics` serves.
     fn text(registry: &Registry) -> String {
-        csi_sidecar::metrics::encode(registry)
+        csi_grpc::metrics::encode(registry)
     }
 
     #[test]

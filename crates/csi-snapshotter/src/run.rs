@@ -12,13 +12,13 @@
 use std::time::Duration;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
-use csi_sidecar::metrics::CsiOperationMetrics;
-use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
+use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use kube::api::{Api, ListParams};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,7 @@ pub enum RunError {
     #[error("the snapshot CRDs are not served ({0}); install them (manifests/crds) and retry")]
     NoCrds(String),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
@@ -71,7 +71,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         &sidecar.csi,
         metrics,
         services,
-        csi_sidecar::conn::StartupOrder::NameThenProbe,
+        csi_grpc::conn::StartupOrder::NameThenProbe,
     )
     .await?;
     if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {

@@ -8,16 +8,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use csi_grpc::conn::{CsiConnection, GoStatus};
 use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{CsiConnection, GoStatus};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
-use csi_sidecar::metrics::workqueue::WorkqueueMetrics;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -311,7 +311,7 @@ impl Controller {
         {
             Ok(response) => response.snapshot.unwrap_or_default(),
             Err(status) => {
-                if csi_sidecar::conn::is_final_error(status.code()) {
+                if csi_grpc::conn::is_final_error(status.code()) {
                     self.set_being_created(&content, false).await?;
                 }
                 return Err(CreateError::Failed(format!(

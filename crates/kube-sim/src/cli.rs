@@ -39,7 +39,7 @@ pub enum CliError {
 #[command(name = "kube-sim", version)]
 pub struct Args {
     #[command(flatten)]
-    pub common: csi_sidecar::flags::CommonArgs,
+    pub common: csi_grpc::flags::CommonArgs,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -211,7 +211,7 @@ async fn the_leader_renews_with_one_write_and_reads_only_after_a_foreign_write()
         "no reads while renewing"
     );
     let slowpath = || {
-        csi_sidecar::metrics::encode(&registry)
+        csi_grpc::metrics::encode(&registry)
             .lines()
             .find_map(|line| line.strip_prefix("leader_election_slowpath_total{name=\"\"} "))
             .map(str::to_string)

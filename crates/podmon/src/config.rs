@@ -62,7 +62,7 @@ pub fn apply(base: &Tunables, text: &str) -> Result<Tunables, String> {
                 .ok_or_else(|| format!("{key}: {text:?} is not a positive integer"))
         };
         let boolean =
-            |text: &str| csi_sidecar::flags::parse_go_bool(text).map_err(|e| format!("{key}: {e}"));
+            |text: &str| csi_grpc::flags::parse_go_bool(text).map_err(|e| format!("{key}: {e}"));
         match key.as_str() {
             "PODMON_ARRAY_CONNECTIVITY_POLL_RATE" => {
                 next.poll_rate = Duration::from_secs(positive(&text)?)

@@ -34,11 +34,11 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use csi_grpc::conn::CsiConnection;
 use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_kinds::secrets::SecretRef;
 use csi_proto::podmon::v1 as podmon;
 use csi_sidecar::backoff::delay_for;
-use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::secrets::FetchError;

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
+use csi_grpc::flags::{SidecarCli, parse_go_bool};
 use csi_kinds::go_duration::parse_go_duration;
-use csi_sidecar::flags::{SidecarArgs, SidecarCli, parse_go_bool};
+use csi_sidecar::flags::SidecarArgs;
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -164,7 +165,7 @@ impl PodmonArgs {
 
 impl SidecarCli for PodmonArgs {
     fn validate(&self) -> Result<(), String> {
-        csi_sidecar::conn::Endpoint::parse(self.csi_address()).map_err(|e| e.to_string())?;
+        csi_grpc::conn::Endpoint::parse(self.csi_address()).map_err(|e| e.to_string())?;
         self.sidecar.http.validate()?;
         self.sidecar.workers.validate()?;
         if self.array_connectivity_poll_rate == 0 {
@@ -191,7 +192,7 @@ impl SidecarCli for PodmonArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_sidecar::flags::try_parse_from;
+    use csi_grpc::flags::try_parse_from;
 
     fn parse(args: &[&str]) -> Result<PodmonArgs, clap::Error> {
         try_parse_from::<PodmonArgs, _, _>(std::iter::once("podmon").chain(args.iter().copied()))

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_kinds::kubelet_paths;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
@@ -125,7 +125,7 @@ impl Inventory {
             source,
         };
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| write(std::io::Error::other(e)))?;
-        csi_sidecar::durable::replace(path, &bytes).map_err(write)
+        csi_grpc::durable::replace(path, &bytes).map_err(write)
     }
 }
 
@@ -586,10 +586,10 @@ fn remove_unmounted(path: &Path) -> Result<(), String> {
     if !path.exists() {
         return Ok(());
     }
-    if let Err(error) = csi_sidecar::mounts::unmount_all(path) {
+    if let Err(error) = csi_grpc::mounts::unmount_all(path) {
         tracing::warn!(path = %path.display(), %error, "unmount failed");
     }
-    let mounted = csi_sidecar::mounts::mount_points_under(path)
+    let mounted = csi_grpc::mounts::mount_points_under(path)
         .map_err(|e| format!("reading the mount table: {e}"))?;
     if !mounted.is_empty() {
         return Err(format!("{} is still mounted: {mounted:?}", path.display()));

@@ -6,12 +6,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{ConnError, Services};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
 use csi_sidecar::kube::KubeClientError;
 use csi_sidecar::leader::LeaderElectionError;
-use csi_sidecar::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +31,7 @@ pub enum RunError {
     #[error(transparent)]
     Csi(#[from] ConnError),
     #[error(transparent)]
-    Http(#[from] csi_sidecar::http::HttpError),
+    Http(#[from] csi_grpc::http::HttpError),
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
     #[error(transparent)]
@@ -60,7 +60,7 @@ pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), Ru
         &sidecar.csi,
         csi_metrics,
         services,
-        csi_sidecar::conn::StartupOrder::ProbeThenName,
+        csi_grpc::conn::StartupOrder::ProbeThenName,
     )
     .await?;
     let driver_name = args

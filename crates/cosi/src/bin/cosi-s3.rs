@@ -4,10 +4,10 @@ use cosi::s3::serve::{S3Args, serve};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = S3Args::from_env();
-    csi_sidecar::logging::init(&args.common);
+    csi_grpc::logging::init(&args.common);
     let endpoint = args.endpoint()?;
     let driver = args.driver()?;
-    let shutdown = csi_sidecar::shutdown::on_signals().context("installing signal handlers")?;
+    let shutdown = csi_grpc::shutdown::on_signals().context("installing signal handlers")?;
     serve(driver, &endpoint, shutdown).await?;
     Ok(())
 }

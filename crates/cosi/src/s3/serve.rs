@@ -2,10 +2,10 @@
 //! path ends in `.sock`, as the spec requires), the S3 endpoint and its administrator's key.
 
 use clap::Parser;
+use csi_grpc::conn::Endpoint;
+use csi_grpc::flags::CommonArgs;
 use csi_proto::cosi::v1alpha1::identity_server::IdentityServer;
 use csi_proto::cosi::v1alpha1::provisioner_server::ProvisionerServer;
-use csi_sidecar::conn::Endpoint;
-use csi_sidecar::flags::CommonArgs;
 use tokio_util::sync::CancellationToken;
 
 use super::client::AwsClient;
@@ -121,11 +121,11 @@ pub async fn serve(
         source,
     })?;
     tracing::info!(%endpoint, driver = %driver.name, s3 = %driver.client.s3_endpoint(), "serving COSI");
-    let served = csi_sidecar::grpc_server::builder()
+    let served = csi_grpc::grpc_server::builder()
         .add_service(IdentityServer::new(driver.clone()))
         .add_service(ProvisionerServer::new(driver))
         .serve_with_incoming_shutdown(
-            csi_sidecar::grpc_server::incoming(listener),
+            csi_grpc::grpc_server::incoming(listener),
             shutdown.cancelled(),
         )
         .await;

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_proto::cosi::v1alpha1 as proto;
-use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -54,7 +54,7 @@ pub enum SidecarError {
     Waiting(String),
     #[error(transparent)]
     Finalizer(#[from] FinalizerError),
-    #[error("{call}: {}", csi_sidecar::conn::GoStatus(.status))]
+    #[error("{call}: {}", csi_grpc::conn::GoStatus(.status))]
     Driver {
         call: &'static str,
         status: tonic::Status,

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_grpc::conn::CsiConnection;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::CsiConnection;
 use tonic::{Code, Status};
 
 pub const T: Duration = Duration::from_secs(30);
@@ -273,11 +273,11 @@ pub fn loop_devices_under(root: &Path) -> Vec<(String, String)> {
 
 /// A connection to a driver process serving `socket`, once its Probe says ready.
 pub async fn connect_ready(socket: &Path) -> CsiConnection {
-    let endpoint = csi_sidecar::conn::Endpoint::from_path(socket).unwrap();
-    let csi = csi_sidecar::conn::connect(
+    let endpoint = csi_grpc::conn::Endpoint::from_path(socket).unwrap();
+    let csi = csi_grpc::conn::connect(
         &endpoint,
         Duration::from_secs(20),
-        csi_sidecar::metrics::CsiOperationMetrics::unregistered(),
+        csi_grpc::metrics::CsiOperationMetrics::unregistered(),
     )
     .await
     .unwrap();

@@ -3,9 +3,9 @@ use csi_node_driver_registrar::flags::ProbeArgs;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: ProbeArgs = csi_sidecar::flags::parse();
-    csi_sidecar::logging::init(&args.common);
-    let shutdown = csi_sidecar::shutdown::on_signals().context("installing signal handlers")?;
+    let args: ProbeArgs = csi_grpc::flags::parse();
+    csi_grpc::logging::init(&args.common);
+    let shutdown = csi_grpc::shutdown::on_signals().context("installing signal handlers")?;
     csi_node_driver_registrar::probe::run(args, shutdown).await?;
     Ok(())
 }

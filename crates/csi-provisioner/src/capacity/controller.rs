@@ -10,12 +10,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_grpc::conn::CsiConnection;
 use csi_kinds::cached::CachedVolume;
-use csi_sidecar::conn::CsiConnection;
 use csi_sidecar::informers::Informers;
 use csi_sidecar::lock;
-use csi_sidecar::metrics::workqueue::QueueMetrics;
 use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workqueue_metrics::QueueMetrics;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -115,19 +115,19 @@ pub struct CapacityMetrics {
 impl CapacityMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
-        csi_sidecar::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             registry,
             "csistoragecapacities_desired_goal",
             "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
             metrics.goal.clone(),
         );
-        csi_sidecar::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             registry,
             "csistoragecapacities_desired_current",
             "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
             metrics.current.clone(),
         );
-        csi_sidecar::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             registry,
             "csistoragecapacities_obsolete",
             "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.",
@@ -490,7 +490,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = CapacityMetrics::register(&mut registry);
         metrics.obsolete.set(2);
-        let text = csi_sidecar::metrics::encode(&registry);
+        let text = csi_grpc::metrics::encode(&registry);
         for line in [
             "# HELP csistoragecapacities_desired_goal [ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.\n",
             "# HELP csistoragecapacities_obsolete [ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.\n",

@@ -267,7 +267,7 @@ pub enum CapacityError {
     Request(#[from] request::RequestError),
     #[error(transparent)]
     Parameters(#[from] csi_kinds::secrets::SecretsError),
-    #[error("GetCapacity: {}", csi_sidecar::conn::GoStatus(.0))]
+    #[error("GetCapacity: {}", csi_grpc::conn::GoStatus(.0))]
     GetCapacity(tonic::Status),
     #[error("updating CSIStorageCapacity {name}: {source}")]
     Update { name: String, source: kube::Error },

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 
+use csi_grpc::conn::PluginCapabilities;
 use csi_kinds::secrets::SecretRef;
-use csi_sidecar::conn::PluginCapabilities;
 use serde_json::{Value, json};
 
 use super::*;

@@ -1,6 +1,6 @@
 use csi::volume_capability::AccessType;
 use csi::volume_capability::access_mode::Mode;
-use csi_sidecar::conn::PluginCapabilities;
+use csi_grpc::conn::PluginCapabilities;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 

@@ -6,6 +6,7 @@ use clap::{CommandFactory, Parser};
 
 use super::*;
 use crate::feature_gates::{FeatureGate, GateWarning, ResolvedGates, Stage, resolve_gates};
+use csi_grpc::flags::{DefaultOverrides, HttpServing, SidecarCli, try_parse_from};
 
 /// A binary with the attacher's defaults (the ones `SidecarArgs` declares).
 #[derive(Parser, Debug)]
@@ -272,36 +273,6 @@ fn metrics_address_alone_serves_metrics_only() {
     assert_eq!(
         args.http.serving(),
         HttpServing::MetricsAndHealth("127.0.0.1:8080".into())
-    );
-}
-
-#[test]
-fn single_dash_rewrite_leaves_short_flags_and_values_alone() {
-    let command = AttacherLike::command();
-    let argv = [
-        "bin",
-        "-v=5",
-        "-timeout=3s",
-        "--worker-threads",
-        "-1",
-        "-unknown",
-        "--",
-        "-timeout",
-    ];
-    let out = normalize_single_dash_long_flags(argv.iter().map(OsString::from), &command);
-    let out: Vec<_> = out.iter().map(|s| s.to_str().unwrap()).collect();
-    assert_eq!(
-        out,
-        [
-            "bin",
-            "-v=5",
-            "--timeout=3s",
-            "--worker-threads",
-            "-1",
-            "-unknown",
-            "--",
-            "-timeout"
-        ]
     );
 }
 

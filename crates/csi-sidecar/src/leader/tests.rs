@@ -281,7 +281,7 @@ fn master_status_follows_leadership() {
     let status = LeaderStatus::new(LEASE);
     let mut registry = Registry::default();
     status.register(&mut registry);
-    let scrape = || crate::metrics::encode(&registry);
+    let scrape = || csi_grpc::metrics::encode(&registry);
     assert!(
         !scrape().contains("leader_election_master_status{"),
         "no series before electing:\n{}",

@@ -168,7 +168,7 @@ pub async fn start(
             );
             if let Some(endpoint) = &config.driver_endpoint {
                 let endpoint =
-                    csi_sidecar::conn::Endpoint::parse(&endpoint.replace("{node}", node))
+                    csi_grpc::conn::Endpoint::parse(&endpoint.replace("{node}", node))
                         .map_err(|e| RoleError::Invalid(format!("--driver-endpoint: {e}")))?;
                 kubelet_config.driver_endpoints.push(endpoint);
             }

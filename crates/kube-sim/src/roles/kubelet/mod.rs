@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use csi_sidecar::conn::Endpoint;
+use csi_grpc::conn::Endpoint;
 use csi_sidecar::events::EventRecorder;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;

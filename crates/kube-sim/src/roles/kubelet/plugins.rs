@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use csi_grpc::conn::{CsiConnection, Endpoint, connect_as_kubelet};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
 use csi_proto::pluginregistration::registration_client::RegistrationClient;
 use csi_proto::pluginregistration::{InfoRequest, RegistrationStatus};
-use csi_sidecar::conn::{CsiConnection, Endpoint, connect_as_kubelet};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, VolumeNodeResources};
 use kube::api::{Api, PostParams};
@@ -348,7 +348,7 @@ async fn register(
         name.clone(),
         RegisteredDriver {
             csi,
-            node_capabilities: csi_sidecar::conn::node_capabilities(&capabilities),
+            node_capabilities: csi_grpc::conn::node_capabilities(&capabilities),
             version: version.unwrap_or(Version(1, 0, 0)),
             socket,
         },

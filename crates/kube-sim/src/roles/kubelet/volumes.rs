@@ -12,8 +12,8 @@ use std::time::Instant;
 use csi::node_service_capability::rpc::Type as NodeCapability;
 use csi::volume_capability::access_mode::Mode;
 use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_grpc::conn::GoStatus;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::GoStatus;
 use csi_sidecar::events::EventType;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference,
@@ -114,7 +114,7 @@ async fn stop_writer(record: &mut PodRecord) {
 
 /// Unmounts every mount under the node's root, deepest first, as a reboot loses them.
 pub(super) fn unmount_everything_under(root: &Path) -> Result<(), RoleError> {
-    let points = csi_sidecar::mounts::mount_points_under(root)
+    let points = csi_grpc::mounts::mount_points_under(root)
         .map_err(|e| RoleError::Invalid(format!("reading the mount table: {e}")))?;
     for point in points {
         rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH)
@@ -342,9 +342,7 @@ async fn set_up(
     let lost: Vec<Published> = record
         .volumes
         .iter()
-        .filter(|p| {
-            !p.block && !csi_sidecar::mounts::is_mount_point(&p.target_path).unwrap_or(false)
-        })
+        .filter(|p| !p.block && !csi_grpc::mounts::is_mount_point(&p.target_path).unwrap_or(false))
         .cloned()
         .collect();
     if !lost.is_empty() {

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use csi_sidecar::flags::HttpArgs;
-use csi_sidecar::http::{HealthCheck, start};
-use csi_sidecar::metrics::CsiOperationMetrics;
+use csi_grpc::flags::HttpArgs;
+use csi_grpc::http::{HealthCheck, start};
+use csi_grpc::metrics::CsiOperationMetrics;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -136,7 +136,7 @@ async fn unusable_address_fails_at_startup() {
     .unwrap_err()
     .to_string();
     assert!(error.contains("256.0.0.1:80"), "{error}");
-    let error = csi_sidecar::http::bind(":notaport")
+    let error = csi_grpc::http::bind(":notaport")
         .await
         .unwrap_err()
         .to_string();
@@ -145,6 +145,6 @@ async fn unusable_address_fails_at_startup() {
 
 #[tokio::test]
 async fn go_style_port_only_address_listens_on_all_interfaces() {
-    let listener = csi_sidecar::http::bind(":0").await.unwrap();
+    let listener = csi_grpc::http::bind(":0").await.unwrap();
     assert!(listener.local_addr().unwrap().ip().is_unspecified());
 }

@@ -350,13 +350,13 @@ impl LeaderStatus {
     /// Serves `leader_election_master_status` (component-base's family) from `registry`: 1
     /// while leading, 0 while electing, no series without leader election.
     pub fn register(&self, registry: &mut Registry) {
-        crate::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             registry,
             "leader_election_master_status",
             "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
             self.master_status.clone(),
         );
-        crate::metrics::register_as_upstream(
+        csi_grpc::metrics::register_as_upstream(
             registry,
             "leader_election_slowpath",
             "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.",
@@ -482,7 +482,7 @@ where
     work_token.cancel();
     if matches!(ended, Ended::Shutdown) {
         // Let the work drain, bounded, before giving up the Lease.
-        let _ = tokio::time::timeout(crate::shutdown::GRACE_PERIOD, &mut work).await;
+        let _ = tokio::time::timeout(csi_grpc::shutdown::GRACE_PERIOD, &mut work).await;
     }
     status.set(false, None);
     events

@@ -6,9 +6,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_grpc::conn::{Endpoint, connect};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::conn::{Endpoint, connect};
-use csi_sidecar::metrics::CsiOperationMetrics;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
@@ -36,7 +36,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 async fn logged_requests_never_show_secrets() {
     let captured = Captured::default();
     tracing_subscriber::fmt()
-        .with_env_filter("csi_sidecar=trace")
+        .with_env_filter("csi_grpc=trace")
         .with_ansi(false)
         .with_writer(captured.clone())
         .init();

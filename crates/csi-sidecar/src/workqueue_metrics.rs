@@ -19,7 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::lock;
-use crate::metrics::{encode_as_upstream, register_as_upstream};
+use csi_grpc::metrics::{encode_as_upstream, register_as_upstream};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabel {
@@ -315,7 +315,7 @@ mod tests {
     use super::*;
 
     fn scrape(registry: &Registry) -> String {
-        crate::metrics::encode(registry)
+        csi_grpc::metrics::encode(registry)
     }
 
     /// The value of `series` (name and labels) in `text`.
@@ -387,7 +387,7 @@ mod tests {
     fn bucket_bounds_carry_gos_rounding() {
         let bounds: Vec<String> = go_exponential_buckets(10e-9, 10.0, 10)
             .into_iter()
-            .map(crate::metrics::text::go_float)
+            .map(csi_grpc::metrics::text::go_float)
             .collect();
         // As upstream external-provisioner serves them.
         assert_eq!(

@@ -15,7 +15,6 @@ use tonic::Code;
 
 pub mod process;
 pub mod text;
-pub mod workqueue;
 
 /// Registers `metric` under upstream's exact help text. `Registry::register` appends a "." to
 /// every help text, which upstream's texts either end with already or lack on purpose:
@@ -44,7 +43,7 @@ impl<M: EncodeMetric + std::fmt::Debug + Send + Sync + 'static> Collector for Up
 }
 
 /// One family of a collector, with `help` as given (nothing appended).
-pub(crate) fn encode_as_upstream(
+pub fn encode_as_upstream(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
