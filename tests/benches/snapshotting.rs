@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use csi_hostpath::local::LocalCluster;
-use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, BoundClaims, Phase, SidecarProcess, client_requests, latencies,
     listed_watch, main_with_count, phase_table, reached, record, request_table, timed_requests,
@@ -162,7 +162,7 @@ fn phase_of(measured: &Measured, who: &str) -> Phase {
 /// The CRDs, the namespace, the class, and per snapshot a volume at the driver with its PV and
 /// a claim bound to it.
 async fn prepare(client: &Client, driver: &LocalCluster, count: usize) -> anyhow::Result<()> {
-    for crd in csi_snapshotter::api::crds() {
+    for crd in csi_kinds::snapshot::crds() {
         let crds: Api<
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         > = Api::all(client.clone());

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cosi::api::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
-use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass};
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
     bound, claim, file_size, install_cosi_crds, install_snapshot_crds, is_running, pod,
     provision_static_volume, read_records, static_pv, static_pvc, taint_effects,

@@ -192,7 +192,7 @@ pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool 
 /// VolumeSnapshotContents with the CRDs csi-snapshotter generates (`manifests/crds/`); a real
 /// cluster that has them keeps its own.
 pub async fn install_snapshot_crds(client: &Client) {
-    for crd in csi_snapshotter::api::crds() {
+    for crd in csi_kinds::snapshot::crds() {
         create_crd(client, crd).await;
     }
 }
@@ -307,7 +307,7 @@ pub async fn cut_snapshot(
     name: &str,
     claim: &str,
 ) -> String {
-    use csi_snapshotter::api::{VolumeSnapshot, VolumeSnapshotClass};
+    use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
     let classes: Api<VolumeSnapshotClass> = Api::all(cluster.client.clone());
     let class = format!("{}-snapshots", cluster.namespace);
     if classes

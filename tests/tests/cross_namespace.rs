@@ -2,8 +2,8 @@
 //! claim clones a claim, or restores a VolumeSnapshot, of another namespace only once a
 //! ReferenceGrant in that namespace allows it.
 
+use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_provisioner::grants::ReferenceGrant;
-use csi_provisioner::snapshots::VolumeSnapshotContent;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::{
     bound, bound_volume, claim, cut_snapshot, driver_state, install_reference_grant_crd,
@@ -99,7 +99,7 @@ async fn clones_and_restores_from_another_namespace_need_a_reference_grant() {
         .delete_and_wait(&data_claims, "source", "the source claim deleted")
         .await;
     // The snapshot goes with its content while the snapshot controllers still run.
-    let snapshots: Api<csi_snapshotter::api::VolumeSnapshot> =
+    let snapshots: Api<csi_kinds::snapshot::VolumeSnapshot> =
         Api::namespaced(cluster.client.clone(), &data);
     cluster
         .delete_and_wait(&snapshots, "snap", "the snapshot deleted")

@@ -1,8 +1,9 @@
 //! Volumes with content: clones of claims and restores of VolumeSnapshots carry the source's
 //! data, and the source is protected by a finalizer while the driver copies from it.
 
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use csi_provisioner::claims::CLONING_PROTECTION;
-use csi_provisioner::snapshots::{SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
+use csi_provisioner::snapshots::SOURCE_PROTECTION;
 use csi_suite_scenarios::fixtures::{
     bound, claim, cut_snapshot, handle_of, install_snapshot_crds, read_records, write_records,
 };

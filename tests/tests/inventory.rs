@@ -12,8 +12,8 @@ use std::time::Duration;
 use csi_inventory::flags::{Command, InventoryArgs};
 use csi_inventory::report::{Finding, Report};
 use csi_inventory::run::Inventory;
+use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::v1 as csi;
-use csi_snapshotter::api::VolumeSnapshotContent;
 use csi_suite_scenarios::fixtures::{
     claim, handle_of, install_snapshot_crds, provision_static_volume, read_records, volume_of,
     write_records,

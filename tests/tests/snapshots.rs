@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use csi_proto::csi::v1 as csi;
-use csi_snapshotter::api::{
+use csi_kinds::snapshot::{
     CONTENT_BOUND_FINALIZER, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
     SNAPSHOT_BOUND_FINALIZER, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
 };
+use csi_proto::csi::v1 as csi;
 use csi_suite_scenarios::fixtures::{
     bound, claim, install_snapshot_crds, is_running, pod, read_records, secret, volume_of,
     write_records,

@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use csi_kinds::annotations::PROVISIONED_BY;
 use csi_kinds::names::is_dns1123_subdomain;
+use csi_kinds::pv::node_affinity;
 use csi_kinds::quantity::binary_si;
 use csi_kinds::secrets::{FS_TYPE_KEY, SecretRef, SecretRefs, SecretsError, TemplateInputs};
 use csi_proto::csi::v1 as csi;
-use csi_provisioner::deletion::PROVISIONED_BY;
-use csi_provisioner::request::node_affinity;
 use k8s_openapi::api::core::v1::SecretReference;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;

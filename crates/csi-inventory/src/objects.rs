@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::v1 as csi;
-use csi_snapshotter::api::VolumeSnapshotContent;
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume};
 use kube::ResourceExt;
 

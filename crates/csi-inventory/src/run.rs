@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use csi_grpc::conn::{self, ConnError, CsiConnection, DriverInfo, Services};
 use csi_grpc::metrics::CsiOperationMetrics;
+use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_snapshotter::api::VolumeSnapshotContent;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};

@@ -10,12 +10,15 @@
 //! - [`quantity`] resource quantities (storage sizes);
 //! - [`volume_attachment`] the VolumeAttachment node-ID annotation and ControllerUnpublishVolume.
 //!
-//! With the `api` feature (k8s-openapi, kube-core, schemars), for the Kubernetes-facing crates:
+//! With the `api` feature (k8s-openapi, kube-core and kube-derive, schemars), for the Kubernetes-facing crates:
 //! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources, a claim
 //!   with its maps as lists);
 //! - [`crd`] CustomResourceDefinitions generated from Rust types, written and checked as YAML;
 //! - [`node_selector`] `v1.NodeSelector` matching;
+//! - [`pv`] a PersistentVolume's node affinity from a driver's accessible topology;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
+//! - [`snapshot`] the snapshot.storage.k8s.io/v1 kinds (VolumeSnapshot, VolumeSnapshotContent,
+//!   VolumeSnapshotClass), their finalizers, annotations and CRDs;
 //! - [`vac`] the VolumeAttributesClass (storage.k8s.io/v1) type and its gate;
 //! - [`fixed_resource!`] `kube_core::Resource` for a type of one fixed group, version and kind.
 
@@ -71,9 +74,13 @@ pub mod kubelet_paths;
 pub mod names;
 #[cfg(feature = "api")]
 pub mod node_selector;
+#[cfg(feature = "api")]
+pub mod pv;
 pub mod quantity;
 #[cfg(feature = "api")]
 pub mod secrets;
+#[cfg(feature = "api")]
+pub mod snapshot;
 #[cfg(feature = "api")]
 pub mod vac;
 pub mod volume_attachment;

@@ -35,8 +35,9 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
 use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
-use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
+use crate::snapshots::{self, SOURCE_PROTECTION};
 use crate::vac::VacError;
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use csi_kinds::vac::VolumeAttributesClass;
 
 /// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 /// The finalizer on PVs whose volume the provisioner deletes (HonorPVReclaimPolicy, KEP-2644).
 pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
-pub use csi_kinds::annotations::PROVISIONED_BY;
+use csi_kinds::annotations::PROVISIONED_BY;
 pub const MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
 pub const DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
 pub const DELETION_SECRET_NAMESPACE: &str =

@@ -11,8 +11,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use crate::deletion::{PROVISIONED_BY, PV_FINALIZER};
-use crate::request::node_affinity;
+use crate::deletion::PV_FINALIZER;
+use csi_kinds::annotations::PROVISIONED_BY;
+use csi_kinds::pv::node_affinity;
 
 /// The volume attribute naming the provisioner instance that created the volume.
 pub const PROVISIONER_IDENTITY_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";

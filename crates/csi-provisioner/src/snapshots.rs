@@ -1,14 +1,11 @@
-//! Restoring from a VolumeSnapshot (external-provisioner `getSnapshotSource`): the two
-//! snapshot.storage.k8s.io/v1 kinds the provisioner reads, and the pure checks that turn a
-//! snapshot and its content into the CSI snapshot id.
+//! Restoring from a VolumeSnapshot (external-provisioner `getSnapshotSource`): the pure checks
+//! that turn a snapshot and its content (`csi_kinds::snapshot`) into the CSI snapshot id.
 
-use k8s_openapi::NamespaceResourceScope;
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
+use kube::ResourceExt;
 
-use crate::claims::{ClaimError, SNAPSHOT_GROUP, requested_size};
+use crate::claims::{ClaimError, requested_size};
 
 /// The finalizer a VolumeSnapshot carries while a claim is restored from it (v6.2+).
 pub const SOURCE_PROTECTION: &str =
@@ -16,112 +13,6 @@ pub const SOURCE_PROTECTION: &str =
 /// Lets a restore change the volume mode of the snapshot's source volume.
 pub const ALLOW_VOLUME_MODE_CHANGE: &str =
     "snapshot.storage.kubernetes.io/allow-volume-mode-change";
-const VERSION: &str = "v1";
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct VolumeSnapshot {
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: serde_json::Value,
-    #[serde(default)]
-    pub status: Option<VolumeSnapshotStatus>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotStatus {
-    pub bound_volume_snapshot_content_name: Option<String>,
-    pub ready_to_use: Option<bool>,
-    pub restore_size: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct VolumeSnapshotContent {
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: VolumeSnapshotContentSpec,
-    #[serde(default)]
-    pub status: Option<VolumeSnapshotContentStatus>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotContentSpec {
-    #[serde(default)]
-    pub driver: String,
-    #[serde(default)]
-    pub volume_snapshot_ref: SnapshotReference,
-    pub source_volume_mode: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct SnapshotReference {
-    pub name: Option<String>,
-    pub namespace: Option<String>,
-    pub uid: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotContentStatus {
-    pub snapshot_handle: Option<String>,
-    pub ready_to_use: Option<bool>,
-}
-
-/// A custom resource's body names its kind: the API server refuses to decode one without
-/// (`Object 'Kind' is missing`), so these serialize like k8s-openapi's types, with
-/// `apiVersion` and `kind` first.
-fn serialize_typed<K, S>(
-    serializer: S,
-    metadata: &ObjectMeta,
-    spec: &impl Serialize,
-    status: Option<&impl Serialize>,
-) -> Result<S::Ok, S::Error>
-where
-    K: Resource<DynamicType = ()>,
-    S: serde::Serializer,
-{
-    use serde::ser::SerializeMap;
-    let mut map = serializer.serialize_map(None)?;
-    map.serialize_entry("apiVersion", &K::api_version(&()))?;
-    map.serialize_entry("kind", &K::kind(&()))?;
-    map.serialize_entry("metadata", metadata)?;
-    map.serialize_entry("spec", spec)?;
-    if let Some(status) = status {
-        map.serialize_entry("status", status)?;
-    }
-    map.end()
-}
-
-impl Serialize for VolumeSnapshot {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serialize_typed::<Self, S>(serializer, &self.metadata, &self.spec, self.status.as_ref())
-    }
-}
-
-impl Serialize for VolumeSnapshotContent {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serialize_typed::<Self, S>(serializer, &self.metadata, &self.spec, self.status.as_ref())
-    }
-}
-
-csi_kinds::fixed_resource!(
-    VolumeSnapshot,
-    NamespaceResourceScope,
-    SNAPSHOT_GROUP,
-    VERSION,
-    "VolumeSnapshot",
-    "volumesnapshots"
-);
-
-csi_kinds::fixed_resource!(
-    VolumeSnapshotContent,
-    k8s_openapi::ClusterResourceScope,
-    SNAPSHOT_GROUP,
-    VERSION,
-    "VolumeSnapshotContent",
-    "volumesnapshotcontents"
-);
 
 /// The content a usable snapshot is bound to. A snapshot being deleted is only usable when it
 /// carries our finalizer: provisioning had started before (external-provisioner #1448).
@@ -182,8 +73,8 @@ pub fn snapshot_source(
         return Err(fail(format!("snapshot handle {name} is not available")));
     };
     // As upstream: the snapshot's restore size, when it has one.
-    if let Some(size) = status.and_then(|s| s.restore_size.as_deref()) {
-        let size = csi_kinds::quantity::bytes(size)
+    if let Some(size) = status.and_then(|s| s.restore_size.as_ref()) {
+        let size = csi_kinds::quantity::bytes(&size.0)
             .map_err(|error| fail(format!("restore size of snapshot {name}: {error}")))?;
         let requested = requested_size(claim)?;
         if requested < size {
@@ -233,6 +124,7 @@ fn fail(message: String) -> ClaimError {
 
 #[cfg(test)]
 mod tests {
+    use csi_kinds::snapshot::VolumeSnapshotSpec;
     use serde_json::json;
 
     use super::*;
@@ -242,6 +134,7 @@ mod tests {
     fn snapshot(extra: serde_json::Value) -> VolumeSnapshot {
         let mut value = json!({
             "metadata": {"name": "snap", "namespace": "apps", "uid": "s1"},
+            "spec": {"source": {"volumeSnapshotContentName": "content"}},
             "status": {"boundVolumeSnapshotContentName": "content", "readyToUse": true,
                        "restoreSize": "1Gi"}
         });
@@ -253,6 +146,7 @@ mod tests {
         let mut value = json!({
             "metadata": {"name": "content"},
             "spec": {"driver": DRIVER, "sourceVolumeMode": "Filesystem",
+                     "deletionPolicy": "Delete", "source": {"snapshotHandle": "snap-1"},
                      "volumeSnapshotRef": {"name": "snap", "namespace": "apps", "uid": "s1"}},
             "status": {"snapshotHandle": "snap-1", "restoreSize": 1073741824}
         });
@@ -270,7 +164,8 @@ mod tests {
         let body = serde_json::to_value(content(json!({}))).unwrap();
         assert_eq!(body["kind"], "VolumeSnapshotContent");
         assert_eq!(body["spec"]["driver"], DRIVER);
-        let bare = serde_json::to_value(VolumeSnapshot::default()).unwrap();
+        let bare =
+            serde_json::to_value(VolumeSnapshot::new("", VolumeSnapshotSpec::default())).unwrap();
         assert!(bare.get("status").is_none(), "no status: none written");
     }
 

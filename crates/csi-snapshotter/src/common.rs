@@ -21,14 +21,14 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{
+use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
+use crate::sidecar::now;
+use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, controller_update_error, reason};
+use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
     SNAPSHOT_BOUND_FINALIZER, SnapshotError, VolumeSnapshot, VolumeSnapshotClass,
     VolumeSnapshotContent, VolumeSnapshotStatus, snapshot_key, status_merge_patch,
 };
-use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
-use crate::sidecar::now;
-use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, controller_update_error, reason};
 
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-use crate::api::{
+use crate::secrets::{CONTENT_NAME_KEY, SNAPSHOT_NAME_KEY, SNAPSHOT_NAMESPACE_KEY};
+use csi_kinds::snapshot::{
     BEING_CREATED, BEING_DELETED, CONTENT_BOUND_FINALIZER, DeletionPolicy, GROUP_SNAPSHOT_HANDLE,
     SnapshotError, VolumeSnapshotContent, VolumeSnapshotContentStatus,
 };
-use crate::secrets::{CONTENT_NAME_KEY, SNAPSHOT_NAME_KEY, SNAPSHOT_NAMESPACE_KEY};
 
 /// What a content needs next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +236,9 @@ pub fn error_status_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{SnapshotReference, VolumeSnapshotContentSource, VolumeSnapshotContentSpec};
+    use csi_kinds::snapshot::{
+        SnapshotReference, VolumeSnapshotContentSource, VolumeSnapshotContentSpec,
+    };
 
     const DRIVER: &str = "hostpath.csi.k8s.io";
 

@@ -1,12 +1,10 @@
 //! csi-snapshotter and snapshot-controller: external-snapshotter in Rust, drop-ins with
 //! upstream's flags, Lease names, finalizers, annotations and Event reasons.
-//! [`api`] holds the snapshot.storage.k8s.io/v1 types and their CRDs; [`content`] is the
-//! sidecar's pure core and [`sidecar`] its adapter; [`snapshot`] is the controller's pure
+//! The snapshot.storage.k8s.io/v1 types and their CRDs are `csi_kinds::snapshot`. [`content`]
+//! is the sidecar's pure core and [`sidecar`] its adapter; [`snapshot`] is the controller's pure
 //! core and [`common`] its adapter, [`metrics`] its operation metrics; [`secrets`] resolves the
-//! classes' secrets; [`run`] is the
-//! startup of both binaries; [`flags`] their command lines.
+//! classes' secrets; [`run`] is the startup of both binaries; [`flags`] their command lines.
 
-pub mod api;
 pub mod common;
 pub mod content;
 pub mod flags;

@@ -23,11 +23,11 @@ use kube::api::{Api, ListParams};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 use crate::common::{self, ControllerError};
 use crate::flags::{ControllerArgs, SnapshotterArgs};
 use crate::metrics::OperationMetrics;
 use crate::sidecar::{self, SidecarError};
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 
 /// The snapshot-controller's Lease.
 pub const CONTROLLER_LEASE: &str = "snapshot-controller-leader";

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use csi_kinds::names::{is_dns1123_label, is_dns1123_subdomain};
 use csi_kinds::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
 
-use crate::api::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
+use csi_kinds::snapshot::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
 
 /// One pair of class keys naming a secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

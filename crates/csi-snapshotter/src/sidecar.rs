@@ -26,12 +26,12 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{
+use crate::content::{self, ContentPlan, Cut};
+use crate::secrets::{SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference};
+use csi_kinds::snapshot::{
     BEING_CREATED, CONTENT_BOUND_FINALIZER, VolumeSnapshotClass, VolumeSnapshotContent,
     status_merge_patch,
 };
-use crate::content::{self, ContentPlan, Cut};
-use crate::secrets::{SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference};
 
 /// How the sidecar is set up (from its flags and the driver's discovery).
 #[derive(Debug, Clone)]

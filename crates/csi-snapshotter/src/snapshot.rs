@@ -8,14 +8,14 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 
-use crate::api::{
+use crate::secrets::{SNAPSHOTTER, secret_reference};
+use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE,
     DeletionPolicy, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
     SNAPSHOT_BOUND_FINALIZER, SnapshotReference, VolumeSnapshot, VolumeSnapshotClass,
     VolumeSnapshotContent, VolumeSnapshotContentSource, VolumeSnapshotContentSpec,
     VolumeSnapshotStatus, snapshot_key,
 };
-use crate::secrets::{SNAPSHOTTER, secret_reference};
 
 /// Event reasons (upstream's).
 pub mod reason {
@@ -765,7 +765,7 @@ pub fn restores_from(claim: &PersistentVolumeClaim, snapshot: &VolumeSnapshot) -
         && claim.metadata.namespace == snapshot.metadata.namespace
         && source.is_some_and(|s| {
             s.kind == "VolumeSnapshot"
-                && s.api_group.as_deref() == Some(crate::api::GROUP)
+                && s.api_group.as_deref() == Some(csi_kinds::snapshot::GROUP)
                 && Some(&s.name) == snapshot.metadata.name.as_ref()
         })
 }

@@ -3,7 +3,7 @@
 
 fn main() -> Result<(), String> {
     csi_kinds::crd::write_crds_into_argument_dir(
-        &csi_snapshotter::api::crds(),
-        csi_snapshotter::api::CRDS_COMMAND,
+        &csi_kinds::snapshot::crds(),
+        csi_kinds::snapshot::CRDS_COMMAND,
     )
 }

@@ -2,7 +2,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
 use super::*;
-use crate::api::{
+use csi_kinds::snapshot::{
     IS_DEFAULT_CLASS, VolumeSnapshotContentStatus, VolumeSnapshotSource, VolumeSnapshotSpec,
 };
 
@@ -190,7 +190,7 @@ fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
     assert_eq!(created.spec.volume_snapshot_ref.uid.as_deref(), Some("u1"));
     assert_eq!(
         created.metadata.finalizers.as_deref(),
-        Some(&[crate::api::CONTENT_BOUND_FINALIZER.to_string()][..]),
+        Some(&[csi_kinds::snapshot::CONTENT_BOUND_FINALIZER.to_string()][..]),
         "born with the bound finalizer: no window in which a deletion loses the snapshot"
     );
     assert_eq!(
@@ -198,7 +198,8 @@ fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
         Some("Filesystem")
     );
     assert_eq!(
-        created.metadata.annotations.as_ref().unwrap()[crate::api::DELETION_SECRET_NAMESPACE],
+        created.metadata.annotations.as_ref().unwrap()
+            [csi_kinds::snapshot::DELETION_SECRET_NAMESPACE],
         "ns",
         "the secret template resolved with the snapshot's namespace"
     );

@@ -10,11 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use csi_kinds::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
+use crate::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::{CustomResource, CustomResourceExt};
+use kube_core::CustomResourceExt;
+use kube_derive::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +76,7 @@ fn quantity(_: &mut SchemaGenerator) -> Schema {
 /// A user's request for a snapshot of a claim, or to use an existing snapshot.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "snapshot.storage.k8s.io",
     version = "v1",
     kind = "VolumeSnapshot",
@@ -144,6 +146,7 @@ pub struct SnapshotError {
 /// A snapshot on the storage, cluster-wide, bound to one VolumeSnapshot.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "snapshot.storage.k8s.io",
     version = "v1",
     kind = "VolumeSnapshotContent",
@@ -321,7 +324,7 @@ pub fn snapshot_key(snapshot: &VolumeSnapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_kinds::crd::stale_crds;
+    use crate::crd::stale_crds;
 
     /// The committed YAML (and the chart's copy) is what the types generate (`make crds`
     /// rewrites both).
