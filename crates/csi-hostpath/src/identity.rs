@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use csi::identity_server::Identity;
 use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
 use csi_proto::csi::v1 as csi;
-use csi_proto::podmon::v1 as podmon;
-use podmon::podmon_server::Podmon;
+use csi_proto::podmon::v1 as podmon_v1;
+use podmon_v1::podmon_server::Podmon;
 use tonic::{Request, Response, Status};
 
 use crate::data;
@@ -95,10 +95,10 @@ impl PodmonService {
 impl Driver {
     fn connectivity(
         &self,
-        request: &podmon::ValidateVolumeHostConnectivityRequest,
-    ) -> Result<podmon::ValidateVolumeHostConnectivityResponse, DriverError> {
+        request: &podmon_v1::ValidateVolumeHostConnectivityRequest,
+    ) -> Result<podmon_v1::ValidateVolumeHostConnectivityResponse, DriverError> {
         if request.volume_ids.is_empty() && request.node_id.is_empty() {
-            return Ok(podmon::ValidateVolumeHostConnectivityResponse {
+            return Ok(podmon_v1::ValidateVolumeHostConnectivityResponse {
                 connected: false,
                 ios_in_progress: false,
                 messages: vec!["ValidateVolumeHostConnectivity is implemented".into()],
@@ -143,7 +143,7 @@ impl Driver {
                 ));
             }
         }
-        Ok(podmon::ValidateVolumeHostConnectivityResponse {
+        Ok(podmon_v1::ValidateVolumeHostConnectivityResponse {
             connected,
             ios_in_progress,
             messages,
@@ -153,6 +153,6 @@ impl Driver {
 
 crate::driver::blocking_service! {
     PodmonService: Podmon {
-        validate_volume_host_connectivity(podmon::ValidateVolumeHostConnectivityRequest) -> podmon::ValidateVolumeHostConnectivityResponse => |d, r| d.connectivity(&r);
+        validate_volume_host_connectivity(podmon_v1::ValidateVolumeHostConnectivityRequest) -> podmon_v1::ValidateVolumeHostConnectivityResponse => |d, r| d.connectivity(&r);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use csi_proto::cosi::v1alpha1 as cosi;
+use csi_proto::cosi::v1alpha1 as cosi_v1alpha1;
 use csi_proto::csi::v1 as csi;
 use csi_proto::{SECRET_BEARING_MESSAGES, SECRET_FIELDS};
 use prost::Message;
@@ -45,8 +45,8 @@ macro_rules! case {
 }
 
 /// COSI's one secret-bearing message: the credentials a grant mints.
-fn cosi_credentials() -> cosi::CredentialDetails {
-    cosi::CredentialDetails { secrets: secrets() }
+fn cosi_credentials() -> cosi_v1alpha1::CredentialDetails {
+    cosi_v1alpha1::CredentialDetails { secrets: secrets() }
 }
 
 fn cases() -> Vec<Case> {
@@ -260,7 +260,7 @@ fn secret_bearing_messages_match_the_descriptor() {
 /// the keys themselves.
 #[test]
 fn cosi_grant_response_prints_without_its_keys() {
-    let response = cosi::DriverGrantBucketAccessResponse {
+    let response = cosi_v1alpha1::DriverGrantBucketAccessResponse {
         account_id: "account-7".to_owned(),
         credentials: HashMap::from([("s3".to_owned(), cosi_credentials())]),
     };
@@ -502,10 +502,13 @@ fn cosi_wire_facts() {
             .map(|f| (*f).to_owned())
             .collect::<BTreeSet<_>>()
     );
-    assert_eq!(cosi::AuthenticationType::Key as i32, 1);
-    assert_eq!(cosi::AuthenticationType::Iam as i32, 2);
-    assert_eq!(cosi::S3SignatureVersion::S3v4 as i32, 2);
-    assert_eq!(cosi::AnonymousBucketAccessMode::ReadWrite as i32, 4);
+    assert_eq!(cosi_v1alpha1::AuthenticationType::Key as i32, 1);
+    assert_eq!(cosi_v1alpha1::AuthenticationType::Iam as i32, 2);
+    assert_eq!(cosi_v1alpha1::S3SignatureVersion::S3v4 as i32, 2);
+    assert_eq!(
+        cosi_v1alpha1::AnonymousBucketAccessMode::ReadWrite as i32,
+        4
+    );
     assert_eq!(
         csi_proto::cosi::v1alpha1::provisioner_server::SERVICE_NAME,
         "cosi.v1alpha1.Provisioner"

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use csi_grpc::conn::CsiConnection;
 use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
 use csi_kinds::secrets::SecretRef;
-use csi_proto::podmon::v1 as podmon;
+use csi_proto::podmon::v1 as podmon_v1;
 use csi_sidecar::backoff::delay_for;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -262,7 +262,7 @@ pub async fn run(
 pub async fn probe_extension(csi: &CsiConnection, timeout: Duration) -> Extension {
     let outcome = csi
         .validate_volume_host_connectivity(
-            podmon::ValidateVolumeHostConnectivityRequest::default(),
+            podmon_v1::ValidateVolumeHostConnectivityRequest::default(),
             timeout,
         )
         .await;
@@ -676,7 +676,7 @@ impl Controller {
     async fn validate(
         &self,
         node_name: &str,
-        request: podmon::ValidateVolumeHostConnectivityRequest,
+        request: podmon_v1::ValidateVolumeHostConnectivityRequest,
         rwx: bool,
         group: &Group,
     ) -> Result<(), CleanupError> {
@@ -827,7 +827,7 @@ async fn connectivity_loop(controller: Arc<Controller>, shutdown: CancellationTo
             ) else {
                 continue;
             };
-            let request = podmon::ValidateVolumeHostConnectivityRequest {
+            let request = podmon_v1::ValidateVolumeHostConnectivityRequest {
                 node_id,
                 ..Default::default()
             };

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use csi_proto::cosi::v1alpha1 as cosi;
+use csi_proto::cosi::v1alpha1 as cosi_v1alpha1;
 use tonic::{Request, Response, Status};
 
 use super::client::{AwsClient, AwsError};
@@ -69,23 +69,23 @@ fn no_parameters(parameters: &HashMap<String, String>, call: &str) -> Result<(),
 }
 
 #[tonic::async_trait]
-impl cosi::identity_server::Identity for S3Driver {
+impl cosi_v1alpha1::identity_server::Identity for S3Driver {
     async fn driver_get_info(
         &self,
-        _: Request<cosi::DriverGetInfoRequest>,
-    ) -> Result<Response<cosi::DriverGetInfoResponse>, Status> {
-        Ok(Response::new(cosi::DriverGetInfoResponse {
+        _: Request<cosi_v1alpha1::DriverGetInfoRequest>,
+    ) -> Result<Response<cosi_v1alpha1::DriverGetInfoResponse>, Status> {
+        Ok(Response::new(cosi_v1alpha1::DriverGetInfoResponse {
             name: self.name.clone(),
         }))
     }
 }
 
 #[tonic::async_trait]
-impl cosi::provisioner_server::Provisioner for S3Driver {
+impl cosi_v1alpha1::provisioner_server::Provisioner for S3Driver {
     async fn driver_create_bucket(
         &self,
-        request: Request<cosi::DriverCreateBucketRequest>,
-    ) -> Result<Response<cosi::DriverCreateBucketResponse>, Status> {
+        request: Request<cosi_v1alpha1::DriverCreateBucketRequest>,
+    ) -> Result<Response<cosi_v1alpha1::DriverCreateBucketResponse>, Status> {
         let request = request.into_inner();
         if request.name.is_empty() {
             return Err(Status::invalid_argument(
@@ -98,12 +98,12 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
             .await
             .map_err(status)?;
         tracing::info!(bucket = %request.name, "created bucket");
-        Ok(Response::new(cosi::DriverCreateBucketResponse {
+        Ok(Response::new(cosi_v1alpha1::DriverCreateBucketResponse {
             bucket_id: request.name,
-            bucket_info: Some(cosi::Protocol {
-                r#type: Some(cosi::protocol::Type::S3(cosi::S3 {
+            bucket_info: Some(cosi_v1alpha1::Protocol {
+                r#type: Some(cosi_v1alpha1::protocol::Type::S3(cosi_v1alpha1::S3 {
                     region: self.client.region().to_string(),
-                    signature_version: cosi::S3SignatureVersion::S3v4 as i32,
+                    signature_version: cosi_v1alpha1::S3SignatureVersion::S3v4 as i32,
                 })),
             }),
         }))
@@ -111,8 +111,8 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
 
     async fn driver_delete_bucket(
         &self,
-        request: Request<cosi::DriverDeleteBucketRequest>,
-    ) -> Result<Response<cosi::DriverDeleteBucketResponse>, Status> {
+        request: Request<cosi_v1alpha1::DriverDeleteBucketRequest>,
+    ) -> Result<Response<cosi_v1alpha1::DriverDeleteBucketResponse>, Status> {
         let request = request.into_inner();
         if request.bucket_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -124,20 +124,20 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
             .await
             .map_err(status)?;
         tracing::info!(bucket = %request.bucket_id, "deleted bucket");
-        Ok(Response::new(cosi::DriverDeleteBucketResponse {}))
+        Ok(Response::new(cosi_v1alpha1::DriverDeleteBucketResponse {}))
     }
 
     async fn driver_grant_bucket_access(
         &self,
-        request: Request<cosi::DriverGrantBucketAccessRequest>,
-    ) -> Result<Response<cosi::DriverGrantBucketAccessResponse>, Status> {
+        request: Request<cosi_v1alpha1::DriverGrantBucketAccessRequest>,
+    ) -> Result<Response<cosi_v1alpha1::DriverGrantBucketAccessResponse>, Status> {
         let request = request.into_inner();
         if request.bucket_id.is_empty() || request.name.is_empty() {
             return Err(Status::invalid_argument(
                 "DriverGrantBucketAccess: bucket_id and name are required",
             ));
         }
-        if request.authentication_type != cosi::AuthenticationType::Key as i32 {
+        if request.authentication_type != cosi_v1alpha1::AuthenticationType::Key as i32 {
             return Err(Status::invalid_argument(
                 "DriverGrantBucketAccess: cosi-s3 grants Key authentication only",
             ));
@@ -197,16 +197,21 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
             ("accessKeyID".to_string(), key_id),
             ("accessSecretKey".to_string(), secret),
         ]);
-        Ok(Response::new(cosi::DriverGrantBucketAccessResponse {
-            account_id: user.to_string(),
-            credentials: HashMap::from([("s3".to_string(), cosi::CredentialDetails { secrets })]),
-        }))
+        Ok(Response::new(
+            cosi_v1alpha1::DriverGrantBucketAccessResponse {
+                account_id: user.to_string(),
+                credentials: HashMap::from([(
+                    "s3".to_string(),
+                    cosi_v1alpha1::CredentialDetails { secrets },
+                )]),
+            },
+        ))
     }
 
     async fn driver_revoke_bucket_access(
         &self,
-        request: Request<cosi::DriverRevokeBucketAccessRequest>,
-    ) -> Result<Response<cosi::DriverRevokeBucketAccessResponse>, Status> {
+        request: Request<cosi_v1alpha1::DriverRevokeBucketAccessRequest>,
+    ) -> Result<Response<cosi_v1alpha1::DriverRevokeBucketAccessResponse>, Status> {
         let request = request.into_inner();
         if request.account_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -216,7 +221,9 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
         let user = request.account_id.as_str();
         let keys = match self.access_keys(user).await {
             Err(error) if error.code() == Some("NoSuchEntity") => {
-                return Ok(Response::new(cosi::DriverRevokeBucketAccessResponse {}));
+                return Ok(Response::new(
+                    cosi_v1alpha1::DriverRevokeBucketAccessResponse {},
+                ));
             }
             other => other.map_err(status)?,
         };
@@ -244,6 +251,8 @@ impl cosi::provisioner_server::Provisioner for S3Driver {
             }
         }
         tracing::info!(bucket = %request.bucket_id, account = %user, "revoked access");
-        Ok(Response::new(cosi::DriverRevokeBucketAccessResponse {}))
+        Ok(Response::new(
+            cosi_v1alpha1::DriverRevokeBucketAccessResponse {},
+        ))
     }
 }

@@ -3,19 +3,19 @@
 
 use std::time::Duration;
 
-use csi_proto::cosi::v1alpha1 as cosi;
+use csi_proto::cosi::v1alpha1 as cosi_v1alpha1;
 use csi_proto::csi::v1 as csi;
-use csi_proto::podmon::v1 as podmon;
+use csi_proto::podmon::v1 as podmon_v1;
 use tonic::Status;
 
 use super::CsiConnection;
-use cosi::identity_client::IdentityClient as CosiIdentityClient;
-use cosi::provisioner_client::ProvisionerClient as CosiProvisionerClient;
+use cosi_v1alpha1::identity_client::IdentityClient as CosiIdentityClient;
+use cosi_v1alpha1::provisioner_client::ProvisionerClient as CosiProvisionerClient;
 use csi::controller_client::ControllerClient;
 use csi::group_controller_client::GroupControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::node_client::NodeClient;
-use podmon::podmon_client::PodmonClient;
+use podmon_v1::podmon_client::PodmonClient;
 
 macro_rules! unary_rpcs {
     ($( $client:ident $service:literal { $( $method:ident $name:literal ($request:ty) -> $response:ty; )* } )*) => {
@@ -73,15 +73,15 @@ unary_rpcs! {
         node_get_info "NodeGetInfo" (csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse;
     }
     PodmonClient "podmon.v1.Podmon" {
-        validate_volume_host_connectivity "ValidateVolumeHostConnectivity" (podmon::ValidateVolumeHostConnectivityRequest) -> podmon::ValidateVolumeHostConnectivityResponse;
+        validate_volume_host_connectivity "ValidateVolumeHostConnectivity" (podmon_v1::ValidateVolumeHostConnectivityRequest) -> podmon_v1::ValidateVolumeHostConnectivityResponse;
     }
     CosiIdentityClient "cosi.v1alpha1.Identity" {
-        driver_get_info "DriverGetInfo" (cosi::DriverGetInfoRequest) -> cosi::DriverGetInfoResponse;
+        driver_get_info "DriverGetInfo" (cosi_v1alpha1::DriverGetInfoRequest) -> cosi_v1alpha1::DriverGetInfoResponse;
     }
     CosiProvisionerClient "cosi.v1alpha1.Provisioner" {
-        driver_create_bucket "DriverCreateBucket" (cosi::DriverCreateBucketRequest) -> cosi::DriverCreateBucketResponse;
-        driver_delete_bucket "DriverDeleteBucket" (cosi::DriverDeleteBucketRequest) -> cosi::DriverDeleteBucketResponse;
-        driver_grant_bucket_access "DriverGrantBucketAccess" (cosi::DriverGrantBucketAccessRequest) -> cosi::DriverGrantBucketAccessResponse;
-        driver_revoke_bucket_access "DriverRevokeBucketAccess" (cosi::DriverRevokeBucketAccessRequest) -> cosi::DriverRevokeBucketAccessResponse;
+        driver_create_bucket "DriverCreateBucket" (cosi_v1alpha1::DriverCreateBucketRequest) -> cosi_v1alpha1::DriverCreateBucketResponse;
+        driver_delete_bucket "DriverDeleteBucket" (cosi_v1alpha1::DriverDeleteBucketRequest) -> cosi_v1alpha1::DriverDeleteBucketResponse;
+        driver_grant_bucket_access "DriverGrantBucketAccess" (cosi_v1alpha1::DriverGrantBucketAccessRequest) -> cosi_v1alpha1::DriverGrantBucketAccessResponse;
+        driver_revoke_bucket_access "DriverRevokeBucketAccess" (cosi_v1alpha1::DriverRevokeBucketAccessRequest) -> cosi_v1alpha1::DriverRevokeBucketAccessResponse;
     }
 }

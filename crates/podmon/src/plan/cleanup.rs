@@ -9,7 +9,7 @@ use csi_kinds::kubelet_paths;
 use csi_kinds::secrets::SecretRef;
 use csi_kinds::volume_attachment::{NODE_ID_ANNOTATION, unpublish_request};
 use csi_proto::csi::v1 as csi;
-use csi_proto::podmon::v1 as podmon;
+use csi_proto::podmon::v1 as podmon_v1;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -167,7 +167,7 @@ pub enum Step {
     /// Ask the driver (podmon extension) whether the node may be cleaned up;
     /// [`super::validation_allows`] judges the answer (`rwx`: a volume is ReadWriteMany).
     Validate {
-        request: podmon::ValidateVolumeHostConnectivityRequest,
+        request: podmon_v1::ValidateVolumeHostConnectivityRequest,
         rwx: bool,
     },
     /// The caches may lag: before the first step that cannot be undone, the live objects must
@@ -314,7 +314,7 @@ pub fn cleanup(input: &CleanupInput<'_>, objects: &impl Objects) -> Result<Clean
         .ok_or(Refusal::MissingNodeId)?;
         if input.extension == Extension::Served {
             steps.push(Step::Validate {
-                request: podmon::ValidateVolumeHostConnectivityRequest {
+                request: podmon_v1::ValidateVolumeHostConnectivityRequest {
                     volume_ids: volumes
                         .values()
                         .filter_map(|pv| {
