@@ -29,7 +29,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
     cargo build --release --locked --target "$triple" \
       -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-node-driver-registrar -p podmon \
-      -p csi-inventory -p csi-hostpath -p cosi \
+      -p csi-inventory -p csi-hostpath -p cosi -p cosi-s3 \
  && mkdir -p /out/bin \
  && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath cosi-controller cosi-provisioner cosi-s3; do \
       cp "target/$triple/release/$binary" /out/bin/; \

@@ -11,7 +11,7 @@ export PROTOC := /nonexistent/protoc-is-never-used
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
 export HELM
-# cosi-s3's tests (crates/cosi/tests/s3.rs) run it against this S3 and IAM server.
+# cosi-s3's tests (tests/tests/cosi_s3.rs) run it against this S3 and IAM server.
 MOTO_SERVER := $(CURDIR)/.tools/moto/bin/moto_server
 export MOTO_SERVER
 CHART := charts/csi-suite
@@ -99,7 +99,7 @@ crds:
 ## make build fails if a binary came out dynamically linked (a program interpreter in its headers),
 ## or if readelf cannot read one (a missing readelf must not pass every binary).
 RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
-  csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi kube-sim
+  csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi cosi-s3 kube-sim
 ## RELEASE_PROFILE=ci-release (what .ci/run sets) builds them with Cargo.toml's CI profile
 ## instead: the same code generation without fat LTO.
 HOST_TRIPLE = $(shell rustc -vV | sed -n 's/^host: //p')

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use cosi::api::{Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
-use cosi::s3::driver::S3Driver;
+use cosi_s3::driver::S3Driver;
 use csi_grpc::conn::Endpoint;
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, Footprint, Phase, SidecarProcess, client_requests, latencies, listed_watch,
@@ -94,7 +94,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
     };
     tokio::spawn({
         let (socket, stop) = (socket.clone(), stop_driver.clone());
-        async move { cosi::s3::serve::serve(driver, &socket, stop).await }
+        async move { cosi_s3::serve::serve(driver, &socket, stop).await }
     });
 
     // Their caches: claims, classes and Buckets; Buckets, accesses, claims and access classes.

@@ -7,8 +7,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cosi::s3::client::AwsClient;
-use cosi::s3::sigv4::Credentials;
+use cosi_s3::client::AwsClient;
+use cosi_s3::sigv4::Credentials;
 
 /// A running moto_server, stopped when dropped.
 #[derive(Debug)]
@@ -112,7 +112,7 @@ impl Moto {
             .iam("CreateAccessKey", &[("UserName", "cosi-admin")])
             .await
             .expect("CreateAccessKey");
-        let value = |tag| cosi::s3::client::xml_values(&answer, tag).remove(0);
+        let value = |tag| cosi_s3::client::xml_values(&answer, tag).remove(0);
         moto.admin =
             anyone.with_credentials(keys(&value("AccessKeyId"), &value("SecretAccessKey")));
         Some(moto)

@@ -3,8 +3,8 @@
 //! user takes: a ready claim, a granted access and the workload's S3 client from its Secret.
 
 use cosi::api::{Bucket, BucketAccess, BucketClaim};
-use cosi::s3::client::AwsClient;
-use cosi::s3::driver::S3Driver;
+use cosi_s3::client::AwsClient;
+use cosi_s3::driver::S3Driver;
 use csi_grpc::conn::Endpoint;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -40,7 +40,7 @@ impl CosiDriver {
         let name = driver.name.clone();
         tokio::spawn({
             let (socket, stop) = (socket.clone(), stop.clone());
-            async move { cosi::s3::serve::serve(driver, &socket, stop).await }
+            async move { cosi_s3::serve::serve(driver, &socket, stop).await }
         });
         let sidecar = cluster.start_cosi_provisioner(&socket).await;
         Some(Self {

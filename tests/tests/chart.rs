@@ -297,7 +297,7 @@ fn parse_with_binary(container: &Value) -> bool {
                 .iter()
                 .cloned()
                 .chain(from_secret.then(|| "--access-key-id=from-the-secret".to_string()));
-            <cosi::s3::serve::S3Args as clap::Parser>::try_parse_from(argv).map(drop)
+            <cosi_s3::serve::S3Args as clap::Parser>::try_parse_from(argv).map(drop)
         }
         _ => return false,
     };

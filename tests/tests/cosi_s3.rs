@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use cosi::s3::driver::S3Driver;
-use cosi::s3::sigv4::Credentials;
+use cosi_s3::driver::S3Driver;
+use cosi_s3::sigv4::Credentials;
 use csi_grpc::conn::{CsiConnection, Endpoint};
 use csi_proto::cosi::v1alpha1 as proto;
 use csi_suite_scenarios::moto::{Moto, keys};
@@ -43,7 +43,7 @@ async fn buckets_and_per_access_keys_the_endpoint_enforces() {
     };
     let serving = tokio::spawn({
         let (socket, shutdown) = (socket.clone(), shutdown.clone());
-        async move { cosi::s3::serve::serve(driver, &socket, shutdown).await }
+        async move { cosi_s3::serve::serve(driver, &socket, shutdown).await }
     });
     let connection: CsiConnection = csi_grpc::conn::connect(
         &socket,

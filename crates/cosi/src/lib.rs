@@ -3,15 +3,14 @@
 //! Kubernetes side: the `objectstorage.k8s.io/v1alpha1` kinds and their CRDs ([`api`]), and
 //! the `cosi-controller` that gives BucketClaims their Buckets ([`claim`] decides,
 //! [`controller`] acts), the `cosi-provisioner` sidecar that turns Buckets and BucketAccesses
-//! into buckets and credentials Secrets through a driver ([`sidecar`]), and the sample driver
-//! `cosi-s3` ([`s3`]).
+//! into buckets and credentials Secrets through a driver ([`sidecar`]). The sample driver
+//! `cosi-s3` is a crate of its own.
 
 pub mod api;
 pub mod claim;
 pub mod controller;
 pub mod flags;
 pub mod run;
-pub mod s3;
 pub mod sidecar;
 
 /// Objects for the table tests: a JSON base with fields merged over it.

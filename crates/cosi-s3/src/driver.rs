@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use csi_proto::cosi::v1alpha1 as cosi_v1alpha1;
 use tonic::{Request, Response, Status};
 
-use super::client::{AwsClient, AwsError};
+use crate::client::{AwsClient, AwsError};
 
 /// The Status for a failed S3 or IAM call: the endpoint's refusals as the caller's mistakes
 /// where they are, everything else retryable.
@@ -53,7 +53,7 @@ impl S3Driver {
             .client
             .iam("ListAccessKeys", &[("UserName", user)])
             .await?;
-        Ok(super::client::xml_values(&answer, "AccessKeyId"))
+        Ok(crate::client::xml_values(&answer, "AccessKeyId"))
     }
 }
 
@@ -178,7 +178,7 @@ impl cosi_v1alpha1::provisioner_server::Provisioner for S3Driver {
             .iam("CreateAccessKey", &[("UserName", user)])
             .await
             .map_err(status)?;
-        let value = |tag| super::client::xml_values(&answer, tag).into_iter().next();
+        let value = |tag| crate::client::xml_values(&answer, tag).into_iter().next();
         let (Some(key_id), Some(secret)) = (value("AccessKeyId"), value("SecretAccessKey")) else {
             return Err(Status::internal("CreateAccessKey answered without a key"));
         };

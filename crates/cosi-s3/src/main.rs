@@ -1,5 +1,5 @@
 use anyhow::Context;
-use cosi::s3::serve::{S3Args, serve};
+use cosi_s3::serve::{S3Args, serve};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -7,9 +7,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use k8s_openapi::jiff::Timestamp;
+use jiff::Timestamp;
 
-use super::sigv4::{self, Credentials, Request, Scope};
+use crate::sigv4::{self, Credentials, Request, Scope};
 
 /// IAM is global: its requests are signed for this region.
 const IAM_REGION: &str = "us-east-1";

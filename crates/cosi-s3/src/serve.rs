@@ -8,9 +8,9 @@ use csi_proto::cosi::v1alpha1::identity_server::IdentityServer;
 use csi_proto::cosi::v1alpha1::provisioner_server::ProvisionerServer;
 use tokio_util::sync::CancellationToken;
 
-use super::client::AwsClient;
-use super::driver::S3Driver;
-use super::sigv4::Credentials;
+use crate::client::AwsClient;
+use crate::driver::S3Driver;
+use crate::sigv4::Credentials;
 
 /// cosi-s3: the sample COSI driver, for any S3 endpoint with IAM.
 #[derive(Parser, Debug, Clone)]
