@@ -228,7 +228,8 @@ where
 }
 
 /// The flags of an upstream flag table (`flag<TAB>type<TAB>default` lines after a header, as in
-/// `reference/upstream-flags/*.tsv`) that `command` does not accept (`--version` aside: clap's).
+/// `crates/<component>/upstream-flags/*.tsv`) that `command` does not accept (`--version`
+/// aside: clap's).
 pub fn missing_upstream_flags(command: &clap::Command, table: &str) -> Vec<String> {
     table
         .lines()

@@ -45,7 +45,7 @@ fn provisioner(args: &[&str]) -> Result<SidecarArgs, clap::Error> {
     try_parse_from::<ProvisionerLike, _, _>(argv).map(|a| a.sidecar)
 }
 
-/// The upstream defaults (reference/upstream-flags/csi-attacher.tsv), one assertion each, so a
+/// The upstream defaults (crates/csi-attacher/upstream-flags/csi-attacher.tsv), one assertion each, so a
 /// changed default fails here.
 #[test]
 fn defaults_match_upstream_attacher() {
