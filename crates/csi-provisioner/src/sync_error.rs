@@ -1,8 +1,8 @@
 //! Why a sync of a claim or PV failed. The workers log the error and back its key off; the
 //! texts are the ones users see in logs and Events, so they stay as upstream words them.
 
+use csi_sidecar::api_errors::GoApiError;
 use csi_sidecar::finalizers::FinalizerError;
-use csi_sidecar::kube::GoApiError;
 
 use crate::claims::ClaimError;
 use crate::request::RequestError;

@@ -29,7 +29,7 @@ impl FinalizerError {
     pub fn cause(&self) -> String {
         match self {
             Self::Failed(_, error) | Self::Get(_, error) => {
-                crate::kube::GoApiError(error).to_string()
+                crate::api_errors::GoApiError(error).to_string()
             }
             Self::Forbidden(_) | Self::Patch(_) => self.to_string(),
         }

@@ -601,7 +601,7 @@ async fn try_acquire_or_renew(
         {
             Ok(written) => return Ok(Some(lock.wrote(written))),
             Err(error) => {
-                tracing::debug!(lease = %config.lease_name, error = %crate::kube::GoApiError(&error), "failed to update the lease optimistically, falling back to the slow path");
+                tracing::debug!(lease = %config.lease_name, error = %crate::api_errors::GoApiError(&error), "failed to update the lease optimistically, falling back to the slow path");
             }
         }
     }

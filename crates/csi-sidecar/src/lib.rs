@@ -10,6 +10,7 @@
 //! - [`feature_gates`] `--feature-gates` with component-base semantics;
 //! - [`kube`] the Kubernetes client (kubeconfig or in-cluster, optional token bucket, 429
 //!   Retry-After);
+//! - [`api_errors`] Kubernetes API errors as client-go prints them;
 //! - [`leader`] Lease-based leader election with client-go semantics;
 //! - [`informers`] reflector caches with one wake-up signal per controller;
 //! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
@@ -26,6 +27,7 @@
 //! - [`vac`] whether the API server serves VolumeAttributesClasses (storage.k8s.io/v1);
 //! - [`lock`] a mutex lock that outlives a panicked holder.
 
+pub mod api_errors;
 pub mod backoff;
 pub mod events;
 pub mod feature_gates;

@@ -5,7 +5,7 @@ use csi_kinds::secrets::{SecretData, SecretRef, SecretsError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
-use crate::kube::GoApiError;
+use crate::api_errors::GoApiError;
 
 /// GETs the referenced Secret and converts its data (upstream `getCredentials`). The caller
 /// decides what a failure means: retry when provisioning, go on without secrets when deleting.
