@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
-pub use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
+use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
 const ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 /// The finalizer a clone's source claim carries while the clone is provisioned.
 pub const CLONING_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";

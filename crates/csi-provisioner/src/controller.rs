@@ -33,10 +33,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
-use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource};
 use crate::grants::ReferenceGrant;
 use crate::snapshots::{self, SOURCE_PROTECTION};
 use crate::vac::VacError;
+use csi_kinds::annotations::SELECTED_NODE;
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use csi_kinds::vac::VolumeAttributesClass;
 

@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use csi_kinds::annotations::{SELECTED_NODE, STORAGE_PROVISIONER};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kube_sim::ApiServer;
 use kube_sim::roles::kubelet::{attachment_name, unique_volume_name};
-use kube_sim::roles::pv_binder::{SELECTED_NODE, STORAGE_PROVISIONER};
 use kube_sim::roles::{Role, Timing, start_control_plane};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};

@@ -20,9 +20,7 @@ use super::scheduling::{claim_matches_pv, parse_quantity, pv_matches_node};
 use super::{Informers, RoleError, Timing, merge_patch, merge_patch_status, reconcile_loop};
 use csi_sidecar::events::{EventRecorder, EventType};
 
-pub use csi_kinds::annotations::{
-    BETA_STORAGE_PROVISIONER, PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
-};
+use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
 pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 pub const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 pub use crate::apiserver::admission::{PV_PROTECTION, PVC_PROTECTION};

@@ -16,12 +16,12 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::pv_binder::SELECTED_NODE;
 use super::scheduling::{
     claim_matches_pv, label_selector_matches, node_ready_status, node_selector_matches,
     parse_quantity, pv_matches_node, untolerated,
 };
 use super::{Informers, RoleError, Timing, merge_patch, merge_patch_status, now, reconcile_loop};
+use csi_kinds::annotations::SELECTED_NODE;
 
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
