@@ -59,3 +59,34 @@ pub fn support(enabled: bool, explicitly_set: bool, served: Option<bool>) -> Sup
         (true, _) => Support::Served,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_turns_only_a_default_gate_off() {
+        let table = [
+            ("off", false, false, Some(true), Support::Disabled),
+            ("default, served", true, false, Some(true), Support::Served),
+            (
+                "default, not served",
+                true,
+                false,
+                Some(false),
+                Support::Disabled,
+            ),
+            (
+                "explicit, not served",
+                true,
+                true,
+                Some(false),
+                Support::NotServed,
+            ),
+            ("discovery failed", true, false, None, Support::Served),
+        ];
+        for (what, enabled, explicit, served, expected) in table {
+            assert_eq!(support(enabled, explicit, served), expected, "{what}");
+        }
+    }
+}

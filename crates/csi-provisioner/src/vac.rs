@@ -74,34 +74,7 @@ pub fn mutable_parameters(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_kinds::vac::support;
     use serde_json::json;
-
-    #[test]
-    fn discovery_turns_only_a_default_gate_off() {
-        let table = [
-            ("off", false, false, Some(true), Support::Disabled),
-            ("default, served", true, false, Some(true), Support::Served),
-            (
-                "default, not served",
-                true,
-                false,
-                Some(false),
-                Support::Disabled,
-            ),
-            (
-                "explicit, not served",
-                true,
-                true,
-                Some(false),
-                Support::NotServed,
-            ),
-            ("discovery failed", true, false, None, Support::Served),
-        ];
-        for (what, enabled, explicit, served, expected) in table {
-            assert_eq!(support(enabled, explicit, served), expected, "{what}");
-        }
-    }
 
     #[test]
     fn mutable_parameters_come_from_a_class_of_this_driver() {
