@@ -20,6 +20,7 @@ use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
 use csi_sidecar::slow_set::SlowSet;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
 use csi_sidecar::writes::patch_or_update;
 use futures::FutureExt;
@@ -177,7 +178,11 @@ struct Provisioner {
     /// retried after `--retry-interval-max` (sig-storage-lib's slow set).
     infeasible: SlowSet<String, String>,
     workers: Arc<KeyedWorkers<Key>>,
-    unseen: UnseenWrites,
+    /// Our writes to claims the cache does not show yet: a sync that read the older claim
+    /// would redo them (a second CreateVolume, PV create, finalizer patch and Events).
+    claim_writes: Arc<Superseded<ObjectRef<CachedClaim>>>,
+    /// PVs we created or deleted that the cache does not show so yet.
+    volume_writes: Superseded<String>,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
     save_refusals: Mutex<HashMap<String, u32>>,
     /// With `--node-deployment`: the node served.
@@ -185,64 +190,6 @@ struct Provisioner {
     /// An error that ends the provisioner (set once; `stop` is then cancelled).
     fatal: std::sync::OnceLock<request::RequestError>,
     stop: CancellationToken,
-}
-
-/// Our writes the caches do not show yet. A sync that read the older state would redo them
-/// (a second CreateVolume, PV create, finalizer patch and Events per volume), so such syncs
-/// wait for the watch event that brings the new state.
-#[derive(Default)]
-struct UnseenWrites {
-    /// Claim → our last write to it.
-    claims: Mutex<HashMap<ObjectRef<CachedClaim>, Written>>,
-    /// PVs we created.
-    created_volumes: Mutex<HashSet<String>>,
-    /// PVs we deleted (and released).
-    deleted_volumes: Mutex<HashSet<String>>,
-}
-
-impl UnseenWrites {
-    /// Records our write to `before`, which the API server answered with `after` (`None`: the
-    /// claim was gone).
-    fn claim_written(&self, before: &PersistentVolumeClaim, after: Option<&PersistentVolumeClaim>) {
-        if let Some(replaced) = before.resource_version() {
-            let produced = after.and_then(|u| u.resource_version());
-            lock(&self.claims).insert(claim_ref(before), Written { replaced, produced });
-        }
-    }
-}
-
-/// Our write to an object, until the cache shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Written {
-    /// The resourceVersion of the copy the write was built from.
-    replaced: String,
-    /// The resourceVersion the API server answered with.
-    produced: Option<String>,
-}
-
-impl Written {
-    /// Whether a cached copy at resourceVersion `cached` predates this write. A patch guarded by
-    /// a `test` of the finalizers (not of the resourceVersion) lands on whatever version is
-    /// current, often a newer one than it was built from (kube-controller-manager updates a
-    /// claim as it binds it): a cache at that in-between version still predates the write, and
-    /// acting on it repeats the write, which then fails its `test` (422). resourceVersions
-    /// are etcd revisions, integers that grow, on the API servers we know (kube-sim's too);
-    /// where one does not parse, only the copy the write was built from counts as stale.
-    fn predates(&self, cached: Option<&str>) -> bool {
-        let Some(cached) = cached else {
-            return false;
-        };
-        if cached == self.replaced {
-            return true;
-        }
-        match (
-            cached.parse::<u64>(),
-            self.produced.as_deref().map(str::parse::<u64>),
-        ) {
-            (Ok(cached), Some(Ok(produced))) => cached < produced,
-            _ => false,
-        }
-    }
 }
 
 /// A data source that carries a protection finalizer while the driver copies from it.
@@ -289,7 +236,11 @@ pub async fn run(
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
-    let claims = informers.all_with(move |claim: &CachedClaim| {
+    let claim_writes = Arc::new(Superseded::default());
+    let observed = claim_writes.clone();
+    let claims = informers.all_observing(move |how, claim: &CachedClaim| {
+        let version = claim.resource_version();
+        observed.observed(&ObjectRef::from_obj(claim), version.as_deref(), how);
         claim_keys(claim).for_each(|key| claim_work.trigger_for(key, claim));
     });
     let attachments = informers.all();
@@ -358,7 +309,8 @@ pub async fn run(
         caches,
         pinned: Mutex::new(HashMap::new()),
         infeasible: SlowSet::new(settings.retry_max),
-        unseen: UnseenWrites::default(),
+        claim_writes,
+        volume_writes: Superseded::default(),
         save_refusals: Mutex::new(HashMap::new()),
         node: settings.node_deployment.clone().map(|deployment| OwnNode {
             backoff: OwnerBackoff::new(deployment.base_delay, deployment.max_delay),
@@ -537,19 +489,17 @@ impl Provisioner {
         }
     }
 
-    /// Drops the unseen-write records the caches have caught up with.
+    /// Forgets our writes the caches have caught up with.
     fn forget_seen_writes(&self) {
         let claims = &self.caches.claims;
-        lock(&self.unseen.claims).retain(|reference, written| {
-            claims
-                .get(reference)
-                .is_some_and(|c| written.predates(c.resource_version().as_deref()))
-        });
+        self.claim_writes
+            .forget_caught_up(|reference| claims.get(reference).map(|c| c.resource_version()));
         let volumes = &self.caches.volumes;
-        lock(&self.unseen.created_volumes)
-            .retain(|name| volumes.get(&ObjectRef::new(name)).is_none());
-        lock(&self.unseen.deleted_volumes)
-            .retain(|name| volumes.get(&ObjectRef::new(name)).is_some());
+        self.volume_writes.forget_caught_up(|name| {
+            volumes
+                .get(&ObjectRef::new(name))
+                .map(|v| v.resource_version())
+        });
     }
 
     /// The cached claim, unless the cache does not show our last write to it yet (`Err`:
@@ -561,9 +511,9 @@ impl Provisioner {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(None);
         };
-        if lock(&self.unseen.claims)
-            .get(reference)
-            .is_some_and(|written| written.predates(claim.resource_version().as_deref()))
+        if self
+            .claim_writes
+            .lags(reference, true, claim.resource_version().as_deref())
         {
             return Err(Synced::Waiting);
         }
@@ -631,7 +581,7 @@ impl Provisioner {
             .and_then(|s| s.volume_name.as_deref())
             .is_some_and(|v| !v.is_empty());
         let volume_cached = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
-        if !volume_cached && lock(&self.unseen.created_volumes).contains(&name) {
+        if self.volume_writes.lags(&name, volume_cached, None) {
             return Ok(Synced::Waiting);
         }
         if volume_cached || bound {
@@ -1146,7 +1096,7 @@ impl Provisioner {
         let uid = claim.uid().unwrap_or_default();
         let error = match api.create(&PostParams::default(), &object).await {
             Ok(_) => {
-                lock(&self.unseen.created_volumes).insert(object.name_any());
+                self.volume_writes.created(object.name_any());
                 lock(&self.save_refusals).remove(&uid);
                 return Ok(());
             }
@@ -1254,8 +1204,9 @@ impl Provisioner {
     ) -> Result<Option<PersistentVolumeClaim>, SyncError> {
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let write = self.claim_writes.writing(claim_ref(claim), claim);
         let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations).await?;
-        self.unseen.claim_written(claim, updated.as_ref());
+        write.answered(updated.as_ref());
         Ok(updated)
     }
 
@@ -1362,11 +1313,12 @@ impl Provisioner {
         let namespace = current.namespace();
         let name = current.name_any();
         let patch = Patch::Merge(&patch);
+        let write = self.claim_writes.writing(claim_ref(&current), &current);
         match patch_or_update(&api, namespace.as_deref(), &name, &patch, edit).await {
             Ok(None) => Ok(Synced::Done),
             Ok(Some(updated)) => {
                 backoff.forget(&uid);
-                self.unseen.claim_written(&current, Some(&updated));
+                write.answered(Some(&updated));
                 tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
                 Ok(Synced::Done)
             }
@@ -1506,7 +1458,7 @@ impl Provisioner {
         let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(Synced::Done);
         };
-        if lock(&self.unseen.deleted_volumes).contains(name) {
+        if self.volume_writes.lags(&name.to_string(), true, None) {
             return Ok(Synced::Waiting);
         }
         self.carry_out_volume_plan(name, Arc::new(volume.to_volume()))
@@ -1601,7 +1553,7 @@ impl Provisioner {
                 if let Some(current) = remaining {
                     remove_finalizer_from(&api, &current, PV_FINALIZER).await?;
                 }
-                lock(&self.unseen.deleted_volumes).insert(name.to_string());
+                self.volume_writes.deleted(name.to_string());
                 self.settings.metrics.deleted(&class, started.elapsed());
                 tracing::info!(volume = %name, "volume deleted");
                 Ok(())
@@ -1706,62 +1658,6 @@ impl provision::Lookups for Provisioner {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_cached_claim_predates_our_write_until_it_shows_the_version_the_write_produced() {
-        let written = |replaced: &str, produced: Option<&str>| super::Written {
-            replaced: replaced.into(),
-            produced: produced.map(Into::into),
-        };
-        let cases = [
-            (
-                "the copy the write was built from",
-                written("7", Some("9")),
-                Some("7"),
-                true,
-            ),
-            (
-                "a version in between (the patch landed on it)",
-                written("7", Some("9")),
-                Some("8"),
-                true,
-            ),
-            (
-                "the version the write produced",
-                written("7", Some("9")),
-                Some("9"),
-                false,
-            ),
-            (
-                "a later version",
-                written("7", Some("9")),
-                Some("12"),
-                false,
-            ),
-            ("nothing cached", written("7", Some("9")), None, false),
-            (
-                "no version answered: only the copy it was built from",
-                written("7", None),
-                Some("8"),
-                false,
-            ),
-            (
-                "opaque versions: only the copy it was built from",
-                written("a", Some("c")),
-                Some("b"),
-                false,
-            ),
-            (
-                "opaque versions, the copy it was built from",
-                written("a", Some("c")),
-                Some("a"),
-                true,
-            ),
-        ];
-        for (case, written, cached, stale) in cases {
-            assert_eq!(written.predates(cached), stale, "{case}");
-        }
-    }
-
     use super::*;
 
     /// A deleted clone source brings a second key, run by the cloning-protection pool.
