@@ -34,21 +34,18 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
-use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource, SELECTED_NODE};
+use crate::claims::{self, CLONING_PROTECTION, DataSource, SELECTED_NODE};
 use crate::grants::ReferenceGrant;
 use crate::snapshots::{self, SOURCE_PROTECTION, VolumeSnapshot, VolumeSnapshotContent};
 use crate::vac::{self, VacError, VolumeAttributesClass};
 
-/// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
-/// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
-/// this in memory only and leaks volumes on restart: external-provisioner #486.)
-pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
 use crate::deletion::{self, PV_FINALIZER, VolumePlan};
-use crate::node_deployment::{NodeCheck, NodeDeployment, OwnerBackoff};
-use crate::protection::{self, PROVISIONING_CLASS};
-use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan, Refusal};
+use crate::node_deployment::{NodeDeployment, OwnerBackoff};
+use crate::protection::{self, PROVISIONING_CLASS, PROVISIONING_PROTECTION};
+use crate::provision::{self, PlannedSource, Policy, ProvisionPlan, Refusal};
 use crate::pv::{PvInputs, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
+use crate::step::{self, ClaimLookups, ClaimStep, Observed, Provisioning, Volume};
 use crate::sync_error::{SnapshotSourceCause, SnapshotSourceError, SyncError};
 use crate::topology::{PinnedTopology, SelectedNode, TopologyError};
 
@@ -520,15 +517,154 @@ impl Provisioner {
         Ok(Some(Arc::new(claim.to_claim())))
     }
 
+    /// A claim's sync: the claim as cached, what the caches hold for it, and
+    /// [`step::next_step`] decides what is done.
     async fn sync_claim(&self, reference: &ObjectRef<CachedClaim>) -> Result<Synced, SyncError> {
-        match self.current_claim(reference) {
-            Ok(Some(claim)) => {
-                self.sync_claim_provisioning(&claim, &claim.uid().unwrap_or_default())
+        let claim = match self.current_claim(reference) {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return Ok(Synced::Done),
+            Err(waiting) => return Ok(waiting),
+        };
+        let uid = claim.uid().unwrap_or_default();
+        let observed = self.observe(&claim, &uid);
+        let node = self.node.as_ref().map(|node| &node.deployment);
+        match step::next_step(&claim, observed, &self.policy(), node, self) {
+            ClaimStep::Nothing => Ok(Synced::Done),
+            ClaimStep::Wait => Ok(Synced::Waiting),
+            ClaimStep::NoVolumeName { error, fatal } => {
+                if fatal {
+                    let _ = self.fatal.set(error.clone());
+                    self.stop.cancel();
+                }
+                Err(SyncError::VolumeName(error))
+            }
+            ClaimStep::Finished { release } => {
+                lock(&self.pinned).remove(&uid);
+                if release {
+                    self.release(&claim).await?;
+                }
+                Ok(Synced::Done)
+            }
+            ClaimStep::NoClass(error) => Err(error.into()),
+            ClaimStep::ForeignClass { provisioner } => {
+                tracing::error!(claim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %provisioner, "Unknown provisioner requested in claim's StorageClass");
+                Ok(Synced::Done)
+            }
+            ClaimStep::BecomeOwner { class } => match &self.node {
+                Some(node) => self.become_owner(node, &claim, &class).await,
+                // Only a node's instance is told to become owner.
+                None => Ok(Synced::Done),
+            },
+            ClaimStep::Infeasible { wait } => {
+                tracing::debug!(claim = %claim.name_any(), ?wait, "provisioning previously failed with an infeasible error");
+                Ok(Synced::After(wait))
+            }
+            ClaimStep::Populator { kind } => {
+                self.note_provisioning(&claim).await;
+                tracing::info!(claim = %claim.name_any(), %kind, "an external populator provisions the volume");
+                self.csi_events
+                    .publish(
+                        &claim.object_ref(&()),
+                        EventType::Normal,
+                        "Provisioning",
+                        "Assuming an external populator will provision the volume",
+                    )
+                    .await;
+                Ok(Synced::Done)
+            }
+            ClaimStep::Reschedule { node } => {
+                let reason = TopologyError::Reschedule(node).to_string();
+                self.measured(&claim, self.reschedule(&claim, reason)).await
+            }
+            ClaimStep::Refused(refusal) => {
+                let refused = async {
+                    if let Refusal::Topology(_) = refusal {
+                        // Nothing was sent with these inputs: the next attempt gathers them
+                        // afresh (a node plugin registered meanwhile), as upstream caches
+                        // only the keys and terms it found.
+                        lock(&self.pinned).remove(&uid);
+                    }
+                    tracing::warn!(claim = %claim.name_any(), ?refusal, "provisioning refused");
+                    self.failed(&claim, refusal.to_string()).await
+                };
+                self.measured(&claim, refused).await
+            }
+            ClaimStep::Provision(provisioning) => {
+                self.measured(&claim, self.provision(&claim, *provisioning))
                     .await
             }
-            Ok(None) => Ok(Synced::Done),
-            Err(waiting) => Ok(waiting),
         }
+    }
+
+    /// What the caches hold for `claim` (with `uid`): its class, and its PV.
+    fn observe(&self, claim: &PersistentVolumeClaim, uid: &str) -> Observed {
+        let class_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default();
+        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let volume_name = request::volume_name(
+            &self.settings.volume_name_prefix,
+            uid,
+            self.settings.volume_name_uuid_length,
+        );
+        let volume = volume_name.as_ref().map_or(Volume::Absent, |name| {
+            let cached = self.caches.volumes.get(&ObjectRef::new(name)).is_some();
+            if self.volume_writes.lags(name, cached, None) {
+                Volume::Lags
+            } else if cached {
+                Volume::Cached
+            } else {
+                Volume::Absent
+            }
+        });
+        Observed {
+            volume_name,
+            volume,
+            class,
+            fallback_hash: rand_suffix(),
+        }
+    }
+
+    /// Publishes the "Provisioning" Event, then carries out `work`, measured as one
+    /// provisioning attempt of the claim's class and data source kind.
+    async fn measured(
+        &self,
+        claim: &PersistentVolumeClaim,
+        work: impl Future<Output = Result<(), SyncError>>,
+    ) -> Result<Synced, SyncError> {
+        let spec = claim.spec.as_ref();
+        let labels = crate::metrics::ProvisionLabels {
+            class: spec
+                .and_then(|s| s.storage_class_name.clone())
+                .unwrap_or_default(),
+            source: spec
+                .and_then(|s| s.data_source.as_ref())
+                .map(|d| d.kind.clone())
+                .unwrap_or_default(),
+        };
+        let started = Instant::now();
+        self.note_provisioning(claim).await;
+        let result = work.await;
+        match &result {
+            Ok(()) => self
+                .settings
+                .metrics
+                .provisioned(&labels, started.elapsed()),
+            Err(_) => self.settings.metrics.provision_failed(&labels),
+        }
+        result.map(|()| Synced::Done)
+    }
+
+    /// The "Provisioning" Event every provisioning attempt starts with.
+    async fn note_provisioning(&self, claim: &PersistentVolumeClaim) {
+        let message = format!(
+            "External provisioner is provisioning volume for claim \"{}/{}\"",
+            claim.namespace().unwrap_or_default(),
+            claim.name_any()
+        );
+        self.note(claim, "Provisioning", &message).await;
     }
 
     async fn sync_clone_source(
@@ -542,125 +678,6 @@ impl Provisioner {
             Ok(_) => Ok(Synced::Done),
             Err(waiting) => Ok(waiting),
         }
-    }
-
-    async fn sync_claim_provisioning(
-        &self,
-        claim: &Arc<PersistentVolumeClaim>,
-        uid: &str,
-    ) -> Result<Synced, SyncError> {
-        let claim = claim.clone();
-        let class_name = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.clone())
-            .unwrap_or_default();
-        let live_class = self.caches.classes.get(&ObjectRef::new(&class_name));
-        let name = match request::volume_name(
-            &self.settings.volume_name_prefix,
-            uid,
-            self.settings.volume_name_uuid_length,
-        ) {
-            Ok(name) => name,
-            Err(error) => {
-                if let request::RequestError::UuidLength { .. } = error {
-                    // As upstream, whose name slicing panics: the provisioner stops.
-                    let _ = self.fatal.set(error.clone());
-                    self.stop.cancel();
-                }
-                return Err(SyncError::VolumeName(error));
-            }
-        };
-        let protected = claim
-            .finalizers()
-            .iter()
-            .any(|f| f == PROVISIONING_PROTECTION);
-        let bound = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.as_deref())
-            .is_some_and(|v| !v.is_empty());
-        let volume_cached = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
-        if self.volume_writes.lags(&name, volume_cached, None) {
-            return Ok(Synced::Waiting);
-        }
-        if volume_cached || bound {
-            lock(&self.pinned).remove(uid);
-            if protected {
-                self.release(&claim).await?;
-            }
-            return Ok(Synced::Done);
-        }
-        // A claim deleted before any CreateVolume has nothing to clean up; one deleted after
-        // keeps being provisioned (CreateVolume is idempotent by name) until its PV exists, so
-        // the volume is released through the PV like any other.
-        if claim.metadata.deletion_timestamp.is_some() && !protected {
-            return Ok(Synced::Done);
-        }
-        // Once protected, a class deleted meanwhile is replaced by its record: the volume
-        // may exist, and only a CreateVolume like the first can find it.
-        let class = match live_class {
-            None if protected => self.recorded_class(&claim),
-            live => live,
-        };
-        // A class not (yet) in the cache is logged by the workers and retried, without an
-        // Event, as upstream's getStorageClass failure: a class created just before its claim
-        // may not have reached the cache, and the API server's binder already reports a claim
-        // whose class does not exist.
-        let decision = claims::decide(&claim, &self.settings.driver.name, class.as_deref())?;
-        let selected_node = match decision {
-            ClaimDecision::Provision { selected_node } => selected_node,
-            ClaimDecision::ForeignClass { provisioner } => {
-                tracing::error!(claim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %provisioner, "Unknown provisioner requested in claim's StorageClass");
-                return Ok(Synced::Done);
-            }
-            ClaimDecision::Ignore | ClaimDecision::WaitForNode => return Ok(Synced::Done),
-        };
-        let Some(class) = class else {
-            return Ok(Synced::Done);
-        };
-        if let Some(node) = &self.node {
-            let topology_supported = self.policy().topology_supported();
-            match node.deployment.check(
-                selected_node.as_deref(),
-                &class,
-                topology_supported,
-                self.settings.strict_topology,
-            ) {
-                NodeCheck::Provision => {}
-                NodeCheck::Ignore => return Ok(Synced::Done),
-                NodeCheck::BecomeOwner => return self.become_owner(node, &claim, &class).await,
-            }
-        }
-        let source = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.data_source.as_ref())
-            .map(|d| d.kind.clone());
-        let labels = crate::metrics::ProvisionLabels {
-            class: class_name,
-            source: source.unwrap_or_default(),
-        };
-        let populated = matches!(
-            claims::data_source(&claim, self.settings.cross_namespace_data_sources),
-            Ok(DataSource::Populator { .. })
-        );
-        let class_uid = class.uid().unwrap_or_default();
-        if let Some(wait) = self.infeasible.remaining(uid, &class_uid, Instant::now()) {
-            tracing::debug!(claim = %claim.name_any(), ?wait, "provisioning previously failed with an infeasible error");
-            return Ok(Synced::After(wait));
-        }
-        let started = Instant::now();
-        let result = self.provision(&claim, &class, &name, selected_node).await;
-        match &result {
-            Ok(()) if !populated => self
-                .settings
-                .metrics
-                .provisioned(&labels, started.elapsed()),
-            Ok(()) => {}
-            Err(_) => self.settings.metrics.provision_failed(&labels),
-        }
-        result.map(|()| Synced::Done)
     }
 
     /// A warning Event with `reason` on `object`; the sync fails with `message`.
@@ -695,30 +712,19 @@ impl Provisioner {
             .await
     }
 
-    /// Provisions one claim: [`provision::plan`] decides, this carries the plan out.
+    /// Carries out a provisioning [`step::next_step`] decided: the data source, the claim's
+    /// protection, CreateVolume, the PV, and the release of the claim.
     async fn provision(
         &self,
         claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        name: &str,
-        selected_node: Option<String>,
+        provisioning: Provisioning,
     ) -> Result<(), SyncError> {
-        let message = format!(
-            "External provisioner is provisioning volume for claim \"{}/{}\"",
-            claim.namespace().unwrap_or_default(),
-            claim.name_any()
-        );
-        self.note(claim, "Provisioning", &message).await;
-        let inputs = provision::Claim {
-            claim,
+        let Provisioning {
+            plan,
             class,
-            name,
-            selected_node: selected_node.as_deref(),
-            fallback_hash: rand_suffix(),
-        };
-        let Some(plan) = self.plan(&inputs).await? else {
-            return Ok(());
-        };
+            selected_node,
+        } = provisioning;
+        let (class, name) = (&*class, plan.name.as_str());
         let (content_source, protected_source) =
             self.content_source(claim, class, &plan.source).await?;
         let secrets = self.provisioner_secrets(claim, &plan.secret_refs).await?;
@@ -783,44 +789,6 @@ impl Provisioner {
         self.events
             .publish(&claim.object_ref(&()), EventType::Normal, reason, message)
             .await;
-    }
-
-    /// The plan of a claim to provision; `None` when there is nothing to provision now (an
-    /// external populator's claim, or one sent back to the scheduler). A refusal is reported.
-    async fn plan(
-        &self,
-        inputs: &provision::Claim<'_>,
-    ) -> Result<Option<Box<ProvisionPlan>>, SyncError> {
-        let claim = inputs.claim;
-        match provision::plan(inputs, &self.policy(), self) {
-            Ok(Decision::Provision(plan)) => Ok(Some(plan)),
-            Ok(Decision::Populator { kind }) => {
-                tracing::info!(claim = %claim.name_any(), %kind, "an external populator provisions the volume");
-                self.csi_events
-                    .publish(
-                        &claim.object_ref(&()),
-                        EventType::Normal,
-                        "Provisioning",
-                        "Assuming an external populator will provision the volume",
-                    )
-                    .await;
-                Ok(None)
-            }
-            Ok(Decision::Reschedule { node }) => {
-                let reason = TopologyError::Reschedule(node).to_string();
-                self.reschedule(claim, reason).await.map(|()| None)
-            }
-            Err(refusal) => {
-                if let Refusal::Topology(_) = refusal {
-                    // Nothing was sent with these inputs: the next attempt gathers them
-                    // afresh (a node plugin registered meanwhile), as upstream caches only
-                    // the keys and terms it found.
-                    lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-                }
-                tracing::warn!(claim = %claim.name_any(), ?refusal, "provisioning refused");
-                self.failed(claim, refusal.to_string()).await
-            }
-        }
     }
 
     /// CreateVolume's content source and the object to protect while the driver copies from
@@ -1175,17 +1143,6 @@ impl Provisioner {
         self.patch_claim(claim, finalizers, &annotations)
             .await
             .map(drop)
-    }
-
-    /// The class a protected claim's provisioning started with (a broken record is logged).
-    fn recorded_class(&self, claim: &PersistentVolumeClaim) -> Option<Arc<StorageClass>> {
-        match protection::recorded_class(claim.annotations())? {
-            Ok(class) => Some(Arc::new(class)),
-            Err(error) => {
-                tracing::warn!(claim = %claim.name_any(), %error, "the recorded StorageClass is unreadable");
-                None
-            }
-        }
     }
 
     async fn set_claim_finalizers(
@@ -1614,6 +1571,13 @@ impl Provisioner {
                 Ok(HashMap::new())
             }
         }
+    }
+}
+
+impl ClaimLookups for Provisioner {
+    fn infeasible(&self, uid: &str, class_uid: &str) -> Option<Duration> {
+        self.infeasible
+            .remaining(uid, &class_uid.to_string(), Instant::now())
     }
 }
 

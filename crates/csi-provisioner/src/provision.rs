@@ -327,4 +327,4 @@ fn accessibility(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
