@@ -3,8 +3,8 @@
 //! cores in [`crate::step`], [`crate::claims`], [`crate::deletion`], [`crate::request`],
 //! [`crate::topology`]), and bounded workers carry out CSI calls and API writes with
 //! per-object backoff. This file wires the caches, workers and shared state; each workflow has
-//! a file of its own: [`claim`] (provisioning), [`volume`] (PV deletion), [`sources`] (data
-//! sources' protection) and [`node`] (node ownership with `--node-deployment`).
+//! a file of its own in `controller/`: `claim` (provisioning), `volume` (PV deletion),
+//! `sources` (data sources' protection) and `node` (node ownership with `--node-deployment`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

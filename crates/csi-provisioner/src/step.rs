@@ -1,6 +1,6 @@
 //! The next step of a claim's provisioning, decided from the claim and what the sync read of
 //! the caches (its class, its PV, an infeasible wait) before any API request or CSI call, as
-//! the attacher's [`plan`](../../csi_attacher/attach/fn.plan.html) is for a VolumeAttachment.
+//! the attacher's `attach::plan` is for a VolumeAttachment.
 //! The controller's claim sync is one `match` over a [`ClaimStep`].
 
 use std::sync::Arc;
