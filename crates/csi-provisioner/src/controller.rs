@@ -1,58 +1,47 @@
 //! The provisioner's adapters: caches of claims, volumes, classes, CSINodes, Nodes and
 //! VolumeAttachments; a pass over them on every change decides per claim and per PV (pure
-//! cores in [`crate::claims`], [`crate::deletion`], [`crate::request`], [`crate::topology`]),
-//! and bounded workers carry out CSI calls and API writes with per-object backoff.
+//! cores in [`crate::step`], [`crate::claims`], [`crate::deletion`], [`crate::request`],
+//! [`crate::topology`]), and bounded workers carry out CSI calls and API writes with
+//! per-object backoff. This file wires the caches, workers and shared state; each workflow has
+//! a file of its own in `controller/`: `claim` (provisioning), `volume` (PV deletion),
+//! `sources` (data sources' protection) and `node` (node ownership with `--node-deployment`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use csi::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_grpc::conn::{CsiConnection, DriverInfo, GoStatus};
+use csi_grpc::conn::{CsiConnection, DriverInfo};
 use csi_kinds::cached::{CachedAttachment, CachedClaim, CachedVolume};
-use csi_kinds::secrets::{self, DeletionSecret, SecretRef, SecretRefs, TemplateInputs};
-use csi_proto::csi::v1 as csi;
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::finalizers::{
-    FinalizerError, remove_finalizer, remove_finalizer_from, set_finalizers,
-    set_finalizers_and_annotations, without,
-};
 use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::slow_set::SlowSet;
+use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
-use csi_sidecar::writes::patch_or_update;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, Patch, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::controller::{Refresh, Segments, SharedCaches};
-use crate::claims::{self, CLONING_PROTECTION, ClaimDecision, DataSource};
+use crate::claims::CLONING_PROTECTION;
 use crate::grants::ReferenceGrant;
-use crate::snapshots::{self, SOURCE_PROTECTION};
+use crate::node_deployment::{NodeDeployment, OwnerBackoff};
+use crate::provision::{self, Policy};
+use crate::request;
+use crate::sync_error::SyncError;
+use crate::topology::{PinnedTopology, SelectedNode};
 use crate::vac::VacError;
-use csi_kinds::annotations::SELECTED_NODE;
-use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
-use csi_kinds::vac::VolumeAttributesClass;
+use csi_kinds::vac::{Support, VolumeAttributesClass};
 
-/// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
-/// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
-/// this in memory only and leaks volumes on restart: external-provisioner #486.)
-pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
-use crate::deletion::{self, PV_FINALIZER, VolumePlan};
-use crate::node_deployment::{NodeCheck, NodeDeployment, OwnerBackoff};
-use crate::protection::{self, PROVISIONING_CLASS};
-use crate::provision::{self, Decision, PlannedSource, Policy, ProvisionPlan, Refusal};
-use crate::pv::{PvInputs, persistent_volume};
-use crate::request::{self, Outcome, SaveFailure};
-use crate::sync_error::{SnapshotSourceCause, SnapshotSourceError, SyncError};
-use crate::topology::{PinnedTopology, SelectedNode, TopologyError};
+mod claim;
+mod node;
+mod sources;
+mod volume;
+
+use node::OwnNode;
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
 #[derive(Debug, Clone)]
@@ -89,7 +78,7 @@ pub struct Settings {
     /// leader).
     pub capacity: Option<crate::capacity::controller::CapacitySettings>,
     /// Claims' VolumeAttributesClasses: the gate after discovery (see [`csi_sidecar::vac::discover`]).
-    pub volume_attributes_classes: csi_kinds::vac::Support,
+    pub volume_attributes_classes: Support,
     /// The CrossNamespaceVolumeDataSource gate: `dataSourceRef.namespace` honoured when a
     /// ReferenceGrant allows it.
     pub cross_namespace_data_sources: bool,
@@ -103,17 +92,10 @@ struct Caches {
     classes: Store<StorageClass>,
     topology: NodeTopology,
     attachments: Store<CachedAttachment>,
-    /// With [`csi_kinds::vac::Support::Served`] only.
+    /// With [`Support::Served`] only.
     attribute_classes: Option<Store<VolumeAttributesClass>>,
     /// With the CrossNamespaceVolumeDataSource gate only.
     reference_grants: Option<Store<ReferenceGrant>>,
-}
-
-/// The node of a `--node-deployment` instance, and the delays before it tries to own
-/// Immediate claims.
-struct OwnNode {
-    deployment: NodeDeployment,
-    backoff: OwnerBackoff,
 }
 
 /// Where the topology of nodes comes from.
@@ -180,7 +162,11 @@ struct Provisioner {
     /// retried after `--retry-interval-max` (sig-storage-lib's slow set).
     infeasible: SlowSet<String, String>,
     workers: Arc<KeyedWorkers<Key>>,
-    unseen: UnseenWrites,
+    /// Our writes to claims the cache does not show yet: a sync that read the older claim
+    /// would redo them (a second CreateVolume, PV create, finalizer patch and Events).
+    claim_writes: Arc<Superseded<ObjectRef<CachedClaim>>>,
+    /// PVs we created or deleted that the cache does not show so yet.
+    volume_writes: Superseded<String>,
     /// Claim UID → how often the API server refused its PV (see [`request::save_failure`]).
     save_refusals: Mutex<HashMap<String, u32>>,
     /// With `--node-deployment`: the node served.
@@ -188,70 +174,6 @@ struct Provisioner {
     /// An error that ends the provisioner (set once; `stop` is then cancelled).
     fatal: std::sync::OnceLock<request::RequestError>,
     stop: CancellationToken,
-}
-
-/// Our writes the caches do not show yet. A sync that read the older state would redo them
-/// (a second CreateVolume, PV create, finalizer patch and Events per volume), so such syncs
-/// wait for the watch event that brings the new state.
-#[derive(Default)]
-struct UnseenWrites {
-    /// Claim → our last write to it.
-    claims: Mutex<HashMap<ObjectRef<CachedClaim>, Written>>,
-    /// PVs we created.
-    created_volumes: Mutex<HashSet<String>>,
-    /// PVs we deleted (and released).
-    deleted_volumes: Mutex<HashSet<String>>,
-}
-
-impl UnseenWrites {
-    /// Records our write to `before`, which the API server answered with `after` (`None`: the
-    /// claim was gone).
-    fn claim_written(&self, before: &PersistentVolumeClaim, after: Option<&PersistentVolumeClaim>) {
-        if let Some(replaced) = before.resource_version() {
-            let produced = after.and_then(|u| u.resource_version());
-            lock(&self.claims).insert(claim_ref(before), Written { replaced, produced });
-        }
-    }
-}
-
-/// Our write to an object, until the cache shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Written {
-    /// The resourceVersion of the copy the write was built from.
-    replaced: String,
-    /// The resourceVersion the API server answered with.
-    produced: Option<String>,
-}
-
-impl Written {
-    /// Whether a cached copy at resourceVersion `cached` predates this write. A patch guarded by
-    /// a `test` of the finalizers (not of the resourceVersion) lands on whatever version is
-    /// current, often a newer one than it was built from (kube-controller-manager updates a
-    /// claim as it binds it): a cache at that in-between version still predates the write, and
-    /// acting on it repeats the write, which then fails its `test` (422). resourceVersions
-    /// are etcd revisions, integers that grow, on the API servers we know (kube-sim's too);
-    /// where one does not parse, only the copy the write was built from counts as stale.
-    fn predates(&self, cached: Option<&str>) -> bool {
-        let Some(cached) = cached else {
-            return false;
-        };
-        if cached == self.replaced {
-            return true;
-        }
-        match (
-            cached.parse::<u64>(),
-            self.produced.as_deref().map(str::parse::<u64>),
-        ) {
-            (Ok(cached), Some(Ok(produced))) => cached < produced,
-            _ => false,
-        }
-    }
-}
-
-/// A data source that carries a protection finalizer while the driver copies from it.
-enum ProtectedSource {
-    Claim(Arc<PersistentVolumeClaim>),
-    Snapshot(Box<VolumeSnapshot>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,12 +214,16 @@ pub async fn run(
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
-    let claims = informers.all_with(move |claim: &CachedClaim| {
+    let claim_writes = Arc::new(Superseded::default());
+    let observed = claim_writes.clone();
+    let claims = informers.all_observing(move |how, claim: &CachedClaim| {
+        let version = claim.resource_version();
+        observed.observed(&ObjectRef::from_obj(claim), version.as_deref(), how);
         claim_keys(claim).for_each(|key| claim_work.trigger_for(key, claim));
     });
     let attachments = informers.all();
-    let attribute_classes = (settings.volume_attributes_classes == csi_kinds::vac::Support::Served)
-        .then(|| optional.all());
+    let attribute_classes =
+        (settings.volume_attributes_classes == Support::Served).then(|| optional.all());
     // As upstream, the gate makes the provisioner wait for this cache too.
     let reference_grants = settings
         .cross_namespace_data_sources
@@ -361,7 +287,8 @@ pub async fn run(
         caches,
         pinned: Mutex::new(HashMap::new()),
         infeasible: SlowSet::new(settings.retry_max),
-        unseen: UnseenWrites::default(),
+        claim_writes,
+        volume_writes: Superseded::default(),
         save_refusals: Mutex::new(HashMap::new()),
         node: settings.node_deployment.clone().map(|deployment| OwnNode {
             backoff: OwnerBackoff::new(deployment.base_delay, deployment.max_delay),
@@ -401,14 +328,6 @@ pub async fn run(
         .cloned()
         .map(ProvisionerError::VolumeName);
     error.map_or(Ok(()), Err)
-}
-
-/// A number in [0, 1) that differs between instances and calls (`RandomState` is seeded
-/// randomly), for the jitter that keeps node instances from trying to own a claim at once.
-fn random_fraction(uid: &str) -> f64 {
-    use std::hash::BuildHasher;
-    let hash = std::collections::hash_map::RandomState::new().hash_one(uid);
-    (hash >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A few random digits, as upstream's identity carries (`rand.Intn(10000)`).
@@ -540,19 +459,17 @@ impl Provisioner {
         }
     }
 
-    /// Drops the unseen-write records the caches have caught up with.
+    /// Forgets our writes the caches have caught up with.
     fn forget_seen_writes(&self) {
         let claims = &self.caches.claims;
-        lock(&self.unseen.claims).retain(|reference, written| {
-            claims
-                .get(reference)
-                .is_some_and(|c| written.predates(c.resource_version().as_deref()))
-        });
+        self.claim_writes
+            .forget_caught_up(|reference| claims.get(reference).map(|c| c.resource_version()));
         let volumes = &self.caches.volumes;
-        lock(&self.unseen.created_volumes)
-            .retain(|name| volumes.get(&ObjectRef::new(name)).is_none());
-        lock(&self.unseen.deleted_volumes)
-            .retain(|name| volumes.get(&ObjectRef::new(name)).is_some());
+        self.volume_writes.forget_caught_up(|name| {
+            volumes
+                .get(&ObjectRef::new(name))
+                .map(|v| v.resource_version())
+        });
     }
 
     /// The cached claim, unless the cache does not show our last write to it yet (`Err`:
@@ -564,156 +481,13 @@ impl Provisioner {
         let Some(claim) = self.caches.claims.get(reference) else {
             return Ok(None);
         };
-        if lock(&self.unseen.claims)
-            .get(reference)
-            .is_some_and(|written| written.predates(claim.resource_version().as_deref()))
+        if self
+            .claim_writes
+            .lags(reference, true, claim.resource_version().as_deref())
         {
             return Err(Synced::Waiting);
         }
         Ok(Some(Arc::new(claim.to_claim())))
-    }
-
-    async fn sync_claim(&self, reference: &ObjectRef<CachedClaim>) -> Result<Synced, SyncError> {
-        match self.current_claim(reference) {
-            Ok(Some(claim)) => {
-                self.sync_claim_provisioning(&claim, &claim.uid().unwrap_or_default())
-                    .await
-            }
-            Ok(None) => Ok(Synced::Done),
-            Err(waiting) => Ok(waiting),
-        }
-    }
-
-    async fn sync_clone_source(
-        &self,
-        reference: &ObjectRef<CachedClaim>,
-    ) -> Result<Synced, SyncError> {
-        match self.current_claim(reference) {
-            Ok(Some(claim)) if claim_keys(&*claim).any(|k| matches!(k, Key::CloneSource(_))) => {
-                self.release_clone_source(&claim).await
-            }
-            Ok(_) => Ok(Synced::Done),
-            Err(waiting) => Ok(waiting),
-        }
-    }
-
-    async fn sync_claim_provisioning(
-        &self,
-        claim: &Arc<PersistentVolumeClaim>,
-        uid: &str,
-    ) -> Result<Synced, SyncError> {
-        let claim = claim.clone();
-        let class_name = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.clone())
-            .unwrap_or_default();
-        let live_class = self.caches.classes.get(&ObjectRef::new(&class_name));
-        let name = match request::volume_name(
-            &self.settings.volume_name_prefix,
-            uid,
-            self.settings.volume_name_uuid_length,
-        ) {
-            Ok(name) => name,
-            Err(error) => {
-                if let request::RequestError::UuidLength { .. } = error {
-                    // As upstream, whose name slicing panics: the provisioner stops.
-                    let _ = self.fatal.set(error.clone());
-                    self.stop.cancel();
-                }
-                return Err(SyncError::VolumeName(error));
-            }
-        };
-        let protected = claim
-            .finalizers()
-            .iter()
-            .any(|f| f == PROVISIONING_PROTECTION);
-        let bound = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.as_deref())
-            .is_some_and(|v| !v.is_empty());
-        let volume_cached = self.caches.volumes.get(&ObjectRef::new(&name)).is_some();
-        if !volume_cached && lock(&self.unseen.created_volumes).contains(&name) {
-            return Ok(Synced::Waiting);
-        }
-        if volume_cached || bound {
-            lock(&self.pinned).remove(uid);
-            if protected {
-                self.release(&claim).await?;
-            }
-            return Ok(Synced::Done);
-        }
-        // A claim deleted before any CreateVolume has nothing to clean up; one deleted after
-        // keeps being provisioned (CreateVolume is idempotent by name) until its PV exists, so
-        // the volume is released through the PV like any other.
-        if claim.metadata.deletion_timestamp.is_some() && !protected {
-            return Ok(Synced::Done);
-        }
-        // Once protected, a class deleted meanwhile is replaced by its record: the volume
-        // may exist, and only a CreateVolume like the first can find it.
-        let class = match live_class {
-            None if protected => self.recorded_class(&claim),
-            live => live,
-        };
-        // A class not (yet) in the cache is logged by the workers and retried, without an
-        // Event, as upstream's getStorageClass failure: a class created just before its claim
-        // may not have reached the cache, and the API server's binder already reports a claim
-        // whose class does not exist.
-        let decision = claims::decide(&claim, &self.settings.driver.name, class.as_deref())?;
-        let selected_node = match decision {
-            ClaimDecision::Provision { selected_node } => selected_node,
-            ClaimDecision::ForeignClass { provisioner } => {
-                tracing::error!(claim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %provisioner, "Unknown provisioner requested in claim's StorageClass");
-                return Ok(Synced::Done);
-            }
-            ClaimDecision::Ignore | ClaimDecision::WaitForNode => return Ok(Synced::Done),
-        };
-        let Some(class) = class else {
-            return Ok(Synced::Done);
-        };
-        if let Some(node) = &self.node {
-            let topology_supported = self.policy().topology_supported();
-            match node.deployment.check(
-                selected_node.as_deref(),
-                &class,
-                topology_supported,
-                self.settings.strict_topology,
-            ) {
-                NodeCheck::Provision => {}
-                NodeCheck::Ignore => return Ok(Synced::Done),
-                NodeCheck::BecomeOwner => return self.become_owner(node, &claim, &class).await,
-            }
-        }
-        let source = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.data_source.as_ref())
-            .map(|d| d.kind.clone());
-        let labels = crate::metrics::ProvisionLabels {
-            class: class_name,
-            source: source.unwrap_or_default(),
-        };
-        let populated = matches!(
-            claims::data_source(&claim, self.settings.cross_namespace_data_sources),
-            Ok(DataSource::Populator { .. })
-        );
-        let class_uid = class.uid().unwrap_or_default();
-        if let Some(wait) = self.infeasible.remaining(uid, &class_uid, Instant::now()) {
-            tracing::debug!(claim = %claim.name_any(), ?wait, "provisioning previously failed with an infeasible error");
-            return Ok(Synced::After(wait));
-        }
-        let started = Instant::now();
-        let result = self.provision(&claim, &class, &name, selected_node).await;
-        match &result {
-            Ok(()) if !populated => self
-                .settings
-                .metrics
-                .provisioned(&labels, started.elapsed()),
-            Ok(()) => {}
-            Err(_) => self.settings.metrics.provision_failed(&labels),
-        }
-        result.map(|()| Synced::Done)
     }
 
     /// A warning Event with `reason` on `object`; the sync fails with `message`.
@@ -729,16 +503,6 @@ impl Provisioner {
         Err(SyncError::Reported { reason, message })
     }
 
-    /// A `VolumeFailedDelete` warning on the PV; the sync fails with `message`.
-    async fn delete_failed(
-        &self,
-        volume: &PersistentVolume,
-        message: String,
-    ) -> Result<(), SyncError> {
-        self.warn(&volume.object_ref(&()), "VolumeFailedDelete", message)
-            .await
-    }
-
     async fn failed<T>(
         &self,
         claim: &PersistentVolumeClaim,
@@ -748,215 +512,11 @@ impl Provisioner {
             .await
     }
 
-    /// Provisions one claim: [`provision::plan`] decides, this carries the plan out.
-    async fn provision(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        name: &str,
-        selected_node: Option<String>,
-    ) -> Result<(), SyncError> {
-        let message = format!(
-            "External provisioner is provisioning volume for claim \"{}/{}\"",
-            claim.namespace().unwrap_or_default(),
-            claim.name_any()
-        );
-        self.note(claim, "Provisioning", &message).await;
-        let inputs = provision::Claim {
-            claim,
-            class,
-            name,
-            selected_node: selected_node.as_deref(),
-            fallback_hash: rand_suffix(),
-        };
-        let Some(plan) = self.plan(&inputs).await? else {
-            return Ok(());
-        };
-        let (content_source, protected_source) =
-            self.content_source(claim, class, &plan.source).await?;
-        let secrets = self.provisioner_secrets(claim, &plan.secret_refs).await?;
-        let from_source = content_source.is_some();
-        let create = request::create_volume(&plan, secrets.clone(), content_source);
-        let claim = &self.protect(claim, class).await?;
-        if let Some(source) = &protected_source {
-            self.protect_source(source).await?;
-        }
-        let response = match self.csi.create_volume(create, self.settings.timeout).await {
-            Ok(response) => response,
-            Err(status) => {
-                let has_selected_node = selected_node.is_some();
-                return self
-                    .create_failed(claim, class, &plan, has_selected_node, status)
-                    .await;
-            }
-        };
-        let (volume, bytes) =
-            match request::created_volume(response, plan.requested_bytes, from_source) {
-                Ok(created) => created,
-                Err(error) => {
-                    if let Some(volume_id) = error.abandoned_volume() {
-                        let cleanup_failed = |status: &tonic::Status| {
-                            ("ProvisioningFailed", error.cleanup_failed(name, status))
-                        };
-                        self.abandon(claim, volume_id, secrets, cleanup_failed)
-                            .await?;
-                    }
-                    return self.failed(claim, error.to_string()).await;
-                }
-            };
-        let pv = persistent_volume(&PvInputs {
-            name,
-            driver: &self.settings.driver.name,
-            identity: &self.identity,
-            claim,
-            class,
-            volume: &volume,
-            bytes,
-            fs_type: &plan.fs_type,
-            secrets: &plan.secret_refs,
-            controller_publish_readonly: self.settings.controller_publish_readonly,
-            topology: plan.topology_supported,
-            attributes_class: plan.attributes_class.as_deref(),
-        });
-        // Boxed: the PV and its create request are the largest state of a provisioning
-        // sync; inline they would size every running one's future.
-        Box::pin(self.save(claim, pv, &volume.volume_id, secrets)).await?;
-        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-        let message = format!("Successfully provisioned volume {name}");
-        self.note(claim, "ProvisioningSucceeded", &message).await;
-        if let Some(ProtectedSource::Snapshot(snapshot)) = &protected_source {
-            self.release_snapshot(snapshot, claim.uid().as_deref())
-                .await;
-        }
-        self.release(claim).await
-    }
-
     /// A Normal Event on the claim.
     async fn note(&self, claim: &PersistentVolumeClaim, reason: &str, message: &str) {
         self.events
             .publish(&claim.object_ref(&()), EventType::Normal, reason, message)
             .await;
-    }
-
-    /// The plan of a claim to provision; `None` when there is nothing to provision now (an
-    /// external populator's claim, or one sent back to the scheduler). A refusal is reported.
-    async fn plan(
-        &self,
-        inputs: &provision::Claim<'_>,
-    ) -> Result<Option<Box<ProvisionPlan>>, SyncError> {
-        let claim = inputs.claim;
-        match provision::plan(inputs, &self.policy(), self) {
-            Ok(Decision::Provision(plan)) => Ok(Some(plan)),
-            Ok(Decision::Populator { kind }) => {
-                tracing::info!(claim = %claim.name_any(), %kind, "an external populator provisions the volume");
-                self.csi_events
-                    .publish(
-                        &claim.object_ref(&()),
-                        EventType::Normal,
-                        "Provisioning",
-                        "Assuming an external populator will provision the volume",
-                    )
-                    .await;
-                Ok(None)
-            }
-            Ok(Decision::Reschedule { node }) => {
-                let reason = TopologyError::Reschedule(node).to_string();
-                self.reschedule(claim, reason).await.map(|()| None)
-            }
-            Err(refusal) => {
-                if let Refusal::Topology(_) = refusal {
-                    // Nothing was sent with these inputs: the next attempt gathers them
-                    // afresh (a node plugin registered meanwhile), as upstream caches only
-                    // the keys and terms it found.
-                    lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-                }
-                tracing::warn!(claim = %claim.name_any(), ?refusal, "provisioning refused");
-                self.failed(claim, refusal.to_string()).await
-            }
-        }
-    }
-
-    /// CreateVolume's content source and the object to protect while the driver copies from
-    /// it; a snapshot is read (and checked) now. A failure is reported.
-    async fn content_source(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        source: &PlannedSource,
-    ) -> Result<(Option<csi::VolumeContentSource>, Option<ProtectedSource>), SyncError> {
-        Ok(match source {
-            PlannedSource::Empty => (None, None),
-            PlannedSource::Clone {
-                source,
-                volume_handle,
-            } => (
-                Some(request::volume_content(volume_handle.clone())),
-                Some(ProtectedSource::Claim(source.clone())),
-            ),
-            PlannedSource::Snapshot { name, namespace } => {
-                match self.snapshot_source(claim, class, name, namespace).await {
-                    Ok((handle, snapshot)) => (
-                        Some(request::snapshot_content(handle)),
-                        Some(ProtectedSource::Snapshot(Box::new(snapshot))),
-                    ),
-                    Err(error) => {
-                        tracing::warn!(claim = %claim.name_any(), ?error, "restore refused");
-                        return self.failed(claim, error.to_string()).await;
-                    }
-                }
-            }
-        })
-    }
-
-    /// The provisioner secret's data (none without one); a failure is reported.
-    async fn provisioner_secrets(
-        &self,
-        claim: &PersistentVolumeClaim,
-        refs: &SecretRefs,
-    ) -> Result<HashMap<String, String>, SyncError> {
-        let Some(reference) = &refs.provisioner else {
-            return Ok(HashMap::new());
-        };
-        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), reference).await {
-            Ok(data) => Ok(data.into_inner()),
-            Err(error) => self.failed(claim, error.to_string()).await,
-        }
-    }
-
-    /// A failed CreateVolume: rescheduled, retried as still in progress, or final. A final
-    /// error means the driver created nothing, so the claim is released until its next
-    /// attempt: deleted meanwhile, it goes at once, even with no provisioner left to run.
-    async fn create_failed(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        plan: &ProvisionPlan,
-        has_selected_node: bool,
-        status: tonic::Status,
-    ) -> Result<(), SyncError> {
-        if let Some(capacity) = &self.settings.capacity {
-            capacity.refresh.class(&class.name_any());
-        }
-        let error = GoStatus(&status).to_string();
-        let outcome = request::classify(status.code(), plan.topology_supported, has_selected_node);
-        match outcome {
-            Outcome::Reschedule => self.reschedule(claim, error).await,
-            Outcome::InBackground => self.failed(claim, error).await,
-            Outcome::Finished | Outcome::Infeasible => {
-                let uid = claim.uid().unwrap_or_default();
-                lock(&self.pinned).remove(&uid);
-                self.release(claim).await?;
-                if outcome == Outcome::Infeasible {
-                    let class_uid = class.uid().unwrap_or_default();
-                    self.infeasible.add(uid.clone(), class_uid, Instant::now());
-                    let message = format!(
-                        "Volume provisioning failed with infeasible error. Retries will be delayed. {error}"
-                    );
-                    return self.failed(claim, message).await;
-                }
-                self.failed(claim, error).await
-            }
-        }
     }
 
     /// The flags and driver facts plans depend on.
@@ -972,490 +532,6 @@ impl Provisioner {
             cross_namespace_data_sources: settings.cross_namespace_data_sources,
             volume_attributes_classes: settings.volume_attributes_classes,
         }
-    }
-
-    /// GETs the snapshot and its content (live, as upstream: the caches hold no snapshots)
-    /// and checks them; returns the snapshot handle and the snapshot.
-    async fn snapshot_source(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-        name: &str,
-        namespace: &str,
-    ) -> Result<(String, VolumeSnapshot), SnapshotSourceError> {
-        let fail = |cause: SnapshotSourceCause| SnapshotSourceError {
-            snapshot: name.to_string(),
-            cause,
-        };
-        let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), namespace);
-        let snapshot = snapshots.get(name).await.map_err(|source| {
-            fail(SnapshotSourceCause::GetSnapshot {
-                name: name.to_string(),
-                source,
-            })
-        })?;
-        let content_name = snapshots::bound_content(&snapshot).map_err(|e| fail(e.into()))?;
-        let contents: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
-        let content = contents.get(&content_name).await.map_err(|source| {
-            fail(SnapshotSourceCause::GetContent {
-                content: content_name.clone(),
-                snapshot: name.to_string(),
-                source,
-            })
-        })?;
-        let handle = snapshots::snapshot_source(
-            claim,
-            &self.settings.driver.name,
-            &class.name_any(),
-            &snapshot,
-            &content,
-            self.settings.prevent_volume_mode_conversion,
-        )
-        .map_err(|e| fail(e.into()))?;
-        Ok((handle, snapshot))
-    }
-
-    /// Puts the source's protection finalizer on before CreateVolume, so the source stays
-    /// while the driver copies from it.
-    async fn protect_source(&self, source: &ProtectedSource) -> Result<(), SyncError> {
-        match source {
-            ProtectedSource::Claim(claim) => {
-                if claim.finalizers().iter().any(|f| f == CLONING_PROTECTION) {
-                    return Ok(());
-                }
-                let mut finalizers = claim.finalizers().to_vec();
-                finalizers.push(CLONING_PROTECTION.to_string());
-                self.set_claim_finalizers(claim, finalizers).await.map(drop)
-            }
-            ProtectedSource::Snapshot(snapshot) => {
-                if snapshot.finalizers().iter().any(|f| f == SOURCE_PROTECTION) {
-                    return Ok(());
-                }
-                let mut finalizers = snapshot.finalizers().to_vec();
-                finalizers.push(SOURCE_PROTECTION.to_string());
-                let api: Api<VolumeSnapshot> = Api::namespaced(
-                    self.client.clone(),
-                    &snapshot.namespace().unwrap_or_default(),
-                );
-                match set_finalizers(&api, snapshot, finalizers).await {
-                    Ok(_) => Ok(()),
-                    // Tolerated so that RBAC without `update` on snapshots keeps working.
-                    Err(FinalizerError::Forbidden(message)) => {
-                        tracing::warn!(snapshot = %snapshot.name_any(), %message, "cannot protect the source snapshot");
-                        Ok(())
-                    }
-                    Err(error) => Err(SyncError::Finalizers(error)),
-                }
-            }
-        }
-    }
-
-    /// Drops the snapshot's protection once no other Pending claim restores from it (the
-    /// sweeper retries what fails here).
-    async fn release_snapshot(&self, snapshot: &VolumeSnapshot, except: Option<&str>) {
-        let source = DataSource::Snapshot {
-            name: snapshot.name_any(),
-            namespace: snapshot.namespace().unwrap_or_default(),
-        };
-        if self.still_needed(&source, except) {
-            return;
-        }
-        let api: Api<VolumeSnapshot> = Api::namespaced(
-            self.client.clone(),
-            &snapshot.namespace().unwrap_or_default(),
-        );
-        if let Err(error) = remove_finalizer(&api, &snapshot.name_any(), SOURCE_PROTECTION).await {
-            tracing::warn!(snapshot = %snapshot.name_any(), %error, "removing the source-protection finalizer");
-        }
-    }
-
-    /// Whether a Pending claim other than `except` still has `source` as its data source
-    /// (claims of every namespace with the CrossNamespaceVolumeDataSource gate).
-    fn still_needed(&self, source: &DataSource, except: Option<&str>) -> bool {
-        let claims = self.caches.claims.state();
-        claims::still_needed_by_pending_claims(
-            claims.iter().map(|c| &**c),
-            source,
-            except,
-            self.settings.cross_namespace_data_sources,
-        )
-    }
-
-    /// The cloning-protection controller's job: a source claim being deleted loses its
-    /// finalizer once no Pending claim clones from it.
-    async fn release_clone_source(
-        &self,
-        source: &PersistentVolumeClaim,
-    ) -> Result<Synced, SyncError> {
-        let wanted = DataSource::Claim {
-            name: source.name_any(),
-            namespace: source.namespace().unwrap_or_default(),
-        };
-        if self.still_needed(&wanted, None) {
-            return Ok(Synced::Waiting);
-        }
-        let finalizers = without(source.finalizers(), CLONING_PROTECTION);
-        self.set_claim_finalizers(source, finalizers).await?;
-        Ok(Synced::Done)
-    }
-
-    /// `SnapshotFinalizerController`: every sweep interval, snapshots whose restores are all
-    /// done lose the source-protection finalizer. Without permission to list snapshots it
-    /// stops quietly, as upstream.
-    async fn sweep_snapshots(self: Arc<Self>, shutdown: CancellationToken) {
-        let api: Api<VolumeSnapshot> = Api::all(self.client.clone());
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.settings.snapshot_orphan_sweep_interval) => {}
-            }
-            let snapshots = match api.list(&kube::api::ListParams::default()).await {
-                Ok(list) => list.items,
-                Err(kube::Error::Api(status)) if status.code == 403 => {
-                    tracing::info!(
-                        "no permission to list volumesnapshots: the orphaned source-protection sweeper stops"
-                    );
-                    return;
-                }
-                // The snapshot CRDs are not installed (yet).
-                Err(kube::Error::Api(status)) if status.code == 404 => continue,
-                Err(error) => {
-                    tracing::warn!(%error, "listing volumesnapshots for the sweep");
-                    continue;
-                }
-            };
-            for snapshot in snapshots
-                .iter()
-                .filter(|s| s.finalizers().iter().any(|f| f == SOURCE_PROTECTION))
-            {
-                self.release_snapshot(snapshot, None).await;
-            }
-        }
-    }
-
-    /// Creates the PV; AlreadyExists counts as done. After a failure the claim is retried
-    /// and CreateVolume (idempotent by name) returns the same volume, until the API server
-    /// has refused the PV [`request::PV_SAVE_REFUSALS`] times: then the volume is deleted
-    /// (with `secrets`) and reported, and provisioning starts over, as the library does.
-    async fn save(
-        &self,
-        claim: &PersistentVolumeClaim,
-        pv: serde_json::Value,
-        volume_id: &str,
-        secrets: HashMap<String, String>,
-    ) -> Result<(), SyncError> {
-        let object: PersistentVolume = serde_json::from_value(pv).map_err(SyncError::BuildPv)?;
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        let uid = claim.uid().unwrap_or_default();
-        let error = match api.create(&PostParams::default(), &object).await {
-            Ok(_) => {
-                lock(&self.unseen.created_volumes).insert(object.name_any());
-                lock(&self.save_refusals).remove(&uid);
-                return Ok(());
-            }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                lock(&self.save_refusals).remove(&uid);
-                return Ok(());
-            }
-            Err(error) => error,
-        };
-        let code = match &error {
-            kube::Error::Api(status) => Some(status.code),
-            _ => None,
-        };
-        let refusals = lock(&self.save_refusals).get(&uid).copied().unwrap_or(0);
-        match request::save_failure(refusals, code) {
-            SaveFailure::Retry { refusals } => {
-                lock(&self.save_refusals).insert(uid, refusals);
-                self.failed(claim, format!("saving PV {}: {error}", object.name_any()))
-                    .await
-            }
-            SaveFailure::DeleteVolume => {
-                let message = format!(
-                    "Error creating provisioned PV object for claim {}/{}: {error}. Deleting the volume.",
-                    claim.namespace().unwrap_or_default(),
-                    claim.name_any()
-                );
-                let failure = self.failed(claim, message).await;
-                let cleanup_failed = |status: &tonic::Status| {
-                    let message = format!(
-                        "Error cleaning provisioned volume {volume_id} for claim {}/{}: {}",
-                        claim.namespace().unwrap_or_default(),
-                        claim.name_any(),
-                        GoStatus(status)
-                    );
-                    ("ProvisioningCleanupFailed", message)
-                };
-                self.abandon(claim, volume_id, secrets, cleanup_failed)
-                    .await?;
-                lock(&self.save_refusals).remove(&uid);
-                failure
-            }
-        }
-    }
-
-    /// Adds the provisioning-protection finalizer before the first CreateVolume, so neither a
-    /// crash nor a deleted claim can lose track of a volume being created; the class is
-    /// recorded in the same patch (also on a claim protected before records existed).
-    async fn protect(
-        &self,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-    ) -> Result<PersistentVolumeClaim, SyncError> {
-        let protected = claim
-            .finalizers()
-            .iter()
-            .any(|f| f == PROVISIONING_PROTECTION);
-        if protected && claim.annotations().contains_key(PROVISIONING_CLASS) {
-            return Ok(claim.clone());
-        }
-        let mut finalizers = claim.finalizers().to_vec();
-        if !protected {
-            finalizers.push(PROVISIONING_PROTECTION.to_string());
-        }
-        let record = protection::record(class).map_err(SyncError::ClassRecord)?;
-        let annotations = BTreeMap::from([(PROVISIONING_CLASS, Some(record))]);
-        self.patch_claim(claim, finalizers, &annotations)
-            .await?
-            .ok_or_else(|| SyncError::ClaimGone(claim.name_any()))
-    }
-
-    /// Removes the provisioning-protection finalizer and its record (the PV exists, or
-    /// nothing was created).
-    async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), SyncError> {
-        let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
-        let annotations = BTreeMap::from([(PROVISIONING_CLASS, None)]);
-        self.patch_claim(claim, finalizers, &annotations)
-            .await
-            .map(drop)
-    }
-
-    /// The class a protected claim's provisioning started with (a broken record is logged).
-    fn recorded_class(&self, claim: &PersistentVolumeClaim) -> Option<Arc<StorageClass>> {
-        match protection::recorded_class(claim.annotations())? {
-            Ok(class) => Some(Arc::new(class)),
-            Err(error) => {
-                tracing::warn!(claim = %claim.name_any(), %error, "the recorded StorageClass is unreadable");
-                None
-            }
-        }
-    }
-
-    async fn set_claim_finalizers(
-        &self,
-        claim: &PersistentVolumeClaim,
-        finalizers: Vec<String>,
-    ) -> Result<Option<PersistentVolumeClaim>, SyncError> {
-        self.patch_claim(claim, finalizers, &BTreeMap::new()).await
-    }
-
-    async fn patch_claim(
-        &self,
-        claim: &PersistentVolumeClaim,
-        finalizers: Vec<String>,
-        annotations: &BTreeMap<&str, Option<String>>,
-    ) -> Result<Option<PersistentVolumeClaim>, SyncError> {
-        let api: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let updated = set_finalizers_and_annotations(&api, claim, finalizers, annotations).await?;
-        self.unseen.claim_written(claim, updated.as_ref());
-        Ok(updated)
-    }
-
-    /// Deletes a new volume the provisioner must not keep (too small, without its source, or
-    /// without a PV the API server accepts) with the secrets its CreateVolume had (the class's
-    /// provisioner secret serves both). A failure is the warning `cleanup_failed` words (its
-    /// reason and message) and a retry, which finds the volume again by its name. Once it is
-    /// gone, a claim on its way out is released: nothing is left to protect, and a new attempt
-    /// would only create another volume to delete.
-    async fn abandon(
-        &self,
-        claim: &PersistentVolumeClaim,
-        volume_id: &str,
-        secrets: HashMap<String, String>,
-        cleanup_failed: impl FnOnce(&tonic::Status) -> (&'static str, String),
-    ) -> Result<(), SyncError> {
-        let request = csi::DeleteVolumeRequest {
-            volume_id: volume_id.to_string(),
-            secrets,
-        };
-        if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-            let (reason, message) = cleanup_failed(&status);
-            return self.warn(&claim.object_ref(&()), reason, message).await;
-        }
-        tracing::info!(claim = %claim.name_any(), %volume_id, "deleted a new volume the provisioner cannot keep");
-        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-        if claim.metadata.deletion_timestamp.is_some() {
-            self.release(claim).await?;
-        }
-        Ok(())
-    }
-
-    /// Upstream's `becomeOwner`: waits this claim's delay (watching the cache for another
-    /// node taking it meanwhile), checks that the node has room for it, then sets
-    /// selected-node to this node. The write carries the resourceVersion read, so of
-    /// instances writing at once only one succeeds; the others see the winner in their cache.
-    async fn become_owner(
-        &self,
-        node: &OwnNode,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-    ) -> Result<Synced, SyncError> {
-        let (nd, backoff) = (&node.deployment, &node.backoff);
-        let uid = claim.uid().unwrap_or_default();
-        let delay = backoff.next(&uid, random_fraction(&uid));
-        tracing::debug!(claim = %claim.name_any(), ?delay, "will try to become owner of the claim");
-        // A high base delay means checking less often; many instances waiting at once make it
-        // likely that one wins early, so not much less often either.
-        let poll = (nd.base_delay / 100).max(Duration::from_millis(10));
-        let reference = claim_ref(claim);
-        let deadline = tokio::time::Instant::now() + delay;
-        let current = loop {
-            let current = self.caches.claims.get(&reference);
-            let Some(current) = current.filter(|c| c.uid().as_deref() == Some(uid.as_str())) else {
-                backoff.forget(&uid);
-                return Ok(Synced::Done);
-            };
-            let owned = current
-                .annotations()
-                .get(SELECTED_NODE)
-                .is_some_and(|n| !n.is_empty());
-            if owned {
-                // Another instance was faster (or, upstream's sanity check, this one already
-                // owns it): its update brings the claim back. A reschedule later starts from
-                // the base delay.
-                backoff.forget(&uid);
-                return Ok(Synced::Done);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break current.to_claim();
-            }
-            tokio::time::sleep(poll.min(deadline - tokio::time::Instant::now())).await;
-        };
-        // As upstream, a failed check does not keep the claim from being owned: provisioning
-        // then fails the same way and says so in an event.
-        match self.enough_capacity(nd, &current, class).await {
-            Ok(false) => {
-                tracing::debug!(claim = %claim.name_any(), "not enough capacity on this node");
-                return Ok(Synced::Done);
-            }
-            Ok(true) => {}
-            Err(error) => {
-                tracing::info!(claim = %claim.name_any(), %error, "becoming owner although the capacity check failed");
-            }
-        }
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(
-            self.client.clone(),
-            &current.namespace().unwrap_or_default(),
-        );
-        let patch = json!({"metadata": {
-            "resourceVersion": current.resource_version(),
-            "annotations": {SELECTED_NODE: nd.node_name},
-        }});
-        let read_version = current.resource_version();
-        let edit = |fresh: &mut ObjectMeta| {
-            fresh.resource_version == read_version && {
-                fresh
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(SELECTED_NODE.to_string(), nd.node_name.clone());
-                true
-            }
-        };
-        let namespace = current.namespace();
-        let name = current.name_any();
-        let patch = Patch::Merge(&patch);
-        match patch_or_update(&api, namespace.as_deref(), &name, &patch, edit).await {
-            Ok(None) => Ok(Synced::Done),
-            Ok(Some(updated)) => {
-                backoff.forget(&uid);
-                self.unseen.claim_written(&current, Some(&updated));
-                tracing::info!(claim = %claim.name_any(), node = %nd.node_name, "became owner of the claim");
-                Ok(Synced::Done)
-            }
-            // Lost the race (or another change came first): the newer claim in the cache is
-            // offered again and tried with the next, longer delay unless someone owns it.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Synced::Waiting),
-            Err(source) => Err(SyncError::Api {
-                what: format!("selecting node {:?} for the claim", nd.node_name),
-                source,
-            }),
-        }
-    }
-
-    /// Upstream's `checkCapacity`: GetCapacity for this node's topology with the parameters
-    /// and capabilities CreateVolume would get; a driver without GET_CAPACITY always has room.
-    async fn enough_capacity(
-        &self,
-        nd: &NodeDeployment,
-        claim: &PersistentVolumeClaim,
-        class: &StorageClass,
-    ) -> Result<bool, SyncError> {
-        let requested = claims::requested_size(claim)?;
-        if requested == 0
-            || !self
-                .settings
-                .driver
-                .has_controller(ControllerCapability::GetCapacity)
-        {
-            return Ok(true);
-        }
-        let spec = claim.spec.clone().unwrap_or_default();
-        let shape = crate::capacity::VolumeShape {
-            access_modes: spec.access_modes.as_deref().unwrap_or_default(),
-            volume_mode: spec.volume_mode.as_deref(),
-            single_node_multi_writer: self
-                .settings
-                .driver
-                .has_controller(ControllerCapability::SingleNodeMultiWriter),
-        };
-        let request = crate::capacity::get_capacity_request(
-            class,
-            &self.settings.default_fstype,
-            &shape,
-            &nd.segments,
-        )?;
-        let response = self
-            .csi
-            .get_capacity(request, self.settings.timeout)
-            .await
-            .map_err(crate::capacity::CapacityError::GetCapacity)?;
-        Ok(requested <= response.available_capacity)
-    }
-
-    /// Gives the scheduler another choice: removes selected-node from the claim.
-    async fn reschedule(
-        &self,
-        claim: &PersistentVolumeClaim,
-        message: String,
-    ) -> Result<(), SyncError> {
-        lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
-        let failure = self.failed(claim, message).await;
-        if claim.annotations().contains_key(SELECTED_NODE) {
-            let api: Api<PersistentVolumeClaim> =
-                Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-            let patch = json!({"metadata": {"annotations": {SELECTED_NODE: null}}});
-            let edit = |fresh: &mut ObjectMeta| {
-                if let Some(annotations) = fresh.annotations.as_mut() {
-                    annotations.remove(SELECTED_NODE);
-                }
-                true
-            };
-            let namespace = claim.namespace();
-            patch_or_update(
-                &api,
-                namespace.as_deref(),
-                &claim.name_any(),
-                &Patch::Merge(patch),
-                edit,
-            )
-            .await
-            .map_err(|source| SyncError::Api {
-                what: format!("removing {SELECTED_NODE}"),
-                source,
-            })?;
-        }
-        failure
     }
 
     fn keys_of(&self, csi_node: &CSINode) -> Option<Vec<String>> {
@@ -1504,168 +580,6 @@ impl Provisioner {
             node_labels,
         }
     }
-
-    async fn sync_volume(&self, name: &str) -> Result<Synced, SyncError> {
-        let Some(volume) = self.caches.volumes.get(&ObjectRef::new(name)) else {
-            return Ok(Synced::Done);
-        };
-        if lock(&self.unseen.deleted_volumes).contains(name) {
-            return Ok(Synced::Waiting);
-        }
-        self.carry_out_volume_plan(name, Arc::new(volume.to_volume()))
-            .await
-            .map(|()| Synced::Done)
-    }
-
-    async fn carry_out_volume_plan(
-        &self,
-        name: &str,
-        volume: Arc<PersistentVolume>,
-    ) -> Result<(), SyncError> {
-        let publishes = self
-            .settings
-            .driver
-            .has_controller(ControllerCapability::PublishUnpublishVolume);
-        let attached_to = self
-            .caches
-            .attachments
-            .state()
-            .into_iter()
-            .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
-            .map(|va| va.spec.node_name.clone());
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        match deletion::plan(
-            &volume,
-            &self.settings.driver.name,
-            publishes,
-            attached_to.is_some(),
-        ) {
-            VolumePlan::Nothing => Ok(()),
-            VolumePlan::AddFinalizer => {
-                let mut finalizers = volume.finalizers().to_vec();
-                finalizers.push(PV_FINALIZER.to_string());
-                set_finalizers(&api, &volume, finalizers).await?;
-                Ok(())
-            }
-            VolumePlan::RemoveFinalizer => {
-                remove_finalizer_from(&api, &volume, PV_FINALIZER).await?;
-                Ok(())
-            }
-            // Upstream's words for a PV of ours without a CSI source.
-            VolumePlan::NotCsi => {
-                self.delete_failed(&volume, "invalid CSI PV".to_string())
-                    .await
-            }
-            VolumePlan::StillAttached => {
-                let node = attached_to.unwrap_or_default();
-                let message = format!("persistentvolume {name} is still attached to node {node}");
-                self.delete_failed(&volume, message).await
-            }
-            // As upstream, a node's instance deletes only what it can have created: volumes
-            // accessible from its node (other nodes' instances delete theirs).
-            VolumePlan::Delete { .. }
-                if self
-                    .node
-                    .as_ref()
-                    .is_some_and(|node| !node.deployment.created_here(&volume)) =>
-            {
-                Ok(())
-            }
-            VolumePlan::Delete { volume_id, secret } => {
-                let started = Instant::now();
-                let class = volume
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.storage_class_name.clone())
-                    .unwrap_or_default();
-                let secrets = match self.deletion_secrets(&volume, secret).await {
-                    Ok(secrets) => secrets,
-                    Err(message) => return self.delete_failed(&volume, message).await,
-                };
-                let request = csi::DeleteVolumeRequest { volume_id, secrets };
-                if let Err(status) = self.csi.delete_volume(request, self.settings.timeout).await {
-                    let message = GoStatus(&status).to_string();
-                    self.settings.metrics.delete_failed(&class);
-                    return self.delete_failed(&volume, message).await;
-                }
-                // A PV held by finalizers comes back from the DELETE with its deletion
-                // timestamp: that copy is current, no GET needed. Boxed, as 3.4 KB inline
-                // it would size every running sync's future.
-                let remaining = match api.delete(name, &DeleteParams::default()).await {
-                    Ok(either) => either.left().map(Box::new),
-                    Err(kube::Error::Api(status)) if status.code == 404 => None,
-                    Err(source) => {
-                        return Err(SyncError::Api {
-                            what: format!("deleting PV {name}"),
-                            source,
-                        });
-                    }
-                };
-                if let Some(current) = remaining {
-                    remove_finalizer_from(&api, &current, PV_FINALIZER).await?;
-                }
-                lock(&self.unseen.deleted_volumes).insert(name.to_string());
-                self.settings.metrics.deleted(&class, started.elapsed());
-                tracing::info!(volume = %name, "volume deleted");
-                Ok(())
-            }
-        }
-    }
-
-    /// DeleteVolume's secrets. As upstream: a Secret that cannot be read is logged and the
-    /// delete goes on without (it may be gone already), but a class whose secret parameters
-    /// do not resolve fails the delete (the error), to be retried once the class is fixed.
-    async fn deletion_secrets(
-        &self,
-        volume: &PersistentVolume,
-        source: DeletionSecret,
-    ) -> Result<HashMap<String, String>, String> {
-        let reference: Option<SecretRef> = match source {
-            DeletionSecret::Annotated(reference) => reference,
-            DeletionSecret::FromStorageClass => {
-                let spec = volume.spec.clone().unwrap_or_default();
-                let class = spec.storage_class_name.unwrap_or_default();
-                let class = self.caches.classes.get(&ObjectRef::new(&class));
-                match (class, spec.claim_ref) {
-                    (Some(class), Some(claim)) => {
-                        let no_annotations = BTreeMap::new();
-                        let inputs = TemplateInputs {
-                            pv_name: &volume.name_any(),
-                            pvc_name: claim.name.as_deref().unwrap_or_default(),
-                            pvc_namespace: claim.namespace.as_deref().unwrap_or_default(),
-                            pvc_annotations: &no_annotations,
-                        };
-                        let parameters = class.parameters.clone().unwrap_or_default();
-                        secrets::secret_reference(
-                            secrets::SecretKind::Provisioner,
-                            &parameters,
-                            &inputs,
-                        )
-                        .map_err(|error| {
-                            format!(
-                                "failed to get secretreference for volume {}: {error}",
-                                volume.name_any()
-                            )
-                        })?
-                    }
-                    _ => {
-                        tracing::warn!(volume = %volume.name_any(), "no StorageClass or claim reference: deleting without secrets");
-                        None
-                    }
-                }
-            }
-        };
-        let Some(reference) = reference else {
-            return Ok(HashMap::new());
-        };
-        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference).await {
-            Ok(data) => Ok(data.into_inner()),
-            Err(error) => {
-                tracing::warn!(volume = %volume.name_any(), %error, "deleting without secrets");
-                Ok(HashMap::new())
-            }
-        }
-    }
 }
 
 impl provision::Lookups for Provisioner {
@@ -1709,61 +623,7 @@ impl provision::Lookups for Provisioner {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_cached_claim_predates_our_write_until_it_shows_the_version_the_write_produced() {
-        let written = |replaced: &str, produced: Option<&str>| super::Written {
-            replaced: replaced.into(),
-            produced: produced.map(Into::into),
-        };
-        let cases = [
-            (
-                "the copy the write was built from",
-                written("7", Some("9")),
-                Some("7"),
-                true,
-            ),
-            (
-                "a version in between (the patch landed on it)",
-                written("7", Some("9")),
-                Some("8"),
-                true,
-            ),
-            (
-                "the version the write produced",
-                written("7", Some("9")),
-                Some("9"),
-                false,
-            ),
-            (
-                "a later version",
-                written("7", Some("9")),
-                Some("12"),
-                false,
-            ),
-            ("nothing cached", written("7", Some("9")), None, false),
-            (
-                "no version answered: only the copy it was built from",
-                written("7", None),
-                Some("8"),
-                false,
-            ),
-            (
-                "opaque versions: only the copy it was built from",
-                written("a", Some("c")),
-                Some("b"),
-                false,
-            ),
-            (
-                "opaque versions, the copy it was built from",
-                written("a", Some("c")),
-                Some("a"),
-                true,
-            ),
-        ];
-        for (case, written, cached, stale) in cases {
-            assert_eq!(written.predates(cached), stale, "{case}");
-        }
-    }
+    use serde_json::json;
 
     use super::*;
 

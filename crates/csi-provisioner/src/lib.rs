@@ -2,7 +2,7 @@
 //! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
 //! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
 //! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks),
-//! [`vac`] (VolumeAttributesClasses: mutable parameters), [`grants`] (ReferenceGrants for
+//! [`step`] (a claim's next step, the claim sync's one decision), [`vac`] (VolumeAttributesClasses: mutable parameters), [`grants`] (ReferenceGrants for
 //! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
 //! instance handles, and its delays before owning an Immediate claim).
 
@@ -21,6 +21,7 @@ pub mod pv;
 pub mod request;
 pub mod run;
 pub mod snapshots;
+pub mod step;
 pub mod sync_error;
 pub mod topology;
 pub mod vac;

@@ -11,6 +11,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
+/// Our finalizer on claims whose volume may exist at the driver without a PV yet: added before
+/// the first CreateVolume, removed once the PV exists or nothing was created. (Upstream keeps
+/// this in memory only and leaks volumes on restart: external-provisioner #486.)
+pub const PROVISIONING_PROTECTION: &str = "csi-suite.io/provisioning-protection";
+
 /// The claim annotation holding the StorageClass provisioning started with, as JSON.
 pub const PROVISIONING_CLASS: &str = "csi-suite.io/provisioning-class";
 

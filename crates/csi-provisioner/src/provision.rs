@@ -328,4 +328,4 @@ fn accessibility(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -97,6 +97,16 @@ impl CacheSyncHealth {
     }
 }
 
+/// How the watch brought an object to a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// In a list: the first, or a relist after the watch could not resume.
+    Listed,
+    /// Added or modified, in the order of the object's versions.
+    Changed,
+    Deleted,
+}
+
 /// Reflector-backed caches of one controller: every change in any of them wakes the
 /// controller, and [`Informers::synced`] waits for all of their initial lists.
 pub struct Informers {
@@ -159,10 +169,21 @@ impl Informers {
         K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     {
-        self.watch_with(
+        self.all_observing(move |_, object: &K| on_change(object))
+    }
+
+    /// [`Informers::all_with`], saying with each object how the watch brought it: what
+    /// [`crate::superseded::Superseded::observed`] needs to know when a cache shows our writes.
+    pub fn all_observing<K>(&mut self, on_event: impl Fn(Observed, &K) + Send + 'static) -> Store<K>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    {
+        self.cache(
             Api::all(self.client.clone()),
             watcher::Config::default(),
-            on_change,
+            |_| {},
+            on_event,
         )
     }
 
@@ -186,7 +207,7 @@ impl Informers {
         K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
     {
-        self.cache(api, config, |_| {}, on_change)
+        self.cache(api, config, |_| {}, move |_, object: &K| on_change(object))
     }
 
     /// [`Informers::all`], keeping of each object only what `keep` leaves of it: a controller
@@ -202,7 +223,7 @@ impl Informers {
             Api::all(self.client.clone()),
             watcher::Config::default(),
             keep,
-            |_| {},
+            |_, _: &K| {},
         )
     }
 
@@ -211,7 +232,7 @@ impl Informers {
         api: Api<K>,
         config: watcher::Config,
         keep: fn(&mut K),
-        on_change: impl Fn(&K) + Send + 'static,
+        on_event: impl Fn(Observed, &K) + Send + 'static,
     ) -> Store<K>
     where
         K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
@@ -242,9 +263,15 @@ impl Informers {
                     event = stream.next() => match event {
                         Some(Ok(event)) => {
                             match &event {
-                                watcher::Event::Apply(object)
-                                | watcher::Event::InitApply(object)
-                                | watcher::Event::Delete(object) => on_change(object),
+                                watcher::Event::Apply(object) => {
+                                    on_event(Observed::Changed, object);
+                                }
+                                watcher::Event::InitApply(object) => {
+                                    on_event(Observed::Listed, object);
+                                }
+                                watcher::Event::Delete(object) => {
+                                    on_event(Observed::Deleted, object);
+                                }
                                 watcher::Event::InitDone => {
                                     if let Some(state) = &state {
                                         state.synced.store(true, Ordering::Release);

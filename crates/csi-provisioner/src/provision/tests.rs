@@ -7,9 +7,9 @@ use serde_json::{Value, json};
 use super::*;
 use crate::topology::SelectedNode;
 
-const DRIVER: &str = "csi.example.com";
+pub(crate) const DRIVER: &str = "csi.example.com";
 
-fn driver(capabilities: &[ControllerCapability], topology: bool) -> DriverInfo {
+pub(crate) fn driver(capabilities: &[ControllerCapability], topology: bool) -> DriverInfo {
     DriverInfo {
         name: DRIVER.to_string(),
         plugin: PluginCapabilities {
@@ -36,7 +36,7 @@ fn full_driver() -> DriverInfo {
     )
 }
 
-fn policy(driver: &DriverInfo) -> Policy<'_> {
+pub(crate) fn policy(driver: &DriverInfo) -> Policy<'_> {
     Policy {
         driver,
         default_fstype: "ext4",
