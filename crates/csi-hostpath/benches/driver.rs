@@ -270,39 +270,61 @@ async fn run() -> Result<()> {
         .nth(2)
         .unwrap_or(manifest_dir)
         .join("BENCHMARKS.md");
-    // Sections other benchmarks write (e.g. kube-sim's) stay as they are.
+    // Sections this benchmark does not write (the summary above them, kube-sim's below) stay
+    // as and where they are.
     let existing = std::fs::read_to_string(&path).unwrap_or_default();
-    let report = format!("{}{}", report.trim_end(), foreign_sections(&existing));
+    let (above, below) = foreign_sections(&existing);
+    let own = OWN_SECTIONS[0];
+    let report = match report.split_once(&format!("\n{own}\n")) {
+        Some((intro, rest)) => format!(
+            "{}{above}\n\n{own}\n{}{below}",
+            intro.trim_end(),
+            rest.trim_end()
+        ),
+        None => format!("{}{above}{below}", report.trim_end()),
+    };
     std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
     println!("written to {}", path.display());
     Ok(())
 }
 
-/// The `## ` sections of `existing` this benchmark does not write, each after a blank line.
-fn foreign_sections(existing: &str) -> String {
-    const OWN: [&str; 4] = [
-        "## What is measured",
-        "## Machine",
-        "## Throughput",
-        "## Latency per RPC",
-    ];
-    let mut sections: Vec<Vec<&str>> = Vec::new();
+/// The `## ` sections this benchmark writes, in order.
+const OWN_SECTIONS: [&str; 4] = [
+    "## What is measured",
+    "## Machine",
+    "## Throughput",
+    "## Latency per RPC",
+];
+
+/// The `## ` sections of `existing` this benchmark does not write, each after a blank line:
+/// those above its own and those below them.
+fn foreign_sections(existing: &str) -> (String, String) {
+    let mut above: Vec<Vec<&str>> = Vec::new();
+    let mut below: Vec<Vec<&str>> = Vec::new();
+    let mut own_seen = false;
     let mut keeping = false;
     for line in existing.lines() {
         if line.starts_with("## ") {
-            keeping = !OWN.contains(&line.trim_end());
+            let own = OWN_SECTIONS.contains(&line.trim_end());
+            own_seen |= own;
+            keeping = !own;
             if keeping {
+                let sections = if own_seen { &mut below } else { &mut above };
                 sections.push(Vec::new());
             }
         }
+        let sections = if own_seen { &mut below } else { &mut above };
         if keeping && let Some(section) = sections.last_mut() {
             section.push(line);
         }
     }
-    sections
-        .iter()
-        .map(|lines| format!("\n\n{}", lines.join("\n").trim_end()))
-        .collect()
+    let joined = |sections: &[Vec<&str>]| -> String {
+        sections
+            .iter()
+            .map(|lines| format!("\n\n{}", lines.join("\n").trim_end()))
+            .collect()
+    };
+    (joined(&above), joined(&below))
 }
 
 struct Bench {
