@@ -142,10 +142,10 @@ demo: $(MOTO_SERVER)
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
 ## throughput, csi-provisioner with 1000 claims, csi-attacher with 1000 VolumeAttachments,
 ## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots, csi-resizer with 1000
-## expansions,
-## podmon's failover time (1 and 10 pods per node, 20 runs), the registrar's and
-## livenessprobe's footprint (the release binaries as their own
-## processes); each rewrites its own sections of BENCHMARKS.md.
+## expansions, podmon's failover time (1 and 10 pods per node, 20 runs), COSI's controller and
+## provisioner sidecar with bucket claims and accesses, the registrar's and livenessprobe's
+## footprint (the release binaries as their own processes); each rewrites its own sections of
+## BENCHMARKS.md.
 bench: RELEASE_PROFILE = release
 bench: export CSI_SUITE_RELEASE_DIR = $(CURDIR)/target/$(HOST_TRIPLE)/release
 bench: $(MOTO_SERVER) build
@@ -165,7 +165,7 @@ bench: $(MOTO_SERVER) build
 ## (one codegen unit, what `make fuzz` runs) four times as much.
 ## fuzz: each target for FUZZ_SECONDS (default 60) in turn, optimized, from its committed corpus
 ## (fuzz/corpus/<target>); what it adds goes to fuzz/target/corpus/<target>, a crash to
-## fuzz/artifacts/<target> (README.md, "Fuzzing").
+## fuzz/artifacts/<target> (docs/testing.md, "Fuzzing").
 .PHONY: fuzz-build fuzz
 CARGO_FUZZ := $(CURDIR)/.tools/cargo-fuzz/bin/cargo-fuzz
 FUZZ_TARGETS := grpc_authority tar_extract journal quantity mountinfo secret_templates strategic_merge

@@ -1,10 +1,19 @@
-//! csi-provisioner: the external-provisioner sidecar in Rust. Built up step by step; so far
-//! the pure core CreateVolume requests and PVs are built from: [`topology`] (requisite and
-//! preferred terms), [`claims`] (which claims, their data source, clone sources) and [`request`] (name, fsType, capabilities, metadata, error outcomes,
-//! PV capacity and node affinity) [`deletion`] (the PV finalizer and DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records), [`snapshots`] (restore checks),
-//! [`step`] (a claim's next step, the claim sync's one decision), [`vac`] (VolumeAttributesClasses: mutable parameters), [`grants`] (ReferenceGrants for
-//! cross-namespace data sources) and [`node_deployment`] (which claims and PVs a per-node
-//! instance handles, and its delays before owning an Immediate claim).
+//! csi-provisioner: the external-provisioner sidecar in Rust.
+//!
+//! Pure cores, each table-tested: [`step`] (a claim's next step: the claim sync's one
+//! decision), [`claims`] (which claims are ours, their data source, clone sources),
+//! [`provision`] (the plan of one provisioning), [`topology`] (requisite and preferred terms),
+//! [`request`] (the CreateVolume request: name, fsType, capabilities, metadata, error
+//! outcomes), [`pv`] (the PV of a created volume), [`deletion`] (the PV finalizer and the
+//! DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records),
+//! [`snapshots`] (restore checks), [`vac`] (VolumeAttributesClasses: mutable parameters),
+//! [`grants`] (ReferenceGrants for cross-namespace data sources) and [`node_deployment`]
+//! (which claims and PVs a per-node instance handles, and its delays before owning an
+//! Immediate claim).
+//!
+//! Adapters: [`controller`] (the caches and the claim and PV syncs), [`capacity`]
+//! (CSIStorageCapacity objects), [`metrics`], [`flags`], [`gates`] and [`run`] (what `main`
+//! starts).
 
 pub mod capacity;
 pub mod claims;
