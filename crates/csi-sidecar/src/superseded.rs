@@ -8,8 +8,8 @@
 //! answered with. The watch delivers an object's versions in order, so until it brings the
 //! answer every version the cache shows — the one our write replaced, or one in between (a
 //! `test`-guarded patch lands on whatever version is current, and kube-controller-manager
-//! updates a claim while it binds it) — predates the write. A relist ends the wait: a list
-//! shows the object as it is, our write included.
+//! updates a claim while it binds it) — predates the write. A relist ends the wait unless it
+//! shows the very copy our write replaced (a list begun before the write).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -141,6 +141,9 @@ impl<K: Clone + Eq + Hash> Superseded<K> {
             return;
         };
         match how {
+            // A list that shows the copy our write replaced began before the write: the
+            // watch resumes from it and brings the answer.
+            Observed::Listed if version.is_some_and(|v| entry.replaced.contains(v)) => {}
             Observed::Listed | Observed::Deleted => {
                 entry.answered = None;
                 entry.replaced.clear();

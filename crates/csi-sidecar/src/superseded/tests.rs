@@ -34,6 +34,8 @@ fn a_no_op_write_supersedes_nothing() {
 enum Step {
     Watch(&'static str),
     Relist,
+    /// A relist begun before the write: it shows the copy the write replaced.
+    EarlyRelist(&'static str),
     Gone,
 }
 
@@ -57,6 +59,9 @@ fn lags(
         match step {
             Step::Watch(version) => superseded.observed(&"claim", Some(version), Observed::Changed),
             Step::Relist => superseded.observed(&"claim", Some(cached), Observed::Listed),
+            Step::EarlyRelist(version) => {
+                superseded.observed(&"claim", Some(version), Observed::Listed);
+            }
             Step::Gone => superseded.observed(&"claim", None, Observed::Deleted),
         }
     }
@@ -168,6 +173,24 @@ fn a_cache_lags_a_write_until_the_watch_brings_the_answer() {
             &[],
             &[Relist],
             "12",
+            false,
+        ),
+        row(
+            "a relist begun before the write",
+            "7",
+            Some("9"),
+            &[],
+            &[EarlyRelist("7")],
+            "7",
+            true,
+        ),
+        row(
+            "a relist begun before the write, then the answer",
+            "7",
+            Some("9"),
+            &[],
+            &[EarlyRelist("7"), Watch("9")],
+            "9",
             false,
         ),
         row(
