@@ -18,7 +18,7 @@
 //! - [`workqueue_metrics`] client-go's `workqueue_*` metrics for the workers;
 //! - [`backoff`] per-object exponential retry delays;
 //! - [`slow_set`] the slow retry of objects the driver refused as infeasible;
-//! - [`superseded`] the versions of objects our own writes replaced;
+//! - [`superseded`] our writes a cache does not show yet (syncs wait for them);
 //! - [`events`] core/v1 Event recording;
 //! - [`finalizers`] guarded finalizer patches;
 //! - [`writes`] patches that fall back to GET + update under upstream's RBAC;
