@@ -6,7 +6,7 @@ CARGO ?= cargo
 # No protoc anywhere: point any accidental use at a path that does not exist, so it fails loudly.
 export PROTOC := /nonexistent/protoc-is-never-used
 
-.PHONY: test test-real test-node sanity fmt-check lint unit strace chart manifests crds build image demo bench
+.PHONY: test test-real test-node sanity fmt-check lint layers unit strace chart manifests crds build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
 # The chart tests (tests/tests/chart.rs) render the chart with this helm.
@@ -17,8 +17,9 @@ export MOTO_SERVER
 CHART := charts/csi-suite
 IMAGE ?= csi-suite:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' $(CHART)/Chart.yaml)
 
-## test: everything CI runs: formatting, lints (warnings are errors), the chart, all tests.
-test: fmt-check lint chart unit
+## test: everything CI runs: formatting, lints (warnings are errors), the layers, the chart,
+## all tests.
+test: fmt-check lint layers chart unit
 
 ## test-real: the scenario suite and kube-sim's API tests (compare mode) on a real control plane:
 ## the cluster of KUBECONFIG, or ../shared/k8s/control-plane of each of K8S_VERSIONS (default
@@ -42,6 +43,21 @@ fmt-check:
 
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## layers: the direction of dependencies (docs/development.md, "Crate map"): the drivers and the
+## node sidecars build without the Kubernetes client crates, and no component depends on another.
+COMPONENTS := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar \
+  podmon cosi csi-inventory csi-hostpath cosi-s3
+layers:
+	@for package in csi-hostpath csi-node-driver-registrar cosi-s3; do \
+	  if $(CARGO) tree --locked -p $$package -e normal --prefix none | grep -E '^(kube|k8s-openapi|csi-sidecar) v'; then \
+	    echo "make layers: $$package depends on the Kubernetes client crates" >&2; exit 1; fi; \
+	done
+	@for package in $(COMPONENTS); do \
+	  others=$$(echo $(COMPONENTS) | tr ' ' '\n' | grep -vx $$package | paste -sd '|'); \
+	  if $(CARGO) tree --locked -p $$package -e normal --prefix none --depth 1 | tail -n +2 | grep -E "^($$others) v"; then \
+	    echo "make layers: $$package depends on another component" >&2; exit 1; fi; \
+	done
 
 unit: $(HELM) $(MOTO_SERVER) strace
 	$(CARGO) test --workspace --locked
