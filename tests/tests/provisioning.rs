@@ -8,7 +8,7 @@ use csi_suite_scenarios::{Cluster, report_skip, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 const FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
@@ -39,6 +39,19 @@ async fn claim_deleted_with_its_volume(cluster: &Cluster, name: &str, pv_name: &
 #[tokio::test]
 async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
     let cluster = Cluster::start("provision-immediate").await;
+    // Another driver's claim with the same finalizer, already bound: its own provisioner's to
+    // release, not ours.
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "foreign", "finalizers": [PROVISIONING_PROTECTION],
+                    "annotations": {"volume.kubernetes.io/storage-provisioner": "other.example.com"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                    "volumeName": "pvc-of-another-driver",
+                    "resources": {"requests": {"storage": "1Mi"}}}}),
+        )
+        .await;
     let provisioner = cluster.start_provisioner().await;
     let class_name = cluster
         .storage_class("fast", "Immediate", "Delete", json!({"kind": "fast"}))
@@ -115,6 +128,23 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
     );
 
     claim_deleted_with_its_volume(&cluster, "data", &pv_name, &handle).await;
+    let foreign = claims.get("foreign").await.unwrap();
+    assert!(
+        foreign
+            .finalizers()
+            .iter()
+            .any(|f| f == PROVISIONING_PROTECTION),
+        "another driver's claim keeps its finalizer: {:?}",
+        foreign.finalizers()
+    );
+    claims
+        .patch(
+            "foreign",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     provisioner.stop().await;
     cluster.stop().await;
 }

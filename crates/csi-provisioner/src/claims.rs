@@ -66,13 +66,10 @@ pub fn decide(
     if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
         return Ok(ClaimDecision::Ignore);
     }
-    let annotations = claim.annotations();
-    let provisioner = annotations
-        .get(STORAGE_PROVISIONER)
-        .or_else(|| annotations.get(BETA_STORAGE_PROVISIONER));
-    if provisioner.is_none_or(|p| p != driver) {
+    if !annotated_for(claim, driver) {
         return Ok(ClaimDecision::Ignore);
     }
+    let annotations = claim.annotations();
     let class_name = spec.storage_class_name.unwrap_or_default();
     let class = class.ok_or(ClaimError::MissingClass(class_name))?;
     let selected_node = annotations
@@ -90,6 +87,17 @@ pub fn decide(
         });
     }
     Ok(ClaimDecision::Provision { selected_node })
+}
+
+/// The claim's storage-provisioner annotation (GA, else beta) names `driver`: the claim is this
+/// driver's to provision, and only then is our finalizer on it this provisioner's to remove
+/// (every driver's provisioner uses the same finalizer name).
+pub fn annotated_for(claim: &PersistentVolumeClaim, driver: &str) -> bool {
+    let annotations = claim.annotations();
+    annotations
+        .get(STORAGE_PROVISIONER)
+        .or_else(|| annotations.get(BETA_STORAGE_PROVISIONER))
+        .is_some_and(|p| p == driver)
 }
 
 /// A claim's data source after normalisation.

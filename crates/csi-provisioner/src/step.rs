@@ -19,8 +19,8 @@ use crate::request::RequestError;
 /// What a claim's sync does next.
 #[derive(Debug)]
 pub enum ClaimStep {
-    /// Nothing to do: not ours, bound, waiting for a node, another node's, or deleted before
-    /// anything was created.
+    /// Nothing to do: not annotated for our driver, waiting for a node, another node's, or
+    /// deleted before anything was created.
     Nothing,
     /// The cache does not show the PV we created (or deleted) yet.
     Wait,
@@ -103,6 +103,10 @@ pub fn next_step(
             return ClaimStep::NoVolumeName { error, fatal };
         }
     };
+    // Another driver's claim may carry the same finalizer, released by its own provisioner.
+    if !claims::annotated_for(claim, &policy.driver.name) {
+        return ClaimStep::Nothing;
+    }
     let protected = claim
         .finalizers()
         .iter()

@@ -313,6 +313,25 @@ fn each_claim_state_leads_to_its_step() {
             "Nothing",
         ),
         Row {
+            volume: Volume::Cached,
+            ..Row::new(
+                "another driver's, protected, its PV cached",
+                claim(both(
+                    protected(),
+                    json!({"metadata": {"annotations": {STORAGE_PROVISIONER: "other"}}}),
+                )),
+                "Nothing",
+            )
+        },
+        Row::new(
+            "another driver's, bound and protected",
+            claim(both(
+                both(bound(), protected()),
+                json!({"metadata": {"annotations": {STORAGE_PROVISIONER: "other"}}}),
+            )),
+            "Nothing",
+        ),
+        Row {
             class: Some(wffc()),
             ..Row::new(
                 "WaitForFirstConsumer without a node",
