@@ -9,7 +9,7 @@ use std::time::Duration;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -55,7 +55,6 @@ struct Controller {
     claims: Store<BucketClaim>,
     classes: Store<BucketClass>,
     buckets: Store<Bucket>,
-    workers: Arc<KeyedWorkers<ObjectRef<BucketClaim>>>,
     events: EventRecorder,
     settings: Settings,
 }
@@ -84,51 +83,51 @@ pub async fn run(client: Client, settings: Settings, shutdown: CancellationToken
         claims,
         classes,
         buckets,
-        workers,
         settings,
     });
     tracing::info!("cosi-controller started");
-    controller
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &controller,
             JoinSet::new(),
             &wake,
             controller.settings.resync,
             &shutdown,
-            |tasks, full| controller.pass(tasks, full),
         )
         .await;
     controller.events.flush().await;
 }
 
-impl Controller {
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let this = self.clone();
-        self.workers.pass_over(
-            tasks,
-            full,
-            &self.claims,
-            |key| self.version(key),
-            move |key| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
-        );
+impl Reconciler for Controller {
+    type Key = ObjectRef<BucketClaim>;
+    type Error = ClaimError;
+
+    fn keys(&self) -> Vec<Self::Key> {
+        let claims = self.claims.state();
+        claims.iter().map(|c| ObjectRef::from_obj(&**c)).collect()
     }
 
     /// What a claim's plan reads, as one version: the claim's, its class's and its Bucket's.
-    fn version(&self, key: &ObjectRef<BucketClaim>) -> Option<String> {
-        let claim = self.claims.get(key)?;
+    fn offer(&self, key: &Self::Key) -> Offer {
+        let Some(claim) = self.claims.get(key) else {
+            return Offer::Gone;
+        };
         let (class, bucket) = self.inputs(&claim);
         let version = |v: Option<String>| v.unwrap_or_default();
-        Some(format!(
+        Offer::at(Some(format!(
             "{}/{}/{}",
             version(claim.resource_version()),
             version(class.and_then(|c| c.resource_version())),
             version(bucket.and_then(|b| b.resource_version())),
-        ))
+        )))
     }
 
+    fn sync(self: Arc<Self>, key: Self::Key) -> SyncFuture<ClaimError> {
+        Box::pin(async move { self.sync_claim(&key).await })
+    }
+}
+
+impl Controller {
     fn inputs(&self, claim: &BucketClaim) -> (Option<Arc<BucketClass>>, Option<Arc<Bucket>>) {
         let class = claim
             .spec
@@ -140,7 +139,7 @@ impl Controller {
         (class, bucket)
     }
 
-    async fn sync(&self, key: &ObjectRef<BucketClaim>) -> Result<Synced, ClaimError> {
+    async fn sync_claim(&self, key: &ObjectRef<BucketClaim>) -> Result<Synced, ClaimError> {
         let Some(claim) = self.claims.get(key) else {
             return Ok(Synced::Done);
         };

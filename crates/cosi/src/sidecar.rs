@@ -17,7 +17,7 @@ use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -91,7 +91,6 @@ struct Sidecar {
     accesses: Store<BucketAccess>,
     claims: Store<BucketClaim>,
     classes: Store<BucketAccessClass>,
-    workers: Arc<KeyedWorkers<Key>>,
     /// Accesses whose grant we wrote: a stale cached copy (not granted yet) must not grant
     /// again, which would replace the key the Secret already carries.
     granted: Superseded<ObjectRef<BucketAccess>>,
@@ -139,49 +138,117 @@ pub async fn run(
         accesses,
         claims,
         classes,
-        workers,
         granted: Superseded::default(),
         settings,
     });
     tracing::info!(driver = %sidecar.settings.driver, "cosi-provisioner started");
-    sidecar
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &sidecar,
             JoinSet::new(),
             &wake,
             sidecar.settings.resync,
             &shutdown,
-            |tasks, full| sidecar.pass(tasks, full),
         )
         .await;
     sidecar.events.flush().await;
 }
 
-impl Sidecar {
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys = self.workers.pass_keys(full, || {
-            let buckets = self.buckets.state();
-            let accesses = self.accesses.state();
-            buckets
-                .iter()
-                .map(|b| Key::Bucket(ObjectRef::from_obj(b.as_ref())))
-                .chain(
-                    accesses
-                        .iter()
-                        .map(|a| Key::Access(ObjectRef::from_obj(a.as_ref()))),
-                )
-                .collect()
-        });
-        let keys = self.expand_claims(keys);
-        let this = self.clone();
-        self.workers.offer(
-            tasks,
-            keys,
-            |key| self.version(key),
-            move |key| this.sync(key),
-        );
+impl Reconciler for Sidecar {
+    type Key = Key;
+    type Error = SidecarError;
+
+    fn keys(&self) -> Vec<Key> {
+        let buckets = self.buckets.state();
+        let accesses = self.accesses.state();
+        buckets
+            .iter()
+            .map(|b| Key::Bucket(ObjectRef::from_obj(b.as_ref())))
+            .chain(
+                accesses
+                    .iter()
+                    .map(|a| Key::Access(ObjectRef::from_obj(a.as_ref()))),
+            )
+            .collect()
     }
 
+    /// A claim's change concerns its Bucket and its accesses.
+    fn concerned(&self, keys: Vec<Key>) -> Vec<Key> {
+        self.expand_claims(keys)
+    }
+
+    /// What a key's plan reads, as one version: a Bucket's and its accesses' names and
+    /// deletion; an access's, its class's, claim's and Bucket's.
+    fn offer(&self, key: &Key) -> Offer {
+        let version = |v: Option<String>| v.unwrap_or_default();
+        match key {
+            Key::Bucket(reference) => {
+                let Some(bucket) = self.buckets.get(reference) else {
+                    return Offer::Gone;
+                };
+                Offer::at(Some(format!(
+                    "{}/{}",
+                    version(bucket.resource_version()),
+                    self.accesses_of(&bucket)
+                        .iter()
+                        .map(|a| format!("{}:{}", a.name, a.deleting))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )))
+            }
+            // Replaced by the keys it concerns before offers are made.
+            Key::Claim(_) => Offer::Idle,
+            Key::Access(reference) => {
+                let Some(access) = self.accesses.get(reference) else {
+                    return Offer::Gone;
+                };
+                let (class, claim, bucket) = self.inputs(&access);
+                Offer::at(Some(format!(
+                    "{}/{}/{}/{}",
+                    version(access.resource_version()),
+                    version(class.and_then(|c| c.resource_version())),
+                    version(claim.and_then(|c| c.resource_version())),
+                    version(bucket.and_then(|b| b.resource_version())),
+                )))
+            }
+        }
+    }
+
+    fn forget(&self, key: &Key) {
+        if let Key::Access(reference) = key {
+            self.granted.forget(reference);
+        }
+    }
+
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SidecarError> {
+        let this = self;
+        match key {
+            Key::Bucket(reference) => Box::pin(async move {
+                match this.buckets.get(&reference) {
+                    Some(bucket) => this.sync_bucket(&bucket).await,
+                    None => Ok(Synced::Done),
+                }
+            }),
+            Key::Access(reference) => Box::pin(async move {
+                match this.accesses.get(&reference) {
+                    Some(access)
+                        if this
+                            .granted
+                            .is_stale(&reference, access.resource_version().as_deref()) =>
+                    {
+                        Ok(Synced::Waiting)
+                    }
+                    Some(access) => this.sync_access(&reference, &access).await,
+                    None => Ok(Synced::Done),
+                }
+            }),
+            Key::Claim(_) => Box::pin(std::future::ready(Ok(Synced::Done))),
+        }
+    }
+}
+
+impl Sidecar {
     /// `keys` with each claim key replaced by its Bucket and its accesses.
     fn expand_claims(&self, keys: Vec<Key>) -> Vec<Key> {
         let (claims, mut keys): (Vec<Key>, Vec<Key>) =
@@ -209,36 +276,6 @@ impl Sidecar {
             }
         }
         keys
-    }
-
-    fn version(&self, key: &Key) -> Option<String> {
-        let version = |v: Option<String>| v.unwrap_or_default();
-        match key {
-            Key::Bucket(reference) => {
-                let bucket = self.buckets.get(reference)?;
-                Some(format!(
-                    "{}/{}",
-                    version(bucket.resource_version()),
-                    self.accesses_of(&bucket)
-                        .iter()
-                        .map(|a| format!("{}:{}", a.name, a.deleting))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ))
-            }
-            Key::Claim(_) => None,
-            Key::Access(reference) => {
-                let access = self.accesses.get(reference)?;
-                let (class, claim, bucket) = self.inputs(&access);
-                Some(format!(
-                    "{}/{}/{}/{}",
-                    version(access.resource_version()),
-                    version(class.and_then(|c| c.resource_version())),
-                    version(claim.and_then(|c| c.resource_version())),
-                    version(bucket.and_then(|b| b.resource_version())),
-                ))
-            }
-        }
     }
 
     /// The BucketAccesses that name a Bucket's claim.
@@ -280,33 +317,6 @@ impl Sidecar {
             .and_then(|c| c.status.as_ref()?.bucket_name.clone())
             .and_then(|name| self.buckets.get(&ObjectRef::new(&name)));
         (class, claim, bucket)
-    }
-
-    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
-    fn sync(self: &Arc<Self>, key: Key) -> SyncFuture<SidecarError> {
-        let this = self.clone();
-        match key {
-            Key::Bucket(reference) => Box::pin(async move {
-                match this.buckets.get(&reference) {
-                    Some(bucket) => this.sync_bucket(&bucket).await,
-                    None => Ok(Synced::Done),
-                }
-            }),
-            Key::Access(reference) => Box::pin(async move {
-                match this.accesses.get(&reference) {
-                    Some(access)
-                        if this
-                            .granted
-                            .is_stale(&reference, access.resource_version().as_deref()) =>
-                    {
-                        Ok(Synced::Waiting)
-                    }
-                    Some(access) => this.sync_access(&reference, &access).await,
-                    None => Ok(Synced::Done),
-                }
-            }),
-            Key::Claim(_) => Box::pin(std::future::ready(Ok(Synced::Done))),
-        }
     }
 
     async fn warn(&self, object: &impl Resource<DynamicType = ()>, reason: &str, message: &str) {

@@ -17,7 +17,7 @@ use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, wit
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
@@ -64,7 +64,7 @@ struct OperationLabel {
 }
 
 /// The backlog upstream does not show (external-attacher #706): VolumeAttachments waiting for
-/// an attach or a detach, as of the last pass.
+/// an attach or a detach, updated as each is planned.
 #[derive(Clone, Debug, Default)]
 pub struct AttacherMetrics {
     pending: Family<OperationLabel, Gauge>,
@@ -83,6 +83,9 @@ impl AttacherMetrics {
             "VolumeAttachments waiting to be attached or detached",
             metrics.pending.clone(),
         );
+        for operation in ["attach", "detach"] {
+            metrics.set_pending(operation, 0);
+        }
         metrics
     }
 
@@ -247,89 +250,109 @@ pub async fn run(
     if attacher.settings.support.list_published_nodes {
         tasks.spawn(attacher.clone().reconcile_loop(shutdown.clone()));
     }
-    attacher
-        .workers
-        .run(
-            tasks,
-            &wake,
-            attacher.settings.resync,
-            &shutdown,
-            |tasks, full| attacher.pass(tasks, full),
-        )
+    let workers = attacher.workers.clone();
+    workers
+        .reconcile(&attacher, tasks, &wake, attacher.settings.resync, &shutdown)
         .await;
     Ok(())
 }
 
-impl Attacher {
-    /// Offers the keys the watches brought, those waiting and those due for a retry — or,
-    /// when `full` (the periodic resync), every VolumeAttachment and PV.
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        // Attachments and volumes this pass does not offer (nothing to do, or our write not
-        // seen yet) keep their backoff; only those that are gone are forgotten.
-        let keys = self.workers.pass_keys(full, || {
-            let attachments = self.caches.attachments.state();
-            let volumes = self.caches.volumes.state();
-            attachments
-                .iter()
-                .map(|va| Key::Attachment(va.name_any()))
-                .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any())))
-                .collect()
-        });
-        let offered = keys
-            .into_iter()
-            .filter_map(|key| {
-                let (version, lane) = self.offer(&key)?;
-                Some((key, version, lane))
-            })
-            .collect();
-        self.count_pending();
-        let this = self.clone();
-        self.workers.offer_on_lanes(tasks, offered, move |key| {
-            let this = this.clone();
-            let sync: SyncFuture<SyncError> = match key {
-                Key::Attachment(name) => Box::pin(async move { this.sync_attachment(&name).await }),
-                Key::Volume(name) => Box::pin(async move { this.sync_volume(&name).await }),
-            };
-            sync
-        });
+impl Reconciler for Attacher {
+    type Key = Key;
+    type Error = SyncError;
+
+    /// Every VolumeAttachment and PV.
+    fn keys(&self) -> Vec<Key> {
+        let attachments = self.caches.attachments.state();
+        let volumes = self.caches.volumes.state();
+        attachments
+            .iter()
+            .map(|va| Key::Attachment(va.name_any()))
+            .chain(volumes.iter().map(|pv| Key::Volume(pv.name_any())))
+            .collect()
     }
 
-    /// Whether `key` has work, and then the version it is offered at and its lane; the
-    /// in-memory state of an object that is gone is dropped.
-    fn offer(&self, key: &Key) -> Option<(Option<String>, usize)> {
+    /// Whether `key` has work, and then the version it is offered at and its lane.
+    /// Attachments and volumes with nothing to do, or whose cache does not show our write
+    /// yet, keep their backoff.
+    fn offer(&self, key: &Key) -> Offer {
         match key {
             Key::Attachment(name) => {
                 let Some(va) = self.caches.attachments.get(&ObjectRef::new(name)) else {
-                    self.forget(name);
-                    self.workers.forget(key);
-                    return None;
+                    return Offer::Gone;
                 };
                 let version = va.resource_version();
                 let (plan, forced) = self.plan(&va);
                 let (operation, lane) = match plan {
                     VaPlan::NotOurs | VaPlan::Nothing => {
-                        lock(&self.pending).remove(name);
-                        return None;
+                        self.set_pending(name, None);
+                        return Offer::Idle;
                     }
                     VaPlan::Attach | VaPlan::MarkAttached => ("attach", ATTACH),
                     VaPlan::Detach => ("detach", DETACH),
                 };
-                lock(&self.pending).insert(name.clone(), operation);
+                self.set_pending(name, Some(operation));
                 if self.superseded.is_stale(name, version.as_deref()) {
-                    return None;
+                    return Offer::Idle;
                 }
-                // A forced sync runs even if this version was synced before.
-                Some((version.filter(|_| !forced), lane))
+                Offer::Run {
+                    // A forced sync runs even if this version was synced before.
+                    version: version.filter(|_| !forced),
+                    lane,
+                }
             }
             Key::Volume(name) => {
                 let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
-                    self.workers.forget(key);
-                    return None;
+                    return Offer::Gone;
                 };
-                (pv.metadata.deletion_timestamp.is_some()
-                    && pv.finalizers().contains(&self.finalizer))
-                .then(|| (pv.resource_version(), VOLUME))
+                if pv.metadata.deletion_timestamp.is_some()
+                    && pv.finalizers().contains(&self.finalizer)
+                {
+                    Offer::Run {
+                        version: pv.resource_version(),
+                        lane: VOLUME,
+                    }
+                } else {
+                    Offer::Idle
+                }
             }
+        }
+    }
+
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        match key {
+            Key::Attachment(name) => Box::pin(async move { self.sync_attachment(&name).await }),
+            Key::Volume(name) => Box::pin(async move { self.sync_volume(&name).await }),
+        }
+    }
+
+    /// Drops the in-memory state of a VolumeAttachment that is gone.
+    fn forget(&self, key: &Key) {
+        if let Key::Attachment(name) = key {
+            self.superseded.forget(name);
+            lock(&self.unpublished).remove(name);
+            lock(&self.forced).remove(name);
+            self.set_pending(name, None);
+        }
+    }
+}
+
+impl Attacher {
+    /// Records the operation the VolumeAttachment `name` waits for (`None`: none) and counts
+    /// them again in the gauges when that changed.
+    fn set_pending(&self, name: &str, operation: Option<&'static str>) {
+        let mut pending = lock(&self.pending);
+        let changed = match operation {
+            Some(operation) => pending.insert(name.to_string(), operation) != Some(operation),
+            None => pending.remove(name).is_some(),
+        };
+        if changed {
+            let attaching = pending.values().filter(|op| **op == "attach").count();
+            self.settings.metrics.set_pending("attach", attaching);
+            self.settings
+                .metrics
+                .set_pending("detach", pending.len() - attaching);
         }
     }
 
@@ -343,23 +366,6 @@ impl Attacher {
             forced,
         );
         (plan, forced)
-    }
-
-    fn count_pending(&self) {
-        let pending = lock(&self.pending);
-        let attaching = pending.values().filter(|op| **op == "attach").count();
-        self.settings.metrics.set_pending("attach", attaching);
-        self.settings
-            .metrics
-            .set_pending("detach", pending.len() - attaching);
-    }
-
-    /// Drops the in-memory state of a VolumeAttachment that is gone.
-    fn forget(&self, name: &str) {
-        self.superseded.forget(&name.to_string());
-        lock(&self.unpublished).remove(name);
-        lock(&self.forced).remove(name);
-        lock(&self.pending).remove(name);
     }
 
     /// Records that our write replaced `va`'s version — unless the write changed nothing: the

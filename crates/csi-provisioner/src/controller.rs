@@ -17,7 +17,7 @@ use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
@@ -161,7 +161,6 @@ struct Provisioner {
     /// Claim UIDs whose CreateVolume was refused as infeasible, tagged with their class's UID:
     /// retried after `--retry-interval-max` (sig-storage-lib's slow set).
     infeasible: SlowSet<String, String>,
-    workers: Arc<KeyedWorkers<Key>>,
     /// Our writes to claims the cache does not show yet: a sync that read the older claim
     /// would redo them (a second CreateVolume, PV create, finalizer patch and Events).
     claim_writes: Arc<Superseded<ObjectRef<CachedClaim>>>,
@@ -280,7 +279,6 @@ pub async fn run(
             "",
         ),
         csi_events: EventRecorder::new(client.clone(), "external-provisioner", ""),
-        workers,
         client,
         csi,
         identity,
@@ -312,14 +310,13 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-    provisioner
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &provisioner,
             tasks,
             &wake,
             provisioner.settings.resync,
             &provisioner.stop,
-            |tasks, full| provisioner.pass(tasks, full),
         )
         .await;
     let error = provisioner
@@ -344,85 +341,25 @@ fn rand_suffix() -> u32 {
     (nanos ^ std::process::id()) % 10_000
 }
 
-impl Provisioner {
-    /// The caches capacity tracking reads: the same stores as the provisioner's.
-    fn shared_with_capacity(&self) -> SharedCaches {
-        let caches = &self.caches;
-        let segments = match &caches.topology {
-            NodeTopology::Watched { csi_nodes, nodes } => {
-                Segments::Watched(csi_nodes.clone(), nodes.clone())
-            }
-            // Its labels are the node's segment (NodeGetInfo).
-            NodeTopology::Own(node) => Segments::Fixed(node.labels.clone()),
-        };
-        SharedCaches {
-            classes: caches.classes.clone(),
-            volumes: caches.volumes.clone(),
-            segments,
-        }
+impl Reconciler for Provisioner {
+    type Key = Key;
+    type Error = SyncError;
+
+    /// Every claim's keys and every PV.
+    fn keys(&self) -> Vec<Key> {
+        let claims = self.caches.claims.state();
+        let volumes = self.caches.volumes.state();
+        claims
+            .iter()
+            .flat_map(|c| claim_keys(&**c))
+            .chain(volumes.iter().map(|v| Key::Volume(v.name_any())))
+            .collect()
     }
 
-    /// Offers the keys the watches brought, those waiting and those due for a retry — or,
-    /// when `full` (the periodic resync), every claim and PV.
-    fn pass(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>, full: bool) {
-        self.forget_seen_writes();
-        let offered: Vec<(Key, Option<String>, usize)> = if full {
-            self.forget_gone_claims();
-            let claims = self.caches.claims.state().into_iter().flat_map(|c| {
-                let version = c.resource_version();
-                claim_keys(&*c).map(move |key| (key, version.clone()))
-            });
-            let volumes = self
-                .caches
-                .volumes
-                .state()
-                .into_iter()
-                .map(|v| (Key::Volume(v.name_any()), v.resource_version()));
-            let offered: Vec<_> = claims
-                .chain(volumes)
-                .map(|(key, version)| {
-                    let lane = key.lane();
-                    (key, version, lane)
-                })
-                .collect();
-            self.workers
-                .forget_absent(offered.iter().map(|(key, _, _)| key.clone()));
-            offered
-        } else {
-            self.workers
-                .due()
-                .into_iter()
-                .filter_map(|key| match self.version(&key) {
-                    Some(version) => {
-                        let lane = key.lane();
-                        Some((key, version, lane))
-                    }
-                    None => {
-                        self.workers.forget(&key);
-                        None
-                    }
-                })
-                .collect()
-        };
-        tracing::trace!(offered = offered.len(), full, "pass");
-        let this = self.clone();
-        self.workers.offer_on_lanes(tasks, offered, move |key| {
-            let this = this.clone();
-            let sync: SyncFuture<SyncError> = match key {
-                Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
-                Key::Volume(name) => Box::pin(async move { this.sync_volume(&name).await }),
-                Key::CloneSource(reference) => {
-                    Box::pin(async move { this.sync_clone_source(&reference).await })
-                }
-            };
-            sync
-        });
-    }
-
-    /// The resourceVersion of `key`'s object as cached; `None` when the object (or, for a
-    /// clone source, its release) is gone.
-    fn version(&self, key: &Key) -> Option<Option<String>> {
-        match key {
+    /// At the resourceVersion of the key's object as cached; gone with the object (or, for a
+    /// clone source, with its release).
+    fn offer(&self, key: &Key) -> Offer {
+        let version = match key {
             Key::Claim(reference) => self
                 .caches
                 .claims
@@ -439,6 +376,50 @@ impl Provisioner {
                 .volumes
                 .get(&ObjectRef::new(name))
                 .map(|v| v.resource_version()),
+        };
+        match version {
+            Some(version) => Offer::Run {
+                version,
+                lane: key.lane(),
+            },
+            None => Offer::Gone,
+        }
+    }
+
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        match key {
+            Key::Claim(reference) => Box::pin(async move { self.sync_claim(&reference).await }),
+            Key::Volume(name) => Box::pin(async move { self.sync_volume(&name).await }),
+            Key::CloneSource(reference) => {
+                Box::pin(async move { self.sync_clone_source(&reference).await })
+            }
+        }
+    }
+
+    fn pass_started(&self, full: bool) {
+        self.forget_seen_writes();
+        if full {
+            self.forget_gone_claims();
+        }
+    }
+}
+
+impl Provisioner {
+    /// The caches capacity tracking reads: the same stores as the provisioner's.
+    fn shared_with_capacity(&self) -> SharedCaches {
+        let caches = &self.caches;
+        let segments = match &caches.topology {
+            NodeTopology::Watched { csi_nodes, nodes } => {
+                Segments::Watched(csi_nodes.clone(), nodes.clone())
+            }
+            // Its labels are the node's segment (NodeGetInfo).
+            NodeTopology::Own(node) => Segments::Fixed(node.labels.clone()),
+        };
+        SharedCaches {
+            classes: caches.classes.clone(),
+            volumes: caches.volumes.clone(),
+            segments,
         }
     }
 

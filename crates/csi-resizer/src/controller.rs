@@ -15,7 +15,7 @@ use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_pod_volumes};
 use csi_sidecar::lock;
 use csi_sidecar::slow_set::SlowSet;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -104,7 +104,6 @@ struct Controller {
     csi: CsiConnection,
     settings: Settings,
     caches: Caches,
-    workers: Arc<KeyedWorkers<Key>>,
     events: EventRecorder,
     /// Upstream's `Name()` in messages: the driver name.
     name: String,
@@ -196,7 +195,6 @@ pub async fn run(
         client,
         csi,
         caches,
-        workers,
         superseded: Superseded::default(),
         in_use_errors: Mutex::default(),
         final_errors: Mutex::default(),
@@ -206,49 +204,42 @@ pub async fn run(
         settings,
     });
     tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
-    controller
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &controller,
             JoinSet::new(),
             &wake,
             controller.settings.resync,
             &shutdown,
-            |tasks, full| controller.pass(tasks, full),
         )
         .await;
     Ok(())
 }
 
-impl Controller {
-    /// Offers the claims the watches brought, those waiting and those due for a retry — or,
-    /// when `full` (the periodic resync), every claim.
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let this = self.clone();
-        self.workers.pass_over(
-            tasks,
-            full,
-            &self.caches.claims,
-            |key| self.version(key),
-            move |key| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
-        );
+impl Reconciler for Controller {
+    type Key = Key;
+    type Error = SyncError;
+
+    fn keys(&self) -> Vec<Key> {
+        let claims = self.caches.claims.state();
+        claims.iter().map(|c| ObjectRef::from_obj(&**c)).collect()
     }
 
-    /// The version a claim is offered at: its own and its PV's, since either changes the plan;
-    /// `None` (and its state dropped) when the claim is gone.
-    fn version(&self, key: &Key) -> Option<String> {
+    /// At the claim's version and its PV's, since either changes the plan.
+    fn offer(&self, key: &Key) -> Offer {
         let Some(pvc) = self.caches.claims.get(key) else {
-            self.forget(key);
-            return None;
+            return Offer::Gone;
         };
         let pv = self.volume_of(&pvc);
-        Some(format!(
+        Offer::at(Some(format!(
             "{}/{}",
             pvc.resource_version().unwrap_or_default(),
             pv.and_then(|pv| pv.resource_version()).unwrap_or_default()
-        ))
+        )))
+    }
+
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        Box::pin(async move { self.sync_claim(&key).await })
     }
 
     /// Drops the in-memory state of a claim that is gone.
@@ -259,13 +250,15 @@ impl Controller {
         lock(&self.modify_uncertain).remove(key);
         self.modify_infeasible.remove(key);
     }
+}
 
+impl Controller {
     fn volume_of(&self, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolume>> {
         let name = pvc.spec.as_ref()?.volume_name.as_ref()?;
         self.caches.volumes.get(&ObjectRef::new(name))
     }
 
-    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+    async fn sync_claim(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
         let Some(pvc) = self.caches.claims.get(key) else {
             return Ok(Synced::Done);
         };

@@ -13,10 +13,11 @@
 //! - [`api_errors`] Kubernetes API errors as client-go prints them;
 //! - [`leader`] Lease-based leader election with client-go semantics;
 //! - [`informers`] reflector caches with one wake-up signal per controller;
-//! - [`workers`] the reconciler runtime: keyed triggers, bounded lanes, per-key backoff, typed
-//!   errors, skip unchanged objects;
+//! - [`workers`] the reconciler runtime: a controller implements its `Reconciler` trait (keys,
+//!   offer, sync) and the runtime runs the loop — keyed triggers, bounded lanes, per-key
+//!   backoff, typed errors, skip unchanged objects;
 //! - [`workqueue_metrics`] client-go's `workqueue_*` metrics for the workers;
-//! - [`backoff`] per-object exponential retry delays;
+//! - [`backoff`] exponential retry delays;
 //! - [`slow_set`] the slow retry of objects the driver refused as infeasible;
 //! - [`superseded`] our writes a cache does not show yet (syncs wait for them);
 //! - [`events`] core/v1 Event recording;

@@ -1,7 +1,9 @@
 //! The reconciler runtime every controller of the suite runs on: keyed, level-triggered
-//! workers. A controller's watches [`KeyedWorkers::trigger`] the keys an object change concerns
-//! (a claim's change queues that claim, not a scan of every cache); each pass offers those
-//! keys, the keys waiting for other objects and the keys whose retry is due, each with its
+//! workers. A controller implements [`Reconciler`] — its keys, what a key needs now (its
+//! version and lane: [`Reconciler::offer`]), and its sync — and [`KeyedWorkers::reconcile`]
+//! runs the loop. The controller's watches [`KeyedWorkers::trigger`] the keys an object change
+//! concerns (a claim's change queues that claim, not a scan of every cache); each pass offers
+//! those keys, the keys waiting for other objects and the keys whose retry is due, each at its
 //! object's resourceVersion. A key runs when it changed since it was last synced with nothing
 //! left to do, is not already running, and is not backing off after a failure. At most
 //! `workers` syncs run at once per lane; one key never runs twice at once, in any lane, and a
@@ -12,7 +14,8 @@
 //! sidecars, without a queue to overflow; lanes are separate queues that share the per-key
 //! guarantees (so a storm of one kind of work cannot starve another, external-attacher #761).
 //!
-//! Why not `kube::runtime::Controller`: evaluated, and three requirements it cannot meet.
+//! Why not `kube::runtime::Controller` (re-checked against kube-runtime 5.0, the release we
+//! pin): three requirements it still cannot meet.
 //! - Per-key exponential backoff reset on success: its `error_policy` is not told of successes
 //!   (kube-rs #297, #1916 — both open), and a spurious trigger during the backoff runs the key
 //!   early (kubernetes #132805); here neither the key's own new version (often our own error
@@ -27,6 +30,10 @@
 //!   stale cache never repeats a CreateVolume or a ControllerUnpublish, external-attacher
 //!   #587): it runs every trigger, and its reconcile cannot tell "done at this version" from
 //!   "waiting for another object".
+//!
+//! Controllers whose work is not one sync per object key keep their own pass on the lower
+//! level ([`KeyedWorkers::run`], [`KeyedWorkers::due`], [`KeyedWorkers::schedule`]): podmon's
+//! cluster-wide plan and the capacity tracker's wanted items.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::{Debug, Display};
@@ -37,12 +44,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kube::Resource;
-use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
+use crate::backoff::delay_for;
 use crate::lock;
 use crate::workqueue_metrics::{QueueMetrics, Queued};
 
@@ -65,28 +71,165 @@ pub enum Synced {
 /// 19.8 KB in the provisioner, `-Zprint-type-sizes`).
 pub type SyncFuture<E> = Pin<Box<dyn Future<Output = Result<Synced, E>> + Send>>;
 
+/// What a key needs when a pass offers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// Its object is gone: the runtime's and the controller's state of it are forgotten.
+    Gone,
+    /// Nothing to do now; its state (a backoff, say) is kept.
+    Idle,
+    /// A sync on `lane` if the object changed since `version` was synced; without a version
+    /// it runs whenever offered.
+    Run {
+        version: Option<String>,
+        lane: usize,
+    },
+}
+
+impl Offer {
+    /// A sync on lane 0 at `version`.
+    pub fn at(version: Option<String>) -> Self {
+        Offer::Run { version, lane: 0 }
+    }
+}
+
+/// A controller as the runtime runs it.
+pub trait Reconciler: Send + Sync + 'static {
+    type Key: Clone + Eq + Hash + Debug + Send + Sync + 'static;
+    type Error: Display + Send + 'static;
+
+    /// Every key, for the periodic resync (the runtime forgets the state of all others).
+    fn keys(&self) -> Vec<Self::Key>;
+
+    /// What `key` needs now: read from the caches, no I/O.
+    fn offer(&self, key: &Self::Key) -> Offer;
+
+    /// The sync of `key`.
+    fn sync(self: Arc<Self>, key: Self::Key) -> SyncFuture<Self::Error>;
+
+    /// The keys a pass offers for those the watches triggered or that are due: by default the
+    /// same; a controller whose key concerns others (a claim, the snapshots taken of it) adds
+    /// them here.
+    fn concerned(&self, keys: Vec<Self::Key>) -> Vec<Self::Key> {
+        keys
+    }
+
+    /// Drops the controller's own state of `key`, whose object is gone.
+    fn forget(&self, _key: &Self::Key) {}
+
+    /// Called at the start of every pass (`full`: the periodic resync).
+    fn pass_started(&self, _full: bool) {}
+}
+
+/// One key's state.
+#[derive(Debug, Default)]
+struct KeyState {
+    /// The resourceVersion the key was last synced at with [`Synced::Done`].
+    synced: Option<String>,
+    /// Failures in a row: the exponent of the next backoff.
+    failures: u32,
+    /// The object was seen being deleted with this many finalizers (a deleting object can
+    /// only lose finalizers).
+    deletion_seen: Option<usize>,
+    phase: Phase,
+}
+
+impl KeyState {
+    /// Nothing worth keeping: the entry can go.
+    fn is_blank(&self) -> bool {
+        matches!(self.phase, Phase::Idle)
+            && self.synced.is_none()
+            && self.failures == 0
+            && self.deletion_seen.is_none()
+    }
+
+    /// Forgets all but a run under way (its end still has to be handled).
+    fn reset(&mut self) {
+        *self = KeyState {
+            phase: match self.phase {
+                running @ Phase::Running { .. } => running,
+                _ => Phase::Idle,
+            },
+            ..KeyState::default()
+        };
+    }
+
+    /// The instant a backing-off or requeued key may run again.
+    fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::BackingOff { until } => Some(until),
+            Phase::Requeued { at } => Some(at),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    #[default]
+    Idle,
+    /// Scheduled: running, or waiting for a worker of its lane.
+    Running {
+        /// Offered while running: triggered again when the run ends.
+        rerun: bool,
+        /// Its backoff was ended ([`KeyedWorkers::trigger_for`]) while it ran: a failure of
+        /// this run sets no deadline (the change that ended it runs at once after).
+        backoff_ended: bool,
+    },
+    /// Failed: not run again before `until`.
+    BackingOff { until: Instant },
+    /// Its last sync ended [`Synced::Waiting`]: offered on every pass.
+    Waiting,
+    /// Its last sync ended [`Synced::After`]: offered from `at` on.
+    Requeued { at: Instant },
+}
+
+/// Every key's state behind one lock, with two indexes so that a pass reads only the keys it
+/// may offer, never all of them (a burst of thousands of claims wakes the loop thousands of
+/// times).
+#[derive(Debug)]
+struct State<K> {
+    keys: HashMap<K, KeyState>,
+    /// Keys the watches brought since the last pass.
+    triggered: HashSet<K>,
+    /// Keys waiting, backing off or requeued.
+    pending: HashSet<K>,
+}
+
+impl<K: Clone + Eq + Hash> State<K> {
+    fn set_phase(&mut self, key: &K, phase: Phase) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        state.phase = phase;
+        match phase {
+            Phase::Waiting | Phase::BackingOff { .. } | Phase::Requeued { .. } => {
+                self.pending.insert(key.clone());
+            }
+            Phase::Idle | Phase::Running { .. } => {
+                self.pending.remove(key);
+            }
+        }
+        if state.is_blank() {
+            self.keys.remove(key);
+        }
+    }
+
+    fn forget(&mut self, key: &K) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        state.reset();
+        let phase = state.phase;
+        self.set_phase(key, phase);
+    }
+}
+
 #[derive(Debug)]
 pub struct KeyedWorkers<K> {
-    backoff: Backoff<K>,
-    /// Not before this instant (after a failure).
-    not_before: Mutex<HashMap<K, Instant>>,
-    in_flight: Mutex<HashSet<K>>,
-    /// The resourceVersion each key was last synced at with [`Synced::Done`].
-    synced: Mutex<HashMap<K, String>>,
-    /// Keys the watches brought since the last pass.
-    triggered: Mutex<HashSet<K>>,
-    /// Keys whose last sync ended [`Synced::Waiting`]: offered on every pass.
-    waiting: Mutex<HashSet<K>>,
-    /// Keys whose last sync ended [`Synced::After`]: offered from this instant on.
-    requeue: Mutex<HashMap<K, Instant>>,
-    /// Keys offered while their sync ran: triggered again when it ends.
-    rerun: Mutex<HashSet<K>>,
-    /// Keys whose object was seen being deleted, with how many finalizers it then had (a
-    /// deleting object can only lose finalizers).
-    deletion_seen: Mutex<HashMap<K, usize>>,
-    /// Keys whose backoff was ended ([`KeyedWorkers::trigger_for`]) while their sync ran: a
-    /// failure of that run sets no deadline (the change that ended it runs at once after).
-    backoff_ended_while_running: Mutex<HashSet<K>>,
+    state: Mutex<State<K>>,
+    retry_start: Duration,
+    retry_max: Duration,
     /// One pool of permits per lane.
     lanes: Vec<Semaphore>,
     /// Woken when a key is triggered or a sync failed, so the next pass (or the retry) is
@@ -99,6 +242,16 @@ pub struct KeyedWorkers<K> {
 
 /// The queues and the index of a key's queue.
 type NamedQueues<K> = (Vec<QueueMetrics>, fn(&K) -> usize);
+
+/// How a run ended, for its log line once the lock is released.
+enum Ended<E> {
+    /// `wake`: requeued, the loop has a new deadline to learn.
+    Quietly { wake: bool },
+    Failed {
+        error: E,
+        retry_in: Option<Duration>,
+    },
+}
 
 impl<K> KeyedWorkers<K>
 where
@@ -127,16 +280,13 @@ where
     ) -> Arc<Self> {
         let sizes = if sizes.is_empty() { &[1][..] } else { sizes };
         Arc::new(Self {
-            backoff: Backoff::new(retry_start, retry_max),
-            not_before: Mutex::new(HashMap::new()),
-            in_flight: Mutex::new(HashSet::new()),
-            synced: Mutex::new(HashMap::new()),
-            triggered: Mutex::new(HashSet::new()),
-            waiting: Mutex::new(HashSet::new()),
-            requeue: Mutex::new(HashMap::new()),
-            rerun: Mutex::new(HashSet::new()),
-            deletion_seen: Mutex::new(HashMap::new()),
-            backoff_ended_while_running: Mutex::new(HashSet::new()),
+            state: Mutex::new(State {
+                keys: HashMap::new(),
+                triggered: HashSet::new(),
+                pending: HashSet::new(),
+            }),
+            retry_start,
+            retry_max,
             lanes: sizes
                 .iter()
                 .map(|workers| Semaphore::new((*workers).max(1)))
@@ -155,7 +305,7 @@ where
 
     /// Queues `key` for the next pass (its object changed) and wakes the loop.
     pub fn trigger(&self, key: K) {
-        lock(&self.triggered).insert(key);
+        lock(&self.state).triggered.insert(key);
         self.wake.notify_one();
     }
 
@@ -171,42 +321,41 @@ where
         let meta = object.meta();
         if meta.deletion_timestamp.is_some() {
             let finalizers = meta.finalizers.as_ref().map_or(0, Vec::len);
-            let seen = lock(&self.deletion_seen).insert(key.clone(), finalizers);
-            if seen != Some(finalizers) {
-                self.end_backoff(&key);
+            let mut state = lock(&self.state);
+            let entry = state.keys.entry(key.clone()).or_default();
+            if entry.deletion_seen.replace(finalizers) != Some(finalizers) {
+                // Lets the key run on the next pass whatever its backoff; a run under way
+                // that fails sets no new deadline.
+                match &mut entry.phase {
+                    Phase::Running { backoff_ended, .. } => *backoff_ended = true,
+                    Phase::BackingOff { .. } => {
+                        entry.phase = Phase::Idle;
+                        state.pending.remove(&key);
+                    }
+                    _ => {}
+                }
             }
         }
         self.trigger(key);
     }
 
-    /// Lets `key` run on the next pass whatever its backoff; a run under way that fails sets
-    /// no new deadline.
-    fn end_backoff(&self, key: &K) {
-        {
-            // Marked before the deadline goes, so that a run failing in between finds the mark,
-            // and under the running set's lock, so that no run ends between the two.
-            let running = lock(&self.in_flight);
-            if running.contains(key) {
-                lock(&self.backoff_ended_while_running).insert(key.clone());
-            }
-        }
-        lock(&self.not_before).remove(key);
-    }
-
     /// The keys the next pass offers: those triggered since the last pass (taken), those
     /// waiting for other objects, and those whose retry is due.
     pub fn due(&self) -> Vec<K> {
-        let mut keys: HashSet<K> = std::mem::take(&mut *lock(&self.triggered));
-        keys.extend(lock(&self.waiting).iter().cloned());
+        let mut state = lock(&self.state);
+        let mut keys = std::mem::take(&mut state.triggered);
         let now = Instant::now();
-        for deadlines in [&self.not_before, &self.requeue] {
-            keys.extend(
-                lock(deadlines)
-                    .iter()
-                    .filter(|(_, at)| **at <= now)
-                    .map(|(key, _)| key.clone()),
-            );
-        }
+        keys.extend(
+            state
+                .pending
+                .iter()
+                .filter(|key| {
+                    state.keys.get(*key).is_some_and(|s| {
+                        s.phase == Phase::Waiting || s.deadline().is_some_and(|at| at <= now)
+                    })
+                })
+                .cloned(),
+        );
         keys.into_iter().collect()
     }
 
@@ -216,10 +365,13 @@ where
         &self,
         offered: impl IntoIterator<Item = (K, Option<String>)>,
     ) -> Vec<(K, Option<String>)> {
-        let synced = lock(&self.synced);
+        let state = lock(&self.state);
         offered
             .into_iter()
-            .filter(|(key, version)| version.is_none() || synced.get(key) != version.as_ref())
+            .filter(|(key, version)| {
+                version.is_none()
+                    || state.keys.get(key).and_then(|s| s.synced.as_ref()) != version.as_ref()
+            })
             .collect()
     }
 
@@ -241,17 +393,24 @@ where
         E: Display,
     {
         {
-            let mut not_before = lock(&self.not_before);
-            if not_before.get(&key).is_some_and(|at| *at > Instant::now()) {
-                return;
+            let mut state = lock(&self.state);
+            let entry = state.keys.entry(key.clone()).or_default();
+            match &mut entry.phase {
+                Phase::BackingOff { until } if *until > Instant::now() => return,
+                Phase::Running { rerun, .. } => {
+                    *rerun = true;
+                    return;
+                }
+                _ => {}
             }
-            if !lock(&self.in_flight).insert(key.clone()) {
-                lock(&self.rerun).insert(key);
-                return;
-            }
-            // The retry is under way: a deadline left behind would wake the loop for nothing
-            // for as long as the sync runs.
-            not_before.remove(&key);
+            // A deadline of the retry now under way would wake the loop for nothing.
+            state.set_phase(
+                &key,
+                Phase::Running {
+                    rerun: false,
+                    backoff_ended: false,
+                },
+            );
         }
         let queue = self
             .queues
@@ -266,55 +425,31 @@ where
             };
             // Ends (and is observed) when the sync does.
             let _work = queued.map(Queued::start);
-            let mut wake = false;
             // Boxed once it may run: inline, the sync's whole state (kilobytes: requests,
             // objects) would be part of every task, also of the thousands that wait for a
             // worker after a burst (36 MiB of 62 at 2000 claims, measured with heaptrack).
-            match Box::pin(sync()).await {
-                Ok(Synced::After(wait)) => {
-                    this.backoff.reset(&key);
-                    lock(&this.synced).remove(&key);
-                    lock(&this.waiting).remove(&key);
-                    lock(&this.requeue).insert(key.clone(), Instant::now() + wait);
-                    wake = true;
-                }
-                Ok(synced) => {
-                    lock(&this.requeue).remove(&key);
-                    this.backoff.reset(&key);
-                    match (synced, version) {
-                        (Synced::Done, Some(version)) => {
-                            lock(&this.synced).insert(key.clone(), version);
-                        }
-                        _ => {
-                            lock(&this.synced).remove(&key);
-                        }
-                    }
-                    if synced == Synced::Waiting {
-                        lock(&this.waiting).insert(key.clone());
-                    } else {
-                        lock(&this.waiting).remove(&key);
-                    }
-                }
-                Err(error) => {
-                    if let Some(queue) = &queue {
-                        queue.retried();
-                    }
-                    lock(&this.synced).remove(&key);
-                    lock(&this.waiting).remove(&key);
-                    lock(&this.requeue).remove(&key);
-                    let delay = this.backoff.next_delay(&key);
-                    if lock(&this.backoff_ended_while_running).remove(&key) {
-                        tracing::warn!(?key, %error, "sync failed; retried now: the object's deletion changed meanwhile");
-                    } else {
-                        tracing::warn!(?key, %error, retry_in = ?delay, "sync failed");
-                        lock(&this.not_before).insert(key.clone(), Instant::now() + delay);
-                    }
-                    wake = true;
+            let outcome = Box::pin(sync()).await;
+            if outcome.is_err()
+                && let Some(queue) = &queue
+            {
+                queue.retried();
+            }
+            let (ended, rerun) = this.ended(&key, version, outcome);
+            let wake = !matches!(ended, Ended::Quietly { wake: false });
+            match ended {
+                Ended::Quietly { .. } => {}
+                Ended::Failed {
+                    error,
+                    retry_in: Some(delay),
+                } => tracing::warn!(?key, %error, retry_in = ?delay, "sync failed"),
+                Ended::Failed {
+                    error,
+                    retry_in: None,
+                } => {
+                    tracing::warn!(?key, %error, "sync failed; retried now: the object's deletion changed meanwhile");
                 }
             }
-            lock(&this.in_flight).remove(&key);
-            lock(&this.backoff_ended_while_running).remove(&key);
-            if lock(&this.rerun).remove(&key) {
+            if rerun {
                 this.trigger(key);
             } else if wake {
                 // Its retry (or requeue) needs the loop to learn the new deadline.
@@ -323,35 +458,91 @@ where
         });
     }
 
-    /// Whether a sync of `key` is running (or waiting for a worker).
-    pub fn is_running(&self, key: &K) -> bool {
-        lock(&self.in_flight).contains(key)
+    /// Records how the run of `key` (synced at `version`) ended; whether it was offered
+    /// meanwhile.
+    fn ended<E>(
+        &self,
+        key: &K,
+        version: Option<String>,
+        outcome: Result<Synced, E>,
+    ) -> (Ended<E>, bool) {
+        let mut state = lock(&self.state);
+        let now = Instant::now();
+        let entry = state.keys.entry(key.clone()).or_default();
+        let (rerun, backoff_ended) = match entry.phase {
+            Phase::Running {
+                rerun,
+                backoff_ended,
+            } => (rerun, backoff_ended),
+            _ => (false, false),
+        };
+        let (phase, ended) = match outcome {
+            Ok(synced) => {
+                entry.failures = 0;
+                entry.synced = match synced {
+                    Synced::Done => version,
+                    Synced::Waiting | Synced::After(_) => None,
+                };
+                let phase = match synced {
+                    Synced::Done => Phase::Idle,
+                    Synced::Waiting => Phase::Waiting,
+                    Synced::After(wait) => Phase::Requeued { at: now + wait },
+                };
+                let wake = matches!(phase, Phase::Requeued { .. });
+                (phase, Ended::Quietly { wake })
+            }
+            Err(error) => {
+                entry.synced = None;
+                let delay = delay_for(self.retry_start, self.retry_max, entry.failures);
+                entry.failures = entry.failures.saturating_add(1);
+                if backoff_ended {
+                    let ended = Ended::Failed {
+                        error,
+                        retry_in: None,
+                    };
+                    (Phase::Idle, ended)
+                } else {
+                    let ended = Ended::Failed {
+                        error,
+                        retry_in: Some(delay),
+                    };
+                    (Phase::BackingOff { until: now + delay }, ended)
+                }
+            }
+        };
+        state.set_phase(key, phase);
+        (ended, rerun)
     }
 
-    /// The shortest wait until a backing-off (or requeued) key may run again, counting only deadlines after
-    /// `pass_started` (the start of the pass that just ran): that pass already ran the keys
-    /// whose deadline had come, and a key it did not offer must not wake the loop again and
-    /// again. A deadline reached during the pass gives zero: one more pass runs it.
+    /// Whether a sync of `key` is running (or waiting for a worker).
+    pub fn is_running(&self, key: &K) -> bool {
+        lock(&self.state)
+            .keys
+            .get(key)
+            .is_some_and(|s| matches!(s.phase, Phase::Running { .. }))
+    }
+
+    /// The shortest wait until a backing-off (or requeued) key may run again, counting only
+    /// deadlines after `pass_started` (the start of the pass that just ran): that pass already
+    /// ran the keys whose deadline had come, and a key it did not offer must not wake the loop
+    /// again and again. A deadline reached during the pass gives zero: one more pass runs it.
     pub fn next_retry(&self, pass_started: Instant) -> Option<Duration> {
         let now = Instant::now();
-        [&self.not_before, &self.requeue]
-            .into_iter()
-            .filter_map(|deadlines| {
-                lock(deadlines)
-                    .values()
-                    .filter(|at| **at > pass_started)
-                    .map(|at| at.saturating_duration_since(now))
-                    .min()
-            })
+        let state = lock(&self.state);
+        state
+            .pending
+            .iter()
+            .filter_map(|key| state.keys.get(key)?.deadline())
+            .filter(|at| *at > pass_started)
+            .map(|at| at.saturating_duration_since(now))
             .min()
     }
 
-    /// The loop of a keyed controller, until `stop`: a pass on every wake-up (`wake`: a change
-    /// in the controller's caches; a triggered key; a failed sync), and when the next retry is
-    /// due; every `resync` a full pass (`pass(tasks, true)`: the controller offers all of its
-    /// keys and forgets the state of objects that are gone) after [`KeyedWorkers::resync`].
-    /// `tasks` holds the syncs and whatever else lives as long as the loop: they are dropped
-    /// (aborted) with it.
+    /// The loop of a controller with its own pass, until `stop`: a pass on every wake-up
+    /// (`wake`: a change in the controller's caches; a triggered key; a failed sync), and when
+    /// the next retry is due; every `resync` a full pass (`pass(tasks, true)`) after
+    /// [`KeyedWorkers::resync`]. `tasks` holds the syncs and whatever else lives as long as
+    /// the loop: they are dropped (aborted) with it.
     pub async fn run(
         &self,
         mut tasks: JoinSet<()>,
@@ -384,68 +575,60 @@ where
         }
     }
 
-    /// The keys of a pass on one lane: on the periodic resync (`full`) every key `all` gives
-    /// (and the state of the others forgotten: their objects are gone), else
-    /// [`KeyedWorkers::due`].
-    pub fn pass_keys(&self, full: bool, all: impl FnOnce() -> Vec<K>) -> Vec<K> {
-        if !full {
-            return self.due();
-        }
-        let keys = all();
-        self.forget_absent(keys.iter().cloned());
-        keys
+    /// Runs `reconciler` until `stop` ([`KeyedWorkers::run`] with the pass every reconciler
+    /// has): on the periodic resync every key it has (the state of the others forgotten: their
+    /// objects are gone), else the due keys and those they concern; each offered, and synced
+    /// on its lane if it changed since its last complete sync.
+    pub async fn reconcile<R: Reconciler<Key = K>>(
+        self: &Arc<Self>,
+        reconciler: &Arc<R>,
+        tasks: JoinSet<()>,
+        wake: &Notify,
+        resync: Duration,
+        stop: &CancellationToken,
+    ) {
+        self.run(tasks, wake, resync, stop, |tasks, full| {
+            self.pass(reconciler, tasks, full);
+        })
+        .await;
     }
 
-    /// Offers `keys` at the version `version` gives (`None`: the object is gone, and the key
-    /// is forgotten) and runs `sync` on lane 0 for those that changed: a single-lane
-    /// controller's pass after [`KeyedWorkers::pass_keys`].
-    pub fn offer<S, Fut, E>(
+    fn pass<R: Reconciler<Key = K>>(
         self: &Arc<Self>,
+        reconciler: &Arc<R>,
         tasks: &mut JoinSet<()>,
-        keys: Vec<K>,
-        version: impl Fn(&K) -> Option<String>,
-        sync: S,
-    ) where
-        S: Fn(K) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
-        E: Display,
-    {
-        let offered = keys
+        full: bool,
+    ) {
+        reconciler.pass_started(full);
+        let keys = if full {
+            let keys = reconciler.keys();
+            self.forget_absent(keys.iter().cloned());
+            keys
+        } else {
+            reconciler.concerned(self.due())
+        };
+        let mut lanes = HashMap::new();
+        let offered: Vec<(K, Option<String>)> = keys
             .into_iter()
-            .filter_map(|key| match version(&key) {
-                Some(version) => Some((key, Some(version), 0)),
-                None => {
+            .filter_map(|key| match reconciler.offer(&key) {
+                Offer::Gone => {
                     self.forget(&key);
+                    reconciler.forget(&key);
                     None
+                }
+                Offer::Idle => None,
+                Offer::Run { version, lane } => {
+                    lanes.insert(key.clone(), lane);
+                    Some((key, version))
                 }
             })
             .collect();
-        self.offer_on_lanes(tasks, offered, sync);
-    }
-
-    /// Runs `sync` for each offered `(key, version, lane)` that changed since its last
-    /// complete sync ([`KeyedWorkers::changed`]), on its lane: every controller's pass ends
-    /// here.
-    pub fn offer_on_lanes<S, Fut, E>(
-        self: &Arc<Self>,
-        tasks: &mut JoinSet<()>,
-        offered: Vec<(K, Option<String>, usize)>,
-        sync: S,
-    ) where
-        S: Fn(K) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
-        E: Display,
-    {
-        let lanes: HashMap<K, usize> = offered
-            .iter()
-            .map(|(key, _, lane)| (key.clone(), *lane))
-            .collect();
-        let pairs = offered.into_iter().map(|(key, version, _)| (key, version));
-        for (key, version) in self.changed(pairs) {
+        tracing::trace!(offered = offered.len(), full, "pass");
+        for (key, version) in self.changed(offered) {
             let lane = lanes.get(&key).copied().unwrap_or(0);
-            let sync = sync.clone();
-            let sync_key = key.clone();
-            self.schedule(lane, key, version, tasks, move || sync(sync_key));
+            let (reconciler, sync_key) = (reconciler.clone(), key.clone());
+            // The sync's future is made once a worker takes the key, not while it waits.
+            self.schedule(lane, key, version, tasks, move || reconciler.sync(sync_key));
         }
     }
 
@@ -453,22 +636,21 @@ where
     /// `present` (its object is gone), so they neither wake the loop nor pile up.
     pub fn forget_absent(&self, present: impl IntoIterator<Item = K>) {
         let present: HashSet<K> = present.into_iter().collect();
-        lock(&self.not_before).retain(|key, _| present.contains(key));
-        lock(&self.synced).retain(|key, _| present.contains(key));
-        lock(&self.waiting).retain(|key| present.contains(key));
-        lock(&self.requeue).retain(|key, _| present.contains(key));
-        lock(&self.deletion_seen).retain(|key, _| present.contains(key));
-        self.backoff.retain(|key| present.contains(key));
+        let mut state = lock(&self.state);
+        let absent: Vec<K> = state
+            .keys
+            .keys()
+            .filter(|key| !present.contains(*key))
+            .cloned()
+            .collect();
+        for key in absent {
+            state.forget(&key);
+        }
     }
 
     /// [`KeyedWorkers::forget_absent`] for one key whose object is gone.
     pub fn forget(&self, key: &K) {
-        lock(&self.not_before).remove(key);
-        lock(&self.synced).remove(key);
-        lock(&self.waiting).remove(key);
-        lock(&self.requeue).remove(key);
-        lock(&self.deletion_seen).remove(key);
-        self.backoff.reset(key);
+        lock(&self.state).forget(key);
     }
 
     /// Resolves when a key was triggered or a sync failed (a pass or a retry is due).
@@ -479,38 +661,11 @@ where
     /// The periodic resync: every key offered runs again (the controller offers all of its
     /// keys on that pass).
     pub fn resync(&self) {
-        lock(&self.synced).clear();
-    }
-}
-
-impl<R> KeyedWorkers<ObjectRef<R>>
-where
-    R: Resource + Clone + 'static,
-    R::DynamicType: Default + Clone + Eq + Hash + Debug + Send + Sync,
-{
-    /// The pass of a controller keyed by the objects of one cache (a claim, say): the due
-    /// keys, or on the resync every object of `store`, each offered at the version `version`
-    /// gives and synced by `sync` ([`KeyedWorkers::offer`]).
-    pub fn pass_over<S, Fut, E>(
-        self: &Arc<Self>,
-        tasks: &mut JoinSet<()>,
-        full: bool,
-        store: &Store<R>,
-        version: impl Fn(&ObjectRef<R>) -> Option<String>,
-        sync: S,
-    ) where
-        S: Fn(ObjectRef<R>) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = Result<Synced, E>> + Send + 'static,
-        E: Display,
-    {
-        let keys = self.pass_keys(full, || {
-            store
-                .state()
-                .iter()
-                .map(|object| ObjectRef::from_obj(object.as_ref()))
-                .collect()
+        let mut state = lock(&self.state);
+        state.keys.retain(|_, s| {
+            s.synced = None;
+            !s.is_blank()
         });
-        self.offer(tasks, keys, version, sync);
     }
 }
 
@@ -519,6 +674,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    /// How many times in a row `key` failed.
+    fn failures(workers: &KeyedWorkers<&'static str>, key: &&'static str) -> u32 {
+        lock(&workers.state).keys.get(key).map_or(0, |s| s.failures)
+    }
 
     #[tokio::test]
     async fn unchanged_keys_do_not_run_again_and_failures_back_off() {
@@ -618,7 +778,7 @@ mod tests {
         );
         workers.trigger_for("a", &object(true, &[ours, theirs]));
         assert!(runs_now(&workers, "a").await, "the deletion runs at once");
-        assert_eq!(workers.backoff.failures(&"a"), 2, "and counts as a retry");
+        assert_eq!(failures(&workers, &"a"), 2, "and counts as a retry");
         workers.trigger_for("a", &object(true, &[ours, theirs]));
         assert!(
             !runs_now(&workers, "a").await,
@@ -652,7 +812,14 @@ mod tests {
         assert!(!runs_now(&workers, "b").await, "then backs off");
 
         workers.forget(&"b");
-        assert!(lock(&workers.deletion_seen).keys().eq([&"a"]));
+        let state = lock(&workers.state);
+        let seen: Vec<_> = state
+            .keys
+            .iter()
+            .filter(|(_, s)| s.deletion_seen.is_some())
+            .map(|(key, _)| *key)
+            .collect();
+        assert_eq!(seen, ["a"], "only the present key's deletion is remembered");
     }
 
     /// A key whose object is gone loses its retry state; and no deadline that a pass has
@@ -677,13 +844,16 @@ mod tests {
         );
 
         workers.forget_absent(["kept"]);
-        assert_eq!(workers.backoff.failures(&"gone"), 0);
-        assert_eq!(workers.backoff.failures(&"kept"), 1);
+        assert_eq!(failures(&workers, &"gone"), 0);
+        assert_eq!(failures(&workers, &"kept"), 1);
+        let deadlines: Vec<_> = lock(&workers.state)
+            .keys
+            .iter()
+            .filter(|(_, s)| s.deadline().is_some())
+            .map(|(key, _)| *key)
+            .collect();
         assert_eq!(
-            lock(&workers.not_before)
-                .keys()
-                .copied()
-                .collect::<Vec<_>>(),
+            deadlines,
             ["kept"],
             "only the present key keeps its deadline"
         );
@@ -701,7 +871,7 @@ mod tests {
         assert_eq!(workers.next_retry(before_failures), None);
         release.notify_one();
         while tasks.join_next().await.is_some() {}
-        assert_eq!(workers.backoff.failures(&"kept"), 0, "success forgets");
+        assert_eq!(failures(&workers, &"kept"), 0, "success forgets");
     }
 
     async fn run(
@@ -755,6 +925,115 @@ mod tests {
         assert!(workers.due().is_empty(), "a key whose object is gone");
     }
 
+    /// A controller for the runtime's own pass: each key's offer is set by the test, and
+    /// what the runtime asked of it is recorded.
+    #[derive(Default)]
+    struct Recorder {
+        offers: Mutex<HashMap<&'static str, Offer>>,
+        synced: Mutex<Vec<&'static str>>,
+        forgotten: Mutex<Vec<&'static str>>,
+        passes: Mutex<Vec<bool>>,
+    }
+
+    impl Reconciler for Recorder {
+        type Key = &'static str;
+        type Error = String;
+
+        fn keys(&self) -> Vec<&'static str> {
+            let mut keys: Vec<_> = lock(&self.offers).keys().copied().collect();
+            keys.sort_unstable();
+            keys
+        }
+
+        fn offer(&self, key: &&'static str) -> Offer {
+            lock(&self.offers).get(key).cloned().unwrap_or(Offer::Gone)
+        }
+
+        fn sync(self: Arc<Self>, key: &'static str) -> SyncFuture<String> {
+            Box::pin(async move {
+                lock(&self.synced).push(key);
+                Ok(Synced::Done)
+            })
+        }
+
+        /// `parent` concerns `child`.
+        fn concerned(&self, mut keys: Vec<&'static str>) -> Vec<&'static str> {
+            if keys.contains(&"parent") {
+                keys.push("child");
+            }
+            keys
+        }
+
+        fn forget(&self, key: &&'static str) {
+            lock(&self.forgotten).push(key);
+        }
+
+        fn pass_started(&self, full: bool) {
+            lock(&self.passes).push(full);
+        }
+    }
+
+    impl Recorder {
+        fn set(&self, key: &'static str, offer: Offer) {
+            lock(&self.offers).insert(key, offer);
+        }
+
+        fn take(list: &Mutex<Vec<&'static str>>) -> Vec<&'static str> {
+            sorted(std::mem::take(&mut *lock(list)))
+        }
+    }
+
+    /// The runtime's pass: triggered keys and those they concern are offered; a key runs when
+    /// its offer asks and its version changed, a gone key is forgotten on both sides, an idle
+    /// one keeps its state; the resync offers every key and forgets the state of the others.
+    #[tokio::test]
+    async fn the_runtime_runs_a_reconcilers_pass() {
+        let workers = KeyedWorkers::<&'static str>::new(2, Duration::ZERO, Duration::ZERO);
+        let recorder = Arc::new(Recorder::default());
+        let pass = |full: bool| {
+            let mut tasks = JoinSet::new();
+            workers.pass(&recorder, &mut tasks, full);
+            tasks
+        };
+        recorder.set("parent", Offer::at(Some("1".into())));
+        recorder.set("child", Offer::at(Some("7".into())));
+        recorder.set("idle", Offer::Idle);
+        for key in ["parent", "idle", "gone"] {
+            workers.trigger(key);
+        }
+        let mut tasks = pass(false);
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(Recorder::take(&recorder.synced), ["child", "parent"]);
+        assert_eq!(Recorder::take(&recorder.forgotten), ["gone"]);
+
+        workers.trigger("parent");
+        let mut tasks = pass(false);
+        while tasks.join_next().await.is_some() {}
+        assert!(
+            Recorder::take(&recorder.synced).is_empty(),
+            "the same versions do not run again"
+        );
+
+        recorder.set("child", Offer::at(Some("8".into())));
+        workers.trigger("parent");
+        let mut tasks = pass(false);
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(Recorder::take(&recorder.synced), ["child"]);
+
+        // The resync: every key of the reconciler runs again, and the state of keys it no
+        // longer has goes.
+        lock(&recorder.offers).remove("child");
+        workers.resync();
+        let mut tasks = pass(true);
+        while tasks.join_next().await.is_some() {}
+        assert_eq!(Recorder::take(&recorder.synced), ["parent"]);
+        assert!(
+            workers.changed([("child", Some("8".to_string()))]).len() == 1,
+            "the state of a key the resync did not find is forgotten"
+        );
+        assert_eq!(*lock(&recorder.passes), [false, false, false, true]);
+    }
+
     /// A sync that asks to run again later ([`Synced::After`]) is due then — and at once when
     /// its object changes meanwhile.
     #[tokio::test]
@@ -769,7 +1048,7 @@ mod tests {
         .await;
         assert!(workers.due().is_empty(), "not due yet");
         assert!(workers.next_retry(before).expect("requeued") > Duration::from_secs(30));
-        assert_eq!(workers.backoff.failures(&"later"), 0, "no failure");
+        assert_eq!(failures(&workers, &"later"), 0, "no failure");
         workers.trigger("later");
         assert_eq!(workers.due(), ["later"], "a change is offered");
         run(&workers, "later", Ok(Synced::Done)).await;

@@ -12,7 +12,7 @@ use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, wit
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, SyncFuture, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -79,7 +79,6 @@ struct Controller {
     client: Client,
     settings: Settings,
     caches: Caches,
-    workers: Arc<KeyedWorkers<Key>>,
     events: EventRecorder,
     /// Snapshot → the resourceVersion our last write to it replaced.
     superseded: Superseded<ObjectRef<VolumeSnapshot>>,
@@ -136,53 +135,56 @@ pub async fn run(
             claims,
             volumes,
         },
-        workers,
         superseded: Superseded::default(),
         deleting: Mutex::default(),
         settings,
     });
     tracing::info!("snapshot-controller started");
-    controller
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &controller,
             JoinSet::new(),
             &wake,
             controller.settings.resync,
             &shutdown,
-            |tasks, full| controller.pass(tasks, full),
         )
         .await;
     Ok(())
 }
 
-impl Controller {
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let mut keys = self.workers.pass_keys(full, || {
-            let caches = &self.caches;
-            caches
-                .snapshots
-                .state()
-                .iter()
-                .map(|s| Key::Snapshot(ObjectRef::from_obj(s.as_ref())))
-                .chain(
-                    caches
-                        .contents
-                        .state()
-                        .iter()
-                        .map(|c| Key::Content(ObjectRef::from_obj(c.as_ref()))),
-                )
-                .chain(
-                    caches
-                        .claims
-                        .state()
-                        .iter()
-                        .filter(|c| c.finalizers().iter().any(|f| f == PVC_AS_SOURCE_FINALIZER))
-                        .map(|c| Key::Claim(ObjectRef::from_obj(c.as_ref()))),
-                )
-                .collect()
-        });
-        // A claim changing concerns the snapshots taken of it (they wait for it to be bound)
-        // and those it is restored from (their deletion waits for the restore).
+impl Reconciler for Controller {
+    type Key = Key;
+    type Error = SyncError;
+
+    /// Every snapshot and content, and the claims that carry our protection.
+    fn keys(&self) -> Vec<Key> {
+        let caches = &self.caches;
+        caches
+            .snapshots
+            .state()
+            .iter()
+            .map(|s| Key::Snapshot(ObjectRef::from_obj(s.as_ref())))
+            .chain(
+                caches
+                    .contents
+                    .state()
+                    .iter()
+                    .map(|c| Key::Content(ObjectRef::from_obj(c.as_ref()))),
+            )
+            .chain(
+                caches
+                    .claims
+                    .state()
+                    .iter()
+                    .filter(|c| c.finalizers().iter().any(|f| f == PVC_AS_SOURCE_FINALIZER))
+                    .map(|c| Key::Claim(ObjectRef::from_obj(c.as_ref()))),
+            )
+            .collect()
+    }
+
+    /// A claim changing concerns the snapshots taken of it (they wait for it to be bound)
+    /// and those it is restored from (their deletion waits for the restore).
+    fn concerned(&self, mut keys: Vec<Key>) -> Vec<Key> {
         let claim_snapshots: Vec<Key> = keys
             .iter()
             .filter_map(|k| match k {
@@ -192,24 +194,37 @@ impl Controller {
             .flat_map(|claim| self.snapshots_concerning(claim))
             .collect();
         keys.extend(claim_snapshots);
-        let this = self.clone();
-        self.workers.offer(
-            tasks,
-            keys,
-            |key| {
-                let version = self.version(key);
-                if version.is_none()
-                    && let Key::Snapshot(snapshot) = key
-                {
-                    self.superseded.forget(snapshot);
-                    self.gone(snapshot);
-                }
-                version
-            },
-            move |key| this.sync(key),
-        );
+        keys
     }
 
+    fn offer(&self, key: &Key) -> Offer {
+        match self.version(key) {
+            Some(version) => Offer::at(Some(version)),
+            None => Offer::Gone,
+        }
+    }
+
+    fn forget(&self, key: &Key) {
+        if let Key::Snapshot(snapshot) = key {
+            self.superseded.forget(snapshot);
+            self.gone(snapshot);
+        }
+    }
+
+    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        let this = self;
+        match key {
+            Key::Snapshot(reference) => {
+                Box::pin(async move { this.sync_snapshot(&reference).await })
+            }
+            Key::Content(reference) => Box::pin(async move { this.sync_content(&reference).await }),
+            Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
+        }
+    }
+}
+
+impl Controller {
     fn snapshots_concerning(&self, claim: &ObjectRef<PersistentVolumeClaim>) -> Vec<Key> {
         let cached = self.caches.claims.get(claim);
         self.caches
@@ -319,18 +334,6 @@ impl Controller {
             volume,
             classes: caches.classes.state(),
             restoring,
-        }
-    }
-
-    /// Each kind's sync in a box of its own size ([`SyncFuture`]).
-    fn sync(self: &Arc<Self>, key: Key) -> SyncFuture<SyncError> {
-        let this = self.clone();
-        match key {
-            Key::Snapshot(reference) => {
-                Box::pin(async move { this.sync_snapshot(&reference).await })
-            }
-            Key::Content(reference) => Box::pin(async move { this.sync_content(&reference).await }),
-            Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
         }
     }
 

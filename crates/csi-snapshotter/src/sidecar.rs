@@ -16,7 +16,7 @@ use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
-use csi_sidecar::workers::{KeyedWorkers, Synced};
+use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -82,7 +82,6 @@ struct Controller {
     settings: Settings,
     contents: Store<VolumeSnapshotContent>,
     classes: Store<VolumeSnapshotClass>,
-    workers: Arc<KeyedWorkers<Key>>,
     events: EventRecorder,
     /// Content → the resourceVersion our last write replaced: a sync that still reads it waits
     /// for the watch to bring the write (so a stale cache does not cut the snapshot twice).
@@ -124,55 +123,56 @@ pub async fn run(
         csi,
         contents,
         classes,
-        workers,
         superseded: Superseded::default(),
         polls: Mutex::default(),
         settings,
     });
     tracing::info!(driver = %controller.settings.driver_name, "csi-snapshotter started");
-    controller
-        .workers
-        .run(
+    workers
+        .reconcile(
+            &controller,
             JoinSet::new(),
             &wake,
             controller.settings.resync,
             &shutdown,
-            |tasks, full| controller.pass(tasks, full),
         )
         .await;
     Ok(())
 }
 
-impl Controller {
-    fn pass(self: &Arc<Self>, tasks: &mut JoinSet<()>, full: bool) {
-        let keys = self.workers.pass_keys(full, || {
-            self.contents
-                .state()
-                .iter()
-                .filter(|c| c.spec.driver == self.settings.driver_name)
-                .map(|c| ObjectRef::from_obj(c.as_ref()))
-                .collect()
-        });
-        let this = self.clone();
-        self.workers.offer(
-            tasks,
-            keys,
-            |key| match self.contents.get(key) {
-                Some(content) => Some(content.resource_version().unwrap_or_default()),
-                None => {
-                    self.superseded.forget(key);
-                    lock(&self.polls).remove(key);
-                    None
-                }
-            },
-            move |key| {
-                let this = this.clone();
-                async move { this.sync(&key).await }
-            },
-        );
+impl Reconciler for Controller {
+    type Key = Key;
+    type Error = SyncError;
+
+    /// The contents of our driver.
+    fn keys(&self) -> Vec<Key> {
+        self.contents
+            .state()
+            .iter()
+            .filter(|c| c.spec.driver == self.settings.driver_name)
+            .map(|c| ObjectRef::from_obj(c.as_ref()))
+            .collect()
     }
 
-    async fn sync(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
+    fn offer(&self, key: &Key) -> Offer {
+        match self.contents.get(key) {
+            Some(content) => Offer::at(Some(content.resource_version().unwrap_or_default())),
+            None => Offer::Gone,
+        }
+    }
+
+    fn sync(self: Arc<Self>, key: Key) -> SyncFuture<SyncError> {
+        Box::pin(async move { self.sync_content(&key).await })
+    }
+
+    fn forget(&self, key: &Key) {
+        self.superseded.forget(key);
+        lock(&self.polls).remove(key);
+    }
+}
+
+impl Controller {
+    async fn sync_content(self: &Arc<Self>, key: &Key) -> Result<Synced, SyncError> {
         let Some(content) = self.contents.get(key) else {
             return Ok(Synced::Done);
         };
