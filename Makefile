@@ -45,7 +45,8 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## layers: the direction of dependencies (docs/development.md, "Crate map"): the drivers and the
-## node sidecars build without the Kubernetes client crates, and no component depends on another.
+## node sidecars build without the Kubernetes client crates, no component depends on another, and
+## no binary's crate depends on kube-sim-harness (the test helpers; dev-dependencies only).
 COMPONENTS := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar \
   podmon cosi csi-inventory csi-hostpath cosi-s3
 layers:
@@ -57,6 +58,10 @@ layers:
 	  others=$$(echo $(COMPONENTS) | tr ' ' '\n' | grep -vx $$package | paste -sd '|'); \
 	  if $(CARGO) tree --locked -p $$package -e normal --prefix none --depth 1 | tail -n +2 | grep -E "^($$others) v"; then \
 	    echo "make layers: $$package depends on another component" >&2; exit 1; fi; \
+	done
+	@for package in $(COMPONENTS) kube-sim; do \
+	  if $(CARGO) tree --locked -p $$package -e normal --prefix none | grep -E '^kube-sim-harness v'; then \
+	    echo "make layers: $$package depends on kube-sim-harness (test helpers, dev-dependency only)" >&2; exit 1; fi; \
 	done
 
 unit: $(HELM) $(MOTO_SERVER) strace

@@ -116,11 +116,11 @@ async fn bench(runs: usize) -> anyhow::Result<()> {
     println!("{report}");
     let body = format!(
         "{}\n{report}",
-        kube_sim::benchmarks::machine(
+        kube_sim_harness::benchmarks::machine(
             "make bench (cargo bench -p csi-suite-scenarios --bench failover)"
         )
     );
-    let path = kube_sim::benchmarks::write_section(HEADING, &body)?;
+    let path = kube_sim_harness::benchmarks::write_section(HEADING, &body)?;
     println!("written to {}", path.display());
     cluster.stop().await;
     Ok(())

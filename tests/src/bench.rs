@@ -32,6 +32,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use kube_sim::apiserver::{RequestCounts, RequestKey};
 use kube_sim::roles::{Role, Timing};
+use kube_sim_harness::benchmarks;
 use serde::de::DeserializeOwned;
 
 /// The client name of a real server's request counts: it counts all clients together.
@@ -271,10 +272,7 @@ impl SidecarProcess {
         );
         let (binary, external) = match std::env::var_os(&variable) {
             Some(path) => (PathBuf::from(path), true),
-            None => (
-                kube_sim::benchmarks::release_binary(name, package_of(name))?,
-                false,
-            ),
+            None => (benchmarks::release_binary(name, package_of(name))?, false),
         };
         let extra_args: Vec<String> = std::env::var(format!("{variable}_ARGS"))
             .unwrap_or_default()
@@ -361,7 +359,7 @@ impl SidecarProcess {
 
     /// The peak resident set (VmHWM), in MiB.
     pub fn peak_rss_mib(&self) -> Option<f64> {
-        kube_sim::benchmarks::peak_rss_mib(self.child.id())
+        benchmarks::peak_rss_mib(self.child.id())
     }
 
     pub fn binary_mib(&self) -> f64 {
@@ -381,7 +379,7 @@ impl SidecarProcess {
     /// Mean latency of each of `methods` (`CreateVolume`) from its
     /// `csi_sidecar_operations_seconds`.
     pub async fn driver_latencies(&self, methods: &[&str]) -> Option<String> {
-        let (_, text) = kube_sim::harness::http_get(self.metrics_address?, "/metrics").await?;
+        let (_, text) = kube_sim_harness::http_get(self.metrics_address?, "/metrics").await?;
         let value = |suffix: &str, method: &str| -> Option<f64> {
             text.lines()
                 .filter(|l| l.starts_with(&format!("csi_sidecar_operations_seconds_{suffix}{{")))
@@ -535,8 +533,8 @@ pub fn record(
     if external {
         println!("not written to BENCHMARKS.md: another binary, flags or driver (BENCH_*)");
     } else if api.sim.is_some() {
-        let body = format!("{}\n{report}", kube_sim::benchmarks::machine(command));
-        let path = kube_sim::benchmarks::write_section(heading, &body)?;
+        let body = format!("{}\n{report}", benchmarks::machine(command));
+        let path = benchmarks::write_section(heading, &body)?;
         println!("written to {}", path.display());
     }
     Ok(())

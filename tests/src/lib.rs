@@ -516,12 +516,12 @@ impl Cluster {
     }
 
     /// Waits until the ServiceAccount admission plugin accepts pods in the new namespace (see
-    /// [`kube_sim::harness::admits_pods`]), as any client creating a namespace must.
+    /// [`kube_sim_harness::admits_pods`]), as any client creating a namespace must.
     async fn wait_for_pod_admission(&self) {
         self.eventually_async(
             "the namespace admitting pods (its default ServiceAccount)",
             || async {
-                kube_sim::harness::admits_pods(&self.client, &self.namespace)
+                kube_sim_harness::admits_pods(&self.client, &self.namespace)
                     .await
                     .expect("reading the namespace's ServiceAccount")
             },

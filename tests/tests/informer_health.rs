@@ -16,7 +16,7 @@ use csi_suite_scenarios::{Cluster, Options, logs, rbac, report_skip};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ListParams};
-use kube_sim::harness::{free_address, http_get};
+use kube_sim_harness::{free_address, http_get};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 

@@ -7,7 +7,7 @@ use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, PostParams};
-use kube_sim::harness::{eventually, free_address, http_get, lease_holder, spawn};
+use kube_sim_harness::{eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.attacher.test";
@@ -16,7 +16,7 @@ const NODE: &str = "node-a";
 #[tokio::test(flavor = "multi_thread")]
 async fn attaches_under_its_lease_and_serves_health_and_metrics() {
     let root = tempfile::tempdir().unwrap();
-    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
+    let (sim, kubeconfig) = kube_sim_harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &[NODE], |config| {
         config.driver_name = DRIVER.to_string();

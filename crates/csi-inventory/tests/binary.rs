@@ -11,7 +11,7 @@ use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
-use kube_sim::harness::{eventually, free_address, http_get, spawn};
+use kube_sim_harness::{eventually, free_address, http_get, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.inventory.test";
@@ -57,7 +57,7 @@ fn with(mut base: Vec<String>, first: &[&str], rest: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reports_exit_codes_imports_and_serves() {
     let root = tempfile::tempdir().unwrap();
-    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
+    let (sim, kubeconfig) = kube_sim_harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &["node-a"], |config| {
         config.driver_name = DRIVER.to_string();

@@ -18,10 +18,10 @@ use anyhow::{Context, bail};
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::Api;
-use kube_sim::benchmarks::{peak_rss_mib, release_binary};
-use kube_sim::harness::{Running, free_address, http_get};
 use kube_sim::roles::Timing;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
+use kube_sim_harness::benchmarks::{peak_rss_mib, release_binary};
+use kube_sim_harness::{Running, free_address, http_get};
 use tokio_util::sync::CancellationToken;
 
 const HEADING: &str = "## csi-node-driver-registrar and livenessprobe";
@@ -161,11 +161,11 @@ async fn run() -> anyhow::Result<()> {
     println!("{report}");
     let body = format!(
         "{}\n{report}",
-        kube_sim::benchmarks::machine(
+        kube_sim_harness::benchmarks::machine(
             "`make bench` (`cargo bench -p csi-node-driver-registrar --bench node_sidecars`; the release binaries as their own processes; kube-sim, its kubelet and the reference driver in the benchmark's process)"
         )
     );
-    let path = kube_sim::benchmarks::write_section(HEADING, &body)?;
+    let path = kube_sim_harness::benchmarks::write_section(HEADING, &body)?;
     println!("written to {}", path.display());
     Ok(())
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use csi_hostpath::local::LocalCluster;
 use csi_proto::csi::v1 as csi;
 use csi_proto::pluginregistration::{InfoRequest, PluginInfo};
-use kube_sim::harness::{Running, eventually, free_address};
+use kube_sim_harness::{Running, eventually, free_address};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;

@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::Api;
-use kube_sim::harness::{Running, eventually, free_address, http_get};
 use kube_sim::roles::Timing;
 use kube_sim::roles::kubelet::{Kubelet, KubeletConfig};
+use kube_sim_harness::{Running, eventually, free_address, http_get};
 use tokio_util::sync::CancellationToken;
 
 use common::registrar;

@@ -380,14 +380,14 @@ async fn main() -> anyhow::Result<()> {
 
 /// Writes this benchmark's section of BENCHMARKS.md, replacing the previous one.
 fn write_section(tables: &str) -> anyhow::Result<()> {
-    let machine = kube_sim::benchmarks::machine(
+    let machine = kube_sim_harness::benchmarks::machine(
         "`cargo bench -p kube-sim --bench apiserver` (release build; server, client and watchers in one process on the same CPUs)",
     );
     let body = format!(
         "The in-process API server (`crates/kube-sim`) over HTTP on 127.0.0.1, driven with `kube::Client` as the suite's controllers drive it. Writers are tokio tasks sharing one client; each row of writes is {UPDATES} requests (creates: {OBJECTS}) spread evenly over the writers; patches and replaces go to the {OBJECTS} ConfigMaps of the last create row while {WATCHERS} watches of that namespace are open and read. Latencies are per request as the client sees them (nearest-rank percentiles). The 2 CPUs may be shared with other work: single rows have varied by up to 2x between runs.\n\n{machine}\n{tables}"
     );
-    let path =
-        kube_sim::benchmarks::write_section(HEADING, &body).context("writing BENCHMARKS.md")?;
+    let path = kube_sim_harness::benchmarks::write_section(HEADING, &body)
+        .context("writing BENCHMARKS.md")?;
     println!("written to {}", path.display());
     Ok(())
 }

@@ -4,12 +4,10 @@
 //! to a cluster.
 
 pub mod apiserver;
-pub mod benchmarks;
 pub mod cli;
 pub mod conversion;
 pub mod errors;
 pub mod faults;
-pub mod harness;
 pub mod names;
 pub mod protobuf;
 pub mod proxy;

@@ -13,9 +13,10 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::{Client, ResourceExt};
+use kube_sim::ApiServer;
 use kube_sim::roles::service_accounts::ROOT_CA_CONFIG_MAP;
 use kube_sim::roles::{Role, Timing};
-use kube_sim::{ApiServer, harness};
+use kube_sim_harness::{admits_pods, eventually, server_under_test};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +32,7 @@ struct Cluster {
 }
 
 async fn cluster(test: &str) -> Cluster {
-    let (client, sim) = harness::server_under_test().await;
+    let (client, sim) = server_under_test().await;
     // A real cluster's controller manager gives every namespace its default ServiceAccount,
     // without which pods are refused; on kube-sim, the role that does it.
     let controller_manager = sim.as_ref().map(|_| {
@@ -51,8 +52,8 @@ async fn cluster(test: &str) -> Cluster {
         )
         .await
         .unwrap();
-    harness::eventually("the namespace admitting pods", || async {
-        harness::admits_pods(&client, &namespace)
+    eventually("the namespace admitting pods", || async {
+        admits_pods(&client, &namespace)
             .await
             .unwrap()
             .then_some(())
@@ -66,7 +67,7 @@ async fn cluster(test: &str) -> Cluster {
     };
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     for name in &system_config_maps {
-        harness::eventually("the namespace's system ConfigMaps", || async {
+        eventually("the namespace's system ConfigMaps", || async {
             config_maps.get_opt(name).await.unwrap().map(|_| ())
         })
         .await;

@@ -9,13 +9,14 @@ use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
+use kube_sim::ApiServer;
 use kube_sim::proxy::FaultProxy;
-use kube_sim::{ApiServer, harness};
+use kube_sim_harness::server_under_test;
 use serde_json::json;
 
 /// The upstream client, kube-sim when it is the upstream, and a namespace of the test's own.
 async fn upstream(test: &str) -> (Client, Option<ApiServer>, String) {
-    let (client, sim) = harness::server_under_test().await;
+    let (client, sim) = server_under_test().await;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

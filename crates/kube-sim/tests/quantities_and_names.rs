@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume};
 use kube::api::{Api, DeleteParams, PostParams};
-use kube_sim::harness;
+use kube_sim_harness::server_under_test;
 use serde_json::json;
 
 const FORMAT: &str =
@@ -32,7 +32,7 @@ fn answer<T>(result: kube::Result<T>) -> (u16, String) {
 // positive (422): forms without a digit are zero, binary suffixes of 2^50 and more need one.
 #[tokio::test]
 async fn persistent_volume_capacities_are_parsed_as_parse_quantity_does() {
-    let (client, _sim) = harness::server_under_test().await;
+    let (client, _sim) = server_under_test().await;
     let api: Api<PersistentVolume> = Api::all(client);
     let run = unique();
     let rows = [
@@ -107,7 +107,7 @@ async fn persistent_volume_capacities_are_parsed_as_parse_quantity_does() {
 // (TestIsDNS1123Subdomain, TestIsDNS1123Label).
 #[tokio::test]
 async fn names_are_dns1123_as_apimachinery_validates_them() {
-    let (client, _sim) = harness::server_under_test().await;
+    let (client, _sim) = server_under_test().await;
     let run = unique();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = format!("names-{run}");

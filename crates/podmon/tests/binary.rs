@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use csi_hostpath::local::LocalCluster;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_sim::harness::{Running, eventually, free_address, http_get, lease_holder, spawn};
+use kube_sim_harness::{Running, eventually, free_address, http_get, lease_holder, spawn};
 use serde_json::json;
 
 const DRIVER: &str = "bin.podmon.test";
@@ -22,7 +22,7 @@ fn tainted(node: &Node) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn fails_over_under_its_lease_and_node_mode_untaints() {
     let root = tempfile::tempdir().unwrap();
-    let (sim, kubeconfig) = kube_sim::harness::api_server_with_kubeconfig(root.path()).await;
+    let (sim, kubeconfig) = kube_sim_harness::api_server_with_kubeconfig(root.path()).await;
     let client = sim.client();
     let driver = LocalCluster::start(root.path(), &["node-a"], |config| {
         config.driver_name = DRIVER.to_string();

@@ -38,7 +38,7 @@ pub fn write_section(heading: &str, body: &str) -> std::io::Result<PathBuf> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
-        .ok_or_else(|| std::io::Error::other("kube-sim is not inside the workspace"))?
+        .ok_or_else(|| std::io::Error::other("kube-sim-harness is not inside the workspace"))?
         .join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&path).unwrap_or_default();
     std::fs::write(&path, replace_section(&existing, heading, body))?;

@@ -1,7 +1,14 @@
-//! Helpers for tests that run the suite's binaries against kube-sim: a child process killed
-//! when the test ends, polling until a condition holds, a minimal HTTP GET for their
-//! `/healthz` and `/metrics`, and the client of kube-sim's API tests (kube-sim, or the real
-//! server they are compared with).
+//! kube-sim-harness: test and benchmark helpers for the suite's tests, a dev-dependency only and
+//! never a dependency of a binary (`make layers` checks), so none of it ships in kube-sim or in
+//! a user's dependency graph.
+//!
+//! At the root, helpers for tests that run the suite's binaries against kube-sim: a child
+//! process killed when the test ends, polling until a condition holds, a minimal HTTP GET for
+//! their `/healthz` and `/metrics`, and the client of kube-sim's API tests (kube-sim, or the
+//! real server they are compared with). [`benchmarks`]: the sections of `BENCHMARKS.md` and
+//! the release binaries the benchmarks measure.
+
+pub mod benchmarks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -96,7 +103,7 @@ pub async fn admits_pods(client: &kube::Client, namespace: &str) -> Result<bool,
     let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
         kube::Api::namespaced(client.clone(), namespace);
     Ok(accounts
-        .get_opt(crate::roles::service_accounts::DEFAULT_SERVICE_ACCOUNT)
+        .get_opt(kube_sim::roles::service_accounts::DEFAULT_SERVICE_ACCOUNT)
         .await?
         .is_some_and(|account| {
             !needs_token || account.secrets.as_ref().is_some_and(|s| !s.is_empty())
@@ -107,16 +114,16 @@ pub async fn admits_pods(client: &kube::Client, namespace: &str) -> Result<bool,
 /// `--kubeconfig`.
 pub async fn api_server_with_kubeconfig(
     dir: &std::path::Path,
-) -> (crate::ApiServer, std::path::PathBuf) {
-    let sim = crate::ApiServer::start().await.expect("kube-sim starts");
+) -> (kube_sim::ApiServer, std::path::PathBuf) {
+    let sim = kube_sim::ApiServer::start().await.expect("kube-sim starts");
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, crate::cli::kubeconfig_yaml(sim.addr)).expect("a kubeconfig");
+    std::fs::write(&kubeconfig, kube_sim::cli::kubeconfig_yaml(sim.addr)).expect("a kubeconfig");
     (sim, kubeconfig)
 }
 
 /// A client of the API server `KUBE_SIM_COMPARE_KUBECONFIG` names (compare mode), else of a
 /// new kube-sim, returned with it.
-pub async fn server_under_test() -> (kube::Client, Option<crate::ApiServer>) {
+pub async fn server_under_test() -> (kube::Client, Option<kube_sim::ApiServer>) {
     match std::env::var("KUBE_SIM_COMPARE_KUBECONFIG") {
         Ok(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(&path)
@@ -128,7 +135,7 @@ pub async fn server_under_test() -> (kube::Client, Option<crate::ApiServer>) {
             (client, None)
         }
         Err(_) => {
-            let sim = crate::ApiServer::start().await.expect("kube-sim starts");
+            let sim = kube_sim::ApiServer::start().await.expect("kube-sim starts");
             (sim.client(), Some(sim))
         }
     }
