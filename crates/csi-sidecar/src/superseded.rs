@@ -11,7 +11,7 @@
 //! updates a claim while it binds it) — predates the write. A relist ends the wait unless it
 //! shows the very copy our write replaced (a list begun before the write).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
 
@@ -28,17 +28,50 @@ pub struct Superseded<K> {
 /// What is known of our writes to one object.
 #[derive(Debug, Default)]
 struct Entry {
-    /// Versions our writes replaced.
-    replaced: HashSet<String>,
+    /// Versions our writes replaced. Lists, not sets: they hold one or two versions, and an
+    /// entry lives for each object we wrote until the cache catches up (a thousand at once in
+    /// a burst), where a one-element hash set allocates four times the space.
+    replaced: Versions,
     /// The version the server answered our last write with, until the watch brings it.
     answered: Option<String>,
     /// Writes under way ([`Superseded::writing`]).
     writing: usize,
     /// Versions the watch brought while a write was under way: the watch may deliver the
     /// answer before the write's response arrives.
-    seen: HashSet<String>,
+    seen: Versions,
     /// We created (true) or deleted (false) the object, and the cache does not show it yet.
     presence: Option<bool>,
+}
+
+/// A few resourceVersions, each once.
+#[derive(Debug, Default)]
+struct Versions(Vec<String>);
+
+impl Versions {
+    fn contains(&self, version: &str) -> bool {
+        self.0.iter().any(|v| v == version)
+    }
+
+    fn insert(&mut self, version: String) {
+        if !self.contains(&version) {
+            self.0.push(version);
+        }
+    }
+
+    fn extend(&mut self, versions: impl IntoIterator<Item = String>) {
+        for version in versions {
+            self.insert(version);
+        }
+    }
+
+    /// Also gives the space back: an entry may stay (a write under way) long after.
+    fn clear(&mut self) {
+        self.0 = Vec::new();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Entry {
