@@ -98,8 +98,8 @@ manifests: $(HELM)
 	$(render) > manifests/csi-suite.yaml
 	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
 
-## crds: rewrite manifests/crds/ (and the chart's copy) from csi-snapshotter's and cosi's Rust
-## types (tests check they are current).
+## crds: rewrite manifests/crds/ (and the chart's copy) from csi-kinds' Rust types, with
+## csi-snapshotter's and cosi's binaries (tests check they are current).
 crds:
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds $(CHART)/files/crds

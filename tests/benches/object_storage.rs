@@ -25,9 +25,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use cosi::api::{Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use cosi_s3::driver::S3Driver;
 use csi_grpc::conn::Endpoint;
+use csi_kinds::objectstorage::{Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, Footprint, Phase, SidecarProcess, client_requests, latencies, listed_watch,
     main_with_count, record, sidecar_report, timed_requests,

@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use cosi::api::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
+use csi_kinds::objectstorage::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
     bound, claim, file_size, install_cosi_crds, install_snapshot_crds, is_running, pod,

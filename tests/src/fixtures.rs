@@ -200,7 +200,7 @@ pub async fn install_snapshot_crds(client: &Client) {
 /// Serves COSI's objectstorage.k8s.io/v1alpha1 kinds with the CRDs the cosi crate generates
 /// (`manifests/crds/`); a real cluster that has them keeps its own.
 pub async fn install_cosi_crds(client: &Client) {
-    for crd in cosi::api::crds() {
+    for crd in csi_kinds::objectstorage::crds() {
         create_crd(client, crd).await;
     }
 }

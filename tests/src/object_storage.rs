@@ -2,10 +2,10 @@
 //! server (moto, IAM enforced) with the cosi-provisioner sidecar beside it, and the steps a
 //! user takes: a ready claim, a granted access and the workload's S3 client from its Secret.
 
-use cosi::api::{Bucket, BucketAccess, BucketClaim};
 use cosi_s3::client::AwsClient;
 use cosi_s3::driver::S3Driver;
 use csi_grpc::conn::Endpoint;
+use csi_kinds::objectstorage::{Bucket, BucketAccess, BucketClaim};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use serde_json::json;

@@ -1942,8 +1942,10 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "StorageClass" => round_trip::<StorageClass>(object),
                 "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(object),
                 "CronJob" => round_trip::<CronJob>(object),
-                "BucketClass" => round_trip::<cosi::api::BucketClass>(object),
-                "BucketAccessClass" => round_trip::<cosi::api::BucketAccessClass>(object),
+                "BucketClass" => round_trip::<csi_kinds::objectstorage::BucketClass>(object),
+                "BucketAccessClass" => {
+                    round_trip::<csi_kinds::objectstorage::BucketAccessClass>(object)
+                }
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
             assert_eq!(

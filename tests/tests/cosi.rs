@@ -6,12 +6,12 @@
 //! only. What the types read back is what was written (a `GCS` protocol reads as GCP). Then
 //! cosi-controller gives claims their Buckets there.
 
-use cosi::api::{
+use cosi::claim::{BUCKET_CLAIM_FINALIZER, FAILED_CREATE_BUCKET};
+use cosi::sidecar::plan::FAILED_CREATE_BUCKET as FAILED_CREATE_BUCKET_AT_DRIVER;
+use csi_kinds::objectstorage::{
     AuthenticationType, Bucket, BucketAccess, BucketAccessClass, BucketClaim, BucketClass,
     DeletionPolicy, Protocol,
 };
-use cosi::claim::{BUCKET_CLAIM_FINALIZER, FAILED_CREATE_BUCKET};
-use cosi::sidecar::plan::FAILED_CREATE_BUCKET as FAILED_CREATE_BUCKET_AT_DRIVER;
 use csi_suite_scenarios::Cluster;
 use csi_suite_scenarios::fixtures::install_cosi_crds;
 use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};

@@ -15,11 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use kube::ResourceExt;
-
 use csi_kinds::crd::ObjectReference;
-
-use crate::api::{Bucket, BucketClaim, BucketClass, BucketSpec, Protocol};
+use csi_kinds::objectstorage::{Bucket, BucketClaim, BucketClass, BucketSpec, Protocol};
+use kube::ResourceExt;
 
 /// On every BucketClaim until its Bucket is gone.
 pub const BUCKET_CLAIM_FINALIZER: &str = "cosi.objectstorage.k8s.io/bucketclaim-protection";
@@ -228,10 +226,10 @@ pub fn new_bucket(name: &str, claim: &BucketClaim, class: &BucketClass) -> Bucke
 
 #[cfg(test)]
 mod tests {
+    use csi_kinds::objectstorage::DeletionPolicy;
     use serde_json::json;
 
     use super::*;
-    use crate::api::DeletionPolicy;
     use crate::test_objects::merged;
 
     fn claim(extra: serde_json::Value) -> BucketClaim {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_kinds::objectstorage::{Bucket, BucketClaim, BucketClass};
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
@@ -17,7 +18,6 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{Bucket, BucketClaim, BucketClass};
 use crate::claim::{
     self, BUCKET_CLAIM_FINALIZER, ClaimPlan, FAILED_CREATE_BUCKET, FAILED_DELETE_BUCKET, Refusal,
 };

@@ -1,12 +1,11 @@
 //! COSI, the Container Object Storage Interface, at the line every shipping driver speaks:
-//! v1alpha1 (COSI v0.2.2). The gRPC side is `csi_proto::cosi::v1alpha1`; this crate holds the
-//! Kubernetes side: the `objectstorage.k8s.io/v1alpha1` kinds and their CRDs ([`api`]), and
-//! the `cosi-controller` that gives BucketClaims their Buckets ([`claim`] decides,
-//! [`controller`] acts), the `cosi-provisioner` sidecar that turns Buckets and BucketAccesses
-//! into buckets and credentials Secrets through a driver ([`sidecar`]). The sample driver
-//! `cosi-s3` is a crate of its own.
+//! v1alpha1 (COSI v0.2.2). The gRPC side is `csi_proto::cosi::v1alpha1`, the
+//! `objectstorage.k8s.io/v1alpha1` kinds and their CRDs are `csi_kinds::objectstorage`; this
+//! crate holds the controllers: the `cosi-controller` that gives BucketClaims their Buckets
+//! ([`claim`] decides, [`controller`] acts), the `cosi-provisioner` sidecar that turns Buckets
+//! and BucketAccesses into buckets and credentials Secrets through a driver ([`sidecar`]), and
+//! `cosi-crds`, which writes the CRDs as YAML. The sample driver `cosi-s3` is a crate of its own.
 
-pub mod api;
 pub mod claim;
 pub mod controller;
 pub mod flags;

@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_grpc::conn::CsiConnection;
+use csi_kinds::objectstorage::{
+    AuthenticationType, Bucket, BucketAccess, BucketAccessClass, BucketClaim,
+};
 use csi_proto::cosi::v1alpha1 as proto;
 use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, add_finalizer, remove_finalizer};
@@ -26,7 +29,6 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{AuthenticationType, Bucket, BucketAccess, BucketAccessClass, BucketClaim};
 use plan::{
     ACCESS_BUCKET_FINALIZER, ACCESS_FINALIZER, AccessPlan, BUCKET_FINALIZER, BUCKET_INFO_KEY,
     BucketPlan, CredentialsError, FAILED_CREATE_BUCKET, FAILED_DELETE_BUCKET, FAILED_GRANT_ACCESS,

@@ -15,6 +15,8 @@
 //!   with its maps as lists);
 //! - [`crd`] CustomResourceDefinitions generated from Rust types, written and checked as YAML;
 //! - [`node_selector`] `v1.NodeSelector` matching;
+//! - [`objectstorage`] the objectstorage.k8s.io/v1alpha1 kinds of COSI (BucketClass,
+//!   BucketClaim, Bucket, BucketAccessClass, BucketAccess) and their CRDs;
 //! - [`pv`] a PersistentVolume's node affinity from a driver's accessible topology;
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
 //! - [`snapshot`] the snapshot.storage.k8s.io/v1 kinds (VolumeSnapshot, VolumeSnapshotContent,
@@ -74,6 +76,8 @@ pub mod kubelet_paths;
 pub mod names;
 #[cfg(feature = "api")]
 pub mod node_selector;
+#[cfg(feature = "api")]
+pub mod objectstorage;
 #[cfg(feature = "api")]
 pub mod pv;
 pub mod quantity;

@@ -2,5 +2,8 @@
 //! directory given (default `manifests/crds`), one file per CRD as upstream names them.
 
 fn main() -> Result<(), String> {
-    csi_kinds::crd::write_crds_into_argument_dir(&cosi::api::crds(), cosi::api::CRDS_COMMAND)
+    csi_kinds::crd::write_crds_into_argument_dir(
+        &csi_kinds::objectstorage::crds(),
+        csi_kinds::objectstorage::CRDS_COMMAND,
+    )
 }

@@ -7,13 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use kube::ResourceExt;
-use serde::Serialize;
-
-use crate::api::{
+use csi_kinds::objectstorage::{
     AuthenticationType, Bucket, BucketAccess, BucketAccessClass, BucketClaim, DeletionPolicy,
     Protocol,
 };
+use kube::ResourceExt;
+use serde::Serialize;
 
 /// On a Bucket the sidecar has taken on, until the bucket is deleted (or retained).
 pub const BUCKET_FINALIZER: &str = "cosi.objectstorage.k8s.io/bucket-protection";

@@ -10,10 +10,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use csi_kinds::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
+use crate::crd::{ObjectReference, TopLevelKind, TypeOf, top_level_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{CustomResource, CustomResourceExt};
+use kube_core::CustomResourceExt;
+use kube_derive::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -196,6 +197,7 @@ top_level_resource!(BucketAccessClass, "bucketaccessclasses");
 /// A user's request for a bucket: a new one of a class, or an existing Bucket to bind.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "objectstorage.k8s.io",
     version = "v1alpha1",
     kind = "BucketClaim",
@@ -251,6 +253,7 @@ fn bucket_ready_required(schema: &mut Schema) {
 /// A bucket at the provider, cluster-wide, bound to one BucketClaim.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "objectstorage.k8s.io",
     version = "v1alpha1",
     kind = "Bucket",
@@ -294,6 +297,7 @@ pub struct BucketStatus {
 /// A workload's request for credentials to a claimed bucket, delivered in a Secret.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "objectstorage.k8s.io",
     version = "v1alpha1",
     kind = "BucketAccess",
@@ -343,7 +347,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 
 #[cfg(test)]
 mod tests {
-    use csi_kinds::crd::stale_crds;
+    use crate::crd::stale_crds;
 
     use super::*;
 
