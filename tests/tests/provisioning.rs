@@ -4,7 +4,7 @@
 use csi_suite_scenarios::fixtures::{bound, claim, handle_of, is_running, pod, pv_nodes};
 use csi_suite_scenarios::rbac::{self, Rule};
 use csi_suite_scenarios::service_accounts::{claim_patch_refused, skip_without_service_accounts};
-use csi_suite_scenarios::{Cluster, report_skip, skip_without_root};
+use csi_suite_scenarios::{Cluster, Options, report_skip, skip_without_root};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -145,6 +145,61 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
         )
         .await
         .unwrap();
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
+/// A claim's provisioning writes the claim twice: the provisioning protection before
+/// CreateVolume and its release once the PV exists. The PV controller binds the claim in
+/// between, so the cache can show a version between our write and the server's answer to it: a
+/// sync that read it would patch again (the repeat fails its finalizer `test` with 422 and is
+/// retried). Counted on the scenario's own requests: kube-sim's, or the fault proxy's on a
+/// real cluster (kube-controller-manager binds there). Other scenarios' provisioners on the same
+/// cluster leave these claims alone (a provisioner that released another driver's finalizer
+/// made ours repeat its patch).
+#[tokio::test]
+async fn each_claim_is_patched_twice_while_the_pv_controller_binds_it() {
+    const CLAIMS: usize = 20;
+    let cluster = Cluster::start_with("provision-writes", Options::with_api_faults()).await;
+    let provisioner = cluster.start_provisioner().await;
+    let class_name = cluster
+        .storage_class("writes", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let names: Vec<String> = (0..CLAIMS).map(|i| format!("data-{i}")).collect();
+    for name in &names {
+        cluster.create(&claims, claim(name, &class_name)).await;
+    }
+    for name in &names {
+        cluster
+            .wait_for(&claims, name, "the claim Bound and released", |c| {
+                bound(c) && !c.finalizers().iter().any(|f| f == PROVISIONING_PROTECTION)
+            })
+            .await;
+    }
+    let patches: u64 = cluster
+        .request_counts()
+        .iter()
+        .filter(|(key, _)| {
+            key.client == rbac::PROVISIONER
+                && key.verb == "patch"
+                && key.resource == "persistentvolumeclaims"
+        })
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(
+        patches,
+        2 * CLAIMS as u64,
+        "claim patches of {CLAIMS} claims"
+    );
+    for name in &names {
+        claims.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    cluster
+        .eventually_async("the volumes deleted", || async {
+            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+        })
+        .await;
     provisioner.stop().await;
     cluster.stop().await;
 }
