@@ -164,10 +164,7 @@ async fn the_proxy_answers_watch_resumes_with_410_gone_when_asked() {
         let only_a = only_a.clone();
         let proxied = proxied.clone();
         async move {
-            let stream = proxied
-                .watch(&only_a.timeout(5), &version)
-                .await
-                .unwrap();
+            let stream = proxied.watch(&only_a.timeout(5), &version).await.unwrap();
             tokio::time::timeout(Duration::from_secs(30), Box::pin(stream).try_next())
                 .await
                 .expect("an event or the end")
