@@ -9,9 +9,9 @@ export PROTOC := /nonexistent/protoc-is-never-used
 .PHONY: test test-real test-node sanity fmt-check lint layers unit strace chart manifests crds build image demo bench
 
 HELM := $(CURDIR)/.tools/bin/helm
-# The chart tests (tests/tests/chart.rs) render the chart with this helm.
+# The chart tests (tests/tests/scenarios/chart.rs) render the chart with this helm.
 export HELM
-# cosi-s3's tests (tests/tests/cosi_s3.rs) run it against this S3 and IAM server.
+# cosi-s3's tests (tests/tests/scenarios/cosi_s3.rs) run it against this S3 and IAM server.
 MOTO_SERVER := $(CURDIR)/.tools/moto/bin/moto_server
 export MOTO_SERVER
 CHART := charts/csi-suite

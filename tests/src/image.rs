@@ -3,7 +3,7 @@
 //! an image tarball in `docker save` layout, which `ctr images import` (and `node import`) load.
 //! No base image can be pulled offline, so the libraries come from this machine, found by
 //! `ldd`: the same glibc and libgcc the distroless cc image carries. The Dockerfile stays what
-//! users build; `tests/tests/image.rs` keeps the two in step.
+//! users build; `tests/tests/scenarios/image.rs` keeps the two in step.
 
 use std::collections::BTreeMap;
 use std::io;
