@@ -88,6 +88,34 @@ pub struct ObjectReference {
     pub uid: Option<String>,
 }
 
+/// `k8s_openapi::Resource` and `Metadata` for a cluster-scoped top-level kind `$kind` (a
+/// struct with a `metadata: ObjectMeta` field) of `$api_version`.
+macro_rules! top_level_resource {
+    ($kind:ident, $group:expr, $version:expr, $api_version:literal, $plural:literal) => {
+        impl k8s_openapi::Resource for $kind {
+            const API_VERSION: &'static str = $api_version;
+            const GROUP: &'static str = $group;
+            const KIND: &'static str = stringify!($kind);
+            const VERSION: &'static str = $version;
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = k8s_openapi::ClusterResourceScope;
+        }
+
+        impl k8s_openapi::Metadata for $kind {
+            type Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+            fn metadata(&self) -> &Self::Ty {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut Self::Ty {
+                &mut self.metadata
+            }
+        }
+    };
+}
+pub(crate) use top_level_resource;
+
 /// The names and extras of a top-level kind's CRD.
 #[derive(Clone, Debug)]
 pub struct TopLevelKind {

@@ -14,6 +14,9 @@
 //! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources, a claim
 //!   with its maps as lists);
 //! - [`crd`] CustomResourceDefinitions generated from Rust types, written and checked as YAML;
+//! - [`groupsnapshot`] the groupsnapshot.storage.k8s.io kinds (VolumeGroupSnapshot,
+//!   VolumeGroupSnapshotContent, VolumeGroupSnapshotClass), their versions and CRDs;
+//! - [`label_selector`] `metav1.LabelSelector` matching;
 //! - [`node_selector`] `v1.NodeSelector` matching;
 //! - [`objectstorage`] the objectstorage.k8s.io/v1alpha1 kinds of COSI (BucketClass,
 //!   BucketClaim, Bucket, BucketAccessClass, BucketAccess) and their CRDs;
@@ -72,7 +75,11 @@ pub mod capability;
 #[cfg(feature = "api")]
 pub mod crd;
 pub mod go_duration;
+#[cfg(feature = "api")]
+pub mod groupsnapshot;
 pub mod kubelet_paths;
+#[cfg(feature = "api")]
+pub mod label_selector;
 pub mod names;
 #[cfg(feature = "api")]
 pub mod node_selector;

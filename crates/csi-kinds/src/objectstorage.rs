@@ -147,26 +147,13 @@ pub struct BucketAccessClass {
 
 macro_rules! top_level_resource {
     ($kind:ident, $plural:literal) => {
-        impl k8s_openapi::Resource for $kind {
-            const API_VERSION: &'static str = "objectstorage.k8s.io/v1alpha1";
-            const GROUP: &'static str = GROUP;
-            const KIND: &'static str = stringify!($kind);
-            const VERSION: &'static str = VERSION;
-            const URL_PATH_SEGMENT: &'static str = $plural;
-            type Scope = k8s_openapi::ClusterResourceScope;
-        }
-
-        impl k8s_openapi::Metadata for $kind {
-            type Ty = ObjectMeta;
-
-            fn metadata(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-
-            fn metadata_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
+        crate::crd::top_level_resource!(
+            $kind,
+            GROUP,
+            VERSION,
+            "objectstorage.k8s.io/v1alpha1",
+            $plural
+        );
 
         impl $kind {
             /// Its CustomResourceDefinition, built like kube's derive builds the others.

@@ -228,26 +228,13 @@ pub struct VolumeSnapshotClass {
     pub deletion_policy: DeletionPolicy,
 }
 
-impl k8s_openapi::Resource for VolumeSnapshotClass {
-    const API_VERSION: &'static str = "snapshot.storage.k8s.io/v1";
-    const GROUP: &'static str = GROUP;
-    const KIND: &'static str = "VolumeSnapshotClass";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "volumesnapshotclasses";
-    type Scope = k8s_openapi::ClusterResourceScope;
-}
-
-impl k8s_openapi::Metadata for VolumeSnapshotClass {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::crd::top_level_resource!(
+    VolumeSnapshotClass,
+    GROUP,
+    "v1",
+    "snapshot.storage.k8s.io/v1",
+    "volumesnapshotclasses"
+);
 
 impl VolumeSnapshotClass {
     /// The class's parameters (none is an empty map).
