@@ -210,7 +210,7 @@ pub fn plan(
 
 /// The Bucket made for `claim` from `class`.
 pub fn new_bucket(name: &str, claim: &BucketClaim, class: &BucketClass) -> Bucket {
-    Bucket::new(
+    let mut bucket = Bucket::new(
         name,
         BucketSpec {
             driver_name: class.driver_name.clone(),
@@ -221,7 +221,10 @@ pub fn new_bucket(name: &str, claim: &BucketClaim, class: &BucketClass) -> Bucke
             deletion_policy: class.deletion_policy,
             existing_bucket_id: None,
         },
-    )
+    );
+    // `new` copies the CRD's approval annotation onto the object; a Bucket carries none.
+    bucket.metadata.annotations = None;
+    bucket
 }
 
 #[cfg(test)]

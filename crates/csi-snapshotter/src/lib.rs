@@ -8,6 +8,7 @@
 pub mod common;
 pub mod content;
 pub mod flags;
+pub mod group;
 pub mod metrics;
 pub mod run;
 pub mod secrets;

@@ -1,8 +1,10 @@
-//! The secrets a VolumeSnapshotClass names (external-snapshotter `GetSecretReference`): the
-//! snapshotter secret for CreateSnapshot/DeleteSnapshot, resolved by the snapshot-controller
-//! when it makes a content and recorded in the content's deletion-secret annotations, and the
-//! list secret for ListSnapshots, resolved by the sidecar. The CreateSnapshot parameters are
-//! the class's parameters without these reserved keys.
+//! The secrets a VolumeSnapshotClass or VolumeGroupSnapshotClass names (external-snapshotter
+//! `GetSecretReference`, `GetGroupSnapshotSecretReference`): the snapshotter secret for
+//! CreateSnapshot/DeleteSnapshot (the group snapshotter secret for the group RPCs), resolved by
+//! the snapshot-controller when it makes a content and recorded in the content's deletion-secret
+//! annotations, and the list secret for ListSnapshots (the get secret for
+//! GetVolumeGroupSnapshot), resolved by the sidecar. The create parameters are the class's
+//! parameters without these reserved keys.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,13 +13,17 @@ use csi_kinds::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
 
 use csi_kinds::snapshot::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
 
-/// One pair of class keys naming a secret.
+/// One pair of class keys naming a secret, and the template variables they may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SecretKeys {
     /// Upstream's label in messages.
     pub label: &'static str,
     pub name: &'static str,
     pub namespace: &'static str,
+    /// The content's name variable (`volumesnapshotcontent.name`).
+    pub content_variable: &'static str,
+    /// The prefix of the object's variables (`volumesnapshot` for `volumesnapshot.name`).
+    pub object_variable: &'static str,
 }
 
 /// CreateSnapshot / DeleteSnapshot.
@@ -25,21 +31,31 @@ pub const SNAPSHOTTER: SecretKeys = SecretKeys {
     label: "Snapshotter",
     name: "csi.storage.k8s.io/snapshotter-secret-name",
     namespace: "csi.storage.k8s.io/snapshotter-secret-namespace",
+    content_variable: "volumesnapshotcontent.name",
+    object_variable: "volumesnapshot",
 };
 /// ListSnapshots.
 pub const SNAPSHOTTER_LIST: SecretKeys = SecretKeys {
     label: "SnapshotterList",
     name: "csi.storage.k8s.io/snapshotter-list-secret-name",
     namespace: "csi.storage.k8s.io/snapshotter-list-secret-namespace",
+    ..SNAPSHOTTER
 };
-/// The group-snapshot pairs: reserved (stripped from parameters) though the group API is not
-/// served here.
-const GROUP_KEYS: [&str; 4] = [
-    "csi.storage.k8s.io/group-snapshotter-secret-name",
-    "csi.storage.k8s.io/group-snapshotter-secret-namespace",
-    "csi.storage.k8s.io/group-snapshotter-get-secret-name",
-    "csi.storage.k8s.io/group-snapshotter-get-secret-namespace",
-];
+/// CreateVolumeGroupSnapshot / DeleteVolumeGroupSnapshot.
+pub const GROUP_SNAPSHOTTER: SecretKeys = SecretKeys {
+    label: "GroupSnapshotter",
+    name: "csi.storage.k8s.io/group-snapshotter-secret-name",
+    namespace: "csi.storage.k8s.io/group-snapshotter-secret-namespace",
+    content_variable: "volumegroupsnapshotcontent.name",
+    object_variable: "volumegroupsnapshot",
+};
+/// GetVolumeGroupSnapshot.
+pub const GROUP_SNAPSHOTTER_GET: SecretKeys = SecretKeys {
+    label: "GroupSnapshotterGet",
+    name: "csi.storage.k8s.io/group-snapshotter-get-secret-name",
+    namespace: "csi.storage.k8s.io/group-snapshotter-get-secret-namespace",
+    ..GROUP_SNAPSHOTTER
+};
 
 /// With `--extra-create-metadata`, CreateSnapshot gets these.
 pub const SNAPSHOT_NAME_KEY: &str = "csi.storage.k8s.io/volumesnapshot/name";
@@ -68,9 +84,9 @@ pub enum SecretError {
     )]
     UnknownReservedKey(String),
     #[error(
-        "cannot retrieve secrets for snapshot content {0:?}, err: secret name or namespace not specified"
+        "cannot retrieve secrets for {kind} {content:?}, err: secret name or namespace not specified"
     )]
-    EmptyAnnotation(String),
+    EmptyAnnotation { kind: &'static str, content: String },
 }
 
 fn invalid(template: &str, resolved: &str, what: &str) -> String {
@@ -86,7 +102,8 @@ pub type SnapshotName<'a> = Option<(&'a str, &'a str)>;
 
 /// The secret `keys` name in `params` for content `content_name`: `${volumesnapshotcontent.name}`
 /// everywhere, `${volumesnapshot.namespace}` and (in the name) `${volumesnapshot.name}` when a
-/// snapshot is given. `None` when the class names none.
+/// snapshot is given (the `volumegroupsnapshot` variables for the group keys). `None` when the
+/// class names none.
 pub fn secret_reference(
     keys: SecretKeys,
     params: &BTreeMap<String, String>,
@@ -102,12 +119,12 @@ pub fn secret_reference(
             (Some(_), Some(_)) => return Err(SecretError::EmptyValue(keys.label)),
             _ => return Err(SecretError::HalfPair(keys.label)),
         };
-    let mut vars = BTreeMap::from([(
-        "volumesnapshotcontent.name".to_string(),
-        content_name.to_string(),
-    )]);
+    let mut vars = BTreeMap::from([(keys.content_variable.to_string(), content_name.to_string())]);
     if let Some((namespace, _)) = snapshot {
-        vars.insert("volumesnapshot.namespace".into(), namespace.to_string());
+        vars.insert(
+            format!("{}.namespace", keys.object_variable),
+            namespace.to_string(),
+        );
     }
     let resolve = |template: &String, vars: &BTreeMap<String, String>| {
         resolve_template(template, vars).map_err(|error| SecretError::Template(error.to_string()))
@@ -120,7 +137,7 @@ pub fn secret_reference(
         });
     }
     if let Some((_, name)) = snapshot {
-        vars.insert("volumesnapshot.name".into(), name.to_string());
+        vars.insert(format!("{}.name", keys.object_variable), name.to_string());
     }
     let name = resolve(name_template, &vars)?;
     if !is_dns1123_subdomain(&name) {
@@ -138,39 +155,64 @@ pub fn create_parameters(
     params: &BTreeMap<String, String>,
 ) -> Result<HashMap<String, String>, SecretError> {
     let reserved = [
-        SNAPSHOTTER.name,
-        SNAPSHOTTER.namespace,
-        SNAPSHOTTER_LIST.name,
-        SNAPSHOTTER_LIST.namespace,
-    ];
+        SNAPSHOTTER,
+        SNAPSHOTTER_LIST,
+        GROUP_SNAPSHOTTER,
+        GROUP_SNAPSHOTTER_GET,
+    ]
+    .iter()
+    .flat_map(|keys| [keys.name, keys.namespace])
+    .collect::<Vec<_>>();
     let mut kept = HashMap::new();
     for (key, value) in params {
         if !key.starts_with(PARAMETER_PREFIX) {
             kept.insert(key.clone(), value.clone());
-        } else if !reserved.contains(&key.as_str()) && !GROUP_KEYS.contains(&key.as_str()) {
+        } else if !reserved.contains(&key.as_str()) {
             return Err(SecretError::UnknownReservedKey(key.clone()));
         }
     }
     Ok(kept)
 }
 
+/// The annotations a content records its secret in, and its kind in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecretAnnotations {
+    pub kind: &'static str,
+    pub name: &'static str,
+    pub namespace: &'static str,
+}
+
+/// On a VolumeSnapshotContent.
+pub const CONTENT_SECRET: SecretAnnotations = SecretAnnotations {
+    kind: "snapshot content",
+    name: DELETION_SECRET_NAME,
+    namespace: DELETION_SECRET_NAMESPACE,
+};
+/// On a VolumeGroupSnapshotContent.
+pub const GROUP_CONTENT_SECRET: SecretAnnotations = SecretAnnotations {
+    kind: "group snapshot content",
+    name: csi_kinds::groupsnapshot::DELETION_SECRET_NAME,
+    namespace: csi_kinds::groupsnapshot::DELETION_SECRET_NAMESPACE,
+};
+
 /// The secret recorded on a content (upstream `GetCredentialsFromAnnotation`): both
 /// annotations or none; present but empty is an error.
 pub fn annotated_secret(
+    keys: SecretAnnotations,
     content_name: &str,
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<SecretRef>, SecretError> {
-    match (
-        annotations.get(DELETION_SECRET_NAME),
-        annotations.get(DELETION_SECRET_NAMESPACE),
-    ) {
+    match (annotations.get(keys.name), annotations.get(keys.namespace)) {
         (Some(name), Some(namespace)) if !name.is_empty() && !namespace.is_empty() => {
             Ok(Some(SecretRef {
                 name: name.clone(),
                 namespace: namespace.clone(),
             }))
         }
-        (Some(_), Some(_)) => Err(SecretError::EmptyAnnotation(content_name.to_string())),
+        (Some(_), Some(_)) => Err(SecretError::EmptyAnnotation {
+            kind: keys.kind,
+            content: content_name.to_string(),
+        }),
         _ => Ok(None),
     }
 }
@@ -276,6 +318,52 @@ mod tests {
     }
 
     #[test]
+    fn group_secrets_resolve_the_group_variables() {
+        let p = params(&[
+            (
+                GROUP_SNAPSHOTTER.name,
+                "${volumegroupsnapshot.name}-${volumegroupsnapshotcontent.name}",
+            ),
+            (
+                GROUP_SNAPSHOTTER.namespace,
+                "${volumegroupsnapshot.namespace}",
+            ),
+        ]);
+        assert_eq!(
+            secret_reference(GROUP_SNAPSHOTTER, &p, "gc", Some(("team", "g"))).unwrap(),
+            Some(SecretRef {
+                name: "g-gc".into(),
+                namespace: "team".into()
+            })
+        );
+        // Member contents resolve it without the group, as upstream: its variables fail.
+        assert!(secret_reference(GROUP_SNAPSHOTTER, &p, "gc", None).is_err());
+        let snapshot_variables = params(&[
+            (GROUP_SNAPSHOTTER.name, "${volumesnapshot.name}"),
+            (GROUP_SNAPSHOTTER.namespace, "ns"),
+        ]);
+        assert!(
+            secret_reference(
+                GROUP_SNAPSHOTTER,
+                &snapshot_variables,
+                "gc",
+                Some(("ns", "g"))
+            )
+            .is_err()
+        );
+        let empty = params(&[
+            (GROUP_CONTENT_SECRET.name, ""),
+            (GROUP_CONTENT_SECRET.namespace, "ns"),
+        ]);
+        assert_eq!(
+            annotated_secret(GROUP_CONTENT_SECRET, "gc", &empty)
+                .unwrap_err()
+                .to_string(),
+            "cannot retrieve secrets for group snapshot content \"gc\", err: secret name or namespace not specified"
+        );
+    }
+
+    #[test]
     fn create_parameters_drop_reserved_keys_and_refuse_unknown_ones() {
         let p = params(&[
             ("type", "fast"),
@@ -301,17 +389,20 @@ mod tests {
             (DELETION_SECRET_NAMESPACE, "ns"),
         ]);
         assert_eq!(
-            annotated_secret("c", &both).unwrap(),
+            annotated_secret(CONTENT_SECRET, "c", &both).unwrap(),
             Some(SecretRef {
                 name: "s".into(),
                 namespace: "ns".into()
             })
         );
-        assert_eq!(annotated_secret("c", &params(&[])).unwrap(), None);
+        assert_eq!(
+            annotated_secret(CONTENT_SECRET, "c", &params(&[])).unwrap(),
+            None
+        );
         let empty = params(&[
             (DELETION_SECRET_NAME, ""),
             (DELETION_SECRET_NAMESPACE, "ns"),
         ]);
-        assert!(annotated_secret("c", &empty).is_err());
+        assert!(annotated_secret(CONTENT_SECRET, "c", &empty).is_err());
     }
 }

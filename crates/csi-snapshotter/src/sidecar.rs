@@ -27,7 +27,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::content::{self, ContentPlan, Cut};
-use crate::secrets::{SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference};
+use crate::secrets::{
+    CONTENT_SECRET, SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference,
+};
 use csi_kinds::snapshot::{
     BEING_CREATED, CONTENT_BOUND_FINALIZER, VolumeSnapshotClass, VolumeSnapshotContent,
     status_merge_patch,
@@ -261,8 +263,8 @@ impl Controller {
                         "volumesnapshotclass.snapshot.storage.k8s.io \"{class_name}\" not found"
                     )
                 })?;
-            let secret =
-                annotated_secret(&name, content.annotations()).map_err(|e| e.to_string())?;
+            let secret = annotated_secret(CONTENT_SECRET, &name, content.annotations())
+                .map_err(|e| e.to_string())?;
             Ok((class.parameters(), secret))
         };
         let input_error = |error: String| {
@@ -409,7 +411,7 @@ impl Controller {
         let name = content.name_any();
         let mut current = content.clone();
         if let Some(handle) = handle {
-            let secrets = match annotated_secret(&name, content.annotations()) {
+            let secrets = match annotated_secret(CONTENT_SECRET, &name, content.annotations()) {
                 Ok(secret) => self.secrets(&name, secret.as_ref()).await,
                 Err(error) => Err(error.to_string()),
             };

@@ -573,15 +573,14 @@ fn new_content(
     // content that lost the race to get it, then was deleted with its snapshot, would be gone
     // before csi-snapshotter could DeleteSnapshot, and the snapshot would leak.
     content.metadata.finalizers = Some(vec![CONTENT_BOUND_FINALIZER.to_string()]);
-    if let Some(secret) = secret {
-        content.metadata.annotations = Some(
-            [
-                (DELETION_SECRET_NAME.to_string(), secret.name),
-                (DELETION_SECRET_NAMESPACE.to_string(), secret.namespace),
-            ]
-            .into(),
-        );
-    }
+    // Only the secret's annotations: `new` would also copy the CRD's approval annotation.
+    content.metadata.annotations = secret.map(|secret| {
+        [
+            (DELETION_SECRET_NAME.to_string(), secret.name),
+            (DELETION_SECRET_NAMESPACE.to_string(), secret.namespace),
+        ]
+        .into()
+    });
     Ok(content)
 }
 
