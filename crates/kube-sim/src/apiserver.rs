@@ -1,6 +1,7 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
 pub(crate) mod admission;
+mod cel;
 mod create;
 mod decode;
 mod delete;

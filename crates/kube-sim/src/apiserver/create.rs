@@ -42,7 +42,7 @@ pub(super) fn create(
             .unwrap_or_default()
     });
     validation::on_create(rt, &object)?;
-    schema::apply(rt, &mut object)?;
+    schema::apply(rt, &mut object, None)?;
     if let Some(ns) = ns {
         let namespaces = server.resource("", "v1", "namespaces")?;
         match server.store.get(&key(&namespaces, None, ns)) {

@@ -1,15 +1,19 @@
 //! Custom resources against their CRD's structural schema, as apiextensions-apiserver does on
 //! every create and update: fields the schema does not know are pruned (unless
-//! `x-kubernetes-preserve-unknown-fields`), then required fields, types and enums are checked;
-//! every violation is one field error of a 422 Invalid (k8s.io/apimachinery field errors).
+//! `x-kubernetes-preserve-unknown-fields`), then required fields, types and enums are checked,
+//! then the schema's CEL rules (`x-kubernetes-validations`, [`super::cel`]) unless those errors
+//! block them; every violation is one field error of a 422 Invalid (k8s.io/apimachinery field
+//! errors).
 
 use serde_json::Value;
 
+use super::cel;
 use crate::errors::{ApiError, FieldError};
 use crate::resources::ResourceType;
 
-/// Prunes `object` and validates it, when `rt` is a custom resource with a schema.
-pub fn apply(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
+/// Prunes `object` and validates it, when `rt` is a custom resource with a schema; `old` is the
+/// stored object an update replaces, which the schema's transition rules compare with.
+pub fn apply(rt: &ResourceType, object: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
     let Some(schema) = &rt.schema else {
         return Ok(());
     };
@@ -28,6 +32,13 @@ pub fn apply(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
     }
     let mut errors = Vec::new();
     validate(object, schema, "", &mut errors, true);
+    if cel::has_rules(schema) {
+        if cel::blocked_by(&errors) {
+            errors.push(cel::not_checked());
+        } else {
+            errors.extend(cel::validate(schema, object, old));
+        }
+    }
     if errors.is_empty() {
         return Ok(());
     }
@@ -109,7 +120,7 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldErr
         if actual != "integer" && actual != "string" {
             errors.push(FieldError {
                 field: path.to_string(),
-                reason: "FieldValueInvalid",
+                reason: "FieldValueTypeInvalid",
                 detail: format!("Invalid value: \"{actual}\": {path} in body must be of type integer,string: \"{actual}\""),
             });
         }
@@ -118,9 +129,10 @@ fn validate(value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldErr
     if let Some(expected) = schema["type"].as_str()
         && !type_matches(expected, actual)
     {
+        // A type error is TypeInvalid (which blocks the CEL rules), worded as Invalid.
         errors.push(FieldError {
             field: path.to_string(),
-            reason: "FieldValueInvalid",
+            reason: "FieldValueTypeInvalid",
             detail: format!(
                 "Invalid value: \"{actual}\": {path} in body must be of type {expected}: \"{actual}\""
             ),
@@ -218,7 +230,7 @@ mod tests {
             "spec": {"size": 1, "mode": "Fast", "unknown": true, "labels": {"a": "b"},
                      "free": {"anything": {"goes": 1}}, "quantity": "1Gi"},
             "status": {"ready": true, "other": 2}});
-        apply(&rt(), &mut object).unwrap();
+        apply(&rt(), &mut object, None).unwrap();
         assert_eq!(
             object,
             json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
@@ -231,7 +243,7 @@ mod tests {
     #[test]
     fn violations_are_one_invalid_error_with_causes() {
         let mut object = json!({"metadata": {"name": "w"}, "spec": {"mode": "Medium"}});
-        let error = apply(&rt(), &mut object).unwrap_err();
+        let error = apply(&rt(), &mut object, None).unwrap_err();
         assert_eq!(error.code.as_u16(), 422);
         assert_eq!(
             error.message,
@@ -242,8 +254,44 @@ mod tests {
         assert_eq!(causes[1]["field"], "spec.size");
         let mut typed = json!({"metadata": {"name": "w"}, "spec": {"size": "big", "mode": "Fast"}});
         assert_eq!(
-            apply(&rt(), &mut typed).unwrap_err().message,
+            apply(&rt(), &mut typed, None).unwrap_err().message,
             "Widget.example.com \"w\" is invalid: spec.size: Invalid value: \"string\": spec.size in body must be of type integer: \"string\""
         );
+    }
+
+    #[test]
+    fn cel_rules_run_after_the_schema_unless_its_errors_block_them() {
+        let mut with_rules = rt();
+        let mut schema = (*with_rules.schema.take().unwrap()).clone();
+        schema["properties"]["spec"]["x-kubernetes-validations"] =
+            json!([{"rule": "self.size < 10", "message": "too big"}]);
+        with_rules.schema = Some(Arc::new(schema));
+        let refusal = |spec: Value| {
+            let mut object = json!({"metadata": {"name": "w"}, "spec": spec});
+            apply(&with_rules, &mut object, None)
+                .err()
+                .map(|e| e.message)
+        };
+        // (case, spec, the refusal's message).
+        let cases = [
+            ("valid", json!({"size": 1, "mode": "Fast"}), None),
+            (
+                "a broken rule",
+                json!({"size": 11, "mode": "Fast"}),
+                Some(
+                    "Widget.example.com \"w\" is invalid: spec: Invalid value: \"object\": too big",
+                ),
+            ),
+            (
+                "a type error blocks the rules",
+                json!({"size": "big", "mode": "Fast"}),
+                Some(
+                    "Widget.example.com \"w\" is invalid: [spec.size: Invalid value: \"string\": spec.size in body must be of type integer: \"string\", <nil>: Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation]",
+                ),
+            ),
+        ];
+        for (case, spec, expected) in cases {
+            assert_eq!(refusal(spec).as_deref(), expected, "{case}");
+        }
     }
 }

@@ -41,7 +41,7 @@ pub(super) fn update(
         }
         let mut next = objects::prepare_update(rt, current, incoming, status_only)?;
         validation::on_update(rt, current, &next)?;
-        schema::apply(rt, &mut next)?;
+        schema::apply(rt, &mut next, Some(current))?;
         if resizes_claim {
             admission::admit_claim_update(current, &next, class.as_deref())?;
         }

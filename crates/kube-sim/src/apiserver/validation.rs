@@ -3,13 +3,14 @@
 //! pkg/apis/coordination/validation and k8s.io/apimachinery/pkg/api/validation/objectmeta.go,
 //! v1.19 rules): every object's finalizer names (and none added while it is being deleted);
 //! PersistentVolumes, claims (on create, and what an update may change), Events' namespaces,
-//! Node taints, VolumeAttachments, StorageClasses, CSINodes and Leases. Every violation is one
+//! Node taints, VolumeAttachments, StorageClasses, CSINodes, Leases and the CEL rules of
+//! CustomResourceDefinitions ([`super::cel`]). Every violation is one
 //! field error of a 422 Invalid; Go's dumps of a whole struct (the diff after "immutable after
 //! creation") are left out of the messages.
 
 use serde_json::Value;
 
-use super::objects;
+use super::{cel, objects};
 use crate::errors::{ApiError, FieldError};
 use crate::quantity;
 use crate::resources::ResourceType;
@@ -78,6 +79,7 @@ fn kind_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
         ("storage.k8s.io", "StorageClass") => class_errors(object),
         ("storage.k8s.io", "CSINode") => csi_node_errors(&object["spec"]),
         ("coordination.k8s.io", "Lease") => lease_errors(&object["spec"]),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => cel::crd_errors(object),
         _ => Vec::new(),
     }
 }
