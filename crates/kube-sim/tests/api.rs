@@ -1437,6 +1437,301 @@ async fn custom_resources_follow_their_schema() {
         .unwrap();
 }
 
+/// Says that `test` (or a part of it) did not run because the server lacks `what`: on stderr
+/// and, when `CSI_SUITE_SKIPS` names a file, as a line appended to it, as the scenario suite
+/// reports its skips (`make test-real` counts those lines and prints them).
+fn skip(test: &str, what: &str) {
+    let line = format!("skipped {test}: {what}");
+    eprintln!("{line}");
+    if let Some(file) = std::env::var_os("CSI_SUITE_SKIPS") {
+        use std::io::Write;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(error) = appended {
+            panic!("recording the skip in {}: {error}", file.to_string_lossy());
+        }
+    }
+}
+
+/// A refusal as the Status says it: code, reason, message, and each cause's field, reason
+/// and message.
+fn refusal<T: std::fmt::Debug>(
+    result: kube::Result<T>,
+) -> (u16, String, String, Vec<(String, String, String)>) {
+    let Err(kube::Error::Api(status)) = result else {
+        panic!("expected a refusal, got {result:?}");
+    };
+    let causes = status
+        .details
+        .map(|d| d.causes)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.field, c.reason, c.message))
+        .collect();
+    (status.code, status.reason, status.message, causes)
+}
+
+// The CEL rules of a CRD's schema (`x-kubernetes-validations`, v1.25+) as the group snapshot
+// CRDs write them: a field immutable once set (a transition rule, `self == oldSelf`: not run
+// on create nor where the old object has no value), exactly one of two fields, a property
+// named by a CEL reserved word (`__namespace__`), a list's size, and a status field that may
+// not go back; each broken rule is one field error of a 422 Invalid at the rule's node,
+// `Invalid value: "<schema type>": <message or failed rule>`. A rule that does not compile
+// refuses the CRD (apiextensions-apiserver pkg/apiserver/schema/cel).
+#[tokio::test]
+async fn custom_resources_follow_their_cel_rules() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("crd-cel").await;
+    if c.minor().await < 25 {
+        // v1.19 prunes `x-kubernetes-validations` from the CRD: its rules would never run.
+        skip(
+            "custom_resources_follow_their_cel_rules",
+            "CRD validation rules (x-kubernetes-validations) need Kubernetes 1.25",
+        );
+        return;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let group = format!("{}.example.com", c.namespace);
+    // Every string and list is bounded: kube-apiserver refuses rules whose estimated cost
+    // over unbounded values exceeds its budget.
+    let string = json!({"type": "string", "maxLength": 63});
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object",
+            "x-kubernetes-validations": [{
+                "rule": "(has(self.a) && !has(self.b)) || (!has(self.a) && has(self.b))",
+                "message": "exactly one of a and b must be set"}],
+            "properties": {
+                "driver": {"type": "string", "maxLength": 63, "x-kubernetes-validations": [
+                    {"rule": "self == oldSelf", "message": "driver is immutable once set"}]},
+                "a": string,
+                "b": string,
+                "source": {"type": "object",
+                    "x-kubernetes-validations": [{"rule": "has(self.name) && has(self.__namespace__)"}],
+                    "properties": {"name": string, "namespace": string}},
+                "members": {"type": "array", "maxItems": 8, "items": string,
+                    "x-kubernetes-validations": [{"rule": "size(self) > 0", "message": "members must not be empty"}]}}},
+        "status": {"type": "object", "properties": {
+            "readyToUse": {"type": "boolean", "x-kubernetes-validations": [
+                {"rule": "!oldSelf || self", "message": "readyToUse cannot go back to false"}]}}}}});
+    let crd = |name: &str, schema: &serde_json::Value| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}s.{group}")},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": format!("{name}s"), "singular": name, "kind": "SnapshotGroup"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": schema}, "subresources": {"status": {}}}],
+            }
+        }))
+        .unwrap()
+    };
+    // A rule that does not compile refuses the CRD; the cause names the rule (real servers
+    // print it as a Go struct, kube-sim as JSON) and gives the parser's message.
+    let broken = json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": [{"rule": "self.a +"}]}}});
+    let (code, reason, _, causes) = refusal(
+        crds.create(&PostParams::default(), &crd("broken", &broken))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    let (field, reason, message) = &causes[0];
+    assert_eq!(
+        (field.as_str(), reason.as_str()),
+        (
+            "spec.validation.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule",
+            "FieldValueInvalid"
+        )
+    );
+    assert!(
+        message.ends_with(": compilation failed: ERROR: <input>:1:9: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}\n | self.a +\n | ........^"),
+        "{message}"
+    );
+
+    crds.create(&PostParams::default(), &crd("snapshotgroup", &schema))
+        .await
+        .unwrap();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&group, "v1", "SnapshotGroup"),
+        "snapshotgroups",
+    );
+    let groups: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &c.namespace, &resource);
+    let object = |name: &str, spec: serde_json::Value| {
+        let mut object = DynamicObject::new(name, &resource);
+        object.data = json!({"spec": spec});
+        object
+    };
+    let post = PostParams::default();
+    let valid = json!({"driver": "csi.example.com", "a": "x",
+        "source": {"name": "claim", "namespace": "ns"}, "members": ["m1"]});
+    let mut created = None;
+    for _ in 0..50 {
+        match groups.create(&post, &object("g1", valid.clone())).await {
+            Ok(object) => {
+                created = Some(object);
+                break;
+            }
+            // A real apiserver needs a moment to establish the CRD.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let created = created.expect("the CRD's resource is served");
+    let kind = format!("SnapshotGroup.{group}");
+    // (case, spec, the refusal's field and message after the path).
+    let refused_creates = [
+        (
+            "both of a and b",
+            json!({"a": "x", "b": "y"}),
+            "spec",
+            "Invalid value: \"object\": exactly one of a and b must be set",
+        ),
+        (
+            "neither a nor b",
+            json!({"driver": "csi.example.com"}),
+            "spec",
+            "Invalid value: \"object\": exactly one of a and b must be set",
+        ),
+        (
+            "a reserved word's property absent",
+            json!({"a": "x", "source": {"name": "claim"}}),
+            "spec.source",
+            "Invalid value: \"object\": failed rule: has(self.name) && has(self.__namespace__)",
+        ),
+        (
+            "an empty list",
+            json!({"a": "x", "members": []}),
+            "spec.members",
+            "Invalid value: \"array\": members must not be empty",
+        ),
+    ];
+    for (i, (case, spec, field, detail)) in refused_creates.into_iter().enumerate() {
+        let name = format!("refused-{i}");
+        let (code, reason, message, causes) =
+            refusal(groups.create(&post, &object(&name, spec)).await);
+        assert_eq!((code, reason.as_str()), (422, "Invalid"), "{case}");
+        assert_eq!(
+            message,
+            format!("{kind} \"{name}\" is invalid: {field}: {detail}"),
+            "{case}"
+        );
+        assert_eq!(
+            causes,
+            [(field.into(), "FieldValueInvalid".into(), detail.into())],
+            "{case}"
+        );
+    }
+
+    // A type error blocks the rules: one cause stands for them all.
+    let (code, _, message, causes) = refusal(
+        groups
+            .create(&post, &object("typed", json!({"a": 1, "b": "y"})))
+            .await,
+    );
+    assert_eq!(
+        (code, message),
+        (
+            422,
+            format!(
+                "{kind} \"typed\" is invalid: [spec.a: Invalid value: \"integer\": spec.a in body must be of type string: \"integer\", <nil>: Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation]"
+            )
+        )
+    );
+    assert_eq!(
+        causes
+            .iter()
+            .map(|(field, reason, _)| (field.as_str(), reason.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("spec.a", "FieldValueTypeInvalid"),
+            ("<nil>", "FieldValueInvalid")
+        ]
+    );
+
+    // Updates: the transition rule compares with the stored object.
+    let mut changed = created.clone();
+    changed.data["spec"]["driver"] = json!("other.example.com");
+    let immutable = "Invalid value: \"string\": driver is immutable once set";
+    let (code, reason, message, causes) = refusal(groups.replace("g1", &post, &changed).await);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        message,
+        format!("{kind} \"g1\" is invalid: spec.driver: {immutable}")
+    );
+    assert_eq!(
+        causes,
+        [(
+            "spec.driver".into(),
+            "FieldValueInvalid".into(),
+            immutable.into()
+        )]
+    );
+    let patch = json!({"spec": {"driver": "other.example.com"}});
+    let (code, _, message, _) = refusal(
+        groups
+            .patch("g1", &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    );
+    assert_eq!(
+        (code, message),
+        (
+            422,
+            format!("{kind} \"g1\" is invalid: spec.driver: {immutable}")
+        )
+    );
+    // Switching from a to b keeps exactly one, and the same driver passes its rule.
+    let switch = json!({"spec": {"a": null, "b": "y"}});
+    let switched = groups
+        .patch("g1", &PatchParams::default(), &Patch::Merge(&switch))
+        .await
+        .unwrap();
+    assert_eq!(switched.data["spec"]["b"], "y");
+    // An object without a driver may set one: the old object has no value to compare.
+    groups
+        .create(&post, &object("g2", json!({"a": "x"})))
+        .await
+        .unwrap();
+    let set_driver = json!({"spec": {"driver": "csi.example.com"}});
+    groups
+        .patch("g2", &PatchParams::default(), &Patch::Merge(&set_driver))
+        .await
+        .unwrap();
+
+    // The status subresource: readyToUse may become true, never false again.
+    let ready = |value: bool| json!({"status": {"readyToUse": value}});
+    groups
+        .patch_status("g1", &PatchParams::default(), &Patch::Merge(&ready(true)))
+        .await
+        .unwrap();
+    let back = "Invalid value: \"boolean\": readyToUse cannot go back to false";
+    let (code, reason, message, causes) = refusal(
+        groups
+            .patch_status("g1", &PatchParams::default(), &Patch::Merge(&ready(false)))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        message,
+        format!("{kind} \"g1\" is invalid: status.readyToUse: {back}")
+    );
+    assert_eq!(
+        causes,
+        [(
+            "status.readyToUse".into(),
+            "FieldValueInvalid".into(),
+            back.into()
+        )]
+    );
+    crds.delete(&format!("snapshotgroups.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 // A watch asking for its initial events (the streaming list of newer client-go informers,
 // sendInitialEvents) is refused as a server without the WatchList feature refuses it; the
 // informer then falls back to list and watch.
