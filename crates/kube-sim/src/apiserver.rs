@@ -11,7 +11,7 @@ mod list;
 pub(crate) mod objects;
 mod openapi;
 mod patch;
-mod schema;
+pub(crate) mod schema;
 mod update;
 mod validation;
 mod watch;

@@ -1,7 +1,10 @@
 //! Resources one API group serves from another's storage, converted at the API boundary as
 //! kube-apiserver does: events.k8s.io/v1 Events are core/v1 Events in storage
 //! (pkg/registry/events/rest/storage_events.go serves them with the core event registry), so
-//! an Event written through either group is read, listed and watched through both.
+//! an Event written through either group is read, listed and watched through both. A custom
+//! resource of a CRD with several versions (conversion None) is served through each: its
+//! `apiVersion` rewritten, pruned by the version's schema (apiextensions-apiserver's
+//! `schemaCoercingConverter`).
 
 use std::borrow::Cow;
 
@@ -136,6 +139,18 @@ pub fn to_served<'a>(rt: &ResourceType, object: &'a Value) -> Cow<'a, Value> {
             &rt.api_version(),
             |core, _| core,
         ))),
+        Some(_)
+            if object["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v != rt.api_version()) =>
+        {
+            let mut served = object.clone();
+            served["apiVersion"] = json!(rt.api_version());
+            if let Some(schema) = &rt.schema {
+                crate::apiserver::schema::prune_object(schema, &mut served);
+            }
+            Cow::Owned(served)
+        }
         _ => Cow::Borrowed(object),
     }
 }

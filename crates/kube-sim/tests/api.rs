@@ -2891,3 +2891,79 @@ async fn a_new_node_is_not_ready_until_the_controller_says_so() {
         nodes.delete(&name, &DeleteParams::default()).await.unwrap();
     }
 }
+
+// A custom resource of a CRD that serves two versions with conversion None reads through
+// either: the API server rewrites `apiVersion` to the version asked for, and each version's
+// schema prunes the fields it does not declare from what it serves (the stored object keeps
+// them: read back through its own version, they are there).
+#[tokio::test]
+async fn a_custom_resource_reads_through_every_served_version() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let c = cluster("crd-versions").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let group = format!("{}.example.com", c.namespace);
+    let version = |name: &str, field: &str, storage: bool| {
+        json!({"name": name, "served": true, "storage": storage,
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "properties": {
+                    field: {"type": "string"}, "both": {"type": "string"}}}}}}})
+    };
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [version("v1", "a", true), version("v2", "b", false)],
+        }
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let api = |version: &str| -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&group, version, "Widget"),
+            "widgets",
+        );
+        Api::namespaced_with(c.client.clone(), &c.namespace, &resource)
+    };
+    // A new CRD's versions are served a moment after it is created.
+    for version in ["v1", "v2"] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while let Err(error) = api(version).list(&Default::default()).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "widgets not served at {version}: {error}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": {"name": "w"}, "spec": {"a": "1", "both": "x"}}))
+    .unwrap();
+    api("v1")
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    let through_v2 = serde_json::to_value(api("v2").get("w").await.unwrap()).unwrap();
+    assert_eq!(through_v2["apiVersion"], format!("{group}/v2"));
+    assert_eq!(
+        through_v2["spec"],
+        json!({"both": "x"}),
+        "v2 prunes v1's field"
+    );
+    let listed = serde_json::to_value(api("v2").list(&Default::default()).await.unwrap()).unwrap();
+    assert_eq!(listed["items"][0]["apiVersion"], format!("{group}/v2"));
+    assert_eq!(listed["items"][0]["spec"], json!({"both": "x"}));
+    let through_v1 = serde_json::to_value(api("v1").get("w").await.unwrap()).unwrap();
+    assert_eq!(through_v1["apiVersion"], format!("{group}/v1"));
+    assert_eq!(
+        through_v1["spec"],
+        json!({"a": "1", "both": "x"}),
+        "stored whole"
+    );
+    crds.delete(&format!("widgets.{group}"), &Default::default())
+        .await
+        .unwrap();
+}

@@ -17,19 +17,7 @@ pub fn apply(rt: &ResourceType, object: &mut Value, old: Option<&Value>) -> Resu
     let Some(schema) = &rt.schema else {
         return Ok(());
     };
-    if let Some(fields) = object.as_object_mut() {
-        for (key, value) in fields.iter_mut() {
-            if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
-                prune(value, &schema["properties"][key]);
-            }
-        }
-        if !preserves_unknown(schema) && schema["properties"].is_object() {
-            fields.retain(|key, _| {
-                matches!(key.as_str(), "apiVersion" | "kind" | "metadata")
-                    || schema["properties"].get(key).is_some()
-            });
-        }
-    }
+    prune_object(schema, object);
     let mut errors = Vec::new();
     validate(object, schema, "", &mut errors, true);
     if cel::has_rules(schema) {
@@ -44,6 +32,25 @@ pub fn apply(rt: &ResourceType, object: &mut Value, old: Option<&Value>) -> Resu
     }
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     Err(ApiError::invalid_fields(rt, name, &errors))
+}
+
+/// Removes the fields of a custom resource its version's `schema` does not declare (but
+/// `apiVersion`, `kind` and `metadata`): on every write, and on every read through a version
+/// other than the one the object was written through.
+pub(crate) fn prune_object(schema: &Value, object: &mut Value) {
+    if let Some(fields) = object.as_object_mut() {
+        for (key, value) in fields.iter_mut() {
+            if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                prune(value, &schema["properties"][key]);
+            }
+        }
+        if !preserves_unknown(schema) && schema["properties"].is_object() {
+            fields.retain(|key, _| {
+                matches!(key.as_str(), "apiVersion" | "kind" | "metadata")
+                    || schema["properties"].get(key).is_some()
+            });
+        }
+    }
 }
 
 fn preserves_unknown(schema: &Value) -> bool {
