@@ -1,7 +1,11 @@
 //! The snapshot-controller's adapters: caches of VolumeSnapshots, VolumeSnapshotContents,
-//! VolumeSnapshotClasses, claims and PVs. A snapshot's change triggers it and its source
-//! claim; a content's triggers it and the snapshot it names; a claim's triggers it and the
-//! snapshots of it. Each key is planned ([`crate::snapshot`]) and its one step acted on.
+//! VolumeSnapshotClasses, claims and PVs, and of the group kinds when group snapshots are on
+//! ([`groups`]). A snapshot's change triggers it and its source claim; a content's triggers it
+//! and the snapshot it names; a claim's triggers it and the snapshots of it; a group content's
+//! triggers it and its group. Each key is planned ([`crate::snapshot`], [`crate::group`]) and its
+//! one step acted on.
+
+mod groups;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,14 +25,19 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::group::owning_group;
 use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
 use crate::sidecar::now;
 use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, controller_update_error, reason};
+use csi_kinds::groupsnapshot::{
+    IN_GROUP_FINALIZER, VolumeGroupSnapshot, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+};
 use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
     SNAPSHOT_BOUND_FINALIZER, SnapshotError, VolumeSnapshot, VolumeSnapshotClass,
     VolumeSnapshotContent, VolumeSnapshotStatus, snapshot_key, status_merge_patch,
 };
+use groups::GroupCaches;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -40,6 +49,10 @@ pub struct Settings {
     pub cache_sync: Arc<CacheSyncHealth>,
     /// `snapshot_controller_operation_total_seconds` and `..._operations_in_flight`.
     pub metrics: Arc<OperationMetrics>,
+    /// The CSIVolumeGroupSnapshot gate is on and the groupsnapshot.storage.k8s.io API served:
+    /// the groups are watched, so a member snapshot is not deleted on its own while its group
+    /// exists.
+    pub group_snapshots: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +78,8 @@ enum Key {
     Content(ObjectRef<VolumeSnapshotContent>),
     /// A claim that may hold `pvc-as-source-protection`.
     Claim(ObjectRef<PersistentVolumeClaim>),
+    Group(ObjectRef<VolumeGroupSnapshot>),
+    GroupContent(ObjectRef<VolumeGroupSnapshotContent>),
 }
 
 struct Caches {
@@ -73,6 +88,8 @@ struct Caches {
     classes: Store<VolumeSnapshotClass>,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
+    /// With [`Settings::group_snapshots`].
+    groups: Option<GroupCaches>,
 }
 
 struct Controller {
@@ -85,6 +102,9 @@ struct Controller {
     /// Snapshots whose deletion is timed → their UID (the metric ends when the object is gone
     /// from the cache, which then no longer says its UID).
     deleting: Mutex<HashMap<ObjectRef<VolumeSnapshot>, String>>,
+    /// The same two for groups.
+    superseded_groups: Superseded<ObjectRef<VolumeGroupSnapshot>>,
+    deleting_groups: Mutex<HashMap<ObjectRef<VolumeGroupSnapshot>, String>>,
 }
 
 fn snapshot_ref(namespace: Option<&str>, name: Option<&str>) -> Option<ObjectRef<VolumeSnapshot>> {
@@ -122,6 +142,24 @@ pub async fn run(
         work.trigger_for(Key::Claim(ObjectRef::from_obj(c)), c);
     });
     let volumes = informers.all::<PersistentVolume>();
+    let groups = settings.group_snapshots.then(|| {
+        let work = workers.clone();
+        let groups = informers.all_with(move |g: &VolumeGroupSnapshot| {
+            work.trigger_for(Key::Group(ObjectRef::from_obj(g)), g);
+        });
+        let work = workers.clone();
+        let contents = informers.all_with(move |c: &VolumeGroupSnapshotContent| {
+            work.trigger_for(Key::GroupContent(ObjectRef::from_obj(c)), c);
+            if let Some(group) = Controller::group_of(c) {
+                work.trigger(group);
+            }
+        });
+        GroupCaches {
+            groups,
+            contents,
+            classes: informers.all::<VolumeGroupSnapshotClass>(),
+        }
+    });
     let Some(wake) = informers.synced().await else {
         return Ok(());
     };
@@ -134,9 +172,12 @@ pub async fn run(
             classes,
             claims,
             volumes,
+            groups,
         },
         superseded: Superseded::default(),
         deleting: Mutex::default(),
+        superseded_groups: Superseded::default(),
+        deleting_groups: Mutex::default(),
         settings,
     });
     tracing::info!("snapshot-controller started");
@@ -179,11 +220,13 @@ impl Reconciler for Controller {
                     .filter(|c| c.finalizers().iter().any(|f| f == PVC_AS_SOURCE_FINALIZER))
                     .map(|c| Key::Claim(ObjectRef::from_obj(c.as_ref()))),
             )
+            .chain(self.group_keys())
             .collect()
     }
 
-    /// A claim changing concerns the snapshots taken of it (they wait for it to be bound)
-    /// and those it is restored from (their deletion waits for the restore).
+    /// A claim changing concerns the snapshots taken of it (they wait for it to be bound),
+    /// those it is restored from (their deletion waits for the restore) and the unbound groups
+    /// of its namespace; a member snapshot changing concerns its group.
     fn concerned(&self, mut keys: Vec<Key>) -> Vec<Key> {
         let claim_snapshots: Vec<Key> = keys
             .iter()
@@ -194,6 +237,8 @@ impl Reconciler for Controller {
             .flat_map(|claim| self.snapshots_concerning(claim))
             .collect();
         keys.extend(claim_snapshots);
+        let groups: Vec<Key> = keys.iter().flat_map(|k| self.groups_concerned(k)).collect();
+        keys.extend(groups);
         keys
     }
 
@@ -205,9 +250,16 @@ impl Reconciler for Controller {
     }
 
     fn forget(&self, key: &Key) {
-        if let Key::Snapshot(snapshot) = key {
-            self.superseded.forget(snapshot);
-            self.gone(snapshot);
+        match key {
+            Key::Snapshot(snapshot) => {
+                self.superseded.forget(snapshot);
+                self.gone(snapshot);
+            }
+            Key::Group(group) => {
+                self.superseded_groups.forget(group);
+                self.group_gone(group);
+            }
+            _ => {}
         }
     }
 
@@ -220,6 +272,10 @@ impl Reconciler for Controller {
             }
             Key::Content(reference) => Box::pin(async move { this.sync_content(&reference).await }),
             Key::Claim(reference) => Box::pin(async move { this.sync_claim(&reference).await }),
+            Key::Group(reference) => Box::pin(async move { this.sync_group(&reference).await }),
+            Key::GroupContent(reference) => {
+                Box::pin(async move { this.sync_group_content(&reference).await })
+            }
         }
     }
 }
@@ -255,24 +311,26 @@ impl Controller {
                     .iter()
                     .map(|c| c.resource_version().unwrap_or_default())
                     .collect();
-                Some(format!(
-                    "{}/{}/{}/{}/{}/{}",
-                    snapshot.resource_version().unwrap_or_default(),
-                    inputs
-                        .content
-                        .and_then(|c| c.resource_version())
-                        .unwrap_or_default(),
-                    inputs
-                        .claim
-                        .and_then(|c| c.resource_version())
-                        .unwrap_or_default(),
-                    inputs
-                        .volume
-                        .and_then(|v| v.resource_version())
-                        .unwrap_or_default(),
-                    inputs.restoring,
-                    classes.join(",")
-                ))
+                Some(
+                    format!(
+                        "{}/{}/{}/{}/{}/{}",
+                        snapshot.resource_version().unwrap_or_default(),
+                        inputs
+                            .content
+                            .and_then(|c| c.resource_version())
+                            .unwrap_or_default(),
+                        inputs
+                            .claim
+                            .and_then(|c| c.resource_version())
+                            .unwrap_or_default(),
+                        inputs
+                            .volume
+                            .and_then(|v| v.resource_version())
+                            .unwrap_or_default(),
+                        inputs.restoring,
+                        classes.join(",")
+                    ) + if inputs.group_exists { "/in-group" } else { "" },
+                )
             }
             Key::Content(reference) => {
                 let content = caches.contents.get(reference)?;
@@ -296,6 +354,8 @@ impl Controller {
                     claim.resource_version().unwrap_or_default()
                 ))
             }
+            Key::Group(reference) => self.group_version(reference),
+            Key::GroupContent(reference) => self.group_content_version(reference),
         }
     }
 
@@ -328,12 +388,21 @@ impl Controller {
             .state()
             .iter()
             .any(|c| snapshot::restores_from(c, snapshot));
+        let group_exists = owning_group(snapshot).is_some_and(|owner| {
+            caches.groups.as_ref().is_some_and(|groups| {
+                groups
+                    .groups
+                    .get(&ObjectRef::new(&owner.name).within(&namespace))
+                    .is_some_and(|g| g.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+            })
+        });
         Owned {
             content,
             claim,
             volume,
             classes: caches.classes.state(),
             restoring,
+            group_exists,
         }
     }
 
@@ -359,6 +428,7 @@ impl Controller {
             classes: &classes,
             restoring: owned.restoring,
             prevent_volume_mode_conversion: self.settings.prevent_volume_mode_conversion,
+            group_exists: owned.group_exists,
         };
         self.track(&snapshot, &inputs);
         let step = snapshot::plan(&snapshot, &inputs);
@@ -410,13 +480,20 @@ impl Controller {
                     }
                 }
             }
-            Step::RemoveFinalizers { source, bound } => {
+            Step::RemoveFinalizers {
+                source,
+                bound,
+                in_group,
+            } => {
                 let mut finalizers = snapshot.finalizers().to_vec();
                 if source {
                     finalizers = without(&finalizers, SNAPSHOT_AS_SOURCE_FINALIZER);
                 }
                 if bound {
                     finalizers = without(&finalizers, SNAPSHOT_BOUND_FINALIZER);
+                }
+                if in_group {
+                    finalizers = without(&finalizers, IN_GROUP_FINALIZER);
                 }
                 set_finalizers(&snapshots, snapshot, finalizers).await?;
             }
@@ -794,4 +871,5 @@ struct Owned {
     volume: Option<Arc<PersistentVolume>>,
     classes: Vec<Arc<VolumeSnapshotClass>>,
     restoring: bool,
+    group_exists: bool,
 }

@@ -121,8 +121,11 @@ pub fn plan(content: &VolumeSnapshotContent, driver: &str) -> ContentPlan {
         };
     }
     if group_member {
-        // Members of a group snapshot are cut by the group; the group API is not served here.
-        return ContentPlan::Nothing;
+        // A member is cut by its group; the driver tells when its snapshot is ready.
+        return match status.and_then(|s| s.snapshot_handle.clone()) {
+            Some(snapshot_handle) => ContentPlan::Refresh { snapshot_handle },
+            None => ContentPlan::Nothing,
+        };
     }
     ContentPlan::Create
 }
@@ -210,19 +213,10 @@ pub fn status_after(
     (new != *old).then_some(new)
 }
 
-/// The status patch recording a failure (upstream `updateContentErrorStatusWithEvent`):
-/// not ready, with the error; `None` when the same message is already recorded (then no
-/// Event either).
-pub fn error_status_patch(
-    content: &VolumeSnapshotContent,
-    message: &str,
-    now: Time,
-) -> Option<Value> {
-    let recorded = content
-        .status
-        .as_ref()
-        .and_then(|s| s.error.as_ref())
-        .and_then(|e| e.message.as_deref());
+/// The status patch recording a failure (upstream `updateContentErrorStatusWithEvent`, and its
+/// group twin): not ready, with the error; `None` when `recorded` is already this message (then
+/// no Event either).
+pub fn error_status_patch(recorded: Option<&str>, message: &str, now: Time) -> Option<Value> {
     if recorded == Some(message) {
         return None;
     }
@@ -426,14 +420,11 @@ mod tests {
     #[test]
     fn the_same_error_is_recorded_once() {
         let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        let content = dynamic();
-        let patch = error_status_patch(&content, "boom", now.clone()).unwrap();
+        let patch = error_status_patch(None, "boom", now.clone()).unwrap();
         assert_eq!(patch["status"]["readyToUse"], false);
         assert_eq!(patch["status"]["error"]["message"], "boom");
-        let mut recorded = content.clone();
-        recorded.status = serde_json::from_value(patch["status"].clone()).unwrap();
-        assert_eq!(error_status_patch(&recorded, "boom", now.clone()), None);
-        assert!(error_status_patch(&recorded, "other", now).is_some());
+        assert_eq!(error_status_patch(Some("boom"), "boom", now.clone()), None);
+        assert!(error_status_patch(Some("boom"), "other", now).is_some());
     }
 
     #[test]

@@ -11,8 +11,10 @@ use csi_sidecar::feature_gates::{FeatureGate, ResolvedGates, Stage};
 use csi_sidecar::flags::SidecarArgs;
 use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 
-/// GA, default on: the VolumeGroupSnapshot API. The group API is not served by this build:
-/// the gate is accepted, and group snapshots are left alone either way.
+/// GA, default on: volume group snapshots. With it and the groupsnapshot.storage.k8s.io API
+/// served, snapshot-controller binds groups to contents and makes their member snapshots, and
+/// csi-snapshotter cuts, imports and deletes the driver's groups; without the API both run
+/// without groups and say so. Off: group objects are left alone.
 pub const VOLUME_GROUP_SNAPSHOT: FeatureGate =
     FeatureGate::new("CSIVolumeGroupSnapshot", true, Stage::Ga, false);
 
@@ -45,10 +47,12 @@ pub struct SnapshotterArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub extra_create_metadata: bool,
 
-    /// Prefix of group snapshot names (the group API is not served by this build).
+    /// Prefix of the CSI group snapshot name (`<prefix>-<VolumeGroupSnapshot UID>`).
     #[arg(long = "groupsnapshot-name-prefix", default_value = "groupsnapshot")]
     pub group_snapshot_name_prefix: String,
 
+    /// Characters of the group's UID (without dashes) in the group snapshot name; -1 keeps the
+    /// whole UID.
     #[arg(
         long = "groupsnapshot-name-uuid-length",
         default_value = "-1",

@@ -57,6 +57,7 @@ pub mod reason {
     pub const CONTENT_MISSING: &str = "GroupSnapshotContentMissing";
     pub const CONTENT_MISMATCH: &str = "GroupSnapshotContentMismatch";
     pub const CONTENT_MISBOUND: &str = "GroupSnapshotContentMisbound";
+    pub const BIND_FAILED: &str = "GroupSnapshotBindFailed";
     pub const CONTENT_CREATION_FAILED: &str = "GroupSnapshotContentCreationFailed";
     pub const CREATE_CONTENT_FAILED: &str = "CreateGroupSnapshotContentFailed";
     pub const STATUS_UPDATE_FAILED: &str = "GroupSnapshotStatusUpdateFailed";

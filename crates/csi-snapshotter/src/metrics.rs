@@ -2,8 +2,10 @@
 //! (external-snapshotter `pkg/metrics`): `snapshot_controller_operation_total_seconds` from the
 //! moment the controller first sees an operation to its end — CreateSnapshot until the
 //! snapshot's `creationTime` is set, CreateSnapshotAndReady until it is ready to use,
-//! DeleteSnapshot until the VolumeSnapshot is gone — and `snapshot_controller_operations_in_flight`.
-//! A snapshot deleted before it was cut or ready ends its create operations as `cancel`.
+//! DeleteSnapshot until the VolumeSnapshot is gone, and CreateGroupSnapshot,
+//! CreateGroupSnapshotAndReady and DeleteGroupSnapshot the same for a VolumeGroupSnapshot — and
+//! `snapshot_controller_operations_in_flight`. A snapshot (or group) deleted before it was cut or
+//! ready ends its create operations as `cancel`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,6 +28,9 @@ pub enum Operation {
     CreateSnapshot,
     CreateSnapshotAndReady,
     DeleteSnapshot,
+    CreateGroupSnapshot,
+    CreateGroupSnapshotAndReady,
+    DeleteGroupSnapshot,
 }
 
 impl Operation {
@@ -34,6 +39,9 @@ impl Operation {
             Self::CreateSnapshot => "CreateSnapshot",
             Self::CreateSnapshotAndReady => "CreateSnapshotAndReady",
             Self::DeleteSnapshot => "DeleteSnapshot",
+            Self::CreateGroupSnapshot => "CreateGroupSnapshot",
+            Self::CreateGroupSnapshotAndReady => "CreateGroupSnapshotAndReady",
+            Self::DeleteGroupSnapshot => "DeleteGroupSnapshot",
         }
     }
 }

@@ -6,13 +6,14 @@
 //! on the Lease `external-snapshotter-leader-<driver>` (sanitized) when asked.
 //!
 //! snapshot-controller: Kubernetes client, a wait (with backoff up to
-//! `--retry-crd-interval-max`) until the snapshot CRDs are served, metrics and health, then the
-//! controller, under leader election on the Lease `snapshot-controller-leader`.
+//! `--retry-crd-interval-max`) until the snapshot CRDs are served, whether the group API is
+//! (with the CSIVolumeGroupSnapshot gate), metrics and health, then the controller, under leader
+//! election on the Lease `snapshot-controller-leader`.
 
 use std::time::Duration;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::conn::{ConnError, CsiConnection, GoStatus, Services};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
@@ -24,9 +25,12 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{self, ControllerError};
-use crate::flags::{ControllerArgs, SnapshotterArgs};
+use crate::flags::{ControllerArgs, SnapshotterArgs, VOLUME_GROUP_SNAPSHOT};
 use crate::metrics::OperationMetrics;
 use crate::sidecar::{self, SidecarError};
+use csi_kinds::groupsnapshot::{
+    VolumeGroupSnapshot, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
+};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 
 /// The snapshot-controller's Lease.
@@ -77,6 +81,16 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
         return Err(RunError::NoSnapshots(driver.name));
     }
+    let group_snapshots = gates.get(VOLUME_GROUP_SNAPSHOT)
+        && group_api_served(
+            match list_one::<VolumeGroupSnapshotContent>(&client).await {
+                Ok(()) => list_one::<VolumeGroupSnapshotClass>(&client).await,
+                error => error,
+            },
+        );
+    if group_snapshots {
+        warn_without_group_capability(&csi, &driver.name, sidecar.csi.timeout).await;
+    }
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
         sidecar,
         registry,
@@ -90,6 +104,8 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         timeout: sidecar.csi.timeout,
         snapshot_name_prefix: args.snapshot_name_prefix.clone(),
         snapshot_name_uuid_length: args.snapshot_name_uuid_length,
+        group_snapshot_name_prefix: args.group_snapshot_name_prefix.clone(),
+        group_snapshot_name_uuid_length: args.group_snapshot_name_uuid_length,
         extra_create_metadata: args.extra_create_metadata,
         list_snapshots: driver.has_controller(ControllerCapability::ListSnapshots),
         retry_start: sidecar.workers.retry_interval_start,
@@ -98,6 +114,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         resync: args.resync_period,
         cache_sync,
         workqueues,
+        group_snapshots,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
@@ -119,6 +136,8 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
     gates.log_warnings();
     let client = client(sidecar).await?;
     wait_for_crds(&client, args.retry_crd_interval_max, &shutdown).await?;
+    let group_snapshots = gates.get(VOLUME_GROUP_SNAPSHOT)
+        && group_api_served(list_one::<VolumeGroupSnapshot>(&client).await);
     let mut registry = Registry::default();
     let metrics = std::sync::Arc::new(OperationMetrics::register(&mut registry));
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
@@ -137,6 +156,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
         resync: args.resync_period,
         cache_sync,
         metrics,
+        group_snapshots,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
@@ -206,6 +226,59 @@ async fn wait_for_crds(
         wait = wait.mul_f64(1.5).min(max);
     }
     Err(RunError::NoCrds(last))
+}
+
+/// Upstream's warning when the driver lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT. The group
+/// controller runs all the same, as upstream's: a group content of this driver then carries the
+/// driver's refusal in its status and Events, rather than waiting in silence.
+async fn warn_without_group_capability(csi: &CsiConnection, driver: &str, timeout: Duration) {
+    use csi::group_controller_service_capability::{Type, rpc::Type as Rpc};
+    let served = csi
+        .group_controller_get_capabilities(
+            csi::GroupControllerGetCapabilitiesRequest::default(),
+            timeout,
+        )
+        .await
+        .map(|response| {
+            response.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(Type::Rpc(rpc))
+                    if rpc.r#type == Rpc::CreateDeleteGetVolumeGroupSnapshot as i32)
+            })
+        });
+    match served {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "CSI driver {driver} does not support GroupControllerCreateVolumeGroupSnapshot when the --feature-gates=CSIVolumeGroupSnapshot=true flag is set"
+        ),
+        Err(status) => tracing::warn!(
+            "error determining if driver supports create/delete group snapshot operations: {}",
+            GoStatus(&status)
+        ),
+    }
+}
+
+/// Whether the cluster serves (and lets us list) the group kinds a binary watches: `Ok` from
+/// a list of one of each. Without them it runs without groups and says so (upstream exits; its
+/// next release warns and runs on, as here).
+fn group_api_served(listed: Result<(), kube::Error>) -> bool {
+    match listed {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "the groupsnapshot.storage.k8s.io/v1 API is not served: running without volume group snapshots");
+            false
+        }
+    }
+}
+
+/// A list of one `K` (is the kind served, and may we list it?).
+async fn list_one<K>(client: &kube::Client) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Api::<K>::all(client.clone())
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map(|_| ())
 }
 
 /// `external-snapshotter-leader-` and the sanitized driver name.

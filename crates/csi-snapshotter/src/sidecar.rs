@@ -5,34 +5,31 @@
 //! DeleteSnapshot and the bound finalizer, with upstream's Events and `status.error`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use csi_grpc::conn::{CsiConnection, GoStatus};
 use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::events::{EventRecorder, EventType};
 use csi_sidecar::finalizers::{FinalizerError, set_finalizers, without};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
-use csi_sidecar::lock;
-use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource, ResourceExt};
-use serde_json::{Value, json};
+use kube::{Client, ResourceExt};
+use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::content::{self, ContentPlan, Cut};
+use crate::content_writes::ContentWrites;
 use crate::secrets::{
     CONTENT_SECRET, SNAPSHOTTER_LIST, annotated_secret, create_parameters, secret_reference,
 };
 use csi_kinds::snapshot::{
-    BEING_CREATED, CONTENT_BOUND_FINALIZER, VolumeSnapshotClass, VolumeSnapshotContent,
-    status_merge_patch,
+    CONTENT_BOUND_FINALIZER, VolumeSnapshotClass, VolumeSnapshotContent, status_merge_patch,
 };
 
 /// How the sidecar is set up (from its flags and the driver's discovery).
@@ -43,6 +40,9 @@ pub struct Settings {
     pub timeout: Duration,
     pub snapshot_name_prefix: String,
     pub snapshot_name_uuid_length: i64,
+    /// `--groupsnapshot-name-prefix`, `--groupsnapshot-name-uuid-length`.
+    pub group_snapshot_name_prefix: String,
+    pub group_snapshot_name_uuid_length: i64,
     pub extra_create_metadata: bool,
     /// The driver serves ListSnapshots; without it a pre-provisioned snapshot is taken as ready.
     pub list_snapshots: bool,
@@ -51,8 +51,12 @@ pub struct Settings {
     pub workers: usize,
     pub resync: Duration,
     pub cache_sync: Arc<CacheSyncHealth>,
-    /// client-go's `workqueue_*`: upstream's queue "csi-snapshotter-content".
+    /// client-go's `workqueue_*`: upstream's queues "csi-snapshotter-content" and
+    /// "csi-snapshotter-groupsnapshotcontent".
     pub workqueues: WorkqueueMetrics,
+    /// Also cut the driver's volume group snapshots ([`crate::group_sidecar`]): the
+    /// CSIVolumeGroupSnapshot gate is on and the group API served.
+    pub group_snapshots: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,17 +88,30 @@ struct Controller {
     settings: Settings,
     contents: Store<VolumeSnapshotContent>,
     classes: Store<VolumeSnapshotClass>,
-    events: EventRecorder,
-    /// Content → the resourceVersion our last write replaced: a sync that still reads it waits
-    /// for the watch to bring the write (so a stale cache does not cut the snapshot twice).
-    superseded: Superseded<Key>,
-    /// Contents whose snapshot is not ready yet → the wait before asking the driver again
-    /// (doubling, as upstream's rate-limited requeue).
-    polls: Mutex<HashMap<Key, Duration>>,
+    writes: ContentWrites<VolumeSnapshotContent>,
 }
 
-/// Runs the sidecar until `shutdown`.
+/// Runs the sidecar until `shutdown`: the snapshot contents' controller and, with
+/// [`Settings::group_snapshots`], the group contents' beside it.
 pub async fn run(
+    client: Client,
+    csi: CsiConnection,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), SidecarError> {
+    if !settings.group_snapshots {
+        return run_contents(client, csi, settings, shutdown).await;
+    }
+    let groups = crate::group_sidecar::run(
+        client.clone(),
+        csi.clone(),
+        settings.clone(),
+        shutdown.clone(),
+    );
+    tokio::try_join!(run_contents(client, csi, settings, shutdown), groups).map(|_| ())
+}
+
+async fn run_contents(
     client: Client,
     csi: CsiConnection,
     settings: Settings,
@@ -116,17 +133,16 @@ pub async fn run(
         return Ok(());
     };
     let controller = Arc::new(Controller {
-        events: EventRecorder::new(
+        writes: ContentWrites::new(
             client.clone(),
-            format!("csi-snapshotter {}", settings.driver_name),
-            "",
+            &settings.driver_name,
+            settings.retry_start,
+            settings.retry_max,
         ),
         client,
         csi,
         contents,
         classes,
-        superseded: Superseded::default(),
-        polls: Mutex::default(),
         settings,
     });
     tracing::info!(driver = %controller.settings.driver_name, "csi-snapshotter started");
@@ -168,8 +184,7 @@ impl Reconciler for Controller {
     }
 
     fn forget(&self, key: &Key) {
-        self.superseded.forget(key);
-        lock(&self.polls).remove(key);
+        self.writes.forget(key);
     }
 }
 
@@ -178,18 +193,14 @@ impl Controller {
         let Some(content) = self.contents.get(key) else {
             return Ok(Synced::Done);
         };
-        if self
-            .superseded
-            .is_stale(key, content.resource_version().as_deref())
-        {
+        if self.writes.is_stale(key, &content) {
             return Ok(Synced::Waiting);
         }
         match content::plan(&content, &self.settings.driver_name) {
             ContentPlan::NotOurs | ContentPlan::Nothing => Ok(Synced::Done),
             ContentPlan::ClearBeingCreated => {
-                self.set_being_created(&content, false).await?;
-                lock(&self.polls).remove(key);
-                Ok(Synced::Done)
+                self.writes.set_being_created(&content, false).await?;
+                Ok(self.writes.poll(key, true))
             }
             ContentPlan::Delete {
                 delete,
@@ -202,22 +213,26 @@ impl Controller {
                     "SnapshotContentCheckandUpdateFailed"
                 };
                 match self.create(&content).await {
-                    Ok(ready) => Ok(self.poll(key, ready)),
+                    Ok(ready) => Ok(self.writes.poll(key, ready)),
                     Err(CreateError::Failed(message)) => {
                         let message = if content.status.is_none() {
                             format!("Failed to create snapshot: {message}")
                         } else {
                             format!("Failed to check and update snapshot content: {message}")
                         };
-                        Err(self.record_error(&content, failure_reason, message).await)
+                        Err(self
+                            .writes
+                            .record_error(&content, failure_reason, message)
+                            .await)
                     }
                     Err(CreateError::Sync(error)) => Err(error),
                 }
             }
             ContentPlan::Refresh { snapshot_handle } => {
                 match self.refresh(&content, &snapshot_handle).await {
-                    Ok(ready) => Ok(self.poll(key, ready)),
+                    Ok(ready) => Ok(self.writes.poll(key, ready)),
                     Err(CreateError::Failed(message)) => Err(self
+                        .writes
                         .record_error(
                             &content,
                             "SnapshotContentCheckandUpdateFailed",
@@ -228,20 +243,6 @@ impl Controller {
                 }
             }
         }
-    }
-
-    /// Done when ready; otherwise asked again after a doubling wait.
-    fn poll(&self, key: &Key, ready: bool) -> Synced {
-        let mut polls = lock(&self.polls);
-        if ready {
-            polls.remove(key);
-            return Synced::Done;
-        }
-        let wait = polls.get(key).map_or(self.settings.retry_start, |w| {
-            (*w * 2).min(self.settings.retry_max)
-        });
-        polls.insert(key.clone(), wait);
-        Synced::After(wait)
     }
 
     /// CreateSnapshot (upstream `createSnapshotWrapper`); whether the snapshot is ready.
@@ -277,7 +278,7 @@ impl Controller {
             .secrets(&name, secret.as_ref())
             .await
             .map_err(input_error)?;
-        let content = self.set_being_created(content, true).await?;
+        let content = self.writes.set_being_created(content, true).await?;
         let mut parameters =
             create_parameters(&class_parameters).map_err(|e| CreateError::Failed(e.to_string()))?;
         if self.settings.extra_create_metadata {
@@ -314,7 +315,7 @@ impl Controller {
             Ok(response) => response.snapshot.unwrap_or_default(),
             Err(status) => {
                 if csi_grpc::conn::is_final_error(status.code()) {
-                    self.set_being_created(&content, false).await?;
+                    self.writes.set_being_created(&content, false).await?;
                 }
                 return Err(CreateError::Failed(format!(
                     "failed to take snapshot of the volume {volume_handle}: {:?}",
@@ -329,7 +330,7 @@ impl Controller {
             size_bytes: snapshot.size_bytes,
         };
         let content = self.update_status(&content, &cut).await?;
-        self.set_being_created(&content, false).await?;
+        self.writes.set_being_created(&content, false).await?;
         tracing::info!(content = %name, snapshot = %cut.snapshot_handle, ready = cut.ready_to_use, "snapshot cut");
         Ok(cut.ready_to_use)
     }
@@ -418,12 +419,13 @@ impl Controller {
             let secrets = match secrets {
                 Ok(secrets) => secrets,
                 Err(error) => {
-                    self.warn(
-                        content,
-                        "SnapshotDeleteError",
-                        "Failed to get snapshot credentials",
-                    )
-                    .await;
+                    self.writes
+                        .warn(
+                            content,
+                            "SnapshotDeleteError",
+                            "Failed to get snapshot credentials",
+                        )
+                        .await;
                     return Err(SyncError::Snapshot(format!(
                         "failed to get input parameters to delete snapshot for content {name}: {error:?}"
                     )));
@@ -438,7 +440,8 @@ impl Controller {
                 .delete_snapshot(request, self.settings.timeout)
                 .await
             {
-                self.warn(content, "SnapshotDeleteError", "Failed to delete snapshot")
+                self.writes
+                    .warn(content, "SnapshotDeleteError", "Failed to delete snapshot")
                     .await;
                 return Err(SyncError::Snapshot(format!(
                     "failed to delete snapshot {name:?}, err: failed to delete snapshot content {name}: {:?}",
@@ -447,15 +450,16 @@ impl Controller {
             }
             let cleared = json!({"status": {"snapshotHandle": null, "readyToUse": null,
                 "creationTime": null, "restoreSize": null}});
-            current = match self.patch_status(content, &cleared).await {
+            current = match self.writes.patch_status(content, &cleared).await {
                 Ok(updated) => updated,
                 Err(error) => {
-                    self.warn(
-                        content,
-                        "SnapshotDeleteError",
-                        "Failed to clear content status",
-                    )
-                    .await;
+                    self.writes
+                        .warn(
+                            content,
+                            "SnapshotDeleteError",
+                            "Failed to clear content status",
+                        )
+                        .await;
                     return Err(error);
                 }
             };
@@ -473,24 +477,12 @@ impl Controller {
         Ok(Synced::Done)
     }
 
-    /// The data of the secret `secret` names (none: no secrets).
     async fn secrets(
         &self,
         content: &str,
         secret: Option<&SecretRef>,
     ) -> Result<HashMap<String, String>, String> {
-        let Some(secret) = secret else {
-            return Ok(HashMap::new());
-        };
-        match csi_sidecar::secrets::fetch_secret_data(self.client.clone(), secret).await {
-            Ok(data) => Ok(data.into_inner()),
-            Err(error) => {
-                tracing::warn!(content, %error, "failed to get credentials");
-                Err(format!(
-                    "cannot get credentials for snapshot content {content:?}"
-                ))
-            }
-        }
+        secret_data(&self.client, "snapshot content", content, secret).await
     }
 
     /// The status after `cut`, written when it changed.
@@ -501,99 +493,20 @@ impl Controller {
     ) -> Result<VolumeSnapshotContent, SyncError> {
         match content::status_after(content.status.as_ref(), cut) {
             Some(status) => {
-                self.patch_status(
-                    content,
-                    &status_merge_patch(content.status.as_ref(), &status),
-                )
-                .await
+                self.writes
+                    .patch_status(
+                        content,
+                        &status_merge_patch(content.status.as_ref(), &status),
+                    )
+                    .await
             }
             None => Ok(content.clone()),
         }
     }
-
-    /// Adds (or removes) the being-created annotation; the content as written.
-    async fn set_being_created(
-        &self,
-        content: &VolumeSnapshotContent,
-        on: bool,
-    ) -> Result<VolumeSnapshotContent, SyncError> {
-        if content.annotations().contains_key(BEING_CREATED) == on {
-            return Ok(content.clone());
-        }
-        let value = if on { json!("yes") } else { Value::Null };
-        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
-        let patch = json!({"metadata": {"annotations": {BEING_CREATED: value}}});
-        let updated = api
-            .patch(
-                &content.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|source| SyncError::Update {
-                content: content.name_any(),
-                source,
-            })?;
-        self.superseded_by(content, &updated);
-        Ok(updated)
-    }
-
-    async fn patch_status(
-        &self,
-        content: &VolumeSnapshotContent,
-        patch: &Value,
-    ) -> Result<VolumeSnapshotContent, SyncError> {
-        let api: Api<VolumeSnapshotContent> = Api::all(self.client.clone());
-        let updated = api
-            .patch_status(
-                &content.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-            .map_err(|source| SyncError::Update {
-                content: content.name_any(),
-                source,
-            })?;
-        self.superseded_by(content, &updated);
-        Ok(updated)
-    }
-
-    fn superseded_by(&self, old: &VolumeSnapshotContent, new: &VolumeSnapshotContent) {
-        self.superseded.wrote(ObjectRef::from_obj(old), old, new);
-    }
-
-    /// Records a failure in the content's status with a Warning Event (once per message).
-    async fn record_error(
-        &self,
-        content: &VolumeSnapshotContent,
-        reason: &str,
-        message: String,
-    ) -> SyncError {
-        let Some(patch) = content::error_status_patch(content, &message, now()) else {
-            return SyncError::Snapshot(message);
-        };
-        if let Err(error) = self.patch_status(content, &patch).await {
-            tracing::warn!(content = %content.name_any(), %error, "failed to record the error in the content's status");
-        }
-        self.warn(content, reason, &message).await;
-        SyncError::Snapshot(message)
-    }
-
-    async fn warn(&self, content: &VolumeSnapshotContent, reason: &str, message: &str) {
-        self.events
-            .publish(
-                &content.object_ref(&()),
-                EventType::Warning,
-                reason,
-                message,
-            )
-            .await;
-    }
 }
 
 /// A step that failed either with a snapshot error (recorded on the content) or a write.
-enum CreateError {
+pub(crate) enum CreateError {
     Failed(String),
     Sync(SyncError),
 }
@@ -614,6 +527,26 @@ fn nanos(timestamp: Option<prost_types::Timestamp>) -> i64 {
         _ => SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+    }
+}
+
+/// The data of the secret `secret` names for `content` (a `kind` in messages); none: no
+/// secrets.
+pub(crate) async fn secret_data(
+    client: &Client,
+    kind: &str,
+    content: &str,
+    secret: Option<&SecretRef>,
+) -> Result<HashMap<String, String>, String> {
+    let Some(secret) = secret else {
+        return Ok(HashMap::new());
+    };
+    match csi_sidecar::secrets::fetch_secret_data(client.clone(), secret).await {
+        Ok(data) => Ok(data.into_inner()),
+        Err(error) => {
+            tracing::warn!(content, %error, "failed to get credentials");
+            Err(format!("cannot get credentials for {kind} {content:?}"))
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 
+use crate::group::owning_group;
 use crate::secrets::{SNAPSHOTTER, secret_reference};
+use csi_kinds::groupsnapshot::IN_GROUP_FINALIZER;
 use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE,
     DeletionPolicy, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
@@ -100,6 +102,8 @@ pub enum Step {
     RemoveFinalizers {
         source: bool,
         bound: bool,
+        /// A group member's `volumesnapshot-in-group-protection`.
+        in_group: bool,
     },
     /// Record the default class of the source volume's driver in the snapshot's spec.
     SetClass(String),
@@ -135,6 +139,8 @@ pub struct Inputs<'a> {
     pub restoring: bool,
     /// `--prevent-volume-mode-conversion`: record the source's volume mode on the content.
     pub prevent_volume_mode_conversion: bool,
+    /// The snapshot is a member of a VolumeGroupSnapshot that still exists.
+    pub group_exists: bool,
 }
 
 fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
@@ -170,12 +176,23 @@ fn is_ready(snapshot: &VolumeSnapshot) -> bool {
 }
 
 /// The content a snapshot's sync reads: the bound one while it is deleted, else the one its
-/// source names (pre-provisioned) or implies (dynamic).
+/// source names (pre-provisioned) or implies (dynamic; a group member's is named as the member
+/// is, `snapcontent-` for `snapshot-`).
 pub fn content_name(snapshot: &VolumeSnapshot) -> Option<String> {
     if snapshot.metadata.deletion_timestamp.is_some()
         && let Some(name) = bound_content_name(snapshot)
     {
         return Some(name.to_string());
+    }
+    if owning_group(snapshot).is_some()
+        && snapshot.spec.source.volume_snapshot_content_name.is_none()
+    {
+        return bound_content_name(snapshot)
+            .map(str::to_string)
+            .or_else(|| {
+                let name = snapshot.metadata.name.as_deref()?;
+                Some(format!("snapcontent-{}", name.strip_prefix("snapshot-")?))
+            });
     }
     let source = &snapshot.spec.source;
     match (
@@ -200,8 +217,13 @@ pub fn refers_to(content: &VolumeSnapshotContent, snapshot: &VolumeSnapshot) -> 
 /// A snapshot being deleted that still holds one of our finalizers.
 pub fn is_deletion_candidate(snapshot: &VolumeSnapshot) -> bool {
     snapshot.metadata.deletion_timestamp.is_some()
-        && (has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER)
-            || has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER))
+        && [
+            SNAPSHOT_AS_SOURCE_FINALIZER,
+            SNAPSHOT_BOUND_FINALIZER,
+            IN_GROUP_FINALIZER,
+        ]
+        .iter()
+        .any(|f| has_finalizer(&snapshot.metadata, f))
 }
 
 /// Upstream `syncSnapshot` (with the class check that precedes it).
@@ -211,6 +233,9 @@ pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
     }
     let source = &snapshot.spec.source;
     let dynamic = source.volume_snapshot_content_name.is_none();
+    // A group member is cut with its group: no class, no claim protection, no content of its
+    // own making, and no bound finalizer (its content goes with the group).
+    let member = owning_group(snapshot).is_some();
     match &snapshot.spec.volume_snapshot_class_name {
         Some(name)
             if !inputs
@@ -226,7 +251,7 @@ pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
                 false,
             ));
         }
-        None if dynamic && source.persistent_volume_claim_name.is_some() => {
+        None if dynamic && source.persistent_volume_claim_name.is_some() && !member => {
             return match default_class(snapshot, inputs) {
                 Ok(name) => Step::SetClass(name),
                 Err(error) => Step::Fail(Failure::status(
@@ -252,7 +277,8 @@ pub fn plan(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
         Err((failure, error)) => return Step::RefuseContent { failure, error },
     };
     let source_finalizer = !has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER);
-    let bound_finalizer = content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete)
+    let bound_finalizer = !member
+        && content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete)
         && bound_content_name(snapshot).is_some()
         && !has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER);
     if source_finalizer || bound_finalizer {
@@ -395,6 +421,10 @@ fn unready(
             ));
         }
         return status_step(snapshot, content);
+    }
+    if owning_group(snapshot).is_some() {
+        // Its content comes from the group's sync; its creation syncs this snapshot again.
+        return Step::Nothing;
     }
     let Some(claim_name) = &snapshot.spec.source.persistent_volume_claim_name else {
         return Step::Fail(Failure::status(
@@ -633,6 +663,9 @@ pub fn status_from_content(
     }
     // The content's error (or none) is the snapshot's, as upstream copies it on every update.
     new.error = error;
+    if new.volume_group_snapshot_name.is_none() {
+        new.volume_group_snapshot_name = owning_group(snapshot).map(|group| group.name.clone());
+    }
     if old.as_ref() == Some(&new) {
         return None;
     }
@@ -661,6 +694,20 @@ fn deletion(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
     if !is_deletion_candidate(snapshot) {
         return Step::Nothing;
     }
+    if let Some(group) = owning_group(snapshot)
+        && inputs.group_exists
+    {
+        return Step::Fail(Failure {
+            reason: reason::DELETE_PENDING,
+            message: format!(
+                "deletion of the individual volume snapshot {} is not allowed as it belongs to group snapshot {}/{}. Deleting the group snapshot will trigger the deletion of all the individual volume snapshots that are part of the group.",
+                snapshot_key(snapshot),
+                snapshot.metadata.namespace.as_deref().unwrap_or_default(),
+                group.name
+            ),
+            status: None,
+        });
+    }
     let content = inputs.content.filter(|c| refers_to(c, snapshot));
     let delete_content = content.is_some_and(|c| c.spec.deletion_policy == DeletionPolicy::Delete);
     if let Some(content) = content {
@@ -681,8 +728,13 @@ fn deletion(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
     let source = has_finalizer(&snapshot.metadata, SNAPSHOT_AS_SOURCE_FINALIZER);
     let bound = !(content.is_some() && delete_content)
         && has_finalizer(&snapshot.metadata, SNAPSHOT_BOUND_FINALIZER);
-    if source || bound {
-        Step::RemoveFinalizers { source, bound }
+    let in_group = has_finalizer(&snapshot.metadata, IN_GROUP_FINALIZER);
+    if source || bound || in_group {
+        Step::RemoveFinalizers {
+            source,
+            bound,
+            in_group,
+        }
     } else {
         Step::Nothing
     }

@@ -2,6 +2,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
 use super::*;
+use csi_kinds::groupsnapshot::IN_GROUP_FINALIZER;
 use csi_kinds::snapshot::{
     IS_DEFAULT_CLASS, VolumeSnapshotContentStatus, VolumeSnapshotSource, VolumeSnapshotSpec,
 };
@@ -111,6 +112,7 @@ struct World {
     volume: Option<PersistentVolume>,
     classes: Vec<VolumeSnapshotClass>,
     restoring: bool,
+    group_exists: bool,
 }
 
 impl World {
@@ -121,6 +123,7 @@ impl World {
             volume: Some(volume()),
             classes: vec![class("default", true), class("other", false)],
             restoring: false,
+            group_exists: false,
         }
     }
 
@@ -140,6 +143,7 @@ impl World {
                 classes: &classes,
                 restoring: self.restoring,
                 prevent_volume_mode_conversion: true,
+                group_exists: self.group_exists,
             },
         )
     }
@@ -362,7 +366,8 @@ fn deletion_marks_deletes_then_releases() {
         world.plan(&snapshot),
         Step::RemoveFinalizers {
             source: true,
-            bound: false
+            bound: false,
+            in_group: false
         },
         "the bound finalizer stays until the content is gone"
     );
@@ -371,7 +376,8 @@ fn deletion_marks_deletes_then_releases() {
         World::new().plan(&gone),
         Step::RemoveFinalizers {
             source: false,
-            bound: true
+            bound: true,
+            in_group: false
         }
     );
     let mut retained = cut;
@@ -381,7 +387,8 @@ fn deletion_marks_deletes_then_releases() {
         World::new().with_content(retained).plan(&snapshot),
         Step::RemoveFinalizers {
             source: true,
-            bound: true
+            bound: true,
+            in_group: false
         },
         "Retain: the content stays, the snapshot goes"
     );
@@ -516,4 +523,85 @@ fn restores_are_pending_claims_with_the_snapshot_as_source() {
     let mut done = restore.clone();
     done.status.as_mut().unwrap().phase = Some("Bound".into());
     assert!(!restores_from(&done, &dynamic(None)));
+}
+
+/// A member snapshot of group `g`, as the group's sync creates it.
+fn member() -> VolumeSnapshot {
+    let mut s = finalized(
+        dynamic(None),
+        &[IN_GROUP_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER],
+    );
+    s.metadata.name = Some("snapshot-abc".into());
+    s.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "groupsnapshot.storage.k8s.io/v1".into(),
+            kind: "VolumeGroupSnapshot".into(),
+            name: "g".into(),
+            uid: "g-uid".into(),
+            ..Default::default()
+        },
+    ]);
+    s
+}
+
+#[test]
+fn a_group_member_is_bound_by_its_group_and_goes_with_it() {
+    let snapshot = member();
+    assert_eq!(content_name(&snapshot).as_deref(), Some("snapcontent-abc"));
+    // No class, no claim protection, no content of its own: its group makes the content.
+    assert_eq!(World::new().plan(&snapshot), Step::Nothing);
+    let mut made = content("snapcontent-abc", DeletionPolicy::Delete, true, Some("u1"));
+    made.spec.volume_snapshot_ref.name = Some("snapshot-abc".into());
+    made.status = Some(VolumeSnapshotContentStatus {
+        snapshot_handle: Some("snap-a".into()),
+        volume_group_snapshot_handle: Some("group-1".into()),
+        creation_time: Some(1_000),
+        ready_to_use: Some(true),
+        restore_size: Some(1024),
+        error: None,
+    });
+    let Step::UpdateStatus { status, events } =
+        World::new().with_content(made.clone()).plan(&snapshot)
+    else {
+        panic!("no status");
+    };
+    assert_eq!(
+        status.bound_volume_snapshot_content_name.as_deref(),
+        Some("snapcontent-abc")
+    );
+    assert_eq!(status.volume_group_snapshot_name.as_deref(), Some("g"));
+    assert_eq!(status.ready_to_use, Some(true));
+    assert_eq!(events.len(), 2);
+    let bound = VolumeSnapshot {
+        status: Some(*status),
+        ..snapshot.clone()
+    };
+    assert_eq!(
+        World::new().with_content(made.clone()).plan(&bound),
+        Step::Nothing,
+        "no bound finalizer: the content goes with the group"
+    );
+    let gone = deleting(bound);
+    let held = World {
+        group_exists: true,
+        ..World::new().with_content(made.clone())
+    };
+    assert_eq!(
+        failure(held.plan(&gone)),
+        (
+            reason::DELETE_PENDING,
+            "deletion of the individual volume snapshot ns/snapshot-abc is not allowed as it belongs to group snapshot ns/g. Deleting the group snapshot will trigger the deletion of all the individual volume snapshots that are part of the group.".into()
+        )
+    );
+    let mut marked = made;
+    marked.metadata.annotations = Some([(BEING_DELETED.to_string(), "yes".to_string())].into());
+    marked.metadata.deletion_timestamp = gone.metadata.deletion_timestamp.clone();
+    assert_eq!(
+        World::new().with_content(marked).plan(&gone),
+        Step::RemoveFinalizers {
+            source: true,
+            bound: false,
+            in_group: true
+        }
+    );
 }
