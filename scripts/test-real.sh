@@ -47,7 +47,7 @@ suite() {
   local name=$1 status=0 begin=$SECONDS skips="$work/skips-$1" api="$work/api-$1" scenarios="$work/scenarios-$1"
   : > "$skips"
   echo "test-real: on $name ($KUBECONFIG)"
-  KUBE_SIM_COMPARE_KUBECONFIG=$KUBECONFIG $CARGO test --locked -p kube-sim --test api --test proxy --test quantities_and_names \
+  CSI_SUITE_SKIPS=$skips KUBE_SIM_COMPARE_KUBECONFIG=$KUBECONFIG $CARGO test --locked -p kube-sim --test api --test proxy --test quantities_and_names \
     > "$api" 2>&1 || status=1
   CSI_SUITE_SKIPS=$skips $CARGO "${run_scenarios[@]}" > "$scenarios" 2>&1 || status=1
   cat "$api" "$scenarios"

@@ -189,10 +189,15 @@ pub fn bound(claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool 
 }
 
 /// Serves snapshot.storage.k8s.io/v1 VolumeSnapshotClasses, VolumeSnapshots and
-/// VolumeSnapshotContents with the CRDs csi-snapshotter generates (`manifests/crds/`); a real
-/// cluster that has them keeps its own.
+/// VolumeSnapshotContents, and the groupsnapshot.storage.k8s.io kinds, with the CRDs
+/// csi-snapshotter generates (`manifests/crds/`); a real cluster that has them keeps its own.
 pub async fn install_snapshot_crds(client: &Client) {
-    for crd in csi_kinds::snapshot::crds() {
+    for crd in [
+        csi_kinds::snapshot::crds(),
+        csi_kinds::groupsnapshot::crds(),
+    ]
+    .concat()
+    {
         create_crd(client, crd).await;
     }
 }

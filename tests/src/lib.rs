@@ -821,6 +821,8 @@ impl Cluster {
             timeout: Duration::from_secs(10),
             snapshot_name_prefix: "snapshot".into(),
             snapshot_name_uuid_length: -1,
+            group_snapshot_name_prefix: "groupsnapshot".into(),
+            group_snapshot_name_uuid_length: -1,
             extra_create_metadata: false,
             retry_start: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
@@ -830,6 +832,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
             workqueues: Default::default(),
+            group_snapshots: true,
         };
         let client = self.component_client(rbac::SNAPSHOTTER);
         let shutdown = CancellationToken::new();
@@ -914,6 +917,8 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
             metrics: Arc::new(csi_snapshotter::metrics::OperationMetrics::unregistered()),
+            // fixtures::install_snapshot_crds installs the group CRDs with the others.
+            group_snapshots: true,
         };
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();

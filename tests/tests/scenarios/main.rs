@@ -13,6 +13,7 @@ mod cosi_s3;
 mod cross_namespace;
 mod data_sources;
 mod failures;
+mod group_snapshots;
 mod idle;
 mod image;
 mod informer_health;

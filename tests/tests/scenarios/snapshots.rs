@@ -529,7 +529,6 @@ async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
 async fn a_content_bound_to_another_snapshot_is_refused_as_upstream() {
     let cluster = Cluster::start("snapshot-misbound").await;
     install_snapshot_crds(&cluster.client).await;
-    let controller = cluster.start_snapshot_controller();
     let content_name = format!("{}-taken", cluster.namespace);
     let contents = cluster.cluster_scoped::<VolumeSnapshotContent>();
     cluster
@@ -551,6 +550,9 @@ async fn a_content_bound_to_another_snapshot_is_refused_as_upstream() {
                 "spec": {"source": {"volumeSnapshotContentName": content_name}}}),
         )
         .await;
+    // Started once both exist: its first sync of the snapshot sees the content (a controller
+    // whose cache did not have it yet would protect the snapshot first, as upstream's does).
+    let controller = cluster.start_snapshot_controller();
     let misbound =
         format!("VolumeSnapshotContent [{content_name}] is bound to a different snapshot");
     let message = cluster
