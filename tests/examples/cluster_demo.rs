@@ -5,7 +5,8 @@
 //! down; then csi-provisioner provisions a volume for a WaitForFirstConsumer claim on the node
 //! its pod is scheduled to, and deletes it with the claim; then csi-resizer grows a mounted
 //! volume, the snapshot-controller and csi-snapshotter snapshot it while its pod writes, and
-//! the snapshot is restored on another node with the data; then podmon fails a protected pod
+//! the snapshot is restored on another node with the data, and two claims of a database are
+//! snapshotted together as a volume group and a member restored; then podmon fails a protected pod
 //! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
 //! write after the fence — and cleans the node when it comes back; then COSI gives a workload a
 //! bucket on a real S3 server and credentials that stop working when its access is deleted.
@@ -18,11 +19,12 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use csi_kinds::groupsnapshot::{VolumeGroupSnapshot, VolumeGroupSnapshotClass};
 use csi_kinds::objectstorage::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
     bound, claim, file_size, install_cosi_crds, install_snapshot_crds, is_running, pod,
-    provision_static_volume, read_records, static_pv, static_pvc, taint_effects,
+    provision_static_volume, read_records, static_pv, static_pvc, taint_effects, write_records,
 };
 use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};
 use csi_suite_scenarios::podmon::{Narration, failover_story};
@@ -377,6 +379,7 @@ async fn story() {
     );
 
     snapshot_chapter(&mut story, &cluster).await;
+    group_snapshot_chapter(&mut story, &cluster).await;
     failover_chapter(&mut story, &cluster).await;
     object_storage_chapter(&mut story, &cluster).await;
 
@@ -519,6 +522,134 @@ async fn snapshot_chapter(story: &mut Story, cluster: &Cluster) {
     snapshotter.stop().await;
     controller.stop().await;
     resizer.stop().await;
+}
+
+/// The snapshot-controller and csi-snapshotter with volume group snapshots: two claims of a
+/// database, written by pods, are cut together by one CreateVolumeGroupSnapshot; each gets a
+/// member VolumeSnapshot, one restores on another node with its data, and deleting the group
+/// deletes its members and the driver's group snapshot.
+async fn group_snapshot_chapter(story: &mut Story, cluster: &Cluster) {
+    println!("\nChapter: snapshot a database's two volumes together, restore one.\n");
+    story.begin("two claims of a database (app=db) written by pods; a VolumeGroupSnapshotClass");
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
+    let class_name = format!("{}-db", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            json!({"metadata": {"name": class_name}, "provisioner": cluster.driver_name,
+                "volumeBindingMode": "Immediate"}),
+        )
+        .await;
+    let group_class = format!("{}-groups", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<VolumeGroupSnapshotClass>(),
+            json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1",
+                "kind": "VolumeGroupSnapshotClass",
+                "metadata": {"name": group_class,
+                    "annotations": {"groupsnapshot.storage.kubernetes.io/is-default-class": "true"}},
+                "driver": cluster.driver_name, "deletionPolicy": "Delete"}),
+        )
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    for name in ["db-data", "db-log"] {
+        let mut labelled = claim(name, &class_name);
+        labelled["metadata"]["labels"] = json!({"app": "db"});
+        cluster.create(&claims, labelled).await;
+        write_records(cluster, name).await;
+    }
+    story.done(
+        "both claims Bound with records written",
+        "PersistentVolumeClaims db-data, db-log",
+    );
+
+    story.begin("a VolumeGroupSnapshot selects app=db: the group is cut at once, one member snapshot per claim");
+    let groups = cluster.namespaced::<VolumeGroupSnapshot>();
+    cluster
+        .create(
+            &groups,
+            json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+                "metadata": {"name": "db"},
+                "spec": {"source": {"selector": {"matchLabels": {"app": "db"}}}}}),
+        )
+        .await;
+    let group = cluster
+        .wait_for(&groups, "db", "the group ready", |g| {
+            g.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+        })
+        .await;
+    let uid = group.uid().unwrap_or_default();
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    let members: Vec<VolumeSnapshot> = snapshots
+        .list(&Default::default())
+        .await
+        .expect("listing snapshots")
+        .items
+        .into_iter()
+        .filter(|s| s.owner_references().iter().any(|o| o.uid == uid))
+        .collect();
+    assert_eq!(members.len(), 2, "one member snapshot per claim");
+    let member_of = |claim: &str| {
+        members
+            .iter()
+            .find(|m| m.spec.source.persistent_volume_claim_name.as_deref() == Some(claim))
+            .map(|m| m.name_any())
+            .expect("a member of each claim")
+    };
+    let data_member = member_of("db-data");
+    story.done(
+        "the group ready with its members (the default group class was chosen)",
+        format!(
+            "VolumeGroupSnapshot db → {} ({} members)",
+            group
+                .status
+                .and_then(|s| s.bound_volume_group_snapshot_content_name)
+                .unwrap_or_default(),
+            members.len()
+        ),
+    );
+
+    story.begin("db-data's member restored as a new claim, read by a pod on node-b");
+    let mut restored = claim("db-restored", &class_name);
+    restored["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
+        "apiGroup": "snapshot.storage.k8s.io", "name": data_member});
+    cluster.create(&claims, restored).await;
+    cluster
+        .wait_for(&claims, "db-restored", "the restored claim Bound", bound)
+        .await;
+    let records = read_records(cluster, "db-restored").await.lines().count();
+    assert!(records > 0, "the restored member has db-data's records");
+    story.done(
+        "the restore has the data written before the group was cut",
+        format!("PersistentVolumeClaim db-restored: {records} records"),
+    );
+
+    story.begin("the group deleted: its member snapshots and the driver's group snapshot go");
+    cluster
+        .delete_and_wait(&groups, "db", "the group deleted")
+        .await;
+    for member in &members {
+        cluster
+            .wait_gone(&snapshots, &member.name_any(), "the member snapshot gone")
+            .await;
+    }
+    for name in ["db-restored", "db-data", "db-log"] {
+        cluster
+            .delete_and_wait(&claims, name, "the claim deleted")
+            .await;
+    }
+    cluster
+        .cluster_scoped::<VolumeGroupSnapshotClass>()
+        .delete(&group_class, &DeleteParams::default())
+        .await
+        .expect("delete the group class");
+    story.done(
+        "cleaned up",
+        format!("VolumeGroupSnapshotClass {group_class}"),
+    );
+    snapshotter.stop().await;
+    controller.stop().await;
 }
 
 /// podmon: node failure → fence → failover → heal, with the data proof. Returns the PV it used.
