@@ -917,7 +917,7 @@ impl Cluster {
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
             metrics: Arc::new(csi_snapshotter::metrics::OperationMetrics::unregistered()),
-            // fixtures::install_snapshot_crds installs the group CRDs with the others.
+            // The gate; fixtures::install_snapshot_crds installs the group CRDs with the others.
             group_snapshots: true,
         };
         let shutdown = CancellationToken::new();

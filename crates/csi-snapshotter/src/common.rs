@@ -49,9 +49,8 @@ pub struct Settings {
     pub cache_sync: Arc<CacheSyncHealth>,
     /// `snapshot_controller_operation_total_seconds` and `..._operations_in_flight`.
     pub metrics: Arc<OperationMetrics>,
-    /// The CSIVolumeGroupSnapshot gate is on and the groupsnapshot.storage.k8s.io API served:
-    /// the groups are watched, so a member snapshot is not deleted on its own while its group
-    /// exists.
+    /// The CSIVolumeGroupSnapshot gate: groups are served where the cluster serves the group
+    /// API to us ([`crate::group_api`]).
     pub group_snapshots: bool,
 }
 
@@ -142,24 +141,25 @@ pub async fn run(
         work.trigger_for(Key::Claim(ObjectRef::from_obj(c)), c);
     });
     let volumes = informers.all::<PersistentVolume>();
-    let groups = settings.group_snapshots.then(|| {
-        let work = workers.clone();
-        let groups = informers.all_with(move |g: &VolumeGroupSnapshot| {
-            work.trigger_for(Key::Group(ObjectRef::from_obj(g)), g);
-        });
-        let work = workers.clone();
-        let contents = informers.all_with(move |c: &VolumeGroupSnapshotContent| {
-            work.trigger_for(Key::GroupContent(ObjectRef::from_obj(c)), c);
-            if let Some(group) = Controller::group_of(c) {
-                work.trigger(group);
+    let groups =
+        (settings.group_snapshots && crate::group_api::served(&client, true).await).then(|| {
+            let work = workers.clone();
+            let groups = informers.all_with(move |g: &VolumeGroupSnapshot| {
+                work.trigger_for(Key::Group(ObjectRef::from_obj(g)), g);
+            });
+            let work = workers.clone();
+            let contents = informers.all_with(move |c: &VolumeGroupSnapshotContent| {
+                work.trigger_for(Key::GroupContent(ObjectRef::from_obj(c)), c);
+                if let Some(group) = Controller::group_of(c) {
+                    work.trigger(group);
+                }
+            });
+            GroupCaches {
+                groups,
+                contents,
+                classes: informers.all::<VolumeGroupSnapshotClass>(),
             }
         });
-        GroupCaches {
-            groups,
-            contents,
-            classes: informers.all::<VolumeGroupSnapshotClass>(),
-        }
-    });
     let Some(wake) = informers.synced().await else {
         return Ok(());
     };

@@ -4,14 +4,16 @@
 //! kinds `csi_kinds::groupsnapshot`. [`content`] is the sidecar's pure core and [`sidecar`] its
 //! adapter ([`group_content`] and [`group_sidecar`] for group snapshots); [`snapshot`] is the
 //! controller's pure core ([`group`] for groups) and [`common`] its adapter, [`metrics`] its
-//! operation metrics; [`secrets`] resolves the
-//! classes' secrets; `content_writes` is what csi-snapshotter writes to contents; [`run`] is the startup of both binaries; [`flags`] their command lines.
+//! operation metrics; [`secrets`] resolves the classes' secrets; `content_writes` is what
+//! csi-snapshotter writes to contents, `group_api` whether the cluster serves the group API;
+//! [`run`] is the startup of both binaries; [`flags`] their command lines.
 
 pub mod common;
 pub mod content;
 mod content_writes;
 pub mod flags;
 pub mod group;
+mod group_api;
 pub mod group_content;
 pub mod group_sidecar;
 pub mod metrics;

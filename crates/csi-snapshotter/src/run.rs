@@ -6,9 +6,10 @@
 //! on the Lease `external-snapshotter-leader-<driver>` (sanitized) when asked.
 //!
 //! snapshot-controller: Kubernetes client, a wait (with backoff up to
-//! `--retry-crd-interval-max`) until the snapshot CRDs are served, whether the group API is
-//! (with the CSIVolumeGroupSnapshot gate), metrics and health, then the controller, under leader
-//! election on the Lease `snapshot-controller-leader`.
+//! `--retry-crd-interval-max`) until the snapshot CRDs are served, metrics and health, then the
+//! controller, under leader election on the Lease `snapshot-controller-leader`. With the
+//! CSIVolumeGroupSnapshot gate both serve volume group snapshots where the cluster serves the
+//! group API ([`crate::group_api`]).
 
 use std::time::Duration;
 
@@ -28,9 +29,6 @@ use crate::common::{self, ControllerError};
 use crate::flags::{ControllerArgs, SnapshotterArgs, VOLUME_GROUP_SNAPSHOT};
 use crate::metrics::OperationMetrics;
 use crate::sidecar::{self, SidecarError};
-use csi_kinds::groupsnapshot::{
-    VolumeGroupSnapshot, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
-};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 
 /// The snapshot-controller's Lease.
@@ -81,13 +79,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     if !driver.has_controller(ControllerCapability::CreateDeleteSnapshot) {
         return Err(RunError::NoSnapshots(driver.name));
     }
-    let group_snapshots = gates.get(VOLUME_GROUP_SNAPSHOT)
-        && group_api_served(
-            match list_one::<VolumeGroupSnapshotContent>(&client).await {
-                Ok(()) => list_one::<VolumeGroupSnapshotClass>(&client).await,
-                error => error,
-            },
-        );
+    let group_snapshots = gates.get(VOLUME_GROUP_SNAPSHOT);
     if group_snapshots {
         warn_without_group_capability(&csi, &driver.name, sidecar.csi.timeout).await;
     }
@@ -136,8 +128,6 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
     gates.log_warnings();
     let client = client(sidecar).await?;
     wait_for_crds(&client, args.retry_crd_interval_max, &shutdown).await?;
-    let group_snapshots = gates.get(VOLUME_GROUP_SNAPSHOT)
-        && group_api_served(list_one::<VolumeGroupSnapshot>(&client).await);
     let mut registry = Registry::default();
     let metrics = std::sync::Arc::new(OperationMetrics::register(&mut registry));
     let (status, cache_sync) = csi_sidecar::startup::serve_http_with_caches(
@@ -156,7 +146,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
         resync: args.resync_period,
         cache_sync,
         metrics,
-        group_snapshots,
+        group_snapshots: gates.get(VOLUME_GROUP_SNAPSHOT),
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
@@ -255,30 +245,6 @@ async fn warn_without_group_capability(csi: &CsiConnection, driver: &str, timeou
             GoStatus(&status)
         ),
     }
-}
-
-/// Whether the cluster serves (and lets us list) the group kinds a binary watches: `Ok` from
-/// a list of one of each. Without them it runs without groups and says so (upstream exits; its
-/// next release warns and runs on, as here).
-fn group_api_served(listed: Result<(), kube::Error>) -> bool {
-    match listed {
-        Ok(()) => true,
-        Err(error) => {
-            tracing::warn!(%error, "the groupsnapshot.storage.k8s.io/v1 API is not served: running without volume group snapshots");
-            false
-        }
-    }
-}
-
-/// A list of one `K` (is the kind served, and may we list it?).
-async fn list_one<K>(client: &kube::Client) -> Result<(), kube::Error>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    Api::<K>::all(client.clone())
-        .list_metadata(&ListParams::default().limit(1))
-        .await
-        .map(|_| ())
 }
 
 /// `external-snapshotter-leader-` and the sanitized driver name.

@@ -54,8 +54,9 @@ pub struct Settings {
     /// client-go's `workqueue_*`: upstream's queues "csi-snapshotter-content" and
     /// "csi-snapshotter-groupsnapshotcontent".
     pub workqueues: WorkqueueMetrics,
-    /// Also cut the driver's volume group snapshots ([`crate::group_sidecar`]): the
-    /// CSIVolumeGroupSnapshot gate is on and the group API served.
+    /// The CSIVolumeGroupSnapshot gate: also cut the driver's volume group snapshots
+    /// ([`crate::group_sidecar`]) where the cluster serves the group API to us
+    /// ([`crate::group_api`]).
     pub group_snapshots: bool,
 }
 
@@ -99,7 +100,7 @@ pub async fn run(
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), SidecarError> {
-    if !settings.group_snapshots {
+    if !(settings.group_snapshots && crate::group_api::served(&client, false).await) {
         return run_contents(client, csi, settings, shutdown).await;
     }
     let groups = crate::group_sidecar::run(
