@@ -254,6 +254,18 @@ pub fn stale_crds(
     stale
 }
 
+/// Asserts the committed YAML of `crds` under `manifests/crds` and the chart's `chart_dir` is
+/// what the types generate (`make crds` rewrites both).
+#[cfg(test)]
+pub(crate) fn assert_committed(chart_dir: &str, crds: &[CustomResourceDefinition], command: &str) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let stale = stale_crds(&root, &["manifests/crds", chart_dir], crds, command);
+    assert!(
+        stale.is_empty(),
+        "stale: {stale:?}: run `make crds` and commit them"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,14 +28,16 @@ use tokio_util::sync::CancellationToken;
 use crate::group::owning_group;
 use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
 use crate::sidecar::now;
-use crate::snapshot::{self, ContentStep, Failure, Inputs, Step, controller_update_error, reason};
+use crate::snapshot::{
+    self, ContentStep, Failure, Inputs, Recording, Step, controller_update_error, reason,
+};
 use csi_kinds::groupsnapshot::{
     IN_GROUP_FINALIZER, VolumeGroupSnapshot, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
 };
 use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
-    SNAPSHOT_BOUND_FINALIZER, SnapshotError, VolumeSnapshot, VolumeSnapshotClass,
-    VolumeSnapshotContent, VolumeSnapshotStatus, snapshot_key, status_merge_patch,
+    SNAPSHOT_BOUND_FINALIZER, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
+    VolumeSnapshotStatus, snapshot_key, status_merge_patch,
 };
 use groups::GroupCaches;
 
@@ -638,38 +640,14 @@ impl Controller {
     /// A Warning Event and, where upstream records it, the error in the snapshot's status
     /// (once per message: the same error again writes nothing and sends no Event).
     async fn fail(&self, snapshot: &VolumeSnapshot, failure: Failure) -> SyncError {
-        let Some(ready_false) = failure.status else {
-            self.event(
-                snapshot,
-                EventType::Warning,
-                failure.reason,
-                &failure.message,
-            )
-            .await;
-            return SyncError::Failed(failure.message);
-        };
-        let old = snapshot.status.clone();
-        if old
-            .as_ref()
-            .and_then(|s| s.error.as_ref())
-            .and_then(|e| e.message.as_deref())
-            == Some(failure.message.as_str())
-        {
-            return SyncError::Failed(failure.message);
-        }
-        let mut status = old.clone().unwrap_or_default();
-        status.error = Some(SnapshotError {
-            time: Some(now()),
-            message: Some(failure.message.clone()),
-        });
-        if ready_false {
-            status.ready_to_use = Some(false);
-        }
-        match self.patch_status(snapshot, &status).await {
-            Ok(()) => {}
-            Err(error) => {
-                tracing::warn!(snapshot = %snapshot_key(snapshot), %error, "failed to record the error in the snapshot's status")
+        match failure.recording(snapshot.status.as_ref(), now()) {
+            Recording::Recorded => return SyncError::Failed(failure.message),
+            Recording::Status(status) => {
+                if let Err(error) = self.patch_status(snapshot, &status).await {
+                    tracing::warn!(snapshot = %snapshot_key(snapshot), %error, "failed to record the error in the snapshot's status");
+                }
             }
+            Recording::EventOnly => {}
         }
         self.event(
             snapshot,

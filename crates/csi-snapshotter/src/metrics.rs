@@ -191,6 +191,31 @@ mod tests {
     }
 
     #[test]
+    fn group_operations_are_timed_under_upstreams_names() {
+        let mut registry = Registry::default();
+        let metrics = OperationMetrics::register(&mut registry);
+        for operation in [
+            Operation::CreateGroupSnapshot,
+            Operation::CreateGroupSnapshotAndReady,
+            Operation::DeleteGroupSnapshot,
+        ] {
+            metrics.start(operation, "g1", "d.csi", true);
+            metrics.finish(operation, "g1", SUCCESS);
+        }
+        let out = text(&registry);
+        for name in [
+            "CreateGroupSnapshot",
+            "CreateGroupSnapshotAndReady",
+            "DeleteGroupSnapshot",
+        ] {
+            assert!(
+                out.contains(&format!("operation_name=\"{name}\",operation_status=\"success\",snapshot_type=\"pre-provisioned\"}} 1")),
+                "{name}: {out}"
+            );
+        }
+    }
+
+    #[test]
     fn an_unknown_driver_is_named_so() {
         let mut registry = Registry::default();
         let metrics = OperationMetrics::register(&mut registry);

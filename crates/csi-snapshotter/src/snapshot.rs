@@ -14,9 +14,9 @@ use csi_kinds::groupsnapshot::IN_GROUP_FINALIZER;
 use csi_kinds::snapshot::{
     BEING_DELETED, CONTENT_BOUND_FINALIZER, DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE,
     DeletionPolicy, PVC_AS_SOURCE_FINALIZER, SNAPSHOT_AS_SOURCE_FINALIZER,
-    SNAPSHOT_BOUND_FINALIZER, SnapshotReference, VolumeSnapshot, VolumeSnapshotClass,
-    VolumeSnapshotContent, VolumeSnapshotContentSource, VolumeSnapshotContentSpec,
-    VolumeSnapshotStatus, snapshot_key,
+    SNAPSHOT_BOUND_FINALIZER, SnapshotError, SnapshotReference, VolumeSnapshot,
+    VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentSource,
+    VolumeSnapshotContentSpec, VolumeSnapshotStatus, snapshot_key,
 };
 
 /// Event reasons (upstream's).
@@ -72,6 +72,70 @@ impl Failure {
             format!("Failed to create snapshot content with error {error}"),
             true,
         )
+    }
+}
+
+/// A status that records failures: a VolumeSnapshot's or a VolumeGroupSnapshot's.
+pub trait FailureStatus: Clone + Default {
+    fn error_mut(&mut self) -> &mut Option<SnapshotError>;
+    fn ready_mut(&mut self) -> &mut Option<bool>;
+    fn recorded_error(&self) -> Option<&str>;
+}
+
+impl FailureStatus for VolumeSnapshotStatus {
+    fn error_mut(&mut self) -> &mut Option<SnapshotError> {
+        &mut self.error
+    }
+    fn ready_mut(&mut self) -> &mut Option<bool> {
+        &mut self.ready_to_use
+    }
+    fn recorded_error(&self) -> Option<&str> {
+        self.error.as_ref()?.message.as_deref()
+    }
+}
+
+impl FailureStatus for csi_kinds::groupsnapshot::VolumeGroupSnapshotStatus {
+    fn error_mut(&mut self) -> &mut Option<SnapshotError> {
+        &mut self.error
+    }
+    fn ready_mut(&mut self) -> &mut Option<bool> {
+        &mut self.ready_to_use
+    }
+    fn recorded_error(&self) -> Option<&str> {
+        self.error.as_ref()?.message.as_deref()
+    }
+}
+
+/// What recording a [`Failure`] writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recording<S> {
+    /// An Event only (upstream records no status for this failure).
+    EventOnly,
+    /// The same message is recorded already: no write, no Event.
+    Recorded,
+    /// This status, then the Event.
+    Status(S),
+}
+
+impl Failure {
+    /// What recording this failure on an object whose status is `old` writes (upstream
+    /// `updateSnapshotErrorStatusWithEvent` and its group twin).
+    pub fn recording<S: FailureStatus>(&self, old: Option<&S>, now: Time) -> Recording<S> {
+        let Some(ready_false) = self.status else {
+            return Recording::EventOnly;
+        };
+        if old.and_then(|s| s.recorded_error()) == Some(self.message.as_str()) {
+            return Recording::Recorded;
+        }
+        let mut status = old.cloned().unwrap_or_default();
+        *status.error_mut() = Some(SnapshotError {
+            time: Some(now),
+            message: Some(self.message.clone()),
+        });
+        if ready_false {
+            *status.ready_mut() = Some(false);
+        }
+        Recording::Status(status)
     }
 }
 

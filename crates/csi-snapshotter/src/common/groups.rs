@@ -21,15 +21,13 @@ use crate::group::{
 };
 use crate::metrics::{CANCEL, Operation, SUCCESS};
 use crate::sidecar::now;
-use crate::snapshot::{Failure, controller_update_error};
+use crate::snapshot::{Failure, Recording, controller_update_error};
 use csi_kinds::groupsnapshot::{
     BEING_DELETED, GROUP_CONTENT_BOUND_FINALIZER, GROUP_SNAPSHOT_BOUND_FINALIZER,
     VolumeGroupSnapshot, VolumeGroupSnapshotClass, VolumeGroupSnapshotContent,
     VolumeGroupSnapshotStatus, group_snapshot_key, member_content_name,
 };
-use csi_kinds::snapshot::{
-    SnapshotError, VolumeSnapshot, VolumeSnapshotContent, status_merge_patch,
-};
+use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent, status_merge_patch};
 
 /// The group kinds' caches (with the CSIVolumeGroupSnapshot gate and the API served).
 pub(super) struct GroupCaches {
@@ -525,26 +523,14 @@ impl Controller {
     /// A Warning Event and, where upstream records it, the error in the group's status (once
     /// per message).
     async fn fail_group(&self, group: &VolumeGroupSnapshot, failure: Failure) -> SyncError {
-        if let Some(ready_false) = failure.status {
-            let old = group.status.clone();
-            let recorded = old
-                .as_ref()
-                .and_then(|s| s.error.as_ref())
-                .and_then(|e| e.message.as_deref());
-            if recorded == Some(failure.message.as_str()) {
-                return SyncError::Failed(failure.message);
+        match failure.recording(group.status.as_ref(), now()) {
+            Recording::Recorded => return SyncError::Failed(failure.message),
+            Recording::Status(status) => {
+                if let Err(error) = self.patch_group_status(group, &status).await {
+                    tracing::warn!(group = %group_snapshot_key(group), %error, "failed to record the error in the group's status");
+                }
             }
-            let mut status = old.clone().unwrap_or_default();
-            status.error = Some(SnapshotError {
-                time: Some(now()),
-                message: Some(failure.message.clone()),
-            });
-            if ready_false {
-                status.ready_to_use = Some(false);
-            }
-            if let Err(error) = self.patch_group_status(group, &status).await {
-                tracing::warn!(group = %group_snapshot_key(group), %error, "failed to record the error in the group's status");
-            }
+            Recording::EventOnly => {}
         }
         self.group_event(group, EventType::Warning, failure.reason, &failure.message)
             .await;

@@ -605,3 +605,47 @@ fn a_group_member_is_bound_by_its_group_and_goes_with_it() {
         }
     );
 }
+
+#[test]
+fn a_failure_is_recorded_once_in_either_status() {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    );
+    let failure = |status| Failure {
+        reason: reason::VALIDATION_ERROR,
+        message: "boom".into(),
+        status,
+    };
+    assert_eq!(
+        failure(None).recording::<VolumeSnapshotStatus>(None, now.clone()),
+        Recording::EventOnly
+    );
+    let Recording::Status(written) = failure(Some(true)).recording(
+        Some(&VolumeSnapshotStatus {
+            ready_to_use: Some(true),
+            ..VolumeSnapshotStatus::default()
+        }),
+        now.clone(),
+    ) else {
+        panic!("no status written");
+    };
+    assert_eq!(written.ready_to_use, Some(false));
+    assert_eq!(written.recorded_error(), Some("boom"));
+    assert_eq!(
+        failure(Some(true)).recording(Some(&written), now.clone()),
+        Recording::Recorded
+    );
+    let group = csi_kinds::groupsnapshot::VolumeGroupSnapshotStatus {
+        ready_to_use: Some(true),
+        ..Default::default()
+    };
+    let Recording::Status(kept) = failure(Some(false)).recording(Some(&group), now) else {
+        panic!("no group status written");
+    };
+    assert_eq!(
+        kept.ready_to_use,
+        Some(true),
+        "readiness kept when not asked"
+    );
+    assert_eq!(kept.recorded_error(), Some("boom"));
+}
