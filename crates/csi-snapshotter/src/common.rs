@@ -331,7 +331,11 @@ impl Controller {
                             .unwrap_or_default(),
                         inputs.restoring,
                         classes.join(",")
-                    ) + if inputs.group_exists { "/in-group" } else { "" },
+                    ) + if inputs.held_by_group {
+                        "/in-group"
+                    } else {
+                        ""
+                    },
                 )
             }
             Key::Content(reference) => {
@@ -390,12 +394,15 @@ impl Controller {
             .state()
             .iter()
             .any(|c| snapshot::restores_from(c, snapshot));
-        let group_exists = owning_group(snapshot).is_some_and(|owner| {
+        let held_by_group = owning_group(snapshot).is_some_and(|owner| {
             caches.groups.as_ref().is_some_and(|groups| {
                 groups
                     .groups
                     .get(&ObjectRef::new(&owner.name).within(&namespace))
-                    .is_some_and(|g| g.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+                    .is_some_and(|g| {
+                        g.metadata.uid.as_deref() == Some(owner.uid.as_str())
+                            && g.metadata.deletion_timestamp.is_none()
+                    })
             })
         });
         Owned {
@@ -404,7 +411,7 @@ impl Controller {
             volume,
             classes: caches.classes.state(),
             restoring,
-            group_exists,
+            held_by_group,
         }
     }
 
@@ -430,7 +437,7 @@ impl Controller {
             classes: &classes,
             restoring: owned.restoring,
             prevent_volume_mode_conversion: self.settings.prevent_volume_mode_conversion,
-            group_exists: owned.group_exists,
+            held_by_group: owned.held_by_group,
         };
         self.track(&snapshot, &inputs);
         let step = snapshot::plan(&snapshot, &inputs);
@@ -849,5 +856,5 @@ struct Owned {
     volume: Option<Arc<PersistentVolume>>,
     classes: Vec<Arc<VolumeSnapshotClass>>,
     restoring: bool,
-    group_exists: bool,
+    held_by_group: bool,
 }

@@ -69,7 +69,6 @@ pub mod reason {
 }
 
 const GROUP_API_VERSION: &str = "groupsnapshot.storage.k8s.io/v1";
-const SNAPSHOT_API_VERSION: &str = "snapshot.storage.k8s.io/v1";
 
 /// The next step for a VolumeGroupSnapshot.
 #[derive(Debug, Clone, PartialEq)]
@@ -730,8 +729,9 @@ fn member_content(
     let mut member = VolumeSnapshotContent::new(
         &member_content_name(&group_uid, handle),
         VolumeSnapshotContentSpec {
+            // Without apiVersion, as upstream writes a member's reference.
             volume_snapshot_ref: ObjectReference {
-                api_version: Some(SNAPSHOT_API_VERSION.into()),
+                api_version: None,
                 kind: Some("VolumeSnapshot".into()),
                 name: snapshot.metadata.name.clone(),
                 namespace: snapshot.metadata.namespace.clone(),

@@ -203,8 +203,9 @@ pub struct Inputs<'a> {
     pub restoring: bool,
     /// `--prevent-volume-mode-conversion`: record the source's volume mode on the content.
     pub prevent_volume_mode_conversion: bool,
-    /// The snapshot is a member of a VolumeGroupSnapshot that still exists.
-    pub group_exists: bool,
+    /// The snapshot is a member of a VolumeGroupSnapshot that exists and is not being
+    /// deleted: only the group's deletion deletes it (a group being deleted deletes its members).
+    pub held_by_group: bool,
 }
 
 fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
@@ -759,7 +760,7 @@ fn deletion(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Step {
         return Step::Nothing;
     }
     if let Some(group) = owning_group(snapshot)
-        && inputs.group_exists
+        && inputs.held_by_group
     {
         return Step::Fail(Failure {
             reason: reason::DELETE_PENDING,

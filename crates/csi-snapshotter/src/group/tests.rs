@@ -407,6 +407,8 @@ fn a_cut_group_gets_its_members_once_then_is_ready_with_them() {
         content.spec.volume_snapshot_ref.uid,
         world.members[0].metadata.uid
     );
+    // As upstream writes it: kind, name, namespace and uid, no apiVersion.
+    assert_eq!(content.spec.volume_snapshot_ref.api_version, None);
     assert_eq!(content.spec.source.volume_handle.as_deref(), Some("vol-a"));
     assert_eq!(
         content.spec.source_volume_mode.as_deref(),

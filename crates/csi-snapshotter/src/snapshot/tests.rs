@@ -112,7 +112,7 @@ struct World {
     volume: Option<PersistentVolume>,
     classes: Vec<VolumeSnapshotClass>,
     restoring: bool,
-    group_exists: bool,
+    held_by_group: bool,
 }
 
 impl World {
@@ -123,7 +123,7 @@ impl World {
             volume: Some(volume()),
             classes: vec![class("default", true), class("other", false)],
             restoring: false,
-            group_exists: false,
+            held_by_group: false,
         }
     }
 
@@ -143,7 +143,7 @@ impl World {
                 classes: &classes,
                 restoring: self.restoring,
                 prevent_volume_mode_conversion: true,
-                group_exists: self.group_exists,
+                held_by_group: self.held_by_group,
             },
         )
     }
@@ -583,7 +583,7 @@ fn a_group_member_is_bound_by_its_group_and_goes_with_it() {
     );
     let gone = deleting(bound);
     let held = World {
-        group_exists: true,
+        held_by_group: true,
         ..World::new().with_content(made.clone())
     };
     assert_eq!(
