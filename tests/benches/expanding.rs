@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use csi_hostpath::local::LocalCluster;
 use csi_suite_scenarios::bench::{
     ApiServerUnderTest, BoundClaims, Footprint, Phase, SidecarProcess, client_requests, latencies,
-    listed_watch, main_with_count, reached, record, sidecar_report, timed_requests,
-    volumes_with_pvs,
+    listed_watch, main_with_count, reached, record, sidecar_report, start_with_reference_driver,
+    timed_requests, volumes_with_pvs,
 };
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -48,14 +48,7 @@ fn name(i: usize) -> String {
 }
 
 async fn run(count: usize) -> anyhow::Result<()> {
-    let root = tempfile::Builder::new()
-        .prefix("bench-expanding-")
-        .tempdir()?;
-    let api = ApiServerUnderTest::start(root.path(), &[]).await?;
-    let driver = LocalCluster::start(root.path(), &[NODE], |config| {
-        config.driver_name = DRIVER.to_string();
-    })
-    .await?;
+    let (root, api, driver) = start_with_reference_driver("bench-expanding-", DRIVER, NODE).await?;
     let client = api.client.clone();
     println!("preparing {count} volumes, PVs and bound claims …");
     prepare(&client, &driver, count).await?;

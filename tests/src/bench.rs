@@ -376,14 +376,14 @@ impl SidecarProcess {
         }
     }
 
-    /// Mean latency of each of `methods` (`CreateVolume`) from its
+    /// Mean latency of each of `methods` (`CreateVolume`, of any CSI service) from its
     /// `csi_sidecar_operations_seconds`.
     pub async fn driver_latencies(&self, methods: &[&str]) -> Option<String> {
         let (_, text) = kube_sim_harness::http_get(self.metrics_address?, "/metrics").await?;
         let value = |suffix: &str, method: &str| -> Option<f64> {
             text.lines()
                 .filter(|l| l.starts_with(&format!("csi_sidecar_operations_seconds_{suffix}{{")))
-                .filter(|l| l.contains(&format!("/csi.v1.Controller/{method}\"")))
+                .filter(|l| l.contains(&format!("/{method}\"")))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .reduce(|a, b| a + b)
         };
@@ -398,6 +398,79 @@ impl SidecarProcess {
     pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Two binaries working together, each as its own process: a controller and its sidecar.
+#[derive(Debug)]
+pub struct BinaryPair {
+    processes: [SidecarProcess; 2],
+    names: [&'static str; 2],
+}
+
+impl BinaryPair {
+    /// Starts both (in order): each a name, its flags and the watches it opens
+    /// ([`SidecarProcess::start`]).
+    pub async fn start(
+        api: &ApiServerUnderTest,
+        root: &Path,
+        [
+            (first, first_args, first_watches),
+            (second, second_args, second_watches),
+        ]: [(&'static str, Vec<String>, usize); 2],
+    ) -> anyhow::Result<Self> {
+        let mut first_process =
+            SidecarProcess::start(first, &first_args, api, root, first_watches).await?;
+        let second_process =
+            match SidecarProcess::start(second, &second_args, api, root, second_watches).await {
+                Ok(process) => process,
+                Err(error) => {
+                    first_process.stop();
+                    return Err(error);
+                }
+            };
+        Ok(Self {
+            processes: [first_process, second_process],
+            names: [first, second],
+        })
+    }
+
+    /// Stops both once `phases` ran (printing their logs if the phases failed) and reports:
+    /// [`paired_report`] over `count` objects, then the mean time the second spent in the
+    /// driver's `methods`. Also whether either binary was swapped ([`SidecarProcess::swapped`]).
+    pub async fn finish(
+        mut self,
+        phases: anyhow::Result<Vec<PairedPhase>>,
+        (count, unit, per): (usize, &str, &str),
+        methods: &[&str],
+    ) -> anyhow::Result<(String, bool)> {
+        if phases.is_err() {
+            self.processes
+                .iter()
+                .for_each(SidecarProcess::print_log_tail);
+        }
+        let rss = self.processes.each_ref().map(SidecarProcess::peak_rss_mib);
+        let driver_time = self.processes[1].driver_latencies(methods).await;
+        self.processes.iter_mut().for_each(SidecarProcess::stop);
+        let [first, second] = &self.processes;
+        let mut report = paired_report(
+            count,
+            unit,
+            per,
+            &phases?,
+            [
+                (self.names[0], first, rss[0]),
+                (self.names[1], second, rss[1]),
+            ],
+        );
+        if let Some(lines) = driver_time {
+            let _ = writeln!(
+                report,
+                "Time in the driver (mean per call, from {}'s `csi_sidecar_operations_seconds`): {lines}.",
+                self.names[1]
+            );
+        }
+        Ok((report, first.swapped() || second.swapped()))
     }
 }
 
@@ -434,10 +507,95 @@ pub fn client_requests(
 
 /// API requests of a phase by "verb resource": the sidecar's own, or (a real server, which
 /// cannot count per client) every client's.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Requests {
     pub all_clients: bool,
     pub by_request: BTreeMap<String, u64>,
+}
+
+/// A measured phase of two binaries working together (a controller and its sidecar): each
+/// one's API requests.
+#[derive(Debug)]
+pub struct PairedPhase {
+    pub name: &'static str,
+    pub elapsed: Duration,
+    pub latencies: Vec<Duration>,
+    /// The requests of the first and the second binary.
+    pub requests: [Option<Requests>; 2],
+}
+
+impl PairedPhase {
+    /// Runs `work` (which returns the per-object latencies) as the phase `name`, timed, with
+    /// the requests of `clients` (their names in the counts) made meanwhile.
+    pub async fn measure(
+        server: &ApiServerUnderTest,
+        name: &'static str,
+        clients: [&str; 2],
+        work: impl std::future::Future<Output = anyhow::Result<Vec<Duration>>>,
+    ) -> anyhow::Result<Self> {
+        let before = server.counts().await;
+        let start = Instant::now();
+        let latencies = work.await?;
+        let elapsed = start.elapsed();
+        let after = server.counts().await;
+        Ok(Self {
+            name,
+            elapsed,
+            latencies,
+            requests: clients.map(|client| client_requests(client, before.clone(), after.clone())),
+        })
+    }
+
+    /// The phase as the binary `which` (0 or 1) saw it.
+    pub fn of(&self, which: usize) -> Phase {
+        Phase {
+            name: self.name,
+            elapsed: self.elapsed,
+            latencies: self.latencies.clone(),
+            requests: self.requests[which].clone(),
+        }
+    }
+}
+
+/// The report of two binaries working together: the phase table (`unit` per second), each
+/// binary's peak RSS (`rss`, taken before it stopped) and size, and each one's API requests
+/// `per` object.
+pub fn paired_report(
+    count: usize,
+    unit: &str,
+    per: &str,
+    phases: &[PairedPhase],
+    binaries: [(&str, &SidecarProcess, Option<f64>); 2],
+) -> String {
+    let mut report = phase_table(
+        count,
+        unit,
+        &phases.iter().map(|p| p.of(0)).collect::<Vec<_>>(),
+    );
+    let mib = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.1} MiB"));
+    let _ = writeln!(
+        report,
+        "\n| binary | peak RSS | binary size (release) |\n|---|---|---|"
+    );
+    for (name, process, rss) in binaries {
+        let _ = writeln!(
+            report,
+            "| {name} | {} | {:.1} MiB |",
+            mib(rss),
+            process.binary_mib()
+        );
+    }
+    report.push('\n');
+    for (which, (name, _, _)) in binaries.iter().enumerate() {
+        let _ = writeln!(report, "API requests of {name}:\n");
+        report.push_str(&request_table(
+            count,
+            per,
+            &phases.iter().map(|p| p.of(which)).collect::<Vec<_>>(),
+        ));
+        report.push('\n');
+    }
+    report
 }
 
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -612,6 +770,83 @@ where
     events
 }
 
+/// Creates `object(i)` through `api` for every `i < count`, `clients` at a time, and waits until
+/// the watch of `api` shows each `done` (at most `limit` for each next change, `what` naming the
+/// state in the error); the sorted latencies from each create to its object done.
+pub async fn create_until<K>(
+    api: &Api<K>,
+    count: usize,
+    clients: usize,
+    (limit, what): (Duration, &str),
+    object: impl Fn(usize) -> anyhow::Result<K>,
+    done: impl Fn(&K) -> bool,
+) -> anyhow::Result<Vec<Duration>>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut events = std::pin::pin!(listed_watch(api).await);
+    let created = timed_requests(count, clients, |i| {
+        let api = api.clone();
+        let object = object(i);
+        async move {
+            let created = api
+                .create(&kube::api::PostParams::default(), &object?)
+                .await?;
+            Ok(created.meta().name.clone().unwrap_or_default())
+        }
+    })
+    .await?;
+    let done_at = reached(&mut events, count, what, limit, |event| match event {
+        watcher::Event::Apply(object) if done(&object) => object.meta().name.clone(),
+        _ => None,
+    })
+    .await?;
+    Ok(latencies(&created, &done_at))
+}
+
+/// Deletes `names` through `api`, `clients` at a time, and waits until the watch of `watched`
+/// shows each one's stand-in gone (`stands_for`: a watched object's name → the deleted name; at
+/// most `limit` for each next deletion); the sorted latencies from each delete to its stand-in
+/// gone.
+pub async fn delete_until<K, W>(
+    api: &Api<K>,
+    names: &[String],
+    clients: usize,
+    limit: Duration,
+    watched: &Api<W>,
+    stands_for: &HashMap<String, String>,
+) -> anyhow::Result<Vec<Duration>>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    W: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    W::DynamicType: Default,
+{
+    let mut events = std::pin::pin!(listed_watch(watched).await);
+    let deleted = timed_requests(names.len(), clients, |i| {
+        let api = api.clone();
+        let name = names[i].clone();
+        async move {
+            api.delete(&name, &kube::api::DeleteParams::default())
+                .await?;
+            Ok(name)
+        }
+    })
+    .await?;
+    let gone_at = reached(
+        &mut events,
+        names.len(),
+        "deleted",
+        limit,
+        |event| match event {
+            watcher::Event::Delete(object) => stands_for.get(object.meta().name.as_ref()?).cloned(),
+            _ => None,
+        },
+    )
+    .await?;
+    Ok(latencies(&deleted, &gone_at))
+}
+
 /// When each of `count` objects reached the state `done` recognises (by the name it returns),
 /// waiting at most `limit` for each next event.
 pub async fn reached<K>(
@@ -712,6 +947,65 @@ pub fn sidecar_report(
     );
     report.push_str(&request_table(count, per, phases));
     report
+}
+
+/// Serves `crds` (one that exists already is kept) and makes the namespace `namespace`.
+pub async fn crds_and_namespace(
+    client: &Client,
+    crds: Vec<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >,
+    namespace: &str,
+) -> anyhow::Result<()> {
+    use kube::api::PostParams;
+    let api = Api::all(client.clone());
+    for crd in crds {
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
+    Api::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    Ok(())
+}
+
+/// Creates `object` of a custom kind, retrying for up to 30 s while the server does not serve
+/// the kind yet (a real server needs a moment to serve a new CRD).
+pub async fn create_when_served<K>(api: &Api<K>, object: &K) -> anyhow::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(error) = api.create(&kube::api::PostParams::default(), object).await {
+        if Instant::now() > deadline {
+            bail!("creating {}: {error}", K::kind(&Default::default()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// What a benchmark on the reference driver starts with: a temporary directory named by
+/// `prefix`, the API server under test without roles, and the reference driver `driver` with
+/// one node `node`, in this process.
+pub async fn start_with_reference_driver(
+    prefix: &str,
+    driver: &str,
+    node: &str,
+) -> anyhow::Result<(tempfile::TempDir, ApiServerUnderTest, LocalCluster)> {
+    let root = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    let api = ApiServerUnderTest::start(root.path(), &[]).await?;
+    let driver = LocalCluster::start(root.path(), &[node], |config| {
+        config.driver_name = driver.to_string();
+    })
+    .await?;
+    Ok((root, api, driver))
 }
 
 /// The claims [`volumes_with_pvs`] binds the PVs to: one per PV, of the same name, in
