@@ -13,6 +13,12 @@
 //!
 //! The generated impls assume that the code for proto package `a.b` is included at
 //! `crate::a::b` (see `src/lib.rs`).
+//!
+//! With the `v1-12` feature it also compiles the published CSI v1.12.0 proto
+//! (`proto/csi/v1.12/csi.proto`), messages only, into `OUT_DIR/v1_12/`, for the module
+//! `crate::csi::v1_12`. It is a second, separate protox compile because both files are proto
+//! package `csi.v1`: one descriptor pool cannot hold both. Its redacting `Debug` impls are
+//! generated the same way, with `csi.v1` paths pointing at `crate::csi::v1_12`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::error::Error;
@@ -41,10 +47,14 @@ const PROTOS: &[&str] = &[
 const FIXTURE_PROTOS: &[&str] = &["redaction_fixture.proto"];
 
 /// The options that mark a field as secret, and the numbers the CSI and COSI specs give them.
+/// The CSI one comes first: the legacy compile has only the CSI proto.
 const SECRET_OPTIONS: &[(&str, u32)] = &[
     ("csi.v1.csi_secret", 1059),
     ("cosi.v1alpha1.cosi_secret", 1115),
 ];
+
+/// The published CSI v1.12.0 proto, relative to `proto/`; compiled only with the `v1-12` feature.
+const LEGACY_CSI_PROTO: &str = "csi/v1.12/csi.proto";
 
 /// Path of the generated helpers module (hand-written, `src/redact.rs`).
 const HELPERS: &str = "crate::redact";
@@ -77,14 +87,43 @@ fn main() -> Result<(), Box<dyn Error>> {
         public_fds.encode_to_vec(),
     )?;
 
-    let redaction = Redaction::analyse(&pool)?;
-    redaction.write(&pool, &out_dir)?;
+    let redaction = Redaction::analyse(&pool, SECRET_OPTIONS, None)?;
+    redaction.write_debug(&pool, &out_dir)?;
+    redaction.write_lists(&pool, &out_dir)?;
 
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .skip_debug(redaction.skip_debug_paths())
         .compile_fds(fds)?;
+
+    if env::var_os("CARGO_FEATURE_V1_12").is_some() {
+        compile_legacy_csi(&proto_dir, &out_dir)?;
+    }
+    Ok(())
+}
+
+/// CSI v1.12.0 messages (no clients or servers: a v1.13 service answers on the same method
+/// paths, so only the message shapes of the old generation are needed) into `OUT_DIR/v1_12/`.
+fn compile_legacy_csi(proto_dir: &Path, out_dir: &Path) -> Result<(), Box<dyn Error>> {
+    let legacy_dir = out_dir.join("v1_12");
+    fs::create_dir_all(&legacy_dir)?;
+    let mut compiler = protox::Compiler::new([proto_dir])?;
+    compiler.include_imports(true).include_source_info(true);
+    compiler.open_files([LEGACY_CSI_PROTO])?;
+    let pool = compiler.descriptor_pool();
+    let redaction = Redaction::analyse(
+        &pool,
+        &SECRET_OPTIONS[..1],
+        Some(("csi.v1", "crate::csi::v1_12")),
+    )?;
+    redaction.write_debug(&pool, &legacy_dir)?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .out_dir(&legacy_dir)
+        .skip_debug(redaction.skip_debug_paths())
+        .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }
 
@@ -93,12 +132,19 @@ struct Redaction {
     secret_options: Vec<ExtensionDescriptor>,
     /// Full names of messages with at least one secret field (no leading dot).
     secret_bearing: BTreeSet<String>,
+    /// A proto package whose code is included somewhere other than its default module, and
+    /// that module's Rust path (`("csi.v1", "crate::csi::v1_12")` for the legacy compile).
+    relocated: Option<(&'static str, &'static str)>,
 }
 
 impl Redaction {
-    fn analyse(pool: &DescriptorPool) -> Result<Self, Box<dyn Error>> {
+    fn analyse(
+        pool: &DescriptorPool,
+        options: &[(&str, u32)],
+        relocated: Option<(&'static str, &'static str)>,
+    ) -> Result<Self, Box<dyn Error>> {
         let mut secret_options = Vec::new();
-        for (name, number) in SECRET_OPTIONS {
+        for (name, number) in options {
             let option = pool
                 .get_extension_by_name(name)
                 .ok_or_else(|| format!("extension {name} not found in the protos"))?;
@@ -116,6 +162,7 @@ impl Redaction {
         let mut redaction = Redaction {
             secret_options,
             secret_bearing: BTreeSet::new(),
+            relocated,
         };
         for message in pool.all_messages() {
             if message.fields().any(|field| redaction.is_secret(&field)) {
@@ -161,15 +208,8 @@ impl Redaction {
         })
     }
 
-    /// Writes `<package>.debug.rs` for every package, plus the lists of secret-bearing messages
-    /// and secret fields.
-    fn write(&self, pool: &DescriptorPool, out_dir: &Path) -> Result<(), Box<dyn Error>> {
-        let fixture_packages: HashSet<String> = pool
-            .files()
-            .filter(|file| FIXTURE_PROTOS.contains(&file.name()))
-            .map(|file| file.package_name().to_owned())
-            .collect();
-
+    /// Writes `<package>.debug.rs` for every package.
+    fn write_debug(&self, pool: &DescriptorPool, out_dir: &Path) -> Result<(), Box<dyn Error>> {
         // One file per package (even when empty), so lib.rs can include them unconditionally.
         let mut per_package: BTreeMap<String, String> = pool
             .files()
@@ -204,7 +244,16 @@ impl Redaction {
                 format!("{header}{code}"),
             )?;
         }
+        Ok(())
+    }
 
+    /// Writes the lists of secret-bearing messages and secret fields.
+    fn write_lists(&self, pool: &DescriptorPool, out_dir: &Path) -> Result<(), Box<dyn Error>> {
+        let fixture_packages: HashSet<String> = pool
+            .files()
+            .filter(|file| FIXTURE_PROTOS.contains(&file.name()))
+            .map(|file| file.package_name().to_owned())
+            .collect();
         let is_fixture = |name: &str| {
             pool.get_message_by_name(name)
                 .is_some_and(|m| fixture_packages.contains(m.package_name()))
@@ -263,7 +312,7 @@ impl Redaction {
             let value = if self.is_secret(&field) {
                 redacted_field(&field, &access)?
             } else {
-                plain_field(&field, &access)?
+                self.plain_field(&field, &access)?
             };
             writeln!(out, "        builder.field({ident:?}, &{value});")?;
         }
@@ -307,7 +356,7 @@ impl Redaction {
                 } else if let Kind::Enum(e) = field.kind() {
                     (
                         "value",
-                        format!("&{HELPERS}::Enum::<{}>::new(value)", abs_path(&e)),
+                        format!("&{HELPERS}::Enum::<{}>::new(value)", self.abs_path(&e)),
                     )
                 } else {
                     ("value", "value".to_owned())
@@ -323,34 +372,59 @@ impl Redaction {
     }
 }
 
-/// Debug expression for a non-secret field, equivalent to prost-derive's output.
-fn plain_field(field: &FieldDescriptor, access: &str) -> Result<String, Box<dyn Error>> {
-    if field.is_map() {
-        let Kind::Message(entry) = field.kind() else {
-            return Err(format!("map field {} without entry message", field.full_name()).into());
+impl Redaction {
+    /// Debug expression for a non-secret field, equivalent to prost-derive's output.
+    fn plain_field(&self, field: &FieldDescriptor, access: &str) -> Result<String, Box<dyn Error>> {
+        if field.is_map() {
+            let Kind::Message(entry) = field.kind() else {
+                return Err(
+                    format!("map field {} without entry message", field.full_name()).into(),
+                );
+            };
+            return Ok(match entry.map_entry_value_field().kind() {
+                Kind::Enum(e) => format!(
+                    "{HELPERS}::EnumValueMap::<_, {}>::new(&{access})",
+                    self.abs_path(&e)
+                ),
+                _ => access.to_owned(),
+            });
+        }
+        if field.is_group() {
+            return Err(format!("group field {} is not supported", field.full_name()).into());
+        }
+        let Kind::Enum(e) = field.kind() else {
+            return Ok(access.to_owned());
         };
-        return Ok(match entry.map_entry_value_field().kind() {
-            Kind::Enum(e) => format!(
-                "{HELPERS}::EnumValueMap::<_, {}>::new(&{access})",
-                abs_path(&e)
-            ),
-            _ => access.to_owned(),
-        });
+        let enum_path = self.abs_path(&e);
+        Ok(if field.is_list() {
+            format!("{HELPERS}::EnumList::<{enum_path}>::new(&{access})")
+        } else if field.supports_presence() {
+            format!("{HELPERS}::OptionalEnum::<{enum_path}>::new(&{access})")
+        } else {
+            format!("{HELPERS}::Enum::<{enum_path}>::new(&{access})")
+        })
     }
-    if field.is_group() {
-        return Err(format!("group field {} is not supported", field.full_name()).into());
+
+    /// Absolute Rust path of an enum (enum fields may use another package's enum).
+    fn abs_path(&self, enumeration: &EnumDescriptor) -> String {
+        let package = enumeration.package_name();
+        let relative = rel_path(enumeration.full_name(), package);
+        if package == "google.protobuf" {
+            return format!("::prost_types::{relative}");
+        }
+        if let Some((_, module)) = self
+            .relocated
+            .filter(|(relocated, _)| *relocated == package)
+        {
+            return format!("{module}::{relative}");
+        }
+        let mut path = String::from("crate");
+        for part in package.split('.').filter(|p| !p.is_empty()) {
+            path.push_str("::");
+            path.push_str(&to_snake(part));
+        }
+        format!("{path}::{relative}")
     }
-    let Kind::Enum(e) = field.kind() else {
-        return Ok(access.to_owned());
-    };
-    let enum_path = abs_path(&e);
-    Ok(if field.is_list() {
-        format!("{HELPERS}::EnumList::<{enum_path}>::new(&{access})")
-    } else if field.supports_presence() {
-        format!("{HELPERS}::OptionalEnum::<{enum_path}>::new(&{access})")
-    } else {
-        format!("{HELPERS}::Enum::<{enum_path}>::new(&{access})")
-    })
 }
 
 /// Debug expression for a secret field: shape only (count or presence), never content.
@@ -422,21 +496,6 @@ fn local_name<'a>(full_name: &'a str, package: &str) -> &'a str {
             .and_then(|rest| rest.strip_prefix('.'))
             .unwrap_or(full_name)
     }
-}
-
-/// Absolute Rust path of an enum (enum fields may use another package's enum).
-fn abs_path(enumeration: &EnumDescriptor) -> String {
-    let package = enumeration.package_name();
-    let relative = rel_path(enumeration.full_name(), package);
-    if package == "google.protobuf" {
-        return format!("::prost_types::{relative}");
-    }
-    let mut path = String::from("crate");
-    for part in package.split('.').filter(|p| !p.is_empty()) {
-        path.push_str("::");
-        path.push_str(&to_snake(part));
-    }
-    format!("{path}::{relative}")
 }
 
 fn str_slice(items: &[&String]) -> String {

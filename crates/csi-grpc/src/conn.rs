@@ -5,6 +5,10 @@
 
 mod driver;
 mod endpoint;
+#[cfg(feature = "v1-12")]
+mod legacy;
+#[cfg(feature = "v1-12")]
+pub use legacy::rewire;
 mod rpcs;
 
 use std::fmt::Debug;
@@ -26,8 +30,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
 pub use driver::{
-    DriverInfo, PluginCapabilities, Services, StartupOrder, controller_capabilities,
-    node_capabilities,
+    DriverInfo, LEGACY_CONTROLLER_VOLUME_CONDITION, LEGACY_NODE_VOLUME_CONDITION,
+    PluginCapabilities, Services, StartupOrder, VolumeConditionSupport, controller_capabilities,
+    controller_volume_condition, node_capabilities, node_volume_condition,
 };
 pub use endpoint::{Endpoint, MAX_SOCKET_PATH_BYTES, check_socket_path};
 

@@ -709,31 +709,30 @@ async fn story(cluster: &LocalCluster, n: &mut Narrator, writer: &mut Option<Chi
         ),
     }
 
-    let stats = rpc(
+    let health = rpc(
         data_a
             .csi(cluster)
-            .node_get_volume_stats(
-                csi::NodeGetVolumeStatsRequest {
+            .node_get_volume_health(
+                csi::NodeGetVolumeHealthRequest {
                     volume_id: data_a.volume_id.clone(),
-                    volume_path: data_a.target.display().to_string(),
+                    volume_publish_path: data_a.target.display().to_string(),
                     staging_target_path: data_a.staging.display().to_string(),
                 },
                 T,
             )
             .await,
-        "NodeGetVolumeStats demo-data on node-a",
+        "NodeGetVolumeHealth demo-data on node-a",
     )?;
-    let condition = stats
-        .volume_condition
-        .context("NodeGetVolumeStats returned no volume condition")?;
-    ensure!(
-        condition.abnormal,
-        "node-a reports demo-data healthy after fencing: {}",
-        condition.message
-    );
+    let fenced = health
+        .volume_health
+        .context("NodeGetVolumeHealth returned no volume health")?
+        .health_statuses
+        .into_iter()
+        .find(|h| h.reason == "NodeFenced")
+        .context("node-a reports demo-data without NodeFenced after fencing")?;
     n.done(
-        "NodeGetVolumeStats demo-data on node-a",
-        format!("abnormal: {}", condition.message),
+        "NodeGetVolumeHealth demo-data on node-a",
+        format!("{}: {}", fenced.reason, fenced.message),
     );
 
     n.section("move the volume to node-b");

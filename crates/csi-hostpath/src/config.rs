@@ -7,6 +7,8 @@ use clap::{ArgAction, Parser, ValueEnum};
 use csi_grpc::conn::Endpoint;
 use csi_grpc::flags::{CommonArgs, SidecarCli, parse_go_bool};
 
+use crate::health::HealthApi;
+
 /// Our driver name: reverse-domain, so it never collides with upstream's hostpath driver.
 pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi-suite.io";
 
@@ -92,6 +94,12 @@ pub struct DriverArgs {
     /// default: anyone may make symlinks and directories there.
     #[arg(long, value_delimiter = ',', default_value = "/var/lib/kubelet")]
     pub allowed_path_roots: Vec<PathBuf>,
+
+    /// The volume health API to advertise and serve: `v1.13` (the health RPCs), `v1.12` (the
+    /// VOLUME_CONDITION capability and `volume_condition` fields of CSI v1.0-v1.12, as older
+    /// consumers such as external-health-monitor v0.18 need) or `both`.
+    #[arg(long, value_enum, default_value = "v1.13")]
+    pub volume_health: HealthApi,
 }
 
 impl SidecarCli for DriverArgs {
@@ -138,6 +146,7 @@ pub struct Config {
     pub podmon_extension: bool,
     pub accepted_mutable_parameters: BTreeSet<String>,
     pub allowed_path_roots: Vec<PathBuf>,
+    pub volume_health: HealthApi,
     pub vendor_version: String,
 }
 
@@ -160,6 +169,7 @@ impl Config {
                 .cloned()
                 .collect(),
             allowed_path_roots: args.allowed_path_roots.clone(),
+            volume_health: args.volume_health,
             vendor_version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
@@ -230,6 +240,7 @@ mod tests {
         assert!(args.enable_attach);
         assert_eq!(args.max_volume_size, 1 << 40);
         assert_eq!(args.max_volumes_per_node, 0);
+        assert_eq!(args.volume_health, HealthApi::V1_13);
         let args = parse(&[
             "--nodeid=n1",
             "--mode=node",
@@ -237,6 +248,7 @@ mod tests {
             "--capacity=fast=1Gi",
             "--capacity=2Gi",
             "--accepted-mutable-parameter-names=iops,throughput",
+            "--volume-health=v1.12",
         ])
         .unwrap();
         let config = Config::from_args(&args);
@@ -245,6 +257,7 @@ mod tests {
         assert_eq!(config.capacity.get("fast"), Some(&(1 << 30)));
         assert_eq!(config.capacity.get(""), Some(&(2 << 30)));
         assert_eq!(config.accepted_mutable_parameters.len(), 2);
+        assert_eq!(config.volume_health, HealthApi::V1_12);
         assert_eq!(config.topology_key(), "topology.hostpath.csi-suite.io/node");
     }
 
@@ -258,6 +271,7 @@ mod tests {
             &["--nodeid=n", "--statedir=relative"][..],
             &["--nodeid=n", "--capacity=1Gi", "--capacity=2Gi"][..],
             &["--nodeid=n", "--mode=everything"][..],
+            &["--nodeid=n", "--volume-health=v2"][..],
         ] {
             assert_eq!(parse(argv).unwrap_err().exit_code(), 2, "{argv:?}");
         }

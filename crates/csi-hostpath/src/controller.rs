@@ -6,6 +6,7 @@ use std::sync::Arc;
 use csi::controller_server::Controller;
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_content_source::Type as SourceType;
+use csi_grpc::conn::LEGACY_CONTROLLER_VOLUME_CONDITION;
 use csi_proto::csi::v1 as csi;
 
 use crate::data;
@@ -515,7 +516,7 @@ impl Driver {
         })
     }
 
-    fn list_volumes(
+    pub(crate) fn list_volumes(
         &self,
         request: &csi::ListVolumesRequest,
     ) -> Result<csi::ListVolumesResponse, DriverError> {
@@ -530,7 +531,6 @@ impl Driver {
                 volume: Some(self.csi_volume(volume)),
                 status: Some(csi::list_volumes_response::VolumeStatus {
                     published_node_ids: volume.published.keys().cloned().collect(),
-                    volume_condition: Some(self.condition(volume)),
                 }),
             })
             .collect();
@@ -574,7 +574,7 @@ impl Driver {
     }
 
     fn capabilities(&self) -> csi::ControllerGetCapabilitiesResponse {
-        let mut rpcs = vec![
+        let mut rpcs = [
             Rpc::CreateDeleteVolume,
             Rpc::ListVolumes,
             Rpc::GetCapacity,
@@ -584,24 +584,90 @@ impl Driver {
             Rpc::CloneVolume,
             Rpc::ExpandVolume,
             Rpc::ListVolumesPublishedNodes,
-            Rpc::VolumeCondition,
             Rpc::GetVolume,
             Rpc::SingleNodeMultiWriter,
             Rpc::ModifyVolume,
-        ];
+        ]
+        .map(|rpc| rpc as i32)
+        .to_vec();
         if self.config.enable_attach {
-            rpcs.extend([Rpc::PublishUnpublishVolume, Rpc::PublishReadonly]);
+            rpcs.extend([
+                Rpc::PublishUnpublishVolume as i32,
+                Rpc::PublishReadonly as i32,
+            ]);
+        }
+        if self.config.volume_health.rpcs() {
+            rpcs.extend([Rpc::GetVolumeHealth as i32, Rpc::ListVolumeHealth as i32]);
+        }
+        if self.config.volume_health.volume_condition() {
+            rpcs.push(LEGACY_CONTROLLER_VOLUME_CONDITION);
         }
         csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
                 .map(|rpc| csi::ControllerServiceCapability {
                     r#type: Some(csi::controller_service_capability::Type::Rpc(
-                        csi::controller_service_capability::Rpc { r#type: rpc as i32 },
+                        csi::controller_service_capability::Rpc { r#type: rpc },
                     )),
                 })
                 .collect(),
         }
+    }
+
+    /// The abnormal volumes, by ID order, paged as ListVolumes pages.
+    fn list_volume_health(
+        &self,
+        request: &csi::ControllerListVolumeHealthRequest,
+    ) -> Result<csi::ControllerListVolumeHealthResponse, DriverError> {
+        self.health_rpcs_served("ControllerListVolumeHealth")?;
+        let max = page_size(request.max_entries)?;
+        let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
+        let state = self.store.read()?;
+        let abnormal = state
+            .volumes
+            .values()
+            .filter(|v| v.phase == Phase::Ready)
+            .filter(|v| start.as_deref().is_none_or(|s| v.id.as_str() > s))
+            .map(|v| csi::VolumeHealth {
+                volume_id: v.id.clone(),
+                health_statuses: self.volume_health(v),
+            })
+            .filter(|health| !health.health_statuses.is_empty());
+        // One more than a page tells whether a next page exists, without measuring the rest.
+        let mut entries: Vec<csi::VolumeHealth> = if max > 0 {
+            abnormal.take(max + 1).collect()
+        } else {
+            abnormal.collect()
+        };
+        let next_token = if max > 0 && entries.len() > max {
+            entries.truncate(max);
+            entries
+                .last()
+                .map(|e| e.volume_id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(csi::ControllerListVolumeHealthResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    fn get_volume_health(
+        &self,
+        request: &csi::ControllerGetVolumeHealthRequest,
+    ) -> Result<csi::ControllerGetVolumeHealthResponse, DriverError> {
+        self.health_rpcs_served("ControllerGetVolumeHealth")?;
+        let id = required(&request.volume_id, "volume_id")?;
+        let state = self.store.read()?;
+        let volume = ready_volume(&state, id)?;
+        Ok(csi::ControllerGetVolumeHealthResponse {
+            volume_health: Some(csi::VolumeHealth {
+                volume_id: id.to_string(),
+                health_statuses: self.volume_health(volume),
+            }),
+        })
     }
 
     fn create_snapshot(
@@ -797,7 +863,7 @@ impl Driver {
         })
     }
 
-    fn get_volume(
+    pub(crate) fn get_volume(
         &self,
         request: &csi::ControllerGetVolumeRequest,
     ) -> Result<csi::ControllerGetVolumeResponse, DriverError> {
@@ -808,7 +874,6 @@ impl Driver {
             volume: Some(self.csi_volume(volume)),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
                 published_node_ids: volume.published.keys().cloned().collect(),
-                volume_condition: Some(self.condition(volume)),
             }),
         })
     }
@@ -864,6 +929,8 @@ crate::driver::blocking_service! {
         controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse => |d, r| d.controller_unpublish(&r).map(|()| csi::ControllerUnpublishVolumeResponse {});
         validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse => |d, r| d.validate(&r);
         list_volumes(csi::ListVolumesRequest) -> csi::ListVolumesResponse => |d, r| d.list_volumes(&r);
+        controller_list_volume_health(csi::ControllerListVolumeHealthRequest) -> csi::ControllerListVolumeHealthResponse => |d, r| d.list_volume_health(&r);
+        controller_get_volume_health(csi::ControllerGetVolumeHealthRequest) -> csi::ControllerGetVolumeHealthResponse => |d, r| d.get_volume_health(&r);
         get_capacity(csi::GetCapacityRequest) -> csi::GetCapacityResponse => |d, r| d.get_capacity(&r);
         controller_get_capabilities(csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse => |d, _r| Ok(d.capabilities());
         create_snapshot(csi::CreateSnapshotRequest) -> csi::CreateSnapshotResponse => |d, r| d.create_snapshot(&r);

@@ -117,25 +117,18 @@ impl Driver {
         node == self.config.node_id || self.store.heartbeat_age_ms(node).is_some()
     }
 
-    pub fn topology(&self, node: &str) -> csi::Topology {
-        csi::Topology {
-            segments: [(self.config.topology_key(), node.to_string())].into(),
+    /// `UNIMPLEMENTED` for the v1.13 health RPCs when only v1.12's VolumeCondition is served.
+    pub fn health_rpcs_served(&self, rpc: &'static str) -> Result<(), DriverError> {
+        if self.config.volume_health.rpcs() {
+            Ok(())
+        } else {
+            Err(DriverError::HealthRpcsOff { rpc })
         }
     }
 
-    /// A volume's health: its data must exist.
-    pub fn condition(&self, volume: &Volume) -> csi::VolumeCondition {
-        let path = self.store.volume_data(&volume.id, volume.layout());
-        if path.exists() {
-            csi::VolumeCondition {
-                abnormal: false,
-                message: "volume data is present".into(),
-            }
-        } else {
-            csi::VolumeCondition {
-                abnormal: true,
-                message: format!("volume data is missing at {}", path.display()),
-            }
+    pub fn topology(&self, node: &str) -> csi::Topology {
+        csi::Topology {
+            segments: [(self.config.topology_key(), node.to_string())].into(),
         }
     }
 
@@ -177,6 +170,8 @@ impl Driver {
             creation_time: Some(timestamp(snapshot.created_unix_nanos)),
             ready_to_use: snapshot.phase == Phase::Ready,
             group_snapshot_id: snapshot.group_snapshot_id.clone().unwrap_or_default(),
+            // Snapshots are usable from every node: no SNAPSHOT_ACCESSIBILITY_CONSTRAINTS.
+            accessible_topology: Vec::new(),
         }
     }
 }

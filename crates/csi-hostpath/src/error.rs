@@ -143,6 +143,8 @@ pub enum DriverError {
     // UNIMPLEMENTED
     #[error("ControllerPublish/UnpublishVolume are disabled (--enable-attach=false)")]
     AttachDisabled,
+    #[error("{rpc} is not served with --volume-health=v1.12")]
+    HealthRpcsOff { rpc: &'static str },
 
     // INTERNAL
     #[error("{context}: {source}")]
@@ -222,7 +224,7 @@ impl DriverError {
             | BeingDeleted { .. }
             | DeletedMeanwhile { .. }
             | InvalidStartingToken { .. } => Code::Aborted,
-            AttachDisabled => Code::Unimplemented,
+            AttachDisabled | HealthRpcsOff { .. } => Code::Unimplemented,
             Io { .. } | Store(_) | NoLoopDevice { .. } | Task(_) => Code::Internal,
         }
     }

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DEFAULT_DRIVER_NAME, Mode};
+use crate::health::HealthApi;
 use crate::server::{ServeError, run};
 
 /// Node ID of the controller instance.
@@ -68,6 +69,7 @@ pub fn base_config(root: &Path) -> Config {
         podmon_extension: true,
         accepted_mutable_parameters: Default::default(),
         allowed_path_roots: vec![root.join("kubelet")],
+        volume_health: HealthApi::V1_13,
         vendor_version: env!("CARGO_PKG_VERSION").to_string(),
     }
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use csi::node_server::Node;
 use csi::node_service_capability::rpc::Type as Rpc;
+use csi_grpc::conn::LEGACY_NODE_VOLUME_CONDITION;
 use csi_proto::csi::v1 as csi;
 
 use crate::beneath::NodePath;
@@ -28,6 +29,7 @@ use crate::data;
 use crate::driver::{Driver, ready_volume};
 use crate::error::DriverError;
 use crate::export;
+use crate::health::NodePaths;
 use crate::mounts;
 use crate::rules::{self, required};
 use crate::state::{AccessType, Layout, NodeUse, Staging, Target, Volume, now_millis};
@@ -537,7 +539,7 @@ impl Driver {
         }
     }
 
-    fn stats(
+    pub(crate) fn stats(
         &self,
         request: &csi::NodeGetVolumeStatsRequest,
     ) -> Result<csi::NodeGetVolumeStatsResponse, DriverError> {
@@ -598,32 +600,38 @@ impl Driver {
                 });
             }
         }
-        let mounted = volume.access_type == AccessType::Block
-            || mounts::is_mount_point(Path::new(path)).unwrap_or(false);
-        let condition = if !data.exists() {
-            csi::VolumeCondition {
-                abnormal: true,
-                message: format!("volume data missing at {}", data.display()),
-            }
-        } else if !mounted {
-            csi::VolumeCondition {
-                abnormal: true,
-                message: format!("{path} is not mounted"),
-            }
-        } else if volume.fenced.contains_key(&self.config.node_id) {
-            csi::VolumeCondition {
-                abnormal: true,
-                message: "this node is fenced from the volume".into(),
-            }
-        } else {
-            csi::VolumeCondition {
-                abnormal: false,
-                message: "volume is healthy".into(),
-            }
+        Ok(csi::NodeGetVolumeStatsResponse { usage })
+    }
+
+    /// A volume's health from this node, including for paths where staging or publishing
+    /// failed (the CO may name where it attempted them).
+    pub(crate) fn node_volume_health_of(
+        &self,
+        volume_id: &str,
+        paths: NodePaths<'_>,
+    ) -> Result<csi::VolumeHealth, DriverError> {
+        let id = required(volume_id, "volume_id")?;
+        for path in [paths.publish, paths.staging].into_iter().flatten() {
+            rules::required_within(path, "volume path", rules::MAX_PATH)?;
+        }
+        let volume = self.ready_volume(id)?;
+        Ok(csi::VolumeHealth {
+            volume_id: id.to_string(),
+            health_statuses: self.node_volume_health(&volume, paths),
+        })
+    }
+
+    fn node_health(
+        &self,
+        request: &csi::NodeGetVolumeHealthRequest,
+    ) -> Result<csi::NodeGetVolumeHealthResponse, DriverError> {
+        self.health_rpcs_served("NodeGetVolumeHealth")?;
+        let paths = NodePaths {
+            publish: Some(request.volume_publish_path.as_str()).filter(|p| !p.is_empty()),
+            staging: Some(request.staging_target_path.as_str()).filter(|p| !p.is_empty()),
         };
-        Ok(csi::NodeGetVolumeStatsResponse {
-            usage,
-            volume_condition: Some(condition),
+        Ok(csi::NodeGetVolumeHealthResponse {
+            volume_health: Some(self.node_volume_health_of(&request.volume_id, paths)?),
         })
     }
 
@@ -801,20 +809,27 @@ impl Driver {
         }
     }
 
-    fn node_capabilities() -> csi::NodeGetCapabilitiesResponse {
-        let rpcs = [
+    fn node_capabilities(&self) -> csi::NodeGetCapabilitiesResponse {
+        let mut rpcs = [
             Rpc::StageUnstageVolume,
             Rpc::GetVolumeStats,
             Rpc::ExpandVolume,
-            Rpc::VolumeCondition,
             Rpc::SingleNodeMultiWriter,
-        ];
+        ]
+        .map(|rpc| rpc as i32)
+        .to_vec();
+        if self.config.volume_health.rpcs() {
+            rpcs.extend([Rpc::GetVolumeHealth as i32, Rpc::GetStorageHealth as i32]);
+        }
+        if self.config.volume_health.volume_condition() {
+            rpcs.push(LEGACY_NODE_VOLUME_CONDITION);
+        }
         csi::NodeGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
                 .map(|rpc| csi::NodeServiceCapability {
                     r#type: Some(csi::node_service_capability::Type::Rpc(
-                        csi::node_service_capability::Rpc { r#type: rpc as i32 },
+                        csi::node_service_capability::Rpc { r#type: rpc },
                     )),
                 })
                 .collect(),
@@ -892,7 +907,12 @@ crate::driver::blocking_service! {
         node_unpublish_volume(csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse => |d, r| d.node_unpublish(&r).map(|()| csi::NodeUnpublishVolumeResponse {});
         node_get_volume_stats(csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse => |d, r| d.stats(&r);
         node_expand_volume(csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse => |d, r| d.node_expand(&r);
-        node_get_capabilities(csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse => |_d, _r| Ok(Driver::node_capabilities());
+        node_get_capabilities(csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse => |d, _r| Ok(d.node_capabilities());
+        node_get_volume_health(csi::NodeGetVolumeHealthRequest) -> csi::NodeGetVolumeHealthResponse => |d, r| d.node_health(&r);
+        node_get_storage_health(csi::NodeGetStorageHealthRequest) -> csi::NodeGetStorageHealthResponse => |d, _r| {
+            d.health_rpcs_served("NodeGetStorageHealth")?;
+            Ok(csi::NodeGetStorageHealthResponse { backend_health: d.storage_health() })
+        };
         node_get_info(csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse => |d, _r| Ok(d.node_info());
     }
 }

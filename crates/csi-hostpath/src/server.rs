@@ -19,6 +19,7 @@ use crate::controller::ControllerService;
 use crate::driver::Driver;
 use crate::group::GroupControllerService;
 use crate::identity::{IdentityService, PodmonService};
+use crate::legacy::LegacyHealth;
 use crate::node::NodeService;
 use crate::recovery;
 use crate::state::{Store, StoreError};
@@ -81,19 +82,29 @@ pub async fn run(
                 .podmon_extension
                 .then(|| PodmonServer::new(PodmonService::new(driver.clone()))),
         );
+    // The VolumeCondition generation needs three Controller and Node methods answered in
+    // v1.12's messages.
+    let legacy = driver.config.volume_health.volume_condition();
     if mode.controller() {
-        router = router
-            .add_service(ControllerServer::new(ControllerService::new(
-                driver.clone(),
-            )))
-            .add_service(GroupControllerServer::new(GroupControllerService::new(
-                driver.clone(),
-            )));
+        let controller = ControllerServer::new(ControllerService::new(driver.clone()));
+        router = if legacy {
+            router.add_service(LegacyHealth::new(controller, driver.clone()))
+        } else {
+            router.add_service(controller)
+        };
+        router = router.add_service(GroupControllerServer::new(GroupControllerService::new(
+            driver.clone(),
+        )));
     }
     if mode.node() {
-        router = router.add_service(NodeServer::new(NodeService::new(driver.clone())));
+        let node = NodeServer::new(NodeService::new(driver.clone()));
+        router = if legacy {
+            router.add_service(LegacyHealth::new(node, driver.clone()))
+        } else {
+            router.add_service(node)
+        };
     }
-    tracing::info!(%endpoint, driver = %driver.config.driver_name, node = %driver.config.node_id, ?mode, "serving CSI");
+    tracing::info!(%endpoint, driver = %driver.config.driver_name, node = %driver.config.node_id, ?mode, volume_health = ?driver.config.volume_health, "serving CSI");
     let served = router
         .serve_with_incoming_shutdown(grpc_server::incoming(listener), shutdown.cancelled())
         .await;

@@ -41,7 +41,8 @@ async fn identity() {
         Rpc::GetSnapshot,
         Rpc::CloneVolume,
         Rpc::ExpandVolume,
-        Rpc::VolumeCondition,
+        Rpc::GetVolumeHealth,
+        Rpc::ListVolumeHealth,
         Rpc::GetVolume,
         Rpc::SingleNodeMultiWriter,
         Rpc::ModifyVolume,
@@ -64,11 +65,15 @@ async fn identity() {
         NodeRpc::StageUnstageVolume,
         NodeRpc::GetVolumeStats,
         NodeRpc::ExpandVolume,
-        NodeRpc::VolumeCondition,
+        NodeRpc::GetVolumeHealth,
+        NodeRpc::GetStorageHealth,
         NodeRpc::SingleNodeMultiWriter,
     ] {
         assert!(node.has_node(rpc), "{rpc:?}");
     }
+    // The default is the v1.13 health API only: no VOLUME_CONDITION of v1.12.
+    assert_eq!(plugin.volume_condition, Default::default());
+    assert_eq!(node.volume_condition, Default::default());
     assert!(
         !node.plugin.controller_service,
         "node instances serve no controller"
@@ -475,7 +480,17 @@ async fn controller_publish_table() {
         .clone()
         .unwrap();
     assert_eq!(status.published_node_ids, ["node-a"]);
-    assert_eq!(status.volume_condition.map(|c| c.abnormal), Some(false));
+    let health = c
+        .controller_get_volume_health(
+            csi::ControllerGetVolumeHealthRequest {
+                volume_id: volume.volume_id.clone(),
+                ..Default::default()
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(health.volume_health.unwrap().health_statuses, []);
 
     assert_eq!(
         code(

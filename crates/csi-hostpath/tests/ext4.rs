@@ -324,7 +324,17 @@ async fn ext4_volumes_export_clone_snapshot_expand_and_refuse_what_ext4_cannot_d
         ..Default::default()
     };
     let before = node_a.node_get_volume_stats(stats(&at.1), T).await.unwrap();
-    assert!(!before.volume_condition.as_ref().unwrap().abnormal);
+    let health = node_a
+        .node_get_volume_health(
+            csi::NodeGetVolumeHealthRequest {
+                volume_id: volume.clone(),
+                ..Default::default()
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(health.volume_health.unwrap().health_statuses, []);
     let expanded = c
         .controller_expand_volume(
             csi::ControllerExpandVolumeRequest {

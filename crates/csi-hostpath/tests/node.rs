@@ -3,6 +3,7 @@
 
 mod common;
 
+use csi::VolumeHealthErrorType::Inaccessible;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -235,7 +236,6 @@ async fn filesystem_volume_lifecycle_and_error_table() {
             .iter()
             .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32 && u.used >= 2)
     );
-    assert_eq!(stats.volume_condition.map(|c| c.abnormal), Some(false));
     let wrong_path = csi::NodeGetVolumeStatsRequest {
         volume_id: volume.clone(),
         volume_path: "/tmp/not-it".into(),
@@ -445,21 +445,12 @@ async fn controller_unpublish_fences_the_node_within_a_second() {
     let _ = writer.wait();
     // New writes through node-a's mounts fail.
     assert!(std::fs::write(target.join("late"), b"x").is_err());
-    let stats = a
-        .node_get_volume_stats(
-            csi::NodeGetVolumeStatsRequest {
-                volume_id: volume.clone(),
-                volume_path: target.display().to_string(),
-                ..Default::default()
-            },
-            T,
-        )
-        .await
-        .unwrap();
-    let condition = stats.volume_condition.unwrap();
+    let health = node_health(a, &volume).await;
     assert!(
-        condition.abnormal && condition.message.contains("fenced"),
-        "{condition:?}"
+        health
+            .iter()
+            .any(|h| h.reason == "NodeFenced" && h.status == Inaccessible as i32),
+        "{health:?}"
     );
 
     // Failover: node-b gets the volume and sees node-a's data.
@@ -512,20 +503,13 @@ async fn publishing_to_a_fenced_node_again_lifts_the_fence() {
         ..Default::default()
     };
     c.controller_unpublish_volume(unpublish, T).await.unwrap();
-    let stats = csi::NodeGetVolumeStatsRequest {
-        volume_id: volume.clone(),
-        volume_path: target.display().to_string(),
-        ..Default::default()
-    };
     let mut fenced = false;
     for _ in 0..50 {
-        let condition = a
-            .node_get_volume_stats(stats.clone(), T)
+        if node_health(a, &volume)
             .await
-            .unwrap()
-            .volume_condition
-            .unwrap();
-        if condition.message.contains("fenced") {
+            .iter()
+            .any(|h| h.reason == "NodeFenced")
+        {
             fenced = true;
             break;
         }
@@ -545,16 +529,24 @@ async fn publishing_to_a_fenced_node_again_lifts_the_fence() {
         .await
         .unwrap();
     std::fs::write(target.join("allowed"), b"writable again").unwrap();
-    let condition = a
-        .node_get_volume_stats(stats, T)
-        .await
-        .unwrap()
-        .volume_condition
-        .unwrap();
-    assert!(!condition.abnormal, "{condition:?}");
+    let health = node_health(a, &volume).await;
+    assert_eq!(health, [], "healthy again");
     teardown(a, &volume, &staging, &target).await;
     assert!(mounts_under(dir.path()).is_empty());
     cluster.stop().await;
+}
+
+/// NodeGetVolumeHealth of a volume, as the CO asks it without paths.
+async fn node_health(
+    node: &csi_grpc::conn::CsiConnection,
+    volume: &str,
+) -> Vec<csi::volume_health::VolumeHealthEntry> {
+    let request = csi::NodeGetVolumeHealthRequest {
+        volume_id: volume.to_string(),
+        ..Default::default()
+    };
+    let response = node.node_get_volume_health(request, T).await.unwrap();
+    response.volume_health.unwrap().health_statuses
 }
 
 /// The user the driver runs as when the test itself runs as root (as in CI): `nobody`.

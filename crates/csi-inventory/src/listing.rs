@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use csi_grpc::conn::CsiConnection;
-use csi_proto::csi::v1 as csi;
+use csi_proto::csi::{v1 as csi, v1_12};
 use tonic::{Code, Status};
 
 /// How often a listing starts again after ABORTED before giving up.
@@ -99,6 +99,53 @@ pub async fn volumes(
                 starting_token,
             };
             let response = csi.list_volumes(request, paging.timeout).await?;
+            Ok((response.entries, response.next_token))
+        },
+        progress,
+    )
+    .await
+}
+
+/// ListVolumes of a driver of the VolumeCondition generation (CSI v1.0-v1.12), whose entries
+/// carry each volume's condition.
+pub async fn legacy_volumes(
+    csi: &CsiConnection,
+    paging: Paging,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<v1_12::list_volumes_response::Entry>, ListError> {
+    all_pages(
+        "ListVolumes",
+        |starting_token| async move {
+            let request = v1_12::ListVolumesRequest {
+                max_entries: paging.max_entries,
+                starting_token,
+            };
+            let response = csi.legacy_list_volumes(request, paging.timeout).await?;
+            Ok((response.entries, response.next_token))
+        },
+        progress,
+    )
+    .await
+}
+
+/// Every abnormal volume's health (CSI v1.13 ControllerListVolumeHealth, healthy volumes
+/// omitted).
+pub async fn volume_health(
+    csi: &CsiConnection,
+    paging: Paging,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<csi::VolumeHealth>, ListError> {
+    all_pages(
+        "ControllerListVolumeHealth",
+        |starting_token| async move {
+            let request = csi::ControllerListVolumeHealthRequest {
+                max_entries: paging.max_entries,
+                starting_token,
+                ..Default::default()
+            };
+            let response = csi
+                .controller_list_volume_health(request, paging.timeout)
+                .await?;
             Ok((response.entries, response.next_token))
         },
         progress,

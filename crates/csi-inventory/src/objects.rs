@@ -3,8 +3,9 @@
 
 use std::collections::BTreeSet;
 
+use csi::VolumeHealthErrorType;
 use csi_kinds::snapshot::VolumeSnapshotContent;
-use csi_proto::csi::v1 as csi;
+use csi_proto::csi::{v1 as csi, v1_12};
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume};
 use kube::ResourceExt;
 
@@ -12,7 +13,11 @@ use crate::report::{
     ClusterSnapshot, ClusterVolume, Condition, PvTopology, Segments, StorageSnapshot, StorageVolume,
 };
 
-pub fn storage_volume(entry: &csi::list_volumes_response::Entry) -> Option<StorageVolume> {
+/// A listed volume; `condition` comes from wherever the driver reports health.
+pub fn storage_volume(
+    entry: &csi::list_volumes_response::Entry,
+    condition: Option<Condition>,
+) -> Option<StorageVolume> {
     let volume = entry.volume.as_ref()?;
     Some(StorageVolume {
         id: volume.volume_id.clone(),
@@ -24,15 +29,48 @@ pub fn storage_volume(entry: &csi::list_volumes_response::Entry) -> Option<Stora
             .map(|t| t.segments.clone().into_iter().collect())
             .collect(),
         published_nodes: entry.status.as_ref().map(|s| s.published_node_ids.clone()),
-        condition: entry
-            .status
-            .as_ref()
-            .and_then(|s| s.volume_condition.as_ref())
-            .map(|c| Condition {
-                abnormal: c.abnormal,
-                message: c.message.clone(),
-            }),
+        condition,
     })
+}
+
+/// A volume listed by a driver of the VolumeCondition generation, with its condition.
+pub fn legacy_storage_volume(entry: &v1_12::list_volumes_response::Entry) -> Option<StorageVolume> {
+    let condition = entry
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_condition.as_ref())
+        .map(|c| Condition {
+            abnormal: c.abnormal,
+            message: c.message.clone(),
+        });
+    // The shared fields decode as v1.13's entry; only the condition is v1.12's.
+    let current: csi::list_volumes_response::Entry = csi_grpc::conn::rewire(entry).ok()?;
+    storage_volume(&current, condition)
+}
+
+/// A volume's condition from its v1.13 health entries (none: healthy). Statuses this build
+/// does not know are left out, as the spec tells COs to ignore them.
+pub fn health_condition(entries: &[csi::volume_health::VolumeHealthEntry]) -> Condition {
+    let known: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            VolumeHealthErrorType::try_from(e.status)
+                .is_ok_and(|s| s != VolumeHealthErrorType::UnknownVolumeHealthType)
+        })
+        .map(|e| {
+            let status =
+                VolumeHealthErrorType::try_from(e.status).map_or("UNKNOWN", |s| s.as_str_name());
+            if e.message.is_empty() {
+                format!("{status} {}", e.reason)
+            } else {
+                format!("{status} {}: {}", e.reason, e.message)
+            }
+        })
+        .collect();
+    Condition {
+        abnormal: !known.is_empty(),
+        message: known.join("; "),
+    }
 }
 
 pub fn storage_snapshot(entry: &csi::list_snapshots_response::Entry) -> Option<StorageSnapshot> {
@@ -219,15 +257,80 @@ mod tests {
             }),
             status: Some(csi::list_volumes_response::VolumeStatus {
                 published_node_ids: vec!["n1".into()],
-                volume_condition: Some(csi::VolumeCondition {
+            }),
+        };
+        let volume = storage_volume(&entry, None).unwrap();
+        assert_eq!(volume.published_nodes, Some(vec!["n1".to_string()]));
+        assert_eq!(volume.topology, vec![segments(&[("zone", "a")])]);
+        assert_eq!(volume.condition, None);
+    }
+
+    #[test]
+    fn a_legacy_entry_keeps_its_fields_and_condition() {
+        let entry = v1_12::list_volumes_response::Entry {
+            volume: Some(v1_12::Volume {
+                volume_id: "vol-1".into(),
+                capacity_bytes: 5,
+                ..Default::default()
+            }),
+            status: Some(v1_12::list_volumes_response::VolumeStatus {
+                published_node_ids: vec!["n1".into()],
+                volume_condition: Some(v1_12::VolumeCondition {
                     abnormal: true,
                     message: "gone".into(),
                 }),
             }),
         };
-        let volume = storage_volume(&entry).unwrap();
+        let volume = legacy_storage_volume(&entry).unwrap();
+        assert_eq!((volume.id.as_str(), volume.capacity_bytes), ("vol-1", 5));
         assert_eq!(volume.published_nodes, Some(vec!["n1".to_string()]));
-        assert_eq!(volume.topology, vec![segments(&[("zone", "a")])]);
-        assert!(volume.condition.unwrap().abnormal);
+        assert_eq!(
+            volume.condition,
+            Some(Condition {
+                abnormal: true,
+                message: "gone".into()
+            })
+        );
+    }
+
+    #[test]
+    fn health_entries_fold_into_a_condition() {
+        let entry =
+            |status: i32, reason: &str, message: &str| csi::volume_health::VolumeHealthEntry {
+                status,
+                reason: reason.into(),
+                message: message.into(),
+            };
+        let table = [
+            (vec![], false, ""),
+            (
+                vec![entry(
+                    VolumeHealthErrorType::DataLoss as i32,
+                    "VolumeDataMissing",
+                    "gone",
+                )],
+                true,
+                "DATA_LOSS VolumeDataMissing: gone",
+            ),
+            (
+                vec![
+                    entry(VolumeHealthErrorType::Degraded as i32, "NodeFenced", ""),
+                    entry(99, "FromTheFuture", "ignored"),
+                ],
+                true,
+                "DEGRADED NodeFenced",
+            ),
+            (vec![entry(99, "FromTheFuture", "ignored")], false, ""),
+        ];
+        for (entries, abnormal, message) in table {
+            assert_eq!(
+                health_condition(&entries),
+                Condition {
+                    abnormal,
+                    message: message.into()
+                },
+                "{entries:?}"
+            );
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The adapters: connect to the driver and the cluster, read both sides, and print, create or
 //! serve what the pure core decided.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use csi_grpc::conn::{self, ConnError, CsiConnection, DriverInfo, Services};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_kinds::snapshot::VolumeSnapshotContent;
+use csi_proto::csi::v1 as csi;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
+use csi_proto::csi::v1::volume_health::VolumeHealthEntry;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
@@ -21,7 +23,10 @@ use crate::flags::{ImportArgs, Output, ReportArgs, Target};
 use crate::import::{ImportSpec, Refusal, orphan_pv_name, persistent_volume};
 use crate::listing::{self, ListError, Paging};
 use crate::metrics::InventoryMetrics;
-use crate::objects::{cluster_snapshot, cluster_volume, storage_snapshot, storage_volume};
+use crate::objects::{
+    cluster_snapshot, cluster_volume, health_condition, legacy_storage_volume, storage_snapshot,
+    storage_volume,
+};
 use crate::report::{ClusterVolume, Finding, Inputs, Report, SnapshotInputs, compare};
 
 /// The exit code of a report with findings (0: clean), for cron alerting.
@@ -156,12 +161,92 @@ impl Inventory {
         }
     }
 
+    /// The driver's volumes, each with its condition from the health API the driver serves:
+    /// CSI v1.13's ControllerListVolumeHealth (or ControllerGetVolumeHealth per volume), else
+    /// the VolumeCondition of v1.0-v1.12 in ListVolumes; no condition when it serves neither.
     async fn storage_volumes(
         &self,
-        progress: &mut dyn FnMut(usize, usize),
+        progress: &mut dyn FnMut(&str, usize, usize),
     ) -> Result<Vec<crate::report::StorageVolume>, InventoryError> {
-        let entries = listing::volumes(&self.csi, self.paging, progress).await?;
-        Ok(entries.iter().filter_map(storage_volume).collect())
+        let list_health = self
+            .driver
+            .has_controller(ControllerCapability::ListVolumeHealth);
+        let get_health = self
+            .driver
+            .has_controller(ControllerCapability::GetVolumeHealth);
+        if !list_health && !get_health && self.driver.volume_condition.controller {
+            let entries = listing::legacy_volumes(&self.csi, self.paging, &mut |pages, entries| {
+                progress("ListVolumes", pages, entries)
+            })
+            .await?;
+            return Ok(entries.iter().filter_map(legacy_storage_volume).collect());
+        }
+        let entries = listing::volumes(&self.csi, self.paging, &mut |pages, entries| {
+            progress("ListVolumes", pages, entries)
+        })
+        .await?;
+        let health: BTreeMap<String, Vec<VolumeHealthEntry>> = if list_health {
+            listing::volume_health(&self.csi, self.paging, &mut |pages, entries| {
+                progress("ControllerListVolumeHealth", pages, entries)
+            })
+            .await?
+            .into_iter()
+            .map(|h| (h.volume_id, h.health_statuses))
+            .collect()
+        } else if get_health {
+            self.each_volume_health(&entries).await?
+        } else {
+            BTreeMap::new()
+        };
+        let serves_health = list_health || get_health;
+        Ok(entries
+            .iter()
+            .filter_map(|entry| {
+                let id = &entry.volume.as_ref()?.volume_id;
+                // ControllerListVolumeHealth omits healthy volumes.
+                let condition = serves_health
+                    .then(|| health_condition(health.get(id).map_or(&[][..], Vec::as_slice)));
+                storage_volume(entry, condition)
+            })
+            .collect())
+    }
+
+    /// ControllerGetVolumeHealth of every listed volume (drivers without the list RPC). A
+    /// volume deleted since it was listed is skipped.
+    async fn each_volume_health(
+        &self,
+        entries: &[csi::list_volumes_response::Entry],
+    ) -> Result<BTreeMap<String, Vec<VolumeHealthEntry>>, InventoryError> {
+        let mut health = BTreeMap::new();
+        for volume in entries.iter().filter_map(|e| e.volume.as_ref()) {
+            let request = csi::ControllerGetVolumeHealthRequest {
+                volume_id: volume.volume_id.clone(),
+                ..Default::default()
+            };
+            match self
+                .csi
+                .controller_get_volume_health(request, self.paging.timeout)
+                .await
+            {
+                Ok(response) => {
+                    let statuses = response
+                        .volume_health
+                        .map(|h| h.health_statuses)
+                        .unwrap_or_default();
+                    health.insert(volume.volume_id.clone(), statuses);
+                }
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => {
+                    return Err(ListError::Rpc {
+                        rpc: "ControllerGetVolumeHealth",
+                        code: status.code(),
+                        message: status.message().to_string(),
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(health)
     }
 
     /// One scan: the cluster, the storage, the cluster again (see [`crate::report`]).
@@ -178,9 +263,7 @@ impl Inventory {
         } else {
             None
         };
-        let volumes = self
-            .storage_volumes(&mut |pages, entries| progress("ListVolumes", pages, entries))
-            .await?;
+        let volumes = self.storage_volumes(progress).await?;
         let snapshot_inputs = match contents_before {
             Some(contents_before) => {
                 let listed = listing::snapshots(&self.csi, self.paging, &mut |pages, entries| {
@@ -225,7 +308,7 @@ impl Inventory {
         let all_pvs = self.all_pvs().await?;
         let mut taken: BTreeSet<String> = all_pvs.iter().map(|pv| pv.name_any()).collect();
         let pvs = self.of_driver(&all_pvs);
-        let volumes = self.storage_volumes(&mut |_, _| {}).await?;
+        let volumes = self.storage_volumes(&mut |_, _, _| {}).await?;
         let capacity_bytes = args
             .capacity
             .as_deref()

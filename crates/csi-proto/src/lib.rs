@@ -1,7 +1,11 @@
 //! Protobuf types and gRPC clients/servers for the CSI sidecars.
 //!
-//! - [`csi::v1`]: the Container Storage Interface v1 (spec v1.12.0): `Identity`, `Controller`,
+//! - [`csi::v1`]: the Container Storage Interface v1 (spec v1.13.0): `Identity`, `Controller`,
 //!   `Node`, `GroupController` and the alpha `SnapshotMetadata` service.
+//! - `csi::v1_12` (feature `v1-12`): the messages of spec v1.12.0, the last with the alpha
+//!   `VolumeCondition` that v1.13.0 removed. Same proto package and method paths as
+//!   [`csi::v1`], so they decode what drivers of v1.0-v1.12 send (and encode what they
+//!   serve); no clients or servers.
 //! - [`pluginregistration`]: the kubelet plugin-registration API (proto package
 //!   `pluginregistration`, API v1).
 //! - [`podmon::v1`]: Dell's `podmon.v1.Podmon` driver extension used by the resiliency sidecar.
@@ -38,6 +42,15 @@ pub mod csi {
     #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
     pub mod v1 {
         generated_package!("csi.v1");
+    }
+
+    /// CSI v1.12.0 messages (`package csi.v1` as published in spec v1.12.0), for the
+    /// `VolumeCondition` generation of drivers and consumers. Messages only.
+    #[cfg(feature = "v1-12")]
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1_12 {
+        include!(concat!(env!("OUT_DIR"), "/v1_12/csi.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/v1_12/csi.v1.debug.rs"));
     }
 }
 
@@ -95,5 +108,5 @@ pub const SECRET_FIELDS: &[&str] = include!(concat!(env!("OUT_DIR"), "/secret_fi
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
-/// The CSI spec release the `csi.v1` protos were transcribed from.
-pub const CSI_SPEC_VERSION: &str = "1.12.0";
+/// The CSI spec release of the `csi.v1` protos.
+pub const CSI_SPEC_VERSION: &str = "1.13.0";

@@ -106,6 +106,20 @@ fn cases() -> Vec<Case> {
         case!(ControllerExpandVolumeRequest { volume_id: vol() }, "vol-1"),
         case!(ControllerModifyVolumeRequest { volume_id: vol() }, "vol-1"),
         case!(
+            ControllerListVolumeHealthRequest {
+                starting_token: "vol-0".to_owned(),
+            },
+            "vol-0"
+        ),
+        case!(
+            ControllerGetVolumeHealthRequest { volume_id: vol() },
+            "vol-1"
+        ),
+        case!(
+            NodeGetStorageHealthRequest {},
+            "NodeGetStorageHealthRequest"
+        ),
+        case!(
             NodeStageVolumeRequest {
                 volume_id: vol(),
                 staging_target_path: "/staging".to_owned(),
@@ -513,4 +527,47 @@ fn cosi_wire_facts() {
         csi_proto::cosi::v1alpha1::provisioner_server::SERVICE_NAME,
         "cosi.v1alpha1.Provisioner"
     );
+}
+
+/// The legacy v1.12 messages get the same redaction, from their own compile.
+#[cfg(feature = "v1-12")]
+#[test]
+fn legacy_v1_12_messages_redact_secrets_too() {
+    use csi_proto::csi::v1_12;
+    let request = v1_12::CreateVolumeRequest {
+        name: "vol-1".to_owned(),
+        secrets: secrets(),
+        ..Default::default()
+    };
+    for rendered in [format!("{request:?}"), format!("{request:#?}")] {
+        assert!(!rendered.contains(SECRET_VALUE) && !rendered.contains(SECRET_KEY));
+        assert!(rendered.contains("secrets: <redacted 1 key>") && rendered.contains("vol-1"));
+    }
+}
+
+/// v1.13 reserved the numbers v1.12's `volume_condition` used, so the two generations share a
+/// wire format for every other field: a v1.12 message decodes as v1.13 (the condition becomes
+/// an unknown field) and back.
+#[cfg(feature = "v1-12")]
+#[test]
+fn v1_12_and_v1_13_share_the_wire_format() {
+    use csi_proto::csi::v1_12;
+    let legacy = v1_12::NodeGetVolumeStatsResponse {
+        usage: vec![v1_12::VolumeUsage {
+            available: 1,
+            total: 2,
+            used: 1,
+            unit: v1_12::volume_usage::Unit::Bytes as i32,
+        }],
+        volume_condition: Some(v1_12::VolumeCondition {
+            abnormal: true,
+            message: "gone".to_owned(),
+        }),
+    };
+    let current = csi::NodeGetVolumeStatsResponse::decode(&*legacy.encode_to_vec()).unwrap();
+    assert_eq!(current.usage.len(), 1);
+    assert_eq!(current.usage[0].total, 2);
+    let back = v1_12::NodeGetVolumeStatsResponse::decode(&*current.encode_to_vec()).unwrap();
+    assert_eq!(back.usage, legacy.usage);
+    assert_eq!(back.volume_condition, None);
 }

@@ -307,6 +307,8 @@ impl Controller {
             name: snapshot_name,
             secrets,
             parameters,
+            // CSI v1.13's alpha snapshot topology: upstream's sidecar does not send it.
+            accessibility_requirements: None,
         };
         let snapshot = match self
             .csi

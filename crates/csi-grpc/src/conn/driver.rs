@@ -41,6 +41,8 @@ pub struct PluginCapabilities {
     pub volume_accessibility_constraints: bool,
     pub group_controller_service: bool,
     pub snapshot_metadata_service: bool,
+    /// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS (alpha, CSI v1.13): snapshots carry a topology.
+    pub snapshot_accessibility_constraints: bool,
     pub online_expansion: bool,
     pub offline_expansion: bool,
 }
@@ -54,7 +56,27 @@ pub struct DriverInfo {
     pub plugin: PluginCapabilities,
     pub controller: BTreeSet<ControllerCapability>,
     pub node: BTreeSet<NodeCapability>,
+    /// The alpha VOLUME_CONDITION capabilities of CSI v1.0-v1.12, which v1.13 removed: the
+    /// driver fills `volume_condition`, read with the `legacy_*` calls (feature `v1-12`).
+    pub volume_condition: VolumeConditionSupport,
 }
+
+/// Where a driver of the VolumeCondition generation reports conditions. v1.13 reserved the
+/// two capability values, so the generated enums no longer name them and
+/// [`controller_capabilities`] / [`node_capabilities`] skip them as unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeConditionSupport {
+    /// Controller VOLUME_CONDITION: in ListVolumes and ControllerGetVolume.
+    pub controller: bool,
+    /// Node VOLUME_CONDITION: in NodeGetVolumeStats.
+    pub node: bool,
+}
+
+/// The controller capability VOLUME_CONDITION of CSI v1.0-v1.12 (reserved since v1.13).
+pub const LEGACY_CONTROLLER_VOLUME_CONDITION: i32 = 11;
+
+/// The node capability VOLUME_CONDITION of CSI v1.0-v1.12 (reserved since v1.13).
+pub const LEGACY_NODE_VOLUME_CONDITION: i32 = 4;
 
 /// Where upstream's binary names the driver in its CSI call metrics among its start-up calls,
 /// and so the `driver_name` label those calls' samples carry (`unknown-driver` before it).
@@ -165,6 +187,7 @@ impl DriverInfo {
                 .await
                 .map_err(failed("ControllerGetCapabilities"))?;
             self.controller = controller_capabilities(&response);
+            self.volume_condition.controller = controller_volume_condition(&response);
         }
         if services.node {
             let response = connection
@@ -172,6 +195,7 @@ impl DriverInfo {
                 .await
                 .map_err(failed("NodeGetCapabilities"))?;
             self.node = node_capabilities(&response);
+            self.volume_condition.node = node_volume_condition(&response);
         }
         tracing::info!(
             driver = %self.name,
@@ -179,6 +203,7 @@ impl DriverInfo {
             plugin = ?self.plugin,
             controller = ?self.controller,
             node = ?self.node,
+            volume_condition = ?self.volume_condition,
             "discovered CSI driver"
         );
         Ok(self)
@@ -209,6 +234,9 @@ impl PluginCapabilities {
                     }
                     Ok(ServiceType::SnapshotMetadataService) => {
                         capabilities.snapshot_metadata_service = true;
+                    }
+                    Ok(ServiceType::SnapshotAccessibilityConstraints) => {
+                        capabilities.snapshot_accessibility_constraints = true;
                     }
                     Ok(ServiceType::Unknown) | Err(_) => {
                         tracing::debug!(
@@ -265,4 +293,20 @@ pub fn node_capabilities(response: &csi::NodeGetCapabilitiesResponse) -> BTreeSe
         })
         .filter(|capability| *capability != NodeCapability::Unknown)
         .collect()
+}
+
+/// Whether a controller advertises VOLUME_CONDITION (value 11, CSI v1.0-v1.12).
+pub fn controller_volume_condition(response: &csi::ControllerGetCapabilitiesResponse) -> bool {
+    use csi::controller_service_capability::Type;
+    response.capabilities.iter().any(|capability| {
+        matches!(&capability.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == LEGACY_CONTROLLER_VOLUME_CONDITION)
+    })
+}
+
+/// Whether a node advertises VOLUME_CONDITION (value 4, CSI v1.0-v1.12).
+pub fn node_volume_condition(response: &csi::NodeGetCapabilitiesResponse) -> bool {
+    use csi::node_service_capability::Type;
+    response.capabilities.iter().any(|capability| {
+        matches!(&capability.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == LEGACY_NODE_VOLUME_CONDITION)
+    })
 }

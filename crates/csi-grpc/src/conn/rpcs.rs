@@ -46,6 +46,8 @@ unary_rpcs! {
         controller_unpublish_volume "ControllerUnpublishVolume" (csi::ControllerUnpublishVolumeRequest) -> csi::ControllerUnpublishVolumeResponse;
         validate_volume_capabilities "ValidateVolumeCapabilities" (csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse;
         list_volumes "ListVolumes" (csi::ListVolumesRequest) -> csi::ListVolumesResponse;
+        controller_list_volume_health "ControllerListVolumeHealth" (csi::ControllerListVolumeHealthRequest) -> csi::ControllerListVolumeHealthResponse;
+        controller_get_volume_health "ControllerGetVolumeHealth" (csi::ControllerGetVolumeHealthRequest) -> csi::ControllerGetVolumeHealthResponse;
         get_capacity "GetCapacity" (csi::GetCapacityRequest) -> csi::GetCapacityResponse;
         controller_get_capabilities "ControllerGetCapabilities" (csi::ControllerGetCapabilitiesRequest) -> csi::ControllerGetCapabilitiesResponse;
         create_snapshot "CreateSnapshot" (csi::CreateSnapshotRequest) -> csi::CreateSnapshotResponse;
@@ -68,6 +70,8 @@ unary_rpcs! {
         node_publish_volume "NodePublishVolume" (csi::NodePublishVolumeRequest) -> csi::NodePublishVolumeResponse;
         node_unpublish_volume "NodeUnpublishVolume" (csi::NodeUnpublishVolumeRequest) -> csi::NodeUnpublishVolumeResponse;
         node_get_volume_stats "NodeGetVolumeStats" (csi::NodeGetVolumeStatsRequest) -> csi::NodeGetVolumeStatsResponse;
+        node_get_volume_health "NodeGetVolumeHealth" (csi::NodeGetVolumeHealthRequest) -> csi::NodeGetVolumeHealthResponse;
+        node_get_storage_health "NodeGetStorageHealth" (csi::NodeGetStorageHealthRequest) -> csi::NodeGetStorageHealthResponse;
         node_expand_volume "NodeExpandVolume" (csi::NodeExpandVolumeRequest) -> csi::NodeExpandVolumeResponse;
         node_get_capabilities "NodeGetCapabilities" (csi::NodeGetCapabilitiesRequest) -> csi::NodeGetCapabilitiesResponse;
         node_get_info "NodeGetInfo" (csi::NodeGetInfoRequest) -> csi::NodeGetInfoResponse;

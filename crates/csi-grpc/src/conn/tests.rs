@@ -545,3 +545,53 @@ fn errors_read_as_grpc_go_prints_them() {
         assert_eq!(GoStatus(&status).to_string(), want);
     }
 }
+
+/// v1.13 reserved VOLUME_CONDITION (controller 11, node 4): the typed sets skip the raw values,
+/// the legacy helpers find them, and the v1.13 health capabilities are typed.
+#[test]
+fn legacy_volume_condition_capabilities_are_recognised_by_their_raw_values() {
+    use csi::controller_service_capability as ccap;
+    use csi::node_service_capability as ncap;
+    let controller = |values: &[i32]| csi::ControllerGetCapabilitiesResponse {
+        capabilities: values
+            .iter()
+            .map(|value| csi::ControllerServiceCapability {
+                r#type: Some(ccap::Type::Rpc(ccap::Rpc { r#type: *value })),
+            })
+            .collect(),
+    };
+    let node = |values: &[i32]| csi::NodeGetCapabilitiesResponse {
+        capabilities: values
+            .iter()
+            .map(|value| csi::NodeServiceCapability {
+                r#type: Some(ncap::Type::Rpc(ncap::Rpc { r#type: *value })),
+            })
+            .collect(),
+    };
+    let legacy = controller(&[1, LEGACY_CONTROLLER_VOLUME_CONDITION, 12]);
+    assert!(controller_volume_condition(&legacy));
+    assert_eq!(controller_capabilities(&legacy).len(), 2);
+    let current = controller(&[16, 17]);
+    assert!(!controller_volume_condition(&current));
+    assert_eq!(
+        controller_capabilities(&current),
+        [
+            ccap::rpc::Type::GetVolumeHealth,
+            ccap::rpc::Type::ListVolumeHealth
+        ]
+        .into()
+    );
+    let legacy = node(&[1, LEGACY_NODE_VOLUME_CONDITION]);
+    assert!(node_volume_condition(&legacy));
+    assert_eq!(node_capabilities(&legacy).len(), 1);
+    let current = node(&[7, 8]);
+    assert!(!node_volume_condition(&current));
+    assert_eq!(
+        node_capabilities(&current),
+        [
+            ncap::rpc::Type::GetVolumeHealth,
+            ncap::rpc::Type::GetStorageHealth
+        ]
+        .into()
+    );
+}

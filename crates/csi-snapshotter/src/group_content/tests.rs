@@ -56,6 +56,7 @@ fn csi_snapshot(volume: &str, snapshot: &str, ready: bool) -> csi::Snapshot {
         }),
         ready_to_use: ready,
         group_snapshot_id: "group-1".into(),
+        accessible_topology: Vec::new(),
     }
 }
 

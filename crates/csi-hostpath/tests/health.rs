@@ -1,0 +1,394 @@
+//! Volume health, both generations: the conditions the driver observes for real (data
+//! removed or replaced, a volume over its capacity, paths unmounted, the state directory
+//! gone), ControllerListVolumeHealth's paging and error codes, and the v1.12 VolumeCondition
+//! answers of `--volume-health=v1.12|both` as an old client reads them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use csi::VolumeHealthErrorType::{DataLoss, Degraded, Inaccessible};
+use csi::volume_capability::access_mode::Mode;
+use csi_grpc::conn::{CsiConnection, DriverInfo, Services, VolumeConditionSupport};
+use csi_hostpath::health::HealthApi;
+use csi_hostpath::local::LocalCluster;
+use csi_proto::csi::{v1 as csi, v1_12};
+use tonic::Code;
+
+async fn cluster_with(root: &Path, api: HealthApi) -> LocalCluster {
+    LocalCluster::start(root, &["node-a"], |config| {
+        config.capacity = [(String::new(), 10 << 30)].into();
+        config.volume_health = api;
+    })
+    .await
+    .unwrap()
+}
+
+fn data_dir(cluster: &LocalCluster, volume: &str) -> PathBuf {
+    cluster.state_dir.join("volumes").join(volume)
+}
+
+async fn controller_health(c: &CsiConnection, volume: &str) -> Vec<(i32, String)> {
+    let request = csi::ControllerGetVolumeHealthRequest {
+        volume_id: volume.into(),
+        ..Default::default()
+    };
+    let health = c.controller_get_volume_health(request, T).await.unwrap();
+    let health = health.volume_health.unwrap();
+    assert_eq!(health.volume_id, volume);
+    health
+        .health_statuses
+        .into_iter()
+        .map(|h| (h.status, h.reason))
+        .collect()
+}
+
+async fn node_health(n: &CsiConnection, volume: &str) -> Vec<(i32, String)> {
+    let request = csi::NodeGetVolumeHealthRequest {
+        volume_id: volume.into(),
+        ..Default::default()
+    };
+    let health = n.node_get_volume_health(request, T).await.unwrap();
+    let health = health.volume_health.unwrap();
+    health
+        .health_statuses
+        .into_iter()
+        .map(|h| (h.status, h.reason))
+        .collect()
+}
+
+fn is(status: csi::VolumeHealthErrorType, reason: &str) -> Vec<(i32, String)> {
+    vec![(status as i32, reason.to_string())]
+}
+
+#[tokio::test]
+async fn observed_conditions_paging_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with(dir.path(), HealthApi::V1_13).await;
+    let c = &cluster.controller.csi;
+    let n = &cluster.node("node-a").csi;
+    let healthy = create(c, "healthy", 1 << 20).await.volume_id;
+    let missing = create(c, "missing", 1 << 20).await.volume_id;
+    let replaced = create(c, "replaced", 1 << 20).await.volume_id;
+    let over = create(c, "over", 1 << 20).await.volume_id;
+    std::fs::remove_dir_all(data_dir(&cluster, &missing)).unwrap();
+    std::fs::remove_dir_all(data_dir(&cluster, &replaced)).unwrap();
+    std::fs::write(data_dir(&cluster, &replaced), b"not a directory").unwrap();
+    std::fs::write(data_dir(&cluster, &over).join("big"), vec![1u8; 2 << 20]).unwrap();
+
+    let table = [
+        (&healthy, vec![]),
+        (&missing, is(DataLoss, "VolumeDataMissing")),
+        (&replaced, is(Inaccessible, "VolumeDataUnreadable")),
+        (&over, is(Degraded, "CapacityExceeded")),
+    ];
+    for (volume, want) in &table {
+        assert_eq!(&controller_health(c, volume).await, want, "{volume}");
+        // The node sees the same data conditions (the volume is not used there).
+        assert_eq!(&node_health(n, volume).await, want, "{volume} on node-a");
+    }
+
+    // The list holds the abnormal volumes only, one per page here, in ID order.
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    loop {
+        let request = csi::ControllerListVolumeHealthRequest {
+            max_entries: 1,
+            starting_token: token.clone(),
+            ..Default::default()
+        };
+        let page = c.controller_list_volume_health(request, T).await.unwrap();
+        assert!(page.entries.len() <= 1);
+        listed.extend(page.entries.into_iter().map(|e| e.volume_id));
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    let mut abnormal = vec![missing.clone(), replaced.clone(), over.clone()];
+    abnormal.sort();
+    assert_eq!(listed, abnormal);
+    let all = c
+        .controller_list_volume_health(Default::default(), T)
+        .await
+        .unwrap();
+    assert_eq!(all.entries.len(), 3);
+    assert!(all.next_token.is_empty());
+
+    let list = |max_entries: i32, starting_token: &str| csi::ControllerListVolumeHealthRequest {
+        max_entries,
+        starting_token: starting_token.into(),
+        ..Default::default()
+    };
+    let get = |volume_id: &str| csi::ControllerGetVolumeHealthRequest {
+        volume_id: volume_id.into(),
+        ..Default::default()
+    };
+    let node_get = |volume_id: &str| csi::NodeGetVolumeHealthRequest {
+        volume_id: volume_id.into(),
+        ..Default::default()
+    };
+    let unknown = "3f2c7b5e-0000-4000-8000-000000000000";
+    assert_eq!(
+        code(c.controller_list_volume_health(list(0, "bogus"), T).await),
+        Code::Aborted
+    );
+    assert_eq!(
+        code(c.controller_list_volume_health(list(-1, ""), T).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.controller_get_volume_health(get(""), T).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.controller_get_volume_health(get(unknown), T).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(n.node_get_volume_health(node_get(""), T).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(n.node_get_volume_health(node_get(unknown), T).await),
+        Code::NotFound
+    );
+
+    // Repaired behind the driver's back: healthy again.
+    std::fs::remove_file(data_dir(&cluster, &over).join("big")).unwrap();
+    assert_eq!(controller_health(c, &over).await, []);
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn storage_health_follows_the_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with(dir.path(), HealthApi::V1_13).await;
+    let n = &cluster.node("node-a").csi;
+    let storage = || async {
+        n.node_get_storage_health(Default::default(), T)
+            .await
+            .unwrap()
+            .backend_health
+            .into_iter()
+            .map(|h| (h.status, h.reason))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(storage().await, []);
+    let aside = dir.path().join("moved-away");
+    std::fs::rename(&cluster.state_dir, &aside).unwrap();
+    assert_eq!(
+        storage().await,
+        [(
+            csi::StorageHealthErrorType::StorageUnreachable as i32,
+            "StateDirectoryUnreadable".to_string()
+        )]
+    );
+    std::fs::rename(&aside, &cluster.state_dir).unwrap();
+    assert_eq!(storage().await, []);
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn unmounted_paths_and_fencing_are_seen_from_both_sides() {
+    if !root_or_skip("unmounted_paths_and_fencing_are_seen_from_both_sides") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster_with(dir.path(), HealthApi::V1_13).await;
+    let c = &cluster.controller.csi;
+    let n = &cluster.node("node-a").csi;
+    let cap = mount(Mode::SingleNodeWriter);
+    let volume = create(c, "mounted", 1 << 20).await.volume_id;
+    let (staging, target) = attach_and_mount(&cluster, "node-a", &volume, &cap).await;
+    assert_eq!(node_health(n, &volume).await, []);
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    assert_eq!(
+        node_health(n, &volume).await,
+        is(Inaccessible, "PublishPathNotMounted")
+    );
+    rustix::mount::unmount(&staging, rustix::mount::UnmountFlags::empty()).unwrap();
+    assert_eq!(
+        node_health(n, &volume).await,
+        [
+            (Inaccessible as i32, "PublishPathNotMounted".to_string()),
+            (Inaccessible as i32, "StagingPathNotMounted".to_string()),
+        ]
+    );
+    // The CO may name a path where publishing failed.
+    let named = csi::NodeGetVolumeHealthRequest {
+        volume_id: volume.clone(),
+        volume_publish_path: dir.path().join("never-published").display().to_string(),
+        ..Default::default()
+    };
+    let health = n.node_get_volume_health(named, T).await.unwrap();
+    let message = &health.volume_health.unwrap().health_statuses[0].message;
+    assert!(message.contains("never-published"), "{message}");
+    assert_eq!(controller_health(c, &volume).await, [], "the data is fine");
+
+    // Unpublished while staged: the node fences itself.
+    unpublish_from(&cluster, "node-a", &volume).await;
+    let mut fenced = vec![];
+    for _ in 0..50 {
+        fenced = controller_health(c, &volume).await;
+        if !fenced.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(fenced, is(Degraded, "NodeFenced"));
+    assert!(
+        node_health(n, &volume)
+            .await
+            .contains(&(Inaccessible as i32, "NodeFenced".to_string()))
+    );
+    cluster.stop().await;
+}
+
+/// A v1.12-mode driver advertises VOLUME_CONDITION, not the health RPCs, and answers the old
+/// fields from the same checks; `both` serves the two generations.
+#[tokio::test]
+async fn v1_12_mode_answers_volume_condition() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with(dir.path(), HealthApi::V1_12).await;
+    let c = &cluster.controller.csi;
+    let n = &cluster.node("node-a").csi;
+    let controller = DriverInfo::discover(c, T, Services::CONTROLLER)
+        .await
+        .unwrap();
+    let node = DriverInfo::discover(
+        n,
+        T,
+        Services {
+            plugin: false,
+            controller: false,
+            node: true,
+        },
+    )
+    .await
+    .unwrap();
+    use csi::controller_service_capability::rpc::Type as Rpc;
+    use csi::node_service_capability::rpc::Type as NodeRpc;
+    assert_eq!(
+        controller.volume_condition,
+        VolumeConditionSupport {
+            controller: true,
+            node: false
+        }
+    );
+    assert_eq!(
+        node.volume_condition,
+        VolumeConditionSupport {
+            controller: false,
+            node: true
+        }
+    );
+    assert!(!controller.has_controller(Rpc::GetVolumeHealth));
+    assert!(!controller.has_controller(Rpc::ListVolumeHealth));
+    assert!(!node.has_node(NodeRpc::GetVolumeHealth));
+    assert!(!node.has_node(NodeRpc::GetStorageHealth));
+
+    let healthy = create(c, "healthy", 1 << 20).await.volume_id;
+    let missing = create(c, "missing", 1 << 20).await.volume_id;
+    std::fs::remove_dir_all(data_dir(&cluster, &missing)).unwrap();
+    let listed = c
+        .legacy_list_volumes(v1_12::ListVolumesRequest::default(), T)
+        .await
+        .unwrap();
+    let condition = |id: &str| {
+        listed
+            .entries
+            .iter()
+            .find(|e| e.volume.as_ref().unwrap().volume_id == id)
+            .and_then(|e| e.status.clone()?.volume_condition)
+            .unwrap()
+    };
+    assert!(!condition(&healthy).abnormal);
+    let gone = condition(&missing);
+    assert!(
+        gone.abnormal && gone.message.contains("VolumeDataMissing"),
+        "{gone:?}"
+    );
+    let got = c
+        .legacy_controller_get_volume(
+            v1_12::ControllerGetVolumeRequest {
+                volume_id: missing.clone(),
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.status.unwrap().volume_condition, Some(gone));
+    // A v1.13 client of the same methods reads everything but the condition.
+    let current = c.list_volumes(Default::default(), T).await.unwrap();
+    assert_eq!(current.entries.len(), 2);
+
+    for result in [
+        code(c.controller_list_volume_health(Default::default(), T).await),
+        code(
+            c.controller_get_volume_health(
+                csi::ControllerGetVolumeHealthRequest {
+                    volume_id: healthy.clone(),
+                    ..Default::default()
+                },
+                T,
+            )
+            .await,
+        ),
+        code(n.node_get_storage_health(Default::default(), T).await),
+    ] {
+        assert_eq!(result, Code::Unimplemented);
+    }
+
+    if csi_hostpath::mounts::skip_without_root("v1_12_mode_answers_volume_condition (node stats)") {
+        cluster.stop().await;
+        return;
+    }
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let (_staging, target) =
+        attach_and_mount(&cluster, "node-a", &healthy, &mount(Mode::SingleNodeWriter)).await;
+    let stats = |volume_path: &Path| v1_12::NodeGetVolumeStatsRequest {
+        volume_id: healthy.clone(),
+        volume_path: volume_path.display().to_string(),
+        staging_target_path: String::new(),
+    };
+    let answer = n
+        .legacy_node_get_volume_stats(stats(&target), T)
+        .await
+        .unwrap();
+    assert!(!answer.usage.is_empty());
+    assert_eq!(answer.volume_condition.map(|c| c.abnormal), Some(false));
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    let answer = n
+        .legacy_node_get_volume_stats(stats(&target), T)
+        .await
+        .unwrap();
+    let condition = answer.volume_condition.unwrap();
+    assert!(condition.abnormal && condition.message.contains("PublishPathNotMounted"));
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn both_mode_serves_both_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with(dir.path(), HealthApi::Both).await;
+    let c = &cluster.controller.csi;
+    let controller = DriverInfo::discover(c, T, Services::CONTROLLER)
+        .await
+        .unwrap();
+    use csi::controller_service_capability::rpc::Type as Rpc;
+    assert!(controller.volume_condition.controller);
+    assert!(controller.has_controller(Rpc::ListVolumeHealth));
+    let missing = create(c, "missing", 1 << 20).await.volume_id;
+    std::fs::remove_dir_all(data_dir(&cluster, &missing)).unwrap();
+    assert_eq!(
+        controller_health(c, &missing).await,
+        is(DataLoss, "VolumeDataMissing")
+    );
+    let listed = c.legacy_list_volumes(Default::default(), T).await.unwrap();
+    let status = listed.entries[0].status.clone().unwrap();
+    assert!(status.volume_condition.unwrap().abnormal);
+    cluster.stop().await;
+}
