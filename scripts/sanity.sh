@@ -5,6 +5,13 @@
 # block volumes. Needs root (the node side mounts) and the csi-sanity
 # binary: $CSI_SANITY, or ../shared/k8s/csi-sanity.xz unpacked into target/tools. Without
 # either it says how to get one and exits 2 (under CI=true: 1, nothing passes unrun).
+#
+# CSI v1.13: the csi-sanity of ../shared/k8s is csi-test v5.5.0 (spec v1.12), whose
+# ControllerGetCapabilities and NodeGetCapabilities specs fail on any capability value they do
+# not know, the v1.13 health ones included. So the mount run, against the default driver
+# (--volume-health=v1.13), skips exactly those two specs (the driver's own tests assert the
+# v1.13 sets), and the block run serves the v1.12 generation (--volume-health=v1.12) with no
+# skip, so both capability specs still run against the driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,21 +49,28 @@ cleanup() {
 trap cleanup EXIT
 
 failed=0
-for access in mount block; do
+v113_skip='(ControllerGetCapabilities|NodeGetCapabilities) should return appropriate capabilities'
+for run_spec in mount:v1.13 block:v1.12; do
+  access="${run_spec%%:*}" health="${run_spec#*:}"
+  skip=()
+  if [ "$health" = v1.13 ]; then
+    skip=(--ginkgo.skip="$v113_skip")
+    echo "== skipping 2 specs: csi-sanity v5.5.0 predates CSI v1.13 and fails on its health capabilities ($v113_skip)"
+  fi
   run="$work/$access"
   mkdir -p "$run"
   "$driver" --mode=both --nodeid=sanity-node --endpoint="unix://$run/csi.sock" \
     --statedir="$run/state" --capacity=100Gi --enable-attach --max-volumes-per-node=8 \
-    --allowed-path-roots="$run" \
+    --allowed-path-roots="$run" --volume-health="$health" \
     >"$run/driver.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do [ -S "$run/csi.sock" ] && break; sleep 0.1; done
   [ -S "$run/csi.sock" ] || { cat "$run/driver.log" >&2; echo "sanity: the driver did not start" >&2; exit 1; }
-  echo "== csi-sanity, $access volumes"
+  echo "== csi-sanity, $access volumes, volume health API $health"
   if ! "$sanity" --csi.endpoint="$run/csi.sock" \
       --csi.mountdir="$run/target" --csi.stagingdir="$run/staging" \
       --csi.testvolumeaccesstype="$access" --csi.testnodevolumeattachlimit \
-      --ginkgo.no-color; then
+      --ginkgo.no-color "${skip[@]}"; then
     failed=1
     echo "sanity: failures with $access volumes; the driver's log: $run/driver.log" >&2
     tail -50 "$run/driver.log" >&2
