@@ -48,7 +48,7 @@ lint:
 ## node sidecars build without the Kubernetes client crates, no component depends on another, and
 ## no binary's crate depends on kube-sim-harness (the test helpers; dev-dependencies only).
 COMPONENTS := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar \
-  podmon cosi csi-inventory csi-hostpath cosi-s3
+  podmon cosi csi-inventory csi-hostpath cosi-s3 csi-health-monitor
 layers:
 	@for package in csi-hostpath csi-node-driver-registrar cosi-s3; do \
 	  if $(CARGO) tree --locked -p $$package -e normal --prefix none | grep -E '^(kube|k8s-openapi|csi-sidecar) v'; then \
