@@ -9,6 +9,7 @@
 //!
 //! - [`conn`] the CSI driver connection (bounded wait, Probe, discovery, per-call timeouts,
 //!   metrics, redacted logging, exit on connection loss);
+//! - [`listing`] paging through the driver's lists, starting over when a token goes stale;
 //! - [`grpc_authority`] gRPC servers on Unix sockets accept the `:authority` real clients send
 //!   (a socket path, or nothing);
 //! - [`grpc_server`] the gRPC server of every Unix socket (keepalive, admitted connections);
@@ -28,6 +29,7 @@ pub mod flags;
 pub mod grpc_authority;
 pub mod grpc_server;
 pub mod http;
+pub mod listing;
 pub mod logging;
 pub mod metrics;
 pub mod mounts;

@@ -9,7 +9,6 @@
 
 pub mod flags;
 pub mod import;
-pub mod listing;
 pub mod metrics;
 pub mod objects;
 pub mod render;

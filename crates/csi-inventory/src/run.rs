@@ -21,13 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::flags::{ImportArgs, Output, ReportArgs, Target};
 use crate::import::{ImportSpec, Refusal, orphan_pv_name, persistent_volume};
-use crate::listing::{self, ListError, Paging};
 use crate::metrics::InventoryMetrics;
 use crate::objects::{
     cluster_snapshot, cluster_volume, health_condition, legacy_storage_volume, storage_snapshot,
     storage_volume,
 };
 use crate::report::{ClusterVolume, Finding, Inputs, Report, SnapshotInputs, compare};
+use csi_grpc::listing::{self, ListError, Paging};
 
 /// The exit code of a report with findings (0: clean), for cron alerting.
 pub const FINDINGS_EXIT_CODE: i32 = 3;

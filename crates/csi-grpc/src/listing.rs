@@ -1,13 +1,16 @@
-//! Paging through ListVolumes and ListSnapshots: `max_entries` per call, `next_token` until
-//! empty. A driver answers ABORTED when a token went stale (the listing changed under it, as
+//! Paging through the driver's lists (ListVolumes, ListSnapshots, ControllerListVolumeHealth):
+//! `max_entries` per call, `next_token` until empty. A driver answers ABORTED when a token went stale (the listing changed under it, as
 //! csi-sanity probes): the listing starts again from the beginning, a bounded number of times.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
-use csi_grpc::conn::CsiConnection;
-use csi_proto::csi::{v1 as csi, v1_12};
+use csi_proto::csi::v1 as csi;
+#[cfg(feature = "v1-12")]
+use csi_proto::csi::v1_12;
+
+use crate::conn::CsiConnection;
 use tonic::{Code, Status};
 
 /// How often a listing starts again after ABORTED before giving up.
@@ -39,7 +42,7 @@ pub struct Paging {
 pub async fn all_pages<E, F, Fut>(
     rpc: &'static str,
     mut fetch: F,
-    progress: &mut dyn FnMut(usize, usize),
+    mut progress: impl FnMut(usize, usize),
 ) -> Result<Vec<E>, ListError>
 where
     F: FnMut(String) -> Fut,
@@ -89,7 +92,7 @@ where
 pub async fn volumes(
     csi: &CsiConnection,
     paging: Paging,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<Vec<csi::list_volumes_response::Entry>, ListError> {
     all_pages(
         "ListVolumes",
@@ -108,10 +111,11 @@ pub async fn volumes(
 
 /// ListVolumes of a driver of the VolumeCondition generation (CSI v1.0-v1.12), whose entries
 /// carry each volume's condition.
+#[cfg(feature = "v1-12")]
 pub async fn legacy_volumes(
     csi: &CsiConnection,
     paging: Paging,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<Vec<v1_12::list_volumes_response::Entry>, ListError> {
     all_pages(
         "ListVolumes",
@@ -133,7 +137,7 @@ pub async fn legacy_volumes(
 pub async fn volume_health(
     csi: &CsiConnection,
     paging: Paging,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<Vec<csi::VolumeHealth>, ListError> {
     all_pages(
         "ControllerListVolumeHealth",
@@ -156,7 +160,7 @@ pub async fn volume_health(
 pub async fn snapshots(
     csi: &CsiConnection,
     paging: Paging,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<Vec<csi::list_snapshots_response::Entry>, ListError> {
     all_pages(
         "ListSnapshots",
