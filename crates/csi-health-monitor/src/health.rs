@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use csi_proto::csi::v1::VolumeHealthErrorType;
+
 /// The Warning reason of an abnormal volume (upstream's).
 pub const ABNORMAL: &str = "VolumeConditionAbnormal";
 /// The Normal reason of a volume back to health (upstream's).
@@ -124,29 +126,27 @@ pub fn decide(previous: Option<&Known>, check: &Check) -> Step {
 
 /// One Event of this monitor on a claim, as listed at start-up.
 #[derive(Clone, Debug)]
-pub struct RecordedEvent<'a> {
-    pub claim_uid: &'a str,
-    pub reason: &'a str,
-    pub message: &'a str,
-    /// When it was last recorded (RFC 3339 times order as strings).
-    pub last_seen: &'a str,
+pub struct RecordedEvent {
+    pub claim_uid: String,
+    pub reason: String,
+    pub message: String,
+    /// When it was last recorded, in seconds since the Unix epoch.
+    pub last_seen: i64,
 }
 
 /// What the monitor last recorded on each claim, from its Events: the newest of its
 /// [`ABNORMAL`] and [`NORMAL`] Events per claim. A claim whose newest Event says abnormal is
 /// known abnormal (its recovery gets a Normal Event; the same condition gets none).
-pub fn last_recorded<'a>(
-    events: impl IntoIterator<Item = RecordedEvent<'a>>,
-) -> HashMap<String, Known> {
-    let mut newest: HashMap<&str, RecordedEvent<'a>> = HashMap::new();
+pub fn last_recorded(events: impl IntoIterator<Item = RecordedEvent>) -> HashMap<String, Known> {
+    let mut newest: HashMap<String, RecordedEvent> = HashMap::new();
     for event in events {
         if event.reason != ABNORMAL && event.reason != NORMAL {
             continue;
         }
-        match newest.get(event.claim_uid) {
+        match newest.get(&event.claim_uid) {
             Some(kept) if kept.last_seen >= event.last_seen => {}
             _ => {
-                newest.insert(event.claim_uid, event);
+                newest.insert(event.claim_uid.clone(), event);
             }
         }
     }
@@ -154,11 +154,11 @@ pub fn last_recorded<'a>(
         .into_iter()
         .map(|(uid, event)| {
             let health = if event.reason == ABNORMAL {
-                Health::Abnormal(event.message.to_string())
+                Health::Abnormal(event.message)
             } else {
                 Health::Normal
             };
-            (uid.to_string(), Known::Health(health))
+            (uid, Known::Health(health))
         })
         .collect()
 }
@@ -182,11 +182,13 @@ pub fn describe(statuses: &[HealthStatus]) -> Health {
     let parts: Vec<String> = statuses
         .iter()
         .map(|s| {
-            let status = match s.status {
-                1 => "Degraded".to_string(),
-                2 => "Inaccessible".to_string(),
-                3 => "DataLoss".to_string(),
-                other => format!("Unknown status {other}"),
+            let status = match VolumeHealthErrorType::try_from(s.status) {
+                Ok(VolumeHealthErrorType::Degraded) => "Degraded".to_string(),
+                Ok(VolumeHealthErrorType::Inaccessible) => "Inaccessible".to_string(),
+                Ok(VolumeHealthErrorType::DataLoss) => "DataLoss".to_string(),
+                Ok(VolumeHealthErrorType::UnknownVolumeHealthType) | Err(_) => {
+                    format!("Unknown status {}", s.status)
+                }
             };
             match s.message.as_str() {
                 "" => format!("{status} ({})", s.reason),

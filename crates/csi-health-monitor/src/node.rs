@@ -31,6 +31,18 @@ pub enum NodeHealth {
     Gone,
 }
 
+/// A node's health from its Ready condition: its status (`True`, `False`, `Unknown`) and
+/// when it last changed, in seconds since the Unix epoch, at `now` (same unit).
+pub fn node_health(ready: Option<(&str, i64)>, now: i64) -> NodeHealth {
+    match ready {
+        None => NodeHealth::Unjudged,
+        Some(("True", _)) => NodeHealth::Ready,
+        Some((_, since)) => NodeHealth::NotReadyFor(Duration::from_secs(
+            u64::try_from(now.saturating_sub(since)).unwrap_or(0),
+        )),
+    }
+}
+
 /// What to do about a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeStep {
@@ -102,6 +114,21 @@ mod tests {
         for (health, told, expected) in cases {
             assert_eq!(node_step(health, told), expected, "{health:?}, told {told}");
         }
+    }
+
+    #[test]
+    fn the_ready_condition_says_how_long_a_node_is_down() {
+        assert_eq!(node_health(None, 100), NodeHealth::Unjudged);
+        assert_eq!(node_health(Some(("True", 10)), 100), NodeHealth::Ready);
+        assert_eq!(
+            node_health(Some(("Unknown", 40)), 100),
+            NodeHealth::NotReadyFor(Duration::from_secs(60))
+        );
+        assert_eq!(
+            node_health(Some(("False", 200)), 100),
+            NodeHealth::NotReadyFor(Duration::ZERO),
+            "a transition ahead of our clock counts from now"
+        );
     }
 
     #[test]

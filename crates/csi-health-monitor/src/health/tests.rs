@@ -143,18 +143,18 @@ fn each_check_against_what_was_known() {
 
 #[test]
 fn a_restart_knows_what_it_last_recorded_on_each_claim() {
-    let event = |claim_uid, reason, message, last_seen| RecordedEvent {
-        claim_uid,
-        reason,
-        message,
+    let event = |claim_uid: &str, reason: &str, message: &str, last_seen| RecordedEvent {
+        claim_uid: claim_uid.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
         last_seen,
     };
     let known = last_recorded([
-        event("a", ABNORMAL, "image missing", "2026-12-06T10:00:00Z"),
-        event("a", NORMAL, RECOVERED, "2026-12-06T10:05:00Z"),
-        event("b", NORMAL, RECOVERED, "2026-12-06T09:00:00Z"),
-        event("b", ABNORMAL, "over capacity", "2026-12-06T09:30:00Z"),
-        event("c", "NodeFailed", "Pods: [ p ] ...", "2026-12-06T11:00:00Z"),
+        event("a", ABNORMAL, "image missing", 1_000),
+        event("a", NORMAL, RECOVERED, 1_300),
+        event("b", NORMAL, RECOVERED, 900),
+        event("b", ABNORMAL, "over capacity", 950),
+        event("c", "NodeFailed", "Pods: [ p ] ...", 2_000),
     ]);
     assert_eq!(known.get("a"), Some(&Known::Health(Health::Normal)));
     assert_eq!(
