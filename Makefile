@@ -119,7 +119,7 @@ crds:
 ## a cargo bench rebuilds its own package's binaries, dynamically linked, into target/release).
 ## make build fails if a binary came out dynamically linked (a program interpreter in its headers),
 ## or if readelf cannot read one (a missing readelf must not pass every binary).
-RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter \
+RELEASE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-health-monitor \
   csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi cosi-s3 kube-sim
 ## RELEASE_PROFILE=ci-release (what .ci/run sets) builds them with Cargo.toml's CI profile
 ## instead: the same code generation without fat LTO.

@@ -154,6 +154,8 @@ pub struct Options {
     /// The scenario injects API faults ([`Cluster::faults`]): on a real cluster its components
     /// then talk to the API server through a [`FaultProxy`].
     pub api_faults: bool,
+    /// The volume health API the driver serves (its `--volume-health`).
+    pub volume_health: csi_hostpath::health::HealthApi,
 }
 
 impl Default for Options {
@@ -167,6 +169,7 @@ impl Default for Options {
             podmon_extension: true,
             staging_layout: StagingLayout::default(),
             api_faults: false,
+            volume_health: csi_hostpath::health::HealthApi::V1_13,
         }
     }
 }
@@ -334,6 +337,7 @@ impl Cluster {
             config.driver_name = driver_name.clone();
             config.enable_attach = options.attach_required;
             config.podmon_extension = options.podmon_extension;
+            config.volume_health = options.volume_health;
             // What the scenarios' VolumeAttributesClasses set.
             config.accepted_mutable_parameters = ["iops".to_string()].into();
             if let Some(bytes) = options.pool_bytes {
@@ -803,6 +807,46 @@ impl Cluster {
         let task = tokio::spawn(async move {
             if let Err(error) = csi_resizer::controller::run(client, csi, settings, token).await {
                 tracing::error!(%error, "csi-resizer stopped");
+            }
+        });
+        Sidecar { shutdown, task }
+    }
+
+    /// Runs csi-health-monitor in this process against the driver's controller instance, with
+    /// its chart RBAC, passes every `interval` (both modes) and the node watcher when asked;
+    /// upstream's start-up checks first.
+    pub async fn start_health_monitor(&self, interval: Duration, node_watcher: bool) -> Sidecar {
+        let csi = self.driver.controller.csi.clone();
+        let driver = discover_controller(&csi).await;
+        assert!(
+            csi_health_monitor::monitor::Source::of(
+                &driver.controller,
+                driver.volume_condition.controller
+            )
+            .is_some(),
+            "the driver reports volume health"
+        );
+        let settings = csi_health_monitor::monitor::Settings {
+            driver_name: driver.name,
+            timeout: Duration::from_secs(10),
+            list_interval: interval,
+            monitor_interval: interval,
+            workers: 10,
+        };
+        let client = self.component_client(rbac::HEALTH_MONITOR);
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let run = csi_health_monitor::run::monitor(
+                client,
+                csi,
+                settings,
+                node_watcher.then_some(interval),
+                None,
+                token,
+            );
+            if let Err(error) = run.await {
+                tracing::error!(%error, "csi-health-monitor stopped");
             }
         });
         Sidecar { shutdown, task }

@@ -22,6 +22,7 @@ pub const ATTACHER: &str = "csi-attacher";
 pub const RESIZER: &str = "csi-resizer";
 pub const SNAPSHOTTER: &str = "csi-snapshotter";
 pub const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
+pub const HEALTH_MONITOR: &str = "csi-health-monitor";
 pub const PODMON_CONTROLLER: &str = "podmon-controller";
 pub const PODMON_NODE: &str = "podmon-node";
 pub const INVENTORY: &str = "csi-inventory";
@@ -29,7 +30,7 @@ pub const COSI_CONTROLLER: &str = "cosi-controller";
 pub const COSI_PROVISIONER: &str = "cosi-provisioner";
 
 /// The roles the chart binds for each component (the release is named `csi-suite`).
-const GRANTS: [(&str, &[&str]); 10] = [
+const GRANTS: [(&str, &[&str]); 11] = [
     (
         PROVISIONER,
         &[
@@ -64,6 +65,13 @@ const GRANTS: [(&str, &[&str]); 10] = [
         &[
             "csi-suite-snapshot-controller-runner",
             "csi-suite-snapshot-controller-leader-election",
+        ],
+    ),
+    (
+        HEALTH_MONITOR,
+        &[
+            "csi-suite-external-health-monitor-controller-runner",
+            "csi-suite-leader-election",
         ],
     ),
     (

@@ -272,6 +272,9 @@ fn parse_with_binary(container: &Value) -> bool {
         "snapshot-controller" => {
             parse::<csi_snapshotter::flags::ControllerArgs, _, _>(&argv).map(drop)
         }
+        "csi-health-monitor" => {
+            parse::<csi_health_monitor::flags::HealthMonitorArgs, _, _>(&argv).map(drop)
+        }
         "csi-node-driver-registrar" => {
             parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
         }
@@ -445,6 +448,7 @@ fn calls_api(container: &Value) -> bool {
             | "csi-attacher"
             | "csi-resizer"
             | "csi-snapshotter"
+            | "csi-health-monitor"
             | "snapshot-controller"
             | "podmon"
             | "csi-inventory"
@@ -896,6 +900,7 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "csi-attacher", NonRoot),
         ("controller", "csi-resizer", NonRoot),
         ("controller", "csi-snapshotter", NonRoot),
+        ("controller", "csi-health-monitor", NonRoot),
         ("controller", "podmon", NonRoot),
         ("controller", "csi-inventory", NonRoot),
         ("controller", "liveness-probe", NonRoot),
@@ -906,9 +911,9 @@ fn every_container_runs_with_least_privilege() {
         ("cosi-driver", "cosi-provisioner", NonRoot),
     ];
     let external = external_driver_values();
-    // The snapshotter is off by default and on in the example, the inventory's container and
-    // the COSI part too.
-    for (values, controller_driver, snapshots, serving, inventory_cron, with_cosi) in [
+    // The snapshotter and the health monitor are off by default and on in the example, the
+    // inventory's container and the COSI part too.
+    for (values, controller_driver, example_sidecars, serving, inventory_cron, with_cosi) in [
         ("{}", Mounts, false, false, false, false),
         (external.as_str(), NonRoot, true, true, false, true),
         (INVENTORY_BOTH, Mounts, false, true, true, false),
@@ -919,7 +924,7 @@ fn every_container_runs_with_least_privilege() {
         };
         let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
             .chain(sidecars.into_iter().filter(|(_, name, _)| match *name {
-                "csi-snapshotter" => snapshots,
+                "csi-snapshotter" | "csi-health-monitor" => example_sidecars,
                 "csi-inventory" => serving,
                 _ => true,
             }))
@@ -935,9 +940,9 @@ fn every_container_runs_with_least_privilege() {
     }
 }
 
-/// No pod automounts the API token; provisioner, attacher, resizer, podmon and the inventory
-/// (and only they) mount a projected one, for the reference driver and a vendor's, and a pod without any of them
-/// gets none.
+/// No pod automounts the API token; the containers that call the API (the sidecars, podmon,
+/// the inventory, COSI's) and only they mount a projected one, for the reference driver and a
+/// vendor's, and a pod without any of them gets none.
 #[test]
 fn api_tokens_reach_only_the_containers_that_call_the_api() {
     let external = external_driver_values();

@@ -14,6 +14,7 @@ mod cross_namespace;
 mod data_sources;
 mod failures;
 mod group_snapshots;
+mod health_monitor;
 mod idle;
 mod image;
 mod informer_health;
