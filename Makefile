@@ -163,10 +163,11 @@ demo: $(MOTO_SERVER)
 ## bench: driver throughput and latency with 1, 8 and 32 clients, kube-sim's API server
 ## throughput, csi-provisioner with 1000 claims, csi-attacher with 1000 VolumeAttachments,
 ## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots and with 100 volume group
-## snapshots of 3 claims each, csi-resizer with 1000 expansions, podmon's failover time (1 and 10
-## pods per node, 20 runs), COSI's controller and provisioner sidecar with bucket claims and
-## accesses, the registrar's and livenessprobe's footprint (the release binaries as their own
-## processes); each rewrites its own sections of BENCHMARKS.md.
+## snapshots of 3 claims each, csi-health-monitor with 100 volumes, csi-resizer with 1000
+## expansions, podmon's failover time (1 and 10 pods per node, 20 runs), COSI's controller and
+## provisioner sidecar with bucket claims and accesses, the registrar's and livenessprobe's
+## footprint (the release binaries as their own processes); each rewrites its own sections of
+## BENCHMARKS.md.
 bench: RELEASE_PROFILE = release
 bench: export CSI_SUITE_RELEASE_DIR = $(CURDIR)/target/$(HOST_TRIPLE)/release
 bench: $(MOTO_SERVER) build
@@ -176,6 +177,7 @@ bench: $(MOTO_SERVER) build
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench attaching
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench snapshotting
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench group_snapshotting
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench health_monitoring
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench expanding
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench object_storage

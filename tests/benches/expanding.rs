@@ -48,7 +48,8 @@ fn name(i: usize) -> String {
 }
 
 async fn run(count: usize) -> anyhow::Result<()> {
-    let (root, api, driver) = start_with_reference_driver("bench-expanding-", DRIVER, NODE).await?;
+    let (root, api, driver) =
+        start_with_reference_driver("bench-expanding-", DRIVER, NODE, |_| {}).await?;
     let client = api.client.clone();
     println!("preparing {count} volumes, PVs and bound claims …");
     prepare(&client, &driver, count).await?;

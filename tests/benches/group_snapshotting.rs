@@ -70,7 +70,7 @@ fn claim(i: usize) -> String {
 
 async fn run(groups: usize) -> anyhow::Result<()> {
     let (root, api, driver) =
-        start_with_reference_driver("bench-group-snapshotting-", DRIVER, NODE).await?;
+        start_with_reference_driver("bench-group-snapshotting-", DRIVER, NODE, |_| {}).await?;
     let client = api.client.clone();
     println!(
         "preparing {} volumes, PVs and bound claims in {groups} groups …",

@@ -48,7 +48,7 @@ fn name(i: usize) -> String {
 
 async fn run(count: usize) -> anyhow::Result<()> {
     let (root, api, driver) =
-        start_with_reference_driver("bench-snapshotting-", DRIVER, NODE).await?;
+        start_with_reference_driver("bench-snapshotting-", DRIVER, NODE, |_| {}).await?;
     let client = api.client.clone();
     println!("preparing {count} volumes, PVs and bound claims …");
     prepare(&client, &driver, count).await?;

@@ -993,16 +993,18 @@ where
 
 /// What a benchmark on the reference driver starts with: a temporary directory named by
 /// `prefix`, the API server under test without roles, and the reference driver `driver` with
-/// one node `node`, in this process.
+/// one node `node`, in this process, configured further by `configure`.
 pub async fn start_with_reference_driver(
     prefix: &str,
     driver: &str,
     node: &str,
+    configure: impl Fn(&mut csi_hostpath::config::Config),
 ) -> anyhow::Result<(tempfile::TempDir, ApiServerUnderTest, LocalCluster)> {
     let root = tempfile::Builder::new().prefix(prefix).tempdir()?;
     let api = ApiServerUnderTest::start(root.path(), &[]).await?;
     let driver = LocalCluster::start(root.path(), &[node], |config| {
         config.driver_name = driver.to_string();
+        configure(config);
     })
     .await?;
     Ok((root, api, driver))
