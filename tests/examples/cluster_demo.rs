@@ -6,7 +6,9 @@
 //! its pod is scheduled to, and deletes it with the claim; then csi-resizer grows a mounted
 //! volume, the snapshot-controller and csi-snapshotter snapshot it while its pod writes, and
 //! the snapshot is restored on another node with the data, and two claims of a database are
-//! snapshotted together as a volume group and a member restored; then podmon fails a protected pod
+//! snapshotted together as a volume group and a member restored; then csi-health-monitor tells a
+//! claim, once, that its volume's data went missing behind the driver's back, and once that it
+//! came back; then podmon fails a protected pod
 //! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
 //! write after the fence — and cleans the node when it comes back; then COSI gives a workload a
 //! bucket on a real S3 server and credentials that stop working when its access is deleted.
@@ -19,12 +21,14 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use csi_health_monitor::health::{ABNORMAL, NORMAL, RECOVERED};
 use csi_kinds::groupsnapshot::{VolumeGroupSnapshot, VolumeGroupSnapshotClass};
 use csi_kinds::objectstorage::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
-    bound, claim, file_size, install_cosi_crds, install_snapshot_crds, is_running, pod,
-    provision_static_volume, read_records, static_pv, static_pvc, taint_effects, write_records,
+    bound, claim, file_size, handle_of, install_cosi_crds, install_snapshot_crds, is_running, pod,
+    provision_static_volume, read_records, static_claim, static_pv, static_pvc, taint_effects,
+    write_records,
 };
 use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};
 use csi_suite_scenarios::podmon::{Narration, failover_story};
@@ -380,6 +384,7 @@ async fn story() {
 
     snapshot_chapter(&mut story, &cluster).await;
     group_snapshot_chapter(&mut story, &cluster).await;
+    health_chapter(&mut story, &cluster).await;
     failover_chapter(&mut story, &cluster).await;
     object_storage_chapter(&mut story, &cluster).await;
 
@@ -650,6 +655,54 @@ async fn group_snapshot_chapter(story: &mut Story, cluster: &Cluster) {
     );
     snapshotter.stop().await;
     controller.stop().await;
+}
+
+/// csi-health-monitor: a volume's data moved away behind the driver's back, the claim's Event,
+/// no repeat, the recovery's Event.
+async fn health_chapter(story: &mut Story, cluster: &Cluster) {
+    println!("\nChapter: a volume goes bad behind the driver's back; its claim says so, once.\n");
+    story.begin("a bound claim; csi-health-monitor checking the driver's volumes every second");
+    let pv = static_claim(cluster, "health-data").await;
+    let handle = handle_of(cluster, &pv).await;
+    let data = csi_hostpath::state::Store::open(&cluster.driver.state_dir)
+        .expect("the driver's state")
+        .volume_data(&handle, csi_hostpath::state::Layout::Directory);
+    let away = data.with_extension("away");
+    let monitor = cluster
+        .start_health_monitor(Duration::from_secs(1), false)
+        .await;
+    story.done(
+        "claim bound, monitor running",
+        format!("claim health-data, PV {pv}"),
+    );
+
+    story.begin("the volume's data is moved away behind the driver's back");
+    std::fs::rename(&data, &away).expect("the volume's data moved away");
+    let message = cluster
+        .wait_for_event("health-data", ABNORMAL, "VolumeDataMissing")
+        .await;
+    story.done("Warning VolumeConditionAbnormal on the claim", message);
+
+    story.begin("three more passes with nothing new");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let told: Vec<i32> = cluster
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("health-data"))
+        .filter(|e| e.reason.as_deref() == Some(ABNORMAL))
+        .map(|e| e.count.unwrap_or(1))
+        .collect();
+    assert_eq!(told, [1], "the condition is told once");
+    story.done("not repeated", "one VolumeConditionAbnormal, count 1");
+
+    story.begin("the data comes back");
+    std::fs::rename(&away, &data).expect("the volume's data moved back");
+    let message = cluster
+        .wait_for_event("health-data", NORMAL, RECOVERED)
+        .await;
+    story.done("Normal VolumeConditionNormal on the claim", message);
+    monitor.stop().await;
 }
 
 /// podmon: node failure → fence → failover → heal, with the data proof. Returns the PV it used.
