@@ -241,16 +241,26 @@ impl Monitor {
     }
 
     /// The source for this pass, from the driver's capabilities now (a driver upgraded to
-    /// another generation is followed).
+    /// another generation is followed). A failed ControllerGetCapabilities keeps the last
+    /// source: a slow driver does not end the monitor.
     async fn source(&mut self) -> Result<Source, MonitorError> {
-        let response = self
+        let response = match self
             .csi
             .controller_get_capabilities(
                 csi::ControllerGetCapabilitiesRequest::default(),
                 self.settings.timeout,
             )
             .await
-            .map_err(MonitorError::Capabilities)?;
+        {
+            Ok(response) => response,
+            Err(status) => match self.source {
+                Some(source) => {
+                    tracing::warn!(code = ?status.code(), message = status.message(), ?source, "ControllerGetCapabilities failed; reading volume health as before");
+                    return Ok(source);
+                }
+                None => return Err(MonitorError::Capabilities(status)),
+            },
+        };
         let source = Source::of(
             &controller_capabilities(&response),
             controller_volume_condition(&response),
