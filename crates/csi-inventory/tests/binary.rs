@@ -2,7 +2,9 @@
 //! and the reference driver's controller socket. A clean inventory exits 0; orphans and
 //! missing volumes exit 3 with a report (paged with `--max-entries=2`, progress on stderr);
 //! `import` prints (`--dry-run`) or creates the PV and refuses a second one; `--serve` serves
-//! the findings as gauges; garbage on the socket is a clear error, exit 1.
+//! the findings as gauges; garbage on the socket is a clear error, exit 1. A volume whose data
+//! is gone is reported abnormal from a v1.13 driver's health RPCs and from a v1.12 driver's
+//! volume conditions alike.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -204,4 +206,53 @@ async fn reports_exit_codes_imports_and_serves() {
         "{}",
         text(&refused.stderr)
     );
+}
+
+/// A volume whose data is gone is reported abnormal with the driver's reason, whichever volume
+/// health API the driver serves: CSI v1.13's ControllerListVolumeHealth, or v1.12's
+/// `volume_condition` in ListVolumes.
+async fn an_abnormal_volume_is_reported(api: csi_hostpath::health::HealthApi, reason: &str) {
+    let root = tempfile::tempdir().unwrap();
+    let (_sim, kubeconfig) = kube_sim_harness::api_server_with_kubeconfig(root.path()).await;
+    let driver = LocalCluster::start(root.path(), &["node-a"], |config| {
+        config.driver_name = DRIVER.to_string();
+        config.volume_health = api;
+    })
+    .await
+    .unwrap();
+    // One healthy volume beside it: only the sick one is abnormal.
+    create_volume(&driver, "healthy").await;
+    let sick = create_volume(&driver, "sick").await;
+    let data = csi_hostpath::state::Store::open(&driver.state_dir)
+        .unwrap()
+        .volume_data(&sick, csi_hostpath::state::Layout::Directory);
+    std::fs::remove_dir_all(&data).expect("the volume's data removed");
+
+    let base = flags(driver.controller.endpoint.path(), &kubeconfig);
+    let found = inventory(&with(base, &["report"], &["-o", "json"]));
+    assert_eq!(found.status.code(), Some(3), "{}", text(&found.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&found.stdout).unwrap();
+    let abnormal: Vec<&serde_json::Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "abnormal")
+        .collect();
+    assert_eq!(abnormal.len(), 1, "{report:#}");
+    assert_eq!(abnormal[0]["volumeId"], sick.as_str());
+    let message = abnormal[0]["message"].as_str().unwrap();
+    assert!(message.contains(reason), "{message}");
+    driver.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_abnormal_volume_of_a_v1_13_driver_is_reported() {
+    an_abnormal_volume_is_reported(csi_hostpath::health::HealthApi::V1_13, "VolumeDataMissing")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_abnormal_volume_of_a_v1_12_driver_is_reported() {
+    an_abnormal_volume_is_reported(csi_hostpath::health::HealthApi::V1_12, "VolumeDataMissing")
+        .await;
 }
