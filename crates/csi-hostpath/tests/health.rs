@@ -1,6 +1,6 @@
 //! Volume health, both generations: the conditions the driver observes for real (data
 //! removed or replaced, a volume over its capacity, paths unmounted, the state directory
-//! gone), ControllerListVolumeHealth's paging and error codes, and the v1.12 VolumeCondition
+//! gone, its file system full or read-only), ControllerListVolumeHealth's paging and error codes, and the v1.12 VolumeCondition
 //! answers of `--volume-health=v1.12|both` as an old client reads them.
 
 mod common;
@@ -391,4 +391,111 @@ async fn both_mode_serves_both_generations() {
     let status = listed.entries[0].status.clone().unwrap();
     assert!(status.volume_condition.unwrap().abnormal);
     cluster.stop().await;
+}
+
+/// Runs `mount` with `args`, failing the test with its message.
+fn run_mount(args: &[&str]) {
+    let output = std::process::Command::new("mount")
+        .args(args)
+        .output()
+        .expect("mount runs");
+    assert!(
+        output.status.success(),
+        "mount {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The driver's state on a small file system of its own (a tmpfs): filled up, the storage is
+/// reported full; made read-only, a volume's data and the storage are reported read-only.
+#[tokio::test]
+async fn a_full_or_read_only_file_system_is_seen() {
+    if !root_or_skip("a_full_or_read_only_file_system_is_seen") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    run_mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=8m",
+        "tmpfs",
+        &small.to_string_lossy(),
+    ]);
+    let _detach = Detach(small.clone());
+    let cluster = cluster_with(&small, HealthApi::V1_13).await;
+    let c = &cluster.controller.csi;
+    let n = &cluster.node("node-a").csi;
+    let volume = create(c, "on-tmpfs", 1 << 20).await.volume_id;
+    let storage = || async {
+        n.node_get_storage_health(Default::default(), T)
+            .await
+            .unwrap()
+            .backend_health
+            .into_iter()
+            .map(|h| (h.status, h.reason))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(storage().await, []);
+
+    // Fill the file system: the storage is full (the volume itself is within its capacity).
+    let filler = small.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    while std::io::Write::write_all(&mut file, &chunk).is_ok() {}
+    drop(file);
+    let degraded = csi::StorageHealthErrorType::StorageDegraded as i32;
+    assert_eq!(storage().await, [(degraded, "StorageFull".to_string())]);
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(storage().await, []);
+
+    // Read-only, by read-only bind mounts (a remount of the tmpfs is refused while the driver
+    // holds files open for writing): over one volume's data, that volume cannot be written;
+    // over the whole state directory, the storage cannot take a volume.
+    let data = data_dir(&cluster, &volume).to_string_lossy().to_string();
+    run_mount(&["--bind", &data, &data]);
+    run_mount(&["-o", "remount,bind,ro", &data]);
+    assert_eq!(
+        controller_health(c, &volume).await,
+        is(Degraded, "BackingFilesystemReadOnly")
+    );
+    unmount(&data);
+    assert_eq!(controller_health(c, &volume).await, []);
+    let state = cluster.state_dir.to_string_lossy().to_string();
+    run_mount(&["--bind", &state, &state]);
+    run_mount(&["-o", "remount,bind,ro", &state]);
+    let read_only = storage().await;
+    unmount(&state);
+    assert_eq!(read_only, [(degraded, "StorageReadOnly".to_string())]);
+    assert_eq!(storage().await, []);
+
+    cluster.stop().await;
+}
+
+/// Detaches a mount, and whatever is mounted under it, when dropped: a failed test leaves
+/// nothing mounted.
+struct Detach(PathBuf);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Runs `umount` on `path`, failing the test with its message.
+fn unmount(path: &str) {
+    let output = std::process::Command::new("umount")
+        .arg(path)
+        .output()
+        .expect("umount runs");
+    assert!(
+        output.status.success(),
+        "umount {path}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
