@@ -5,12 +5,11 @@
 //! (and the node watcher with `--enable-node-watcher`), under leader election on the Lease
 //! `external-health-monitor-leader-<driver>` when asked (losing it exits).
 
-use csi_grpc::conn::{ConnError, Services};
-use csi_grpc::metrics::CsiOperationMetrics;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_grpc::conn::CsiConnection;
+use csi_grpc::conn::{ConnError, CsiConnection, Services};
+use csi_grpc::metrics::CsiOperationMetrics;
 use csi_kinds::cached::CachedVolume;
 use csi_sidecar::events::EventRecorder;
 use csi_sidecar::informers::{CacheSyncHealth, Informers, SYNC_GRACE_PERIOD, keep_pod_volumes};
