@@ -58,6 +58,17 @@ async fn node_health(n: &CsiConnection, volume: &str) -> Vec<(i32, String)> {
         .collect()
 }
 
+/// NodeGetStorageHealth's answer, as (status, reason) pairs.
+async fn storage_health(n: &CsiConnection) -> Vec<(i32, String)> {
+    n.node_get_storage_health(Default::default(), T)
+        .await
+        .unwrap()
+        .backend_health
+        .into_iter()
+        .map(|h| (h.status, h.reason))
+        .collect()
+}
+
 fn is(status: csi::VolumeHealthErrorType, reason: &str) -> Vec<(i32, String)> {
     vec![(status as i32, reason.to_string())]
 }
@@ -166,15 +177,7 @@ async fn storage_health_follows_the_state_directory() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = cluster_with(dir.path(), HealthApi::V1_13).await;
     let n = &cluster.node("node-a").csi;
-    let storage = || async {
-        n.node_get_storage_health(Default::default(), T)
-            .await
-            .unwrap()
-            .backend_health
-            .into_iter()
-            .map(|h| (h.status, h.reason))
-            .collect::<Vec<_>>()
-    };
+    let storage = || storage_health(n);
     assert_eq!(storage().await, []);
     let aside = dir.path().join("moved-away");
     std::fs::rename(&cluster.state_dir, &aside).unwrap();
@@ -429,15 +432,7 @@ async fn a_full_or_read_only_file_system_is_seen() {
     let c = &cluster.controller.csi;
     let n = &cluster.node("node-a").csi;
     let volume = create(c, "on-tmpfs", 1 << 20).await.volume_id;
-    let storage = || async {
-        n.node_get_storage_health(Default::default(), T)
-            .await
-            .unwrap()
-            .backend_health
-            .into_iter()
-            .map(|h| (h.status, h.reason))
-            .collect::<Vec<_>>()
-    };
+    let storage = || storage_health(n);
     assert_eq!(storage().await, []);
 
     // Fill the file system: the storage is full (the volume itself is within its capacity).
