@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -684,9 +683,7 @@ async fn release(api: &Api<Lease>, config: &LeaderElectionConfig, lock: &LeaseLo
 
 /// `period * [1, JITTER_FACTOR)`, so standby candidates do not retry in lockstep.
 fn jittered(period: Duration) -> Duration {
-    let random = RandomState::new().hash_one(Instant::now());
-    let fraction = (random % 1_000_000) as f64 / 1_000_000.0;
-    period.mul_f64(1.0 + (JITTER_FACTOR - 1.0) * fraction)
+    crate::backoff::jitter(period, JITTER_FACTOR - 1.0)
 }
 
 #[cfg(test)]
