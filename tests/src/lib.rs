@@ -156,6 +156,10 @@ pub struct Options {
     pub api_faults: bool,
     /// The volume health API the driver serves (its `--volume-health`).
     pub volume_health: csi_hostpath::health::HealthApi,
+    /// The kubelets' `CSIVolumeHealth` feature gate.
+    pub kubelet_volume_health: bool,
+    /// The kubelets' `--volume-stats-agg-period`.
+    pub volume_stats_agg_period: Duration,
 }
 
 impl Default for Options {
@@ -170,6 +174,8 @@ impl Default for Options {
             staging_layout: StagingLayout::default(),
             api_faults: false,
             volume_health: csi_hostpath::health::HealthApi::V1_13,
+            kubelet_volume_health: false,
+            volume_stats_agg_period: kube_sim::roles::kubelet::DEFAULT_VOLUME_STATS_AGG_PERIOD,
         }
     }
 }
@@ -352,6 +358,8 @@ impl Cluster {
             let mut config =
                 KubeletConfig::new(node.clone(), driver.kubelet_dir(node), timing.clone());
             config.staging_layout = options.staging_layout;
+            config.csi_volume_health = options.kubelet_volume_health;
+            config.volume_stats_agg_period = options.volume_stats_agg_period;
             // A zone of its own: kube-controller-manager judges zone health over all the nodes
             // of a zone (no unreachable:NoExecute taints while most of a zone is down), which
             // must not mix scenarios running at once on one cluster.

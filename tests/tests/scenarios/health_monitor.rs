@@ -5,6 +5,11 @@
 //! monitor, and one Normal `VolumeConditionNormal` once the data is back. With the node
 //! watcher, the claim of a pod on a node NotReady past the grace gets `NodeFailed`, once, and
 //! `NodeRecovered` when the node is Ready again.
+//!
+//! The kubelet's side (kube-sim's kubelet, as kubelets through 1.36 with the `CSIVolumeHealth`
+//! gate): a running pod's volume going abnormal gets a Warning `VolumeConditionAbnormal` on the
+//! pod, repeated as a count every stats period while it lasts, and the claim's abnormal gauge —
+//! from drivers of the VolumeCondition generation only, as kubelet still speaks CSI v1.12.
 
 use std::time::Duration;
 
@@ -12,11 +17,12 @@ use csi_health_monitor::health::{ABNORMAL, NORMAL, RECOVERED};
 use csi_health_monitor::monitor::component;
 use csi_health_monitor::node::{NODE_FAILED, NODE_RECOVERED};
 use csi_hostpath::health::HealthApi;
-use csi_suite_scenarios::fixtures::{handle_of, pod, static_claim};
-use csi_suite_scenarios::{Cluster, Options};
+use csi_suite_scenarios::fixtures::{handle_of, pod, running_pod_with_static_volume, static_claim};
+use csi_suite_scenarios::{Cluster, Options, Sidecar, skip_without_root};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
+use kube_sim::roles::kubelet::{VOLUME_CONDITION_ABNORMAL, VolumeStats};
 use serde_json::json;
 
 /// How often the monitor checks in these scenarios.
@@ -170,5 +176,123 @@ async fn claims_used_on_a_failed_node_are_told_once_and_told_of_its_recovery() {
     told_once(&cluster, "data", NODE_RECOVERED).await;
 
     monitor.stop().await;
+    cluster.stop().await;
+}
+
+/// The kubelet's stats of the claim, once it has some.
+fn kubelet_stats(cluster: &Cluster, node: &str, claim: &str) -> Option<VolumeStats> {
+    cluster
+        .kubelet(node)
+        .volume_stats()
+        .into_iter()
+        .find(|s| s.persistent_volume_claim == claim && s.namespace == cluster.namespace)
+}
+
+/// A running pod whose claim `app` (1 MiB, nothing writing to it) is then filled past its
+/// capacity through the pod's mount, with the kubelets' CSIVolumeHealth gate on; `None` when
+/// not root (the driver mounts for real).
+async fn pod_over_capacity(scenario: &str, api: HealthApi) -> Option<(Cluster, Sidecar, String)> {
+    if skip_without_root() {
+        return None;
+    }
+    let options = Options {
+        volume_health: api,
+        kubelet_volume_health: true,
+        volume_stats_agg_period: INTERVAL,
+        ..Options::default()
+    };
+    let cluster = Cluster::start_with(scenario, options).await;
+    let attacher = cluster.start_attacher().await;
+    let node = cluster.node("node-a");
+    let (_, _, target) = running_pod_with_static_volume(&cluster, "app", &node, |pod| {
+        pod["metadata"]["annotations"] = json!({});
+    })
+    .await;
+    cluster
+        .eventually("the kubelet's stats of the claim", || {
+            kubelet_stats(&cluster, &node, "app").is_some()
+        })
+        .await;
+    std::fs::write(target.join("fill"), vec![7u8; 2 << 20]).expect("the volume filled");
+    cluster
+        .eventually("the kubelet's stats of the filled volume", || {
+            kubelet_stats(&cluster, &node, "app").is_some_and(|s| s.used_bytes >= 2 << 20)
+        })
+        .await;
+    Some((cluster, attacher, target.display().to_string()))
+}
+
+async fn pod_events(cluster: &Cluster, pod: &str) -> Vec<Event> {
+    events(cluster, pod, VOLUME_CONDITION_ABNORMAL).await
+}
+
+#[tokio::test]
+async fn the_kubelet_tells_the_pod_of_a_v1_12_drivers_abnormal_volume_while_it_lasts() {
+    let Some((cluster, attacher, target)) =
+        pod_over_capacity("health-kubelet-v112", HealthApi::V1_12).await
+    else {
+        return;
+    };
+    let node = cluster.node("node-a");
+    let message = cluster
+        .wait_for_event("app", VOLUME_CONDITION_ABNORMAL, "Volume data: ")
+        .await;
+    assert!(message.contains("more than its capacity"), "{message}");
+    let stats = kubelet_stats(&cluster, &node, "app").unwrap();
+    assert_eq!(stats.abnormal, Some(true), "{stats:?}");
+    // Told again every period while it lasts: one Event, counted.
+    cluster
+        .eventually_async("the Event repeated as a count", || async {
+            let told = pod_events(&cluster, "app").await;
+            told.len() == 1 && told[0].count.unwrap_or(0) >= 3
+        })
+        .await;
+    let told = pod_events(&cluster, "app").await;
+    assert_eq!(told[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        told[0].source.as_ref().and_then(|s| s.component.as_deref()),
+        Some("kubelet")
+    );
+    assert_eq!(
+        told[0].involved_object.kind.as_deref(),
+        Some("Pod"),
+        "{told:?}"
+    );
+
+    // Recovered: the gauge says so, and the pod is told nothing more.
+    std::fs::remove_file(std::path::Path::new(&target).join("fill")).expect("the fill removed");
+    cluster
+        .eventually("the claim's gauge back to normal", || {
+            kubelet_stats(&cluster, &node, "app").is_some_and(|s| s.abnormal == Some(false))
+        })
+        .await;
+    let count = pod_events(&cluster, "app").await[0].count;
+    tokio::time::sleep(INTERVAL * 6).await;
+    let after = pod_events(&cluster, "app").await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0].count, count, "no Event after the recovery");
+    attacher.stop().await;
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn the_kubelet_reads_no_condition_from_a_v1_13_driver() {
+    let Some((cluster, attacher, _)) =
+        pod_over_capacity("health-kubelet-v113", HealthApi::V1_13).await
+    else {
+        return;
+    };
+    let node = cluster.node("node-a");
+    tokio::time::sleep(INTERVAL * 6).await;
+    let stats = kubelet_stats(&cluster, &node, "app").unwrap();
+    assert_eq!(
+        stats.abnormal, None,
+        "no gauge without VOLUME_CONDITION: {stats:?}"
+    );
+    assert!(
+        pod_events(&cluster, "app").await.is_empty(),
+        "kubelet speaks CSI v1.12: no condition from a v1.13 driver"
+    );
+    attacher.stop().await;
     cluster.stop().await;
 }

@@ -3,7 +3,9 @@
 //! plugin watcher (`plugins.rs`), and mounts the volumes of the pods bound to it through the
 //! drivers it registered (`volumes.rs`). Containers are simulated; a pod annotated with
 //! [`WRITE_TO_ANNOTATION`] gets a real writer process appending to its volume, so tests can see
-//! writes — and see them stop when the node is fenced.
+//! writes — and see them stop when the node is fenced. The volume stats calculator
+//! (`volume_stats.rs`) asks the drivers for each published volume's usage and, with the
+//! `CSIVolumeHealth` gate, its condition.
 //!
 //! Failure injection: [`Kubelet::partition`] stops every API call (heartbeats included) while
 //! the writers keep running, like a node cut off from the control plane; [`Kubelet::reboot`]
@@ -13,6 +15,7 @@
 
 mod paths;
 mod plugins;
+mod volume_stats;
 mod volumes;
 
 use std::collections::{BTreeMap, HashSet};
@@ -35,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RoleError, Timing, is_benign, lock, merge_patch, merge_patch_status, now};
 
+pub use volume_stats::{DEFAULT_VOLUME_STATS_AGG_PERIOD, VOLUME_CONDITION_ABNORMAL, VolumeStats};
 pub use volumes::{attachment_name, staging_path, target_path, unique_volume_name};
 
 /// Pod annotation naming the pod volume its simulated container writes to: one line per
@@ -68,6 +72,11 @@ pub struct KubeletConfig {
     pub driver_endpoints: Vec<Endpoint>,
     /// Where filesystem volumes are staged: the layout of the kubelet version simulated.
     pub staging_layout: StagingLayout,
+    /// The `CSIVolumeHealth` feature gate (alpha, off by default): node-side volume conditions
+    /// become pod Events and a gauge.
+    pub csi_volume_health: bool,
+    /// `--volume-stats-agg-period`: how often each volume's stats are asked for.
+    pub volume_stats_agg_period: std::time::Duration,
 }
 
 /// Where a kubelet stages a CSI filesystem volume: it changed in Kubernetes 1.24
@@ -90,6 +99,8 @@ impl KubeletConfig {
             labels: BTreeMap::new(),
             driver_endpoints: Vec::new(),
             staging_layout: StagingLayout::default(),
+            csi_volume_health: false,
+            volume_stats_agg_period: DEFAULT_VOLUME_STATS_AGG_PERIOD,
         }
     }
 
@@ -108,6 +119,8 @@ struct Shared {
     crash_looping: Mutex<HashSet<(String, String)>>,
     drivers: plugins::Drivers,
     volumes: tokio::sync::Mutex<volumes::VolumeState>,
+    /// The volume stats calculator's latest results, by pod UID.
+    volume_stats: Mutex<BTreeMap<String, Vec<VolumeStats>>>,
     events: EventRecorder,
     wake: Arc<Notify>,
 }
@@ -166,6 +179,7 @@ impl Kubelet {
             crash_looping: Mutex::new(HashSet::new()),
             drivers: plugins::Drivers::default(),
             volumes: tokio::sync::Mutex::new(volumes::VolumeState::default()),
+            volume_stats: Mutex::default(),
             events,
             wake: Arc::new(Notify::new()),
         });
@@ -241,6 +255,12 @@ impl Kubelet {
         self.shared.wake.notify_one();
     }
 
+    /// The latest volume stats, one per claim in use on the node: what the
+    /// `kubelet_volume_stats_*` gauges of its `/metrics` show.
+    pub fn volume_stats(&self) -> Vec<VolumeStats> {
+        volume_stats::by_claim(&lock(&self.shared.volume_stats))
+    }
+
     /// Names of the drivers registered with this kubelet.
     pub fn registered_drivers(&self) -> Vec<String> {
         self.shared.drivers.names()
@@ -265,6 +285,7 @@ impl Kubelet {
         self.shared.drivers.clear();
         volumes::unmount_everything_under(&self.shared.config.root)?;
         *self.shared.volumes.lock().await = volumes::VolumeState::default();
+        lock(&self.shared.volume_stats).clear();
         *lock(&self.shared.boot_id) = uuid::Uuid::new_v4().to_string();
         let generation = start_generation(&self.shared, &self.shutdown).await?;
         *lock(&self.generation) = generation;

@@ -46,6 +46,8 @@ pub(super) const CSI_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) struct RegisteredDriver {
     pub csi: CsiConnection,
     pub node_capabilities: BTreeSet<csi::node_service_capability::rpc::Type>,
+    /// Whether the driver advertises the node VOLUME_CONDITION capability of CSI v1.0-v1.12.
+    pub volume_condition: bool,
     pub version: Version,
     /// The registration socket and its modification time; `None` for a pre-registered
     /// endpoint.
@@ -349,6 +351,7 @@ async fn register(
         RegisteredDriver {
             csi,
             node_capabilities: csi_grpc::conn::node_capabilities(&capabilities),
+            volume_condition: csi_grpc::conn::node_volume_condition(&capabilities),
             version: version.unwrap_or(Version(1, 0, 0)),
             socket,
         },

@@ -50,13 +50,13 @@ pub fn unique_volume_name(driver: &str, handle: &str) -> String {
 /// One published volume of one pod, as recorded in `vol_data.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Published {
-    driver_name: String,
-    volume_handle: String,
+pub(super) struct Published {
+    pub driver_name: String,
+    pub volume_handle: String,
     spec_vol_id: String,
-    pod_volume: String,
-    staging_path: PathBuf,
-    target_path: PathBuf,
+    pub pod_volume: String,
+    pub staging_path: PathBuf,
+    pub target_path: PathBuf,
     block: bool,
     node_name: String,
 }
@@ -99,6 +99,14 @@ pub(super) struct VolumeState {
 }
 
 impl VolumeState {
+    /// The volumes published for each pod, by pod UID.
+    pub fn published(&self) -> HashMap<String, Vec<Published>> {
+        self.pods
+            .iter()
+            .map(|(uid, record)| (uid.clone(), record.volumes.clone()))
+            .collect()
+    }
+
     pub async fn kill_writers(&mut self) {
         for record in self.pods.values_mut() {
             stop_writer(record).await;
@@ -150,6 +158,11 @@ pub(super) async fn manage(shared: Arc<Shared>, token: CancellationToken) {
     let Some(wake) = informers.synced().await else {
         return;
     };
+    tokio::spawn(super::volume_stats::calculate(
+        shared.clone(),
+        caches.pods.clone(),
+        token.clone(),
+    ));
     // Registrations and fault injection wake the volume manager too.
     let kubelet_wake = shared.wake.clone();
     let forward = wake.clone();
