@@ -475,7 +475,7 @@ impl Store {
     /// cache until the next change (which then copies it if it is still held).
     pub fn read(&self) -> Result<Arc<State>, StoreError> {
         let mut cache = self.cache();
-        let lock = self.lock_file()?;
+        let lock = self.lock_file_to_read()?;
         lock.lock_shared()
             .map_err(io_error(&self.dir.join(LOCK_FILE)))?;
         self.catch_up(&mut cache)?;
@@ -528,6 +528,16 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(io_error(&path))
+    }
+
+    /// The lock file opened for reading, which a shared lock needs no more than: the state
+    /// stays readable (and the health RPCs keep reporting) on a file system gone read-only.
+    fn lock_file_to_read(&self) -> Result<File, StoreError> {
+        let path = self.dir.join(LOCK_FILE);
+        match File::open(&path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => self.lock_file(),
+            opened => opened.map_err(io_error(&path)),
+        }
     }
 
     fn corrupt(&self, reason: String) -> StoreError {

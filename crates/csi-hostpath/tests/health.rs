@@ -462,10 +462,74 @@ async fn a_full_or_read_only_file_system_is_seen() {
     run_mount(&["--bind", &state, &state]);
     run_mount(&["-o", "remount,bind,ro", &state]);
     let read_only = storage().await;
+    let volume_read_only = controller_health(c, &volume).await;
     unmount(&state);
     assert_eq!(read_only, [(degraded, "StorageReadOnly".to_string())]);
+    assert_eq!(volume_read_only, is(Degraded, "BackingFilesystemReadOnly"));
     assert_eq!(storage().await, []);
 
+    cluster.stop().await;
+}
+
+/// A volume's data on a file system whose device fails (an ext4 image on a loop device whose
+/// backing file is cut short, caches dropped): reading it gives EIO, reported as the backing
+/// file system failing, and it is back to normal once the device is gone from under it.
+#[tokio::test]
+async fn a_failing_file_system_under_a_volume_is_seen() {
+    if !root_or_skip("a_failing_file_system_under_a_volume_is_seen") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with(dir.path(), HealthApi::V1_13).await;
+    let c = &cluster.controller.csi;
+    let volume = create(c, "failing", 1 << 20).await.volume_id;
+    let data = data_dir(&cluster, &volume);
+    let image = dir.path().join("failing.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .status()
+        .expect("mkfs.ext4 runs");
+    assert!(mkfs.success());
+    let image_arg = image.to_string_lossy().to_string();
+    let data_arg = data.to_string_lossy().to_string();
+    run_mount(&["-o", "loop", &image_arg, &data_arg]);
+    let _detach = Detach(data.clone());
+    // Enough entries that the directory has blocks of its own to read back.
+    for n in 0..64 {
+        std::fs::write(data.join(format!("file-{n}")), b"data").unwrap();
+    }
+    // Remounted, so that nothing of the directory waits in the journal or in memory.
+    unmount(&data_arg);
+    run_mount(&["-o", "loop", &image_arg, &data_arg]);
+    assert_eq!(controller_health(c, &volume).await, []);
+
+    std::fs::File::options()
+        .write(true)
+        .open(&image)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let device = std::process::Command::new("losetup")
+        .args(["-j", &image_arg, "-O", "NAME", "-n"])
+        .output()
+        .expect("losetup runs");
+    let device = String::from_utf8_lossy(&device.stdout).trim().to_string();
+    assert!(!device.is_empty(), "the image's loop device");
+    let resized = std::process::Command::new("losetup")
+        .args(["-c", &device])
+        .status()
+        .expect("losetup runs");
+    assert!(resized.success());
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("caches dropped");
+    let failing = controller_health(c, &volume).await;
+    unmount(&data_arg);
+    assert_eq!(failing, is(Inaccessible, "BackingFilesystemError"));
+    assert_eq!(controller_health(c, &volume).await, []);
     cluster.stop().await;
 }
 
