@@ -4,12 +4,11 @@
 //! installed), then the controller under leader election on upstream's Lease.
 
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::LeaderElectionError;
+use csi_sidecar::startup::StartupError;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use csi_grpc::conn::{ConnError, Endpoint};
+use csi_grpc::conn::Endpoint;
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::cosi::v1alpha1 as proto;
 use csi_sidecar::leader::sanitize_name;
@@ -29,18 +28,14 @@ pub fn sidecar_lease(driver: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
-    #[error(transparent)]
-    Driver(#[from] ConnError),
+    Startup(#[from] StartupError),
     #[error("DriverGetInfo: {}", csi_grpc::conn::GoStatus(.0))]
     DriverInfo(tonic::Status),
     #[error("DriverGetInfo returned an empty driver name")]
     NoDriverName,
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn provisioner(
     args: ProvisionerArgs,

@@ -4,12 +4,12 @@
 //! `--http-endpoint`, then the controller, under leader election on the Lease
 //! `external-attacher-leader-<driver>` when asked (losing it exits).
 
-use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::conn::Services;
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_sidecar::feature_gates::{FeatureGate, Stage};
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
+use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
+use csi_sidecar::startup::StartupError;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -28,18 +28,12 @@ pub const ERROR_CODE_GATE: FeatureGate = FeatureGate {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
-    #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
+    Startup(#[from] StartupError),
     #[error(transparent)]
     Attacher(#[from] AttacherError),
-    #[error("{0}")]
-    FeatureGates(String),
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
@@ -47,7 +41,7 @@ pub async fn run(args: AttacherArgs, shutdown: CancellationToken) -> Result<(), 
         &sidecar.feature_gates(),
         &[RELEASE_ON_EXIT_GATE, ERROR_CODE_GATE],
     )
-    .map_err(RunError::FeatureGates)?;
+    .map_err(StartupError::FeatureGates)?;
     let gate = |gate: FeatureGate| gates.get(gate);
     let client = csi_sidecar::kube::client(&sidecar.kube).await?;
 

@@ -5,16 +5,16 @@
 //! (and the node watcher with `--enable-node-watcher`), under leader election on the Lease
 //! `external-health-monitor-leader-<driver>` when asked (losing it exits).
 
+use csi_sidecar::startup::StartupError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_grpc::conn::{ConnError, CsiConnection, Services};
+use csi_grpc::conn::{CsiConnection, Services};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_kinds::cached::CachedVolume;
 use csi_sidecar::events::EventRecorder;
 use csi_sidecar::informers::{CacheSyncHealth, Informers, SYNC_GRACE_PERIOD, keep_pod_volumes};
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE};
+use csi_sidecar::leader::RELEASE_ON_EXIT_GATE;
 use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -26,20 +26,14 @@ use crate::watcher::{NodeWatcher, keep_ready_condition};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
-    #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
+    Startup(#[from] StartupError),
     #[error(transparent)]
     Monitor(#[from] MonitorError),
     #[error("the CSI driver {0} has no controller service: there is no volume health to monitor")]
     NoControllerService(String),
-    #[error("{0}")]
-    FeatureGates(String),
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn run(args: HealthMonitorArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
@@ -47,7 +41,7 @@ pub async fn run(args: HealthMonitorArgs, shutdown: CancellationToken) -> Result
         &sidecar.feature_gates(),
         &[RELEASE_ON_EXIT_GATE],
     )
-    .map_err(RunError::FeatureGates)?;
+    .map_err(StartupError::FeatureGates)?;
     let client = csi_sidecar::kube::client(&sidecar.kube).await?;
 
     let mut registry = Registry::default();

@@ -3,13 +3,12 @@
 //! health on `--http-endpoint`, then the controller — under leader election when asked (the
 //! Lease is the driver name, sanitized; losing it exits).
 
-use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::conn::Services;
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1::NodeGetInfoRequest;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::LeaderElectionError;
+use csi_sidecar::startup::StartupError;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -26,19 +25,11 @@ const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
+    Startup(#[from] StartupError),
     #[error("the driver has no controller service; csi-provisioner needs CREATE_DELETE_VOLUME")]
     NoControllerService,
     #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
-    #[error(transparent)]
     Provisioner(#[from] ProvisionerError),
-    #[error("{0}")]
-    FeatureGates(String),
     #[error("--enable-capacity: the driver does not support GetCapacity (GET_CAPACITY)")]
     NoGetCapacity,
     #[error("--enable-capacity needs the {0} environment variable (set it from the downward API)")]
@@ -51,9 +42,11 @@ pub enum RunError {
     CapacityOwner(#[from] crate::capacity::owner::OwnerError),
 }
 
+csi_sidecar::startup_error_conversions!(RunError);
+
 pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates = args.gates().map_err(RunError::FeatureGates)?;
+    let gates = args.gates().map_err(StartupError::FeatureGates)?;
     gates.log_warnings();
     // Checked before anything connects, as upstream.
     let node_name = std::env::var("NODE_NAME").unwrap_or_default();

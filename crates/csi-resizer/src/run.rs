@@ -12,12 +12,12 @@
 //! controller only.
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_grpc::conn::{ConnError, Services, node_capabilities};
+use csi_grpc::conn::{Services, node_capabilities};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
+use csi_sidecar::leader::{RELEASE_ON_EXIT_GATE, sanitize_name};
+use csi_sidecar::startup::StartupError;
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -31,9 +31,7 @@ use crate::resize::{Resizer, SupportError};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
+    Startup(#[from] StartupError),
     #[error("failed to check if plugin supports node resize: {0}")]
     NodeCapabilities(tonic::Status),
     #[error("Failed to create CSI resizer: {0}")]
@@ -43,18 +41,14 @@ pub enum RunError {
     )]
     ModifyOnly,
     #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
-    #[error(transparent)]
     Resizer(#[from] ResizerError),
-    #[error("{0}")]
-    FeatureGates(String),
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn run(args: ResizerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates = args.gates().map_err(RunError::FeatureGates)?;
+    let gates = args.gates().map_err(StartupError::FeatureGates)?;
     gates.log_warnings();
     let client = csi_sidecar::kube::client_with_master(&sidecar.kube, &args.master).await?;
 

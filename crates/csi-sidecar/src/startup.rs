@@ -14,13 +14,52 @@ use tokio_util::sync::CancellationToken;
 use crate::flags::SidecarArgs;
 use crate::informers::CacheSyncHealth;
 use crate::leader::{LeaderElectionError, LeaderStatus};
+pub use csi_grpc::conn::ConnError;
 use csi_grpc::conn::{
-    ConnError, CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, StartupOrder, connect,
+    CsiConnection, DEFAULT_CONNECT_WAIT, DriverInfo, Services, StartupOrder, connect,
 };
 use csi_grpc::flags::CsiArgs;
-use csi_grpc::http::{HealthCheck, HttpError};
+use csi_grpc::http::HealthCheck;
+pub use csi_grpc::http::HttpError;
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_grpc::metrics::process::{ProcessCollector, ProcessFamilies};
+
+/// What stops a controller at start-up or while it runs, whichever controller it is: the
+/// Kubernetes client, the driver connection, the HTTP endpoint, leader election, the feature
+/// gates. Each binary's `RunError` wraps it beside its own reasons, and
+/// [`startup_error_conversions!`](crate::startup_error_conversions) lets `?` lift the parts
+/// straight into that.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeClientError),
+    #[error(transparent)]
+    Csi(#[from] ConnError),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    LeaderElection(#[from] LeaderElectionError),
+    #[error("{0}")]
+    FeatureGates(String),
+}
+
+/// `From` each part of [`StartupError`] for a binary's error type, whose variant
+/// `Startup(StartupError)` carries them.
+#[macro_export]
+macro_rules! startup_error_conversions {
+    ($error:ty) => {
+        $crate::startup_error_conversions!(@from $error: $crate::kube::KubeClientError, $crate::startup::ConnError, $crate::startup::HttpError, $crate::leader::LeaderElectionError);
+    };
+    (@from $error:ty: $($part:ty),*) => {
+        $(
+            impl From<$part> for $error {
+                fn from(error: $part) -> Self {
+                    Self::Startup($crate::startup::StartupError::from(error))
+                }
+            }
+        )*
+    };
+}
 
 /// Connects (waiting a bounded time for the socket), exits the process when the connection is
 /// later lost, calls Probe until the driver is ready and discovers its name and capabilities,

@@ -11,15 +11,15 @@
 //! CSIVolumeGroupSnapshot gate both serve volume group snapshots where the cluster serves the
 //! group API ([`crate::group_api`]).
 
+use csi_sidecar::startup::StartupError;
 use std::time::Duration;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
-use csi_grpc::conn::{ConnError, CsiConnection, GoStatus, Services};
+use csi_grpc::conn::{CsiConnection, GoStatus, Services};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::{LeaderElectionError, RELEASE_ON_EXIT_GATE, sanitize_name};
+use csi_sidecar::leader::{RELEASE_ON_EXIT_GATE, sanitize_name};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use kube::api::{Api, ListParams};
 use prometheus_client::registry::Registry;
@@ -37,28 +37,22 @@ pub const CONTROLLER_LEASE: &str = "snapshot-controller-leader";
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
+    Startup(#[from] StartupError),
     #[error("CSI driver {0} does not support ControllerCreateSnapshot")]
     NoSnapshots(String),
     #[error("the snapshot CRDs are not served ({0}); install them (manifests/crds) and retry")]
     NoCrds(String),
     #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
-    #[error(transparent)]
     Sidecar(#[from] SidecarError),
     #[error(transparent)]
     Controller(#[from] ControllerError),
-    #[error("{0}")]
-    FeatureGates(String),
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates = args.gates().map_err(RunError::FeatureGates)?;
+    let gates = args.gates().map_err(StartupError::FeatureGates)?;
     gates.log_warnings();
     let client = client(sidecar).await?;
     let mut registry = Registry::default();
@@ -124,7 +118,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
 
 pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let sidecar = &args.sidecar;
-    let gates = args.gates().map_err(RunError::FeatureGates)?;
+    let gates = args.gates().map_err(StartupError::FeatureGates)?;
     gates.log_warnings();
     let client = client(sidecar).await?;
     wait_for_crds(&client, args.retry_crd_interval_max, &shutdown).await?;

@@ -3,15 +3,14 @@
 //! controller mode (elected, Lease `podmon-<driver>`; it probes for the podmon extension) or
 //! node mode.
 
+use csi_sidecar::startup::StartupError;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use csi_grpc::conn::{ConnError, Services};
+use csi_grpc::conn::Services;
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::informers::SYNC_GRACE_PERIOD;
-use csi_sidecar::kube::KubeClientError;
-use csi_sidecar::leader::LeaderElectionError;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -27,13 +26,7 @@ const CONFIG_RELOAD_PERIOD: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Kube(#[from] KubeClientError),
-    #[error(transparent)]
-    Csi(#[from] ConnError),
-    #[error(transparent)]
-    Http(#[from] csi_grpc::http::HttpError),
-    #[error(transparent)]
-    LeaderElection(#[from] LeaderElectionError),
+    Startup(#[from] StartupError),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
@@ -41,6 +34,8 @@ pub enum RunError {
     #[error(transparent)]
     Node(#[from] NodeError),
 }
+
+csi_sidecar::startup_error_conversions!(RunError);
 
 pub async fn run(args: PodmonArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let client = csi_sidecar::kube::client(&args.sidecar.kube).await?;
