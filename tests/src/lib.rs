@@ -720,6 +720,20 @@ impl Cluster {
             .collect()
     }
 
+    /// The claim UIDs in the provisioner's record of provisionings in flight (its Lease in
+    /// the scenario's namespace; none before the first write).
+    pub async fn in_flight(&self) -> Vec<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let name = csi_provisioner::inflight::lease_name(&self.driver_name, None);
+        let lease = leases.get_opt(&name).await.expect("reading the record");
+        let annotations = lease.map(|l| l.metadata.annotations.unwrap_or_default());
+        csi_provisioner::inflight::entries_of(&annotations.unwrap_or_default())
+            .expect("a readable record")
+            .into_keys()
+            .collect()
+    }
+
     /// The volume ids the driver's controller lists.
     pub async fn driver_volumes(&self) -> Vec<String> {
         self.listed_volumes()
@@ -1057,7 +1071,7 @@ impl Cluster {
         csi: csi_grpc::conn::CsiConnection,
         change: impl FnOnce(&mut csi_provisioner::controller::Settings),
     ) -> Sidecar {
-        let settings = provisioner_settings(&self.client, &csi, change).await;
+        let settings = provisioner_settings(&self.client, &self.namespace, &csi, change).await;
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {
@@ -1076,7 +1090,7 @@ impl Cluster {
         identity: &str,
         csi: csi_grpc::conn::CsiConnection,
     ) -> Sidecar {
-        let settings = provisioner_settings(&self.client, &csi, |_| {}).await;
+        let settings = provisioner_settings(&self.client, &self.namespace, &csi, |_| {}).await;
         let client = self.component_client(rbac::PROVISIONER);
         let lease = self.driver_name.clone();
         self.elected(
@@ -1461,6 +1475,7 @@ fn scratch_dir() -> PathBuf {
 /// serves VolumeAttributesClasses.
 async fn provisioner_settings(
     client: &Client,
+    namespace: &str,
     csi: &csi_grpc::conn::CsiConnection,
     change: impl FnOnce(&mut csi_provisioner::controller::Settings),
 ) -> csi_provisioner::controller::Settings {
@@ -1496,6 +1511,8 @@ async fn provisioner_settings(
         .await,
         cross_namespace_data_sources: csi_provisioner::grants::GATE.default,
         node_deployment: None,
+        // As the leader election Lease of the replicas.
+        inflight_namespace: namespace.to_string(),
     };
     change(&mut settings);
     settings

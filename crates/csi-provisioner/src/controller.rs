@@ -3,8 +3,10 @@
 //! cores in [`crate::step`], [`crate::claims`], [`crate::deletion`], [`crate::request`],
 //! [`crate::topology`]), and bounded workers carry out CSI calls and API writes with
 //! per-object backoff. This file wires the caches, workers and shared state; each workflow has
-//! a file of its own in `controller/`: `claim` (provisioning), `volume` (PV deletion),
-//! `sources` (data sources' protection) and `node` (node ownership with `--node-deployment`).
+//! a file of its own in `controller/`: `claim` (provisioning, and the provisionings in flight
+//! whose claim is gone), `volume` (PV deletion), `sources` (data sources' protection), `node`
+//! (node ownership with `--node-deployment`) and `inflight` (the writer of the record of
+//! provisionings in flight).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -37,10 +39,13 @@ use crate::vac::VacError;
 use csi_kinds::vac::{Support, VolumeAttributesClass};
 
 mod claim;
+mod inflight;
 mod node;
 mod sources;
 mod volume;
 
+use inflight::InflightRecord;
+pub use inflight::RecordWriteError;
 use node::OwnNode;
 
 /// How the provisioner is set up (from its flags and the driver's discovery).
@@ -84,6 +89,8 @@ pub struct Settings {
     pub cross_namespace_data_sources: bool,
     /// `--node-deployment`: this instance serves one node only.
     pub node_deployment: Option<NodeDeployment>,
+    /// Where the Lease of the in-flight record lives (the leader election namespace).
+    pub inflight_namespace: String,
 }
 
 struct Caches {
@@ -118,6 +125,9 @@ enum Key {
     Volume(String),
     /// A deleted claim whose cloning-protection finalizer waits for its clones.
     CloneSource(ObjectRef<CachedClaim>),
+    /// A provisioning in flight whose claim is gone, by the claim's UID: finished from its
+    /// entry in the in-flight record.
+    InFlight(String),
 }
 
 impl Key {
@@ -125,7 +135,7 @@ impl Key {
     /// clone sources have `--cloning-protection-threads`.
     fn lane(&self) -> usize {
         match self {
-            Key::Claim(_) | Key::Volume(_) => 0,
+            Key::Claim(_) | Key::Volume(_) | Key::InFlight(_) => 0,
             Key::CloneSource(_) => 1,
         }
     }
@@ -170,6 +180,8 @@ struct Provisioner {
     save_refusals: Mutex<HashMap<String, u32>>,
     /// With `--node-deployment`: the node served.
     node: Option<OwnNode>,
+    /// The provisionings in flight ([`crate::inflight`]).
+    record: Arc<InflightRecord>,
     /// An error that ends the provisioner (set once; `stop` is then cancelled).
     fatal: std::sync::OnceLock<request::RequestError>,
     stop: CancellationToken,
@@ -182,6 +194,8 @@ pub enum ProvisionerError {
     /// No claim can be given a volume name (upstream panics on the first claim it provisions).
     #[error(transparent)]
     VolumeName(request::RequestError),
+    #[error(transparent)]
+    Record(#[from] RecordWriteError),
 }
 
 /// Runs the provisioner until `shutdown`.
@@ -202,7 +216,7 @@ pub async fn run(
     workers.report_to(
         vec![queues.queue("claims"), queues.queue("volumes")],
         |key| match key {
-            Key::Claim(_) | Key::CloneSource(_) => 0,
+            Key::Claim(_) | Key::CloneSource(_) | Key::InFlight(_) => 0,
             Key::Volume(_) => 1,
         },
     );
@@ -212,13 +226,36 @@ pub async fn run(
     // it cannot list (its warnings name the cause, and claims naming a class say it is not
     // synced).
     let mut optional = Informers::new(&client, &shutdown);
+    let record_name = crate::inflight::lease_name(
+        &settings.driver.name,
+        settings
+            .node_deployment
+            .as_ref()
+            .map(|nd| nd.node_name.as_str()),
+    );
+    let record = Arc::new(
+        InflightRecord::start(
+            client.clone(),
+            &settings.inflight_namespace,
+            &record_name,
+            shutdown.clone(),
+        )
+        .await?,
+    );
     let (claim_work, volume_work) = (workers.clone(), workers.clone());
     let claim_writes = Arc::new(Superseded::default());
     let observed = claim_writes.clone();
+    let in_flight = record.clone();
     let claims = informers.all_observing(move |how, claim: &CachedClaim| {
         let version = claim.resource_version();
         observed.observed(&ObjectRef::from_obj(claim), version.as_deref(), how);
         claim_keys(claim).for_each(|key| claim_work.trigger_for(key, claim));
+        // A claim gone mid-provisioning leaves its entry to finish.
+        if how == csi_sidecar::informers::Observed::Deleted
+            && let Some(uid) = claim.uid().filter(|uid| in_flight.entry(uid).is_some())
+        {
+            claim_work.trigger(Key::InFlight(uid));
+        }
     });
     let attachments = informers.all();
     let attribute_classes =
@@ -294,6 +331,7 @@ pub async fn run(
         }),
         fatal: std::sync::OnceLock::new(),
         stop: shutdown.child_token(),
+        record,
         settings,
     });
     tracing::info!(driver = %provisioner.settings.driver.name, identity = %provisioner.identity, "provisioner started");
@@ -345,14 +383,20 @@ impl Reconciler for Provisioner {
     type Key = Key;
     type Error = SyncError;
 
-    /// Every claim's keys and every PV.
+    /// Every claim's keys, every PV, and the provisionings in flight whose claim is gone.
     fn keys(&self) -> Vec<Key> {
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.state();
+        let orphans = self.record.uids().into_iter().filter(|uid| {
+            self.record
+                .entry(uid)
+                .is_some_and(|entry| self.cached_claim_of(&entry).is_none())
+        });
         claims
             .iter()
             .flat_map(|c| claim_keys(&**c))
             .chain(volumes.iter().map(|v| Key::Volume(v.name_any())))
+            .chain(orphans.map(Key::InFlight))
             .collect()
     }
 
@@ -376,6 +420,12 @@ impl Reconciler for Provisioner {
                 .volumes
                 .get(&ObjectRef::new(name))
                 .map(|v| v.resource_version()),
+            // Its entry does not change: once per trigger and retry.
+            Key::InFlight(uid) => self
+                .record
+                .entry(uid)
+                .filter(|entry| self.cached_claim_of(entry).is_none())
+                .map(|_| None),
         };
         match version {
             Some(version) => Offer::Run {
@@ -394,6 +444,7 @@ impl Reconciler for Provisioner {
             Key::CloneSource(reference) => {
                 Box::pin(async move { self.sync_clone_source(&reference).await })
             }
+            Key::InFlight(uid) => Box::pin(async move { self.sync_in_flight(&uid).await }),
         }
     }
 
@@ -455,6 +506,16 @@ impl Provisioner {
 
     /// The cached claim, unless the cache does not show our last write to it yet (`Err`:
     /// the sync waits for it).
+    /// The cached claim an in-flight entry was made for (same name and UID), if any.
+    fn cached_claim_of(&self, entry: &crate::inflight::Entry) -> Option<Arc<CachedClaim>> {
+        let reference = ObjectRef::new(&entry.claim.name_any())
+            .within(&entry.claim.namespace().unwrap_or_default());
+        self.caches
+            .claims
+            .get(&reference)
+            .filter(|cached| cached.uid() == entry.claim.uid())
+    }
+
     fn current_claim(
         &self,
         reference: &ObjectRef<CachedClaim>,

@@ -5,7 +5,9 @@
 //! [`provision`] (the plan of one provisioning), [`topology`] (requisite and preferred terms),
 //! [`request`] (the CreateVolume request: name, fsType, capabilities, metadata, error
 //! outcomes), [`pv`] (the PV of a created volume), [`deletion`] (the PV finalizer and the
-//! DeleteVolume plan), [`protection`] (what the provisioning-protection finalizer records),
+//! DeleteVolume plan), [`inflight`] (the record of provisionings in flight, which keeps a
+//! volume being created from leaking), [`protection`] (what the provisioning-protection
+//! finalizer records where that record cannot be written),
 //! [`snapshots`] (restore checks), [`vac`] (VolumeAttributesClasses: mutable parameters),
 //! [`grants`] (ReferenceGrants for cross-namespace data sources) and [`node_deployment`]
 //! (which claims and PVs a per-node instance handles, and its delays before owning an
@@ -22,6 +24,7 @@ pub mod deletion;
 pub mod flags;
 pub mod gates;
 pub mod grants;
+pub mod inflight;
 pub mod metrics;
 pub mod node_deployment;
 pub mod protection;

@@ -142,6 +142,10 @@ pub async fn run(args: ProvisionerArgs, shutdown: CancellationToken) -> Result<(
         volume_attributes_classes,
         cross_namespace_data_sources: gates.get(grants::GATE),
         node_deployment,
+        inflight_namespace: sidecar
+            .leader_election
+            .config(&driver.name, false)
+            .namespace,
     };
     let release = gates.get(RELEASE_ON_EXIT_GATE);
     let lock_name = driver.name.clone();

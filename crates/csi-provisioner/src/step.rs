@@ -27,8 +27,8 @@ pub enum ClaimStep {
     /// No volume name for the claim; `fatal` (`--volume-name-uuid-length` past the UID) stops
     /// the provisioner, as upstream's name slicing panics.
     NoVolumeName { error: RequestError, fatal: bool },
-    /// The PV exists or the claim is bound: the pinned topology goes, and the
-    /// provisioning-protection finalizer with it when `release`.
+    /// The PV exists or the claim is bound: the pinned topology and the in-flight entry go,
+    /// and the provisioning-protection finalizer with them when `release`.
     Finished { release: bool },
     /// The class is not cached (nor recorded): retried, without an Event, as upstream's
     /// getStorageClass failure.
@@ -76,6 +76,9 @@ pub struct Observed {
     pub volume: Volume,
     /// The claim's class in the cache.
     pub class: Option<Arc<StorageClass>>,
+    /// The class of the claim's entry in the in-flight record ([`crate::inflight`]): its
+    /// volume may exist at the driver.
+    pub in_flight: Option<Arc<StorageClass>>,
     /// Used instead of the claim-name hash in topology when the name is empty.
     pub fallback_hash: u32,
 }
@@ -107,10 +110,13 @@ pub fn next_step(
     if !claims::annotated_for(claim, &policy.driver.name) {
         return ClaimStep::Nothing;
     }
-    let protected = claim
+    // The finalizer of claims protected before the in-flight record, or where it cannot be
+    // written.
+    let finalized = claim
         .finalizers()
         .iter()
         .any(|f| f == PROVISIONING_PROTECTION);
+    let protected = finalized || observed.in_flight.is_some();
     let bound = claim
         .spec
         .as_ref()
@@ -118,8 +124,8 @@ pub fn next_step(
         .is_some_and(|v| !v.is_empty());
     match observed.volume {
         Volume::Lags => return ClaimStep::Wait,
-        Volume::Cached => return ClaimStep::Finished { release: protected },
-        Volume::Absent if bound => return ClaimStep::Finished { release: protected },
+        Volume::Cached => return ClaimStep::Finished { release: finalized },
+        Volume::Absent if bound => return ClaimStep::Finished { release: finalized },
         Volume::Absent => {}
     }
     // A claim deleted before any CreateVolume has nothing to clean up; one deleted after
@@ -131,7 +137,7 @@ pub fn next_step(
     // Once protected, a class deleted meanwhile is replaced by its record: the volume may
     // exist, and only a CreateVolume like the first can find it.
     let class = match observed.class {
-        None if protected => recorded_class(claim),
+        None if protected => observed.in_flight.or_else(|| recorded_class(claim)),
         live => live,
     };
     // A class not (yet) in the cache is retried without an Event: a class created just

@@ -32,6 +32,12 @@ pub enum SyncError {
     ClassRecord(#[source] serde_json::Error),
     #[error("claim {0} is gone")]
     ClaimGone(String),
+    /// The in-flight record could not take the claim: nothing is created until it can.
+    #[error(transparent)]
+    Record(crate::controller::RecordWriteError),
+    /// A provisioning in flight whose claim is gone cannot be finished now.
+    #[error("finishing the provisioning in flight of claim {uid}: {step}")]
+    InFlight { uid: String, step: String },
     /// The claim's class is not cached; or its size, for a node's capacity check.
     #[error(transparent)]
     Claim(#[from] ClaimError),

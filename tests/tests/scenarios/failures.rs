@@ -188,21 +188,22 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
             "rpc error: code = OutOfRange desc = ",
         )
         .await;
-    let protected = |claim: &PersistentVolumeClaim| {
-        claim
-            .finalizers()
-            .iter()
-            .any(|f| f == "csi-suite.io/provisioning-protection")
-            || claim
-                .annotations()
-                .contains_key("csi-suite.io/provisioning-class")
+    // In the record of provisionings in flight, and no finalizer of ours on the claim.
+    let protected = |claim: &PersistentVolumeClaim, in_flight: &[String]| {
+        assert!(
+            !claim
+                .finalizers()
+                .iter()
+                .any(|f| f == "csi-suite.io/provisioning-protection"),
+            "{:?}",
+            claim.finalizers()
+        );
+        in_flight.contains(&claim.uid().unwrap())
     };
     let claim_now = claims.get("doomed").await.unwrap();
     assert!(
-        !protected(&claim_now),
-        "a final error releases the claim: {:?} {:?}",
-        claim_now.finalizers(),
-        claim_now.annotations()
+        !protected(&claim_now, &cluster.in_flight().await),
+        "a final error releases the claim"
     );
 
     proxy.fail_with(Some((tonic::Code::Unavailable, "the backend is busy")));
@@ -218,7 +219,7 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
         .await;
     let claim_now = claims.get("in-flight").await.unwrap();
     assert!(
-        protected(&claim_now),
+        protected(&claim_now, &cluster.in_flight().await),
         "a volume may be on its way: the claim stays protected"
     );
     proxy.fail_with(None);
@@ -299,10 +300,10 @@ async fn storage_requests_reach_the_driver_in_bytes_or_are_reported() {
 }
 
 /// The provisioner dies while the driver creates a volume; before it comes back, the claim
-/// and its StorageClass are deleted. The claim still holds the provisioning-protection
-/// finalizer, and the new provisioner has no class to repeat CreateVolume with: it uses the
-/// class recorded with the finalizer, so the volume gets its PV, is deleted with it, and the
-/// claim goes.
+/// and its StorageClass are deleted. The claim's entry in the record of provisionings in
+/// flight is all that is left, and the new provisioner has no class to repeat CreateVolume
+/// with: it uses the entry's, so the volume gets its PV, is deleted with it, and the record
+/// forgets the claim.
 #[tokio::test]
 async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
     let cluster = Cluster::start("stranded-class").await;
@@ -312,10 +313,8 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
     let class_name = claim_of_new_class(&cluster, "data", "gone", json!({})).await;
     let claims = cluster.namespaced::<PersistentVolumeClaim>();
     cluster
-        .wait_for(&claims, "data", "the claim protected", |c| {
-            c.finalizers()
-                .iter()
-                .any(|f| f == "csi-suite.io/provisioning-protection")
+        .eventually_async("the claim in the record", || async {
+            !cluster.in_flight().await.is_empty()
         })
         .await;
     cluster
@@ -344,6 +343,11 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
     cluster
         .eventually_async("the volume deleted with its PV", || async {
             cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+        })
+        .await;
+    cluster
+        .eventually_async("the record forgets the claim", || async {
+            cluster.in_flight().await.is_empty()
         })
         .await;
     second.stop().await;

@@ -3,6 +3,7 @@
 //! finalizer, CreateVolume, the PV, its release, and the failures on the way).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use csi_grpc::conn::GoStatus;
@@ -31,6 +32,7 @@ use crate::sync_error::SyncError;
 use crate::topology::TopologyError;
 use csi_kinds::annotations::SELECTED_NODE;
 
+use super::inflight::RecordWriteError;
 use super::sources::ProtectedSource;
 use super::{Provisioner, claim_ref, rand_suffix};
 
@@ -61,6 +63,7 @@ impl Provisioner {
             }
             ClaimStep::Finished { release } => {
                 lock(&self.pinned).remove(&uid);
+                self.record.leave(&uid);
                 if release {
                     self.release(&claim).await?;
                 }
@@ -144,7 +147,43 @@ impl Provisioner {
             volume_name,
             volume,
             class,
+            in_flight: self.record.entry(uid).map(|entry| Arc::new(entry.class)),
             fallback_hash: rand_suffix(),
+        }
+    }
+
+    /// A provisioning in flight whose claim is gone (deleted mid-CreateVolume, or while no
+    /// provisioner ran): finished from its entry as the claim's sync would — CreateVolume
+    /// returns the volume already made, and its PV, bound to the claim that is gone, is
+    /// released and reclaimed by the PV controller as any other.
+    pub(super) async fn sync_in_flight(&self, uid: &str) -> Result<Synced, SyncError> {
+        let Some(entry) = self.record.entry(uid) else {
+            return Ok(Synced::Done);
+        };
+        if self.cached_claim_of(&entry).is_some() {
+            // Back in the cache (a relist): the claim's own sync carries on.
+            return Ok(Synced::Done);
+        }
+        let claim = entry.claim;
+        let mut observed = self.observe(&claim, uid);
+        // Its class as the attempt had it, not as the cache has it now.
+        observed.class = None;
+        let node = self.node.as_ref().map(|node| &node.deployment);
+        match step::next_step(&claim, observed, &self.policy(), node, self) {
+            ClaimStep::Wait => Ok(Synced::Waiting),
+            ClaimStep::Provision(provisioning) => {
+                tracing::info!(claim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %uid, "finishing a provisioning whose claim is gone");
+                self.measured(&claim, self.provision(&claim, *provisioning))
+                    .await
+            }
+            ClaimStep::Finished { .. } | ClaimStep::Nothing => {
+                self.record.leave(uid);
+                Ok(Synced::Done)
+            }
+            other => Err(SyncError::InFlight {
+                uid: uid.to_string(),
+                step: format!("{other:?}"),
+            }),
         }
     }
 
@@ -372,9 +411,11 @@ impl Provisioner {
         }
     }
 
-    /// Adds the provisioning-protection finalizer before the first CreateVolume, so neither a
-    /// crash nor a deleted claim can lose track of a volume being created; the class is
-    /// recorded in the same patch (also on a claim protected before records existed).
+    /// Enters the claim in the in-flight record before the first CreateVolume, so neither a
+    /// crash nor a deleted claim can lose track of a volume being created. Where the record
+    /// cannot be written (no RBAC for the Lease), and on claims protected so before the
+    /// record, the provisioning-protection finalizer does it instead, with the class recorded
+    /// in the same patch.
     async fn protect(
         &self,
         claim: &PersistentVolumeClaim,
@@ -387,6 +428,13 @@ impl Provisioner {
         if protected && claim.annotations().contains_key(PROVISIONING_CLASS) {
             return Ok(claim.clone());
         }
+        if !protected && self.record.available() {
+            match self.record.enter(claim, class).await {
+                Ok(()) => return Ok(claim.clone()),
+                Err(RecordWriteError::Forbidden(_)) => {}
+                Err(error) => return Err(SyncError::Record(error)),
+            }
+        }
         let mut finalizers = claim.finalizers().to_vec();
         if !protected {
             finalizers.push(PROVISIONING_PROTECTION.to_string());
@@ -398,9 +446,17 @@ impl Provisioner {
             .ok_or_else(|| SyncError::ClaimGone(claim.name_any()))
     }
 
-    /// Removes the provisioning-protection finalizer and its record (the PV exists, or
-    /// nothing was created).
+    /// The PV exists, or nothing was created: the claim leaves the in-flight record, and a
+    /// claim protected by the finalizer loses it and its class record.
     async fn release(&self, claim: &PersistentVolumeClaim) -> Result<(), SyncError> {
+        self.record.leave(&claim.uid().unwrap_or_default());
+        let finalized = claim
+            .finalizers()
+            .iter()
+            .any(|f| f == PROVISIONING_PROTECTION);
+        if !finalized && !claim.annotations().contains_key(PROVISIONING_CLASS) {
+            return Ok(());
+        }
         let finalizers = without(claim.finalizers(), PROVISIONING_PROTECTION);
         let annotations = BTreeMap::from([(PROVISIONING_CLASS, None)]);
         self.patch_claim(claim, finalizers, &annotations)
@@ -453,6 +509,7 @@ impl Provisioner {
         }
         tracing::info!(claim = %claim.name_any(), %volume_id, "deleted a new volume the provisioner cannot keep");
         lock(&self.pinned).remove(&claim.uid().unwrap_or_default());
+        self.record.leave(&claim.uid().unwrap_or_default());
         if claim.metadata.deletion_timestamp.is_some() {
             self.release(claim).await?;
         }

@@ -164,6 +164,8 @@ struct Row {
     volume_name: Result<String, RequestError>,
     volume: Volume,
     class: Option<StorageClass>,
+    /// The class of the claim's entry in the in-flight record.
+    in_flight: Option<StorageClass>,
     node: Option<NodeDeployment>,
     caches: Caches,
     step: &'static str,
@@ -178,6 +180,7 @@ impl Row {
             volume_name: Ok("pvc-uid-1".to_string()),
             volume: Volume::Absent,
             class: Some(class(json!({}))),
+            in_flight: None,
             node: None,
             caches: Caches::default(),
             step,
@@ -223,6 +226,32 @@ fn each_claim_state_leads_to_its_step() {
             claim(json!({})),
             "Provision pvc-uid-1 class=class-1 node=-",
         ),
+        Row {
+            in_flight: Some(class(json!({"metadata": {"uid": null}}))),
+            ..Row::new(
+                "deleted while in flight: finished, as with the finalizer",
+                claim(deleting()),
+                "Provision pvc-uid-1 class=class-1 node=-",
+            )
+        },
+        Row {
+            class: None,
+            in_flight: Some(class(json!({"metadata": {"uid": null}}))),
+            ..Row::new(
+                "in flight, its class deleted: the entry's class",
+                claim(json!({})),
+                "Provision pvc-uid-1 class=recorded node=-",
+            )
+        },
+        Row {
+            volume: Volume::Cached,
+            in_flight: Some(class(json!({}))),
+            ..Row::new(
+                "in flight, its PV cached: finished, no finalizer to remove",
+                claim(json!({})),
+                "Finished release=false",
+            )
+        },
         Row::new(
             "bound, unprotected",
             claim(bound()),
@@ -457,6 +486,7 @@ fn each_claim_state_leads_to_its_step() {
     let mut mismatches = Vec::new();
     for row in rows {
         let observed = Observed {
+            in_flight: row.in_flight.map(Arc::new),
             volume_name: row.volume_name,
             volume: row.volume,
             class: row.class.map(Arc::new),
@@ -482,6 +512,7 @@ fn a_provisioning_carries_the_plan_for_its_volume_name() {
     let driver = driver();
     let claim = claim(json!({}));
     let observed = Observed {
+        in_flight: None,
         volume_name: Ok("pvc-uid-1".to_string()),
         volume: Volume::Absent,
         class: Some(Arc::new(class(json!({})))),
