@@ -602,7 +602,19 @@ fn assert_least_privilege(rendering: &Rendering) {
         } else if name.ends_with("-podmon-controller") {
             vec![PODMON_CONTROLLER_ACCOUNT]
         } else if name == "csi-suite-leader-election" {
-            // The controller pod's account for the sidecars that elect, podmon's own for it.
+            // The controller pod's account for the sidecars that elect (and for the
+            // provisioner's in-flight record, elected or not), podmon's own when it elects.
+            let electing = controller["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|c| c["args"].as_array().into_iter().flatten())
+                .any(|arg| {
+                    matches!(
+                        arg.as_str(),
+                        Some("--leader-election=true" | "--leaderelection=true")
+                    )
+                });
             let sidecars = [
                 "csi-provisioner",
                 "csi-attacher",
@@ -611,7 +623,7 @@ fn assert_least_privilege(rendering: &Rendering) {
             ]
             .iter()
             .any(|c| container(controller, c).is_some());
-            let podmon = container(controller, "podmon").is_some();
+            let podmon = electing && container(controller, "podmon").is_some();
             [
                 (sidecars, "csi-suite-controller"),
                 (podmon, PODMON_CONTROLLER_ACCOUNT),
@@ -703,10 +715,11 @@ fn default_values_run_the_reference_driver_with_every_component() {
         container(controller, "podmon").unwrap(),
         "--leaderelection=false"
     ));
+    // Still the Leases' Role: the provisioner's record of provisionings in flight is one.
     assert!(
         rendering
             .find("Role", "csi-suite-leader-election")
-            .is_none()
+            .is_some()
     );
 
     // Sidecars of the controller pod run as non-root and reach the socket via the fsGroup.
