@@ -456,7 +456,8 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
 }
 
 /// csi-provisioner under a slow and failing API server: every request 50 ms late, new PVs
-/// throttled (429 with `Retry-After`), claim and PV writes failing (500, 503) and the open
+/// throttled (429 with `Retry-After`), writes of its in-flight record and of PVs failing
+/// (500, 503) and the open
 /// watches cut three times, two resumes refused as expired (410 Gone). Every claim is still
 /// provisioned once and Bound, and deleting the claims leaves no volume behind.
 #[tokio::test]
@@ -476,11 +477,19 @@ async fn a_slow_and_failing_api_server_costs_no_volume() {
         3,
         Some(1),
     );
+    // The record of provisionings in flight refused: nothing is created until it is written.
     faults.fail_next(
-        "PATCH",
-        "persistentvolumeclaims",
+        "POST",
+        "leases",
         http::StatusCode::INTERNAL_SERVER_ERROR,
-        3,
+        1,
+        None,
+    );
+    faults.fail_next(
+        "PUT",
+        "leases",
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        2,
         None,
     );
     faults.fail_next(
