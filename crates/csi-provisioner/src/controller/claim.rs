@@ -1,6 +1,7 @@
 //! A claim's provisioning: the sync reads the claim and what the caches hold for it,
-//! [`crate::step::next_step`] decides, and one `match` carries the step out (the protection
-//! finalizer, CreateVolume, the PV, its release, and the failures on the way).
+//! [`crate::step::next_step`] decides, and one `match` carries the step out (the entry in the
+//! in-flight record, CreateVolume, the PV, its release, and the failures on the way); a
+//! provisioning in flight whose claim is gone is finished from its entry.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
