@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use kube_sim::roles::kubelet::{VOLUME_CONDITION_ABNORMAL, VolumeStats};
+use kube_sim::roles::scheduling::node_ready_status;
 use serde_json::json;
 
 /// How often the monitor checks in these scenarios.
@@ -106,17 +107,6 @@ async fn a_v1_12_drivers_abnormal_volume_is_told_once_and_its_recovery_once() {
     abnormal_volume_is_told_once_and_its_recovery_once("health-v112", HealthApi::V1_12).await;
 }
 
-/// The Ready condition's status of a node.
-fn ready_status(node: &Node) -> Option<&str> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.status.as_str())
-}
-
 #[tokio::test]
 async fn claims_used_on_a_failed_node_are_told_once_and_told_of_its_recovery() {
     let cluster = Cluster::start("health-nodes").await;
@@ -139,7 +129,7 @@ async fn claims_used_on_a_failed_node_are_told_once_and_told_of_its_recovery() {
     let nodes = cluster.cluster_scoped::<Node>();
     let mut down = cluster
         .wait_for(&nodes, &node, "the node NotReady", |n| {
-            ready_status(n).is_some_and(|s| s != "True")
+            node_ready_status(n).is_some_and(|s| s != "True")
         })
         .await;
     assert!(
