@@ -728,10 +728,10 @@ impl Cluster {
         let name = csi_provisioner::inflight::lease_name(&self.driver_name, None);
         let lease = leases.get_opt(&name).await.expect("reading the record");
         let annotations = lease.map(|l| l.metadata.annotations.unwrap_or_default());
-        csi_provisioner::inflight::entries_of(&annotations.unwrap_or_default())
-            .expect("a readable record")
-            .into_keys()
-            .collect()
+        let (entries, broken) =
+            csi_provisioner::inflight::entries_of(&annotations.unwrap_or_default());
+        assert!(broken.is_empty(), "unreadable entries: {broken:?}");
+        entries.into_keys().collect()
     }
 
     /// The volume ids the driver's controller lists.

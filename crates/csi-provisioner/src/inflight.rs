@@ -90,22 +90,29 @@ pub enum RecordError {
     },
 }
 
-/// The entries of a record, by claim UID, as the Lease's annotations hold them; other
-/// annotations are not ours and are kept by the writer.
+/// The entries of a record, by claim UID, as the Lease's annotations hold them, and the
+/// errors of those that cannot be read (they cannot be finished; the others still can).
+/// Other annotations are not ours and are kept by the writer.
 pub fn entries_of(
     annotations: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, Entry>, RecordError> {
-    annotations
-        .iter()
-        .filter_map(|(key, value)| Some((key.strip_prefix(ENTRY_PREFIX)?, key, value)))
-        .map(|(uid, key, value)| {
-            let entry = serde_json::from_str(value).map_err(|source| RecordError::Entry {
+) -> (BTreeMap<String, Entry>, Vec<RecordError>) {
+    let mut entries = BTreeMap::new();
+    let mut broken = Vec::new();
+    for (key, value) in annotations {
+        let Some(uid) = key.strip_prefix(ENTRY_PREFIX) else {
+            continue;
+        };
+        match serde_json::from_str(value) {
+            Ok(entry) => {
+                entries.insert(uid.to_string(), entry);
+            }
+            Err(source) => broken.push(RecordError::Entry {
                 key: key.clone(),
                 source,
-            })?;
-            Ok((uid.to_string(), entry))
-        })
-        .collect()
+            }),
+        }
+    }
+    (entries, broken)
 }
 
 /// One entry as its annotation (key, value).
@@ -194,15 +201,20 @@ mod tests {
         assert_eq!(annotation.0, "inflight.csi-suite.io/u1");
         let mut annotations = BTreeMap::from([annotation]);
         annotations.insert("other.example.com/x".into(), "kept".into());
-        let entries = entries_of(&annotations).unwrap();
+        let (entries, broken) = entries_of(&annotations);
+        assert!(broken.is_empty());
         assert_eq!(entries.len(), 1);
         assert_eq!(entries["u1"], entry);
     }
 
     #[test]
-    fn a_broken_entry_is_an_error_naming_it() {
-        let annotations = BTreeMap::from([(format!("{ENTRY_PREFIX}u1"), "{".to_string())]);
-        let error = entries_of(&annotations).unwrap_err().to_string();
+    fn a_broken_entry_is_an_error_naming_it_and_the_others_are_read() {
+        let good = annotation_of(&Entry::new(&claim("u2"), &class())).unwrap();
+        let annotations = BTreeMap::from([(format!("{ENTRY_PREFIX}u1"), "{".to_string()), good]);
+        let (entries, broken) = entries_of(&annotations);
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["u2"]);
+        assert_eq!(broken.len(), 1);
+        let error = broken[0].to_string();
         assert!(error.contains("inflight.csi-suite.io/u1"), "{error}");
     }
 

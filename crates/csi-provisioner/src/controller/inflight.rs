@@ -86,17 +86,10 @@ impl InflightRecord {
             .as_ref()
             .map(|l| l.annotations().clone())
             .unwrap_or_default();
-        let entries = inflight::entries_of(&annotations).unwrap_or_else(|error| {
-            // A broken entry cannot be finished; the others still can.
-            tracing::error!(%lease, %error, "unreadable entries in the in-flight record");
-            annotations
-                .iter()
-                .filter_map(|(key, value)| {
-                    let uid = key.strip_prefix(inflight::ENTRY_PREFIX)?;
-                    Some((uid.to_string(), serde_json::from_str(value).ok()?))
-                })
-                .collect()
-        });
+        let (entries, broken) = inflight::entries_of(&annotations);
+        for error in broken {
+            tracing::error!(%lease, %error, "an unreadable entry in the in-flight record");
+        }
         if !entries.is_empty() {
             tracing::info!(%lease, entries = entries.len(), "provisionings left in flight by a former run");
         }
