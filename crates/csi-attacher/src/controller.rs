@@ -13,7 +13,9 @@ use csi_kinds::cached::{CachedAttachment, CachedVolume};
 use csi_kinds::volume_attachment::unpublish_request;
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::api_errors::GoApiError;
-use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
+use csi_sidecar::finalizers::{
+    FinalizerError, add_builtin_finalizer, remove_builtin_finalizer, without,
+};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
@@ -460,7 +462,7 @@ impl Attacher {
         let volume = attach::attached_volume(va, pv.as_deref())?;
         if let Some(pv) = &pv {
             let api: Api<CachedVolume> = Api::all(self.client.clone());
-            match Box::pin(add_finalizer(&api, pv.as_ref(), &self.finalizer)).await {
+            match Box::pin(add_builtin_finalizer(&api, pv.as_ref(), &self.finalizer)).await {
                 Ok(Some(_)) => {}
                 Ok(None) => return Err(AttachError::MissingVolume(pv.name_any()).into()),
                 Err(error) => {
@@ -525,7 +527,8 @@ impl Attacher {
         let current = if finalizers.len() == va.finalizers().len() {
             Some(va.clone())
         } else {
-            let updated = set_finalizers(&self.attachments(), va, finalizers).await?;
+            let updated =
+                remove_builtin_finalizer(&self.attachments(), va, &self.finalizer).await?;
             if gone {
                 // The answer may carry the version last stored, which cannot tell this write
                 // from a no-op; the cached VolumeAttachment is stale all the same until the
@@ -656,7 +659,7 @@ impl Attacher {
             return Ok(Synced::Waiting);
         }
         let api: Api<CachedVolume> = Api::all(self.client.clone());
-        set_finalizers(&api, &*pv, without(pv.finalizers(), &self.finalizer)).await?;
+        remove_builtin_finalizer(&api, &*pv, &self.finalizer).await?;
         tracing::info!(volume = %name, "released the PersistentVolume");
         Ok(Synced::Done)
     }

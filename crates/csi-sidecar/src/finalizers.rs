@@ -1,6 +1,11 @@
-//! Finalizer edits on objects other controllers also write: a JSON patch guarded by a `test`
-//! of the list we read, so a finalizer someone else added or removed meanwhile is never lost
-//! or brought back (external-provisioner #1217) — the patch fails and the sync retries.
+//! Finalizer edits on objects other controllers also write, so that a finalizer someone else
+//! added or removed meanwhile is never lost or brought back (external-provisioner #1217). On
+//! built-in kinds one finalizer is added or removed by value with a strategic merge patch
+//! ([`add_builtin_finalizer`], [`remove_builtin_finalizer`]): nothing to guard, so nothing to
+//! fail when another controller changed the list (pv-protection's finalizer leaves a PV being
+//! deleted at the moment ours does). Custom resources take no strategic merge: their lists
+//! are replaced by a JSON patch guarded by a `test` of the list read, which fails and is
+//! retried from fresh state after a concurrent change.
 
 use std::collections::BTreeMap;
 
@@ -199,6 +204,76 @@ fn pointer_token(key: &str) -> String {
 /// `test` (422) or a resourceVersion conflict (409).
 pub fn is_stale_read(error: &FinalizerError) -> bool {
     matches!(error, FinalizerError::Failed(_, kube::Error::Api(status)) if status.code == 422 || status.code == 409)
+}
+
+/// Adds `finalizer` to `object`, a built-in kind, unless it is there: a strategic merge patch
+/// merges it into the list by value. `None`: the object is gone.
+pub async fn add_builtin_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if object.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(Some(object.clone()));
+    }
+    let patch = json!({"metadata": {"finalizers": [finalizer]}});
+    patch_builtin_finalizers(api, object, patch, |finalizers| {
+        if !finalizers.iter().any(|f| f == finalizer) {
+            finalizers.push(finalizer.to_string());
+        }
+    })
+    .await
+}
+
+/// Removes `finalizer` from `object`, a built-in kind, if it is there: a strategic merge patch
+/// deletes it from the list by value. `None`: the object is gone.
+pub async fn remove_builtin_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if !object.finalizers().iter().any(|f| f == finalizer) {
+        return Ok(Some(object.clone()));
+    }
+    let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}});
+    patch_builtin_finalizers(api, object, patch, |finalizers| {
+        finalizers.retain(|f| f != finalizer);
+    })
+    .await
+}
+
+/// Sends a strategic merge `patch` of the finalizers; where RBAC grants no `patch`, `edit`
+/// makes the same change to the list of a fresh read, written back as an update.
+async fn patch_builtin_finalizers<K>(
+    api: &Api<K>,
+    object: &K,
+    patch: serde_json::Value,
+    edit: impl FnOnce(&mut Vec<String>),
+) -> Result<Option<K>, FinalizerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let what = format!("{} {}", K::kind(&Default::default()), object.name_any());
+    let namespace = object.namespace();
+    let edit = |current: &mut ObjectMeta| {
+        edit(current.finalizers.get_or_insert_with(Vec::new));
+        true
+    };
+    let patch = Patch::Strategic(patch);
+    match patch_or_update(api, namespace.as_deref(), &object.name_any(), &patch, edit).await {
+        Ok(updated) => Ok(updated),
+        Err(kube::Error::Api(status)) if status.code == 403 => Err(FinalizerError::Forbidden(what)),
+        Err(error) => Err(FinalizerError::Failed(what, error)),
+    }
 }
 
 /// Adds `finalizer` to `object` unless it is there; when the list changed since `object` was

@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_sidecar::events::{EventRecorder, EventType};
-use csi_sidecar::finalizers::{FinalizerError, add_finalizer, set_finalizers, without};
+use csi_sidecar::finalizers::{
+    FinalizerError, add_builtin_finalizer, add_finalizer, remove_builtin_finalizer, set_finalizers,
+    without,
+};
 use csi_sidecar::informers::{CacheSyncHealth, Informers};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
@@ -574,7 +577,8 @@ impl Controller {
                     .claims
                     .get(&ObjectRef::new(&claim).within(&snapshot.namespace().unwrap_or_default()))
                     && let Err(error) =
-                        add_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER).await
+                        add_builtin_finalizer(&claims, cached.as_ref(), PVC_AS_SOURCE_FINALIZER)
+                            .await
                 {
                     // Upstream fails the content's creation: no snapshot without its claim kept.
                     let failure = Failure::content_creation(controller_update_error(&claim, error));
@@ -720,12 +724,8 @@ impl Controller {
         if snapshot::claim_protection_removable(&claim, snapshots()) {
             let api: Api<PersistentVolumeClaim> =
                 Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-            if let Err(error) = set_finalizers(
-                &api,
-                claim.as_ref(),
-                without(claim.finalizers(), PVC_AS_SOURCE_FINALIZER),
-            )
-            .await
+            if let Err(error) =
+                remove_builtin_finalizer(&api, claim.as_ref(), PVC_AS_SOURCE_FINALIZER).await
             {
                 // Upstream's Event, on the snapshots whose syncs would have released the claim.
                 for source in snapshot::snapshots_of_claim(&claim, snapshots()) {

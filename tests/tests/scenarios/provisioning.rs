@@ -153,7 +153,8 @@ async fn dynamic_provisioning_creates_binds_and_deletes_volumes() {
 /// written for many claims at once, protects the volume being created. Counted on the
 /// scenario's own requests: kube-sim's, or the fault proxy's on a real cluster
 /// (kube-controller-manager binds there): no claim patch, and at most one record write per
-/// claim entered (fewer when claims come together), leaving batched with them.
+/// claim entered (fewer when claims come together), leaving batched with them. Their deletion
+/// patches each PV once.
 #[tokio::test]
 async fn no_claim_is_written_while_the_pv_controller_binds_it() {
     const CLAIMS: usize = 20;
@@ -205,6 +206,26 @@ async fn no_claim_is_written_while_the_pv_controller_binds_it() {
             cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
         })
         .await;
+    // Deletion: one finalizer removal per PV, by value, so pv-protection's own removal at the
+    // same moment fails nothing (no retry, no GET).
+    let counts = cluster.request_counts();
+    let count = |verb: &str| -> u64 {
+        counts
+            .iter()
+            .filter(|(key, _)| {
+                key.client == rbac::PROVISIONER
+                    && key.verb == verb
+                    && key.resource == "persistentvolumes"
+            })
+            .map(|(_, count)| count)
+            .sum()
+    };
+    assert_eq!(
+        count("patch"),
+        CLAIMS as u64,
+        "PV patches of {CLAIMS} deletions"
+    );
+    assert_eq!(count("get"), 0, "PV reads");
     provisioner.stop().await;
     cluster.stop().await;
 }

@@ -9,7 +9,7 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_grpc::conn::GoStatus;
 use csi_kinds::secrets::{self, DeletionSecret, SecretRef, TemplateInputs};
 use csi_proto::csi::v1 as csi;
-use csi_sidecar::finalizers::{remove_finalizer_from, set_finalizers};
+use csi_sidecar::finalizers::{add_builtin_finalizer, remove_builtin_finalizer};
 use csi_sidecar::workers::Synced;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams};
@@ -59,13 +59,11 @@ impl Provisioner {
         ) {
             VolumePlan::Nothing => Ok(()),
             VolumePlan::AddFinalizer => {
-                let mut finalizers = volume.finalizers().to_vec();
-                finalizers.push(PV_FINALIZER.to_string());
-                set_finalizers(&api, &volume, finalizers).await?;
+                add_builtin_finalizer(&api, &volume, PV_FINALIZER).await?;
                 Ok(())
             }
             VolumePlan::RemoveFinalizer => {
-                remove_finalizer_from(&api, &volume, PV_FINALIZER).await?;
+                remove_builtin_finalizer(&api, &volume, PV_FINALIZER).await?;
                 Ok(())
             }
             // Upstream's words for a PV of ours without a CSI source.
@@ -119,7 +117,7 @@ impl Provisioner {
                     }
                 };
                 if let Some(current) = remaining {
-                    remove_finalizer_from(&api, &current, PV_FINALIZER).await?;
+                    remove_builtin_finalizer(&api, &current, PV_FINALIZER).await?;
                 }
                 self.volume_writes.deleted(name.to_string());
                 self.settings.metrics.deleted(&class, started.elapsed());
