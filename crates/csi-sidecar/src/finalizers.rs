@@ -299,10 +299,10 @@ where
     .await
 }
 
-/// Removes `finalizer` from `object` if it is there; when the list changed since `object` was
-/// read (another controller's finalizer went meanwhile, as pv-protection's does from a PV
-/// being deleted), once more from a fresh GET instead of failing the sync. `None`: the object
-/// is gone.
+/// Removes `finalizer` from `object` (a custom resource: built-in kinds take
+/// [`remove_builtin_finalizer`]) if it is there; when the list changed since `object` was read
+/// (another controller's finalizer went meanwhile), once more from a fresh GET instead of
+/// failing the sync. `None`: the object is gone.
 pub async fn remove_finalizer_from<K>(
     api: &Api<K>,
     object: &K,
