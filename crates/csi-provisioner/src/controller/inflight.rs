@@ -197,10 +197,15 @@ impl Writer {
         shutdown: CancellationToken,
     ) {
         loop {
+            let retry = !self.waiting.is_empty() || !self.leaving.is_empty();
             let first = tokio::select! {
                 () = shutdown.cancelled() => return,
-                change = queued.recv() => change,
-                () = tokio::time::sleep(FULL_RETRY), if !self.waiting.is_empty() || !self.leaving.is_empty() => None,
+                change = queued.recv() => match change {
+                    Some(change) => Some(change),
+                    // The provisioner is gone: nobody waits for a write any more.
+                    None => return,
+                },
+                () = tokio::time::sleep(FULL_RETRY), if retry => None,
             };
             let mut batch: Vec<Change> = first.into_iter().collect();
             while let Ok(change) = queued.try_recv() {
