@@ -116,6 +116,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         provisioner.print_log_tail();
     }
     let rss = provisioner.peak_rss_mib();
+    let cpu = provisioner.cpu_seconds();
     let driver_time = provisioner
         .driver_latencies(&["CreateVolume", "DeleteVolume"])
         .await;
@@ -125,6 +126,12 @@ async fn run(claims: usize) -> anyhow::Result<()> {
     driver.stop().await;
     let phases = [provision?, delete?];
     let mut report = report(claims, &setup, &phases, rss, provisioner.binary_mib());
+    if let Some(seconds) = cpu {
+        let _ = write!(
+            report,
+            "\nCPU time of the provisioner (user + system, both phases): {seconds:.2} s.\n"
+        );
+    }
     if let Some(lines) = driver_time {
         let _ = write!(
             report,

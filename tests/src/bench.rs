@@ -362,6 +362,11 @@ impl SidecarProcess {
         benchmarks::peak_rss_mib(self.child.id())
     }
 
+    /// The CPU seconds (user + system) it has used so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        benchmarks::cpu_seconds(self.child.id())
+    }
+
     pub fn binary_mib(&self) -> f64 {
         std::fs::metadata(&self.binary).map_or(0.0, |m| m.len() as f64 / 1024.0 / 1024.0)
     }

@@ -105,9 +105,31 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The CPU time a process has used so far, user and system (`/proc/<pid>/stat` utime + stime),
+/// in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields count from the last ')'.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15; the first after ')' is field 3 (state).
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::replace_section;
+
+    #[test]
+    fn this_process_has_used_some_cpu() {
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(30) {}
+        let seconds = super::cpu_seconds(std::process::id()).unwrap();
+        assert!(seconds > 0.0 && seconds < 3600.0, "{seconds}");
+    }
 
     #[test]
     fn a_section_is_replaced_by_its_whole_heading_line() {
