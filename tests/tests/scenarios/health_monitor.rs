@@ -127,7 +127,7 @@ async fn claims_used_on_a_failed_node_are_told_once_and_told_of_its_recovery() {
 
     cluster.kubelet(&node).partition();
     let nodes = cluster.cluster_scoped::<Node>();
-    let mut down = cluster
+    cluster
         .wait_for(&nodes, &node, "the node NotReady", |n| {
             node_ready_status(n).is_some_and(|s| s != "True")
         })
@@ -136,18 +136,26 @@ async fn claims_used_on_a_failed_node_are_told_once_and_told_of_its_recovery() {
         events(&cluster, "data", NODE_FAILED).await.is_empty(),
         "not before the grace"
     );
-    // Down for ten minutes already: past the five minutes' grace.
+    // Down for ten minutes already: past the five minutes' grace. The node lifecycle
+    // controller writes the status too: a conflict is read again and retried.
     let ten_minutes_ago =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(600);
-    for condition in down.status.as_mut().unwrap().conditions.as_mut().unwrap() {
-        if condition.type_ == "Ready" {
-            condition.last_transition_time = Some(Time(ten_minutes_ago));
+    loop {
+        let mut down = nodes.get(&node).await.expect("the node");
+        for condition in down.status.as_mut().unwrap().conditions.as_mut().unwrap() {
+            if condition.type_ == "Ready" {
+                condition.last_transition_time = Some(Time(ten_minutes_ago));
+            }
+        }
+        match nodes
+            .replace_status(&node, &PostParams::default(), &down)
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => panic!("the node's status: {error}"),
         }
     }
-    nodes
-        .replace_status(&node, &PostParams::default(), &down)
-        .await
-        .expect("the node's status");
     let message = cluster.wait_for_event("data", NODE_FAILED, &node).await;
     assert_eq!(
         message,
