@@ -39,6 +39,9 @@ pub enum RecordWriteError {
     Forbidden(String),
     #[error("writing the in-flight record {lease}: {message}")]
     Failed { lease: String, message: String },
+    /// At start: the entries a former run left cannot be read, so nothing is provisioned.
+    #[error("reading the in-flight record {lease}: {message}")]
+    Read { lease: String, message: String },
 }
 
 enum Change {
@@ -76,7 +79,7 @@ impl InflightRecord {
                 (None, false)
             }
             Err(error) => {
-                return Err(RecordWriteError::Failed {
+                return Err(RecordWriteError::Read {
                     lease,
                     message: error.to_string(),
                 });
