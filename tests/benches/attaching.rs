@@ -68,6 +68,7 @@ async fn run(count: usize) -> anyhow::Result<()> {
         attacher.print_log_tail();
     }
     let rss = attacher.peak_rss_mib();
+    let cpu = attacher.cpu_seconds();
     let driver_time = attacher
         .driver_latencies(&["ControllerPublishVolume", "ControllerUnpublishVolume"])
         .await;
@@ -90,6 +91,12 @@ async fn run(count: usize) -> anyhow::Result<()> {
             binary_mib: attacher.binary_mib(),
         },
     );
+    if let Some(seconds) = cpu {
+        let _ = write!(
+            report,
+            "\nCPU time of the attacher (user + system, both phases): {seconds:.2} s.\n"
+        );
+    }
     if let Some(lines) = driver_time {
         let _ = write!(
             report,

@@ -24,6 +24,10 @@
 //! `PROVISIONING_FLOOR_RECORD` adds a record of each provisioning in flight (on its claim or in
 //! a Lease), to measure what one costs.
 //!
+//! `BENCH_BINDING_MODE=WaitForFirstConsumer` makes the class delay binding: each claim is created
+//! with the `volume.kubernetes.io/selected-node` annotation the scheduler sets for a pod's claim
+//! (the Node `bench-node`), so the provisioner provisions for that node's topology.
+//!
 //! Such a run is printed, never written to `BENCHMARKS.md`; neither is a run on a real cluster.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
@@ -56,12 +60,25 @@ const CLIENT: &str = "csi-provisioner";
 const LIMIT: Duration = Duration::from_secs(120);
 /// Claims created concurrently.
 const CREATORS: usize = 64;
+/// The annotation the scheduler sets on a delayed-binding claim of a pod it placed.
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// The class's `volumeBindingMode`: `BENCH_BINDING_MODE`, `Immediate` unless it names
+/// `WaitForFirstConsumer`.
+fn binding_mode() -> anyhow::Result<&'static str> {
+    match std::env::var("BENCH_BINDING_MODE").as_deref() {
+        Err(_) | Ok("Immediate") => Ok("Immediate"),
+        Ok("WaitForFirstConsumer") => Ok("WaitForFirstConsumer"),
+        Ok(other) => bail!("BENCH_BINDING_MODE={other}: Immediate or WaitForFirstConsumer"),
+    }
+}
 
 fn main() -> anyhow::Result<()> {
     main_with_count("BENCH_CLAIMS", 1000, run)
 }
 
 async fn run(claims: usize) -> anyhow::Result<()> {
+    let mode = binding_mode()?;
     let root = tempfile::Builder::new()
         .prefix("bench-provisioning-")
         .tempdir()?;
@@ -98,7 +115,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
             &PostParams::default(),
             &serde_json::from_value(
                 json!({"metadata": {"name": CLASS}, "provisioner": &driver.name,
-                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+                "reclaimPolicy": "Delete", "volumeBindingMode": mode}),
             )?,
         )
         .await?;
@@ -107,7 +124,7 @@ async fn run(claims: usize) -> anyhow::Result<()> {
     let address = format!("--csi-address={}", driver.controller.display());
     let mut provisioner = SidecarProcess::start(CLIENT, &[address], &api, root.path(), 6).await?;
 
-    let provision = provision_phase(&api, claims).await;
+    let provision = provision_phase(&api, claims, mode).await;
     let delete = match &provision {
         Ok(_) => delete_phase(&api, &driver.name, claims).await,
         Err(_) => Err(anyhow::anyhow!("not run")),
@@ -121,11 +138,12 @@ async fn run(claims: usize) -> anyhow::Result<()> {
         .driver_latencies(&["CreateVolume", "DeleteVolume"])
         .await;
     provisioner.stop();
-    let external = provisioner.swapped() || driver.external();
+    // Only the default set-up (Immediate) is the section of BENCHMARKS.md.
+    let external = provisioner.swapped() || driver.external() || mode != "Immediate";
     let setup = setup(&provisioner, &driver, api.sim.is_some());
     driver.stop().await;
     let phases = [provision?, delete?];
-    let mut report = report(claims, &setup, &phases, rss, provisioner.binary_mib());
+    let mut report = report(claims, mode, &setup, &phases, rss, provisioner.binary_mib());
     if let Some(seconds) = cpu {
         let _ = write!(
             report,
@@ -148,7 +166,11 @@ async fn run(claims: usize) -> anyhow::Result<()> {
 }
 
 /// Creates the claims at once and waits until all are Bound.
-async fn provision_phase(server: &ApiServerUnderTest, claims: usize) -> anyhow::Result<Phase> {
+async fn provision_phase(
+    server: &ApiServerUnderTest,
+    claims: usize,
+    mode: &str,
+) -> anyhow::Result<Phase> {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(server.client.clone(), NAMESPACE);
     let before = server.counts().await;
     let mut bound_at: HashMap<String, Instant> = HashMap::new();
@@ -156,13 +178,19 @@ async fn provision_phase(server: &ApiServerUnderTest, claims: usize) -> anyhow::
     let mut events = std::pin::pin!(watch);
     // The watch is open before the first create, so no Bound transition is missed.
     events.next().await;
+    let delayed = mode == "WaitForFirstConsumer";
     let start = Instant::now();
     let created = timed_requests(claims, CREATORS, |i| {
         let api = api.clone();
         async move {
             let name = format!("claim-{i}");
+            let annotations = if delayed {
+                json!({SELECTED_NODE: NODE})
+            } else {
+                json!({})
+            };
             let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                "metadata": {"name": name},
+                "metadata": {"name": name, "annotations": annotations},
                 "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"],
                     "resources": {"requests": {"storage": "1Mi"}}}}))?;
             api.create(&PostParams::default(), &claim).await?;
@@ -289,13 +317,15 @@ fn setup(provisioner: &SidecarProcess, driver: &DriverUnderTest, sim: bool) -> S
 
 fn report(
     claims: usize,
+    mode: &str,
     setup: &str,
     phases: &[Phase],
     rss: Option<f64>,
     binary_mib: f64,
 ) -> String {
+    let article = if mode == "Immediate" { "an" } else { "a" };
     let intro = format!(
-        "{claims} claims of an Immediate class created at once by {CREATORS} concurrent clients; {setup}"
+        "{claims} claims of {article} {mode} class created at once by {CREATORS} concurrent clients; {setup}"
     );
     sidecar_report(
         &intro,
