@@ -37,7 +37,7 @@ use tokio::sync::mpsc::error::{SendTimeoutError, TrySendError};
 use tokio::sync::{mpsc, oneshot};
 
 use ::kube::Client;
-use ::kube::api::{Api, Patch, PatchParams, PostParams};
+use ::kube::api::{Patch, PatchParams, PostParams};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -415,16 +415,16 @@ impl Sink {
         let reason = event.key.reason.as_str();
         if let Some(previous) = previous {
             let count = previous.count.saturating_add(event.occurrences);
-            let api: Api<Event> = Api::namespaced(self.client.clone(), &previous.namespace);
             let patch = serde_json::json!({"count": count, "lastTimestamp": Time(event.last)});
-            match api
+            let request = events_request(&previous.namespace)
                 .patch(
                     &previous.name,
                     &PatchParams::default(),
                     &Patch::Merge(&patch),
                 )
-                .await
-            {
+                .map_err(::kube::Error::BuildRequest)
+                .map(|request| (request, "patch"));
+            match self.send(request).await {
                 Ok(_) => return Some(Recorded { count, ..previous }),
                 // Expired or deleted (Events have a TTL): record a new one below.
                 Err(::kube::Error::Api(status)) if status.code == 404 => {}
@@ -437,8 +437,15 @@ impl Sink {
         let created = self.new_event(event);
         let namespace = created.metadata.namespace.clone().unwrap_or_default();
         let name = created.metadata.name.clone().unwrap_or_default();
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &created).await {
+        let request = serde_json::to_vec(&created)
+            .map_err(::kube::Error::SerdeError)
+            .and_then(|body| {
+                events_request(&namespace)
+                    .create(&PostParams::default(), body)
+                    .map_err(::kube::Error::BuildRequest)
+            })
+            .map(|request| (request, "create"));
+        match self.send(request).await {
             Ok(_) => Some(Recorded {
                 name,
                 namespace,
@@ -449,6 +456,17 @@ impl Sink {
                 None
             }
         }
+    }
+
+    /// Sends an Event write; the Event the server answers with is not parsed (nothing reads
+    /// it, and a burst writes thousands).
+    async fn send(
+        &self,
+        request: Result<(http::Request<Vec<u8>>, &'static str), ::kube::Error>,
+    ) -> Result<(), ::kube::Error> {
+        let (mut request, verb) = request?;
+        request.extensions_mut().insert(verb);
+        self.client.request::<Unread>(request).await.map(|_| ())
     }
 
     fn new_event(&self, event: &Pending) -> Event {
@@ -497,6 +515,15 @@ pub fn truncate(message: &str, limit: usize) -> String {
     }
     format!("{}{MARK}", &message[..end])
 }
+
+/// Requests on the core/v1 Events of `namespace`.
+fn events_request(namespace: &str) -> ::kube::core::Request {
+    ::kube::core::Request::new(<Event as ::kube::Resource>::url_path(&(), Some(namespace)))
+}
+
+/// An answer skipped unparsed: serde reads past its fields without building them.
+#[derive(serde::Deserialize)]
+struct Unread {}
 
 #[cfg(test)]
 mod tests {
