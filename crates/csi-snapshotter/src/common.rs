@@ -357,6 +357,7 @@ impl Controller {
                 let removable = snapshot::claim_protection_removable(
                     &claim,
                     caches.snapshots.state().iter().map(AsRef::as_ref),
+                    |s| self.has_content(s),
                 );
                 Some(format!(
                     "{}/{removable}",
@@ -374,6 +375,12 @@ impl Controller {
             reference.namespace.as_deref(),
             reference.name.as_deref(),
         )?)
+    }
+
+    /// Whether a snapshot's content is in the cache.
+    fn has_content(&self, snapshot: &VolumeSnapshot) -> bool {
+        snapshot::content_name(snapshot)
+            .is_some_and(|name| self.caches.contents.get(&ObjectRef::new(&name)).is_some())
     }
 
     /// The cached objects a snapshot's plan reads.
@@ -721,7 +728,7 @@ impl Controller {
         };
         let snapshots = self.caches.snapshots.state();
         let snapshots = || snapshots.iter().map(AsRef::as_ref);
-        if snapshot::claim_protection_removable(&claim, snapshots()) {
+        if snapshot::claim_protection_removable(&claim, snapshots(), |s| self.has_content(s)) {
             let api: Api<PersistentVolumeClaim> =
                 Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
             if let Err(error) =

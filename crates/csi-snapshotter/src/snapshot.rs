@@ -499,31 +499,36 @@ fn unready(
         ));
     };
     let creation_failed = |error: String| Step::Fail(Failure::content_creation(error));
-    match inputs.claim {
-        None => {
-            return creation_failed(controller_update_error(
-                snapshot.name_any(),
-                "cannot get claim from snapshot",
+    let Some(claim) = inputs.claim else {
+        return creation_failed(controller_update_error(
+            snapshot.name_any(),
+            "cannot get claim from snapshot",
+        ));
+    };
+    // The content's inputs first: a snapshot that cannot get one (a missing class, an unbound
+    // claim) does not protect its claim, so it neither holds it nor writes it on each retry.
+    let content = match new_content(snapshot, inputs) {
+        Ok(content) => content,
+        Err(error) => {
+            return creation_failed(format!(
+                "failed to get input parameters to create snapshot {}: {error:?}",
+                snapshot.name_any()
             ));
         }
-        Some(claim) if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) => {
-            if claim.metadata.deletion_timestamp.is_some() {
-                return creation_failed(controller_update_error(
-                    claim_name,
-                    "cannot add finalizer on claim because it is being deleted",
-                ));
-            }
-            return Step::ProtectClaim(claim_name.clone());
-        }
-        Some(_) => {}
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        // Not even while another snapshot's protection holds the claim: its release must not
+        // race a cut that starts after it (upstream cuts one here, so a stream of new
+        // snapshots keeps the claim Terminating).
+        return creation_failed(controller_update_error(
+            claim_name,
+            "cannot add finalizer on claim because it is being deleted",
+        ));
     }
-    match new_content(snapshot, inputs) {
-        Ok(content) => Step::CreateContent(Box::new(content)),
-        Err(error) => creation_failed(format!(
-            "failed to get input parameters to create snapshot {}: {error:?}",
-            snapshot.name_any()
-        )),
+    if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) {
+        return Step::ProtectClaim(claim_name.clone());
     }
+    Step::CreateContent(Box::new(content))
 }
 
 /// The source claim's bound volume (upstream `getVolumeFromVolumeSnapshot`).
@@ -863,14 +868,34 @@ pub fn snapshots_of_claim<'a>(
     })
 }
 
-/// Whether a claim's `pvc-as-source-protection` can go: none of its snapshots is not ready yet
-/// (upstream `isPVCBeingUsed`).
+/// Whether a claim's `pvc-as-source-protection` can go: none of its snapshots can still be
+/// cut from it ([`may_still_be_cut`]). `has_content` says whether a snapshot's content exists
+/// (bound, or created and not yet bound).
+///
+/// Upstream (`isPVCBeingUsed`) keeps the claim for every snapshot not ready yet, so a snapshot
+/// that never will be (a missing class, a claim being deleted) holds it Terminating forever
+/// (external-snapshotter #1305).
 pub fn claim_protection_removable<'a>(
     claim: &PersistentVolumeClaim,
     snapshots: impl IntoIterator<Item = &'a VolumeSnapshot>,
+    has_content: impl Fn(&VolumeSnapshot) -> bool,
 ) -> bool {
     has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER)
-        && !snapshots_of_claim(claim, snapshots).any(|s| !is_ready(s))
+        && !snapshots_of_claim(claim, snapshots).any(|s| may_still_be_cut(s, has_content(s)))
+}
+
+/// Whether a snapshot not ready yet may still make its driver read its source volume: it has
+/// a content (CreateSnapshot may be in flight or retried), or it is about to get one (no
+/// failure recorded, not being deleted). A snapshot without content whose creation failed
+/// gets one only by a later sync, and that sync refuses a claim being deleted ([`plan`]).
+pub fn may_still_be_cut(snapshot: &VolumeSnapshot, has_content: bool) -> bool {
+    if is_ready(snapshot) {
+        return false;
+    }
+    let failed = snapshot.status.as_ref().is_some_and(|s| s.error.is_some());
+    has_content
+        || bound_content_name(snapshot).is_some()
+        || (!failed && snapshot.metadata.deletion_timestamp.is_none())
 }
 
 /// Whether `claim` is Pending with `snapshot` as its data source (a restore in progress).

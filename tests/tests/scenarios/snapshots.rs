@@ -521,6 +521,68 @@ async fn a_failed_release_of_the_source_claim_is_reported_on_its_snapshot() {
     cluster.stop().await;
 }
 
+/// A snapshot that can never be cut (its class does not exist) does not keep its source claim
+/// Terminating once the snapshots that were cut are done (upstream external-snapshotter
+/// #1305: upstream keeps the claim for every snapshot not ready).
+#[tokio::test]
+async fn a_snapshot_that_can_never_be_cut_does_not_hold_its_claim() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("snapshot-never-cut").await;
+    let (provisioner, controller, snapshot_class) = bound_source(&cluster, "never-cut").await;
+    let snapshotter = cluster.start_snapshotter().await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    cluster
+        .create(
+            &snapshots,
+            json!({"metadata": {"name": "broken"},
+                "spec": {"source": {"persistentVolumeClaimName": "source"},
+                         "volumeSnapshotClassName": format!("{}-missing", cluster.namespace)}}),
+        )
+        .await;
+    cluster
+        .wait_for(&snapshots, "broken", "the broken snapshot failed", |s| {
+            s.status.as_ref().is_some_and(|s| s.error.is_some())
+        })
+        .await;
+    // The good one protects the claim while it is cut; the broken one must not keep it after.
+    cut_snapshot(&cluster, "good", "source", &snapshot_class).await;
+    cluster
+        .wait_for(&claims, "source", "the source claim released", |c| {
+            !has(c.finalizers(), PVC_AS_SOURCE_FINALIZER)
+        })
+        .await;
+
+    claims
+        .delete("source", &DeleteParams::default())
+        .await
+        .expect("delete the source claim");
+    cluster
+        .wait_gone(&claims, "source", "the source claim deleted")
+        .await;
+    let broken = snapshots.get("broken").await.expect("the broken snapshot");
+    assert!(!ready(&broken), "it was never cut");
+    assert!(ready(&snapshots.get("good").await.unwrap()));
+
+    for name in ["broken", "good"] {
+        snapshots
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete a snapshot");
+        cluster
+            .wait_gone(&snapshots, name, "the snapshot deleted")
+            .await;
+    }
+    assert_eq!(driver_snapshots(&cluster).await, Vec::<String>::new());
+
+    snapshotter.stop().await;
+    controller.stop().await;
+    provisioner.stop().await;
+    cluster.stop().await;
+}
+
 /// A pre-provisioned snapshot naming a content bound to another snapshot is refused as
 /// upstream's snapshot-controller refuses it: `SnapshotContentMisbound` once with the error in
 /// the snapshot's status, and `SnapshotFinalizerError` on every try; neither the snapshot

@@ -4,7 +4,8 @@ use serde_json::json;
 use super::*;
 use csi_kinds::groupsnapshot::IN_GROUP_FINALIZER;
 use csi_kinds::snapshot::{
-    IS_DEFAULT_CLASS, VolumeSnapshotContentStatus, VolumeSnapshotSource, VolumeSnapshotSpec,
+    IS_DEFAULT_CLASS, SnapshotError, VolumeSnapshotContentStatus, VolumeSnapshotSource,
+    VolumeSnapshotSpec,
 };
 
 const DRIVER: &str = "hostpath.csi.k8s.io";
@@ -428,15 +429,45 @@ fn contents_get_their_finalizer_and_hear_of_deletion() {
 }
 
 #[test]
-fn the_claim_protection_goes_once_no_snapshot_is_being_cut() {
+fn the_claim_protection_goes_once_no_snapshot_can_still_be_cut() {
+    let failed = |mut s: VolumeSnapshot| {
+        s.status.get_or_insert_default().error = Some(SnapshotError {
+            message: Some("failed to get input parameters to create snapshot".into()),
+            time: None,
+        });
+        s
+    };
+    let fresh = dynamic(Some("default"));
+    // (snapshot, whether its content is in the cache, whether it holds the claim)
+    let cases = [
+        (fresh.clone(), false, true),
+        (fresh.clone(), true, true),
+        (bound(fresh.clone(), "c", false), false, true),
+        (bound(fresh.clone(), "c", true), true, false),
+        // #1305: a missing class; the claim is released.
+        (failed(dynamic(Some("missing"))), false, false),
+        // Failed with a content: CreateSnapshot is retried.
+        (failed(bound(fresh.clone(), "c", false)), true, true),
+        (failed(fresh.clone()), true, true),
+        (deleting(fresh.clone()), false, false),
+        (deleting(fresh.clone()), true, true),
+        (deleting(bound(fresh.clone(), "c", false)), false, true),
+    ];
     let claim = claim("Bound", &[PVC_AS_SOURCE_FINALIZER]);
-    let cutting = dynamic(Some("default"));
-    assert!(!claim_protection_removable(&claim, [&cutting]));
-    let ready = bound(dynamic(Some("default")), "c", true);
-    assert!(claim_protection_removable(&claim, [&ready]));
-    assert!(claim_protection_removable(&claim, []));
+    for (i, (snapshot, has_content, holds)) in cases.iter().enumerate() {
+        assert_eq!(may_still_be_cut(snapshot, *has_content), *holds, "case {i}");
+        assert_eq!(
+            claim_protection_removable(&claim, [snapshot], |_| *has_content),
+            !holds,
+            "case {i}"
+        );
+    }
+    assert!(claim_protection_removable(&claim, [], |_| false));
     let plain = self::claim("Bound", &[]);
-    assert!(!claim_protection_removable(&plain, []));
+    assert!(!claim_protection_removable(&plain, [], |_| false));
+    let mut other = fresh;
+    other.spec.source.persistent_volume_claim_name = Some("other".into());
+    assert!(claim_protection_removable(&claim, [&other], |_| false));
 }
 
 #[test]
@@ -478,8 +509,15 @@ fn a_failed_claim_release_is_reported_on_each_snapshot_of_the_claim() {
 fn a_claim_that_cannot_be_protected_fails_the_content_creation() {
     let mut going = claim("Bound", &[]);
     going.metadata.deletion_timestamp = deleting(dynamic(None)).metadata.deletion_timestamp;
+    let mut protected_going = claim("Bound", &[PVC_AS_SOURCE_FINALIZER]);
+    protected_going.metadata.deletion_timestamp = going.metadata.deletion_timestamp.clone();
     let being_deleted = World {
         claim: Some(going),
+        ..World::new()
+    };
+    // Still held by another snapshot's protection: no new cut starts either.
+    let protected_being_deleted = World {
+        claim: Some(protected_going),
         ..World::new()
     };
     let ready_to_cut = finalized(dynamic(Some("default")), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
@@ -487,6 +525,11 @@ fn a_claim_that_cannot_be_protected_fails_the_content_creation() {
         (
             "the claim is being deleted (planned)",
             being_deleted.plan(&ready_to_cut),
+            "Failed to create snapshot content with error snapshot controller failed to update data on API server: cannot add finalizer on claim because it is being deleted",
+        ),
+        (
+            "the claim is being deleted, still protected",
+            protected_being_deleted.plan(&ready_to_cut),
             "Failed to create snapshot content with error snapshot controller failed to update data on API server: cannot add finalizer on claim because it is being deleted",
         ),
         (
