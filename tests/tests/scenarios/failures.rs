@@ -226,9 +226,13 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
     cluster
         .delete_and_wait(&claims, "in-flight", "the deleted claim released at once")
         .await;
+    // Done once its entry leaves the record: until then a CreateVolume of it may still come
+    // (the retry of its provisioning, then the deletion of what it made).
     cluster
         .eventually_async("its volume deleted with its PV", || async {
-            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
+            cluster.in_flight().await.is_empty()
+                && cluster.driver_volumes().await.is_empty()
+                && cluster.driver_pvs().await.is_empty()
         })
         .await;
 
