@@ -3,7 +3,9 @@
 //! is no size in bytes is reported, never sent to the driver. A volume whose claim and class
 //! went away before its PV existed is not stranded, and one the provisioner cannot keep (or
 //! whose PV the API server refuses) is deleted with its secret. A claim deleted while its
-//! failures back off goes at once. A slow, throttling and failing API server costs no volume.
+//! failures back off goes at once, and claims deleted while their volumes are made (the PV
+//! racing the claim's deletion) leave none. A slow, throttling and failing API server costs no
+//! volume.
 
 use csi_suite_scenarios::fixtures::{bound, claim, secret};
 use csi_suite_scenarios::{Cluster, Options, report_skip};
@@ -355,6 +357,53 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
         })
         .await;
     second.stop().await;
+    cluster.stop().await;
+}
+
+/// external-provisioner #1469: claims deleted while their CreateVolume is in flight, so the
+/// PV's creation races the claim's deletion. Five rounds of 20 claims: the driver makes every
+/// volume while its answer is held; half the claims are deleted before the answers come
+/// back, half just after. Every volume the driver made goes with its PV, and the record of
+/// provisionings in flight ends empty.
+#[tokio::test]
+async fn claims_deleted_while_their_volumes_are_made_leave_no_volume() {
+    let cluster = Cluster::start("provision-delete-race").await;
+    let (proxy, csi) = cluster.csi_proxy().await;
+    let provisioner = cluster.start_provisioner_via(csi, |_| {}).await;
+    let class_name = cluster
+        .storage_class("race", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    for round in 0..5 {
+        proxy.hold_responses("CreateVolume");
+        let names: Vec<String> = (0..20).map(|i| format!("race-{round}-{i}")).collect();
+        for name in &names {
+            cluster.create(&claims, claim(name, &class_name)).await;
+        }
+        cluster
+            .eventually_async("every volume made, its answer held", || async {
+                cluster.driver_volumes().await.len() == names.len()
+            })
+            .await;
+        for name in names.iter().step_by(2) {
+            claims.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        proxy.release_responses();
+        for name in names.iter().skip(1).step_by(2) {
+            claims.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        cluster
+            .eventually_async("no volume, no PV and an empty record", || async {
+                cluster.in_flight().await.is_empty()
+                    && cluster.driver_volumes().await.is_empty()
+                    && cluster.driver_pvs().await.is_empty()
+            })
+            .await;
+        for name in &names {
+            cluster.wait_gone(&claims, name, "the claim gone").await;
+        }
+    }
+    provisioner.stop().await;
     cluster.stop().await;
 }
 
