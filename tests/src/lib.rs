@@ -734,6 +734,18 @@ impl Cluster {
         entries.into_keys().collect()
     }
 
+    /// Waits until the provisioner is done with every claim: its record of provisionings in
+    /// flight empty (so no CreateVolume of a claim it still finishes can come), no volume at
+    /// the driver and no PV of it.
+    pub async fn wait_nothing_provisioned(&self, what: &str) {
+        self.eventually_async(what, || async {
+            self.in_flight().await.is_empty()
+                && self.driver_volumes().await.is_empty()
+                && self.driver_pvs().await.is_empty()
+        })
+        .await;
+    }
+
     /// The volume ids the driver's controller lists.
     pub async fn driver_volumes(&self) -> Vec<String> {
         self.listed_volumes()

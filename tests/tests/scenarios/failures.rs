@@ -231,11 +231,7 @@ async fn a_claim_deleted_while_backing_off_goes_at_once() {
     // Done once its entry leaves the record: until then a CreateVolume of it may still come
     // (the retry of its provisioning, then the deletion of what it made).
     cluster
-        .eventually_async("its volume deleted with its PV", || async {
-            cluster.in_flight().await.is_empty()
-                && cluster.driver_volumes().await.is_empty()
-                && cluster.driver_pvs().await.is_empty()
-        })
+        .wait_nothing_provisioned("its volume deleted with its PV")
         .await;
 
     provisioner.stop().await;
@@ -347,14 +343,7 @@ async fn a_claim_and_class_deleted_mid_provisioning_leave_no_volume() {
         .wait_gone(&claims, "data", "the claim released and gone")
         .await;
     cluster
-        .eventually_async("the volume deleted with its PV", || async {
-            cluster.driver_volumes().await.is_empty() && cluster.driver_pvs().await.is_empty()
-        })
-        .await;
-    cluster
-        .eventually_async("the record forgets the claim", || async {
-            cluster.in_flight().await.is_empty()
-        })
+        .wait_nothing_provisioned("the volume deleted with its PV, the record forgets the claim")
         .await;
     second.stop().await;
     cluster.stop().await;
@@ -393,11 +382,7 @@ async fn claims_deleted_while_their_volumes_are_made_leave_no_volume() {
             claims.delete(name, &DeleteParams::default()).await.unwrap();
         }
         cluster
-            .eventually_async("no volume, no PV and an empty record", || async {
-                cluster.in_flight().await.is_empty()
-                    && cluster.driver_volumes().await.is_empty()
-                    && cluster.driver_pvs().await.is_empty()
-            })
+            .wait_nothing_provisioned("no volume, no PV and an empty record")
             .await;
         for name in &names {
             cluster.wait_gone(&claims, name, "the claim gone").await;
@@ -443,11 +428,7 @@ async fn an_unusable_new_volume_is_deleted_with_its_secret() {
     // The claim goes at once; its entry in the record may still be finishing a retry (a
     // CreateVolume, then the DeleteVolume of the unusable volume) when it does.
     cluster
-        .eventually_async("no volume and no PV left, the record empty", || async {
-            cluster.in_flight().await.is_empty()
-                && cluster.driver_volumes().await.is_empty()
-                && cluster.driver_pvs().await.is_empty()
-        })
+        .wait_nothing_provisioned("no volume and no PV left, the record empty")
         .await;
     provisioner.stop().await;
     cluster.stop().await;
