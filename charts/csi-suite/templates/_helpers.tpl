@@ -184,3 +184,45 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
   mountPath: /var/run/secrets/kubernetes.io/serviceaccount
   readOnly: true
 {{- end -}}
+
+{{/* The CSIDriver spec fields the chart sets from csiDriver.<name>, in the order rendered, as
+     a YAML list: the release whose storage.k8s.io/v1 CSIDriver first has the field (since), and
+     for a field that came behind a feature gate off by default, the gate and the release that
+     turns it on by default (onBy; empty: off in every release so far, up to 1.36). The table
+     in docs/chart.md says where each comes from. */}}
+{{- define "csi-suite.csiDriverFields" -}}
+- {name: attachRequired, since: "1.18"}
+- {name: podInfoOnMount, since: "1.18"}
+- {name: fsGroupPolicy, since: "1.19", gate: CSIVolumeFSGroupPolicy, onBy: "1.20"}
+- {name: volumeLifecycleModes, since: "1.18"}
+- {name: storageCapacity, since: "1.19", gate: CSIStorageCapacity, onBy: "1.21"}
+- {name: tokenRequests, since: "1.20", gate: CSIServiceAccountToken, onBy: "1.21"}
+- {name: requiresRepublish, since: "1.20", gate: CSIServiceAccountToken, onBy: "1.21"}
+- {name: seLinuxMount, since: "1.25", gate: SELinuxMountReadWriteOncePod, onBy: "1.28"}
+- {name: nodeAllocatableUpdatePeriodSeconds, since: "1.33", gate: MutableCSINodeAllocatableCount, onBy: "1.35"}
+- {name: serviceAccountTokenInSecrets, since: "1.35"}
+- {name: preventPodSchedulingIfMissing, since: "1.36", gate: VolumeLimitScaling, onBy: ""}
+{{- end -}}
+
+{{/* The CSIDriver fields the values set, as a JSON object of name -> {value, field}: null and
+     empty lists are unset. A field this cluster's API lacks fails the release, unless its value
+     is false, which is what a cluster without the field does anyway: then it is left out. */}}
+{{- define "csi-suite.csiDriverSpec" -}}
+{{- $version := .Capabilities.KubeVersion.Version -}}
+{{- $spec := dict -}}
+{{- range $field := include "csi-suite.csiDriverFields" . | fromYamlArray -}}
+{{- $value := index $.Values.csiDriver $field.name -}}
+{{- if not (or (kindIs "invalid" $value) (and (kindIs "slice" $value) (empty $value))) -}}
+{{- if semverCompare (printf ">=%s.0-0" $field.since) $version -}}
+{{- $_ := set $spec $field.name (dict "value" $value "field" $field) -}}
+{{- else if not (and (kindIs "bool" $value) (not $value)) -}}
+{{- fail (printf "csiDriver.%s needs Kubernetes %s (the first storage.k8s.io/v1 CSIDriver with %s); this cluster is %s" $field.name $field.since $field.name $version) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (hasKey $spec "serviceAccountTokenInSecrets") (not (hasKey $spec "tokenRequests")) -}}
+{{- fail "csiDriver.serviceAccountTokenInSecrets needs csiDriver.tokenRequests: the API server refuses it without" -}}
+{{- end -}}
+{{- toJson $spec -}}
+{{- end -}}
+

@@ -1836,6 +1836,27 @@ fn bad_values_are_refused_with_the_field_named() {
             "/cosi/bucketClass/deletionPolicy",
         ),
         ("cosi:\n  driverName: Objects\n", "/cosi/driverName"),
+        (
+            "csiDriver:\n  tokenRequests: [{audience: vault, expirationSeconds: 60}]\n",
+            "/csiDriver/tokenRequests/0/expirationSeconds",
+        ),
+        (
+            "csiDriver:\n  tokenRequests: [{expirationSeconds: 3600}]\n",
+            "/csiDriver/tokenRequests/0",
+        ),
+        (
+            "csiDriver:\n  nodeAllocatableUpdatePeriodSeconds: 5\n",
+            "/csiDriver/nodeAllocatableUpdatePeriodSeconds",
+        ),
+        (
+            "csiDriver:\n  serviceAccountTokenInSecrets: \"yes\"\n",
+            "/csiDriver/serviceAccountTokenInSecrets",
+        ),
+        (
+            "csiDriver:\n  preventPodSchedulingIfMissing: 1\n",
+            "/csiDriver/preventPodSchedulingIfMissing",
+        ),
+        ("csiDriver:\n  seLinuxMounts: true\n", "seLinuxMounts"),
         ("cosi:\n  driver:\n    enabled: true\n", "cosi.s3.endpoint"),
         (
             "cosi:\n  driver:\n    enabled: true\n  s3:\n    endpoint: http://s3:9000\n",
@@ -2372,4 +2393,147 @@ fn the_notes_tell_where_the_inventory_reports() {
     }
     let default = notes(&[]).unwrap();
     assert!(!default.contains("inventory"), "{default}");
+}
+
+/// Every CSIDriver field of storage.k8s.io/v1 up to Kubernetes 1.36 renders from its value in
+/// `csiDriver`, in the API's types, and a null one is left out (the API's default applies).
+#[test]
+fn every_csidriver_field_renders_from_its_value() {
+    let values = "csiDriver:
+  attachRequired: false
+  podInfoOnMount: false
+  fsGroupPolicy: None
+  volumeLifecycleModes: [Persistent, Ephemeral]
+  storageCapacity: true
+  tokenRequests:
+    - audience: vault
+      expirationSeconds: 3600
+    - audience: \"\"
+  requiresRepublish: true
+  seLinuxMount: true
+  nodeAllocatableUpdatePeriodSeconds: 60
+  serviceAccountTokenInSecrets: true
+  preventPodSchedulingIfMissing: true
+";
+    let Some(rendering) = Rendering::for_version(values, Some("1.36.0")) else {
+        return;
+    };
+    assert_eq!(
+        rendering.get("CSIDriver", "hostpath.csi-suite.io")["spec"],
+        serde_json::json!({
+            "attachRequired": false,
+            "podInfoOnMount": false,
+            "fsGroupPolicy": "None",
+            "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            "storageCapacity": true,
+            "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}, {"audience": ""}],
+            "requiresRepublish": true,
+            "seLinuxMount": true,
+            "nodeAllocatableUpdatePeriodSeconds": 60,
+            "serviceAccountTokenInSecrets": true,
+            "preventPodSchedulingIfMissing": true,
+        })
+    );
+    let unset = "csiDriver:
+  attachRequired: null
+  podInfoOnMount: null
+  fsGroupPolicy: null
+  volumeLifecycleModes: null
+  storageCapacity: null
+  requiresRepublish: null
+  seLinuxMount: null
+";
+    let rendering = Rendering::for_version(unset, Some("1.36.0")).unwrap();
+    let spec = &rendering.get("CSIDriver", "hostpath.csi-suite.io")["spec"];
+    assert!(
+        spec.is_null() || spec == &serde_json::json!({}),
+        "unset fields rendered: {spec:#}"
+    );
+}
+
+/// Each CSIDriver field newer than the cluster is refused with the field and the Kubernetes
+/// version it needs (the first storage.k8s.io/v1 with it), and accepted from that version on;
+/// a false one is left out instead, as a cluster without the field behaves. The fields of 1.19
+/// and older are in every cluster the chart installs on (kubeVersion >=1.19).
+#[test]
+fn each_csidriver_field_is_refused_before_its_kubernetes_version() {
+    let tokens = "  tokenRequests: [{audience: vault}]\n";
+    let cases = [
+        ("tokenRequests", tokens.to_string(), "1.19.16", "1.20.0"),
+        (
+            "requiresRepublish",
+            "  requiresRepublish: true\n".to_string(),
+            "1.19.16",
+            "1.20.0",
+        ),
+        (
+            "seLinuxMount",
+            "  seLinuxMount: true\n".to_string(),
+            "1.24.17",
+            "1.25.0",
+        ),
+        (
+            "nodeAllocatableUpdatePeriodSeconds",
+            "  nodeAllocatableUpdatePeriodSeconds: 30\n".to_string(),
+            "1.32.9",
+            "1.33.0",
+        ),
+        (
+            "serviceAccountTokenInSecrets",
+            format!("{tokens}  serviceAccountTokenInSecrets: true\n"),
+            "1.34.3",
+            "1.35.0",
+        ),
+        (
+            "preventPodSchedulingIfMissing",
+            "  preventPodSchedulingIfMissing: true\n".to_string(),
+            "1.35.2",
+            "1.36.0",
+        ),
+    ];
+    for (field, set, older, since) in cases {
+        let values = format!("csiDriver:\n{set}");
+        let Some(refused) = template_for(&values, Some(older)) else {
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{field} accepted on {older}");
+        let minor = since.trim_end_matches(".0");
+        assert!(
+            stderr.contains(&format!(
+                "csiDriver.{field} needs Kubernetes {minor} (the first storage.k8s.io/v1 CSIDriver with {field}); this cluster is v{older}"
+            )),
+            "{field}: {stderr}"
+        );
+        let rendering = Rendering::for_version(&values, Some(since)).unwrap();
+        let spec = &rendering.get("CSIDriver", "hostpath.csi-suite.io")["spec"];
+        assert!(
+            !spec[field].is_null(),
+            "{field} missing on {since}: {spec:#}"
+        );
+
+        if set.contains("true") && !set.contains("tokenRequests") {
+            let off = format!("csiDriver:\n  {field}: false\n");
+            let rendering = Rendering::for_version(&off, Some(older)).unwrap();
+            let spec = &rendering.get("CSIDriver", "hostpath.csi-suite.io")["spec"];
+            assert!(spec[field].is_null(), "false {field} rendered on {older}");
+            let rendering = Rendering::for_version(&off, Some(since)).unwrap();
+            let spec = &rendering.get("CSIDriver", "hostpath.csi-suite.io")["spec"];
+            assert_eq!(spec[field], false, "{field} on {since}");
+        }
+    }
+
+    // The API server refuses serviceAccountTokenInSecrets without tokenRequests, false too.
+    let alone = template_for(
+        "csiDriver:\n  serviceAccountTokenInSecrets: false\n",
+        Some("1.36.0"),
+    )
+    .unwrap();
+    assert!(!alone.status.success());
+    assert!(
+        String::from_utf8_lossy(&alone.stderr)
+            .contains("csiDriver.serviceAccountTokenInSecrets needs csiDriver.tokenRequests"),
+        "{}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
 }
