@@ -226,3 +226,41 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
 {{- toJson $spec -}}
 {{- end -}}
 
+{{/* The /metrics endpoints of a pod, as a YAML list of {name, port}: the name of the container
+     port (controller.yaml, node.yaml) and its number. (dict "root" $ "component" "controller")
+     or "node"; livenessprobe's port is named healthz (the driver container declares it, for
+     its liveness probe). */}}
+{{- define "csi-suite.metricsPorts" -}}
+{{- $v := .root.Values -}}
+{{- $ports := list -}}
+{{- if eq .component "controller" -}}
+{{- range $name, $sidecar := dict "provisioner" $v.provisioner "attacher" $v.attacher "resizer" $v.resizer "snapshotter" $v.snapshotter "health-monitor" $v.healthMonitor -}}
+{{- if $sidecar.enabled -}}
+{{- $ports = append $ports (dict "name" $name "port" $sidecar.httpPort) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.podmon.enabled -}}
+{{- $ports = append $ports (dict "name" "podmon" "port" $v.podmon.controller.httpPort) -}}
+{{- end -}}
+{{- if $v.inventory.serve.enabled -}}
+{{- $ports = append $ports (dict "name" "inventory" "port" $v.inventory.serve.port) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.livenessProbe.enabled -}}
+{{- $ports = append $ports (dict "name" "healthz" "port" $v.livenessProbe.httpPort) -}}
+{{- end -}}
+{{- toYaml $ports -}}
+{{- end -}}
+
+{{/* The API version of the controller's PodDisruptionBudget, when there is one
+     (controller.podDisruptionBudget; auto: more than one replica): policy/v1 from Kubernetes
+     1.21, policy/v1beta1 before. Empty: none. */}}
+{{- define "csi-suite.controllerPdbApi" -}}
+{{- $enabled := .Values.controller.podDisruptionBudget.enabled -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- $enabled = gt (int .Values.controller.replicas) 1 -}}
+{{- end -}}
+{{- if $enabled -}}
+{{- semverCompare ">=1.21.0-0" .Capabilities.KubeVersion.Version | ternary "policy/v1" "policy/v1beta1" -}}
+{{- end -}}
+{{- end -}}

@@ -1857,6 +1857,26 @@ fn bad_values_are_refused_with_the_field_named() {
             "/csiDriver/preventPodSchedulingIfMissing",
         ),
         ("csiDriver:\n  seLinuxMounts: true\n", "seLinuxMounts"),
+        (
+            "controller:\n  podDisruptionBudget:\n    minAvailable: half\n",
+            "/controller/podDisruptionBudget/minAvailable",
+        ),
+        (
+            "controller:\n  podDisruptionBudget:\n    enabled: sometimes\n",
+            "/controller/podDisruptionBudget/enabled",
+        ),
+        (
+            "metrics:\n  serviceMonitor:\n    interval: 30\n",
+            "/metrics/serviceMonitor/interval",
+        ),
+        (
+            "metrics:\n  serviceMonitor:\n    scrapeTimeout: soon\n",
+            "/metrics/serviceMonitor/scrapeTimeout",
+        ),
+        (
+            "metrics:\n  service:\n    labels: {tier: 1}\n",
+            "/metrics/service/labels/tier",
+        ),
         ("cosi:\n  driver:\n    enabled: true\n", "cosi.s3.endpoint"),
         (
             "cosi:\n  driver:\n    enabled: true\n  s3:\n    endpoint: http://s3:9000\n",
@@ -1924,6 +1944,22 @@ fn csidriver_fields_follow_the_cluster_version() {
     }
 }
 
+/// Values with the controller's PodDisruptionBudget, the metrics Services and every CSIDriver
+/// field of the API version the tests' types know (1.33).
+const PDB_AND_METRICS: &str = "controller:
+  replicas: 2
+metrics:
+  service:
+    enabled: true
+    annotations: {prometheus.io/scrape: \"false\"}
+csiDriver:
+  volumeLifecycleModes: [Persistent, Ephemeral]
+  tokenRequests: [{audience: vault, expirationSeconds: 3600}]
+  requiresRepublish: true
+  seLinuxMount: true
+  nodeAllocatableUpdatePeriodSeconds: 60
+";
+
 /// Every rendered object is a valid object of its kind: it survives a round trip through the
 /// Kubernetes API types unchanged, so no field is misspelled, misplaced or of the wrong type
 /// (what `kubeconform -strict` checks), in each values set the other tests use.
@@ -1934,7 +1970,8 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
     };
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
     use k8s_openapi::api::batch::v1::CronJob;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1953,6 +1990,7 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         "inventory:\n  serve:\n    enabled: true\n  cronJob:\n    enabled: true\ncontroller:\n  tolerations: [{operator: Exists}]\n",
         COSI_SAMPLE,
         VAP_SERVED,
+        PDB_AND_METRICS,
     ] {
         let extra = if values == VAP_SERVED {
             api_versions(VAP_V1)
@@ -1978,6 +2016,8 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "Deployment" => round_trip::<Deployment>(object),
                 "DaemonSet" => round_trip::<DaemonSet>(object),
                 "CSIDriver" => round_trip::<CSIDriver>(object),
+                "PodDisruptionBudget" => round_trip::<PodDisruptionBudget>(object),
+                "Service" => round_trip::<Service>(object),
                 "StorageClass" => round_trip::<StorageClass>(object),
                 "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(object),
                 "CronJob" => round_trip::<CronJob>(object),
@@ -2062,21 +2102,19 @@ fn the_notes_say_what_was_installed_and_how_to_check_it() {
     let Some(default) = notes(&[]) else {
         return;
     };
-    for expected in [
-        "Deployment csi-suite-controller (1 replica(s), leader election false)",
-        "csi-provisioner, csi-attacher, csi-resizer, podmon (controller), livenessprobe",
-        "DaemonSet csi-suite-node",
-        "CSIDriver hostpath.csi-suite.io",
-        "StorageClass csi-suite",
-        "kubectl -n storage rollout status daemonset/csi-suite-node",
-        "podmon.dellemc.com/driver=hostpath.csi-suite.io",
-        "--set controller.replicas=0",
-    ] {
-        assert!(
-            default.contains(expected),
-            "{expected:?} missing from:\n{default}"
-        );
-    }
+    assert_mentions(
+        &default,
+        &[
+            "Deployment csi-suite-controller (1 replica(s), leader election false)",
+            "csi-provisioner, csi-attacher, csi-resizer, podmon (controller), livenessprobe",
+            "DaemonSet csi-suite-node",
+            "CSIDriver hostpath.csi-suite.io",
+            "StorageClass csi-suite",
+            "kubectl -n storage rollout status daemonset/csi-suite-node",
+            "podmon.dellemc.com/driver=hostpath.csi-suite.io",
+            "--set controller.replicas=0",
+        ],
+    );
     let trimmed = notes(&[
         "--set",
         "attacher.enabled=false,resizer.enabled=false,podmon.enabled=false,controller.replicas=2",
@@ -2369,6 +2407,16 @@ inventory:
     assert!(stderr.contains("inventory.serve"), "{stderr}");
 }
 
+/// Asserts that `text` (the notes) contains each of `expected`.
+fn assert_mentions(text: &str, expected: &[&str]) {
+    for expected in expected {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+}
+
 /// The notes name the inventory's parts and where their findings are.
 #[test]
 fn the_notes_tell_where_the_inventory_reports() {
@@ -2378,19 +2426,17 @@ fn the_notes_tell_where_the_inventory_reports() {
     ]) else {
         return;
     };
-    for expected in [
-        "podmon (controller), csi-inventory, livenessprobe",
-        "CronJob csi-suite-inventory (\"17 * * * *\"): csi-inventory report",
-        "(every 10m) as gauges on :9811/metrics",
-        "csi_inventory_findings > 0",
-        "found something (exit 3)",
-        "kubectl -n storage get jobs -l app.kubernetes.io/component=inventory",
-    ] {
-        assert!(
-            text.contains(expected),
-            "{expected:?} missing from:\n{text}"
-        );
-    }
+    assert_mentions(
+        &text,
+        &[
+            "podmon (controller), csi-inventory, livenessprobe",
+            "CronJob csi-suite-inventory (\"17 * * * *\"): csi-inventory report",
+            "(every 10m) as gauges on :9811/metrics",
+            "csi_inventory_findings > 0",
+            "found something (exit 3)",
+            "kubectl -n storage get jobs -l app.kubernetes.io/component=inventory",
+        ],
+    );
     let default = notes(&[]).unwrap();
     assert!(!default.contains("inventory"), "{default}");
 }
@@ -2536,4 +2582,368 @@ fn each_csidriver_field_is_refused_before_its_kubernetes_version() {
         "{}",
         String::from_utf8_lossy(&alone.stderr)
     );
+}
+
+/// Whether a label selector (matchLabels and matchExpressions) selects `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let matches_labels = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(key, value)| &labels[key] == value);
+    let matches_expressions = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|expression| {
+            let label = labels[str(&expression["key"])].as_str();
+            let values = strings(&expression["values"]);
+            match str(&expression["operator"]) {
+                "In" => label.is_some_and(|l| values.iter().any(|v| v == l)),
+                "NotIn" => label.is_none_or(|l| values.iter().all(|v| v != l)),
+                "Exists" => label.is_some(),
+                "DoesNotExist" => label.is_none(),
+                other => panic!("unknown selector operator {other}"),
+            }
+        });
+    matches_labels && matches_expressions
+}
+
+/// The labels of the pods of a workload (Deployment or DaemonSet).
+fn pod_labels<'a>(rendering: &'a Rendering, kind: &str, name: &str) -> &'a Value {
+    &rendering.get(kind, name)["spec"]["template"]["metadata"]["labels"]
+}
+
+/// The controller's PodDisruptionBudget: on by itself with more than one replica (one kept
+/// replica would block every drain of its node), policy/v1 from Kubernetes 1.21 and
+/// policy/v1beta1 before, selecting the controller pods and no others, minAvailable 1 unless
+/// the values say otherwise.
+#[test]
+fn the_controller_pdb_follows_the_replicas_and_the_cluster_version() {
+    let Some(single) = Rendering::of("{}") else {
+        return;
+    };
+    assert!(
+        single
+            .find("PodDisruptionBudget", "csi-suite-controller")
+            .is_none()
+    );
+    let two = "controller:\n  replicas: 2\n";
+    for (version, api) in [
+        (None, "policy/v1"),
+        (Some("1.21.0"), "policy/v1"),
+        (Some("1.20.15"), "policy/v1beta1"),
+        (Some("1.19.16"), "policy/v1beta1"),
+    ] {
+        let rendering = Rendering::for_version(two, version).unwrap();
+        let pdb = rendering.get("PodDisruptionBudget", "csi-suite-controller");
+        assert_eq!(pdb["apiVersion"], api, "{version:?}");
+        assert_eq!(pdb["metadata"]["namespace"], "storage");
+        assert_eq!(pdb["spec"]["minAvailable"], 1);
+        assert!(pdb["spec"]["maxUnavailable"].is_null());
+        let selector = &pdb["spec"]["selector"];
+        assert!(selects(
+            selector,
+            pod_labels(&rendering, "Deployment", "csi-suite-controller")
+        ));
+        assert!(!selects(
+            selector,
+            pod_labels(&rendering, "DaemonSet", "csi-suite-node")
+        ));
+    }
+
+    let custom = "controller:
+  replicas: 3
+  podDisruptionBudget:
+    maxUnavailable: 50%
+    labels: {team: storage}
+";
+    let rendering = Rendering::of(custom).unwrap();
+    let pdb = rendering.get("PodDisruptionBudget", "csi-suite-controller");
+    assert_eq!(pdb["spec"]["maxUnavailable"], "50%");
+    assert!(pdb["spec"]["minAvailable"].is_null());
+    assert_eq!(pdb["metadata"]["labels"]["team"], "storage");
+
+    let off = "controller:\n  replicas: 2\n  podDisruptionBudget:\n    enabled: false\n";
+    let rendering = Rendering::of(off).unwrap();
+    assert!(
+        rendering
+            .find("PodDisruptionBudget", "csi-suite-controller")
+            .is_none()
+    );
+    let forced = "controller:\n  podDisruptionBudget:\n    enabled: true\n    minAvailable: 0\n";
+    let rendering = Rendering::of(forced).unwrap();
+    let pdb = rendering.get("PodDisruptionBudget", "csi-suite-controller");
+    assert_eq!(pdb["spec"]["minAvailable"], 0);
+
+    let both = "controller:
+  replicas: 2
+  podDisruptionBudget:
+    minAvailable: 1
+    maxUnavailable: 1
+";
+    let refused = template(both).unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains(
+            "controller.podDisruptionBudget: set minAvailable or maxUnavailable, not both"
+        ),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+/// The ports of a pod's containers by name.
+fn named_ports(pod: &Value) -> BTreeMap<String, i64> {
+    pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .map(|p| {
+            (
+                str(&p["name"]).to_string(),
+                p["containerPort"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The ports on which a pod's containers serve /metrics: every `--http-endpoint` of ours but
+/// the registrar's (it serves /healthz only).
+fn metrics_endpoints(pod: &Value) -> Vec<i64> {
+    let mut ports: Vec<i64> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] != "node-driver-registrar")
+        .flat_map(args)
+        .filter_map(|arg| {
+            arg.strip_prefix("--http-endpoint=:")
+                .map(|port| port.parse().unwrap())
+        })
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+/// Values with every controller sidecar that serves metrics.
+const ALL_METRICS: &str = "snapshotter:
+  enabled: true
+healthMonitor:
+  enabled: true
+inventory:
+  serve:
+    enabled: true
+";
+
+/// The metrics Services select their workload's pods only, and have one port per /metrics
+/// endpoint of those pods, named as the container port it targets and of its number; the
+/// registrar's /healthz-only port is not one. Off by default.
+#[test]
+fn metrics_services_select_the_pods_and_their_metrics_ports() {
+    let Some(default) = Rendering::of("{}") else {
+        return;
+    };
+    assert!(
+        default.objects.iter().all(|o| o["kind"] != "Service"),
+        "{:?}",
+        default.names()
+    );
+    for values in [
+        format!("{ALL_METRICS}metrics:\n  service:\n    enabled: true\n"),
+        "metrics:\n  service:\n    enabled: true\n".to_string(),
+    ] {
+        let rendering = Rendering::of(&values).unwrap();
+        for (service, kind, workload, other) in [
+            (
+                "csi-suite-controller-metrics",
+                "Deployment",
+                "csi-suite-controller",
+                ("DaemonSet", "csi-suite-node"),
+            ),
+            (
+                "csi-suite-node-metrics",
+                "DaemonSet",
+                "csi-suite-node",
+                ("Deployment", "csi-suite-controller"),
+            ),
+        ] {
+            let spec = &rendering.get("Service", service)["spec"];
+            assert_eq!(spec["clusterIP"], "None", "{service}");
+            let selector = serde_json::json!({"matchLabels": spec["selector"]});
+            assert!(selects(&selector, pod_labels(&rendering, kind, workload)));
+            assert!(!selects(
+                &selector,
+                pod_labels(&rendering, other.0, other.1)
+            ));
+            let pod = &rendering.get(kind, workload)["spec"]["template"]["spec"];
+            let named = named_ports(pod);
+            let mut numbers = Vec::new();
+            for port in spec["ports"].as_array().unwrap() {
+                let target = str(&port["targetPort"]);
+                assert_eq!(port["name"], target, "{service}");
+                assert_eq!(port["protocol"], "TCP");
+                assert_eq!(
+                    Some(&port["port"].as_i64().unwrap()),
+                    named.get(target),
+                    "{service}: {target} is no port of the pod: {named:?}"
+                );
+                numbers.push(port["port"].as_i64().unwrap());
+            }
+            numbers.sort_unstable();
+            assert_eq!(numbers, metrics_endpoints(pod), "{service} in {values}");
+        }
+    }
+    let with_all = Rendering::of(&format!(
+        "{ALL_METRICS}metrics:\n  service:\n    enabled: true\n"
+    ))
+    .unwrap();
+    let names: Vec<String> =
+        with_all.get("Service", "csi-suite-controller-metrics")["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| str(&p["name"]).to_string())
+            .collect();
+    for name in [
+        "provisioner",
+        "attacher",
+        "resizer",
+        "snapshotter",
+        "health-monitor",
+        "podmon",
+        "inventory",
+        "healthz",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+    }
+
+    // Without livenessprobe the node pods serve no metrics: no node Service.
+    let bare = Rendering::of(
+        "metrics:\n  service:\n    enabled: true\nlivenessProbe:\n  enabled: false\n",
+    )
+    .unwrap();
+    assert!(bare.find("Service", "csi-suite-node-metrics").is_none());
+    assert!(
+        bare.find("Service", "csi-suite-controller-metrics")
+            .is_some()
+    );
+}
+
+const SERVICE_MONITOR_V1: &str = "monitoring.coreos.com/v1/ServiceMonitor";
+
+/// The ServiceMonitor (Prometheus Operator) is refused where the cluster does not serve its
+/// CRD, and otherwise scrapes /metrics on every port of both metrics Services (which it
+/// brings along), in the release's namespace, with the values' interval, timeout and labels.
+#[test]
+fn the_service_monitor_scrapes_every_metrics_port_and_needs_its_crd() {
+    let values = format!(
+        "{ALL_METRICS}metrics:
+  serviceMonitor:
+    enabled: true
+    namespace: monitoring
+    labels: {{release: kube-prometheus-stack}}
+    interval: 1m
+    scrapeTimeout: 20s
+    metricRelabelings:
+      - action: drop
+        sourceLabels: [__name__]
+        regex: go_.*
+"
+    );
+    let Some(refused) = template(&values) else {
+        return;
+    };
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("metrics.serviceMonitor.enabled needs the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--api-versions monitoring.coreos.com/v1/ServiceMonitor"));
+
+    let rendering = Rendering::with_args(&values, &api_versions(SERVICE_MONITOR_V1)).unwrap();
+    let monitor = rendering.get("ServiceMonitor", "csi-suite");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let spec = &monitor["spec"];
+    assert_eq!(
+        spec["namespaceSelector"],
+        serde_json::json!({"matchNames": ["storage"]})
+    );
+    let mut scraped = Vec::new();
+    for service in ["csi-suite-controller-metrics", "csi-suite-node-metrics"] {
+        let service = rendering.get("Service", service);
+        assert!(selects(&spec["selector"], &service["metadata"]["labels"]));
+        for port in service["spec"]["ports"].as_array().unwrap() {
+            scraped.push(str(&port["name"]).to_string());
+        }
+    }
+    scraped.sort();
+    scraped.dedup();
+    let mut endpoints = Vec::new();
+    for endpoint in spec["endpoints"].as_array().unwrap() {
+        assert_eq!(endpoint["path"], "/metrics");
+        assert_eq!(endpoint["interval"], "1m");
+        assert_eq!(endpoint["scrapeTimeout"], "20s");
+        assert_eq!(endpoint["metricRelabelings"][0]["regex"], "go_.*");
+        endpoints.push(str(&endpoint["port"]).to_string());
+    }
+    endpoints.sort();
+    assert_eq!(endpoints, scraped);
+    // It selects these two Services and no other (a ServiceMonitor selects Services only).
+    let selected: Vec<&str> = rendering
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "Service" && selects(&spec["selector"], &o["metadata"]["labels"]))
+        .map(|o| str(&o["metadata"]["name"]))
+        .collect();
+    assert_eq!(
+        selected,
+        ["csi-suite-controller-metrics", "csi-suite-node-metrics"]
+    );
+
+    let defaults = Rendering::with_args(
+        "metrics:\n  serviceMonitor:\n    enabled: true\n",
+        &api_versions(SERVICE_MONITOR_V1),
+    )
+    .unwrap();
+    let monitor = defaults.get("ServiceMonitor", "csi-suite");
+    assert_eq!(monitor["metadata"]["namespace"], "storage");
+    assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "30s");
+    assert_eq!(monitor["spec"]["endpoints"][0]["scrapeTimeout"], "10s");
+}
+
+/// The notes list the budget and the metrics Services, and warn when a budget keeps the only
+/// controller replica (no drain of its node could evict it).
+#[test]
+fn the_notes_list_the_budget_and_the_metrics_services() {
+    let Some(text) = notes(&[
+        "--set",
+        "controller.replicas=2,metrics.service.enabled=true",
+    ]) else {
+        return;
+    };
+    assert_mentions(
+        &text,
+        &[
+            "PodDisruptionBudget csi-suite-controller (policy/v1)",
+            "Service csi-suite-controller-metrics: /metrics on ports attacher, provisioner, resizer, podmon, healthz",
+            "Service csi-suite-node-metrics: /metrics on ports healthz",
+        ],
+    );
+    assert!(!text.contains("keeps its only replica"), "{text}");
+    let single = notes(&["--set", "controller.podDisruptionBudget.enabled=true"]).unwrap();
+    assert!(
+        single.contains("the controller's PodDisruptionBudget keeps its only replica"),
+        "{single}"
+    );
+    let default = notes(&[]).unwrap();
+    assert!(!default.contains("PodDisruptionBudget"), "{default}");
+    assert!(!default.contains("-metrics"), "{default}");
 }
