@@ -2925,15 +2925,16 @@ fn the_service_monitor_scrapes_every_metrics_port_and_needs_its_crd() {
 fn the_notes_list_the_budget_and_the_metrics_services() {
     let Some(text) = notes(&[
         "--set",
-        "controller.replicas=2,metrics.service.enabled=true",
+        "controller.replicas=2,metrics.service.enabled=true,healthMonitor.enabled=true",
     ]) else {
         return;
     };
     assert_mentions(
         &text,
         &[
+            "csi-provisioner, csi-attacher, csi-resizer, csi-health-monitor, podmon (controller)",
             "PodDisruptionBudget csi-suite-controller (policy/v1)",
-            "Service csi-suite-controller-metrics: /metrics on ports attacher, provisioner, resizer, podmon, healthz",
+            "Service csi-suite-controller-metrics: /metrics on ports attacher, health-monitor, provisioner, resizer, podmon, healthz",
             "Service csi-suite-node-metrics: /metrics on ports healthz",
         ],
     );
