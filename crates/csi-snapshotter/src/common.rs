@@ -16,11 +16,11 @@ use csi_sidecar::finalizers::{
     FinalizerError, add_builtin_finalizer, add_finalizer, remove_builtin_finalizer, set_finalizers,
     without,
 };
-use csi_sidecar::informers::{CacheSyncHealth, Informers};
+use csi_sidecar::informers::{CacheSyncHealth, Informers, keep_node_labels};
 use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -28,6 +28,7 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::distributed::Placement;
 use crate::group::owning_group;
 use crate::metrics::{CANCEL, Operation, OperationMetrics, SUCCESS};
 use crate::sidecar::now;
@@ -57,6 +58,9 @@ pub struct Settings {
     /// The CSIVolumeGroupSnapshot gate: groups are served where the cluster serves the group
     /// API to us ([`crate::group_api`]).
     pub group_snapshots: bool,
+    /// `--enable-distributed-snapshotting`: watch the Nodes and label each new content of a
+    /// node-local volume with its node ([`crate::distributed`]).
+    pub distributed_snapshotting: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +96,8 @@ struct Caches {
     classes: Store<VolumeSnapshotClass>,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
+    /// Names and labels only; with [`Settings::distributed_snapshotting`].
+    nodes: Option<Store<Node>>,
     /// With [`Settings::group_snapshots`].
     groups: Option<GroupCaches>,
 }
@@ -113,6 +119,27 @@ struct Controller {
 
 fn snapshot_ref(namespace: Option<&str>, name: Option<&str>) -> Option<ObjectRef<VolumeSnapshot>> {
     Some(ObjectRef::new(name?).within(namespace?))
+}
+
+/// Says where a new content's snapshot is cut under distributed snapshotting (upstream logs a
+/// content of a node-local volume that no Node matches as an error).
+fn log_placement(content: &VolumeSnapshotContent, placement: &Placement) {
+    let name = content.name_any();
+    let volume = content.spec.source.volume_handle.as_deref().unwrap_or("");
+    match placement {
+        Placement::Central => {}
+        Placement::NotNodeLocal => {
+            tracing::debug!(content = %name, volume, "volume not node-local: content not labelled with a node");
+        }
+        Placement::Node(node) => {
+            tracing::info!(content = %name, volume, node, "content labelled for the csi-snapshotter of its volume's node");
+        }
+        Placement::NoNode => tracing::error!(
+            content = %name,
+            volume,
+            "failed to find nodes that match the node affinity requirements of the volume: content not labelled with a node"
+        ),
+    }
 }
 
 /// Runs the controller until `shutdown`.
@@ -146,6 +173,9 @@ pub async fn run(
         work.trigger_for(Key::Claim(ObjectRef::from_obj(c)), c);
     });
     let volumes = informers.all::<PersistentVolume>();
+    let nodes = settings
+        .distributed_snapshotting
+        .then(|| informers.all_lean::<Node>(keep_node_labels));
     let groups =
         (settings.group_snapshots && crate::group_api::served(&client, true).await).then(|| {
             let work = workers.clone();
@@ -177,6 +207,7 @@ pub async fn run(
             classes,
             claims,
             volumes,
+            nodes,
             groups,
         },
         superseded: Superseded::default(),
@@ -419,6 +450,7 @@ impl Controller {
             content,
             claim,
             volume,
+            nodes: caches.nodes.as_ref().map(Store::state),
             classes: caches.classes.state(),
             restoring,
             held_by_group,
@@ -440,6 +472,10 @@ impl Controller {
         }
         let owned = self.inputs_of(&snapshot);
         let classes: Vec<&VolumeSnapshotClass> = owned.classes.iter().map(AsRef::as_ref).collect();
+        let nodes: Option<Vec<&Node>> = owned
+            .nodes
+            .as_ref()
+            .map(|nodes| nodes.iter().map(AsRef::as_ref).collect());
         let inputs = Inputs {
             content: owned.content.as_deref(),
             claim: owned.claim.as_deref(),
@@ -448,6 +484,7 @@ impl Controller {
             restoring: owned.restoring,
             prevent_volume_mode_conversion: self.settings.prevent_volume_mode_conversion,
             held_by_group: owned.held_by_group,
+            nodes: nodes.as_deref(),
         };
         self.track(&snapshot, &inputs);
         let step = snapshot::plan(&snapshot, &inputs);
@@ -592,7 +629,8 @@ impl Controller {
                     return Err(self.fail(snapshot, failure).await);
                 }
             }
-            Step::CreateContent(content) => {
+            Step::CreateContent { content, placement } => {
+                log_placement(&content, &placement);
                 match contents.create(&PostParams::default(), &content).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(status)) if status.code == 409 => {}
@@ -861,6 +899,7 @@ struct Owned {
     content: Option<Arc<VolumeSnapshotContent>>,
     claim: Option<Arc<PersistentVolumeClaim>>,
     volume: Option<Arc<PersistentVolume>>,
+    nodes: Option<Vec<Arc<Node>>>,
     classes: Vec<Arc<VolumeSnapshotClass>>,
     restoring: bool,
     held_by_group: bool,

@@ -60,8 +60,9 @@ pub struct SnapshotterArgs {
     )]
     pub group_snapshot_name_uuid_length: i64,
 
-    /// Run next to a node-local driver and handle only the contents labelled for this node
-    /// (distributed snapshotting). Not built yet: accepted when false, refused when true.
+    /// Run on each node next to a node-local driver and handle only the contents the
+    /// snapshot-controller labelled with this node (`NODE_NAME`): distributed snapshotting.
+    /// Excludes `--leader-election`.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub node_deployment: bool,
@@ -84,8 +85,8 @@ pub struct ControllerArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub prevent_volume_mode_conversion: bool,
 
-    /// Label contents with the node of their node-local volume (distributed snapshotting).
-    /// Not built yet: accepted when false, refused when true.
+    /// Label each new content of a node-local volume with the volume's node (watching the
+    /// Nodes), for the csi-snapshotters run with `--node-deployment`: distributed snapshotting.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_distributed_snapshotting: bool,
@@ -99,9 +100,36 @@ fn gates(sidecar: &SidecarArgs) -> Result<ResolvedGates, String> {
     csi_sidecar::feature_gates::resolve_gates(&sidecar.feature_gates(), GATES)
 }
 
+/// A `--node-deployment` csi-snapshotter that cannot start (exit 1, as upstream).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeDeploymentError {
+    #[error("Leader election cannot happen when node-deployment is set to true")]
+    LeaderElection,
+    #[error("The NODE_NAME environment variable must be set when using --enable-node-deployment.")]
+    MissingNodeName,
+}
+
 impl SnapshotterArgs {
     pub fn gates(&self) -> Result<ResolvedGates, String> {
         gates(&self.sidecar)
+    }
+
+    /// With `--node-deployment`, the node whose contents this instance handles: `node_name`,
+    /// the value of [`crate::distributed::NODE_NAME_ENV`]; without it, `None` (every content).
+    pub fn deployment_node(
+        &self,
+        node_name: Option<&str>,
+    ) -> Result<Option<String>, NodeDeploymentError> {
+        if !self.node_deployment {
+            return Ok(None);
+        }
+        if self.sidecar.leader_election.leader_election {
+            return Err(NodeDeploymentError::LeaderElection);
+        }
+        match node_name {
+            Some(node) if !node.is_empty() => Ok(Some(node.to_string())),
+            _ => Err(NodeDeploymentError::MissingNodeName),
+        }
     }
 }
 
@@ -116,9 +144,6 @@ impl SidecarCli for SnapshotterArgs {
 
     fn validate(&self) -> Result<(), String> {
         self.sidecar.validate()?;
-        if self.node_deployment {
-            return Err("--node-deployment: distributed snapshotting is not built in this csi-snapshotter yet; remove the flag".to_string());
-        }
         if self.snapshot_name_uuid_length < -1 || self.snapshot_name_uuid_length == 0 {
             return Err(format!(
                 "--snapshot-name-uuid-length must be -1 or positive, not {}",
@@ -136,9 +161,6 @@ impl SidecarCli for ControllerArgs {
         self.sidecar.common.validate()?;
         self.sidecar.http.validate()?;
         self.sidecar.workers.validate()?;
-        if self.enable_distributed_snapshotting {
-            return Err("--enable-distributed-snapshotting: distributed snapshotting is not built in this snapshot-controller yet; remove the flag".to_string());
-        }
         self.gates().map(drop)
     }
 }
@@ -218,9 +240,44 @@ mod tests {
     }
 
     #[test]
-    fn unbuilt_modes_and_bad_values_are_usage_errors() {
+    fn distributed_snapshotting_is_accepted_and_a_node_deployment_needs_its_node() {
+        let args = controller(&["--enable-distributed-snapshotting"]).unwrap();
+        assert!(args.enable_distributed_snapshotting);
+        for (flags, node, expected) in [
+            (&[][..], Some("node-a"), Ok(None)),
+            (
+                &["--node-deployment"][..],
+                Some("node-a"),
+                Ok(Some("node-a".to_string())),
+            ),
+            (
+                &["--node-deployment=true"][..],
+                Some(""),
+                Err(NodeDeploymentError::MissingNodeName),
+            ),
+            (
+                &["--node-deployment"][..],
+                None,
+                Err(NodeDeploymentError::MissingNodeName),
+            ),
+            (
+                &["--node-deployment", "--leader-election"][..],
+                Some("node-a"),
+                Err(NodeDeploymentError::LeaderElection),
+            ),
+        ] {
+            let args = snapshotter(flags).unwrap();
+            assert_eq!(args.deployment_node(node), expected, "{flags:?} {node:?}");
+        }
+        assert_eq!(
+            NodeDeploymentError::MissingNodeName.to_string(),
+            "The NODE_NAME environment variable must be set when using --enable-node-deployment."
+        );
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
         for (args, expected) in [
-            (&["--node-deployment"][..], "not built"),
             (
                 &["--snapshot-name-uuid-length=0"][..],
                 "must be -1 or positive",
@@ -233,9 +290,5 @@ mod tests {
             let error = snapshotter(args).unwrap_err().to_string();
             assert!(error.contains(expected), "{args:?}: {error}");
         }
-        let error = controller(&["--enable-distributed-snapshotting=true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("not built"), "{error}");
     }
 }

@@ -61,11 +61,17 @@ pub async fn run(
         .reporting_to(&settings.cache_sync);
     let work = workers.clone();
     let driver = settings.driver_name.clone();
-    let contents = informers.all_with(move |content: &VolumeGroupSnapshotContent| {
-        if content.spec.driver == driver {
-            work.trigger_for(ObjectRef::from_obj(content), content);
-        }
-    });
+    // Under `--node-deployment` only the group contents labelled with our node, as upstream's
+    // (whose snapshot-controller labels none: a node's instance then cuts no group snapshot).
+    let contents = informers.watch_with(
+        Api::all(client.clone()),
+        settings.content_watch(),
+        move |content: &VolumeGroupSnapshotContent| {
+            if content.spec.driver == driver {
+                work.trigger_for(ObjectRef::from_obj(content), content);
+            }
+        },
+    );
     let classes = informers.all::<VolumeGroupSnapshotClass>();
     let Some(wake) = informers.synced().await else {
         return Ok(());

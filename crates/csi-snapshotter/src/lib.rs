@@ -11,6 +11,7 @@
 pub mod common;
 pub mod content;
 mod content_writes;
+pub mod distributed;
 pub mod flags;
 pub mod group;
 mod group_api;

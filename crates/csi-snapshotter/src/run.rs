@@ -1,9 +1,10 @@
 //! Startup of both binaries, as external-snapshotter's `cmd/` does it.
 //!
-//! csi-snapshotter: Kubernetes client, CSI connection (bounded wait, Probe until ready, exit on
-//! loss), driver discovery — a driver without CREATE_DELETE_SNAPSHOT is an error (exit 1) —
-//! metrics and health on `--http-endpoint`, then the sidecar controller, under leader election
-//! on the Lease `external-snapshotter-leader-<driver>` (sanitized) when asked.
+//! csi-snapshotter: with `--node-deployment`, its node from `NODE_NAME` (exit 1 without it or
+//! with `--leader-election`); Kubernetes client, CSI connection (bounded wait, Probe until
+//! ready, exit on loss), driver discovery — a driver without CREATE_DELETE_SNAPSHOT is an error
+//! (exit 1) — metrics and health on `--http-endpoint`, then the sidecar controller, under
+//! leader election on the Lease `external-snapshotter-leader-<driver>` (sanitized) when asked.
 //!
 //! snapshot-controller: Kubernetes client, a wait (with backoff up to
 //! `--retry-crd-interval-max`) until the snapshot CRDs are served, metrics and health, then the
@@ -26,7 +27,8 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{self, ControllerError};
-use crate::flags::{ControllerArgs, SnapshotterArgs, VOLUME_GROUP_SNAPSHOT};
+use crate::distributed::NODE_NAME_ENV;
+use crate::flags::{ControllerArgs, NodeDeploymentError, SnapshotterArgs, VOLUME_GROUP_SNAPSHOT};
 use crate::metrics::OperationMetrics;
 use crate::sidecar::{self, SidecarError};
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
@@ -43,6 +45,8 @@ pub enum RunError {
     #[error("the snapshot CRDs are not served ({0}); install them (manifests/crds) and retry")]
     NoCrds(String),
     #[error(transparent)]
+    NodeDeployment(#[from] NodeDeploymentError),
+    #[error(transparent)]
     Sidecar(#[from] SidecarError),
     #[error(transparent)]
     Controller(#[from] ControllerError),
@@ -54,6 +58,8 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
     let sidecar = &args.sidecar;
     let gates = args.gates().map_err(StartupError::FeatureGates)?;
     gates.log_warnings();
+    // Checked before anything connects, as upstream.
+    let node = args.deployment_node(std::env::var(NODE_NAME_ENV).ok().as_deref())?;
     let client = client(sidecar).await?;
     let mut registry = Registry::default();
     let metrics = CsiOperationMetrics::register(&mut registry);
@@ -101,6 +107,7 @@ pub async fn sidecar(args: SnapshotterArgs, shutdown: CancellationToken) -> Resu
         cache_sync,
         workqueues,
         group_snapshots,
+        node,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(
@@ -141,6 +148,7 @@ pub async fn controller(args: ControllerArgs, shutdown: CancellationToken) -> Re
         cache_sync,
         metrics,
         group_snapshots: gates.get(VOLUME_GROUP_SNAPSHOT),
+        distributed_snapshotting: args.enable_distributed_snapshotting,
     };
     let work_client = client.clone();
     csi_sidecar::startup::run_controller(

@@ -18,6 +18,7 @@ use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -58,6 +59,23 @@ pub struct Settings {
     /// ([`crate::group_sidecar`]) where the cluster serves the group API to us
     /// ([`crate::group_api`]).
     pub group_snapshots: bool,
+    /// `--node-deployment`: the node (`NODE_NAME`) whose contents, and group contents, this
+    /// instance handles, those labelled `snapshot.storage.kubernetes.io/managed-by=<node>`;
+    /// `None`: every content of the driver.
+    pub node: Option<String>,
+}
+
+impl Settings {
+    /// The watch of the contents (and group contents) this instance handles: with
+    /// [`Settings::node`], those labelled with its node, as upstream's informer selects them.
+    pub fn content_watch(&self) -> watcher::Config {
+        match &self.node {
+            Some(node) => {
+                watcher::Config::default().labels(&crate::distributed::node_selector(node))
+            }
+            None => watcher::Config::default(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,11 +142,15 @@ async fn run_contents(
     let mut informers = Informers::new(&client, &shutdown).reporting_to(&settings.cache_sync);
     let content_work = workers.clone();
     let driver = settings.driver_name.clone();
-    let contents = informers.all_with(move |content: &VolumeSnapshotContent| {
-        if content.spec.driver == driver {
-            content_work.trigger_for(ObjectRef::from_obj(content), content);
-        }
-    });
+    let contents = informers.watch_with(
+        Api::all(client.clone()),
+        settings.content_watch(),
+        move |content: &VolumeSnapshotContent| {
+            if content.spec.driver == driver {
+                content_work.trigger_for(ObjectRef::from_obj(content), content);
+            }
+        },
+    );
     let classes = informers.all::<VolumeSnapshotClass>();
     let Some(wake) = informers.synced().await else {
         return Ok(());
@@ -146,7 +168,7 @@ async fn run_contents(
         classes,
         settings,
     });
-    tracing::info!(driver = %controller.settings.driver_name, "csi-snapshotter started");
+    tracing::info!(driver = %controller.settings.driver_name, node = ?controller.settings.node, "csi-snapshotter started");
     workers
         .reconcile(
             &controller,

@@ -3,11 +3,12 @@
 //! protection can go. One step per sync: the adapter ([`crate::common`]) acts, and the watch
 //! bringing its write syncs the object again, so every step plans from what the API holds.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 
+use crate::distributed::{self, MANAGED_BY_LABEL, Placement};
 use crate::group::owning_group;
 use crate::secrets::{SNAPSHOTTER, secret_reference};
 use csi_kinds::groupsnapshot::IN_GROUP_FINALIZER;
@@ -183,7 +184,11 @@ pub enum Step {
     },
     /// Keep the source claim while the snapshot is cut.
     ProtectClaim(String),
-    CreateContent(Box<VolumeSnapshotContent>),
+    /// Create the content, labelled with its node when `placement` names one.
+    CreateContent {
+        content: Box<VolumeSnapshotContent>,
+        placement: Placement,
+    },
     UpdateStatus {
         status: Box<VolumeSnapshotStatus>,
         events: Vec<(&'static str, String)>,
@@ -206,6 +211,9 @@ pub struct Inputs<'a> {
     /// The snapshot is a member of a VolumeGroupSnapshot that exists and is not being
     /// deleted: only the group's deletion deletes it (a group being deleted deletes its members).
     pub held_by_group: bool,
+    /// `--enable-distributed-snapshotting`: the cluster's Nodes, to label a new content with
+    /// the node of its node-local volume ([`crate::distributed`]); `None` when off.
+    pub nodes: Option<&'a [&'a Node]>,
 }
 
 fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
@@ -507,8 +515,8 @@ fn unready(
     };
     // The content's inputs first: a snapshot that cannot get one (a missing class, an unbound
     // claim) does not protect its claim, so it neither holds it nor writes it on each retry.
-    let content = match new_content(snapshot, inputs) {
-        Ok(content) => content,
+    let (content, placement) = match new_content(snapshot, inputs) {
+        Ok(created) => created,
         Err(error) => {
             return creation_failed(format!(
                 "failed to get input parameters to create snapshot {}: {error:?}",
@@ -528,7 +536,10 @@ fn unready(
     if !has_finalizer(&claim.metadata, PVC_AS_SOURCE_FINALIZER) {
         return Step::ProtectClaim(claim_name.clone());
     }
-    Step::CreateContent(Box::new(content))
+    Step::CreateContent {
+        content: Box::new(content),
+        placement,
+    }
 }
 
 /// The source claim's bound volume (upstream `getVolumeFromVolumeSnapshot`).
@@ -606,11 +617,11 @@ fn default_class(snapshot: &VolumeSnapshot, inputs: &Inputs<'_>) -> Result<Strin
     }
 }
 
-/// The content of a dynamic snapshot (upstream `createSnapshotContent`).
+/// The content of a dynamic snapshot (upstream `createSnapshotContent`) and where it is cut.
 fn new_content(
     snapshot: &VolumeSnapshot,
     inputs: &Inputs<'_>,
-) -> Result<VolumeSnapshotContent, String> {
+) -> Result<(VolumeSnapshotContent, Placement), String> {
     let Some(class_name) = &snapshot.spec.volume_snapshot_class_name else {
         return Err(format!(
             "failed to take snapshot {} without a snapshot class",
@@ -681,7 +692,11 @@ fn new_content(
         ]
         .into()
     });
-    Ok(content)
+    let placement = distributed::placement(volume, inputs.nodes);
+    content.metadata.labels = placement
+        .node()
+        .map(|node| [(MANAGED_BY_LABEL.to_string(), node.to_string())].into());
+    Ok((content, placement))
 }
 
 fn status_step(snapshot: &VolumeSnapshot, content: &VolumeSnapshotContent) -> Step {

@@ -1,4 +1,4 @@
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
 use super::*;
@@ -114,6 +114,8 @@ struct World {
     classes: Vec<VolumeSnapshotClass>,
     restoring: bool,
     held_by_group: bool,
+    /// `--enable-distributed-snapshotting`'s Nodes.
+    nodes: Option<Vec<Node>>,
 }
 
 impl World {
@@ -125,6 +127,7 @@ impl World {
             classes: vec![class("default", true), class("other", false)],
             restoring: false,
             held_by_group: false,
+            nodes: None,
         }
     }
 
@@ -135,6 +138,7 @@ impl World {
 
     fn plan(&self, snapshot: &VolumeSnapshot) -> Step {
         let classes: Vec<&VolumeSnapshotClass> = self.classes.iter().collect();
+        let nodes: Option<Vec<&Node>> = self.nodes.as_ref().map(|n| n.iter().collect());
         plan(
             snapshot,
             &Inputs {
@@ -145,6 +149,7 @@ impl World {
                 restoring: self.restoring,
                 prevent_volume_mode_conversion: true,
                 held_by_group: self.held_by_group,
+                nodes: nodes.as_deref(),
             },
         )
     }
@@ -187,9 +192,14 @@ fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
         unprotected.plan(&ready_to_cut),
         Step::ProtectClaim("data".into())
     );
-    let Step::CreateContent(created) = world.plan(&ready_to_cut) else {
+    let Step::CreateContent {
+        content: created,
+        placement: Placement::Central,
+    } = world.plan(&ready_to_cut)
+    else {
         panic!("expected a content");
     };
+    assert_eq!(created.metadata.labels, None);
     assert_eq!(created.metadata.name.as_deref(), Some("snapcontent-u1"));
     assert_eq!(created.spec.source.volume_handle.as_deref(), Some("vol-1"));
     assert_eq!(created.spec.volume_snapshot_ref.uid.as_deref(), Some("u1"));
@@ -248,6 +258,80 @@ fn a_dynamic_snapshot_goes_class_finalizer_claim_content_status() {
     let reasons: Vec<_> = events.iter().map(|(r, _)| *r).collect();
     assert_eq!(reasons, [reason::SNAPSHOT_CREATED, reason::SNAPSHOT_READY]);
     assert_eq!(events[1].1, "Snapshot ns/snap is ready to use.");
+}
+
+/// `--enable-distributed-snapshotting`: a content of a node-local volume carries its node.
+#[test]
+fn a_distributed_content_is_labelled_with_its_volume_node() {
+    let ready_to_cut = finalized(dynamic(Some("default")), &[SNAPSHOT_AS_SOURCE_FINALIZER]);
+    let nodes: Vec<Node> = ["node-a", "node-b"]
+        .iter()
+        .map(|name| {
+            serde_json::from_value(json!({"metadata": {"name": name,
+                "labels": {"topology.hostpath.csi/node": name}}}))
+            .unwrap()
+        })
+        .collect();
+    let local = |node: &str| {
+        let mut volume = volume();
+        volume.spec.as_mut().unwrap().node_affinity = Some(
+            serde_json::from_value(json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "topology.hostpath.csi/node",
+                                       "operator": "In", "values": [node]}]}]}}))
+            .unwrap(),
+        );
+        volume
+    };
+    for (case, volume, nodes, placement, label) in [
+        (
+            "on node-b",
+            local("node-b"),
+            Some(nodes.clone()),
+            Placement::Node("node-b".into()),
+            Some("node-b"),
+        ),
+        (
+            "not node-local",
+            volume(),
+            Some(nodes.clone()),
+            Placement::NotNodeLocal,
+            None,
+        ),
+        (
+            "on a node that is gone",
+            local("node-gone"),
+            Some(nodes.clone()),
+            Placement::NoNode,
+            None,
+        ),
+        (
+            "distributed off",
+            local("node-b"),
+            None,
+            Placement::Central,
+            None,
+        ),
+    ] {
+        let world = World {
+            volume: Some(volume),
+            nodes,
+            ..World::new()
+        };
+        let Step::CreateContent {
+            content,
+            placement: placed,
+        } = world.plan(&ready_to_cut)
+        else {
+            panic!("{case}: expected a content");
+        };
+        assert_eq!(placed, placement, "{case}");
+        let labelled = content
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("snapshot.storage.kubernetes.io/managed-by"));
+        assert_eq!(labelled.map(String::as_str), label, "{case}");
+    }
 }
 
 #[test]
