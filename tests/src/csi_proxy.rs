@@ -95,6 +95,16 @@ impl CsiProxy {
         self.requests("DeleteVolume")
     }
 
+    /// The CreateSnapshot requests so far.
+    pub fn create_snapshot_requests(&self) -> Vec<csi_proto::csi::v1::CreateSnapshotRequest> {
+        self.requests("CreateSnapshot")
+    }
+
+    /// The DeleteSnapshot requests so far.
+    pub fn delete_snapshot_requests(&self) -> Vec<csi_proto::csi::v1::DeleteSnapshotRequest> {
+        self.requests("DeleteSnapshot")
+    }
+
     fn requests<M: Message + Default>(&self, method: &str) -> Vec<M> {
         let suffix = format!("/{method}");
         self.calls()

@@ -889,7 +889,17 @@ impl Cluster {
     /// Runs the csi-snapshotter sidecar in this process against the driver's controller
     /// instance, with upstream's defaults (fast retries for tests).
     pub async fn start_snapshotter(&self) -> Sidecar {
-        let csi = self.driver.controller.csi.clone();
+        self.start_snapshotter_via(self.driver.controller.csi.clone(), None)
+            .await
+    }
+
+    /// [`Cluster::start_snapshotter`] talking to the driver through `csi`; with `node`, as a
+    /// `--node-deployment` instance of that node (`NODE_NAME`).
+    pub async fn start_snapshotter_via(
+        &self,
+        csi: csi_grpc::conn::CsiConnection,
+        node: Option<String>,
+    ) -> Sidecar {
         let driver = discover_controller(&csi).await;
         let settings = csi_snapshotter::sidecar::Settings {
             list_snapshots: driver.has_controller(
@@ -911,6 +921,7 @@ impl Cluster {
             ),
             workqueues: Default::default(),
             group_snapshots: true,
+            node,
         };
         let client = self.component_client(rbac::SNAPSHOTTER);
         let shutdown = CancellationToken::new();
@@ -985,6 +996,16 @@ impl Cluster {
     /// [`Cluster::start_snapshot_controller`] calling the API with `client` (another
     /// identity's, say: see [`Cluster::service_account_client`]).
     pub fn start_snapshot_controller_as(&self, client: Client) -> Sidecar {
+        self.start_snapshot_controller_configured(client, false)
+    }
+
+    /// [`Cluster::start_snapshot_controller_as`], with `--enable-distributed-snapshotting` when
+    /// `distributed_snapshotting`.
+    pub fn start_snapshot_controller_configured(
+        &self,
+        client: Client,
+        distributed_snapshotting: bool,
+    ) -> Sidecar {
         let settings = csi_snapshotter::common::Settings {
             prevent_volume_mode_conversion: true,
             retry_start: Duration::from_millis(200),
@@ -997,6 +1018,7 @@ impl Cluster {
             metrics: Arc::new(csi_snapshotter::metrics::OperationMetrics::unregistered()),
             // The gate; fixtures::install_snapshot_crds installs the group CRDs with the others.
             group_snapshots: true,
+            distributed_snapshotting,
         };
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();

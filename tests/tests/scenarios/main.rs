@@ -12,6 +12,7 @@ mod cosi;
 mod cosi_s3;
 mod cross_namespace;
 mod data_sources;
+mod distributed_snapshots;
 mod failures;
 mod group_snapshots;
 mod health_monitor;

@@ -24,7 +24,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
-fn ready(snapshot: &VolumeSnapshot) -> bool {
+pub(crate) fn ready(snapshot: &VolumeSnapshot) -> bool {
     snapshot
         .status
         .as_ref()
