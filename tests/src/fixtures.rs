@@ -492,17 +492,3 @@ pub async fn volume_of(cluster: &crate::Cluster, claim: &str) -> String {
         .volume_name
         .unwrap()
 }
-
-/// The CSI volume handle of the PersistentVolume `pv`.
-pub async fn volume_handle(cluster: &crate::Cluster, pv: &str) -> String {
-    cluster
-        .cluster_scoped::<k8s_openapi::api::core::v1::PersistentVolume>()
-        .get(pv)
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .csi
-        .unwrap()
-        .volume_handle
-}

@@ -16,7 +16,7 @@ use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotCon
 use csi_snapshotter::distributed::MANAGED_BY_LABEL;
 use csi_snapshotter::flags::{ControllerArgs, SnapshotterArgs};
 use csi_suite_scenarios::csi_proxy::CsiProxy;
-use csi_suite_scenarios::fixtures::{bound, claim, install_snapshot_crds, pv_nodes, volume_handle};
+use csi_suite_scenarios::fixtures::{bound, claim, install_snapshot_crds, pv_nodes};
 use csi_suite_scenarios::{Cluster, Sidecar, rbac};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
@@ -102,7 +102,9 @@ async fn each_node_cuts_and_deletes_the_snapshots_of_its_own_volumes() {
             pv_nodes(&cluster, &claimed).await,
             std::slice::from_ref(node)
         );
-        let handle = volume_handle(&cluster, &claimed.spec.unwrap().volume_name.unwrap()).await;
+        let handle = cluster
+            .volume_handle(&claimed.spec.unwrap().volume_name.unwrap())
+            .await;
         volumes.insert(node.clone(), (name, handle));
     }
 

@@ -465,16 +465,7 @@ async fn a_refused_pv_costs_its_volume_after_five_refusals() {
         .wait_for(&claims, "data", "the claim Bound to a new volume", bound)
         .await;
     let pv_name = bound_claim.spec.unwrap().volume_name.unwrap();
-    let handle = cluster
-        .cluster_scoped::<PersistentVolume>()
-        .get(&pv_name)
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .csi
-        .unwrap()
-        .volume_handle;
+    let handle = cluster.volume_handle(&pv_name).await;
     let deleted: Vec<String> = proxy
         .delete_volume_requests()
         .into_iter()
