@@ -811,15 +811,13 @@ impl Cluster {
     pub async fn start_resizer(&self) -> Sidecar {
         let csi = self.driver.controller.csi.clone();
         let driver = discover_controller(&csi).await;
-        // As the binary decides: MODIFY_VOLUME and a server that serves the classes.
-        let modify = (driver.has_controller(
-            csi_proto::csi::v1::controller_service_capability::rpc::Type::ModifyVolume,
-        ) && csi_sidecar::vac::served(&self.client).await == Some(true))
-        .then_some(csi_resizer::controller::ModifySettings {
-            extra_metadata: false,
-        });
+        // As the binary decides, with the VolumeAttributesClass gate at its default.
+        let classes =
+            csi_kinds::vac::support(true, false, csi_sidecar::vac::served(&self.client).await);
+        let controllers = csi_resizer::run::Controllers::of(&driver, classes)
+            .expect("the driver resizes or modifies");
         let settings = csi_resizer::controller::Settings {
-            resizer: csi_resizer::resize::Resizer::of(&driver).expect("the driver expands"),
+            resizer: controllers.resize,
             driver_name: driver.name,
             timeout: Duration::from_secs(10),
             retry_start: Duration::from_millis(200),
@@ -832,7 +830,11 @@ impl Cluster {
             cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
                 csi_sidecar::informers::SYNC_GRACE_PERIOD,
             ),
-            modify,
+            modify: controllers
+                .modify
+                .then_some(csi_resizer::controller::ModifySettings {
+                    extra_metadata: false,
+                }),
             workqueues: Default::default(),
         };
         let client = self.component_client(rbac::RESIZER);
@@ -1067,6 +1069,19 @@ impl Cluster {
             managed_by: csi_provisioner::capacity::MANAGED_BY.to_string(),
             workqueue: None,
         }
+    }
+
+    /// The flags a component's binary run in this process (its `run::run`) needs to reach the
+    /// cluster: on kube-sim a `--kubeconfig` written for it; on a real cluster none (the
+    /// binaries read `KUBECONFIG`, as the scenarios do).
+    pub fn kubeconfig_args(&self) -> Vec<String> {
+        let Some(sim) = &self.sim else {
+            return Vec::new();
+        };
+        let path = self.root().join("kubeconfig");
+        std::fs::write(&path, kube_sim::cli::kubeconfig_yaml(sim.addr))
+            .expect("writing the kubeconfig");
+        vec![format!("--kubeconfig={}", path.display())]
     }
 
     /// A proxy in front of the driver's controller socket, and a connection through it.

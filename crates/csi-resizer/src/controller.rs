@@ -2,7 +2,10 @@
 //! a claim's change triggers its key, and so does a change of the PV its `claimRef` names. Each
 //! triggered claim is planned ([`crate::resize`]) and expanded on the keyed workers: the claim
 //! status marked, ControllerExpandVolume called, the PV's capacity patched, the claim status
-//! finished or marked for node expansion, with upstream's Events.
+//! finished or marked for node expansion, with upstream's Events. With the modify controller
+//! ([`crate::modify`]) a claim no expansion is due for gets its VolumeAttributesClass. A driver
+//! that cannot expand runs the modify part alone: a claim asking for more is left as it is, as
+//! upstream leaves it with no resize controller.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -33,7 +36,9 @@ use crate::resize::{self, Expansion, FailureKind, Memory, Path, Plan, Resizer, r
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub driver_name: String,
-    pub resizer: Resizer,
+    /// The resize controller: how the driver expands; `None` for a driver that cannot (upstream
+    /// runs no resize controller then).
+    pub resizer: Option<Resizer>,
     /// Deadline of each ControllerExpandVolume call (`--timeout`).
     pub timeout: Duration,
     pub retry_start: Duration,
@@ -137,13 +142,19 @@ impl Failure {
     }
 }
 
-/// Runs the resizer until `shutdown`.
+/// Runs the resizer until `shutdown`; with neither the resize nor the modify controller (a
+/// driver that only modifies, the VolumeAttributesClass gate off) it waits idle, as upstream.
 pub async fn run(
     client: Client,
     csi: CsiConnection,
     settings: Settings,
     shutdown: CancellationToken,
 ) -> Result<(), ResizerError> {
+    if settings.resizer.is_none() && settings.modify.is_none() {
+        tracing::info!(driver = %settings.driver_name, "the driver cannot expand and the VolumeAttributesClass gate is off: no controller runs");
+        shutdown.cancelled().await;
+        return Ok(());
+    }
     let workers = KeyedWorkers::new(settings.workers, settings.retry_start, settings.retry_max);
     let queue = settings
         .workqueues
@@ -164,8 +175,7 @@ pub async fn run(
                 volume_work.trigger(ObjectRef::new(name).within(namespace));
             }
         }),
-        pods: settings
-            .handle_volume_in_use_error
+        pods: (settings.resizer.is_some() && settings.handle_volume_in_use_error)
             .then(|| informers.all_lean::<Pod>(keep_pod_volumes)),
         classes: settings
             .modify
@@ -203,7 +213,7 @@ pub async fn run(
         modify_infeasible: SlowSet::new(settings.retry_max),
         settings,
     });
-    tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, "resizer started");
+    tracing::info!(driver = %controller.name, resizer = ?controller.settings.resizer, modify = controller.settings.modify.is_some(), "resizer started");
     workers
         .reconcile(
             &controller,
@@ -272,6 +282,9 @@ impl Controller {
         let Some(pv) = self.volume_of(&pvc) else {
             return Ok(Synced::Done);
         };
+        let Some(resizer) = self.settings.resizer else {
+            return self.modify_if_on(key, &pvc, &pv).await;
+        };
         let driver = &self.settings.driver_name;
         if self.settings.annotate_fs_resize
             && resize::is_ours(&pv, driver)
@@ -281,26 +294,30 @@ impl Controller {
                 .await?;
         }
         let plan = if self.settings.recover {
-            resize::plan_recovering(
-                &pvc,
-                &pv,
-                driver,
-                self.settings.resizer,
-                self.memory(key, &pvc),
-            )
+            resize::plan_recovering(&pvc, &pv, driver, resizer, self.memory(key, &pvc))
         } else {
             resize::plan_legacy(&pvc, &pv, driver)
         };
         match plan {
-            Plan::Nothing => match self.settings.modify {
-                Some(settings) => self.modify(key, &pvc, &pv, settings).await,
-                None => Ok(Synced::Done),
-            },
+            Plan::Nothing => self.modify_if_on(key, &pvc, &pv).await,
             Plan::RetryLater(wait) => {
                 tracing::debug!(claim = %claim_name(key), ?wait, "expansion failed as infeasible before; retrying later");
                 Ok(Synced::After(wait))
             }
-            Plan::Expand(expansion) => self.expand(key, &pvc, &pv, expansion).await,
+            Plan::Expand(expansion) => self.expand(key, &pvc, &pv, resizer, expansion).await,
+        }
+    }
+
+    /// [`Controller::modify`] when the modify controller runs.
+    async fn modify_if_on(
+        &self,
+        key: &Key,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+    ) -> Result<Synced, SyncError> {
+        match self.settings.modify {
+            Some(settings) => self.modify(key, pvc, pv, settings).await,
+            None => Ok(Synced::Done),
         }
     }
 
@@ -331,6 +348,7 @@ impl Controller {
         key: &Key,
         pvc: &PersistentVolumeClaim,
         pv: &PersistentVolume,
+        resizer: Resizer,
         expansion: Expansion,
     ) -> Result<Synced, SyncError> {
         let path = self.path();
@@ -360,7 +378,7 @@ impl Controller {
         )
         .await;
         lock(&self.in_use_errors).remove(&uid);
-        let result = match self.call_driver(pv, expansion.bytes).await {
+        let result = match self.call_driver(pv, resizer, expansion.bytes).await {
             Ok(done) => {
                 lock(&self.final_errors).remove(key);
                 self.infeasible.remove(key);
@@ -379,10 +397,15 @@ impl Controller {
 
     /// ControllerExpandVolume (or, for a node-only driver, nothing): the new size and whether
     /// the node must expand too.
-    async fn call_driver(&self, pv: &PersistentVolume, bytes: i64) -> Result<(i64, bool), Failure> {
+    async fn call_driver(
+        &self,
+        pv: &PersistentVolume,
+        resizer: Resizer,
+        bytes: i64,
+    ) -> Result<(i64, bool), Failure> {
         let Resizer::Controller {
             single_node_multi_writer,
-        } = self.settings.resizer
+        } = resizer
         else {
             return Ok((bytes, true));
         };
