@@ -1,12 +1,14 @@
 //! A gRPC proxy in front of the reference driver's socket: it records every CSI request (to
 //! check what a sidecar sent, secrets included), can make the driver look unavailable (to
-//! prove a sidecar reports it and recovers) and can make it answer CreateVolume with less
-//! capacity than it made (to prove a sidecar deletes a volume it must not keep).
+//! prove a sidecar reports it and recovers), can make it answer CreateVolume with less
+//! capacity than it made (to prove a sidecar deletes a volume it must not keep) and can make
+//! it look like a driver that cannot expand volumes.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use csi_proto::csi::v1::{self as csi, controller_service_capability, plugin_capability};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http2 as client;
@@ -37,6 +39,8 @@ struct Shared {
     hold: tokio::sync::watch::Sender<Option<String>>,
     /// While set, CreateVolume answers report a volume of 1 byte.
     shrink: Mutex<bool>,
+    /// While set, the capability answers leave out volume expansion.
+    hide_expansion: Mutex<bool>,
 }
 
 impl Default for Shared {
@@ -47,6 +51,7 @@ impl Default for Shared {
             delay: Mutex::default(),
             hold: tokio::sync::watch::Sender::new(None),
             shrink: Mutex::default(),
+            hide_expansion: Mutex::default(),
         }
     }
 }
@@ -144,6 +149,15 @@ impl CsiProxy {
         *lock(&self.shared.shrink) = shrink;
     }
 
+    /// Makes the driver look unable to expand volumes (`false`: as it is): its capability
+    /// answers leave out the plugin capability VolumeExpansion and the controller EXPAND_VOLUME,
+    /// and the proxy answers NodeGetCapabilities itself with no capability (the controller
+    /// instance it fronts serves no node service; a sidecar asks a driver that cannot expand on
+    /// the controller whether it expands on the node).
+    pub fn hide_expansion(&self, hide: bool) {
+        *lock(&self.shared.hide_expansion) = hide;
+    }
+
     /// Makes every call fail with `code` (`None`: forward again).
     pub fn fail_with(&self, failure: Option<(tonic::Code, &str)>) {
         *lock(&self.shared.failure) = failure.map(|(code, message)| (code, message.to_string()));
@@ -198,6 +212,9 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
             if let Some((code, text)) = failure {
                 return Ok::<Response, hyper::Error>(status_only(code, &text));
             }
+            if *lock(&shared.hide_expansion) && path.ends_with("/NodeGetCapabilities") {
+                return Ok(answered(&csi::NodeGetCapabilitiesResponse::default()));
+            }
             let forwarded = http::Request::from_parts(parts, Full::new(body));
             let response = sender.send_request(forwarded).await?;
             let delay = lock(&shared.delay)
@@ -211,7 +228,15 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
                 .wait_for(|held| !held.as_ref().is_some_and(|m| path.ends_with(m.as_str())))
                 .await;
             if *lock(&shared.shrink) && path.ends_with("/CreateVolume") {
-                return shrunk(response).await;
+                return rewritten(response, |answer: &mut csi::CreateVolumeResponse| {
+                    if let Some(volume) = answer.volume.as_mut() {
+                        volume.capacity_bytes = 1;
+                    }
+                })
+                .await;
+            }
+            if *lock(&shared.hide_expansion) {
+                return without_expansion(&path, response).await;
             }
             Ok(response.map(|b| b.boxed()))
         }
@@ -221,8 +246,49 @@ async fn serve(stream: UnixStream, driver: PathBuf, shared: Arc<Shared>) {
         .await;
 }
 
-/// A CreateVolume answer with the volume's capacity set to 1 byte; the status trailers kept.
-async fn shrunk(response: http::Response<Incoming>) -> Result<Response, hyper::Error> {
+/// The driver's answer with volume expansion left out, if it is a capability answer.
+async fn without_expansion(
+    path: &str,
+    response: http::Response<Incoming>,
+) -> Result<Response, hyper::Error> {
+    use controller_service_capability::rpc::Type as ControllerRpc;
+    let method = path.rsplit('/').next().unwrap_or_default();
+    match method {
+        "GetPluginCapabilities" => {
+            rewritten(
+                response,
+                |answer: &mut csi::GetPluginCapabilitiesResponse| {
+                    answer.capabilities.retain(|c| {
+                        !matches!(c.r#type, Some(plugin_capability::Type::VolumeExpansion(_)))
+                    });
+                },
+            )
+            .await
+        }
+        "ControllerGetCapabilities" => {
+            rewritten(
+                response,
+                |answer: &mut csi::ControllerGetCapabilitiesResponse| {
+                    answer.capabilities.retain(|c| match &c.r#type {
+                        Some(controller_service_capability::Type::Rpc(rpc)) => {
+                            rpc.r#type != ControllerRpc::ExpandVolume as i32
+                        }
+                        None => true,
+                    });
+                },
+            )
+            .await
+        }
+        _ => Ok(response.map(|b| b.boxed())),
+    }
+}
+
+/// The driver's answer with its message changed by `edit`; the status trailers kept (an error
+/// answer has no message and passes unchanged).
+async fn rewritten<M: Message + Default>(
+    response: http::Response<Incoming>,
+    edit: impl FnOnce(&mut M),
+) -> Result<Response, hyper::Error> {
     let (parts, body) = response.into_parts();
     let collected = body.collect().await?;
     let trailers = collected.trailers().cloned();
@@ -230,23 +296,41 @@ async fn shrunk(response: http::Response<Incoming>) -> Result<Response, hyper::E
     let answer = bytes
         .get(5..)
         .filter(|message| !message.is_empty())
-        .and_then(|message| csi_proto::csi::v1::CreateVolumeResponse::decode(message).ok());
+        .and_then(|message| M::decode(message).ok());
     if let Some(mut answer) = answer {
-        if let Some(volume) = answer.volume.as_mut() {
-            volume.capacity_bytes = 1;
-        }
-        let message = answer.encode_to_vec();
-        let length = u32::try_from(message.len()).expect("a small message");
-        let mut framed = vec![0];
-        framed.extend_from_slice(&length.to_be_bytes());
-        framed.extend_from_slice(&message);
-        bytes = Bytes::from(framed);
+        edit(&mut answer);
+        bytes = framed(&answer);
     }
     let body = Full::new(bytes)
         .map_err(|never| match never {})
         .with_trailers(async move { trailers.map(Ok) })
         .boxed();
     Ok(http::Response::from_parts(parts, body))
+}
+
+/// A successful gRPC answer with `message`, made by the proxy.
+fn answered(message: &impl Message) -> Response {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let body = Full::new(framed(message))
+        .map_err(|never| match never {})
+        .with_trailers(async move { Some(Ok(trailers)) })
+        .boxed();
+    http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(body)
+        .expect("a valid response")
+}
+
+/// A gRPC message as it travels: no compression, its length, then the message.
+fn framed(message: &impl Message) -> Bytes {
+    let message = message.encode_to_vec();
+    let length = u32::try_from(message.len()).expect("a small message");
+    let mut framed = vec![0];
+    framed.extend_from_slice(&length.to_be_bytes());
+    framed.extend_from_slice(&message);
+    Bytes::from(framed)
 }
 
 /// A gRPC "trailers-only" error response.

@@ -2,7 +2,8 @@
 //! more, the driver's ControllerExpandVolume grows the volume, the PV and the claim record it;
 //! an ext4 volume is then grown on the node by kubelet (NodeExpandVolume) — online while a pod
 //! uses it, or when a pod next mounts it; a size the driver cannot give is reported and a
-//! smaller request afterwards recovers.
+//! smaller request afterwards recovers. A driver that can modify but not expand gets the modify
+//! controller alone, and a claim asking it for more is left alone.
 //!
 //! The reference driver grows a mounted ext4 filesystem with EXT4_IOC_RESIZE_FS, which needs
 //! CAP_SYS_RESOURCE. Where the tests run without it (containers often drop it, root or not),
@@ -14,14 +15,22 @@ use std::time::Duration;
 
 use csi_hostpath::export::can_resize_online;
 use csi_proto::csi::v1 as csi;
-use csi_suite_scenarios::fixtures::{bound, is_running, pod};
-use csi_suite_scenarios::{Cluster, Options, Sidecar, report_skip, skip_without_root};
+use csi_resizer::flags::ResizerArgs;
+use csi_resizer::run::RunError;
+use csi_suite_scenarios::fixtures::{bound, driver_state, is_running, pod};
+use csi_suite_scenarios::{
+    Cluster, Options, Sidecar, report_skip, skip_without_root, step_timeout,
+};
 use http::StatusCode;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
+use kube_sim_harness::{free_address, http_get};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::volume_attributes::{attributes_class, current_class, modify_status, request_class};
 
 /// The sidecars an expansion needs (the attacher too: ext4 volumes are published to nodes).
 struct Controllers {
@@ -459,5 +468,168 @@ async fn expansion_survives_a_slow_and_failing_api_server() {
     }
     assert_eq!(faults.unspent(), [] as [String; 0], "every fault met");
     faults.set_latency(Duration::ZERO);
+    cluster.stop().await;
+}
+
+/// Polls the diagnostics server at `addr` until `/healthz` answers 200; fails with the run's
+/// error if the resizer exits first.
+async fn wait_serving(
+    addr: std::net::SocketAddr,
+    resizer: &mut tokio::task::JoinHandle<Result<(), RunError>>,
+) {
+    let deadline = tokio::time::Instant::now() + step_timeout();
+    loop {
+        if resizer.is_finished() {
+            panic!("csi-resizer exited: {:?}", resizer.await);
+        }
+        if http_get(addr, "/healthz").await == Some((200, "ok".to_string())) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "csi-resizer did not serve /healthz"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A driver that can modify volumes but not expand them (the proxy hides the plugin capability
+/// VolumeExpansion and the controller and node EXPAND_VOLUME): csi-resizer, run as its binary
+/// runs, starts, serves its health and metrics and stays up — with the modify controller alone
+/// where the server serves storage.k8s.io/v1 VolumeAttributesClass (a class change reaches
+/// ControllerModifyVolume), with no controller at all where it does not (the gate turned off by
+/// discovery). Either way a claim asking for more is left as it is, as upstream leaves it with
+/// no resize controller: no ControllerExpandVolume, no resize Event or condition, the old
+/// capacity.
+#[tokio::test]
+async fn a_driver_that_modifies_but_cannot_expand_gets_the_modify_controller_alone() {
+    let cluster = Cluster::start("resize-modify-only").await;
+    let (proxy, _csi) = cluster.csi_proxy().await;
+    proxy.hide_expansion(true);
+    let _provisioner = cluster.start_provisioner().await;
+    let addr = free_address();
+    let mut argv = vec![
+        "csi-resizer".to_string(),
+        format!("--csi-address={}", proxy.socket.display()),
+        format!("--http-endpoint={addr}"),
+    ];
+    argv.extend(cluster.kubeconfig_args());
+    let args = csi_grpc::flags::try_parse_from::<ResizerArgs, _, _>(argv).expect("resizer flags");
+    let shutdown = CancellationToken::new();
+    let mut resizer = tokio::spawn(csi_resizer::run::run(args, shutdown.clone()));
+    wait_serving(addr, &mut resizer).await;
+    let (status, metrics) = http_get(addr, "/metrics").await.expect("the metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("csi_sidecar_operations_seconds")
+            && metrics.contains("/csi.v1.Controller/ControllerGetCapabilities"),
+        "the start-up calls in the metrics: {metrics}"
+    );
+
+    let class = expandable_class(&cluster, "modify-only", json!({})).await;
+    let pv = bound_claim(&cluster, "data", &class, "2Mi").await;
+    request(&cluster, "data", "4Mi").await;
+
+    if csi_sidecar::vac::served(&cluster.client).await == Some(true) {
+        let gold = format!("{}-gold", cluster.namespace);
+        attributes_class(&cluster, &gold, &cluster.driver_name, "3000").await;
+        request_class(&cluster, "data", &gold).await;
+        let want = gold.clone();
+        cluster
+            .wait_for(
+                &cluster.namespaced::<PersistentVolumeClaim>(),
+                "data",
+                "the claim's current class gold",
+                move |c| current_class(c) == Some(want.as_str()) && modify_status(c).is_none(),
+            )
+            .await;
+        cluster
+            .wait_for_event("data", "VolumeModifySuccessful", "successfully")
+            .await;
+        let handle = cluster
+            .cluster_scoped::<PersistentVolume>()
+            .get(&pv)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.csi)
+            .expect("a CSI volume")
+            .volume_handle;
+        assert_eq!(
+            driver_state(&cluster).volumes[&handle].mutable_parameters["iops"],
+            "3000",
+            "ControllerModifyVolume got the class's parameters"
+        );
+    } else {
+        report_skip(
+            "a_driver_that_modifies_but_cannot_expand_gets_the_modify_controller_alone (modification)",
+            "storage.k8s.io/v1 volumeattributesclasses not served",
+        );
+        // Time a resize controller would have had to act on the larger request.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    let claim = cluster
+        .namespaced::<PersistentVolumeClaim>()
+        .get("data")
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_capacity(&claim),
+        "2Mi",
+        "the claim keeps its capacity"
+    );
+    assert!(
+        condition_types(&claim).is_empty(),
+        "no resize condition: {:?}",
+        condition_types(&claim)
+    );
+    let volume = cluster
+        .cluster_scoped::<PersistentVolume>()
+        .get(&pv)
+        .await
+        .unwrap();
+    assert_eq!(
+        storage(volume.spec.as_ref().and_then(|s| s.capacity.as_ref())),
+        "2Mi",
+        "the PV keeps its capacity"
+    );
+    assert_eq!(
+        proxy.forwarded("ControllerExpandVolume"),
+        0,
+        "nothing asked the driver to expand"
+    );
+    let resize_events: Vec<_> = cluster
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref().is_some_and(|r| {
+                [
+                    "Resizing",
+                    "VolumeResizeFailed",
+                    "VolumeResizeSuccessful",
+                    "FileSystemResizeRequired",
+                ]
+                .contains(&r)
+            })
+        })
+        .map(|e| (e.reason, e.message))
+        .collect();
+    assert!(
+        resize_events.is_empty(),
+        "no resize Event: {resize_events:?}"
+    );
+
+    assert!(!resizer.is_finished(), "csi-resizer still runs");
+    assert_eq!(
+        http_get(addr, "/healthz").await,
+        Some((200, "ok".to_string()))
+    );
+    shutdown.cancel();
+    resizer
+        .await
+        .expect("the resizer task")
+        .expect("csi-resizer stops cleanly");
     cluster.stop().await;
 }

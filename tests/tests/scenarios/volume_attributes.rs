@@ -10,7 +10,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 
 /// Creates the VolumeAttributesClass `name` of `driver` (deleted with the scenario).
-async fn attributes_class(cluster: &Cluster, name: &str, driver: &str, iops: &str) {
+pub(crate) async fn attributes_class(cluster: &Cluster, name: &str, driver: &str, iops: &str) {
     let resource = ApiResource::erase::<VolumeAttributesClass>(&());
     let classes: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &resource);
     let mut class = DynamicObject::new(name, &resource);
@@ -80,14 +80,14 @@ async fn a_claims_attributes_class_reaches_create_volume_and_its_pv() {
     cluster.stop().await;
 }
 
-fn current_class(claim: &PersistentVolumeClaim) -> Option<&str> {
+pub(crate) fn current_class(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim
         .status
         .as_ref()
         .and_then(|s| s.current_volume_attributes_class_name.as_deref())
 }
 
-fn modify_status(claim: &PersistentVolumeClaim) -> Option<&str> {
+pub(crate) fn modify_status(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim
         .status
         .as_ref()
@@ -95,7 +95,7 @@ fn modify_status(claim: &PersistentVolumeClaim) -> Option<&str> {
         .map(|s| s.status.as_str())
 }
 
-async fn request_class(cluster: &Cluster, claim: &str, class: &str) {
+pub(crate) async fn request_class(cluster: &Cluster, claim: &str, class: &str) {
     cluster
         .namespaced::<PersistentVolumeClaim>()
         .patch(
