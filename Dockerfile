@@ -5,7 +5,9 @@
 # csi-hostpath, and COSI's cosi-controller, cosi-provisioner and sample driver cosi-s3 (kube-sim
 # is a test tool and stays out). Each container of the chart picks its binary with `command:`.
 #
-# Build: make image   (docker build -t csi-suite:<appVersion> .)
+# Build: make docker-image   (docker build -t csi-suite:<appVersion> .), for the building
+# machine's architecture: nothing here names one. `make image` writes the same content for
+# amd64 and arm64 offline, without this file (an OCI image index; docs/development.md).
 #
 # Base images by digest, so a rebuild gets the bytes it was tested with rather than whatever a
 # moving tag names that day; bump a tag and its digest together. rust:1-bookworm is the image
