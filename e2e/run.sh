@@ -37,7 +37,7 @@ else
   kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG_FILE"
 fi
 
-make image IMAGE="$IMAGE"
+make docker-image IMAGE="$IMAGE"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 echo "== install the chart"
