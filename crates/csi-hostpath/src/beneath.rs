@@ -14,9 +14,10 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
-use rustix::mount::{MountFlags, UnmountFlags};
+use rustix::mount::UnmountFlags;
 
 use crate::error::DriverError;
+use crate::options::MountOptions;
 
 /// A staging or target path, with the allowed root it lies under.
 #[derive(Debug, Clone)]
@@ -89,30 +90,33 @@ impl NodePath {
         .map_err(|errno| self.failed("creating", errno))
     }
 
-    /// Bind-mounts `source` onto the path (which must exist), read-only when asked.
-    pub fn bind_from(&self, source: &Path, readonly: bool) -> Result<(), DriverError> {
+    /// Bind-mounts `source` onto the path (which must exist), with `options` (see
+    /// [`crate::options`]). A mount whose options cannot be applied is taken away again.
+    pub fn bind_from(&self, source: &Path, options: &MountOptions) -> Result<(), DriverError> {
         let at = self.existing()?;
         rustix::mount::mount_bind(source, fd_path(&at))
             .map_err(|errno| self.failed("bind-mounting onto", errno))?;
-        if !readonly {
+        if !options.ask_anything() {
             return Ok(());
         }
-        let remounted = self.remount_read_only();
-        if remounted.is_err()
+        let applied = self.apply(options);
+        if applied.is_err()
             && let Ok(root) = self.existing()
         {
             let _ = rustix::mount::unmount(fd_path(&root), UnmountFlags::DETACH);
         }
-        remounted
+        applied
     }
 
-    /// Makes the mount at the path read-only (again: a crash between [`Self::bind_from`]'s
-    /// bind mount and this remount leaves it writable).
-    pub fn remount_read_only(&self) -> Result<(), DriverError> {
+    /// Applies `options` to the mount at the path (again: a crash between
+    /// [`Self::bind_from`]'s bind mount and this remount leaves the mount without them).
+    pub fn apply(&self, options: &MountOptions) -> Result<(), DriverError> {
         // Opened anew: a file opened before the mount is the one under it, not its root.
         let root = self.existing()?;
-        rustix::mount::mount_remount(fd_path(&root), MountFlags::BIND | MountFlags::RDONLY, "")
-            .map_err(|errno| self.failed("remounting read-only", errno))
+        crate::mounts::remount(&fd_path(&root), options).map_err(|error| {
+            let errno = Errno::from_io_error(&error).unwrap_or(Errno::IO);
+            self.failed("applying the mount flags to", errno)
+        })
     }
 
     fn existing(&self) -> Result<OwnedFd, DriverError> {

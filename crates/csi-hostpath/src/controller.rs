@@ -124,7 +124,7 @@ impl Driver {
 
     /// Picks the home node of a new volume from the topology requirement (preferred first)
     /// and the nodes it is accessible from.
-    fn place(
+    pub(crate) fn place(
         &self,
         state: &State,
         requirement: Option<&csi::TopologyRequirement>,
@@ -218,6 +218,13 @@ impl Driver {
 
         let volume = self.store.update(|state| {
             if let Some(existing) = state.volume_by_name_mut(name) {
+                if existing.ephemeral.is_some() {
+                    return Err(DriverError::ExistsWithOtherParameters {
+                        kind: "volume",
+                        name: name.to_string(),
+                        how: "as an ephemeral inline volume",
+                    });
+                }
                 let fits = existing.capacity_bytes >= size
                     && (limit == 0 || existing.capacity_bytes <= limit);
                 if existing.layout() != layout || !fits || existing.source != source {
@@ -298,6 +305,7 @@ impl Driver {
                 fenced: BTreeMap::new(),
                 exports: BTreeMap::new(),
                 creator: Some(self.instance.id.clone()),
+                ephemeral: None,
             };
             state.volumes.insert(volume.id.clone(), volume.clone());
             Ok(volume)
@@ -379,6 +387,7 @@ impl Driver {
             let Some(volume) = state.volumes.get_mut(id) else {
                 return Ok(None);
             };
+            self.not_ephemeral(volume, "DeleteVolume")?;
             let in_use = volume
                 .nodes
                 .values()
@@ -417,6 +426,7 @@ impl Driver {
             let max = self.config.max_volumes_per_node;
             let count = state.published_count(node);
             let volume = ready_volume_mut(state, id)?;
+            self.not_ephemeral(volume, "ControllerPublishVolume")?;
             if !self.is_known_node(node) {
                 return Err(DriverError::not_found("node", node));
             }

@@ -37,6 +37,25 @@ pub enum DriverError {
     AccessTypeMismatch,
     #[error("source {kind} and new volume differ in access type or fs_type")]
     SourceLayoutMismatch { kind: &'static str },
+    #[error(
+        "mount flag {flag:?} is not supported: csi-hostpath applies only {} to its bind mounts",
+        crate::options::APPLIED
+    )]
+    UnsupportedMountFlag { flag: String },
+    #[error("an ephemeral inline volume is a filesystem volume: block access is not supported")]
+    EphemeralBlock,
+    #[error(
+        "fs_type {fs_type:?} is not supported for an ephemeral inline volume: it is a directory (no fs_type)"
+    )]
+    EphemeralFsType { fs_type: String },
+    #[error(
+        "an ephemeral inline volume is published without staging: staging_target_path must be empty"
+    )]
+    EphemeralStaged,
+    #[error(
+        "volume_id {id:?} cannot name an ephemeral inline volume: 1 to 128 letters, digits, '-' or '_', and not a UUID (the driver's persistent volume IDs)"
+    )]
+    InvalidEphemeralId { id: String },
     #[error("{field} {} {why}", path.display())]
     PathNotAllowed {
         field: &'static str,
@@ -90,6 +109,14 @@ pub enum DriverError {
     },
     #[error("volume {id} is already staged at {path}")]
     StagedElsewhere { id: String, path: String },
+    #[error("volume {id} is already staged with other mount flags")]
+    StagedWithOtherOptions { id: String },
+    #[error("ephemeral inline volume {id} is already published at {target} on node {node}")]
+    EphemeralElsewhere {
+        id: String,
+        node: String,
+        target: String,
+    },
     #[error("volume {id} is already published at {target} with other options")]
     PublishedWithOtherOptions { id: String, target: String },
 
@@ -110,6 +137,10 @@ pub enum DriverError {
     NotStaged { id: String, path: String },
     #[error("{path} has a mount that is not volume {id}'s: it is left alone")]
     OtherMountAt { id: String, path: String },
+    #[error(
+        "volume {id} is an ephemeral inline volume: {rpc} does not apply to it (its NodeUnpublishVolume deletes it)"
+    )]
+    Ephemeral { id: String, rpc: &'static str },
     #[error("{action} needs {privilege}, which this node plugin lacks")]
     MissingPrivilege {
         action: &'static str,
@@ -191,6 +222,11 @@ impl DriverError {
             | AccessTypeMismatch
             | SourceLayoutMismatch { .. }
             | PathNotAllowed { .. }
+            | UnsupportedMountFlag { .. }
+            | EphemeralBlock
+            | EphemeralFsType { .. }
+            | EphemeralStaged
+            | InvalidEphemeralId { .. }
             | UnknownCapacityPool { .. }
             | MutableParameterNotAccepted { .. }
             | GroupMembersMismatch { .. } => Code::InvalidArgument,
@@ -204,6 +240,8 @@ impl DriverError {
             ExistsWithOtherParameters { .. }
             | PublishedWithOtherReadonly { .. }
             | StagedElsewhere { .. }
+            | StagedWithOtherOptions { .. }
+            | EphemeralElsewhere { .. }
             | PublishedWithOtherOptions { .. } => Code::AlreadyExists,
             StillPublished { .. }
             | SingleNodeInUse { .. }
@@ -213,6 +251,7 @@ impl DriverError {
             | NoExport { .. }
             | NotStaged { .. }
             | OtherMountAt { .. }
+            | Ephemeral { .. }
             | MissingPrivilege { .. } => Code::FailedPrecondition,
             NoCapacityOnNode { .. }
             | NoCapacityOnAnyNode { .. }

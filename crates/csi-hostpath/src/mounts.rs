@@ -10,7 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rustix::mount::{MountFlags, mount_remount};
+use rustix::mount::mount_remount;
+
+use crate::options::MountOptions;
 
 pub use csi_grpc::mounts::{is_mount_point, mount_points};
 
@@ -34,14 +36,22 @@ pub fn skip_without_root(test: &str) -> bool {
     true
 }
 
-pub fn remount_read_only(target: &Path) -> io::Result<()> {
-    mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "")?;
+/// Remounts the bind mount at `target` with `options`, keeping the restrictions it has but
+/// read-only (see [`MountOptions::remount_flags`]).
+pub fn remount(target: &Path, options: &MountOptions) -> io::Result<()> {
+    let current = rustix::fs::statvfs(target)?.f_flag;
+    mount_remount(target, options.remount_flags(current), "")?;
     Ok(())
 }
 
+/// Makes the mount at `target` read-only, its other flags kept.
+pub fn remount_read_only(target: &Path) -> io::Result<()> {
+    remount(target, &MountOptions::default().read_only_if(true))
+}
+
+/// Makes the mount at `target` writable again, its other flags kept.
 pub fn remount_read_write(target: &Path) -> io::Result<()> {
-    mount_remount(target, MountFlags::BIND, "")?;
-    Ok(())
+    remount(target, &MountOptions::default())
 }
 
 pub use csi_grpc::mounts::{unmount_all, unmount_top};

@@ -27,6 +27,7 @@ use csi_proto::csi::v1 as csi;
 use crate::beneath::NodePath;
 use crate::data;
 use crate::driver::{Driver, ready_volume};
+use crate::ephemeral;
 use crate::error::DriverError;
 use crate::export;
 use crate::health::NodePaths;
@@ -45,7 +46,7 @@ impl NodeService {
     }
 }
 
-fn need_mounts() -> Result<(), DriverError> {
+pub(crate) fn need_mounts() -> Result<(), DriverError> {
     if mounts::can_mount() {
         Ok(())
     } else {
@@ -124,7 +125,7 @@ impl Driver {
 
     /// A staging or target path of a request, checked (see [`rules::allowed_path`] and
     /// [`NodePath::check`]).
-    fn allowed(&self, path: &str, field: &'static str) -> Result<NodePath, DriverError> {
+    pub(crate) fn allowed(&self, path: &str, field: &'static str) -> Result<NodePath, DriverError> {
         let roots = &self.config.allowed_path_roots;
         let path = rules::allowed_path(path, field, roots, &self.config.state_dir)?;
         // The innermost root the path lies under (allowed_path found at least one).
@@ -166,8 +167,10 @@ impl Driver {
         let staging_at = self.allowed(&request.staging_target_path, "staging_target_path")?;
         let staging = staging_at.path();
         let (access_type, _) = rules::required_capability(request.volume_capability.as_ref())?;
+        let flags = rules::mount_options(request.volume_capability.as_ref())?;
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
+        self.not_ephemeral(&volume, "NodeStageVolume")?;
         let node = &self.config.node_id;
         if volume.access_type != access_type {
             return Err(DriverError::AccessTypeMismatch);
@@ -185,6 +188,9 @@ impl Driver {
                     id: id.to_string(),
                     path: staged.path.clone(),
                 });
+            }
+            if staged.options != flags {
+                return Err(DriverError::StagedWithOtherOptions { id: id.to_string() });
             }
             if self.staging_intact(&volume, staged)? {
                 return Ok(());
@@ -204,17 +210,17 @@ impl Driver {
         let device = match access_type {
             AccessType::Mount => {
                 staging_at.create_dir_all()?;
-                let readonly = publication.is_some_and(|p| p.readonly);
+                let options = flags.read_only_if(publication.is_some_and(|p| p.readonly));
                 if !is_mount_point(staging)? {
-                    staging_at.bind_from(&data, readonly)?;
+                    staging_at.bind_from(&data, &options)?;
                 } else if !same_object(staging, &data)? {
                     return Err(DriverError::OtherMountAt {
                         id: id.to_string(),
                         path: staging.display().to_string(),
                     });
-                } else if readonly {
-                    // Ours, from a staging a crash cut short: maybe not read-only yet.
-                    staging_at.remount_read_only()?;
+                } else if options.ask_anything() {
+                    // Ours, from a staging a crash cut short: maybe without its flags yet.
+                    staging_at.apply(&options)?;
                 }
                 None
             }
@@ -227,6 +233,7 @@ impl Driver {
             usage.staged = Some(Staging {
                 path: staging.display().to_string(),
                 device,
+                options: flags,
             });
         })
     }
@@ -347,7 +354,7 @@ impl Driver {
     /// Unmounts every layer of `volume` mounted at `path` (its data, or for a block volume
     /// its loop `device`), and refuses, leaving it alone, a mount there that is something
     /// else's.
-    fn unmount_volume(
+    pub(crate) fn unmount_volume(
         &self,
         volume: &Volume,
         path: &Path,
@@ -401,6 +408,9 @@ impl Driver {
     }
 
     fn node_publish(&self, request: &csi::NodePublishVolumeRequest) -> Result<(), DriverError> {
+        if ephemeral::requested(&request.volume_context) {
+            return self.publish_ephemeral(request);
+        }
         let id = required(&request.volume_id, "volume_id")?;
         let target_at = self.allowed(&request.target_path, "target_path")?;
         let target = target_at.path();
@@ -409,7 +419,9 @@ impl Driver {
             .path()
             .to_path_buf();
         let (access_type, mode) = rules::required_capability(request.volume_capability.as_ref())?;
-        let readonly = request.readonly || rules::read_only_mode(mode);
+        let flags = rules::mount_options(request.volume_capability.as_ref())?;
+        let readonly = request.readonly || rules::read_only_mode(mode) || flags.readonly;
+        let options = flags.read_only_if(readonly);
         let _guard = self.locks.acquire(&[id])?;
         let volume = self.lift_fence_if_republished(self.ready_volume(id)?)?;
         if volume.access_type != access_type {
@@ -437,7 +449,10 @@ impl Driver {
         }
         let target_key = target.display().to_string();
         if let Some(existing) = usage.targets.get(&target_key) {
-            if existing.readonly != readonly || existing.access_mode != mode as i32 {
+            if existing.readonly != readonly
+                || existing.access_mode != mode as i32
+                || existing.options != flags
+            {
                 return Err(DriverError::PublishedWithOtherOptions {
                     id: id.to_string(),
                     target: target_key,
@@ -458,9 +473,9 @@ impl Driver {
                     path: target_key,
                 });
             }
-            if readonly {
-                // Ours, from a publishing a crash cut short: maybe not read-only yet.
-                target_at.remount_read_only()?;
+            if options.ask_anything() {
+                // Ours, from a publishing a crash cut short: maybe without its flags yet.
+                target_at.apply(&options)?;
             }
         } else {
             let source = match (access_type, &staged.device) {
@@ -476,7 +491,7 @@ impl Driver {
                     return Err(DriverError::NoLoopDevice { id: id.to_string() });
                 }
             };
-            target_at.bind_from(&source, readonly)?;
+            target_at.bind_from(&source, &options)?;
         }
         self.record_node_use(id, |usage| {
             usage.targets.insert(
@@ -484,6 +499,7 @@ impl Driver {
                 Target {
                     readonly,
                     access_mode: mode as i32,
+                    options: flags,
                 },
             );
         })
@@ -491,9 +507,12 @@ impl Driver {
 
     fn node_unpublish(&self, request: &csi::NodeUnpublishVolumeRequest) -> Result<(), DriverError> {
         let id = required(&request.volume_id, "volume_id")?;
-        let target = self.allowed(&request.target_path, "target_path")?;
-        let target = target.path();
+        let target_at = self.allowed(&request.target_path, "target_path")?;
+        let target = target_at.path();
         let _guard = self.locks.acquire(&[id])?;
+        if let Some(done) = self.unpublish_ephemeral(id, &target_at) {
+            return done;
+        }
         let volume = self.ready_volume(id)?;
         let device = match volume.access_type {
             AccessType::Mount => None,
@@ -693,7 +712,12 @@ impl Driver {
         let node = &self.config.node_id;
         let mut changed = Vec::new();
         for volume in self.store.read()?.volumes.values() {
-            let Some(usage) = volume.nodes.get(node) else {
+            // Never ControllerPublished: an ephemeral volume is its node's alone.
+            let Some(usage) = volume
+                .nodes
+                .get(node)
+                .filter(|_| volume.ephemeral.is_none())
+            else {
                 continue;
             };
             let published = volume.published.contains_key(node);
@@ -780,11 +804,14 @@ impl Driver {
         let Some(usage) = volume.nodes.get(node) else {
             return Ok(());
         };
-        let staging_readonly = volume.published.get(node).is_some_and(|p| p.readonly);
+        let published_readonly = volume.published.get(node).is_some_and(|p| p.readonly);
         let mounts = usage
             .staged
             .iter()
-            .map(|s| (PathBuf::from(&s.path), staging_readonly))
+            .map(|s| {
+                let readonly = published_readonly || s.options.readonly;
+                (PathBuf::from(&s.path), readonly)
+            })
             .chain(
                 usage
                     .targets
@@ -839,7 +866,7 @@ impl Driver {
 
 /// Whether `a` and `b` are one file or directory (device and inode): a bind mount shows its
 /// source's. A path that does not exist is no match.
-fn same_object(a: &Path, b: &Path) -> Result<bool, DriverError> {
+pub(crate) fn same_object(a: &Path, b: &Path) -> Result<bool, DriverError> {
     let (Some(a), Some(b)) = (metadata(a)?, metadata(b)?) else {
         return Ok(false);
     };
@@ -868,7 +895,7 @@ fn metadata(path: &Path) -> Result<Option<fs::Metadata>, DriverError> {
 }
 
 /// [`mounts::is_mount_point`], its failure an `INTERNAL` one.
-fn is_mount_point(path: &Path) -> Result<bool, DriverError> {
+pub(crate) fn is_mount_point(path: &Path) -> Result<bool, DriverError> {
     mounts::is_mount_point(path).map_err(|e| DriverError::io("reading mounts", e))
 }
 

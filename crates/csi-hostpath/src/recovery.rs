@@ -91,8 +91,13 @@ pub fn recover(driver: &Driver) -> Result<(), StoreError> {
             .is_none_or(|id| !driver.store.instance_alive(id))
     };
     driver.store.update(|state| {
+        // An ephemeral volume may be mounted on its node, which alone recovers it
+        // (`Driver::recover_ephemeral`).
         for volume in state.volumes.values_mut() {
-            if volume.phase == Phase::Creating && gone(&volume.creator) {
+            if volume.phase == Phase::Creating
+                && volume.ephemeral.is_none()
+                && gone(&volume.creator)
+            {
                 tracing::info!(volume = %volume.id, "rolling back a creation a crash interrupted");
                 volume.phase = Phase::Deleting;
             }
@@ -122,7 +127,7 @@ pub fn recover(driver: &Driver) -> Result<(), StoreError> {
     let state = driver.store.read()?;
     let mut finished = Vec::new();
     for volume in state.volumes.values() {
-        if volume.phase == Phase::Deleting {
+        if volume.phase == Phase::Deleting && volume.ephemeral.is_none() {
             finished.push(driver.finish_deleting_volume(&volume.id, volume.layout()));
         }
     }

@@ -7,6 +7,7 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType as CapabilityAccess};
 
 use crate::error::DriverError;
+use crate::options::MountOptions;
 use crate::state::{AccessType, Filesystem};
 
 /// The CSI spec's size limits (its "Size Limits" table): a string field, and all the keys and
@@ -59,6 +60,7 @@ pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), D
         Some(CapabilityAccess::Mount(mount)) => {
             let flags = mount.mount_flags.iter().map(String::len).sum();
             within(flags, "mount_flags", MAX_MAP)?;
+            MountOptions::parse(&mount.mount_flags)?;
             AccessType::Mount
         }
         Some(CapabilityAccess::Block(_)) => AccessType::Block,
@@ -77,6 +79,14 @@ pub fn capability(capability: &VolumeCapability) -> Result<(AccessType, Mode), D
             field: "volume capability access_mode",
         })?;
     Ok((access_type, mode))
+}
+
+/// The mount flags of a capability (see [`crate::options`]); a block capability has none.
+pub fn mount_options(given: Option<&VolumeCapability>) -> Result<MountOptions, DriverError> {
+    match given.and_then(|c| c.access_type.as_ref()) {
+        Some(CapabilityAccess::Mount(mount)) => MountOptions::parse(&mount.mount_flags),
+        _ => Ok(MountOptions::default()),
+    }
 }
 
 /// [`capability`] of a request's `volume_capability`, which is required.
@@ -388,12 +398,12 @@ mod tests {
             ("empty token", page_start("", |_| false).map(drop), true),
             (
                 "flags of 4096",
-                capability(&mount_with_flags(vec![long(4000), long(96)])).map(drop),
+                capability(&mount_with_flags(vec!["ro".to_string(); 2048])).map(drop),
                 true,
             ),
             (
-                "flags of 4097",
-                capability(&mount_with_flags(vec![long(4000), long(97)])).map(drop),
+                "flags of 4098",
+                capability(&mount_with_flags(vec!["ro".to_string(); 2049])).map(drop),
                 false,
             ),
         ];

@@ -39,7 +39,7 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("respelling the node's records: {0}")]
+    #[error("recovering the node's records: {0}")]
     Records(crate::error::DriverError),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -69,6 +69,7 @@ pub async fn run(
     })?;
     if driver.config.mode.node() {
         driver.respell_node_records().map_err(ServeError::Records)?;
+        driver.recover_ephemeral().map_err(ServeError::Records)?;
         driver.store.beat(&driver.config.node_id)?;
         tokio::spawn(heartbeat_loop(driver.clone(), shutdown.clone()));
         tokio::spawn(fencing_loop(driver.clone(), shutdown.clone()));

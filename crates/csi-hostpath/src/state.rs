@@ -18,6 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{self, Position};
+use crate::options::MountOptions;
 use crate::table::{Row, Table};
 
 const STATE_FILE: &str = "state.log";
@@ -136,6 +137,9 @@ pub struct NodeUse {
 pub struct Staging {
     pub path: String,
     pub device: Option<String>,
+    /// The mount flags the staging mount was made with.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub options: MountOptions,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +147,21 @@ pub struct Target {
     pub readonly: bool,
     /// Access mode of the NodePublishVolume (prost enum value).
     pub access_mode: i32,
+    /// The mount flags the publication was made with.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub options: MountOptions,
+}
+
+fn is_default(options: &MountOptions) -> bool {
+    !options.ask_anything()
+}
+
+/// What makes a volume a CSI ephemeral inline volume: made by NodePublishVolume on `node` for
+/// the one `target` path (a pod's), and deleted by its NodeUnpublishVolume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ephemeral {
+    pub node: String,
+    pub target: String,
 }
 
 /// A node's own way to an ext4 volume's data: a loop device on the image, mounted at
@@ -183,6 +202,9 @@ pub struct Volume {
     /// The instance creating the volume's data (see [`Store::register_instance`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creator: Option<String>,
+    /// Set on an ephemeral inline volume, which its node alone makes and deletes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<Ephemeral>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -830,6 +852,7 @@ pub(crate) mod tests {
             fenced: BTreeMap::new(),
             exports: BTreeMap::new(),
             creator: None,
+            ephemeral: None,
         }
     }
 

@@ -500,31 +500,7 @@ impl Rig {
         }
         let strace = Strace::attach(self.node.pid(), syscall, n, &self.root);
         let result = self.call(&vol, op).await;
-        // The client's names for a connection the driver's death broke; the driver itself
-        // never answers them.
-        let broken = result.as_ref().err().is_some_and(|status| {
-            matches!(
-                status.code(),
-                Code::Unavailable | Code::Unknown | Code::Cancelled
-            )
-        });
-        let wait = if broken {
-            Duration::from_secs(10)
-        } else {
-            Duration::ZERO
-        };
-        let mut died = self.node.killed_within(wait)?;
-        let killed = strace.finish(died);
-        // Whatever the client made of it, a killed driver answers no probe.
-        if killed.is_some() && !died && self.node.csi.probe(csi::ProbeRequest {}, T).await.is_err()
-        {
-            died = self.node.killed_within(Duration::from_secs(10))?;
-        }
-        if broken && !died {
-            return Err(format!(
-                "the connection broke, the driver lives: {result:?}"
-            ));
-        }
+        let (killed, died) = kill_outcome(&mut self.node, strace, &result).await?;
         let Some(call) = killed else {
             result.map_err(|e| format!("{op:?} failed, nothing killed: {e}"))?;
             self.check(&vol, op)
@@ -847,16 +823,38 @@ fn backing_file(device: &str) -> Option<PathBuf> {
     Some(PathBuf::from(file.trim_end_matches('\n')))
 }
 
-/// The mount options of each mount at exactly `path` (mounts stacked there count each).
-fn mounts_at(path: &Path) -> Vec<String> {
-    let point = path.display().to_string();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .map(|line| line.split(' ').collect::<Vec<_>>())
-        .filter(|fields| fields.get(4) == Some(&point.as_str()))
-        .map(|fields| fields[5].to_string())
-        .collect()
+/// What a kill did to the call that ended with `result`: the call that was killed (if one
+/// was) and whether the driver died of it.
+async fn kill_outcome<T: fmt::Debug>(
+    node: &mut Driver,
+    strace: Strace,
+    result: &Result<T, Status>,
+) -> Result<(Option<String>, bool), String> {
+    // The client's names for a connection the driver's death broke; the driver itself never
+    // answers them.
+    let broken = result.as_ref().err().is_some_and(|status| {
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        )
+    });
+    let wait = if broken {
+        Duration::from_secs(10)
+    } else {
+        Duration::ZERO
+    };
+    let mut died = node.killed_within(wait)?;
+    let killed = strace.finish(died);
+    // Whatever the client made of it, a killed driver answers no probe.
+    if killed.is_some() && !died && node.csi.probe(csi::ProbeRequest {}, T).await.is_err() {
+        died = node.killed_within(Duration::from_secs(10))?;
+    }
+    if broken && !died {
+        return Err(format!(
+            "the connection broke, the driver lives: {result:?}"
+        ));
+    }
+    Ok((killed, died))
 }
 
 /// True when the crash points can run: root, and strace on the PATH. Under `CI=true` their
@@ -925,4 +923,221 @@ async fn an_ext4_volume_the_node_exports_survives_a_kill_at_every_node_step() {
         Kind::Ext4NodeExport,
     )
     .await;
+}
+
+/// Ephemeral inline volumes: NodePublishVolume (without staging) makes the volume and
+/// NodeUnpublishVolume deletes it. The node instance is killed at every step of either; its
+/// restart alone must leave the volume whole (recorded `Ready`, its data mounted at the
+/// target) or gone (no record, no data, no mount, no target directory), never half made; then
+/// the kubelet retries, or gives a publishing up and unpublishes, and at the end nothing is left.
+#[tokio::test]
+async fn an_inline_volume_survives_a_kill_at_every_node_step() {
+    let test = "an_inline_volume_survives_a_kill_at_every_node_step";
+    if !can_run(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    fs::create_dir_all(root.join("kubelet")).unwrap();
+    let _cleanup = LeftBehind(root.clone());
+    let mut rig = Inline {
+        node: Driver::start(&root, true, true).await,
+        store: Store::open(&root.join("state")).unwrap(),
+        root,
+    };
+    let (mut kills, mut failures, mut tally) = (0, Vec::new(), Vec::new());
+    for (op, after) in [
+        (Op::Publish, After::Retry),
+        (Op::Publish, After::GiveUp),
+        (Op::Unpublish, After::Retry),
+    ] {
+        let mut killed = Vec::new();
+        // A directory volume's steps, and the removal of its data.
+        let steps = Kind::Directory.steps().into_iter().chain(["unlinkat"]);
+        for syscall in steps {
+            for n in 1..=MAX_CALLS {
+                let id = format!("csi-{op:?}-{after:?}-{syscall}-{n}").to_lowercase();
+                match rig.crash_point(&id, op, after, syscall, n).await {
+                    Ok(true) => kills += 1,
+                    Ok(false) => {
+                        if n > 1 {
+                            killed.push(format!("{syscall} {}", n - 1));
+                        }
+                        break;
+                    }
+                    Err(failure) => {
+                        kills += 1;
+                        failures.push(format!("{op:?} ({after:?}), {syscall} #{n}: {failure}"));
+                    }
+                }
+            }
+        }
+        tally.push(format!("{op:?} ({after:?}): {}", killed.join(", ")));
+    }
+    let mounts = mounts_under(&rig.root);
+    let records = rig.store.read().unwrap().volumes.len();
+    let data = fs::read_dir(rig.root.join("state/volumes"))
+        .unwrap()
+        .count();
+    assert!(
+        failures.is_empty() && mounts.is_empty() && records == 0 && data == 0,
+        "{} crash points failed (of {kills} that killed):\n{}\nleft: mounts {mounts:?}, {records} records, {data} data directories",
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "{test}: {kills} crash points, all converged; kills by operation and call:\n{}",
+        tally.join("\n")
+    );
+}
+
+/// The node instance of [`an_inline_volume_survives_a_kill_at_every_node_step`].
+struct Inline {
+    node: Driver,
+    store: Store,
+    root: PathBuf,
+}
+
+impl Inline {
+    fn target(&self, id: &str) -> PathBuf {
+        self.root
+            .join("kubelet")
+            .join(NODE)
+            .join("pods")
+            .join(id)
+            .join("volumes/kubernetes.io~csi/scratch/mount")
+    }
+
+    async fn call(&self, id: &str, op: Op) -> Result<(), Status> {
+        let target = self.target(id);
+        match op {
+            Op::Publish => {
+                fs::create_dir_all(target.parent().unwrap()).unwrap();
+                let request = csi::NodePublishVolumeRequest {
+                    volume_id: id.into(),
+                    target_path: target.display().to_string(),
+                    volume_capability: Some(mount(Mode::SingleNodeWriter)),
+                    volume_context: [(
+                        "csi.storage.k8s.io/ephemeral".to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                    ..Default::default()
+                };
+                self.node
+                    .csi
+                    .node_publish_volume(request, T)
+                    .await
+                    .map(drop)
+            }
+            _ => self
+                .node
+                .csi
+                .node_unpublish_volume(unpublish(id, &target), T)
+                .await
+                .map(drop),
+        }
+    }
+
+    /// `op`, which must succeed, and what it must leave.
+    async fn run(&self, id: &str, op: Op) -> Result<(), String> {
+        self.call(id, op)
+            .await
+            .map_err(|e| format!("{op:?} of {id}: {e}"))?;
+        self.check(id, Some(op == Op::Publish))
+            .map_err(|e| format!("after {op:?} of {id}: {e}"))
+    }
+
+    /// One crash point; whether anything was killed.
+    async fn crash_point(
+        &mut self,
+        id: &str,
+        op: Op,
+        after: After,
+        syscall: &str,
+        n: u32,
+    ) -> Result<bool, String> {
+        if op == Op::Unpublish {
+            self.run(id, Op::Publish).await?;
+        }
+        let strace = Strace::attach(self.node.pid(), syscall, n, &self.root);
+        let result = self.call(id, op).await;
+        let (killed, died) = kill_outcome(&mut self.node, strace, &result).await?;
+        let Some(call) = killed else {
+            result.map_err(|e| format!("{op:?} failed, nothing killed: {e}"))?;
+            self.check(id, Some(op == Op::Publish))?;
+            if op == Op::Publish {
+                self.run(id, Op::Unpublish).await?;
+            }
+            return Ok(false);
+        };
+        let context = |e: String| format!("killed at `{call}`: {e}");
+        if died {
+            self.node = Driver::start(&self.root, true, true).await;
+            self.check(id, None)
+                .map_err(|e| context(format!("after the restart: {e}")))?;
+        }
+        let settled = match after {
+            After::Retry => op,
+            After::GiveUp => Op::Unpublish,
+        };
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            match self.run(id, settled).await {
+                Ok(()) => break,
+                Err(error) => errors.push(error),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if errors.len() == 3 {
+            return Err(context(format!(
+                "the retried {settled:?} never succeeded: {errors:?}"
+            )));
+        }
+        if settled == Op::Publish {
+            self.run(id, Op::Unpublish).await.map_err(context)?;
+        }
+        Ok(true)
+    }
+
+    /// The volume published (`Some(true)`), gone (`Some(false)`), or either (`None`), and
+    /// nothing half way.
+    fn check(&self, id: &str, published: Option<bool>) -> Result<(), String> {
+        let target = self.target(id);
+        let data = self
+            .store
+            .volume_data(id, csi_hostpath::state::Layout::Directory);
+        let state = self.store.read().unwrap();
+        let record = state.volumes.get(id);
+        let whole = record.is_some_and(|v| {
+            v.phase == csi_hostpath::state::Phase::Ready
+                && v.nodes
+                    .get(NODE)
+                    .is_some_and(|u| u.targets.contains_key(&target.display().to_string()))
+        }) && mounts_at(&target).len() == 1
+            && data.is_dir();
+        let gone =
+            record.is_none() && mounts_at(&target).is_empty() && !data.exists() && !target.exists();
+        let fine = match published {
+            Some(true) => whole,
+            Some(false) => gone,
+            None => whole || gone,
+        };
+        if !fine {
+            return Err(format!(
+                "neither whole nor gone: record {:?}, {} mounts at the target, data {}, target {}",
+                record.map(|v| v.phase),
+                mounts_at(&target).len(),
+                data.exists(),
+                target.exists()
+            ));
+        }
+        if whole {
+            fs::write(target.join("marker"), id).map_err(|e| format!("writing: {e}"))?;
+            if fs::read(data.join("marker")).ok().as_deref() != Some(id.as_bytes()) {
+                return Err("the target does not reach the volume's data".into());
+            }
+        }
+        Ok(())
+    }
 }

@@ -284,3 +284,16 @@ pub async fn connect_ready(socket: &Path) -> CsiConnection {
     csi.probe_until_ready(T).await.unwrap();
     csi
 }
+
+/// The mount options of each mount at exactly `path` (mounts stacked there count each), as
+/// `/proc/self/mountinfo` has them: the mount's own flags (`ro,nosuid,nodev,...`).
+pub fn mounts_at(path: &Path) -> Vec<String> {
+    let point = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .filter(|fields| fields.get(4) == Some(&point.as_str()))
+        .map(|fields| fields[5].to_string())
+        .collect()
+}
