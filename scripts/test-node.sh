@@ -4,7 +4,8 @@
 #      (the Dockerfile's runtime stage) as an image tarball, imported into the node;
 #   2. installs the chart with the reference driver; the registrar registers with the kubelet;
 #   3. smoke: claim -> provisioned -> attached -> staged/published by the kubelet -> a real
-#      container writes and reads -> deleted -> PV and volume gone, no mount left;
+#      container writes and reads -> deleted -> PV and volume gone, no mount left; then a pod's
+#      CSI ephemeral inline volume: made by the driver, written and read, gone with the pod;
 #   4. fencing against a real writer: a protected pod keeps appending numbered records; the
 #      node's kubelet is stopped (its containers keep running); podmon fences and cleans up;
 #      no record lands after the fence; the kubelet comes back and the node is untainted;
@@ -225,7 +226,8 @@ installed=1
 "$helm" install "$RELEASE" charts/csi-suite --namespace "$NAMESPACE" \
   --set storageClass.create=true --set driver.controller.node="$NODE" \
   --set podmon.skipArrayConnectionValidation=true --set podmon.maxEvacuatedFraction=1 --set podmon.arrayConnectivityPollRate=2 \
-  --set inventory.serve.enabled=true "${cosi_values[@]}" \
+  --set inventory.serve.enabled=true --set 'csiDriver.volumeLifecycleModes={Persistent,Ephemeral}' \
+  "${cosi_values[@]}" \
   --wait --timeout "${TIMEOUT}s"
 until_ok "$TIMEOUT" "the kubelet registered $DRIVER (CSINode $NODE)" \
   has -w "$DRIVER" "$kubectl" get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}'
@@ -293,6 +295,64 @@ until_ok "$TIMEOUT" "PV $pv deleted" sh -c "! '$kubectl' get pv '$pv'"
 lacks -F "/$pv/" findmnt -rn -o TARGET || fail "a mount of $pv is left on the host"
 [ -z "$(ls "$STATE_DIR/exports/$NODE" 2>/dev/null)" ] || fail "an export is left in $STATE_DIR/exports/$NODE"
 echo "   ok: PV, volume, export and mounts gone"
+
+# record ID: the driver's record of volume ID, as JSON; fails when there is none. The state
+# file: a header line, the state as of its last compaction, then one line per committed change
+# (the rows it changed; null: removed). A last line without its newline is a write under way,
+# not committed.
+record() {
+  python3 - "$STATE_DIR/state.log" "$1" <<'PY'
+import json, sys
+lines = open(sys.argv[1], "rb").read().split(b"\n")
+state = json.loads(lines[1])
+for line in lines[2:-1]:
+    for volume_id, volume in json.loads(line).get("volumes", {}).items():
+        if volume is None:
+            state["volumes"].pop(volume_id, None)
+        else:
+            state["volumes"][volume_id] = volume
+volume = state["volumes"].get(sys.argv[2])
+if volume is None:
+    sys.exit(1)
+print(json.dumps(volume))
+PY
+}
+not_recorded() { ! record "$1" >/dev/null; }
+
+echo "== inline: a CSI ephemeral inline volume, made for its pod and gone with it"
+namespace inline
+"$kubectl" -n inline apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: inline}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: inline
+      image: ${BUSYBOX:-registry.local/busybox:1}
+      command: [sh, -c, 'echo written-inline > /scratch/proof && exec sleep 3600']
+      volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes:
+    - name: scratch
+      csi: {driver: $DRIVER, volumeAttributes: {color: blue}}
+YAML
+"$kubectl" -n inline wait pod/inline --for=condition=Ready --timeout "${TIMEOUT}s" >/dev/null
+has -x written-inline "$kubectl" -n inline exec inline -- cat /scratch/proof ||
+  fail "the inline pod did not read back what it wrote"
+# The kubelet's handle of an inline volume: csi-<sha256 of the pod's UID and the volume's name>.
+uid=$("$kubectl" -n inline get pod inline -o jsonpath='{.metadata.uid}')
+inline=csi-$(printf '%s%s' "$uid" scratch | sha256sum | cut -d' ' -f1)
+has -x written-inline cat "$STATE_DIR/volumes/$inline/proof" ||
+  fail "the inline pod's file is not in the driver's volume $inline"
+has -F '"color": "blue"' record "$inline" || fail "no record of the inline volume $inline"
+has -F "/pods/$uid/volumes/kubernetes.io~csi/scratch/mount" findmnt -rn -o TARGET ||
+  fail "the inline volume is not mounted in the pod's directory"
+echo "   ok: a real container wrote and read its inline volume $inline"
+"$kubectl" delete namespace inline --wait --timeout "${TIMEOUT}s" >/dev/null
+until_ok "$TIMEOUT" "inline volume $inline deleted with its pod" not_recorded "$inline"
+[ ! -e "$STATE_DIR/volumes/$inline" ] || fail "the data of the inline volume $inline is left"
+lacks -F "/pods/$uid/" findmnt -rn -o TARGET || fail "a mount of the inline pod is left on the host"
+echo "   ok: the inline volume's record, data and mount gone"
 
 if [ -z "$managed" ]; then
   echo "skipped fencing against a real writer: it stops the kubelet of $K8S/node"
@@ -378,21 +438,10 @@ kill "$(cat "$NODE_DIR/kubelet.pid")"
 stopped_at=$(count)
 until_ok 30 "the container writing on without its kubelet" sh -c "[ \$(wc -l < '$records') -gt $((stopped_at + 20)) ]"
 fenced() {
-  # The driver's state file: a header line, the state as of its last compaction, then one line
-  # per committed change (the rows it changed; null: removed). A last line without its newline
-  # is a write under way, not committed.
-  python3 - "$STATE_DIR/state.log" "$handle" "$NODE" <<'PY'
-import json, sys
-lines = open(sys.argv[1], "rb").read().split(b"\n")
-state = json.loads(lines[1])
-for line in lines[2:-1]:
-    for volume_id, volume in json.loads(line).get("volumes", {}).items():
-        if volume is None:
-            state["volumes"].pop(volume_id, None)
-        else:
-            state["volumes"][volume_id] = volume
-sys.exit(0 if sys.argv[3] in state["volumes"].get(sys.argv[2], {}).get("fenced", {}) else 1)
-PY
+  local volume
+  volume=$(record "$handle") || return 1
+  python3 -c 'import json, sys; sys.exit(0 if sys.argv[2] in json.loads(sys.argv[1]).get("fenced", {}) else 1)' \
+    "$volume" "$NODE"
 }
 until_ok "$TIMEOUT" "the driver fenced $NODE from the volume" fenced
 [ ! -e "$STATE_DIR/exports/$NODE/$handle" ] || fail "the export of $handle to $NODE is still there"
