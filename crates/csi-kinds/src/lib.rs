@@ -17,6 +17,8 @@
 //! - [`groupsnapshot`] the groupsnapshot.storage.k8s.io kinds (VolumeGroupSnapshot,
 //!   VolumeGroupSnapshotContent, VolumeGroupSnapshotClass), their versions and CRDs;
 //! - [`label_selector`] `metav1.LabelSelector` matching;
+//! - [`migration`] CSI migration of in-tree volume plugins: StorageClasses and PVs translated
+//!   as csi-translation-lib does;
 //! - [`node_selector`] `v1.NodeSelector` matching;
 //! - [`objectstorage`] the objectstorage.k8s.io/v1alpha1 kinds of COSI (BucketClass,
 //!   BucketClaim, Bucket, BucketAccessClass, BucketAccess) and their CRDs;
@@ -80,6 +82,8 @@ pub mod groupsnapshot;
 pub mod kubelet_paths;
 #[cfg(feature = "api")]
 pub mod label_selector;
+#[cfg(feature = "api")]
+pub mod migration;
 pub mod names;
 #[cfg(feature = "api")]
 pub mod node_selector;
