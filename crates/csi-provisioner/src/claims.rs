@@ -7,6 +7,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
 use csi_kinds::annotations::{BETA_STORAGE_PROVISIONER, SELECTED_NODE, STORAGE_PROVISIONER};
+use csi_kinds::migration::{MIGRATED_TO, Plugin};
 const ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 /// The finalizer a clone's source claim carries while the clone is provisioned.
 pub const CLONING_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
@@ -45,18 +46,19 @@ pub enum ClaimDecision {
         selected_node: Option<String>,
     },
     /// The class names another provisioner: upstream's library logs "Unknown provisioner
-    /// requested in claim's StorageClass" and leaves the claim. This is where a claim of CSI
-    /// migration lands (`pv.kubernetes.io/migrated-to` naming the driver, its class naming the
-    /// in-tree plugin), as upstream for a driver csi-translation-lib has no translation for:
-    /// it is not provisioned with untranslated in-tree parameters.
+    /// requested in claim's StorageClass" and leaves the claim. A class naming an in-tree
+    /// plugin lands here unless it is the plugin the driver migrated from
+    /// ([`csi_kinds::migration::Plugin::for_driver`]): for any other plugin there is no
+    /// translation, and the claim is not provisioned with untranslated in-tree parameters.
     ForeignClass {
         provisioner: String,
     },
 }
 
-/// The claim is ours and ready to provision? The storage-provisioner annotation (GA, else beta)
-/// must name the driver, as upstream's `shouldProvision` (`migrated-to` alone does not make a
-/// claim ours), and so must its class; a WaitForFirstConsumer class needs selected-node.
+/// The claim is ours and ready to provision? It must be [`annotated_for`] the driver, as
+/// upstream's `shouldProvision`, and its class must name the driver or the in-tree plugin the
+/// driver migrated from (CSI migration: its parameters are translated); a WaitForFirstConsumer
+/// class needs selected-node.
 pub fn decide(
     claim: &PersistentVolumeClaim,
     driver: &str,
@@ -81,7 +83,7 @@ pub fn decide(
     if delayed && selected_node.is_none() {
         return Ok(ClaimDecision::WaitForNode);
     }
-    if class.provisioner != driver {
+    if class.provisioner != driver && migrated_from(driver) != Some(class.provisioner.as_str()) {
         return Ok(ClaimDecision::ForeignClass {
             provisioner: class.provisioner.clone(),
         });
@@ -89,15 +91,28 @@ pub fn decide(
     Ok(ClaimDecision::Provision { selected_node })
 }
 
-/// The claim's storage-provisioner annotation (GA, else beta) names `driver`: the claim is this
+/// The claim's storage-provisioner annotation (GA, else beta) names `driver`, or under CSI
+/// migration names the in-tree plugin `driver` migrated from while `pv.kubernetes.io/migrated-to`
+/// names `driver` (upstream's `ShouldProvision` with the in-tree name among the library's
+/// known provisioners; `migrated-to` alone does not make a claim ours): the claim is this
 /// driver's to provision, and only then is our finalizer on it this provisioner's to remove
 /// (every driver's provisioner uses the same finalizer name).
 pub fn annotated_for(claim: &PersistentVolumeClaim, driver: &str) -> bool {
     let annotations = claim.annotations();
-    annotations
+    let Some(provisioner) = annotations
         .get(STORAGE_PROVISIONER)
         .or_else(|| annotations.get(BETA_STORAGE_PROVISIONER))
-        .is_some_and(|p| p == driver)
+    else {
+        return false;
+    };
+    provisioner == driver
+        || (migrated_from(driver) == Some(provisioner.as_str())
+            && annotations.get(MIGRATED_TO).is_some_and(|d| d == driver))
+}
+
+/// The in-tree plugin `driver` took over under CSI migration, if any.
+pub fn migrated_from(driver: &str) -> Option<&'static str> {
+    Plugin::for_driver(driver).map(Plugin::in_tree_name)
 }
 
 /// A claim's data source after normalisation.
@@ -317,8 +332,6 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    use crate::deletion::MIGRATED_TO;
-
     const DRIVER: &str = "csi.example.com";
 
     fn claim(value: Value) -> PersistentVolumeClaim {
@@ -419,6 +432,54 @@ mod tests {
         ];
         for (what, claim, class, expected) in table {
             assert_eq!(decide(&claim, DRIVER, class), expected, "{what}");
+        }
+        // The GCE PD driver's provisioner takes the claims of gce-pd classes the PV controller
+        // handed to it (as a 1.28 kube-controller-manager does: the CSI name in
+        // storage-provisioner, and migrated-to), and no other plugin's.
+        const PD: &str = "pd.csi.storage.gke.io";
+        let provision = Ok(ClaimDecision::Provision {
+            selected_node: None,
+        });
+        let migrated = [
+            (
+                "handed over",
+                ours(json!({STORAGE_PROVISIONER: PD, MIGRATED_TO: PD})),
+                "kubernetes.io/gce-pd",
+                provision.clone(),
+            ),
+            (
+                "in-tree name and migrated-to",
+                ours(json!({BETA_STORAGE_PROVISIONER: "kubernetes.io/gce-pd", MIGRATED_TO: PD})),
+                "kubernetes.io/gce-pd",
+                provision.clone(),
+            ),
+            (
+                "in-tree name, not migrated",
+                ours(json!({STORAGE_PROVISIONER: "kubernetes.io/gce-pd"})),
+                "kubernetes.io/gce-pd",
+                Ok(ClaimDecision::Ignore),
+            ),
+            (
+                "another plugin's class",
+                ours(json!({STORAGE_PROVISIONER: PD, MIGRATED_TO: PD})),
+                "kubernetes.io/aws-ebs",
+                Ok(ClaimDecision::ForeignClass {
+                    provisioner: "kubernetes.io/aws-ebs".into(),
+                }),
+            ),
+            (
+                "its own CSI class",
+                ours(json!({STORAGE_PROVISIONER: PD})),
+                PD,
+                provision,
+            ),
+        ];
+        for (what, claim, provisioner, expected) in migrated {
+            let class = StorageClass {
+                provisioner: provisioner.into(),
+                ..class("Immediate")
+            };
+            assert_eq!(decide(&claim, PD, Some(&class)), expected, "{what}");
         }
         let bound = claim(
             json!({"metadata": {"name": "c", "annotations": {STORAGE_PROVISIONER: DRIVER}}, "spec": {"volumeName": "pv"}}),

@@ -4,13 +4,15 @@
 //! references the PV. Pure: inputs → [`VolumePlan`].
 
 use csi_kinds::secrets::{DeletionSecret, deletion_secret};
+
+use crate::claims::migrated_from;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 
 /// The finalizer on PVs whose volume the provisioner deletes (HonorPVReclaimPolicy, KEP-2644).
 pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 use csi_kinds::annotations::PROVISIONED_BY;
-pub const MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+pub use csi_kinds::migration::MIGRATED_TO;
 pub const DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
 pub const DELETION_SECRET_NAMESPACE: &str =
     "volume.kubernetes.io/provisioner-deletion-secret-namespace";
@@ -34,15 +36,18 @@ pub enum VolumePlan {
     NotCsi,
 }
 
-/// Whether the provisioner named `driver` handles this PV: by `provisioned-by` (or
-/// `migrated-to`), or for a static PV without that annotation by `spec.csi.driver`.
+/// Whether the provisioner named `driver` handles this PV: by `provisioned-by` (the driver, or
+/// the in-tree plugin it migrated from, as upstream's additional provisioner name) or
+/// `migrated-to`, or for a static PV without that annotation by `spec.csi.driver`.
 pub fn is_ours(volume: &PersistentVolume, driver: &str) -> bool {
     let annotations = volume.annotations();
     if annotations.get(MIGRATED_TO).is_some_and(|d| d == driver) {
         return true;
     }
     match annotations.get(PROVISIONED_BY) {
-        Some(provisioner) => provisioner == driver,
+        Some(provisioner) => {
+            provisioner == driver || migrated_from(driver) == Some(provisioner.as_str())
+        }
         None => volume
             .spec
             .as_ref()
@@ -218,6 +223,19 @@ mod tests {
             json!({"annotations": {PROVISIONED_BY: "kubernetes.io/gce-pd", MIGRATED_TO: DRIVER}}),
         );
         assert!(is_ours(&migrated, DRIVER));
+        // The EBS driver's provisioner deletes the volumes provisioned as aws-ebs volumes (its
+        // additional provisioner name upstream), and no other plugin's.
+        let ebs = |plugin: &str| {
+            pv(
+                "Released",
+                "Delete",
+                true,
+                json!({"annotations": {PROVISIONED_BY: plugin}}),
+            )
+        };
+        assert!(is_ours(&ebs("kubernetes.io/aws-ebs"), "ebs.csi.aws.com"));
+        assert!(!is_ours(&ebs("kubernetes.io/gce-pd"), "ebs.csi.aws.com"));
+        assert!(!is_ours(&ebs("kubernetes.io/aws-ebs"), DRIVER));
         // A static PV (no provisioned-by) is ours by its CSI driver; no recorded secret means the
         // StorageClass is consulted.
         let static_pv = pv("Released", "Delete", true, json!({"annotations": {}}));

@@ -110,6 +110,9 @@ pub enum Refusal {
     Request(#[from] RequestError),
     #[error(transparent)]
     Parameters(#[from] SecretsError),
+    /// A class of the in-tree plugin the driver migrated from that cannot be translated.
+    #[error("failed to translate storage class: {0}")]
+    Migration(#[from] csi_kinds::migration::MigrationError),
     /// Upstream wraps every GenerateAccessibilityRequirements error so.
     #[error("error generating accessibility requirements: {0}")]
     Topology(#[from] TopologyError),

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use csi_kinds::migration::{MigrationError, Plugin};
 use csi_kinds::quantity::binary_si;
 use csi_kinds::secrets::{SecretRefs, deletion_secret_annotations, modify_secret_annotations};
 use csi_proto::csi::v1 as csi;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, SecretReference};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, SecretReference};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -114,11 +115,28 @@ pub fn persistent_volume(inputs: &PvInputs<'_>) -> Value {
     })
 }
 
+/// Why a created volume's PV cannot be written as the in-tree plugin's.
+#[derive(Debug, thiserror::Error)]
+pub enum InTreeError {
+    #[error("failed to translate CSI PV to in-tree: {0}")]
+    Translation(#[from] MigrationError),
+    #[error("building the PV: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// CSI migration: the PV of [`persistent_volume`] as the in-tree plugin's PV, which is how the
+/// PV controller and everything before migration know the volume (upstream's
+/// `TranslateCSIPVToInTree` after `Provision`).
+pub fn in_tree_volume(pv: Value, plugin: Plugin) -> Result<Value, InTreeError> {
+    let mut volume: PersistentVolume = serde_json::from_value(pv)?;
+    plugin.csi_to_in_tree(&mut volume)?;
+    Ok(serde_json::to_value(volume)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use csi_kinds::secrets::SecretRef;
-    use k8s_openapi::api::core::v1::PersistentVolume;
 
     #[test]
     fn the_pv_carries_claim_class_volume_and_secrets() {
@@ -199,5 +217,82 @@ mod tests {
         assert_eq!(attributes["origin"], "test");
         assert!(spec.node_affinity.is_some());
         assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
+    }
+
+    #[test]
+    fn migrated_volumes_are_written_as_in_tree_volumes() {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": "u1"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp2"},
+        }))
+        .unwrap();
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "gp2"}, "provisioner": "kubernetes.io/aws-ebs",
+            "parameters": {"type": "gp2", "fsType": "ext4"},
+        }))
+        .unwrap();
+        let volume = csi::Volume {
+            volume_id: "vol-0abc".into(),
+            capacity_bytes: 1 << 30,
+            accessible_topology: vec![csi::Topology {
+                segments: [(
+                    "topology.ebs.csi.aws.com/zone".to_string(),
+                    "us-east-1a".to_string(),
+                )]
+                .into(),
+            }],
+            ..Default::default()
+        };
+        let value = persistent_volume(&PvInputs {
+            name: "pvc-u1",
+            driver: "ebs.csi.aws.com",
+            identity: "1-2-ebs.csi.aws.com",
+            claim: &claim,
+            class: &class,
+            volume: &volume,
+            bytes: 1 << 30,
+            fs_type: "ext4",
+            secrets: &SecretRefs::default(),
+            controller_publish_readonly: false,
+            topology: true,
+            attributes_class: None,
+        });
+        let written = in_tree_volume(value, Plugin::AwsEbs).unwrap();
+        let pv: PersistentVolume = serde_json::from_value(written).unwrap();
+        assert_eq!(pv.annotations()[PROVISIONED_BY], "kubernetes.io/aws-ebs");
+        assert_eq!(pv.finalizers(), [PV_FINALIZER]);
+        assert_eq!(pv.labels()["topology.kubernetes.io/zone"], "us-east-1a");
+        assert_eq!(pv.labels()["topology.kubernetes.io/region"], "us-east-1");
+        let spec = pv.spec.unwrap();
+        assert!(spec.csi.is_none());
+        let ebs = spec.aws_elastic_block_store.unwrap();
+        assert_eq!(ebs.volume_id, "vol-0abc");
+        assert_eq!(ebs.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("gp2"));
+        let terms = spec
+            .node_affinity
+            .unwrap()
+            .required
+            .unwrap()
+            .node_selector_terms;
+        let keys: Vec<&str> = terms[0]
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| r.key.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "topology.kubernetes.io/zone",
+                "topology.kubernetes.io/region"
+            ]
+        );
+        let mut not_csi = json!({"metadata": {"name": "pvc-u1"}, "spec": {}});
+        not_csi["spec"]["csi"] = Value::Null;
+        assert!(matches!(
+            in_tree_volume(not_csi, Plugin::AwsEbs),
+            Err(InTreeError::Translation(MigrationError::NotCsi))
+        ));
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_kinds::migration::Plugin;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -56,6 +57,8 @@ pub struct Provisioning {
     /// The live class, or once protected, the one recorded when provisioning started.
     pub class: Arc<StorageClass>,
     pub selected_node: Option<String>,
+    /// The in-tree plugin of the class under CSI migration: the PV is written as its volume.
+    pub migration: Option<Plugin>,
 }
 
 /// Whether the claim's volume is in the PV cache.
@@ -173,9 +176,18 @@ pub fn next_step(
     if let Some(wait) = lookups.infeasible(&uid, &class.uid().unwrap_or_default()) {
         return ClaimStep::Infeasible { wait };
     }
+    // CSI migration: a class naming the in-tree plugin the driver took over is translated for
+    // CreateVolume; the PV is built from the class as it is, and written as an in-tree PV.
+    let migration = Plugin::for_in_tree_name(&class.provisioner)
+        .filter(|plugin| plugin.csi_driver() == policy.driver.name);
+    let translated = match migration.map(|plugin| plugin.storage_class_to_csi(&class)) {
+        None => None,
+        Some(Ok(translated)) => Some(translated),
+        Some(Err(error)) => return ClaimStep::Refused(Refusal::Migration(error)),
+    };
     let inputs = provision::Claim {
         claim,
-        class: &class,
+        class: translated.as_ref().unwrap_or(&class),
         name: &name,
         selected_node: selected_node.as_deref(),
         fallback_hash: observed.fallback_hash,
@@ -185,6 +197,7 @@ pub fn next_step(
             plan,
             class,
             selected_node,
+            migration,
         })),
         Ok(Decision::Populator { kind }) => ClaimStep::Populator { kind },
         Ok(Decision::Reschedule { node }) => ClaimStep::Reschedule { node },

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::protection::{self, PROVISIONING_CLASS, PROVISIONING_PROTECTION};
 use crate::provision::{ProvisionPlan, Refusal};
-use crate::pv::{PvInputs, persistent_volume};
+use crate::pv::{PvInputs, in_tree_volume, persistent_volume};
 use crate::request::{self, Outcome, SaveFailure};
 use crate::step::{self, ClaimLookups, ClaimStep, Observed, Provisioning, Volume};
 use crate::sync_error::SyncError;
@@ -239,6 +239,7 @@ impl Provisioner {
             plan,
             class,
             selected_node,
+            migration,
         } = provisioning;
         let (class, name) = (&*class, plan.name.as_str());
         let (content_source, protected_source) =
@@ -287,6 +288,28 @@ impl Provisioner {
             topology: plan.topology_supported,
             attributes_class: plan.attributes_class.as_deref(),
         });
+        let pv = match migration {
+            None => pv,
+            Some(plugin) => match in_tree_volume(pv, plugin) {
+                Ok(pv) => pv,
+                // As upstream: a volume whose PV cannot be written is deleted again.
+                Err(error) => {
+                    let cleanup_failed = |status: &tonic::Status| {
+                        (
+                            "ProvisioningFailed",
+                            format!(
+                                "{error}; deleting volume {}: {}",
+                                volume.volume_id,
+                                GoStatus(status)
+                            ),
+                        )
+                    };
+                    self.abandon(claim, &volume.volume_id, secrets, cleanup_failed)
+                        .await?;
+                    return self.failed(claim, error.to_string()).await;
+                }
+            },
+        };
         // Boxed: the PV and its create request are the largest state of a provisioning
         // sync; inline they would size every running one's future.
         Box::pin(self.save(claim, pv, &volume.volume_id, secrets)).await?;

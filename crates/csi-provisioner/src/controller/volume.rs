@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_grpc::conn::GoStatus;
+use csi_kinds::migration;
 use csi_kinds::secrets::{self, DeletionSecret, SecretRef, TemplateInputs};
 use csi_proto::csi::v1 as csi;
 use csi_sidecar::finalizers::{add_builtin_finalizer, remove_builtin_finalizer};
@@ -66,11 +67,19 @@ impl Provisioner {
                 remove_builtin_finalizer(&api, &volume, PV_FINALIZER).await?;
                 Ok(())
             }
-            // Upstream's words for a PV of ours without a CSI source.
-            VolumePlan::NotCsi => {
-                self.delete_failed(&volume, "invalid CSI PV".to_string())
-                    .await
-            }
+            // CSI migration: the cache keeps no in-tree source, so the PV as stored says whether
+            // it is an in-tree volume the driver took over; deleted as its CSI form. Otherwise
+            // upstream's words for a PV of ours without a CSI source.
+            VolumePlan::NotCsi => match self.migrated_volume(&api, name).await {
+                Ok(Some(translated)) => {
+                    Box::pin(self.carry_out_volume_plan(name, Arc::new(translated))).await
+                }
+                Ok(None) => {
+                    self.delete_failed(&volume, "invalid CSI PV".to_string())
+                        .await
+                }
+                Err(message) => self.delete_failed(&volume, message).await,
+            },
             VolumePlan::StillAttached => {
                 let node = attached_to.unwrap_or_default();
                 let message = format!("persistentvolume {name} is still attached to node {node}");
@@ -125,6 +134,20 @@ impl Provisioner {
                 Ok(())
             }
         }
+    }
+
+    /// The PV `name` as stored, as the CSI volume of its in-tree source (`None`: it has none
+    /// that migrates); an error message when it cannot be read or translated.
+    async fn migrated_volume(
+        &self,
+        api: &Api<PersistentVolume>,
+        name: &str,
+    ) -> Result<Option<PersistentVolume>, String> {
+        let stored = api
+            .get(name)
+            .await
+            .map_err(|error| format!("reading PV {name}: {error}"))?;
+        migration::in_tree_to_csi(&stored).map_err(|error| error.to_string())
     }
 
     /// DeleteVolume's secrets. As upstream: a Secret that cannot be read is logged and the

@@ -531,3 +531,59 @@ fn a_provisioning_carries_the_plan_for_its_volume_name() {
     assert_eq!(requisite.len(), 1);
     assert_eq!(provisioning.plan.requested_bytes, 1 << 30);
 }
+
+/// CSI migration: the EBS driver's provisioner translates a claim's `kubernetes.io/aws-ebs`
+/// class for CreateVolume and keeps the class itself for the PV; another plugin's class is
+/// not its, and a class that cannot be translated is refused with upstream's words.
+#[test]
+fn migrated_classes_are_translated_for_create_volume() {
+    let mut driver = driver();
+    driver.name = "ebs.csi.aws.com".to_string();
+    driver.plugin.volume_accessibility_constraints = false;
+    let claim = claim(json!({"metadata": {"annotations": {
+        STORAGE_PROVISIONER: "ebs.csi.aws.com", csi_kinds::migration::MIGRATED_TO: "ebs.csi.aws.com"}}}));
+    let step = |class: StorageClass| {
+        let observed = Observed {
+            in_flight: None,
+            volume_name: Ok("pvc-uid-1".to_string()),
+            volume: Volume::Absent,
+            class: Some(Arc::new(class)),
+            fallback_hash: 0,
+        };
+        next_step(&claim, observed, &policy(&driver), None, &Caches::default())
+    };
+    let gp2 = class(json!({"provisioner": "kubernetes.io/aws-ebs",
+        "parameters": {"type": "gp2", "fsType": "xfs", "encrypted": "true"}}));
+    let ClaimStep::Provision(provisioning) = step(gp2) else {
+        panic!("not provisioned");
+    };
+    assert_eq!(
+        provisioning.plan.parameters,
+        BTreeMap::from([
+            ("encrypted".to_string(), "true".to_string()),
+            ("type".to_string(), "gp2".to_string()),
+        ])
+    );
+    assert_eq!(provisioning.plan.fs_type, "xfs");
+    assert_eq!(provisioning.migration, Some(Plugin::AwsEbs));
+    assert_eq!(provisioning.class.provisioner, "kubernetes.io/aws-ebs");
+    let pd = class(json!({"provisioner": "kubernetes.io/gce-pd"}));
+    assert_eq!(describe(&step(pd)), "ForeignClass kubernetes.io/gce-pd");
+    let both = class(
+        json!({"provisioner": "kubernetes.io/aws-ebs", "parameters": {"zone": "us-east-1a"},
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": "topology.kubernetes.io/zone", "values": ["us-east-1b"]}]}]}),
+    );
+    assert_eq!(
+        describe(&step(both)),
+        "Refused: failed to translate storage class: cannot simultaneously set allowed topologies and zone/zones parameters"
+    );
+    let own = class(json!({"provisioner": "ebs.csi.aws.com", "parameters": {"fsType": "xfs"}}));
+    let ClaimStep::Provision(provisioning) = step(own) else {
+        panic!("not provisioned");
+    };
+    assert_eq!(provisioning.migration, None);
+    assert_eq!(
+        provisioning.plan.parameters,
+        BTreeMap::from([("fsType".to_string(), "xfs".to_string())])
+    );
+}
