@@ -11,10 +11,11 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_grpc::conn::DriverInfo;
 use csi_kinds::cached::{CachedAttachment, CachedVolume};
 use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
+use csi_kinds::migration::{self, MigrationError};
 use csi_kinds::secrets::SecretRef;
 use csi_kinds::volume_attachment::NODE_ID_ANNOTATION;
 use csi_proto::csi::v1 as csi;
-use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume};
 use k8s_openapi::api::storage::v1::CSINode;
 
 /// Why a VolumeAttachment cannot be attached or detached. The texts are upstream's: they are
@@ -35,6 +36,9 @@ pub enum AttachError {
     InlineNotCsi,
     #[error("pv spec contained non-csi source that was not migrated")]
     NotCsi,
+    /// An in-tree PV of a migrated plugin whose source cannot be translated.
+    #[error("failed to translate in tree pv to CSI: {0}")]
+    Migration(#[from] MigrationError),
     /// Upstream's CSINode lister's NotFound.
     #[error("csinode.storage.k8s.io \"{node}\" not found")]
     MissingCsiNode { node: String },
@@ -136,8 +140,9 @@ pub struct AttachedVolume {
 pub fn attached_volume(
     va: &CachedAttachment,
     pv: Option<&CachedVolume>,
+    stored: Option<&PersistentVolume>,
 ) -> Result<AttachedVolume, AttachError> {
-    let volume = volume_of(va, pv)?;
+    let volume = volume_of(va, pv, stored)?;
     if pv.is_some_and(|pv| pv.metadata.deletion_timestamp.is_some()) {
         return Err(AttachError::VolumeDeleted(
             volume.pv_name.clone().unwrap_or_default(),
@@ -147,11 +152,17 @@ pub fn attached_volume(
 }
 
 /// Exactly one of `persistentVolumeName` and `inlineVolumeSpec`; a PV must exist and be a CSI
-/// volume. (Detaching needs it too: our finalizer keeps the PV until no VolumeAttachment names
+/// volume, or an in-tree volume of a plugin migrated to CSI (CSI migration: the attach/detach
+/// controller hands such a PV to the CSI driver's attacher, which attaches it as
+/// csi-translation-lib translates it). The cached PV keeps no in-tree source: `stored` is the
+/// PV as stored, read when the cached one has no CSI source ([`AttachError::NotCsi`] without
+/// it). An inline volume's spec is already translated by the attach/detach controller.
+/// (Detaching needs the volume too: our finalizer keeps the PV until no VolumeAttachment names
 /// it.)
 pub fn volume_of(
     va: &CachedAttachment,
     pv: Option<&CachedVolume>,
+    stored: Option<&PersistentVolume>,
 ) -> Result<AttachedVolume, AttachError> {
     let source = &va.spec.source;
     match (&source.persistent_volume_name, &source.inline_volume_spec) {
@@ -170,7 +181,19 @@ pub fn volume_of(
         (Some(pv_name), None) => {
             let pv = pv.ok_or_else(|| AttachError::MissingVolume(pv_name.clone()))?;
             let spec = pv.spec.as_ref().ok_or(AttachError::NotCsi)?;
-            let csi = spec.csi.as_ref().ok_or(AttachError::NotCsi)?;
+            let Some(csi) = spec.csi.as_ref() else {
+                let translated = migration::in_tree_to_csi(stored.ok_or(AttachError::NotCsi)?)?;
+                let spec = translated
+                    .and_then(|pv| pv.spec)
+                    .ok_or(AttachError::NotCsi)?;
+                return Ok(AttachedVolume {
+                    pv_name: Some(pv_name.clone()),
+                    access_modes: spec.access_modes.unwrap_or_default(),
+                    volume_mode: spec.volume_mode,
+                    mount_options: spec.mount_options.unwrap_or_default(),
+                    csi: spec.csi.ok_or(AttachError::NotCsi)?,
+                });
+            };
             Ok(AttachedVolume {
                 pv_name: Some(pv_name.clone()),
                 access_modes: spec.access_modes.clone().unwrap_or_default(),

@@ -21,6 +21,7 @@ use csi_sidecar::lock;
 use csi_sidecar::superseded::Superseded;
 use csi_sidecar::workers::{KeyedWorkers, Offer, Reconciler, SyncFuture, Synced};
 use csi_sidecar::workqueue_metrics::WorkqueueMetrics;
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -459,7 +460,7 @@ impl Attacher {
         va: &CachedAttachment,
     ) -> Result<(CachedAttachment, HashMap<String, String>), Failure> {
         let pv = self.cached_volume(va);
-        let volume = attach::attached_volume(va, pv.as_deref())?;
+        let volume = self.volume(va, pv.as_deref(), true).await?;
         if let Some(pv) = &pv {
             let api: Api<CachedVolume> = Api::all(self.client.clone());
             match Box::pin(add_builtin_finalizer(&api, pv.as_ref(), &self.finalizer)).await {
@@ -551,7 +552,7 @@ impl Attacher {
 
     async fn unpublish(&self, va: &CachedAttachment) -> Result<(), Failure> {
         let pv = self.cached_volume(va);
-        let volume = attach::volume_of(va, pv.as_deref())?;
+        let volume = self.volume(va, pv.as_deref(), false).await?;
         // Upstream's order: the Secret, then the node ID.
         let secrets = self.secrets(&volume).await?;
         let csi_node = self
@@ -564,6 +565,35 @@ impl Attacher {
             .controller_unpublish_volume(request, self.settings.timeout)
             .await?;
         Ok(())
+    }
+
+    /// The volume `va` attaches: [`attach::attached_volume`] when `attaching`, else
+    /// [`attach::volume_of`]. The cache keeps no in-tree source, so a PV without a CSI source
+    /// is read as stored, for CSI migration.
+    async fn volume(
+        &self,
+        va: &CachedAttachment,
+        pv: Option<&CachedVolume>,
+        attaching: bool,
+    ) -> Result<AttachedVolume, Failure> {
+        let of = |stored: Option<&PersistentVolume>| {
+            if attaching {
+                attach::attached_volume(va, pv, stored)
+            } else {
+                attach::volume_of(va, pv, stored)
+            }
+        };
+        match (of(None), pv) {
+            (Err(AttachError::NotCsi), Some(pv)) => {
+                let name = pv.name_any();
+                let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                let stored = api.get(&name).await.map_err(|error| {
+                    message(format!("reading PersistentVolume {name}: {error}"))
+                })?;
+                Ok(of(Some(&stored))?)
+            }
+            (volume, _) => Ok(volume?),
+        }
     }
 
     fn cached_volume(&self, va: &CachedAttachment) -> Option<Arc<CachedVolume>> {
@@ -715,7 +745,9 @@ impl Attacher {
                 continue;
             }
             let pv = self.cached_volume(&va);
-            let Ok(volume) = attach::volume_of(&va, pv.as_deref()) else {
+            // An in-tree PV (CSI migration) is not read from the API server here: its
+            // attachment is not compared with the driver.
+            let Ok(volume) = attach::volume_of(&va, pv.as_deref(), None) else {
                 continue;
             };
             let csi_node = self

@@ -242,7 +242,7 @@ fn driver_support_from_capabilities() {
 #[test]
 fn attached_volumes() {
     let volume = pv(json!({}));
-    let got = attached_volume(&va(json!({})), Some(&volume)).unwrap();
+    let got = attached_volume(&va(json!({})), Some(&volume), None).unwrap();
     assert_eq!(
         (got.pv_name.as_deref(), got.csi.volume_handle.as_str()),
         (Some("pv-1"), "vol-1")
@@ -252,7 +252,7 @@ fn attached_volumes() {
         json!({"spec": {"source": {"persistentVolumeName": null, "inlineVolumeSpec": {
         "accessModes": ["ReadOnlyMany"], "csi": {"driver": DRIVER, "volumeHandle": "inline-1"}}}}}),
     );
-    let got = attached_volume(&inline, None).unwrap();
+    let got = attached_volume(&inline, None, None).unwrap();
     assert_eq!(
         (got.pv_name, got.csi.volume_handle.as_str()),
         (None, "inline-1")
@@ -274,37 +274,37 @@ fn attached_volumes() {
     let cases = [
         (
             "missing PV",
-            attached_volume(&va(json!({})), None),
+            attached_volume(&va(json!({})), None, None),
             AttachError::MissingVolume("pv-1".into()),
             r#"persistentvolume "pv-1" not found"#,
         ),
         (
             "PV being deleted",
-            attached_volume(&va(json!({})), Some(&deleted)),
+            attached_volume(&va(json!({})), Some(&deleted), None),
             AttachError::VolumeDeleted("pv-1".into()),
             r#"PersistentVolume "pv-1" is marked for deletion"#,
         ),
         (
             "not CSI",
-            attached_volume(&va(json!({})), Some(&not_csi)),
+            attached_volume(&va(json!({})), Some(&not_csi), None),
             AttachError::NotCsi,
             "pv spec contained non-csi source that was not migrated",
         ),
         (
             "inline, not CSI",
-            attached_volume(&inline_not_csi, None),
+            attached_volume(&inline_not_csi, None, None),
             AttachError::InlineNotCsi,
             "inline volume spec contains nil CSI source",
         ),
         (
             "both sources",
-            attached_volume(&both, Some(&volume)),
+            attached_volume(&both, Some(&volume), None),
             AttachError::TwoSources,
             "both InlineCSIVolumeSource and PersistentVolumeName specified in VA source",
         ),
         (
             "no source",
-            attached_volume(&neither, None),
+            attached_volume(&neither, None, None),
             AttachError::NoSource,
             "neither InlineCSIVolumeSource nor PersistentVolumeName specified in VA source",
         ),
@@ -366,7 +366,7 @@ fn request(
     support: DriverSupport,
     default_fstype: &str,
 ) -> Result<csi::ControllerPublishVolumeRequest, AttachError> {
-    let volume = attached_volume(&va(json!({})), Some(&pv(spec))).unwrap();
+    let volume = attached_volume(&va(json!({})), Some(&pv(spec)), None).unwrap();
     publish_request(&volume, default_fstype, support)
 }
 
@@ -452,5 +452,51 @@ fn publish_requests() {
         Err(AttachError::AccessMode(
             CapabilityError::ReadOnlyWithReadWriteOnce
         ))
+    );
+}
+
+/// CSI migration: an in-tree PV the EBS driver's attacher is handed is attached as its CSI
+/// volume (the handle and attributes csi-translation-lib gives it); read as stored, since the
+/// cached PV has no in-tree source. A PV of no migrated plugin stays "not migrated".
+#[test]
+fn in_tree_volumes_attach_as_their_csi_volume() {
+    let ebs = json!({"metadata": {"name": "pv-1"}, "spec": {
+        "accessModes": ["ReadWriteOnce"],
+        "awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-0abc", "fsType": "xfs"}}});
+    let cached: CachedVolume = from(ebs.clone());
+    let stored: PersistentVolume = from(ebs);
+    let va = va(json!({"spec": {"attacher": "ebs.csi.aws.com"}}));
+    assert_eq!(
+        attached_volume(&va, Some(&cached), None),
+        Err(AttachError::NotCsi),
+        "the cached PV alone cannot tell"
+    );
+    let volume = attached_volume(&va, Some(&cached), Some(&stored)).unwrap();
+    assert_eq!(volume.pv_name.as_deref(), Some("pv-1"));
+    assert_eq!(volume.csi.driver, "ebs.csi.aws.com");
+    assert_eq!(volume.csi.volume_handle, "vol-0abc");
+    assert_eq!(
+        volume.csi.volume_attributes,
+        Some([("partition".to_string(), "0".to_string())].into())
+    );
+    let request = publish_request(&volume, "ext4", FULL).unwrap();
+    assert_eq!(request.volume_id, "vol-0abc");
+    assert_eq!(mount_of(&request).fs_type, "xfs");
+    assert_eq!(request.volume_context["partition"], "0");
+
+    let hostpath: PersistentVolume =
+        from(json!({"metadata": {"name": "pv-1"}, "spec": {"hostPath": {"path": "/x"}}}));
+    let cached_hostpath: CachedVolume =
+        from(json!({"metadata": {"name": "pv-1"}, "spec": {"hostPath": {"path": "/x"}}}));
+    assert_eq!(
+        volume_of(&va, Some(&cached_hostpath), Some(&hostpath)),
+        Err(AttachError::NotCsi)
+    );
+    let bad: PersistentVolume = from(json!({"metadata": {"name": "pv-1"},
+        "spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/disk/1"}}}));
+    let error = volume_of(&va, Some(&cached_hostpath), Some(&bad)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "failed to translate in tree pv to CSI: Invalid format for AWS volume (aws://us-east-1a/disk/1)"
     );
 }
