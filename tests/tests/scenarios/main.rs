@@ -21,6 +21,7 @@ mod image;
 mod informer_health;
 mod inventory;
 mod leader_failover;
+mod migration;
 mod node_deployment;
 mod nodes;
 mod podmon;
