@@ -227,9 +227,10 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
 {{- end -}}
 
 {{/* The /metrics endpoints of a pod, as a YAML list of {name, port}: the name of the container
-     port (controller.yaml, node.yaml) and its number. (dict "root" $ "component" "controller")
-     or "node"; livenessprobe's port is named healthz (the driver container declares it, for
-     its liveness probe). */}}
+     port and its number. (dict "root" $ "component" <c>), <c> one of metricsComponents;
+     livenessprobe's port is named healthz (the driver container declares it, for its liveness
+     probe); the snapshot-controller, cosi-controller and cosi-provisioner (the cosi-driver
+     pod) each serve theirs on the port named http. */}}
 {{- define "csi-suite.metricsPorts" -}}
 {{- $v := .root.Values -}}
 {{- $ports := list -}}
@@ -246,8 +247,14 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
 {{- $ports = append $ports (dict "name" "inventory" "port" $v.inventory.serve.port) -}}
 {{- end -}}
 {{- end -}}
-{{- if $v.livenessProbe.enabled -}}
+{{- if and (has .component (list "controller" "node")) $v.livenessProbe.enabled -}}
 {{- $ports = append $ports (dict "name" "healthz" "port" $v.livenessProbe.httpPort) -}}
+{{- end -}}
+{{- $own := dict "snapshot-controller" $v.snapshotController "cosi-controller" $v.cosi.controller "cosi-driver" (dict "enabled" $v.cosi.driver.enabled "httpPort" $v.cosi.provisioner.httpPort) -}}
+{{- with get $own .component -}}
+{{- if .enabled -}}
+{{- $ports = append $ports (dict "name" "http" "port" .httpPort) -}}
+{{- end -}}
 {{- end -}}
 {{- toYaml $ports -}}
 {{- end -}}
@@ -262,5 +269,44 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
 {{- end -}}
 {{- if $enabled -}}
 {{- semverCompare ">=1.21.0-0" .Capabilities.KubeVersion.Version | ternary "policy/v1" "policy/v1beta1" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The workloads (app.kubernetes.io/component) that may have a metrics Service. */}}
+{{- define "csi-suite.metricsComponents" -}}
+{{- list "controller" "node" "snapshot-controller" "cosi-controller" "cosi-driver" | toJson -}}
+{{- end -}}
+
+{{/* A sidecar's command: the binary of the suite image its values name (.command); none when
+     null or empty, so that an image's own entrypoint runs (upstream's images keep theirs at
+     /<binary>, outside PATH). */}}
+{{- define "csi-suite.command" -}}
+{{- with . }}
+command: [{{ join ", " . }}]
+{{- end }}
+{{- end -}}
+
+{{/* A container's liveness probe on its named port, from its livenessProbe values:
+     (dict "probe" <values> "port" <port name> "electing" <bool> "where" <values path>).
+     Nothing when enabled is false. A Go sidecar of upstream serves /healthz/leader-election
+     only with leader election on, and nothing else: that path without leader election
+     would fail every probe, so it is refused. */}}
+{{- define "csi-suite.livenessProbe" -}}
+{{- with .probe -}}
+{{- if .enabled }}
+{{- if and (eq .path "/healthz/leader-election") (not $.electing) }}
+{{- fail (printf "%s.livenessProbe.path /healthz/leader-election is served only with leader election on (leaderElection.enabled, or more than one replica): set it, or set %s.livenessProbe.enabled: false" $.where $.where) }}
+{{- end }}
+livenessProbe:
+  httpGet:
+    path: {{ .path }}
+    port: {{ $.port }}
+  failureThreshold: {{ .failureThreshold }}
+  {{- with .initialDelaySeconds }}
+  initialDelaySeconds: {{ . }}
+  {{- end }}
+  periodSeconds: {{ .periodSeconds }}
+  timeoutSeconds: {{ .timeoutSeconds }}
+{{- end }}
 {{- end -}}
 {{- end -}}

@@ -1877,6 +1877,23 @@ fn bad_values_are_refused_with_the_field_named() {
             "metrics:\n  service:\n    labels: {tier: 1}\n",
             "/metrics/service/labels/tier",
         ),
+        (
+            "provisioner:\n  livenessProbe:\n    path: healthz\n",
+            "/provisioner/livenessProbe/path",
+        ),
+        (
+            "attacher:\n  livenessProbe:\n    pth: /healthz\n",
+            "/attacher/livenessProbe",
+        ),
+        (
+            "snapshotController:\n  livenessProbe:\n    periodSeconds: 0\n",
+            "/snapshotController/livenessProbe/periodSeconds",
+        ),
+        ("registrar:\n  command: registrar\n", "/registrar/command"),
+        (
+            "livenessProbe:\n  command: [\"\"]\n",
+            "/livenessProbe/command/0",
+        ),
         ("cosi:\n  driver:\n    enabled: true\n", "cosi.s3.endpoint"),
         (
             "cosi:\n  driver:\n    enabled: true\n  s3:\n    endpoint: http://s3:9000\n",
@@ -2727,6 +2744,26 @@ fn metrics_endpoints(pod: &Value) -> Vec<i64> {
     ports
 }
 
+/// A metrics Service's ports (its `spec`) are the pod's /metrics endpoints, each named as
+/// the container port it targets and of its number.
+fn assert_metrics_ports(spec: &Value, pod: &Value, service: &str) {
+    let named = named_ports(pod);
+    let mut numbers = Vec::new();
+    for port in spec["ports"].as_array().unwrap() {
+        let target = str(&port["targetPort"]);
+        assert_eq!(port["name"], target, "{service}");
+        assert_eq!(port["protocol"], "TCP", "{service}");
+        assert_eq!(
+            Some(&port["port"].as_i64().unwrap()),
+            named.get(target),
+            "{service}: {target} is no port of the pod: {named:?}"
+        );
+        numbers.push(port["port"].as_i64().unwrap());
+    }
+    numbers.sort_unstable();
+    assert_eq!(numbers, metrics_endpoints(pod), "{service}");
+}
+
 /// Values with every controller sidecar that serves metrics.
 const ALL_METRICS: &str = "snapshotter:
   enabled: true
@@ -2778,21 +2815,7 @@ fn metrics_services_select_the_pods_and_their_metrics_ports() {
                 pod_labels(&rendering, other.0, other.1)
             ));
             let pod = &rendering.get(kind, workload)["spec"]["template"]["spec"];
-            let named = named_ports(pod);
-            let mut numbers = Vec::new();
-            for port in spec["ports"].as_array().unwrap() {
-                let target = str(&port["targetPort"]);
-                assert_eq!(port["name"], target, "{service}");
-                assert_eq!(port["protocol"], "TCP");
-                assert_eq!(
-                    Some(&port["port"].as_i64().unwrap()),
-                    named.get(target),
-                    "{service}: {target} is no port of the pod: {named:?}"
-                );
-                numbers.push(port["port"].as_i64().unwrap());
-            }
-            numbers.sort_unstable();
-            assert_eq!(numbers, metrics_endpoints(pod), "{service} in {values}");
+            assert_metrics_ports(spec, pod, &format!("{service} in {values}"));
         }
     }
     let with_all = Rendering::of(&format!(
@@ -2925,7 +2948,8 @@ fn the_service_monitor_scrapes_every_metrics_port_and_needs_its_crd() {
 fn the_notes_list_the_budget_and_the_metrics_services() {
     let Some(text) = notes(&[
         "--set",
-        "controller.replicas=2,metrics.service.enabled=true,healthMonitor.enabled=true",
+        "controller.replicas=2,metrics.service.enabled=true,healthMonitor.enabled=true,\
+         snapshotController.enabled=true",
     ]) else {
         return;
     };
@@ -2936,6 +2960,7 @@ fn the_notes_list_the_budget_and_the_metrics_services() {
             "PodDisruptionBudget csi-suite-controller (policy/v1)",
             "Service csi-suite-controller-metrics: /metrics on ports attacher, health-monitor, provisioner, resizer, podmon, healthz",
             "Service csi-suite-node-metrics: /metrics on ports healthz",
+            "Service csi-suite-snapshot-controller-metrics: /metrics on ports http",
         ],
     );
     assert!(!text.contains("keeps its only replica"), "{text}");
@@ -2947,4 +2972,356 @@ fn the_notes_list_the_budget_and_the_metrics_services() {
     let default = notes(&[]).unwrap();
     assert!(!default.contains("PodDisruptionBudget"), "{default}");
     assert!(!default.contains("-metrics"), "{default}");
+}
+
+/// The sidecars with an image of kubernetes-csi to swap in, whose command and liveness probe
+/// the values set: (values key, Deployment, container, port name, binary).
+const PROBED: [(&str, &str, &str, &str, &str); 6] = [
+    (
+        "provisioner",
+        "csi-suite-controller",
+        "csi-provisioner",
+        "provisioner",
+        "csi-provisioner",
+    ),
+    (
+        "attacher",
+        "csi-suite-controller",
+        "csi-attacher",
+        "attacher",
+        "csi-attacher",
+    ),
+    (
+        "resizer",
+        "csi-suite-controller",
+        "csi-resizer",
+        "resizer",
+        "csi-resizer",
+    ),
+    (
+        "snapshotter",
+        "csi-suite-controller",
+        "csi-snapshotter",
+        "snapshotter",
+        "csi-snapshotter",
+    ),
+    (
+        "healthMonitor",
+        "csi-suite-controller",
+        "csi-health-monitor",
+        "health-monitor",
+        "csi-health-monitor",
+    ),
+    (
+        "snapshotController",
+        "csi-suite-snapshot-controller",
+        "snapshot-controller",
+        "http",
+        "snapshot-controller",
+    ),
+];
+
+/// Values turning on every sidecar of [`PROBED`].
+const ALL_PROBED: &str = "snapshotter:
+  enabled: true
+healthMonitor:
+  enabled: true
+snapshotController:
+  enabled: true
+";
+
+/// A container of a Deployment's pods.
+fn deployment_container<'a>(rendering: &'a Rendering, deployment: &str, name: &str) -> &'a Value {
+    let pod = &rendering.get("Deployment", deployment)["spec"]["template"]["spec"];
+    container(pod, name).unwrap_or_else(|| panic!("no {name} in {:?}", container_names(pod)))
+}
+
+/// The number of the container port its liveness probe names, which must be the port of its
+/// `--http-endpoint`.
+fn probed_port(container: &Value) -> i64 {
+    let name = &container["livenessProbe"]["httpGet"]["port"];
+    let number =
+        container["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| &p["name"] == name)
+            .unwrap_or_else(|| panic!("the probe's port {name} is none of {}", container["ports"]))
+            ["containerPort"]
+            .as_i64()
+            .unwrap();
+    assert!(
+        has_arg(container, &format!("--http-endpoint=:{number}")),
+        "{}",
+        container["args"]
+    );
+    number
+}
+
+/// Our images keep what the chart always rendered: the binary by name, and a probe of
+/// /healthz (every check of ours) on the sidecar's --http-endpoint, failing at once.
+#[test]
+fn our_sidecars_are_probed_on_healthz_of_their_http_endpoint() {
+    let Some(rendering) = Rendering::of(ALL_PROBED) else {
+        return;
+    };
+    for (_, deployment, name, port, binary) in PROBED {
+        let sidecar = deployment_container(&rendering, deployment, name);
+        assert_eq!(sidecar["command"], serde_json::json!([binary]), "{name}");
+        assert_eq!(
+            sidecar["livenessProbe"],
+            serde_json::json!({
+                "httpGet": {"path": "/healthz", "port": port},
+                "failureThreshold": 1,
+                "periodSeconds": 20,
+                "timeoutSeconds": 10,
+            }),
+            "{name}"
+        );
+        probed_port(sidecar);
+    }
+    let node = rendering.node();
+    for (name, binary) in [
+        ("node-driver-registrar", "csi-node-driver-registrar"),
+        ("liveness-probe", "livenessprobe"),
+    ] {
+        assert_eq!(
+            container(node, name).unwrap()["command"],
+            serde_json::json!([binary])
+        );
+    }
+}
+
+/// The YAML blocks of docs/chart.md's section on upstream's images, in order.
+fn documented_upstream_values() -> Vec<String> {
+    let doc = std::fs::read_to_string(workspace().join("docs/chart.md")).unwrap();
+    let start = doc
+        .find("\n## Upstream's image for a sidecar\n")
+        .expect("docs/chart.md has the section");
+    let section = &doc[start + 1..];
+    let section = &section[..section[1..]
+        .find("\n## ")
+        .map_or(section.len(), |end| end + 1)];
+    section
+        .split("```yaml\n")
+        .skip(1)
+        .map(|block| block[..block.find("```").unwrap()].to_string())
+        .collect()
+}
+
+/// Upstream's images serve only /healthz/leader-election, and only with leader election on,
+/// and keep their binary outside PATH: the values docs/chart.md gives render upstream's
+/// image with no command (its entrypoint) and that probe with leader election on, or no
+/// probe; every probed sidecar takes them, and the chart refuses the path without leader
+/// election (nothing would answer it: a restart every 20 s).
+#[test]
+fn upstream_images_run_with_the_values_docs_chart_md_gives() {
+    let documented = documented_upstream_values();
+    assert_eq!(documented.len(), 2, "{documented:?}");
+    let Some(electing) = Rendering::of(&documented[0]) else {
+        return;
+    };
+    let provisioner = deployment_container(&electing, "csi-suite-controller", "csi-provisioner");
+    assert_eq!(
+        provisioner["image"],
+        "registry.k8s.io/sig-storage/csi-provisioner:v6.3.0"
+    );
+    assert!(
+        provisioner["command"].is_null(),
+        "{}",
+        provisioner["command"]
+    );
+    assert_eq!(
+        provisioner["livenessProbe"],
+        serde_json::json!({
+            "httpGet": {"path": "/healthz/leader-election", "port": "provisioner"},
+            "failureThreshold": 1,
+            "initialDelaySeconds": 10,
+            "periodSeconds": 20,
+            "timeoutSeconds": 10,
+        })
+    );
+    assert_eq!(probed_port(provisioner), 8080);
+    assert!(has_arg(provisioner, "--leader-election=true"));
+    // The other sidecars stay ours.
+    let attacher = deployment_container(&electing, "csi-suite-controller", "csi-attacher");
+    assert_eq!(attacher["command"], serde_json::json!(["csi-attacher"]));
+    assert_eq!(attacher["livenessProbe"]["httpGet"]["path"], "/healthz");
+
+    let unprobed = Rendering::of(&documented[1]).unwrap();
+    let provisioner = deployment_container(&unprobed, "csi-suite-controller", "csi-provisioner");
+    assert!(provisioner.get("livenessProbe").is_none(), "{provisioner}");
+    assert!(provisioner.get("command").is_none(), "{provisioner}");
+    assert!(has_arg(provisioner, "--leader-election=false"));
+    // Its metrics port stays, for the metrics Service.
+    assert_eq!(named_ports(unprobed.controller())["provisioner"], 8080);
+
+    let mut upstream = String::from("leaderElection:\n  enabled: true\n");
+    for (key, _, _, _, binary) in PROBED {
+        upstream.push_str(&format!(
+            "{key}:
+  enabled: true
+  image: {{repository: registry.k8s.io/sig-storage/{binary}, tag: v1.0.0}}
+  command: null
+  livenessProbe: {{path: /healthz/leader-election}}
+"
+        ));
+    }
+    upstream.push_str("registrar:\n  command: null\nlivenessProbe:\n  command: null\n");
+    let rendering = Rendering::of(&upstream).unwrap();
+    for (_, deployment, name, port, binary) in PROBED {
+        let sidecar = deployment_container(&rendering, deployment, name);
+        assert_eq!(
+            sidecar["image"],
+            format!("registry.k8s.io/sig-storage/{binary}:v1.0.0")
+        );
+        assert!(sidecar.get("command").is_none(), "{sidecar}");
+        assert_eq!(
+            sidecar["livenessProbe"]["httpGet"],
+            serde_json::json!({"path": "/healthz/leader-election", "port": port}),
+            "{name}"
+        );
+        probed_port(sidecar);
+        assert!(has_arg(sidecar, "--leader-election=true"), "{name}");
+    }
+    for (pod, name) in [
+        (rendering.node(), "node-driver-registrar"),
+        (rendering.node(), "liveness-probe"),
+        (rendering.controller(), "liveness-probe"),
+    ] {
+        assert!(container(pod, name).unwrap().get("command").is_none());
+    }
+
+    for (key, ..) in PROBED {
+        let mut values = serde_json::json!({
+            "snapshotter": {"enabled": true},
+            "healthMonitor": {"enabled": true},
+            "snapshotController": {"enabled": true},
+        });
+        values[key]["livenessProbe"] = serde_json::json!({"path": "/healthz/leader-election"});
+        let values = values.to_string();
+        let refused = template(&values).unwrap();
+        assert!(!refused.status.success(), "{values} was accepted");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{key}.livenessProbe.path /healthz/leader-election is served only with leader election on"
+            )),
+            "{stderr}"
+        );
+    }
+    // More than one replica elects a leader without leaderElection.enabled.
+    for values in [
+        "controller:\n  replicas: 2\nprovisioner:\n  livenessProbe:\n    path: /healthz/leader-election\n",
+        "snapshotController:\n  enabled: true\n  replicas: 2\n  livenessProbe:\n    path: /healthz/leader-election\n",
+    ] {
+        Rendering::of(values).unwrap();
+    }
+}
+
+/// The COSI values that run cosi-controller and the sample driver, with every metrics Service.
+fn own_deployments_with_metrics() -> String {
+    format!(
+        "{COSI_SAMPLE}snapshotController:\n  enabled: true\nmetrics:\n  service:\n    enabled: true\n"
+    )
+}
+
+/// The Deployments of their own (the snapshot-controller, cosi-controller, the COSI driver
+/// with cosi-provisioner) get a metrics Service each when they are on: it selects that
+/// Deployment's pods and no other workload's, and has their one /metrics port, `http`.
+#[test]
+fn the_snapshot_controller_and_cosi_metrics_services_select_their_pods() {
+    let Some(rendering) = Rendering::of(&own_deployments_with_metrics()) else {
+        return;
+    };
+    let workloads = [
+        ("Deployment", "csi-suite-controller"),
+        ("DaemonSet", "csi-suite-node"),
+        ("Deployment", "csi-suite-snapshot-controller"),
+        ("Deployment", "csi-suite-cosi-controller"),
+        ("Deployment", "csi-suite-cosi-driver"),
+    ];
+    for (workload, (kind, name)) in workloads.iter().enumerate() {
+        let service = format!("{name}-metrics");
+        let spec = &rendering.get("Service", &service)["spec"];
+        assert_eq!(spec["clusterIP"], "None", "{service}");
+        let selector = serde_json::json!({"matchLabels": spec["selector"]});
+        for (other, (other_kind, other_name)) in workloads.iter().enumerate() {
+            assert_eq!(
+                selects(&selector, pod_labels(&rendering, other_kind, other_name)),
+                other == workload,
+                "{service} and {other_name}"
+            );
+        }
+        let pod = &rendering.get(kind, name)["spec"]["template"]["spec"];
+        assert_metrics_ports(spec, pod, &service);
+        if workload >= 2 {
+            let names: Vec<&str> = spec["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| str(&p["name"]))
+                .collect();
+            assert_eq!(names, ["http"], "{service}");
+        }
+    }
+    assert_eq!(
+        rendering.get("Service", "csi-suite-snapshot-controller-metrics")["spec"]["ports"][0]["port"],
+        8085
+    );
+    assert_eq!(
+        rendering.get("Service", "csi-suite-cosi-controller-metrics")["spec"]["ports"][0]["port"],
+        8086
+    );
+    assert_eq!(
+        rendering.get("Service", "csi-suite-cosi-driver-metrics")["spec"]["ports"][0]["port"],
+        8087
+    );
+
+    // Off with their Deployments.
+    let without = Rendering::of("metrics:\n  service:\n    enabled: true\n").unwrap();
+    for name in ["snapshot-controller", "cosi-controller", "cosi-driver"] {
+        assert!(
+            without
+                .find("Service", &format!("csi-suite-{name}-metrics"))
+                .is_none()
+        );
+    }
+
+    // The ServiceMonitor scrapes every port of all five Services, and selects nothing else.
+    let monitored = Rendering::with_args(
+        &format!(
+            "{}  serviceMonitor:\n    enabled: true\n",
+            own_deployments_with_metrics()
+        ),
+        &api_versions(SERVICE_MONITOR_V1),
+    )
+    .unwrap();
+    let spec = &monitored.get("ServiceMonitor", "csi-suite")["spec"];
+    let endpoints: Vec<&str> = spec["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| str(&e["port"]))
+        .collect();
+    let mut selected = Vec::new();
+    for service in monitored.objects.iter().filter(|o| o["kind"] == "Service") {
+        if selects(&spec["selector"], &service["metadata"]["labels"]) {
+            selected.push(str(&service["metadata"]["name"]));
+            for port in service["spec"]["ports"].as_array().unwrap() {
+                assert!(
+                    endpoints.contains(&str(&port["name"])),
+                    "{} not in {endpoints:?}",
+                    port["name"]
+                );
+            }
+        }
+    }
+    selected.sort_unstable();
+    let mut expected: Vec<String> = workloads
+        .iter()
+        .map(|(_, name)| format!("{name}-metrics"))
+        .collect();
+    expected.sort();
+    assert_eq!(selected, expected);
 }
