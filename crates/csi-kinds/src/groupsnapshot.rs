@@ -522,31 +522,6 @@ mod tests {
             .unwrap()
     }
 
-    fn rules(schema: &serde_json::Value) -> Vec<String> {
-        let mut found = Vec::new();
-        fn walk(value: &serde_json::Value, found: &mut Vec<String>) {
-            match value {
-                serde_json::Value::Object(object) => {
-                    for rule in object
-                        .get("x-kubernetes-validations")
-                        .and_then(|v| v.as_array())
-                        .into_iter()
-                        .flatten()
-                    {
-                        found.push(rule["message"].as_str().unwrap().to_string());
-                    }
-                    object.values().for_each(|v| walk(v, found));
-                }
-                serde_json::Value::Array(values) => values.iter().for_each(|v| walk(v, found)),
-                _ => {}
-            }
-        }
-        walk(schema, &mut found);
-        found.sort();
-        found.dedup();
-        found
-    }
-
     #[test]
     fn crds_serve_three_versions_and_store_v1beta2() {
         for crd in crds() {
@@ -586,28 +561,169 @@ mod tests {
         }
     }
 
+    /// Upstream's CEL rules (external-snapshotter v8.6.0, client/config/crd; the same in `v1`
+    /// and `v1beta2`): (plural, node, rule, message, whether `v1beta1` has it too).
+    const UPSTREAM_RULES: [(&str, &str, &str, &str, bool); 21] = [
+        (
+            "volumegroupsnapshotclasses",
+            ".deletionPolicy",
+            "self == oldSelf",
+            "deletionPolicy is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotclasses",
+            ".driver",
+            "self == oldSelf",
+            "driver is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotclasses",
+            ".parameters",
+            "self == oldSelf",
+            "parameters are immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.driver",
+            "self == oldSelf",
+            "driver is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.source",
+            "!has(oldSelf.volumeHandles) || has(self.volumeHandles)",
+            "volumeHandles is required once set",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.source",
+            "!has(oldSelf.groupSnapshotHandles) || has(self.groupSnapshotHandles)",
+            "groupSnapshotHandles is required once set",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.source",
+            "(has(self.volumeHandles) && !has(self.groupSnapshotHandles)) || (!has(self.volumeHandles) && has(self.groupSnapshotHandles))",
+            "exactly one of volumeHandles and groupSnapshotHandles must be set",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.source.groupSnapshotHandles",
+            "self == oldSelf",
+            "groupSnapshotHandles is immutable",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.source.volumeHandles",
+            "self == oldSelf",
+            "volumeHandles is immutable",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.volumeGroupSnapshotClassName",
+            "self == oldSelf",
+            "volumeGroupSnapshotClassName is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.volumeGroupSnapshotRef",
+            "has(self.name) && has(self.__namespace__)",
+            "both volumeGroupSnapshotRef.name and volumeGroupSnapshotRef.namespace must be set",
+            true,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.volumeGroupSnapshotRef",
+            "self.name == oldSelf.name && self.__namespace__ == oldSelf.__namespace__",
+            "volumeGroupSnapshotRef.name and volumeGroupSnapshotRef.namespace are immutable",
+            false,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".spec.volumeGroupSnapshotRef",
+            "!has(oldSelf.uid) || (has(self.uid) && self.uid == oldSelf.uid)",
+            "volumeGroupSnapshotRef.uid is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshotcontents",
+            ".status.volumeGroupSnapshotHandle",
+            "self == oldSelf",
+            "volumeGroupSnapshotHandle is immutable once set",
+            false,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.source",
+            "!has(oldSelf.selector) || has(self.selector)",
+            "selector is required once set",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.source",
+            "!has(oldSelf.volumeGroupSnapshotContentName) || has(self.volumeGroupSnapshotContentName)",
+            "volumeGroupSnapshotContentName is required once set",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.source",
+            "(has(self.selector) && !has(self.volumeGroupSnapshotContentName)) || (!has(self.selector) && has(self.volumeGroupSnapshotContentName))",
+            "exactly one of selector and volumeGroupSnapshotContentName must be set",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.source.selector",
+            "self == oldSelf",
+            "selector is immutable",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.source.volumeGroupSnapshotContentName",
+            "self == oldSelf",
+            "volumeGroupSnapshotContentName is immutable",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".spec.volumeGroupSnapshotClassName",
+            "size(self) > 0",
+            "volumeGroupSnapshotClassName must not be the empty string when set",
+            true,
+        ),
+        (
+            "volumegroupsnapshots",
+            ".status.boundVolumeGroupSnapshotContentName",
+            "self == oldSelf",
+            "boundVolumeGroupSnapshotContentName is immutable once set",
+            false,
+        ),
+    ];
+
     #[test]
-    fn v1beta1_lacks_only_the_rules_upstream_added_in_v1beta2() {
-        let all: Vec<String> = crds()
-            .iter()
-            .flat_map(|crd| {
-                let json = serde_json::to_value(crd).unwrap();
-                rules(&version(&json, "v1")["schema"])
-            })
-            .collect();
-        assert_eq!(all.len(), 21, "upstream's 21 rules");
-        for crd in crds() {
-            let json = serde_json::to_value(&crd).unwrap();
-            let v1 = rules(&version(&json, "v1")["schema"]);
-            let v1beta1 = rules(&version(&json, "v1beta1")["schema"]);
-            let dropped: Vec<_> = v1.iter().filter(|r| !v1beta1.contains(r)).collect();
-            assert!(
-                dropped
-                    .iter()
-                    .all(|r| RULES_NOT_IN_V1BETA1.contains(&r.as_str()))
-            );
-            assert!(v1beta1.iter().all(|r| v1.contains(r)));
-        }
+    fn crds_carry_upstreams_cel_rules_in_every_version() {
+        crate::crd::assert_rules(&crds(), |plural, version| {
+            UPSTREAM_RULES
+                .iter()
+                .filter(|(of, .., in_v1beta1)| {
+                    *of == plural && (*in_v1beta1 || version != "v1beta1")
+                })
+                .map(|(_, node, rule, message, _)| (*node, *rule, *message))
+                .collect()
+        });
     }
 
     #[test]

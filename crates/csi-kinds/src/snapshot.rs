@@ -4,9 +4,12 @@
 //! as YAML, written by the `snapshot-crds` binary and checked fresh by a test).
 //!
 //! The schemas keep upstream's structure (types, required fields, enums, the int-or-string
-//! `restoreSize`). Upstream's CEL rules (immutable sources, exactly one source) are left out:
-//! Kubernetes 1.19 has no CEL, and the snapshot-controller checks the same rules itself, as
-//! upstream's does for clusters without its validating webhook.
+//! `restoreSize`) and its CEL rules (`x-kubernetes-validations`: immutable sources, exactly one
+//! source, sources required once set, a content's `volumeSnapshotRef` name and namespace, an
+//! immutable `sourceVolumeMode`), word for word. Servers from 1.25 enforce them; older ones
+//! drop the field from the CRD (kubectl's and helm's client-side validation refuse it there, so
+//! the chart renders the rules only for 1.25 and later), and the snapshot-controller checks the
+//! same rules itself, as upstream's does for clusters without its validating webhook.
 
 use std::collections::BTreeMap;
 
@@ -101,16 +104,30 @@ fn quantity(_: &mut SchemaGenerator) -> Schema {
 pub struct VolumeSnapshotSpec {
     pub source: VolumeSnapshotSource,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "size(self) > 0", "message": "volumeSnapshotClassName must not be the empty string when set"}
+    ]))]
     pub volume_snapshot_class_name: Option<String>,
 }
 
 /// Exactly one: a claim to snapshot (dynamic), or an existing content (pre-provisioned).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(oldSelf.persistentVolumeClaimName) || has(self.persistentVolumeClaimName)", "message": "persistentVolumeClaimName is required once set"},
+    {"rule": "!has(oldSelf.volumeSnapshotContentName) || has(self.volumeSnapshotContentName)", "message": "volumeSnapshotContentName is required once set"},
+    {"rule": "(has(self.volumeSnapshotContentName) && !has(self.persistentVolumeClaimName)) || (!has(self.volumeSnapshotContentName) && has(self.persistentVolumeClaimName))", "message": "exactly one of volumeSnapshotContentName and persistentVolumeClaimName must be set"}
+]))]
 pub struct VolumeSnapshotSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "persistentVolumeClaimName is immutable"}
+    ]))]
     pub persistent_volume_claim_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "volumeSnapshotContentName is immutable"}
+    ]))]
     pub volume_snapshot_content_name: Option<String>,
 }
 
@@ -168,8 +185,14 @@ pub struct SnapshotError {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(oldSelf.sourceVolumeMode) || has(self.sourceVolumeMode)", "message": "sourceVolumeMode is required once set"}
+]))]
 pub struct VolumeSnapshotContentSpec {
     /// The VolumeSnapshot a content is bound to (an ObjectReference, as upstream).
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "has(self.name) && has(self.__namespace__)", "message": "both spec.volumeSnapshotRef.name and spec.volumeSnapshotRef.namespace must be set"}
+    ]))]
     pub volume_snapshot_ref: SnapshotReference,
     pub deletion_policy: DeletionPolicy,
     pub driver: String,
@@ -177,6 +200,9 @@ pub struct VolumeSnapshotContentSpec {
     pub volume_snapshot_class_name: Option<String>,
     pub source: VolumeSnapshotContentSource,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "sourceVolumeMode is immutable"}
+    ]))]
     pub source_volume_mode: Option<String>,
 }
 
@@ -186,10 +212,21 @@ pub type SnapshotReference = ObjectReference;
 /// Exactly one: the volume to cut a snapshot of (dynamic), or the snapshot that exists.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(oldSelf.volumeHandle) || has(self.volumeHandle)", "message": "volumeHandle is required once set"},
+    {"rule": "!has(oldSelf.snapshotHandle) || has(self.snapshotHandle)", "message": "snapshotHandle is required once set"},
+    {"rule": "(has(self.volumeHandle) && !has(self.snapshotHandle)) || (!has(self.volumeHandle) && has(self.snapshotHandle))", "message": "exactly one of volumeHandle and snapshotHandle must be set"}
+]))]
 pub struct VolumeSnapshotContentSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "volumeHandle is immutable"}
+    ]))]
     pub volume_handle: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self == oldSelf", "message": "snapshotHandle is immutable"}
+    ]))]
     pub snapshot_handle: Option<String>,
 }
 
@@ -317,6 +354,106 @@ mod tests {
     #[test]
     fn committed_crds_are_current() {
         crate::crd::assert_committed("charts/csi-suite/files/crds", &crds(), CRDS_COMMAND);
+    }
+
+    /// Upstream's CEL rules (external-snapshotter v8.6.0, client/config/crd, in `v1`, the one
+    /// version served): (plural, node, rule, message). VolumeSnapshotClass has none.
+    const UPSTREAM_RULES: [(&str, &str, &str, &str); 14] = [
+        (
+            "volumesnapshots",
+            ".spec.source",
+            "!has(oldSelf.persistentVolumeClaimName) || has(self.persistentVolumeClaimName)",
+            "persistentVolumeClaimName is required once set",
+        ),
+        (
+            "volumesnapshots",
+            ".spec.source",
+            "!has(oldSelf.volumeSnapshotContentName) || has(self.volumeSnapshotContentName)",
+            "volumeSnapshotContentName is required once set",
+        ),
+        (
+            "volumesnapshots",
+            ".spec.source",
+            "(has(self.volumeSnapshotContentName) && !has(self.persistentVolumeClaimName)) || (!has(self.volumeSnapshotContentName) && has(self.persistentVolumeClaimName))",
+            "exactly one of volumeSnapshotContentName and persistentVolumeClaimName must be set",
+        ),
+        (
+            "volumesnapshots",
+            ".spec.source.persistentVolumeClaimName",
+            "self == oldSelf",
+            "persistentVolumeClaimName is immutable",
+        ),
+        (
+            "volumesnapshots",
+            ".spec.source.volumeSnapshotContentName",
+            "self == oldSelf",
+            "volumeSnapshotContentName is immutable",
+        ),
+        (
+            "volumesnapshots",
+            ".spec.volumeSnapshotClassName",
+            "size(self) > 0",
+            "volumeSnapshotClassName must not be the empty string when set",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec",
+            "!has(oldSelf.sourceVolumeMode) || has(self.sourceVolumeMode)",
+            "sourceVolumeMode is required once set",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.source",
+            "!has(oldSelf.volumeHandle) || has(self.volumeHandle)",
+            "volumeHandle is required once set",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.source",
+            "!has(oldSelf.snapshotHandle) || has(self.snapshotHandle)",
+            "snapshotHandle is required once set",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.source",
+            "(has(self.volumeHandle) && !has(self.snapshotHandle)) || (!has(self.volumeHandle) && has(self.snapshotHandle))",
+            "exactly one of volumeHandle and snapshotHandle must be set",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.source.snapshotHandle",
+            "self == oldSelf",
+            "snapshotHandle is immutable",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.source.volumeHandle",
+            "self == oldSelf",
+            "volumeHandle is immutable",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.sourceVolumeMode",
+            "self == oldSelf",
+            "sourceVolumeMode is immutable",
+        ),
+        (
+            "volumesnapshotcontents",
+            ".spec.volumeSnapshotRef",
+            "has(self.name) && has(self.__namespace__)",
+            "both spec.volumeSnapshotRef.name and spec.volumeSnapshotRef.namespace must be set",
+        ),
+    ];
+
+    #[test]
+    fn crds_carry_upstreams_cel_rules() {
+        crate::crd::assert_rules(&crds(), |plural, _| {
+            UPSTREAM_RULES
+                .iter()
+                .filter(|(of, ..)| *of == plural)
+                .map(|(_, node, rule, message)| (*node, *rule, *message))
+                .collect()
+        });
     }
 
     #[test]
