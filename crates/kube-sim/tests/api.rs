@@ -1309,18 +1309,7 @@ async fn custom_resources_are_served_from_crds() {
     let mut widget = DynamicObject::new("w1", &resource);
     // The status given at create is dropped: it comes through `/status` only.
     widget.data = json!({"spec": {"size": 3}, "status": {"ready": true}});
-    let mut created = None;
-    for _ in 0..50 {
-        match widgets.create(&PostParams::default(), &widget).await {
-            Ok(object) => {
-                created = Some(object);
-                break;
-            }
-            // A real apiserver needs a moment to establish the CRD.
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let created = created.expect("the CRD's resource is served");
+    let created = create_once_served(&widgets, &widget).await;
     assert_eq!(created.data["spec"]["size"], 3);
     assert_eq!(created.data.get("status"), None, "{:?}", created.data);
     // A custom resource's body must name its kind (nothing defaults it, unlike built-ins).
@@ -1380,22 +1369,11 @@ async fn custom_resources_follow_their_schema() {
         object.data = json!({"spec": spec, "unknown": 1});
         object
     };
-    let mut created = None;
-    for _ in 0..50 {
-        let object = gizmo(
-            "g1",
-            json!({"size": 1, "mode": "Fast", "extra": true, "free": {"any": {"thing": 1}}}),
-        );
-        match gizmos.create(&PostParams::default(), &object).await {
-            Ok(object) => {
-                created = Some(object);
-                break;
-            }
-            // A real apiserver needs a moment to establish the CRD.
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let created = created.expect("the CRD's resource is served");
+    let object = gizmo(
+        "g1",
+        json!({"size": 1, "mode": "Fast", "extra": true, "free": {"any": {"thing": 1}}}),
+    );
+    let created = create_once_served(&gizmos, &object).await;
     assert_eq!(
         created.data,
         json!({"spec": {"size": 1, "mode": "Fast", "free": {"any": {"thing": 1}}}}),
@@ -1435,6 +1413,24 @@ async fn custom_resources_follow_their_schema() {
     crds.delete(&format!("gizmos.{group}"), &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Creates `object` as soon as the API server serves its kind: a real one needs a moment to
+/// establish a new CRD (until then it answers 404).
+async fn create_once_served<K>(api: &Api<K>, object: &K) -> K
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for _ in 0..50 {
+        match api.create(&PostParams::default(), object).await {
+            Ok(created) => return created,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("creating {object:?}: {error}"),
+        }
+    }
+    panic!("the CRD of {object:?} is not served");
 }
 
 /// Says that `test` (or a part of it) did not run because the server lacks `what`: on stderr
@@ -1570,18 +1566,7 @@ async fn custom_resources_follow_their_cel_rules() {
     let post = PostParams::default();
     let valid = json!({"driver": "csi.example.com", "a": "x",
         "source": {"name": "claim", "namespace": "ns"}, "members": ["m1"]});
-    let mut created = None;
-    for _ in 0..50 {
-        match groups.create(&post, &object("g1", valid.clone())).await {
-            Ok(object) => {
-                created = Some(object);
-                break;
-            }
-            // A real apiserver needs a moment to establish the CRD.
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let created = created.expect("the CRD's resource is served");
+    let created = create_once_served(&groups, &object("g1", valid)).await;
     let kind = format!("SnapshotGroup.{group}");
     // (case, spec, the refusal's field and message after the path).
     let refused_creates = [
@@ -1728,6 +1713,204 @@ async fn custom_resources_follow_their_cel_rules() {
         )]
     );
     crds.delete(&format!("snapshotgroups.{group}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// A 422 Invalid refusal of `object` (`Kind.group "name"`) with one field error, `field:
+/// detail`, as kube-apiserver gives a broken CEL rule.
+fn assert_invalid<T: std::fmt::Debug>(
+    result: kube::Result<T>,
+    object: &str,
+    field: &str,
+    detail: &str,
+) {
+    let (code, reason, message, causes) = refusal(result);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    assert_eq!(message, format!("{object} is invalid: {field}: {detail}"));
+    assert_eq!(
+        causes,
+        [(field.into(), "FieldValueInvalid".into(), detail.into())]
+    );
+}
+
+// The snapshot CRDs csi-snapshotter generates carry upstream external-snapshotter's CEL rules,
+// which servers from 1.25 enforce (older ones drop `x-kubernetes-validations` from a CRD: the
+// test reads the CRD back to know): a VolumeSnapshot's source may neither change nor switch
+// kinds nor name both, its class name may not be empty; a content names its snapshot's name and
+// namespace, and keeps its source and its sourceVolumeMode. Each refusal is upstream's message
+// in kube-apiserver's 422.
+#[tokio::test]
+async fn snapshot_crds_enforce_upstreams_cel_rules() {
+    use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let c = cluster("snapshot-cel").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    // The CRDs are cluster-wide: a real cluster's own are replaced by the current ones.
+    for mut crd in csi_kinds::snapshot::crds() {
+        let name = crd.name_any();
+        match crds.get_opt(&name).await.unwrap() {
+            None => crds.create(&PostParams::default(), &crd).await.unwrap(),
+            Some(existing) => {
+                crd.metadata.resource_version = existing.metadata.resource_version;
+                crds.replace(&name, &PostParams::default(), &crd)
+                    .await
+                    .unwrap()
+            }
+        };
+    }
+    let served = crds
+        .get("volumesnapshots.snapshot.storage.k8s.io")
+        .await
+        .unwrap();
+    if !serde_json::to_string(&served.spec.versions)
+        .unwrap()
+        .contains("x-kubernetes-validations")
+    {
+        skip(
+            "snapshot_crds_enforce_upstreams_cel_rules",
+            "the server dropped the CRDs' x-kubernetes-validations (CEL rules need Kubernetes 1.25)",
+        );
+        return;
+    }
+
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(c.client.clone(), &c.namespace);
+    let snapshot = |name: &str, spec: serde_json::Value| -> VolumeSnapshot {
+        serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+    };
+    let post = PostParams::default();
+    let merge = |patch: serde_json::Value| Patch::Merge(patch);
+    let created = create_once_served(
+        &snapshots,
+        &snapshot(
+            "s1",
+            json!({"source": {"persistentVolumeClaimName": "claim-a"}}),
+        ),
+    )
+    .await;
+    let s1 = "VolumeSnapshot.snapshot.storage.k8s.io \"s1\"";
+    let mut changed = created.clone();
+    changed.spec.source.persistent_volume_claim_name = Some("claim-b".into());
+    assert_invalid(
+        snapshots.replace("s1", &post, &changed).await,
+        s1,
+        "spec.source.persistentVolumeClaimName",
+        "Invalid value: \"string\": persistentVolumeClaimName is immutable",
+    );
+    // The content name is new (its own transition rule does not run), the claim is gone.
+    let switch = json!({"spec": {"source": {"persistentVolumeClaimName": null,
+        "volumeSnapshotContentName": "content"}}});
+    assert_invalid(
+        snapshots
+            .patch("s1", &PatchParams::default(), &merge(switch))
+            .await,
+        s1,
+        "spec.source",
+        "Invalid value: \"object\": persistentVolumeClaimName is required once set",
+    );
+    // What the rules leave alone: a label, and a class named later.
+    let labelled = json!({"metadata": {"labels": {"a": "b"}},
+        "spec": {"volumeSnapshotClassName": "class"}});
+    snapshots
+        .patch("s1", &PatchParams::default(), &merge(labelled))
+        .await
+        .unwrap();
+    assert_invalid(
+        snapshots
+            .create(
+                &post,
+                &snapshot(
+                    "both",
+                    json!({"source": {"persistentVolumeClaimName": "claim-a",
+                        "volumeSnapshotContentName": "content"}}),
+                ),
+            )
+            .await,
+        "VolumeSnapshot.snapshot.storage.k8s.io \"both\"",
+        "spec.source",
+        "Invalid value: \"object\": exactly one of volumeSnapshotContentName and persistentVolumeClaimName must be set",
+    );
+    assert_invalid(
+        snapshots
+            .create(
+                &post,
+                &snapshot(
+                    "empty-class",
+                    json!({"source": {"persistentVolumeClaimName": "claim-a"},
+                        "volumeSnapshotClassName": ""}),
+                ),
+            )
+            .await,
+        "VolumeSnapshot.snapshot.storage.k8s.io \"empty-class\"",
+        "spec.volumeSnapshotClassName",
+        "Invalid value: \"string\": volumeSnapshotClassName must not be the empty string when set",
+    );
+
+    let contents: Api<VolumeSnapshotContent> = Api::all(c.client.clone());
+    let content = |name: &str, reference: serde_json::Value| -> VolumeSnapshotContent {
+        serde_json::from_value(json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+            "metadata": {"name": name},
+            "spec": {"volumeSnapshotRef": reference, "deletionPolicy": "Retain",
+                "driver": "hostpath.csi.k8s.io", "source": {"volumeHandle": "vol-1"},
+                "sourceVolumeMode": "Filesystem"}}))
+        .unwrap()
+    };
+    let unnamespaced = format!("{}-unnamespaced", c.namespace);
+    assert_invalid(
+        contents
+            .create(&post, &content(&unnamespaced, json!({"name": "s1"})))
+            .await,
+        &format!("VolumeSnapshotContent.snapshot.storage.k8s.io \"{unnamespaced}\""),
+        "spec.volumeSnapshotRef",
+        "Invalid value: \"object\": both spec.volumeSnapshotRef.name and spec.volumeSnapshotRef.namespace must be set",
+    );
+    let name = format!("{}-content", c.namespace);
+    contents
+        .create(
+            &post,
+            &content(&name, json!({"name": "s1", "namespace": c.namespace})),
+        )
+        .await
+        .unwrap();
+    let object = format!("VolumeSnapshotContent.snapshot.storage.k8s.io \"{name}\"");
+    // (patch of the spec, the refusal's field and detail).
+    let refused_updates = [
+        (
+            json!({"sourceVolumeMode": "Block"}),
+            "spec.sourceVolumeMode",
+            "Invalid value: \"string\": sourceVolumeMode is immutable",
+        ),
+        (
+            json!({"sourceVolumeMode": null}),
+            "spec",
+            "Invalid value: \"object\": sourceVolumeMode is required once set",
+        ),
+        (
+            json!({"source": {"volumeHandle": "vol-2"}}),
+            "spec.source.volumeHandle",
+            "Invalid value: \"string\": volumeHandle is immutable",
+        ),
+    ];
+    for (spec, field, detail) in refused_updates {
+        assert_invalid(
+            contents
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &merge(json!({"spec": spec})),
+                )
+                .await,
+            &object,
+            field,
+            detail,
+        );
+    }
+    contents
+        .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
 }
