@@ -6,6 +6,9 @@
 //! ([`crate::modify`]) a claim no expansion is due for gets its VolumeAttributesClass. A driver
 //! that cannot expand runs the modify part alone: a claim asking for more is left as it is, as
 //! upstream leaves it with no resize controller.
+//!
+//! CSI migration: the PV cache keeps whole PVs, so an in-tree PV's CSI translation
+//! ([`crate::resize::csi_volume`]) is made from the cached PV without another read.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -287,7 +290,7 @@ impl Controller {
         };
         let driver = &self.settings.driver_name;
         if self.settings.annotate_fs_resize
-            && resize::is_ours(&pv, driver)
+            && resize::can_support(&pvc, &pv, driver)
             && resize::pre_resize_annotation_done(&pvc, &pv)
         {
             self.patch_volume(&pv, &resize::remove_pre_resize_annotation_patch())
@@ -409,7 +412,9 @@ impl Controller {
         else {
             return Ok((bytes, true));
         };
-        let secrets = match resize::expand_secret(pv) {
+        // CSI migration: an in-tree PV is expanded as its CSI translation.
+        let volume = resize::csi_volume(pv, &self.settings.driver_name).map_err(Failure::other)?;
+        let secrets = match resize::expand_secret(&volume) {
             Some(reference) => {
                 csi_sidecar::secrets::fetch_secret_data(self.client.clone(), &reference)
                     .await
@@ -418,7 +423,7 @@ impl Controller {
             }
             None => HashMap::new(),
         };
-        let request = resize::expand_request(pv, bytes, single_node_multi_writer, secrets)
+        let request = resize::expand_request(&volume, bytes, single_node_multi_writer, secrets)
             .map_err(Failure::other)?;
         let response = self
             .csi

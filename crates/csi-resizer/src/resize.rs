@@ -20,16 +20,22 @@
 //! legacy path plus two fields nobody keeps. The k8s-openapi types of this workspace (v1_33)
 //! have both fields.
 //!
-//! Not carried over: in-tree volumes migrated to CSI (upstream translates them with
-//! csi-translation-lib when the claim's `volume.kubernetes.io/storage-resizer` names the driver);
-//! only PVs with a `spec.csi` of our driver are ours. The secret of ControllerExpandVolume is the
-//! PV's `spec.csi.controllerExpandSecretRef`, as upstream: the StorageClass's
+//! CSI migration (upstream's `CanSupport` and `Resize` with csi-translation-lib, here
+//! [`csi_kinds::migration`]): when the driver is the CSI driver an in-tree plugin migrated to,
+//! a PV without `spec.csi` is ours once its claim's `volume.kubernetes.io/storage-resizer` names
+//! the driver (the kube-controller-manager's expand controller writes it so); ControllerExpandVolume
+//! gets the PV's CSI translation ([`csi_volume`]) and the PV's capacity alone is patched, its
+//! in-tree source stays. The secret of ControllerExpandVolume is the PV's
+//! `spec.csi.controllerExpandSecretRef`, as upstream: the StorageClass's
 //! `csi.storage.k8s.io/controller-expand-secret-*` parameters (templates included) are resolved
 //! into that reference by the provisioner when it creates the PV, and the resizer's RBAC has no
-//! access to StorageClasses. Two guards upstream lacks: the pre-resize annotation is removed from
+//! access to StorageClasses. Guards upstream lacks: a CSI PV is ours only with our driver (upstream
+//! also takes another driver's when the annotation names ours), an in-tree PV of another plugin
+//! than the driver's is not expanded through it, the pre-resize annotation is removed from
 //! our PVs only (upstream removes it from any PV whose claim it syncs), and a driver answering
 //! `capacity_bytes: 0` (a required field) leaves the PV at the requested size, not at 0.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -38,6 +44,7 @@ use csi::controller_service_capability::rpc::Type as ControllerCapability;
 use csi::node_service_capability::rpc::Type as NodeCapability;
 use csi_grpc::conn::DriverInfo;
 use csi_kinds::capability::{AccessKind, CapabilityError, volume_access_mode, volume_capability};
+use csi_kinds::migration::{self, MigrationError, Plugin};
 use csi_kinds::secrets::SecretRef;
 use csi_proto::csi::v1 as csi;
 use k8s_openapi::api::core::v1::{
@@ -56,6 +63,10 @@ pub const PRE_RESIZE_CAPACITY_ANNOTATION: &str = "volume.alpha.kubernetes.io/pre
 /// Claim annotation: the controller finished the expansion and kubelet has nothing to do.
 pub const NODE_EXPANSION_NOT_REQUIRED_ANNOTATION: &str =
     "volume.kubernetes.io/node-expansion-not-required";
+/// Claim annotation: the resizer that expands the claim's volume. The kube-controller-manager's
+/// expand controller writes the CSI driver's name there when the PV is of an in-tree plugin
+/// migrated to CSI.
+pub const STORAGE_RESIZER_ANNOTATION: &str = "volume.kubernetes.io/storage-resizer";
 
 /// Claim condition types the resizer owns (Kubernetes `PersistentVolumeClaimConditionType`).
 pub mod condition {
@@ -230,6 +241,24 @@ pub fn is_ours(pv: &PersistentVolume, driver: &str) -> bool {
         .is_some_and(|csi| csi.driver == driver)
 }
 
+/// Whether this resizer expands `pv` for `pvc` (upstream `CanSupport`): a CSI volume of `driver`,
+/// or (CSI migration) a PV without CSI source whose claim's storage-resizer annotation names
+/// `driver` when `driver` is the CSI driver of an in-tree plugin.
+pub fn can_support(pvc: &PersistentVolumeClaim, pv: &PersistentVolume, driver: &str) -> bool {
+    match pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+        Some(csi) => csi.driver == driver,
+        None => {
+            Plugin::for_driver(driver).is_some()
+                && pvc
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(STORAGE_RESIZER_ANNOTATION))
+                    .is_some_and(|resizer| resizer == driver)
+        }
+    }
+}
+
 /// Whether `pv` is bound to this very claim (namespace and UID of its `claimRef`).
 fn bound_to(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
     pv.spec
@@ -250,7 +279,7 @@ fn has_condition(pvc: &PersistentVolumeClaim, kind: &str) -> bool {
 /// The legacy plan (gate off, upstream `pvNeedResize`): expand to the request, unless the PV
 /// already has it and kubelet's file system resize is pending.
 pub fn plan_legacy(pvc: &PersistentVolumeClaim, pv: &PersistentVolume, driver: &str) -> Plan {
-    if !claim_needs_resize(pvc) || !is_ours(pv, driver) || !bound_to(pv, pvc) {
+    if !claim_needs_resize(pvc) || !can_support(pvc, pv, driver) || !bound_to(pv, pvc) {
         return Plan::Nothing;
     }
     let request = requested(pvc);
@@ -274,7 +303,7 @@ pub fn plan_recovering(
     memory: Memory,
 ) -> Plan {
     use resize_status::*;
-    if !claim_needs_resize(pvc) || !is_ours(pv, driver) || !bound_to(pv, pvc) {
+    if !claim_needs_resize(pvc) || !can_support(pvc, pv, driver) || !bound_to(pv, pvc) {
         return Plan::Nothing;
     }
     let request = requested(pvc);
@@ -346,11 +375,52 @@ pub enum RequestError {
     EmptyVolumeHandle,
     #[error("volume {0} is not migrated to CSI")]
     NotCsi(String),
+    #[error("failed to translate persistent volume: {0}")]
+    Translate(#[from] MigrationError),
+    #[error(
+        "failed to translate persistent volume: could not find in-tree plugin translation logic for {0:?}"
+    )]
+    NoTranslation(String),
+    #[error(
+        "failed to translate persistent volume: {volume:?} is a {plugin} volume, which did not migrate to {driver}"
+    )]
+    OtherPlugin {
+        volume: String,
+        plugin: &'static str,
+        driver: String,
+    },
     #[error("failed to get capabilities of volume {volume} with {source}")]
     Capability {
         volume: String,
         source: CapabilityError,
     },
+}
+
+/// `pv` as the CSI volume of `driver` ControllerExpandVolume is for (upstream `Resize`): a CSI PV
+/// as it is; an in-tree PV of the plugin `driver` migrated from as csi-translation-lib
+/// translates it. Any other PV has no CSI form for this driver.
+pub fn csi_volume<'a>(
+    pv: &'a PersistentVolume,
+    driver: &str,
+) -> Result<Cow<'a, PersistentVolume>, RequestError> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let Some(spec) = pv.spec.as_ref().filter(|s| s.csi.is_none()) else {
+        return Ok(Cow::Borrowed(pv));
+    };
+    let Some(ours) = Plugin::for_driver(driver) else {
+        return Err(RequestError::NotCsi(name));
+    };
+    match Plugin::of_spec(spec) {
+        None => Err(RequestError::NoTranslation(name)),
+        Some(plugin) if plugin != ours => Err(RequestError::OtherPlugin {
+            volume: name,
+            plugin: plugin.in_tree_name(),
+            driver: driver.to_string(),
+        }),
+        Some(_) => migration::in_tree_to_csi(pv)?
+            .map(Cow::Owned)
+            .ok_or(RequestError::NoTranslation(name)),
+    }
 }
 
 /// The secret ControllerExpandVolume needs: the PV's `controllerExpandSecretRef`.

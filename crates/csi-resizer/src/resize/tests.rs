@@ -607,3 +607,174 @@ fn volume_patches() {
         "0"
     );
 }
+
+const EBS: &str = "ebs.csi.aws.com";
+
+/// The 1Gi PV bound to [`pvc`] as an in-tree EBS volume, with `extra` merged in.
+fn ebs_pv(extra: Value) -> PersistentVolume {
+    let mut value = json!({"spec": {"csi": null,
+        "awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-1", "fsType": "xfs"}}});
+    json_patch::merge(&mut value, &extra);
+    pv(value)
+}
+
+/// A claim handed to `resizer` by the expand controller.
+fn resized_by(resizer: &str) -> PersistentVolumeClaim {
+    pvc(json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-resizer": resizer}}}))
+}
+
+#[test]
+fn migrated_in_tree_volumes_are_ours_once_their_claim_names_the_driver() {
+    // (what, driver, claim, PV, ours)
+    let cases: Vec<(&str, &str, PersistentVolumeClaim, PersistentVolume, bool)> = vec![
+        (
+            "EBS PV, claim for ebs",
+            EBS,
+            resized_by(EBS),
+            ebs_pv(json!({})),
+            true,
+        ),
+        (
+            "EBS PV, claim not annotated",
+            EBS,
+            pvc(json!({})),
+            ebs_pv(json!({})),
+            false,
+        ),
+        (
+            "EBS PV, claim for the in-tree plugin",
+            EBS,
+            resized_by("kubernetes.io/aws-ebs"),
+            ebs_pv(json!({})),
+            false,
+        ),
+        (
+            "EBS PV, claim for another driver",
+            EBS,
+            resized_by("pd.csi.storage.gke.io"),
+            ebs_pv(json!({})),
+            false,
+        ),
+        (
+            "no migration for the driver",
+            DRIVER,
+            resized_by(DRIVER),
+            ebs_pv(json!({})),
+            false,
+        ),
+        (
+            "untranslated plugin, claim for ebs (fails when expanded, as upstream)",
+            EBS,
+            resized_by(EBS),
+            pv(json!({"spec": {"csi": null, "nfs": {"server": "nfs", "path": "/"}}})),
+            true,
+        ),
+        (
+            "CSI PV of another driver, claim for ebs",
+            EBS,
+            resized_by(EBS),
+            pv(json!({})),
+            false,
+        ),
+        (
+            "CSI PV of ebs",
+            EBS,
+            pvc(json!({})),
+            pv(json!({"spec": {"csi": {"driver": EBS}}})),
+            true,
+        ),
+    ];
+    for (what, driver, claim, volume, ours) in cases {
+        assert_eq!(can_support(&claim, &volume, driver), ours, "{what}");
+        let want = if ours {
+            expand(2 * GI, true)
+        } else {
+            Plan::Nothing
+        };
+        assert_eq!(plan_legacy(&claim, &volume, driver), want, "legacy: {what}");
+        assert_eq!(
+            plan_recovering(&claim, &volume, driver, CONTROLLER, Memory::default()),
+            want,
+            "recovering: {what}"
+        );
+    }
+}
+
+#[test]
+fn in_tree_volumes_are_expanded_as_their_csi_translation() {
+    let in_tree = ebs_pv(json!({}));
+    let volume = csi_volume(&in_tree, EBS).unwrap();
+    let request = expand_request(&volume, 2 * GI, false, HashMap::new()).unwrap();
+    assert_eq!(request.volume_id, "vol-1", "the aws:// prefix dropped");
+    let Some(AccessType::Mount(mount)) = request
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_type.clone())
+    else {
+        panic!("a mount capability: {request:?}");
+    };
+    assert_eq!(mount.fs_type, "xfs");
+    assert_eq!(
+        request.volume_capability.unwrap().access_mode.unwrap().mode,
+        Mode::SingleNodeWriter as i32
+    );
+
+    let csi = pv(json!({}));
+    assert!(
+        matches!(csi_volume(&csi, DRIVER), Ok(Cow::Borrowed(_))),
+        "a CSI PV as it is"
+    );
+
+    let failures: Vec<(&str, PersistentVolume, &str, &str)> = vec![
+        (
+            "no migration for the driver",
+            ebs_pv(json!({})),
+            DRIVER,
+            "volume pv-1 is not migrated to CSI",
+        ),
+        (
+            "untranslated plugin",
+            pv(json!({"spec": {"csi": null, "nfs": {"server": "nfs", "path": "/"}}})),
+            EBS,
+            "failed to translate persistent volume: could not find in-tree plugin translation logic for \"pv-1\"",
+        ),
+        (
+            "another plugin",
+            pv(json!({"spec": {"csi": null, "gcePersistentDisk": {"pdName": "disk"}}})),
+            EBS,
+            "failed to translate persistent volume: \"pv-1\" is a kubernetes.io/gce-pd volume, which did not migrate to ebs.csi.aws.com",
+        ),
+        (
+            "bad EBS volume ID",
+            ebs_pv(
+                json!({"spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/disk"}}}),
+            ),
+            EBS,
+            "failed to translate persistent volume: Invalid format for AWS volume (aws://us-east-1a/disk)",
+        ),
+    ];
+    for (what, volume, driver, message) in failures {
+        assert_eq!(
+            csi_volume(&volume, driver).unwrap_err().to_string(),
+            message,
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn an_expanded_in_tree_volume_keeps_its_source() {
+    let in_tree = ebs_pv(json!({}));
+    let mut value = serde_json::to_value(&in_tree).unwrap();
+    json_patch::merge(
+        &mut value,
+        &volume_patch(&in_tree, "1Gi", 2 * GI, false, true),
+    );
+    let patched: PersistentVolume = serde_json::from_value(value).unwrap();
+    assert_eq!(volume_capacity(&patched), 2 * GI);
+    assert_eq!(
+        patched.spec.as_ref().unwrap().aws_elastic_block_store,
+        in_tree.spec.as_ref().unwrap().aws_elastic_block_store
+    );
+    assert!(patched.spec.unwrap().csi.is_none());
+}
