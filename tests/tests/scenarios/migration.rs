@@ -1,4 +1,4 @@
-//! CSI migration: the provisioner and the attacher of a driver named after the CSI driver an
+//! CSI migration: the provisioner, the attacher and the resizer of a driver named after the CSI driver an
 //! in-tree plugin migrated to (`ebs.csi.aws.com` ← `kubernetes.io/aws-ebs`, as on EKS, whose
 //! default `gp2` class still names the in-tree plugin) serve that plugin's claims and PVs,
 //! translated as upstream's sidecars translate them with csi-translation-lib. The reference
@@ -13,11 +13,11 @@ use csi_kinds::annotations::{PROVISIONED_BY, STORAGE_PROVISIONER};
 use csi_kinds::migration::MIGRATED_TO;
 use csi_suite_scenarios::csi_proxy::CsiProxy;
 use csi_suite_scenarios::fixtures::{bound, claim, provision_static_volume};
-use csi_suite_scenarios::{Cluster, real_cluster, report_skip};
+use csi_suite_scenarios::{Cluster, rbac, real_cluster, report_skip};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 const EBS: &str = "ebs.csi.aws.com";
@@ -47,6 +47,17 @@ async fn ebs_driver(cluster: &Cluster) -> (LocalCluster, CsiProxy, csi_grpc::con
     (driver, proxy, csi)
 }
 
+/// The requests of `method` the proxy forwarded.
+fn requests<M: prost::Message + Default>(proxy: &CsiProxy, method: &str) -> Vec<M> {
+    let suffix = format!("/{method}");
+    proxy
+        .calls()
+        .into_iter()
+        .filter(|call| call.path.ends_with(&suffix))
+        .map(|call| M::decode(call.message).expect("a request"))
+        .collect()
+}
+
 /// The IDs of the volumes the driver has.
 async fn volume_ids(driver: &LocalCluster) -> Vec<String> {
     driver
@@ -62,6 +73,49 @@ async fn volume_ids(driver: &LocalCluster) -> Vec<String> {
         .into_iter()
         .filter_map(|entry| entry.volume.map(|v| v.volume_id))
         .collect()
+}
+
+/// csi-resizer with upstream's defaults and gates (fast retries), talking to the driver through
+/// `csi` (`Cluster::start_resizer` talks to the scenario's driver); stopped by cancelling the
+/// token and awaiting the task.
+async fn start_resizer(
+    cluster: &Cluster,
+    csi: csi_grpc::conn::CsiConnection,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let timeout = std::time::Duration::from_secs(10);
+    let driver =
+        csi_grpc::conn::DriverInfo::discover(&csi, timeout, csi_grpc::conn::Services::CONTROLLER)
+            .await
+            .expect("driver discovery");
+    let settings = csi_resizer::controller::Settings {
+        resizer: Some(csi_resizer::resize::Resizer::of(&driver).expect("the driver expands")),
+        driver_name: driver.name,
+        timeout,
+        retry_start: std::time::Duration::from_millis(200),
+        retry_max: std::time::Duration::from_secs(5),
+        workers: 10,
+        resync: std::time::Duration::from_secs(600),
+        handle_volume_in_use_error: true,
+        recover: true,
+        annotate_fs_resize: true,
+        cache_sync: csi_sidecar::informers::CacheSyncHealth::new(
+            csi_sidecar::informers::SYNC_GRACE_PERIOD,
+        ),
+        modify: None,
+        workqueues: Default::default(),
+    };
+    let client = cluster.component_client(rbac::RESIZER);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        if let Err(error) = csi_resizer::controller::run(client, csi, settings, token).await {
+            tracing::error!(%error, "csi-resizer stopped");
+        }
+    });
+    (shutdown, task)
 }
 
 /// Whether the server's PV controller hands `kubernetes.io/aws-ebs` claims to the CSI driver
@@ -83,22 +137,38 @@ async fn hands_ebs_claims_to_csi(cluster: &Cluster) -> bool {
     version.major == "1" && minor >= 23
 }
 
+/// The scenario's cluster; `None` after a named skip on a real server older than 1.23, whose
+/// controller (`what` it does) serves `kubernetes.io/aws-ebs` in-tree.
+async fn migrated_cluster(name: &str, scenario: &str, what: &str) -> Option<Cluster> {
+    let cluster = Cluster::start(name).await;
+    if hands_ebs_claims_to_csi(&cluster).await {
+        return Some(cluster);
+    }
+    report_skip(
+        scenario,
+        &format!(
+            "the server's {what} kubernetes.io/aws-ebs in-tree (CSIMigrationAWS is off before Kubernetes 1.23)"
+        ),
+    );
+    cluster.stop().await;
+    None
+}
+
 /// An EBS claim of a `gp2`-like class is provisioned through `ebs.csi.aws.com` with the class's
 /// parameters translated (`fsType` → the volume capability's fsType, `type` as it is), its PV
 /// written as an in-tree `awsElasticBlockStore` PV provisioned by `kubernetes.io/aws-ebs`, and
 /// deleted through the driver once released.
 #[tokio::test(flavor = "multi_thread")]
 async fn aws_ebs_claims_are_provisioned_as_in_tree_volumes() {
-    const SCENARIO: &str = "aws_ebs_claims_are_provisioned_as_in_tree_volumes";
-    let cluster = Cluster::start("migration-provision").await;
-    if !hands_ebs_claims_to_csi(&cluster).await {
-        report_skip(
-            SCENARIO,
-            "the server's PV controller provisions kubernetes.io/aws-ebs in-tree (CSIMigrationAWS is off before Kubernetes 1.23)",
-        );
-        cluster.stop().await;
+    let Some(cluster) = migrated_cluster(
+        "migration-provision",
+        "aws_ebs_claims_are_provisioned_as_in_tree_volumes",
+        "PV controller provisions",
+    )
+    .await
+    else {
         return;
-    }
+    };
     let (driver, proxy, csi) = ebs_driver(&cluster).await;
     // Without the Topology gate (upstream's default): the reference driver's node topology is
     // no EBS zone, from which no in-tree PV could be written.
@@ -236,12 +306,8 @@ async fn in_tree_ebs_volumes_are_attached_as_csi_volumes() {
             va.status.as_ref().is_some_and(|s| s.attached)
         })
         .await;
-    let published: Vec<csi_proto::csi::v1::ControllerPublishVolumeRequest> = proxy
-        .calls()
-        .into_iter()
-        .filter(|call| call.path.ends_with("/ControllerPublishVolume"))
-        .map(|call| prost::Message::decode(call.message).expect("a request"))
-        .collect();
+    let published: Vec<csi_proto::csi::v1::ControllerPublishVolumeRequest> =
+        requests(&proxy, "ControllerPublishVolume");
     assert_eq!(published.len(), 1, "one ControllerPublishVolume");
     assert_eq!(published[0].volume_id, handle, "the in-tree volume ID");
     assert_eq!(published[0].node_id, EBS_NODE);
@@ -274,5 +340,117 @@ async fn in_tree_ebs_volumes_are_attached_as_csi_volumes() {
     cluster
         .delete_and_wait(&csi_nodes, &node, "the CSINode deleted")
         .await;
+    cluster.stop().await;
+}
+
+/// An in-tree `awsElasticBlockStore` PV bound to a claim of an expandable `kubernetes.io/aws-ebs`
+/// class: once the claim grows and the expand controller hands it to `ebs.csi.aws.com` (the
+/// claim's `volume.kubernetes.io/storage-resizer`), the resizer expands the volume through the
+/// driver by its translated volume ID (as in the attach scenario, the reference driver's IDs
+/// are no `vol-…`, so the ID stays as it is); the PV's capacity grows and it stays an in-tree PV.
+/// Before Kubernetes 1.23 the expand controller expands such a claim in-tree: skipped there.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_tree_ebs_volumes_are_expanded_as_csi_volumes() {
+    let Some(cluster) = migrated_cluster(
+        "migration-resize",
+        "in_tree_ebs_volumes_are_expanded_as_csi_volumes",
+        "expand controller expands",
+    )
+    .await
+    else {
+        return;
+    };
+    let (driver, proxy, csi) = ebs_driver(&cluster).await;
+    let (resizer, resizer_task) = start_resizer(&cluster, csi).await;
+    let class = format!("{}-gp2", cluster.namespace);
+    cluster
+        .create(
+            &cluster.cluster_scoped::<StorageClass>(),
+            json!({"metadata": {"name": class}, "provisioner": IN_TREE, "reclaimPolicy": "Retain",
+                "volumeBindingMode": "Immediate", "allowVolumeExpansion": true,
+                "parameters": {"type": "gp2"}}),
+        )
+        .await;
+    let name = format!("{}-ebs", cluster.namespace);
+    let handle = provision_static_volume(&driver.controller.csi, &name, 1 << 20).await;
+    let pvs = cluster.cluster_scoped::<PersistentVolume>();
+    cluster
+        .create(
+            &pvs,
+            json!({"metadata": {"name": name}, "spec": {
+                "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": class,
+                "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                    "namespace": cluster.namespace, "name": "data"},
+                "awsElasticBlockStore": {"volumeID": handle, "fsType": "ext4"}}}),
+        )
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .create(
+            &claims,
+            json!({"metadata": {"name": "data"}, "spec": {"storageClassName": class,
+                "volumeName": name, "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Mi"}}}}),
+        )
+        .await;
+    cluster
+        .wait_for(&claims, "data", "the claim bound to the in-tree PV", bound)
+        .await;
+
+    let mut grow = json!({"spec": {"resources": {"requests": {"storage": "2Mi"}}}});
+    if !real_cluster() {
+        // As the kube-controller-manager's expand controller annotates a growing claim of a
+        // migrated plugin (kube-sim has none).
+        grow["metadata"] =
+            json!({"annotations": {csi_resizer::resize::STORAGE_RESIZER_ANNOTATION: EBS}});
+    }
+    claims
+        .patch("data", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .expect("growing the claim");
+    let expanded = cluster
+        .wait_for(&pvs, &name, "the in-tree PV expanded", |pv| {
+            csi_resizer::resize::volume_capacity(pv) >= 2 << 20
+        })
+        .await;
+    let spec = expanded.spec.expect("a spec");
+    assert!(spec.csi.is_none(), "still an in-tree PV: {spec:?}");
+    assert_eq!(
+        spec.aws_elastic_block_store.map(|ebs| ebs.volume_id),
+        Some(handle.clone()),
+        "the awsElasticBlockStore source kept"
+    );
+    let expanded: Vec<csi_proto::csi::v1::ControllerExpandVolumeRequest> =
+        requests(&proxy, "ControllerExpandVolume");
+    assert!(!expanded.is_empty(), "ControllerExpandVolume");
+    assert_eq!(expanded[0].volume_id, handle, "the translated volume ID");
+    assert_eq!(
+        expanded[0].capacity_range.map(|r| r.required_bytes),
+        Some(2 << 20)
+    );
+    let claim = claims.get("data").await.expect("the claim");
+    assert_eq!(
+        claim
+            .annotations()
+            .get(csi_resizer::resize::STORAGE_RESIZER_ANNOTATION)
+            .map(String::as_str),
+        Some(EBS),
+        "handed to the CSI driver's resizer"
+    );
+
+    resizer.cancel();
+    resizer_task.await.expect("the resizer stopped");
+    cluster
+        .delete_and_wait(&claims, "data", "the claim deleted")
+        .await;
+    cluster
+        .delete_and_wait(&pvs, &name, "the released PV deleted")
+        .await;
+    cluster
+        .cluster_scoped::<StorageClass>()
+        .delete(&class, &DeleteParams::default())
+        .await
+        .expect("deleting the class");
     cluster.stop().await;
 }
