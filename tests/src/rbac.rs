@@ -405,12 +405,16 @@ mod tests {
         assert_allows(granted(COSI_PROVISIONER), &provisioner);
     }
 
-    /// csi-inventory's report lists PVs and VolumeSnapshotContents and calls nothing else; its
-    /// import (an administrator's command) gets no grant.
+    /// csi-inventory's report lists PVs, pods (their inline volumes) and VolumeSnapshotContents
+    /// and calls nothing else; its import (an administrator's command) gets no grant.
     #[test]
-    fn the_inventory_may_list_volumes_and_contents_and_nothing_else() {
+    fn the_inventory_may_list_volumes_pods_and_contents_and_nothing_else() {
         let cases = [
             ("list", "", "persistentvolumes", true),
+            ("list", "", "pods", true),
+            ("watch", "", "pods", false),
+            ("get", "", "pods", false),
+            ("delete", "", "pods", false),
             (
                 "list",
                 "snapshot.storage.k8s.io",
@@ -432,6 +436,6 @@ mod tests {
             ("create", "", "events", false),
         ];
         assert_allows(granted(INVENTORY), &cases);
-        assert_eq!(granted(INVENTORY).len(), 2, "{:?}", granted(INVENTORY));
+        assert_eq!(granted(INVENTORY).len(), 3, "{:?}", granted(INVENTORY));
     }
 }
