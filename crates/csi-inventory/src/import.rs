@@ -15,7 +15,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use crate::report::{ClusterVolume, PV_NAME_KEY, StorageVolume};
+use crate::report::{ClusterVolume, PV_NAME_KEY, StorageVolume, is_inline_handle};
 
 /// What the PV is made of besides the volume.
 #[derive(Debug, Clone)]
@@ -41,6 +41,10 @@ pub struct ImportSpec<'a> {
 pub enum Refusal {
     #[error("volume {0} is not listed by the driver")]
     NotListed(String),
+    #[error(
+        "volume {0} is a CSI ephemeral inline volume (the kubelet's csi-<sha256> handle): it belongs to a pod and is deleted by its NodeUnpublishVolume, never imported as a PersistentVolume"
+    )]
+    Ephemeral(String),
     #[error("volume {volume} already has the PersistentVolume {pv}")]
     AlreadyImported { volume: String, pv: String },
     #[error("a PersistentVolume named {0} exists")]
@@ -76,13 +80,17 @@ const ACCESS_MODES: [&str; 4] = [
     "ReadWriteOncePod",
 ];
 
-/// The PV for `volume`, refused when a PV of the driver already names it or has its name.
+/// The PV for `volume`, refused when it is an inline volume's, or a PV of the driver already
+/// names it or has its name.
 pub fn persistent_volume(
     volume: &StorageVolume,
     pvs: &[ClusterVolume],
     taken_names: &BTreeSet<String>,
     spec: &ImportSpec<'_>,
 ) -> Result<Value, Refusal> {
+    if is_inline_handle(&volume.id) {
+        return Err(Refusal::Ephemeral(volume.id.clone()));
+    }
     if let Some(existing) = pvs.iter().find(|pv| pv.handle == volume.id) {
         return Err(Refusal::AlreadyImported {
             volume: volume.id.clone(),
@@ -337,7 +345,18 @@ mod tests {
             BTreeSet<String>,
             ImportSpec<'a>,
         );
+        let inline = StorageVolume {
+            id: format!("csi-{}", "5e".repeat(32)),
+            ..volume()
+        };
         let rows: Vec<Row> = vec![
+            (
+                "an inline volume's",
+                inline.clone(),
+                vec![],
+                BTreeSet::new(),
+                base.clone(),
+            ),
             (
                 "already imported",
                 volume(),
@@ -414,7 +433,12 @@ mod tests {
                 base.clone(),
             ),
         ];
+        let inline_refusal = format!(
+            "volume {} is a CSI ephemeral inline volume (the kubelet's csi-<sha256> handle): it belongs to a pod and is deleted by its NodeUnpublishVolume, never imported as a PersistentVolume",
+            inline.id
+        );
         let expected = [
+            inline_refusal.as_str(),
             "volume vol-1 already has the PersistentVolume pv-1",
             "a PersistentVolume named restored exists",
             "\"Not_A_Name\" is not a valid PersistentVolume name",

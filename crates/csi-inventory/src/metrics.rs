@@ -31,7 +31,7 @@ impl InventoryMetrics {
         let metrics = Self::default();
         registry.register(
             "csi_inventory_findings",
-            "Findings of the last scan, by kind (orphaned, missing, mismatched, abnormal, orphanedSnapshot, missingSnapshot)",
+            "Findings of the last scan, by kind (orphaned, orphanedEphemeral, missing, mismatched, abnormal, orphanedSnapshot, missingSnapshot)",
             metrics.findings.clone(),
         );
         registry.register(

@@ -1,16 +1,18 @@
 //! The two sides as the inventory compares them: CSI listing entries and the driver's
-//! PersistentVolumes and VolumeSnapshotContents, reduced to what [`crate::report`] reads. Pure.
+//! PersistentVolumes, VolumeSnapshotContents and pods' inline volumes, reduced to what
+//! [`crate::report`] reads. Pure.
 
 use std::collections::BTreeSet;
 
 use csi::VolumeHealthErrorType;
 use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::{v1 as csi, v1_12};
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume};
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume, Pod};
 use kube::ResourceExt;
 
 use crate::report::{
-    ClusterSnapshot, ClusterVolume, Condition, PvTopology, Segments, StorageSnapshot, StorageVolume,
+    ClusterSnapshot, ClusterVolume, Condition, InlineVolume, PvTopology, Segments, StorageSnapshot,
+    StorageVolume, inline_volume_handle,
 };
 
 /// A listed volume; `condition` comes from wherever the driver reports health.
@@ -112,6 +114,26 @@ pub fn cluster_volume(pv: &PersistentVolume, driver: &str) -> Option<ClusterVolu
         }),
         deleting: pv.metadata.deletion_timestamp.is_some(),
     })
+}
+
+/// The pod's CSI ephemeral inline volumes of `driver`, with the handles the kubelet gives them.
+/// Every pod the API holds counts, whatever its phase: the kubelet unpublishes a finished or
+/// deleted pod's volumes after the fact.
+pub fn inline_volumes(pod: &Pod, driver: &str) -> Vec<InlineVolume> {
+    let Some(uid) = pod.metadata.uid.as_deref() else {
+        return Vec::new();
+    };
+    let name = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .filter(|volume| volume.csi.as_ref().is_some_and(|csi| csi.driver == driver))
+        .map(|volume| InlineVolume {
+            pod: name.clone(),
+            volume: volume.name.clone(),
+            handle: inline_volume_handle(uid, &volume.name),
+        })
+        .collect()
 }
 
 /// The segment maps node selector terms admit: each term of `key In [values]` expressions is
@@ -216,6 +238,34 @@ mod tests {
             )
         );
         assert!(cluster_volume(&pv(json!(null)), "other").is_none());
+    }
+
+    #[test]
+    fn a_pods_inline_volumes_of_the_driver_get_the_kubelets_handles() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "shop", "name": "web-0",
+                "uid": "9f1c2b7e-3d4a-4e5f-8a6b-7c8d9e0f1a2b"},
+            "spec": {"containers": [{"name": "app"}], "volumes": [
+                {"name": "scratch", "csi": {"driver": "hostpath"}},
+                {"name": "other", "csi": {"driver": "other.example.com"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+            ]}
+        }))
+        .unwrap();
+        // printf '%s' 9f1c2b7e-3d4a-4e5f-8a6b-7c8d9e0f1a2bscratch | sha256sum
+        let handle = "csi-aa9e2015c4cff5a8009d6d9119aabae2994a3a0d8a5c6b84579a1f52ca5d8d9c";
+        assert_eq!(
+            inline_volumes(&pod, "hostpath"),
+            vec![InlineVolume {
+                pod: "shop/web-0".into(),
+                volume: "scratch".into(),
+                handle: handle.into(),
+            }]
+        );
+        let unsaved: Pod = serde_json::from_value(json!({"metadata": {"name": "web-1"},
+            "spec": {"containers": [], "volumes": [{"name": "scratch", "csi": {"driver": "hostpath"}}]}}))
+        .unwrap();
+        assert_eq!(inline_volumes(&unsaved, "hostpath"), vec![]);
     }
 
     #[test]

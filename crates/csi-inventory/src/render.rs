@@ -42,6 +42,9 @@ fn size(bytes: i64) -> String {
 fn heading(kind: &str) -> &'static str {
     match kind {
         "orphaned" => "ORPHANED: volumes on the storage without a PersistentVolume",
+        "orphanedEphemeral" => {
+            "ORPHANED EPHEMERAL: inline volume handles on the storage that no pod has (not for import)"
+        }
         "missing" => "MISSING: PersistentVolumes whose volume the driver does not list",
         "mismatched" => "MISMATCHED: PersistentVolumes that disagree with their volume",
         "abnormal" => "ABNORMAL: volumes the driver reports unhealthy",
@@ -52,7 +55,8 @@ fn heading(kind: &str) -> &'static str {
     }
 }
 
-fn orphan_row(volume: &StorageVolume, claim: &Option<String>) -> Vec<String> {
+/// An orphan's columns up to CONDITION, the same for both kinds of orphans.
+fn orphan_row(volume: &StorageVolume) -> Vec<String> {
     vec![
         volume.id.clone(),
         size(volume.capacity_bytes),
@@ -64,7 +68,6 @@ fn orphan_row(volume: &StorageVolume, claim: &Option<String>) -> Vec<String> {
         volume.condition.as_ref().map_or("-".into(), |c| {
             if c.abnormal { "abnormal" } else { "ok" }.into()
         }),
-        claim.clone().unwrap_or_else(|| "-".into()),
     ]
 }
 
@@ -87,7 +90,12 @@ fn difference(difference: &Difference) -> String {
 /// One finding as a row of its kind's table.
 fn row(finding: &Finding) -> Vec<String> {
     match finding {
-        Finding::Orphaned { volume, claim } => orphan_row(volume, claim),
+        Finding::Orphaned { volume, claim } => {
+            let mut row = orphan_row(volume);
+            row.push(claim.clone().unwrap_or_else(|| "-".into()));
+            row
+        }
+        Finding::OrphanedEphemeral { volume } => orphan_row(volume),
         Finding::Missing {
             pv,
             volume_id,
@@ -151,6 +159,7 @@ fn headers(kind: &str) -> &'static [&'static str] {
             "CONDITION",
             "MADE FOR CLAIM",
         ],
+        "orphanedEphemeral" => &["VOLUME", "SIZE", "TOPOLOGY", "PUBLISHED ON", "CONDITION"],
         "missing" => &["PV", "VOLUME", "CLASS", "CLAIM"],
         "mismatched" => &["PV", "VOLUME", "CLASS", "DIFFERENCE"],
         "abnormal" => &["VOLUME", "PV", "CLASS", "MESSAGE"],
@@ -162,8 +171,8 @@ fn headers(kind: &str) -> &'static [&'static str] {
 /// The report as tables.
 pub fn text(report: &Report) -> String {
     let mut out = format!(
-        "Driver {}: {} volumes on the storage, {} PersistentVolumes",
-        report.driver, report.volumes_on_storage, report.persistent_volumes
+        "Driver {}: {} volumes on the storage, {} PersistentVolumes, {} inline volumes of pods",
+        report.driver, report.volumes_on_storage, report.persistent_volumes, report.inline_volumes
     );
     match (report.snapshots_on_storage, report.snapshot_contents) {
         (Some(snapshots), Some(contents)) => {
@@ -212,7 +221,7 @@ pub fn text(report: &Report) -> String {
         out += &format!("\nPER CLASS\n{}", table(&headers, &rows));
     }
     out += &if report.is_clean() {
-        "\nClean: every volume has its PersistentVolume and every PersistentVolume its volume.\n"
+        "\nClean: every volume has its PersistentVolume or pod and every PersistentVolume its volume.\n"
             .to_string()
     } else {
         format!("\n{} findings.\n", report.findings.len())
@@ -234,12 +243,20 @@ mod tests {
         let report = compare(
             "hostpath",
             &Inputs {
-                volumes: vec![StorageVolume {
-                    id: "vol-orphan".into(),
-                    capacity_bytes: 1 << 30,
-                    published_nodes: Some(vec![]),
-                    ..Default::default()
-                }],
+                volumes: vec![
+                    StorageVolume {
+                        id: "vol-orphan".into(),
+                        capacity_bytes: 1 << 30,
+                        published_nodes: Some(vec![]),
+                        ..Default::default()
+                    },
+                    StorageVolume {
+                        id: format!("csi-{}", "0a".repeat(32)),
+                        capacity_bytes: 100 << 20,
+                        published_nodes: Some(vec!["node-a".into()]),
+                        ..Default::default()
+                    },
+                ],
                 pvs_before: vec![ClusterVolume {
                     pv: "pv-lost".into(),
                     uid: "u".into(),
@@ -254,31 +271,36 @@ mod tests {
                     class: "fast".into(),
                     ..Default::default()
                 }],
-                snapshots: None,
+                ..Default::default()
             },
         );
         let text = text(&report);
         let expected = "\
-Driver hostpath: 1 volumes on the storage, 1 PersistentVolumes; snapshots not compared.
+Driver hostpath: 2 volumes on the storage, 1 PersistentVolumes, 0 inline volumes of pods; snapshots not compared.
 
 ORPHANED: volumes on the storage without a PersistentVolume
 VOLUME      SIZE  TOPOLOGY  PUBLISHED ON  CONDITION  MADE FOR CLAIM
 vol-orphan  1Gi   -         -             -          -
+
+ORPHANED EPHEMERAL: inline volume handles on the storage that no pod has (not for import)
+VOLUME                                                                SIZE   TOPOLOGY  PUBLISHED ON  CONDITION
+csi-0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a  100Mi  -         node-a        -
 
 MISSING: PersistentVolumes whose volume the driver does not list
 PV       VOLUME    CLASS  CLAIM
 pv-lost  vol-lost  fast   -
 
 PER CLASS
-CLASS   PVS  orphaned  missing
-(none)  0    1         0
-fast    1    0         1
+CLASS   PVS  orphaned  orphanedEphemeral  missing
+(none)  0    1         1                  0
+fast    1    0         0                  1
 
-2 findings.
+3 findings.
 ";
         assert_eq!(text, expected);
         let json: serde_json::Value = serde_json::from_str(&json(&report)).unwrap();
         assert_eq!(json["findings"][0]["kind"], "orphaned");
+        assert_eq!(json["findings"][1]["kind"], "orphanedEphemeral");
         assert_eq!(json["classes"]["fast"]["findings"]["missing"], 1);
     }
 }

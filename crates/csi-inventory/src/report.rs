@@ -1,16 +1,24 @@
 //! The inventory's pure core: what the storage holds (ListVolumes, ListSnapshots) against
-//! what the cluster records (PersistentVolumes and VolumeSnapshotContents of the driver).
+//! what the cluster records (PersistentVolumes and VolumeSnapshotContents of the driver, and
+//! the pods' CSI ephemeral inline volumes of the driver).
 //!
 //! The two sides cannot be read at one instant. The cluster side is therefore read twice,
 //! before and after the storage listing: a volume is orphaned only when neither reading has
-//! a PV for it (a PV created while the storage was listed is in the second), and a PV is
-//! missing its volume only when it is in both readings, not being deleted (a PV whose volume
-//! was made after the storage listing began is only in the second; a released volume is
-//! deleted before its PV).
+//! a PV or a pod for it (a PV or pod created while the storage was listed is in the second; a
+//! pod deleted meanwhile, whose volume the kubelet has yet to unpublish, is in the first), and
+//! a PV is missing its volume only when it is in both readings, not being deleted (a PV whose
+//! volume was made after the storage listing began is only in the second; a released volume
+//! is deleted before its PV).
+//!
+//! An inline volume has no PV: the kubelet names it `csi-` and the hex SHA-256 of the pod's
+//! UID and the volume's name in the pod ([`inline_volume_handle`]), and the driver lists it.
+//! A volume of that shape no pod explains is an orphaned ephemeral volume, not an orphan to
+//! import: the kubelet left it behind (its NodeUnpublishVolume never reached the driver).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 /// The claim the provisioner made a volume for, from `--extra-create-metadata`.
 pub const CLAIM_NAME_KEY: &str = "csi.storage.k8s.io/pvc/name";
@@ -100,12 +108,45 @@ pub struct ClusterSnapshot {
     pub deleting: bool,
 }
 
+/// A pod's CSI ephemeral inline volume of the driver (`spec.volumes[].csi`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InlineVolume {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// The volume's name in the pod.
+    pub volume: String,
+    /// The kubelet's volume handle, [`inline_volume_handle`].
+    pub handle: String,
+}
+
+/// The volume handle the kubelet gives a pod's inline volume: `csi-` and the hex SHA-256 of
+/// the pod's UID followed by the volume's name in the pod (kubelet's `makeVolumeHandle`).
+pub fn inline_volume_handle(pod_uid: &str, volume: &str) -> String {
+    let mut digest = Sha256::new();
+    digest.update(pod_uid);
+    digest.update(volume);
+    format!("csi-{}", hex::encode(digest.finalize()))
+}
+
+/// Whether a volume ID has the shape of the kubelet's inline volume handles.
+pub fn is_inline_handle(id: &str) -> bool {
+    id.strip_prefix("csi-").is_some_and(|digest| {
+        digest.len() == 64
+            && digest
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// Everything one scan read.
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
     pub volumes: Vec<StorageVolume>,
     pub pvs_before: Vec<ClusterVolume>,
     pub pvs_after: Vec<ClusterVolume>,
+    /// The inline volumes of the driver in the pods read before and after the storage listing.
+    pub inline_before: Vec<InlineVolume>,
+    pub inline_after: Vec<InlineVolume>,
     /// `None`: snapshots were not compared (no LIST_SNAPSHOTS, or the API is not served).
     pub snapshots: Option<SnapshotInputs>,
 }
@@ -121,13 +162,16 @@ pub struct SnapshotInputs {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Finding {
-    /// On the storage, no PV.
+    /// On the storage, no PV, and not an inline volume's handle.
     Orphaned {
         volume: StorageVolume,
         /// The claim it was made for (`--extra-create-metadata`).
         #[serde(skip_serializing_if = "Option::is_none")]
         claim: Option<String>,
     },
+    /// An inline volume's handle on the storage that no pod has: to unpublish or delete on
+    /// its node, never to import as a PV.
+    OrphanedEphemeral { volume: StorageVolume },
     /// A PV whose volume the driver does not list.
     #[serde(rename_all = "camelCase")]
     Missing {
@@ -170,6 +214,7 @@ impl Finding {
     pub fn kind(&self) -> &'static str {
         match self {
             Finding::Orphaned { .. } => "orphaned",
+            Finding::OrphanedEphemeral { .. } => "orphanedEphemeral",
             Finding::Missing { .. } => "missing",
             Finding::Mismatched { .. } => "mismatched",
             Finding::Abnormal { .. } => "abnormal",
@@ -185,14 +230,17 @@ impl Finding {
             | Finding::Mismatched { class, .. }
             | Finding::Abnormal { class, .. }
             | Finding::MissingSnapshot { class, .. } => class,
-            Finding::Orphaned { .. } | Finding::OrphanedSnapshot { .. } => "",
+            Finding::Orphaned { .. }
+            | Finding::OrphanedEphemeral { .. }
+            | Finding::OrphanedSnapshot { .. } => "",
         }
     }
 }
 
 /// Every kind a finding can be, in report order.
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 7] = [
     "orphaned",
+    "orphanedEphemeral",
     "missing",
     "mismatched",
     "abnormal",
@@ -223,6 +271,8 @@ pub struct Report {
     pub driver: String,
     pub volumes_on_storage: usize,
     pub persistent_volumes: usize,
+    /// The pods' inline volumes of the driver (second reading).
+    pub inline_volumes: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshots_on_storage: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -251,6 +301,13 @@ pub fn compare(driver: &str, inputs: &Inputs) -> Report {
         .iter()
         .chain(&inputs.pvs_after)
         .map(|pv| pv.handle.as_str())
+        .chain(
+            inputs
+                .inline_before
+                .iter()
+                .chain(&inputs.inline_after)
+                .map(|inline| inline.handle.as_str()),
+        )
         .collect();
     let listed: BTreeMap<&str, &StorageVolume> =
         inputs.volumes.iter().map(|v| (v.id.as_str(), v)).collect();
@@ -261,9 +318,15 @@ pub fn compare(driver: &str, inputs: &Inputs) -> Report {
         .collect();
     for volume in &inputs.volumes {
         if !known.contains(volume.id.as_str()) {
-            findings.push(Finding::Orphaned {
-                claim: volume.claim(),
-                volume: volume.clone(),
+            findings.push(if is_inline_handle(&volume.id) {
+                Finding::OrphanedEphemeral {
+                    volume: volume.clone(),
+                }
+            } else {
+                Finding::Orphaned {
+                    claim: volume.claim(),
+                    volume: volume.clone(),
+                }
             });
         }
         if let Some(condition) = volume.condition.as_ref().filter(|c| c.abnormal) {
@@ -323,6 +386,7 @@ pub fn compare(driver: &str, inputs: &Inputs) -> Report {
         driver: driver.to_string(),
         volumes_on_storage: inputs.volumes.len(),
         persistent_volumes: inputs.pvs_after.len(),
+        inline_volumes: inputs.inline_after.len(),
         snapshots_on_storage: inputs.snapshots.as_ref().map(|s| s.snapshots.len()),
         snapshot_contents: inputs.snapshots.as_ref().map(|s| s.contents_after.len()),
         findings,

@@ -12,7 +12,7 @@ use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::v1 as csi;
 use csi_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
 use csi_proto::csi::v1::volume_health::VolumeHealthEntry;
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -23,10 +23,12 @@ use crate::flags::{ImportArgs, Output, ReportArgs, Target};
 use crate::import::{ImportSpec, Refusal, orphan_pv_name, persistent_volume};
 use crate::metrics::InventoryMetrics;
 use crate::objects::{
-    cluster_snapshot, cluster_volume, health_condition, legacy_storage_volume, storage_snapshot,
-    storage_volume,
+    cluster_snapshot, cluster_volume, health_condition, inline_volumes, legacy_storage_volume,
+    storage_snapshot, storage_volume,
 };
-use crate::report::{ClusterVolume, Finding, Inputs, Report, SnapshotInputs, compare};
+use crate::report::{
+    ClusterVolume, Finding, InlineVolume, Inputs, Report, SnapshotInputs, compare, is_inline_handle,
+};
 use csi_grpc::listing::{self, ListError, Paging};
 
 /// The exit code of a report with findings (0: clean), for cron alerting.
@@ -117,15 +119,21 @@ impl Inventory {
         })
     }
 
-    async fn all_pvs(&self) -> Result<Vec<PersistentVolume>, InventoryError> {
-        let listed = Api::<PersistentVolume>::all(self.client.clone())
+    /// Every `K` in the cluster (all namespaces).
+    async fn list_all<K>(&self, what: &'static str) -> Result<Vec<K>, InventoryError>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        let listed = Api::<K>::all(self.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|source| InventoryError::Kube {
-                what: "PersistentVolumes",
-                source,
-            })?;
+            .map_err(|source| InventoryError::Kube { what, source })?;
         Ok(listed.items)
+    }
+
+    async fn all_pvs(&self) -> Result<Vec<PersistentVolume>, InventoryError> {
+        self.list_all("PersistentVolumes").await
     }
 
     fn of_driver(&self, pvs: &[PersistentVolume]) -> Vec<ClusterVolume> {
@@ -136,6 +144,15 @@ impl Inventory {
 
     async fn pvs(&self) -> Result<Vec<ClusterVolume>, InventoryError> {
         Ok(self.of_driver(&self.all_pvs().await?))
+    }
+
+    /// The driver's inline volumes in every pod.
+    async fn inline_volumes(&self) -> Result<Vec<InlineVolume>, InventoryError> {
+        let pods: Vec<Pod> = self.list_all("Pods").await?;
+        Ok(pods
+            .iter()
+            .flat_map(|pod| inline_volumes(pod, &self.driver.name))
+            .collect())
     }
 
     /// The driver's contents; `None` when the snapshot API is not served.
@@ -258,6 +275,7 @@ impl Inventory {
             .driver
             .has_controller(ControllerCapability::ListSnapshots);
         let pvs_before = self.pvs().await?;
+        let inline_before = self.inline_volumes().await?;
         let contents_before = if snapshots {
             self.contents().await?
         } else {
@@ -279,12 +297,15 @@ impl Inventory {
             None => None,
         };
         let pvs_after = self.pvs().await?;
+        let inline_after = self.inline_volumes().await?;
         Ok(compare(
             &self.driver.name,
             &Inputs {
                 volumes,
                 pvs_before,
                 pvs_after,
+                inline_before,
+                inline_after,
                 snapshots: snapshot_inputs,
             },
         ))
@@ -326,10 +347,14 @@ impl Inventory {
         };
         let Some(volume_id) = &args.volume_id else {
             let known: BTreeSet<&str> = pvs.iter().map(|pv| pv.handle.as_str()).collect();
-            let orphans: Vec<_> = volumes
+            // Inline volumes belong to pods (or are left behind by one): not orphans to import.
+            let (inline, orphans): (Vec<_>, Vec<_>) = volumes
                 .iter()
                 .filter(|v| !known.contains(v.id.as_str()))
-                .collect();
+                .partition(|v| is_inline_handle(&v.id));
+            for volume in inline {
+                writeln!(out, "skipped: {}", Refusal::Ephemeral(volume.id.clone()))?;
+            }
             let mut failed = 0;
             for orphan in &orphans {
                 let name = orphan_pv_name(orphan, &taken);
@@ -467,6 +492,9 @@ fn log_finding(finding: &Finding) {
     match finding {
         Finding::Orphaned { volume, claim } => {
             tracing::warn!(volume = %volume.id, claim = ?claim, "orphaned volume: no PersistentVolume")
+        }
+        Finding::OrphanedEphemeral { volume } => {
+            tracing::warn!(volume = %volume.id, nodes = ?volume.published_nodes, "orphaned ephemeral inline volume: no pod has it")
         }
         Finding::Missing { pv, volume_id, .. } => {
             tracing::warn!(%pv, volume = %volume_id, "missing volume: the driver does not list it")

@@ -32,7 +32,9 @@ fn kinds(report: &Report) -> Vec<(&'static str, String)> {
         .iter()
         .map(|f| {
             let what = match f {
-                Finding::Orphaned { volume, .. } => volume.id.clone(),
+                Finding::Orphaned { volume, .. } | Finding::OrphanedEphemeral { volume } => {
+                    volume.id.clone()
+                }
                 Finding::Missing { pv, .. } | Finding::Mismatched { pv, .. } => pv.clone(),
                 Finding::Abnormal { volume_id, .. } => volume_id.clone(),
                 Finding::OrphanedSnapshot { snapshot } => snapshot.id.clone(),
@@ -113,7 +115,7 @@ fn volumes_are_orphaned_missing_or_clean_across_the_two_readings() {
                 volumes,
                 pvs_before,
                 pvs_after,
-                snapshots: None,
+                ..Default::default()
             },
         );
         let expected: Vec<(&str, String)> = expected
@@ -123,6 +125,121 @@ fn volumes_are_orphaned_missing_or_clean_across_the_two_readings() {
         assert_eq!(kinds(&report), expected, "{name}");
         assert_eq!(report.is_clean(), expected.is_empty(), "{name}");
     }
+}
+
+#[test]
+fn the_handle_of_an_inline_volume_is_the_kubelets() {
+    // printf '%s' 0b6f2c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6fscratch | sha256sum
+    assert_eq!(
+        inline_volume_handle("0b6f2c1e-8d3a-4f5b-9c7e-1a2b3c4d5e6f", "scratch"),
+        "csi-0c1fdee27345f8335a2164b0221356c7a772ad14f3384793e4b953dc0dfdacb9"
+    );
+    let shapes = [
+        (format!("csi-{}", "0f".repeat(32)), true),
+        (format!("csi-{}", "0F".repeat(32)), false),
+        (format!("csi-{}", "0f".repeat(31)), false),
+        (format!("csi-{}0", "0f".repeat(32)), false),
+        (format!("pvc-{}", "0f".repeat(32)), false),
+        ("7c0d2f6e-5b1a-11ef-a3f4-0242ac120002".to_string(), false),
+    ];
+    for (id, inline) in shapes {
+        assert_eq!(is_inline_handle(&id), inline, "{id}");
+    }
+}
+
+/// Each row: the storage, the pods' inline volumes read before and after the storage listing,
+/// and the findings expected.
+#[test]
+fn inline_volumes_are_in_use_while_a_pod_has_them_and_orphaned_ephemeral_after() {
+    let handle = |pod: &str| inline_volume_handle(&format!("uid-{pod}"), "scratch");
+    let inline = |pod: &str| InlineVolume {
+        pod: format!("shop/{pod}"),
+        volume: "scratch".into(),
+        handle: handle(pod),
+    };
+    let ephemeral = |pod: &str| volume(&handle(pod), 100 << 20);
+    type Row = (
+        &'static str,
+        Vec<StorageVolume>,
+        (Vec<InlineVolume>, Vec<InlineVolume>),
+        Vec<(&'static str, String)>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "a live pod's inline volume is in use",
+            vec![ephemeral("web-0")],
+            (vec![inline("web-0")], vec![inline("web-0")]),
+            vec![],
+        ),
+        (
+            "a pod created while the storage was listed",
+            vec![ephemeral("web-0")],
+            (vec![], vec![inline("web-0")]),
+            vec![],
+        ),
+        (
+            "a pod deleted while the storage was listed",
+            vec![ephemeral("web-0")],
+            (vec![inline("web-0")], vec![]),
+            vec![],
+        ),
+        (
+            "no pod has it: orphaned ephemeral, not orphaned",
+            vec![ephemeral("web-0"), ephemeral("web-1")],
+            (vec![inline("web-1")], vec![inline("web-1")]),
+            vec![("orphanedEphemeral", handle("web-0"))],
+        ),
+        (
+            "a pod's inline volume the storage does not list is no finding",
+            vec![],
+            (vec![inline("web-0")], vec![inline("web-0")]),
+            vec![],
+        ),
+        (
+            "an inline handle of another pod's volume name explains nothing",
+            vec![volume(
+                &inline_volume_handle("uid-web-0", "cache"),
+                100 << 20,
+            )],
+            (vec![inline("web-0")], vec![inline("web-0")]),
+            vec![(
+                "orphanedEphemeral",
+                inline_volume_handle("uid-web-0", "cache"),
+            )],
+        ),
+        (
+            "a volume of another shape is orphaned as before",
+            vec![volume("vol-1", 1 << 20)],
+            (vec![], vec![]),
+            vec![("orphaned", "vol-1".to_string())],
+        ),
+    ];
+    for (name, volumes, (inline_before, inline_after), expected) in rows {
+        let report = compare(
+            "hostpath",
+            &Inputs {
+                volumes,
+                inline_before,
+                inline_after,
+                ..Default::default()
+            },
+        );
+        assert_eq!(kinds(&report), expected, "{name}");
+    }
+    let imported = compare(
+        "hostpath",
+        &Inputs {
+            volumes: vec![ephemeral("web-0")],
+            pvs_before: vec![pv("pv-1", &handle("web-0"), 100 << 20)],
+            pvs_after: vec![pv("pv-1", &handle("web-0"), 100 << 20)],
+            ..Default::default()
+        },
+    );
+    assert!(
+        imported.is_clean(),
+        "a PV names it: {:?}",
+        imported.findings
+    );
 }
 
 #[test]
@@ -265,7 +382,7 @@ fn abnormal_volumes_are_reported_with_their_pv_and_counted_per_class() {
             volumes: vec![sick, fine, volume("vol-3", 1 << 20)],
             pvs_before: vec![pv("pv-1", "vol-1", 1 << 20), pv("pv-2", "vol-2", 1 << 20)],
             pvs_after: vec![pv("pv-1", "vol-1", 1 << 20), pv("pv-2", "vol-2", 1 << 20)],
-            snapshots: None,
+            ..Default::default()
         },
     );
     assert_eq!(
@@ -339,5 +456,13 @@ fn findings_serialise_with_their_kind() {
         serde_json::to_value(&finding).unwrap(),
         serde_json::json!({"kind": "missing", "pv": "pv-1", "volumeId": "vol-1",
             "class": "fast", "claim": "shop/data"})
+    );
+    let ephemeral = Finding::OrphanedEphemeral {
+        volume: volume("csi-00", 5),
+    };
+    assert_eq!(
+        serde_json::to_value(&ephemeral).unwrap(),
+        serde_json::json!({"kind": "orphanedEphemeral",
+            "volume": {"id": "csi-00", "capacity_bytes": 5}})
     );
 }
