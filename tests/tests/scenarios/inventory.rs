@@ -4,22 +4,25 @@
 //! gives a claim that a pod mounts with the old records, `--all-orphans` takes the rest, and
 //! the inventory ends clean. Paging two entries at a time over 25 volumes finds every one,
 //! snapshots are compared with VolumeSnapshotContents, and a volume whose data is gone is
-//! reported abnormal from the driver's volume condition.
+//! reported abnormal from the driver's volume condition. A pod's CSI ephemeral inline volume
+//! is not a finding while the pod exists; left behind after the pod is gone, it is an orphaned
+//! ephemeral volume, which import never turns into a PV.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use csi_inventory::flags::{Command, InventoryArgs};
-use csi_inventory::report::{Finding, Report};
+use csi_inventory::report::{Finding, Report, inline_volume_handle};
 use csi_inventory::run::Inventory;
 use csi_kinds::snapshot::VolumeSnapshotContent;
 use csi_proto::csi::v1 as csi;
 use csi_suite_scenarios::fixtures::{
-    claim, handle_of, install_snapshot_crds, provision_static_volume, read_records, volume_of,
+    claim, handle_of, install_snapshot_crds, pod, provision_static_volume, read_records, volume_of,
     write_records,
 };
 use csi_suite_scenarios::{Cluster, rbac, skip_without_root, step_timeout};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
 use serde_json::json;
 
 fn args(cluster: &Cluster, command: &[&str]) -> InventoryArgs {
@@ -61,14 +64,24 @@ async fn report(cluster: &Cluster, extra: &[&str]) -> Report {
 }
 
 async fn import(cluster: &Cluster, command: &[&str]) -> String {
+    let (imported, out) = try_import(cluster, command).await;
+    imported.expect("imported");
+    out
+}
+
+/// An import with an administrator's credentials: its outcome and what it printed.
+async fn try_import(
+    cluster: &Cluster,
+    command: &[&str],
+) -> (Result<(), csi_inventory::run::InventoryError>, String) {
     let parsed = args(cluster, command);
     let Command::Import(import) = &parsed.command else {
         panic!("an import")
     };
     let inventory = inventory(cluster, command, cluster.client.clone()).await;
     let mut out = Vec::new();
-    inventory.import(import, &mut out).await.expect("imported");
-    String::from_utf8(out).unwrap()
+    let imported = inventory.import(import, &mut out).await;
+    (imported, String::from_utf8(out).unwrap())
 }
 
 fn orphans(report: &Report) -> BTreeSet<String> {
@@ -345,5 +358,160 @@ async fn paging_two_at_a_time_finds_every_volume_and_snapshots_are_compared() {
         snapshots,
         vec![("orphaned", snapshot), ("missing", content)]
     );
+    cluster.stop().await;
+}
+
+/// The findings that name `volume`, by kind.
+fn findings_of(report: &Report, volume: &str) -> Vec<&'static str> {
+    report
+        .findings
+        .iter()
+        .filter(|f| match f {
+            Finding::Orphaned { volume: v, .. } | Finding::OrphanedEphemeral { volume: v } => {
+                v.id == volume
+            }
+            Finding::Abnormal { volume_id, .. } => volume_id == volume,
+            _ => false,
+        })
+        .map(Finding::kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn an_inline_volume_is_in_use_while_its_pod_exists_and_orphaned_ephemeral_after() {
+    if skip_without_root() {
+        return;
+    }
+    let cluster = Cluster::start("inventory-inline").await;
+    let class = cluster
+        .storage_class("inventory-inline", "Immediate", "Retain", json!({}))
+        .await;
+    let node = cluster.node("node-a");
+    let pods = cluster.namespaced::<Pod>();
+    let mut manifest = pod("inline", &node, None, false);
+    manifest["spec"]["volumes"] = json!([{"name": "scratch",
+        "csi": {"driver": cluster.driver_name}}]);
+    manifest["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "scratch", "mountPath": "/scratch"}]);
+    let created: Pod = cluster.create(&pods, manifest).await;
+    let uid = created.uid().expect("the pod's UID");
+    // The kubelet's NodePublishVolume of the pod's inline volume, as it sends it with the
+    // CSIDriver's podInfoOnMount (kube-sim's kubelet mounts claims only).
+    let handle = inline_volume_handle(&uid, "scratch");
+    let target = kube_sim::roles::kubelet::target_path(
+        &cluster.driver.kubelet_dir(&node),
+        &uid,
+        "scratch",
+        false,
+    );
+    std::fs::create_dir_all(target.parent().unwrap()).expect("the pod's volume directory");
+    let context: HashMap<String, String> = [
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.name", "inline"),
+        (
+            "csi.storage.k8s.io/pod.namespace",
+            cluster.namespace.as_str(),
+        ),
+        ("csi.storage.k8s.io/pod.uid", uid.as_str()),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let publisher = &cluster.driver.node(&node).csi;
+    publisher
+        .node_publish_volume(
+            csi::NodePublishVolumeRequest {
+                volume_id: handle.clone(),
+                target_path: target.display().to_string(),
+                volume_capability: Some(csi::VolumeCapability {
+                    access_type: Some(
+                        csi::volume_capability::AccessType::Mount(Default::default()),
+                    ),
+                    access_mode: Some(csi::volume_capability::AccessMode {
+                        mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                    }),
+                }),
+                volume_context: context,
+                ..Default::default()
+            },
+            step_timeout(),
+        )
+        .await
+        .expect("NodePublishVolume of the inline volume");
+
+    let in_use = report(&cluster, &[]).await;
+    assert!(
+        in_use.findings.is_empty(),
+        "the pod's inline volume is no finding: {:?}",
+        in_use.findings
+    );
+    assert_eq!(in_use.inline_volumes, 1);
+    assert_eq!(
+        in_use.volumes_on_storage, 1,
+        "the driver lists the inline volume"
+    );
+
+    // The pod goes; its volume is left behind on purpose (no NodeUnpublishVolume).
+    cluster
+        .delete_and_wait(&pods, "inline", "the pod with the inline volume gone")
+        .await;
+    let left = report(&cluster, &[]).await;
+    assert_eq!(findings_of(&left, &handle), vec!["orphanedEphemeral"]);
+    assert!(orphans(&left).is_empty(), "{:?}", left.findings);
+    let text = csi_inventory::render::text(&left);
+    assert!(text.contains("ORPHANED EPHEMERAL"), "{text}");
+
+    // Never imported: skipped by --all-orphans, refused by name.
+    let (all, printed) = try_import(
+        &cluster,
+        &[
+            "import",
+            "--all-orphans",
+            "--dry-run",
+            "--storage-class",
+            &class,
+        ],
+    )
+    .await;
+    all.expect("--all-orphans with only an inline volume");
+    assert!(
+        printed.contains(&format!(
+            "skipped: volume {handle} is a CSI ephemeral inline volume"
+        )),
+        "{printed}"
+    );
+    assert!(printed.contains("no orphaned volumes"), "{printed}");
+    let (one, printed) = try_import(
+        &cluster,
+        &[
+            "import",
+            &handle,
+            "--name",
+            "inline",
+            "--storage-class",
+            &class,
+        ],
+    )
+    .await;
+    let refused = one
+        .expect_err("an inline volume is not imported")
+        .to_string();
+    assert!(refused.contains("CSI ephemeral inline volume"), "{refused}");
+    assert!(printed.is_empty(), "{printed}");
+
+    // The kubelet's late NodeUnpublishVolume deletes it: clean.
+    publisher
+        .node_unpublish_volume(
+            csi::NodeUnpublishVolumeRequest {
+                volume_id: handle.clone(),
+                target_path: target.display().to_string(),
+            },
+            step_timeout(),
+        )
+        .await
+        .expect("NodeUnpublishVolume of the inline volume");
+    let clean = report(&cluster, &[]).await;
+    assert!(clean.is_clean(), "{:?}", clean.findings);
     cluster.stop().await;
 }
