@@ -531,10 +531,11 @@ impl Driver {
         request: &csi::ListVolumesRequest,
     ) -> Result<csi::ListVolumesResponse, DriverError> {
         let max = page_size(request.max_entries)?;
-        let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
+        let start = volume_page_start(&request.starting_token)?;
         let state = self.store.read()?;
         let ready = state.volumes.values().filter(|v| v.phase == Phase::Ready);
-        let (page, next_token) = paginate(ready, |v| &v.id, start.as_deref(), max);
+        let (page, last) = paginate(ready, |v| &v.id, start.as_deref(), max);
+        let next_token = volume_page_token(&last);
         let entries = page
             .into_iter()
             .map(|volume| csi::list_volumes_response::Entry {
@@ -631,7 +632,7 @@ impl Driver {
     ) -> Result<csi::ControllerListVolumeHealthResponse, DriverError> {
         self.health_rpcs_served("ControllerListVolumeHealth")?;
         let max = page_size(request.max_entries)?;
-        let start = rules::page_start(&request.starting_token, rules::looks_like_id)?;
+        let start = volume_page_start(&request.starting_token)?;
         let state = self.store.read()?;
         let abnormal = state
             .volumes
@@ -653,7 +654,7 @@ impl Driver {
             entries.truncate(max);
             entries
                 .last()
-                .map(|e| e.volume_id.clone())
+                .map(|e| volume_page_token(&e.volume_id))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -911,6 +912,31 @@ fn page_size(max_entries: i32) -> Result<usize, DriverError> {
 }
 
 /// Items after `start` (by ID order), at most `max` (0: all), and the next token.
+/// Prefix of a volume listing's token after an ephemeral inline volume: its ID alone would be
+/// indistinguishable from a malformed token (which is ABORTED), a persistent volume's UUID is not.
+const EPHEMERAL_TOKEN_PREFIX: &str = "ephemeral/";
+
+/// The token of a volume listing's next page: the last returned ID (`""`: no next page).
+fn volume_page_token(last_id: &str) -> String {
+    if last_id.is_empty() || rules::looks_like_id(last_id) {
+        last_id.to_string()
+    } else {
+        format!("{EPHEMERAL_TOKEN_PREFIX}{last_id}")
+    }
+}
+
+/// Where a volume listing starts: after the ID its token names.
+fn volume_page_start(token: &str) -> Result<Option<String>, DriverError> {
+    match token.strip_prefix(EPHEMERAL_TOKEN_PREFIX) {
+        Some(id) => rules::page_start(id, crate::ephemeral::is_id)?
+            .map(Some)
+            .ok_or_else(|| DriverError::InvalidStartingToken {
+                token: token.to_string(),
+            }),
+        None => rules::page_start(token, rules::looks_like_id),
+    }
+}
+
 fn paginate<'a, T>(
     items: impl Iterator<Item = &'a T>,
     id: impl Fn(&T) -> &String,
@@ -957,6 +983,39 @@ crate::driver::blocking_service! {
 mod tests {
     use super::*;
     use tonic::Code;
+
+    /// A page may end on an ephemeral inline volume (the kubelet's `csi-<sha256>` ID): its token
+    /// must start the next page, while a malformed token stays ABORTED (csi-sanity sends
+    /// "invalid-token").
+    #[test]
+    fn volume_page_tokens_round_trip_for_both_kinds_of_volume() {
+        let uuid = "5e59f0c4-e518-4747-9246-d4a64499551c";
+        let inline = format!("csi-{}", "ab".repeat(32));
+        for id in [uuid, inline.as_str()] {
+            let token = volume_page_token(id);
+            assert_eq!(
+                volume_page_start(&token).unwrap().as_deref(),
+                Some(id),
+                "{token}"
+            );
+        }
+        assert_eq!(
+            volume_page_token(uuid),
+            uuid,
+            "a persistent volume's token is its ID"
+        );
+        assert_eq!(volume_page_token(""), "", "no next page");
+        assert_eq!(volume_page_start("").unwrap(), None);
+        for bad in [
+            "invalid-token",
+            "ephemeral/",
+            "ephemeral/a.b",
+            &format!("ephemeral/{uuid}"),
+        ] {
+            let error = volume_page_start(bad).unwrap_err();
+            assert_eq!(error.code(), Code::Aborted, "{bad}");
+        }
+    }
 
     #[test]
     fn capacity_ranges() {

@@ -45,12 +45,16 @@ pub fn requested(context: &std::collections::HashMap<String, String>) -> bool {
 /// An ephemeral volume's ID names its data directory and record: letters, digits, `-`, `_`
 /// (no `.`: the data directory's name up to its first `.` is the record's ID), and never a
 /// UUID, the form of the persistent volumes' IDs.
+pub(crate) fn is_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !rules::looks_like_id(id)
+}
+
 fn check_id(id: &str) -> Result<(), DriverError> {
-    let valid = id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        && !rules::looks_like_id(id);
-    if valid {
+    if is_id(id) {
         Ok(())
     } else {
         Err(DriverError::InvalidEphemeralId { id: id.to_string() })
