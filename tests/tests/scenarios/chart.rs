@@ -2166,7 +2166,8 @@ fn inventory_report(container: &Value) -> csi_inventory::flags::ReportArgs {
     }
 }
 
-/// The inventory's ClusterRole: `list` on PVs and VolumeSnapshotContents, nothing else.
+/// The inventory's ClusterRole: `list` on PVs, pods (their CSI inline volumes) and
+/// VolumeSnapshotContents, nothing else.
 fn assert_inventory_rules(rendering: &Rendering) {
     let rule = |group: &str, resource: &str| {
         (
@@ -2179,6 +2180,7 @@ fn assert_inventory_rules(rendering: &Rendering) {
         rendering.rules("ClusterRole", INVENTORY_RBAC),
         [
             rule("", "persistentvolumes"),
+            rule("", "pods"),
             rule("snapshot.storage.k8s.io", "volumesnapshotcontents")
         ]
     );
