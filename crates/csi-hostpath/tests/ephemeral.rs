@@ -371,3 +371,62 @@ async fn a_node_start_deletes_an_inline_volume_a_crash_left_half_made() {
         .unwrap();
     cluster.stop().await;
 }
+
+/// ListVolumes pages through inline volumes too: a page ending on one (the kubelet's
+/// `csi-<sha256>` ID) gives a token the next call takes.
+#[tokio::test]
+async fn volume_listings_page_through_inline_volumes() {
+    if !root_or_skip("volume_listings_page_through_inline_volumes") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = MountCleanup(dir.path().to_path_buf());
+    let cluster = cluster(dir.path()).await;
+    let (c, a) = (&cluster.controller.csi, &cluster.node("node-a").csi);
+    let persistent = create(c, "listed", 1 << 20).await.volume_id;
+    let inline_ids = [handle(7), handle(8)];
+    let targets: Vec<PathBuf> = inline_ids
+        .iter()
+        .enumerate()
+        .map(|(n, _)| target(&cluster, "node-a", &format!("pod-list-{n}")))
+        .collect();
+    for (id, target) in inline_ids.iter().zip(&targets) {
+        a.node_publish_volume(inline(id, target, false), T)
+            .await
+            .unwrap();
+    }
+
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_volumes(
+                csi::ListVolumesRequest {
+                    max_entries: 1,
+                    starting_token: token.clone(),
+                },
+                T,
+            )
+            .await
+            .unwrap();
+        listed.extend(
+            page.entries
+                .into_iter()
+                .map(|e| e.volume.unwrap().volume_id),
+        );
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    let mut expected = vec![persistent, inline_ids[0].clone(), inline_ids[1].clone()];
+    expected.sort();
+    assert_eq!(listed, expected, "every volume once, one per page");
+
+    for (id, target) in inline_ids.iter().zip(&targets) {
+        a.node_unpublish_volume(unpublish(id, target), T)
+            .await
+            .unwrap();
+    }
+    cluster.stop().await;
+}
