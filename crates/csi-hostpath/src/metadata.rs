@@ -757,22 +757,28 @@ mod tests {
         state
     }
 
-    fn allocated(id: &str, offset: i64, max: i32) -> csi::GetMetadataAllocatedRequest {
+    fn allocated(
+        snapshot_id: &str,
+        starting_offset: i64,
+        max_results: i32,
+    ) -> csi::GetMetadataAllocatedRequest {
+        let snapshot_id = snapshot_id.to_string();
         csi::GetMetadataAllocatedRequest {
-            snapshot_id: id.into(),
-            starting_offset: offset,
-            max_results: max,
-            secrets: [("token".to_string(), "hush".to_string())].into(),
+            snapshot_id,
+            starting_offset,
+            max_results,
+            ..Default::default()
         }
     }
 
     fn delta(base: &str, target: &str, offset: i64, max: i32) -> csi::GetMetadataDeltaRequest {
+        let (base_snapshot_id, target_snapshot_id) = (base.to_string(), target.to_string());
         csi::GetMetadataDeltaRequest {
-            base_snapshot_id: base.into(),
-            target_snapshot_id: target.into(),
+            base_snapshot_id,
+            target_snapshot_id,
             starting_offset: offset,
             max_results: max,
-            secrets: Default::default(),
+            ..Default::default()
         }
     }
 
