@@ -17,7 +17,7 @@
 //!   nothing. `max_results` bounds every message (0: [`DEFAULT_MAX_RESULTS`]).
 //! - A stream always has a message, empty when nothing is allocated or changed, so the client
 //!   learns `volume_capacity_bytes`: the target snapshot's volume size.
-//! - The scan runs on the blocking pool, at most [`MESSAGES_AHEAD`] messages ahead of the
+//! - The scan runs on a thread of its own, at most [`MESSAGES_AHEAD`] messages ahead of the
 //!   client; a client that goes away stops it within a chunk.
 //! - The images are opened before the stream starts: a snapshot deleted meanwhile is unlinked
 //!   but still read, so the stream completes with the snapshot as it was; its space is freed
@@ -604,11 +604,17 @@ impl Driver {
     }
 }
 
-/// Streams what `images` hold, computed on the blocking pool.
-pub fn stream<T: MetadataResponse>(images: Images) -> ReceiverStream<Result<T, Status>> {
+/// Streams what `images` hold, computed on a thread of the stream's own: one waiting for a
+/// slow client holds no thread of the blocking pool the other RPCs need.
+pub fn stream<T: MetadataResponse>(
+    images: Images,
+) -> Result<ReceiverStream<Result<T, Status>>, DriverError> {
     let (client, messages) = mpsc::channel(MESSAGES_AHEAD);
-    tokio::task::spawn_blocking(move || serve::<T>(images, &client));
-    ReceiverStream::new(messages)
+    std::thread::Builder::new()
+        .name("snapshot-metadata".into())
+        .spawn(move || serve::<T>(images, &client))
+        .map_err(|error| DriverError::io(format!("starting a {} stream", T::RPC), error))?;
+    Ok(ReceiverStream::new(messages))
 }
 
 fn serve<T: MetadataResponse>(images: Images, client: &mpsc::Sender<Result<T, Status>>) {
@@ -676,8 +682,9 @@ impl SnapshotMetadataService {
                 let state = d.store.read()?;
                 d.open_images(plan(&state, &request)?)
             })
-            .await?;
-        Ok(images.map(stream))
+            .await?
+            .into_inner();
+        Ok(Response::new(stream(images)?))
     }
 }
 
