@@ -233,6 +233,38 @@ async fn allocated_and_changed_ranges_stream_in_several_messages() {
 }
 
 #[tokio::test]
+async fn an_ext4_volume_is_answered_from_its_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(dir.path()).await;
+    let c = &cluster.controller.csi;
+    let mut capability = mount(Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut capability.access_type {
+        m.fs_type = "ext4".into();
+    }
+    let capacity = 32 * MIB;
+    let volume = c
+        .create_volume(create_request("ext4", capacity, capability), T)
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    let formatted = snapshot(c, "formatted", &volume).await;
+    // The filesystem's metadata is allocated, not the whole image.
+    let messages = all_allocated(c, allocated(&formatted, 0, 0)).await.unwrap();
+    let all = checked(&messages, capacity, 256);
+    let bytes: i64 = all.iter().map(|t| t.1).sum();
+    assert!(0 < bytes && bytes < capacity, "{bytes} bytes allocated");
+    write(&image(&cluster, &volume), [30 * MIB], 4 * KIB, 9);
+    let written = snapshot(c, "written", &volume).await;
+    let messages = all_delta(c, delta(&formatted, &written, 0, 0))
+        .await
+        .unwrap();
+    assert_eq!(checked(&messages, capacity, 256), [(30 * MIB, 4 * KIB)]);
+    cluster.stop().await;
+}
+
+#[tokio::test]
 async fn refusals_carry_the_spec_codes() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = cluster(dir.path()).await;
