@@ -3193,15 +3193,9 @@ impl Cluster {
     }
 
     async fn review_token(&self, token: &str, audiences: &[&str]) -> TokenReviewStatus {
-        let reviews: Api<TokenReview> = Api::all(self.client.clone());
         let review = json!({"spec": {"token": token, "audiences": audiences}});
-        reviews
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(review).unwrap(),
-            )
+        answer::<TokenReview>(&self.client, review)
             .await
-            .unwrap()
             .status
             .unwrap()
     }
@@ -3433,17 +3427,31 @@ async fn access(
     groups: &[&str],
     attributes: serde_json::Value,
 ) -> SubjectAccessReviewStatus {
-    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
     let review =
         json!({"spec": {"user": user, "groups": groups, "resourceAttributes": attributes}});
+    answer::<SubjectAccessReview>(client, review)
+        .await
+        .status
+        .unwrap()
+}
+
+/// The server's answer to a review (a cluster-scoped create-only kind).
+async fn answer<K>(client: &Client, review: serde_json::Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let reviews: Api<K> = Api::all(client.clone());
     reviews
         .create(
             &PostParams::default(),
             &serde_json::from_value(review).unwrap(),
         )
         .await
-        .unwrap()
-        .status
         .unwrap()
 }
 
@@ -3641,4 +3649,58 @@ async fn subject_access_reviews_need_attributes_and_a_subject() {
     );
     let fields: Vec<&str> = causes.iter().map(|(f, _, _)| f.as_str()).collect();
     assert_eq!(fields, ["spec.resourceAttributes", "spec.user"]);
+}
+
+// The RBAC objects: a binding's roleRef and User subjects default to the RBAC group, its
+// roleRef never changes, and a rule needs verbs and API groups and resources (or non-resource
+// URLs, never in a Role) (pkg/apis/rbac/v1/defaults.go, pkg/apis/rbac/validation).
+#[tokio::test]
+async fn rbac_objects_are_defaulted_and_validated() {
+    let c = cluster("rbac-objects").await;
+    let roles: Api<rbac_v1::Role> = c.api();
+    let bindings: Api<rbac_v1::RoleBinding> = c.api();
+    let binding = serde_json::from_value(json!({"metadata": {"name": "readers"},
+        "roleRef": {"kind": "Role", "name": "pod-reader"},
+        "subjects": [{"kind": "User", "name": "alice"}, {"kind": "ServiceAccount", "name": "backup"}]}))
+    .unwrap();
+    let created = bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    assert_eq!(created.role_ref.api_group, "rbac.authorization.k8s.io");
+    let subjects = created.subjects.unwrap();
+    assert_eq!(
+        subjects[0].api_group.as_deref(),
+        Some("rbac.authorization.k8s.io")
+    );
+    assert_eq!(subjects[1].api_group.as_deref().unwrap_or_default(), "");
+    let changed = bindings
+        .patch(
+            "readers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"roleRef": {"name": "other"}})),
+        )
+        .await;
+    let (code, reason, message, _) = refusal(changed);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            422,
+            "Invalid",
+            r#"RoleBinding.rbac.authorization.k8s.io "readers" is invalid: roleRef: Invalid value: rbac.RoleRef{APIGroup:"rbac.authorization.k8s.io", Kind:"Role", Name:"other"}: cannot change roleRef"#
+        )
+    );
+    let role = serde_json::from_value(json!({"metadata": {"name": "bad"}, "rules": [
+        {"nonResourceURLs": ["/healthz"], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""]}]}))
+    .unwrap();
+    let (code, _, message, causes) = refusal(roles.create(&PostParams::default(), &role).await);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            r#"Role.rbac.authorization.k8s.io "bad" is invalid: [rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: namespaced rules cannot apply to non-resource URLs, rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: rules cannot apply to both regular resources and non-resource URLs, rules[1].verbs: Required value: verbs must contain at least one value, rules[1].resources: Required value: resource rules must supply at least one resource]"#
+        )
+    );
+    assert_eq!(causes.len(), 4);
 }
