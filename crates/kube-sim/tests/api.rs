@@ -3704,3 +3704,111 @@ async fn rbac_objects_are_defaulted_and_validated() {
     );
     assert_eq!(causes.len(), 4);
 }
+
+// A token bound to a Pod or a Secret: the Pod runs as the ServiceAccount, a pod-bound token's
+// user carries the pod's name and uid, and either token stops authenticating once its object
+// is gone (pkg/serviceaccount/claims.go; v1.19 words it "Token has been invalidated").
+#[tokio::test]
+async fn bound_tokens_live_as_long_as_their_object() {
+    use k8s_openapi::api::core::v1::Secret;
+    let c = cluster("bound-token").await;
+    if !c
+        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .await
+    {
+        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
+        skip(
+            "bound_tokens_live_as_long_as_their_object",
+            "serviceaccounts/token not served",
+        );
+        return;
+    }
+    c.service_account("backup").await;
+    let pods: Api<Pod> = c.api();
+    let runner: Pod = serde_json::from_value(json!({"metadata": {"name": "runner"}, "spec": {
+        "serviceAccountName": "backup", "containers": [{"name": "c", "image": "busybox"}]}}))
+    .unwrap();
+    // Before 1.24 a pod waits for its ServiceAccount's token Secret (a 500 meanwhile).
+    let pod = eventually("the pod admitted", || async {
+        pods.create(&PostParams::default(), &runner).await.ok()
+    })
+    .await;
+    let secrets: Api<Secret> = c.api();
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anchor"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bound = |kind: &str, name: &str| {
+        json!({"audiences": ["aud-a", "aud-b"],
+            "boundObjectRef": {"apiVersion": "v1", "kind": kind, "name": name}})
+    };
+    let token = |request: TokenRequest| request.status.unwrap().token;
+    let of_pod = token(c.token("backup", bound("Pod", "runner")).await.unwrap());
+    let of_secret = token(c.token("backup", bound("Secret", "anchor")).await.unwrap());
+
+    let reviewed = c.review_token(&of_pod, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    let extra = reviewed.user.unwrap().extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec!["runner".to_string()])
+    );
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![pod.uid().unwrap()])
+    );
+    let reviewed = c.review_token(&of_secret, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    assert!(reviewed.user.unwrap().extra.unwrap_or_default().is_empty());
+
+    let refused = c
+        .token(
+            "default",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "runner"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(refused);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            r#"cannot bind token for serviceaccount "default" to pod running with different serviceaccount name."#
+        )
+    );
+    let unbindable = c
+        .token(
+            "backup",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(unbindable);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            "cannot bind token to object of type /v1, Kind=ConfigMap"
+        )
+    );
+
+    pods.delete("runner", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    secrets
+        .delete("anchor", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Reviewed for other audiences than before: a real server caches answers for a while.
+    for token in [&of_pod, &of_secret] {
+        let gone = c.review_token(token, &["aud-b"]).await;
+        assert_ne!(gone.authenticated, Some(true));
+        let error = gone.error.unwrap_or_default();
+        assert!(
+            error.starts_with("[invalid bearer token, ")
+                && error.ends_with("has been invalidated]"),
+            "{error}"
+        );
+    }
+}
