@@ -3374,7 +3374,8 @@ async fn token_reviews_authenticate_service_account_tokens() {
     assert_eq!(garbage.error.as_deref(), Some("invalid bearer token"));
 
     // Reviewed for the first time once its ServiceAccount is gone (a real server caches a
-    // review's answer for a few seconds).
+    // review's answer for a few seconds, and finds ServiceAccounts in an informer's cache
+    // that follows the delete closely).
     let orphan = token(
         c.token("backup", json!({"audiences": ["aud-a"]}))
             .await
@@ -3385,8 +3386,11 @@ async fn token_reviews_authenticate_service_account_tokens() {
         .delete("backup", &DeleteParams::default())
         .await
         .unwrap();
-    let deleted = c.review_token(&orphan, &["aud-a"]).await;
-    assert_ne!(deleted.authenticated, Some(true));
+    let deleted = eventually("the deleted ServiceAccount out of the cache", || async {
+        let status = c.review_token(&orphan, &["aud-a"]).await;
+        (status.authenticated != Some(true)).then_some(status)
+    })
+    .await;
     assert_eq!(
         deleted.error.as_deref(),
         Some(r#"[invalid bearer token, serviceaccounts "backup" not found]"#)
