@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -15,12 +14,15 @@ use csi_grpc::conn::{Services, StartupOrder};
 use csi_grpc::metrics::CsiOperationMetrics;
 use csi_grpc::shutdown::{GRACE_PERIOD, Stopped, run_until_cancelled};
 use csi_grpc::tls::{self, ReloadingCertificate, TlsError};
+use csi_proto::grpc::health::v1::health_server::HealthServer;
 use csi_proto::snapshotmetadata::snapshot_metadata_server::SnapshotMetadataServer;
 use csi_sidecar::startup::StartupError;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::flags::SnapshotMetadataArgs;
+use crate::health::HealthService;
 use crate::metrics::RequestMetrics;
 use crate::server::{Service, Settings};
 
@@ -99,7 +101,7 @@ pub async fn run(
     }
     let metrics = RequestMetrics::register(&mut registry, &driver.name);
 
-    let ready = Arc::new(AtomicBool::new(false));
+    let (ready, readiness) = watch::channel(false);
     let service = Service::new(
         client,
         csi,
@@ -109,7 +111,7 @@ pub async fn run(
             max_streaming_duration: args.max_streaming_duration(),
         },
         metrics,
-        Arc::clone(&ready),
+        readiness.clone(),
     );
     let port =
         u16::try_from(args.port).map_err(|_| RunError::Invalid("invalid GRPCPort".into()))?;
@@ -123,7 +125,7 @@ pub async fn run(
 
     let http = csi_grpc::http::serve(
         &args.http_endpoint,
-        diagnostics(&args, Arc::new(registry), Arc::clone(&ready)),
+        diagnostics(&args, Arc::new(registry), readiness.clone()),
         shutdown.clone(),
     )
     .await
@@ -134,20 +136,20 @@ pub async fn run(
     let stopping = shutdown.clone();
     let server = tonic::transport::Server::builder()
         .add_service(SnapshotMetadataServer::new(service))
+        .add_service(HealthServer::new(HealthService::new(readiness)))
         .serve_with_incoming_shutdown(tls::incoming(listener, tls_config), async move {
             stopping.cancelled().await;
         });
     tracing::info!("Setting status to SERVING");
-    ready.store(true, Ordering::SeqCst);
+    ready.send_replace(true);
     if let Some(started) = started {
         let _ = started.send(Listening { grpc, http });
     }
-    let ready_on_stop = Arc::clone(&ready);
-    let watch = shutdown.clone();
+    let stopped = shutdown.clone();
     tokio::spawn(async move {
-        watch.cancelled().await;
+        stopped.cancelled().await;
         tracing::info!("Shutting down: setting status to NOT_SERVING");
-        ready_on_stop.store(false, Ordering::SeqCst);
+        ready.send_replace(false);
     });
     match run_until_cancelled(&shutdown, GRACE_PERIOD, server).await {
         Stopped::Finished(result) | Stopped::Drained(result) => result.map_err(RunError::Serve)?,
@@ -161,10 +163,10 @@ pub async fn run(
 fn diagnostics(
     args: &SnapshotMetadataArgs,
     registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
+    ready: watch::Receiver<bool>,
 ) -> Router {
     let health = get(move || {
-        let ready = ready.load(Ordering::SeqCst);
+        let ready = *ready.borrow();
         async move {
             if ready {
                 (StatusCode::OK, "ok")

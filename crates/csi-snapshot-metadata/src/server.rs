@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use csi_grpc::conn::CsiConnection;
@@ -25,7 +25,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInf
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, timeout_at};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -57,7 +57,7 @@ struct Inner {
     csi: CsiConnection,
     settings: Settings,
     metrics: RequestMetrics,
-    ready: Arc<AtomicBool>,
+    ready: watch::Receiver<bool>,
     operations: AtomicU64,
 }
 
@@ -69,7 +69,7 @@ impl Service {
         csi: CsiConnection,
         settings: Settings,
         metrics: RequestMetrics,
-        ready: Arc<AtomicBool>,
+        ready: watch::Receiver<bool>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -271,7 +271,7 @@ impl Inner {
     ) -> Result<(Resolved, HashMap<String, String>), Status> {
         let user = self.authenticate(token).await?;
         self.authorize(&user, &plan.namespace).await?;
-        if !self.ready.load(Ordering::SeqCst) {
+        if !*self.ready.borrow() {
             tracing::error!(driver = %self.settings.driver_name, "{}", messages::DRIVER_NOT_READY);
             return Err(Status::unavailable(messages::DRIVER_NOT_READY));
         }

@@ -432,6 +432,21 @@ async fn an_authorized_backup_client_streams_allocated_ranges() {
         "the snapshotter secret of the default class"
     );
 
+    let ca = std::fs::read(tls_fixture("ca.pem")).unwrap();
+    let channel =
+        csi_grpc::tls::connect(&format!("127.0.0.1:{}", sidecar.listening.grpc.port()), &ca)
+            .await
+            .unwrap();
+    let health = csi_proto::grpc::health::v1::health_client::HealthClient::new(channel)
+        .check(csi_proto::grpc::health::v1::HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        health.status,
+        csi_proto::grpc::health::v1::health_check_response::ServingStatus::Serving as i32
+    );
+
     let (code, body) = http_get(sidecar.listening.http, "/health").await.unwrap();
     assert_eq!((code, body.as_str()), (200, "ok"));
     let (_, metrics) = http_get(sidecar.listening.http, "/metrics").await.unwrap();
