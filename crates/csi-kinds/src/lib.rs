@@ -13,6 +13,8 @@
 //! With the `api` feature (k8s-openapi, kube-core and kube-derive, schemars), for the Kubernetes-facing crates:
 //! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources, a claim
 //!   with its maps as lists);
+//! - [`cbt`] the cbt.storage.k8s.io SnapshotMetadataService kind (changed block tracking) and
+//!   its CRD;
 //! - [`crd`] CustomResourceDefinitions generated from Rust types, written and checked as YAML;
 //! - [`groupsnapshot`] the groupsnapshot.storage.k8s.io kinds (VolumeGroupSnapshot,
 //!   VolumeGroupSnapshotContent, VolumeGroupSnapshotClass), their versions and CRDs;
@@ -26,6 +28,8 @@
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
 //! - [`snapshot`] the snapshot.storage.k8s.io/v1 kinds (VolumeSnapshot, VolumeSnapshotContent,
 //!   VolumeSnapshotClass), their finalizers, annotations and CRDs;
+//! - [`snapshot_secrets`] the secrets a VolumeSnapshotClass or VolumeGroupSnapshotClass names
+//!   (snapshotter, list, group secrets) and the class parameters CreateSnapshot gets;
 //! - [`vac`] the VolumeAttributesClass (storage.k8s.io/v1) type and its gate;
 //! - [`fixed_resource!`] `kube_core::Resource` for a type of one fixed group, version and kind.
 
@@ -75,6 +79,8 @@ pub mod annotations;
 pub mod cached;
 pub mod capability;
 #[cfg(feature = "api")]
+pub mod cbt;
+#[cfg(feature = "api")]
 pub mod crd;
 pub mod go_duration;
 #[cfg(feature = "api")]
@@ -96,6 +102,8 @@ pub mod quantity;
 pub mod secrets;
 #[cfg(feature = "api")]
 pub mod snapshot;
+#[cfg(feature = "api")]
+pub mod snapshot_secrets;
 #[cfg(feature = "api")]
 pub mod vac;
 pub mod volume_attachment;
