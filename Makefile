@@ -99,12 +99,13 @@ manifests: $(HELM)
 	$(render) --values $(CHART)/examples/external-driver.yaml > manifests/csi-suite-external-driver.yaml
 
 ## crds: rewrite manifests/crds/ (and the chart's copy) from csi-kinds' Rust types, with
-## csi-snapshotter's and cosi's binaries (tests check they are current).
+## csi-snapshotter's, cosi's and csi-snapshot-metadata's binaries (tests check they are current).
 crds:
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds manifests/crds
 	$(CARGO) run -q -p csi-snapshotter --bin snapshot-crds $(CHART)/files/crds
 	$(CARGO) run -q -p cosi --bin cosi-crds manifests/crds
 	$(CARGO) run -q -p cosi --bin cosi-crds $(CHART)/files/cosi-crds
+	$(CARGO) run -q -p csi-snapshot-metadata --bin snapshot-metadata-crds manifests/crds
 
 ## build: release binaries of every component into target/release: the image's (see the
 ## Dockerfile) and kube-sim, which test-node runs beside them. make sanity checks this

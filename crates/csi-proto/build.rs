@@ -3,7 +3,8 @@
 //!
 //! It also generates the `Debug` impls that keep secrets out of logs. Any message with a field
 //! marked `[(csi.v1.csi_secret) = true]` (a `FieldOptions` extension, number 1059) or
-//! `[(cosi.v1alpha1.cosi_secret) = true]` (number 1115) is handed to
+//! `[(cosi.v1alpha1.cosi_secret) = true]` (number 1115), or with a field named in
+//! `SECRET_FIELD_NAMES` (APIs whose published proto has no secret option), is handed to
 //! prost's `skip_debug`. This file then writes a `Debug` impl for it that prints like prost's
 //! derive would, except that secret fields show only a `<redacted ...>` marker.
 //!
@@ -39,6 +40,7 @@ const PROTOS: &[&str] = &[
     "pluginregistration/v1/api.proto",
     "podmon/v1/podmon.proto",
     "cosi/v1alpha1/cosi.proto",
+    "snapshotmetadata/schema.proto",
 ];
 
 /// Test-only protos, relative to this crate's `fixtures/` directory. They are compiled into the
@@ -51,6 +53,16 @@ const FIXTURE_PROTOS: &[&str] = &["redaction_fixture.proto"];
 const SECRET_OPTIONS: &[(&str, u32)] = &[
     ("csi.v1.csi_secret", 1059),
     ("cosi.v1alpha1.cosi_secret", 1115),
+];
+
+/// Secret fields of protos that have no secret option, by full protobuf name. The Kubernetes
+/// SnapshotMetadata API carries the caller's service account token; its published
+/// `schema.proto` imports nothing, and marking the fields with `csi.v1.csi_secret` would make it
+/// import `csi.proto` (a different descriptor, and a dependency every user of our copy would
+/// have to carry) for no change on the wire. Naming them here leaves the file as published.
+const SECRET_FIELD_NAMES: &[&str] = &[
+    "snapshotmetadata.GetMetadataAllocatedRequest.security_token",
+    "snapshotmetadata.GetMetadataDeltaRequest.security_token",
 ];
 
 /// The published CSI v1.12.0 proto, relative to `proto/`; compiled only with the `v1-12` feature.
@@ -87,7 +99,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         public_fds.encode_to_vec(),
     )?;
 
-    let redaction = Redaction::analyse(&pool, SECRET_OPTIONS, None)?;
+    let redaction = Redaction::analyse(&pool, SECRET_OPTIONS, SECRET_FIELD_NAMES, None)?;
     redaction.write_debug(&pool, &out_dir)?;
     redaction.write_lists(&pool, &out_dir)?;
 
@@ -115,6 +127,7 @@ fn compile_legacy_csi(proto_dir: &Path, out_dir: &Path) -> Result<(), Box<dyn Er
     let redaction = Redaction::analyse(
         &pool,
         &SECRET_OPTIONS[..1],
+        &[],
         Some(("csi.v1", "crate::csi::v1_12")),
     )?;
     redaction.write_debug(&pool, &legacy_dir)?;
@@ -130,6 +143,8 @@ fn compile_legacy_csi(proto_dir: &Path, out_dir: &Path) -> Result<(), Box<dyn Er
 /// What has to be redacted, read from the descriptor pool.
 struct Redaction {
     secret_options: Vec<ExtensionDescriptor>,
+    /// Full names of fields that are secret without an option (`SECRET_FIELD_NAMES`).
+    secret_fields: BTreeSet<String>,
     /// Full names of messages with at least one secret field (no leading dot).
     secret_bearing: BTreeSet<String>,
     /// A proto package whose code is included somewhere other than its default module, and
@@ -141,6 +156,7 @@ impl Redaction {
     fn analyse(
         pool: &DescriptorPool,
         options: &[(&str, u32)],
+        field_names: &[&str],
         relocated: Option<(&'static str, &'static str)>,
     ) -> Result<Self, Box<dyn Error>> {
         let mut secret_options = Vec::new();
@@ -159,8 +175,26 @@ impl Redaction {
             }
             secret_options.push(option);
         }
+        let mut secret_fields = BTreeSet::new();
+        for name in field_names {
+            // A renamed or mistyped field must fail the build, not silently stop redacting.
+            let (message, field) = name
+                .rsplit_once('.')
+                .ok_or_else(|| format!("secret field name {name} has no message part"))?;
+            let field = pool
+                .get_message_by_name(message)
+                .and_then(|m| m.get_field_by_name(field))
+                .ok_or_else(|| format!("secret field {name} not found in the protos"))?;
+            if !matches!(field.kind(), Kind::String | Kind::Bytes) || field.is_list() {
+                return Err(
+                    format!("secret field {name} must be a singular string or bytes").into(),
+                );
+            }
+            secret_fields.insert((*name).to_owned());
+        }
         let mut redaction = Redaction {
             secret_options,
+            secret_fields,
             secret_bearing: BTreeSet::new(),
             relocated,
         };
@@ -182,6 +216,9 @@ impl Redaction {
     }
 
     fn is_secret(&self, field: &FieldDescriptor) -> bool {
+        if self.secret_fields.contains(field.full_name()) {
+            return true;
+        }
         let options = field.options();
         self.secret_options.iter().any(|option| {
             options.has_extension(option)
@@ -238,7 +275,8 @@ impl Redaction {
         }
         for (package, code) in &per_package {
             let header = "// @generated by csi-proto's build.rs: Debug impls that redact fields \
-                          marked (csi.v1.csi_secret) or (cosi.v1alpha1.cosi_secret).\n";
+                          marked (csi.v1.csi_secret) or (cosi.v1alpha1.cosi_secret), or \
+                          listed as secret by name.\n";
             fs::write(
                 out_dir.join(format!("{package}.debug.rs")),
                 format!("{header}{code}"),

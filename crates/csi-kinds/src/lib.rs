@@ -13,6 +13,8 @@
 //! With the `api` feature (k8s-openapi, kube-core and kube-derive, schemars), for the Kubernetes-facing crates:
 //! - [`cached`] lean cached kinds (a PersistentVolume without the in-tree sources, a claim
 //!   with its maps as lists);
+//! - [`cbt`] the cbt.storage.k8s.io SnapshotMetadataService kind (changed block tracking) and
+//!   its CRD;
 //! - [`crd`] CustomResourceDefinitions generated from Rust types, written and checked as YAML;
 //! - [`groupsnapshot`] the groupsnapshot.storage.k8s.io kinds (VolumeGroupSnapshot,
 //!   VolumeGroupSnapshotContent, VolumeGroupSnapshotClass), their versions and CRDs;
@@ -74,6 +76,8 @@ pub mod annotations;
 #[cfg(feature = "api")]
 pub mod cached;
 pub mod capability;
+#[cfg(feature = "api")]
+pub mod cbt;
 #[cfg(feature = "api")]
 pub mod crd;
 pub mod go_duration;

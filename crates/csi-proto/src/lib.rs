@@ -11,6 +11,8 @@
 //! - [`podmon::v1`]: Dell's `podmon.v1.Podmon` driver extension used by the resiliency sidecar.
 //! - [`cosi::v1alpha1`]: the Container Object Storage Interface v1alpha1 (`Identity`,
 //!   `Provisioner`), as released in COSI v0.2.2.
+//! - [`snapshotmetadata`]: the Kubernetes SnapshotMetadata API (proto package
+//!   `snapshotmetadata`) that the csi-snapshot-metadata sidecar serves to backup applications.
 //!
 //! Code is generated at build time from `proto/` by protox and tonic-prost-build; no `protoc`
 //! is needed.
@@ -18,8 +20,10 @@
 //! # Secrets
 //!
 //! The `Debug` output of a message never shows the contents of a field marked
-//! `[(csi.v1.csi_secret) = true]` or `[(cosi.v1alpha1.cosi_secret) = true]`: for example `secrets: <redacted 2 keys>`. Map keys are
-//! hidden too. All other fields print as prost's derived `Debug` would print them.
+//! `[(csi.v1.csi_secret) = true]` or `[(cosi.v1alpha1.cosi_secret) = true]`, nor of a
+//! SnapshotMetadata request's `security_token` (the published proto has no such option; the
+//! build script names those fields): for example `secrets: <redacted 2 keys>` or
+//! `security_token: <redacted>`. Map keys are hidden too. All other fields print as prost's derived `Debug` would print them.
 //! [`SECRET_BEARING_MESSAGES`] lists the messages this applies to. Only `Debug` is covered.
 //! Serializing a message (protobuf or otherwise) still includes its secrets.
 
@@ -78,6 +82,12 @@ pub mod cosi {
     }
 }
 
+/// The Kubernetes SnapshotMetadata API (`package snapshotmetadata`, KEP-3314).
+#[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+pub mod snapshotmetadata {
+    generated_package!("snapshotmetadata");
+}
+
 /// Test fixture for the redacting `Debug` generator; not a wire API.
 #[doc(hidden)]
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -94,15 +104,15 @@ pub mod redaction_fixture {
 mod redact;
 
 /// Full protobuf names (e.g. `"csi.v1.CreateVolumeRequest"`) of every message that has at least
-/// one field marked `csi_secret` (or `cosi_secret`). Each has a generated, redacting `Debug` impl.
+/// one secret field (marked `csi_secret` or `cosi_secret`, or a `security_token`). Each has a generated, redacting `Debug` impl.
 pub const SECRET_BEARING_MESSAGES: &[&str] =
     include!(concat!(env!("OUT_DIR"), "/secret_bearing_messages.rs"));
 
-/// Full protobuf names (e.g. `"csi.v1.CreateVolumeRequest.secrets"`) of every field marked
-/// `csi_secret` or `cosi_secret`.
+/// Full protobuf names (e.g. `"csi.v1.CreateVolumeRequest.secrets"`) of every secret field.
 pub const SECRET_FIELDS: &[&str] = include!(concat!(env!("OUT_DIR"), "/secret_fields.rs"));
 
-/// Encoded `google.protobuf.FileDescriptorSet` of the CSI, plugin-registration, podmon and COSI protos
+/// Encoded `google.protobuf.FileDescriptorSet` of the CSI, plugin-registration, podmon, COSI and
+/// SnapshotMetadata protos
 /// and everything they import, without source info. Useful for gRPC reflection or
 /// `prost-reflect`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use csi_proto::cosi::v1alpha1 as cosi_v1alpha1;
 use csi_proto::csi::v1 as csi;
+use csi_proto::snapshotmetadata;
 use csi_proto::{SECRET_BEARING_MESSAGES, SECRET_FIELDS};
 use prost::Message;
 
@@ -15,11 +16,15 @@ fn secrets() -> HashMap<String, String> {
     HashMap::from([(SECRET_KEY.to_owned(), SECRET_VALUE.to_owned())])
 }
 
+const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.token";
+
 /// One test case: the message's full protobuf name, a non-secret marker its `Debug` must still
-/// show, and the two `Debug` renderings.
+/// show, the redaction marker it must show instead of the secret, and the two `Debug`
+/// renderings.
 struct Case {
     name: &'static str,
     marker: &'static str,
+    redaction: &'static str,
     compact: String,
     pretty: String,
 }
@@ -38,6 +43,7 @@ macro_rules! case {
         Case {
             name: concat!("csi.v1.", stringify!($ty)),
             marker: $marker,
+            redaction: "secrets: <redacted 1 key>",
             compact: format!("{message:?}"),
             pretty: format!("{message:#?}"),
         }
@@ -54,6 +60,7 @@ fn cases() -> Vec<Case> {
     let cosi_case = Case {
         name: "cosi.v1alpha1.CredentialDetails",
         marker: "CredentialDetails",
+        redaction: "secrets: <redacted 1 key>",
         compact: format!("{credentials:?}"),
         pretty: format!("{credentials:#?}"),
     };
@@ -168,6 +175,33 @@ fn cases() -> Vec<Case> {
         ),
     ];
     cases.push(cosi_case);
+    let allocated = snapshotmetadata::GetMetadataAllocatedRequest {
+        security_token: TOKEN.to_owned(),
+        namespace: "ns-1".to_owned(),
+        snapshot_name: snap(),
+        ..Default::default()
+    };
+    let delta = snapshotmetadata::GetMetadataDeltaRequest {
+        security_token: TOKEN.to_owned(),
+        namespace: "ns-1".to_owned(),
+        base_snapshot_id: "handle-1".to_owned(),
+        target_snapshot_name: snap(),
+        ..Default::default()
+    };
+    cases.push(Case {
+        name: "snapshotmetadata.GetMetadataAllocatedRequest",
+        marker: "snap-1",
+        redaction: "security_token: <redacted>",
+        compact: format!("{allocated:?}"),
+        pretty: format!("{allocated:#?}"),
+    });
+    cases.push(Case {
+        name: "snapshotmetadata.GetMetadataDeltaRequest",
+        marker: "handle-1",
+        redaction: "security_token: <redacted>",
+        compact: format!("{delta:?}"),
+        pretty: format!("{delta:#?}"),
+    });
     cases
 }
 
@@ -186,13 +220,18 @@ fn secrets_are_redacted_in_debug() {
                 case.name
             );
             assert!(
+                !rendered.contains(TOKEN),
+                "{}: token leaked: {rendered}",
+                case.name
+            );
+            assert!(
                 rendered.contains(case.marker),
                 "{}: non-secret field {:?} missing: {rendered}",
                 case.name,
                 case.marker
             );
             assert!(
-                rendered.contains("secrets: <redacted 1 key>"),
+                rendered.contains(case.redaction),
                 "{}: no redaction marker: {rendered}",
                 case.name
             );
@@ -206,13 +245,14 @@ fn every_secret_bearing_message_has_a_case() {
     let declared: BTreeSet<&str> = SECRET_BEARING_MESSAGES.iter().copied().collect();
     assert_eq!(
         covered, declared,
-        "update cases() when a message gains or loses a csi_secret field"
+        "update cases() when a message gains or loses a secret field"
     );
     assert_eq!(covered.len(), cases().len(), "duplicate case");
 }
 
 /// Cross-check the build script's reading of the `csi_secret` option: in CSI every secret is a
-/// `secrets` map, and every `secrets` field is a secret.
+/// `secrets` map, and every `secrets` field is a secret. In the SnapshotMetadata API the secret
+/// is each request's `security_token`.
 #[test]
 fn secret_bearing_messages_match_the_descriptor() {
     let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET)
@@ -225,33 +265,54 @@ fn secret_bearing_messages_match_the_descriptor() {
     };
     let csi_file = file("csi/v1/csi.proto");
     let cosi_file = file("cosi/v1alpha1/cosi.proto");
+    let snapshot_metadata_file = file("snapshotmetadata/schema.proto");
 
-    let mut with_secrets_field = BTreeSet::new();
-    fn walk(prefix: &str, messages: &[prost_types::DescriptorProto], out: &mut BTreeSet<String>) {
+    /// Full names of the fields called `secret_field` in `messages`, at any depth.
+    fn walk(
+        prefix: &str,
+        messages: &[prost_types::DescriptorProto],
+        secret_field: &str,
+        out: &mut BTreeSet<String>,
+    ) {
         for message in messages {
             let name = format!("{prefix}.{}", message.name());
-            if message.field.iter().any(|f| f.name() == "secrets") {
-                out.insert(name.clone());
+            if message.field.iter().any(|f| f.name() == secret_field) {
+                out.insert(format!("{name}.{secret_field}"));
             }
-            walk(&name, &message.nested_type, out);
+            walk(&name, &message.nested_type, secret_field, out);
         }
     }
-    walk("csi.v1", &csi_file.message_type, &mut with_secrets_field);
+    let mut expected_fields = BTreeSet::new();
+    walk(
+        "csi.v1",
+        &csi_file.message_type,
+        "secrets",
+        &mut expected_fields,
+    );
     walk(
         "cosi.v1alpha1",
         &cosi_file.message_type,
-        &mut with_secrets_field,
+        "secrets",
+        &mut expected_fields,
+    );
+    walk(
+        "snapshotmetadata",
+        &snapshot_metadata_file.message_type,
+        "security_token",
+        &mut expected_fields,
     );
 
+    let fields: BTreeSet<String> = SECRET_FIELDS.iter().map(|s| (*s).to_owned()).collect();
+    assert_eq!(fields, expected_fields);
     let declared: BTreeSet<String> = SECRET_BEARING_MESSAGES
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-    assert_eq!(with_secrets_field, declared);
-
-    let fields: BTreeSet<String> = SECRET_FIELDS.iter().map(|s| (*s).to_owned()).collect();
-    let expected: BTreeSet<String> = declared.iter().map(|m| format!("{m}.secrets")).collect();
-    assert_eq!(fields, expected);
+    let expected_messages: BTreeSet<String> = expected_fields
+        .iter()
+        .map(|f| f.rsplit_once('.').expect("message.field").0.to_owned())
+        .collect();
+    assert_eq!(declared, expected_messages);
 
     // The option itself: FieldOptions extension 1059.
     let option = csi_file
@@ -445,6 +506,7 @@ fn service_paths() {
         "podmon.v1.Podmon",
         "cosi.v1alpha1.Identity",
         "cosi.v1alpha1.Provisioner",
+        "snapshotmetadata.SnapshotMetadata",
     ] {
         assert!(
             services.contains(expected),
@@ -461,18 +523,16 @@ fn service_paths() {
     );
 }
 
-/// COSI v1alpha1's wire contract as released (v0.2.2): every field number, and the enum values
-/// drivers send.
-#[test]
-fn cosi_wire_facts() {
+/// The package of a proto file of `FILE_DESCRIPTOR_SET`, and `Message.field=number` for each
+/// field of its top-level messages.
+fn top_level_fields(name: &str) -> (String, BTreeSet<String>) {
     let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
     let file = fds
         .file
         .iter()
-        .find(|f| f.name() == "cosi/v1alpha1/cosi.proto")
-        .expect("cosi.proto");
-    assert_eq!(file.package(), "cosi.v1alpha1");
-    let fields: BTreeSet<String> = file
+        .find(|f| f.name() == name)
+        .unwrap_or_else(|| panic!("{name} in FILE_DESCRIPTOR_SET"));
+    let fields = file
         .message_type
         .iter()
         .flat_map(|m| {
@@ -481,6 +541,15 @@ fn cosi_wire_facts() {
                 .map(move |f| format!("{}.{}={}", m.name(), f.name(), f.number()))
         })
         .collect();
+    (file.package().to_owned(), fields)
+}
+
+/// COSI v1alpha1's wire contract as released (v0.2.2): every field number, and the enum values
+/// drivers send.
+#[test]
+fn cosi_wire_facts() {
+    let (package, fields) = top_level_fields("cosi/v1alpha1/cosi.proto");
+    assert_eq!(package, "cosi.v1alpha1");
     let expected = [
         "S3.region=1",
         "S3.signature_version=2",
@@ -570,4 +639,75 @@ fn v1_12_and_v1_13_share_the_wire_format() {
     let back = v1_12::NodeGetVolumeStatsResponse::decode(&*current.encode_to_vec()).unwrap();
     assert_eq!(back.usage, legacy.usage);
     assert_eq!(back.volume_condition, None);
+}
+
+/// The Kubernetes SnapshotMetadata API as published by external-snapshot-metadata: every field
+/// number and enum value, and the service's method paths.
+#[test]
+fn snapshot_metadata_wire_facts() {
+    let (package, fields) = top_level_fields("snapshotmetadata/schema.proto");
+    assert_eq!(package, "snapshotmetadata");
+    let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let file = fds
+        .file
+        .iter()
+        .find(|f| f.name() == "snapshotmetadata/schema.proto")
+        .expect("schema.proto");
+    assert!(
+        file.dependency.is_empty(),
+        "the published proto imports nothing"
+    );
+    let expected = [
+        "BlockMetadata.byte_offset=1",
+        "BlockMetadata.size_bytes=2",
+        "GetMetadataAllocatedRequest.security_token=1",
+        "GetMetadataAllocatedRequest.namespace=2",
+        "GetMetadataAllocatedRequest.snapshot_name=3",
+        "GetMetadataAllocatedRequest.starting_offset=4",
+        "GetMetadataAllocatedRequest.max_results=5",
+        "GetMetadataAllocatedResponse.block_metadata_type=1",
+        "GetMetadataAllocatedResponse.volume_capacity_bytes=2",
+        "GetMetadataAllocatedResponse.block_metadata=3",
+        "GetMetadataDeltaRequest.security_token=1",
+        "GetMetadataDeltaRequest.namespace=2",
+        "GetMetadataDeltaRequest.base_snapshot_id=3",
+        "GetMetadataDeltaRequest.target_snapshot_name=4",
+        "GetMetadataDeltaRequest.starting_offset=5",
+        "GetMetadataDeltaRequest.max_results=6",
+        "GetMetadataDeltaResponse.block_metadata_type=1",
+        "GetMetadataDeltaResponse.volume_capacity_bytes=2",
+        "GetMetadataDeltaResponse.block_metadata=3",
+    ];
+    assert_eq!(
+        fields,
+        expected
+            .iter()
+            .map(|f| (*f).to_owned())
+            .collect::<BTreeSet<_>>()
+    );
+    assert_eq!(snapshotmetadata::BlockMetadataType::Unknown as i32, 0);
+    assert_eq!(snapshotmetadata::BlockMetadataType::FixedLength as i32, 1);
+    assert_eq!(
+        snapshotmetadata::BlockMetadataType::VariableLength as i32,
+        2
+    );
+    assert_eq!(
+        snapshotmetadata::snapshot_metadata_server::SERVICE_NAME,
+        "snapshotmetadata.SnapshotMetadata"
+    );
+    // The token is field 1, a string: tag 1<<3|2, then its length.
+    let request = snapshotmetadata::GetMetadataDeltaRequest {
+        security_token: "t".to_owned(),
+        ..Default::default()
+    };
+    assert_eq!(request.encode_to_vec(), [1 << 3 | 2, 1, b't']);
+}
+
+#[test]
+fn snapshot_metadata_empty_token_prints_as_empty() {
+    let request = snapshotmetadata::GetMetadataAllocatedRequest::default();
+    assert_eq!(
+        format!("{request:?}"),
+        r#"GetMetadataAllocatedRequest { security_token: <empty>, namespace: "", snapshot_name: "", starting_offset: 0, max_results: 0 }"#
+    );
 }
