@@ -2042,6 +2042,9 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         COSI_SAMPLE,
         VAP_SERVED,
         PDB_AND_METRICS,
+        SNAPSHOT_METADATA,
+        SNAPSHOT_METADATA_CRDS,
+        USERS_CERTIFICATE,
     ] {
         let extra = if values == VAP_SERVED {
             api_versions(VAP_V1)
@@ -2075,6 +2078,9 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "BucketClass" => round_trip::<csi_kinds::objectstorage::BucketClass>(object),
                 "BucketAccessClass" => {
                     round_trip::<csi_kinds::objectstorage::BucketAccessClass>(object)
+                }
+                "SnapshotMetadataService" => {
+                    round_trip::<csi_kinds::cbt::SnapshotMetadataService>(object)
                 }
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
@@ -3369,6 +3375,9 @@ fn the_snapshot_controller_and_cosi_metrics_services_select_their_pods() {
 const SNAPSHOT_METADATA: &str =
     "snapshotter:\n  enabled: true\nsnapshotMetadata:\n  enabled: true\n";
 
+/// csi-snapshot-metadata in the release that installs the SnapshotMetadataService CRD.
+const SNAPSHOT_METADATA_CRDS: &str = "snapshotMetadata:\n  enabled: true\n  installCRDs: true\n";
+
 /// Base64 of a Secret's data or of a `format: byte` field, decoded.
 fn decoded(value: &Value) -> Vec<u8> {
     use base64::Engine;
@@ -3753,4 +3762,53 @@ fn the_notes_tell_backup_applications_where_csi_snapshot_metadata_is() {
     let users = notes(&["--values", values.to_str().unwrap()]).unwrap();
     assert_mentions(&users, &["Secret backup-tls's"]);
     assert!(!users.contains("snapshotter.enabled is off"), "{users}");
+}
+
+/// With installCRDs the release brings the SnapshotMetadataService CRD, csi-kinds' (the chart's
+/// copy is current), kept at uninstall, on old clusters too; the SnapshotMetadataService is then
+/// a post-install/post-upgrade hook, since helm could not map a plain object of a kind the
+/// release itself installs. Without csi-snapshot-metadata, no CRD.
+#[test]
+fn the_snapshot_metadata_crd_comes_with_install_crds_and_its_object_then_waits_for_it() {
+    let stale = csi_kinds::crd::stale_crds(
+        &workspace(),
+        &[&format!("{CHART}/files/cbt-crds")],
+        &csi_kinds::cbt::crds(),
+        csi_kinds::cbt::CRDS_COMMAND,
+    );
+    assert!(stale.is_empty(), "stale: {stale:?}: run `make crds`");
+    for version in [None, Some("1.19.16")] {
+        let Some(rendering) = Rendering::for_version(SNAPSHOT_METADATA_CRDS, version) else {
+            return;
+        };
+        let crd = rendering.get(
+            "CustomResourceDefinition",
+            "snapshotmetadataservices.cbt.storage.k8s.io",
+        );
+        let mut expected =
+            serde_json::to_value(csi_kinds::cbt::SnapshotMetadataService::crd()).unwrap();
+        expected["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
+        assert_eq!(crd, &expected, "{version:?}");
+        let service = rendering.get("SnapshotMetadataService", "hostpath.csi-suite.io");
+        assert_eq!(
+            service["metadata"]["annotations"],
+            serde_json::json!({
+                "helm.sh/hook": "post-install,post-upgrade",
+                "helm.sh/hook-delete-policy": "before-hook-creation",
+            })
+        );
+    }
+    for values in [
+        "snapshotMetadata:\n  installCRDs: true\n",
+        SNAPSHOT_METADATA,
+    ] {
+        let rendering = Rendering::of(values).unwrap();
+        assert!(
+            rendering
+                .objects
+                .iter()
+                .all(|o| o["kind"] != "CustomResourceDefinition"),
+            "{values}"
+        );
+    }
 }
