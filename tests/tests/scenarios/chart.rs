@@ -275,6 +275,16 @@ fn parse_with_binary(container: &Value) -> bool {
         "csi-health-monitor" => {
             parse::<csi_health_monitor::flags::HealthMonitorArgs, _, _>(&argv).map(drop)
         }
+        "csi-snapshot-metadata" => {
+            parse::<csi_snapshot_metadata::flags::SnapshotMetadataArgs, _, _>(&argv).and_then(
+                |args| {
+                    // Upstream's checks after parsing (the key pair is required, ...).
+                    args.check().map_err(|message| {
+                        clap::Error::raw(clap::error::ErrorKind::ValueValidation, message)
+                    })
+                },
+            )
+        }
         "csi-node-driver-registrar" => {
             parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
         }
@@ -935,12 +945,12 @@ fn every_container_runs_with_least_privilege() {
         ("cosi-driver", "cosi-provisioner", NonRoot),
     ];
     let external = external_driver_values();
-    // The snapshotter and the health monitor are off by default and on in the example, the
-    // inventory's container and the COSI part too; csi-snapshot-metadata with every sidecar
-    // that serves metrics.
+    // The snapshotter, the health monitor and csi-snapshot-metadata are off by default and on in
+    // the example, the inventory's container and the COSI part too; csi-snapshot-metadata with
+    // every sidecar that serves metrics as well.
     for (values, controller_driver, example_sidecars, cbt, serving, inventory_cron, with_cosi) in [
         ("{}", Mounts, false, false, false, false, false),
-        (external.as_str(), NonRoot, true, false, true, false, true),
+        (external.as_str(), NonRoot, true, true, true, false, true),
         (INVENTORY_BOTH, Mounts, false, false, true, true, false),
         (COSI_SAMPLE, Mounts, false, false, false, false, true),
         (ALL_METRICS, Mounts, true, true, true, false, false),
@@ -3683,7 +3693,7 @@ const USERS_CERTIFICATE: &str = "snapshotMetadata:
 /// The Service's name and port, the audience and the certificate are the user's to choose: a
 /// renamed Service gets a certificate for its names and the CR its address; with a Secret of
 /// the user's (cert-manager's), the chart makes none, mounts that one, and the CR carries the
-/// CA the values give.
+/// CA the values give, as in the external-driver example.
 #[test]
 fn csi_snapshot_metadata_takes_the_users_names_and_certificate() {
     let renamed = "snapshotMetadata:
@@ -3731,6 +3741,22 @@ fn csi_snapshot_metadata_takes_the_users_names_and_certificate() {
         .find(|v| v["name"] == "snapshot-metadata-tls")
         .unwrap();
     assert_eq!(volume["secret"]["secretName"], "backup-tls");
+
+    // The external-driver example: cert-manager's Secret and its CA, for the vendor's driver.
+    let external = Rendering::of(&external_driver_values()).unwrap();
+    let values: Value = serde_norway::from_str(&external_driver_values()).unwrap();
+    let ca = str(&values["snapshotMetadata"]["tls"]["caCert"]);
+    let cr = external.get("SnapshotMetadataService", "block.csi.example.com");
+    assert_eq!(decoded(&cr["spec"]["caCert"]), ca.as_bytes());
+    assert_eq!(
+        cr["spec"]["audience"],
+        "snapshot-metadata.block.csi.example.com"
+    );
+    let sidecar = container(external.controller(), "csi-snapshot-metadata").unwrap();
+    assert!(has_arg(
+        sidecar,
+        "--csi-address=/var/lib/csi/sockets/pluginproxy/csi.sock"
+    ));
 }
 
 /// The notes tell where backup applications find the service and which ClusterRole they need,
