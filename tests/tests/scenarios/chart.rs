@@ -3770,7 +3770,7 @@ fn the_notes_tell_backup_applications_where_csi_snapshot_metadata_is() {
         &text,
         &[
             "csi-snapshot-metadata, podmon (controller)",
-            "SnapshotMetadataService hostpath.csi-suite.io",
+            "Service csi-suite-snapshot-metadata (port 6443), SnapshotMetadataService hostpath.csi-suite.io\n",
             "csi-suite-snapshot-metadata.storage:6443",
             "snapshot-metadata.hostpath.csi-suite.io",
             "--clusterrole=csi-suite-external-snapshot-metadata-client-runner",
