@@ -3534,6 +3534,8 @@ fn csi_snapshot_metadata_serves_the_driver_behind_its_service() {
         volume["secret"]["secretName"],
         "csi-suite-snapshot-metadata-tls"
     );
+    // A missing Secret stops the sidecar alone, not the pod.
+    assert_eq!(volume["secret"]["optional"], true);
     // Alive and ready on /health of its --http-endpoint.
     assert_eq!(probed_port(sidecar), 8089);
     for probe in ["livenessProbe", "readinessProbe"] {
