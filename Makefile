@@ -106,6 +106,7 @@ crds:
 	$(CARGO) run -q -p cosi --bin cosi-crds manifests/crds
 	$(CARGO) run -q -p cosi --bin cosi-crds $(CHART)/files/cosi-crds
 	$(CARGO) run -q -p csi-snapshot-metadata --bin snapshot-metadata-crds manifests/crds
+	$(CARGO) run -q -p csi-snapshot-metadata --bin snapshot-metadata-crds $(CHART)/files/cbt-crds
 
 ## build: release binaries of every component into target/release: the image's (see the
 ## Dockerfile) and kube-sim, which test-node runs beside them. make sanity checks this

@@ -235,7 +235,7 @@ automountServiceAccountToken: {{ and (ne (include "csi-suite.projectedToken" .ro
 {{- $v := .root.Values -}}
 {{- $ports := list -}}
 {{- if eq .component "controller" -}}
-{{- range $name, $sidecar := dict "provisioner" $v.provisioner "attacher" $v.attacher "resizer" $v.resizer "snapshotter" $v.snapshotter "health-monitor" $v.healthMonitor -}}
+{{- range $name, $sidecar := dict "provisioner" $v.provisioner "attacher" $v.attacher "resizer" $v.resizer "snapshotter" $v.snapshotter "health-monitor" $v.healthMonitor "snapshot-meta" $v.snapshotMetadata -}}
 {{- if $sidecar.enabled -}}
 {{- $ports = append $ports (dict "name" $name "port" $sidecar.httpPort) -}}
 {{- end -}}
@@ -309,4 +309,22 @@ livenessProbe:
   timeoutSeconds: {{ .timeoutSeconds }}
 {{- end }}
 {{- end -}}
+{{- end -}}
+
+{{/* csi-snapshot-metadata's Service (snapshotMetadata.service.name, by default
+     <fullname>-snapshot-metadata). */}}
+{{- define "csi-suite.snapshotMetadataService" -}}
+{{- .Values.snapshotMetadata.service.name | default (printf "%s-snapshot-metadata" (include "csi-suite.fullname" .)) -}}
+{{- end -}}
+
+{{/* The audience of backup applications' tokens: snapshotMetadata.audience, by default
+     snapshot-metadata.<driver.name>. */}}
+{{- define "csi-suite.snapshotMetadataAudience" -}}
+{{- .Values.snapshotMetadata.audience | default (printf "snapshot-metadata.%s" .Values.driver.name) -}}
+{{- end -}}
+
+{{/* The kubernetes.io/tls Secret csi-snapshot-metadata serves with: the user's
+     (snapshotMetadata.tls.existingSecret) or the chart's <fullname>-snapshot-metadata-tls. */}}
+{{- define "csi-suite.snapshotMetadataTlsSecret" -}}
+{{- .Values.snapshotMetadata.tls.existingSecret | default (printf "%s-snapshot-metadata-tls" (include "csi-suite.fullname" .)) -}}
 {{- end -}}

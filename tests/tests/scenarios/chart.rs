@@ -275,6 +275,16 @@ fn parse_with_binary(container: &Value) -> bool {
         "csi-health-monitor" => {
             parse::<csi_health_monitor::flags::HealthMonitorArgs, _, _>(&argv).map(drop)
         }
+        "csi-snapshot-metadata" => {
+            parse::<csi_snapshot_metadata::flags::SnapshotMetadataArgs, _, _>(&argv).and_then(
+                |args| {
+                    // Upstream's checks after parsing (the key pair is required, ...).
+                    args.check().map_err(|message| {
+                        clap::Error::raw(clap::error::ErrorKind::ValueValidation, message)
+                    })
+                },
+            )
+        }
         "csi-node-driver-registrar" => {
             parse::<csi_node_driver_registrar::flags::RegistrarArgs, _, _>(&argv).map(drop)
         }
@@ -449,6 +459,7 @@ fn calls_api(container: &Value) -> bool {
             | "csi-resizer"
             | "csi-snapshotter"
             | "csi-health-monitor"
+            | "csi-snapshot-metadata"
             | "snapshot-controller"
             | "podmon"
             | "csi-inventory"
@@ -561,6 +572,10 @@ const INVENTORY_RBAC: &str = "csi-suite-inventory-runner";
 /// cosi-provisioner's ClusterRole: the one that may write Secrets.
 const COSI_PROVISIONER_RBAC: &str = "csi-suite-cosi-driver-provisioner-runner";
 
+/// csi-snapshot-metadata's ClusterRole, and the one for backup applications to bind.
+const SNAPSHOT_METADATA_RBAC: &str = "csi-suite-external-snapshot-metadata-runner";
+const SNAPSHOT_METADATA_CLIENT_RBAC: &str = "csi-suite-external-snapshot-metadata-client-runner";
+
 const CONTROLLER_RBAC: [&str; 4] = [
     "csi-suite-external-provisioner-runner",
     "csi-suite-external-attacher-runner",
@@ -593,6 +608,11 @@ fn assert_least_privilege(rendering: &Rendering) {
             } else if resource == "secrets" {
                 assert_eq!(verbs, ["get"], "{kind} {name}: secrets");
             }
+        }
+        if name == SNAPSHOT_METADATA_CLIENT_RBAC {
+            // For backup applications to bind: the chart binds it to nobody.
+            assert!(rendering.find("ClusterRoleBinding", name).is_none());
+            continue;
         }
         let binding = rendering.get(&format!("{kind}Binding"), name);
         assert_eq!(binding["roleRef"]["name"], name);
@@ -914,6 +934,7 @@ fn every_container_runs_with_least_privilege() {
         ("controller", "csi-resizer", NonRoot),
         ("controller", "csi-snapshotter", NonRoot),
         ("controller", "csi-health-monitor", NonRoot),
+        ("controller", "csi-snapshot-metadata", NonRoot),
         ("controller", "podmon", NonRoot),
         ("controller", "csi-inventory", NonRoot),
         ("controller", "liveness-probe", NonRoot),
@@ -924,13 +945,15 @@ fn every_container_runs_with_least_privilege() {
         ("cosi-driver", "cosi-provisioner", NonRoot),
     ];
     let external = external_driver_values();
-    // The snapshotter and the health monitor are off by default and on in the example, the
-    // inventory's container and the COSI part too.
-    for (values, controller_driver, example_sidecars, serving, inventory_cron, with_cosi) in [
-        ("{}", Mounts, false, false, false, false),
-        (external.as_str(), NonRoot, true, true, false, true),
-        (INVENTORY_BOTH, Mounts, false, true, true, false),
-        (COSI_SAMPLE, Mounts, false, false, false, true),
+    // The snapshotter, the health monitor and csi-snapshot-metadata are off by default and on in
+    // the example, the inventory's container and the COSI part too; csi-snapshot-metadata with
+    // every sidecar that serves metrics as well.
+    for (values, controller_driver, example_sidecars, cbt, serving, inventory_cron, with_cosi) in [
+        ("{}", Mounts, false, false, false, false, false),
+        (external.as_str(), NonRoot, true, true, true, false, true),
+        (INVENTORY_BOTH, Mounts, false, false, true, true, false),
+        (COSI_SAMPLE, Mounts, false, false, false, false, true),
+        (ALL_METRICS, Mounts, true, true, true, false, false),
     ] {
         let Some(rendering) = Rendering::of(values) else {
             return;
@@ -938,6 +961,7 @@ fn every_container_runs_with_least_privilege() {
         let expected: Vec<_> = std::iter::once(("controller", "driver", controller_driver))
             .chain(sidecars.into_iter().filter(|(_, name, _)| match *name {
                 "csi-snapshotter" | "csi-health-monitor" => example_sidecars,
+                "csi-snapshot-metadata" => cbt,
                 "csi-inventory" => serving,
                 _ => true,
             }))
@@ -1894,6 +1918,26 @@ fn bad_values_are_refused_with_the_field_named() {
             "livenessProbe:\n  command: [\"\"]\n",
             "/livenessProbe/command/0",
         ),
+        (
+            "snapshotMetadata:\n  tls:\n    caCert: not a certificate\n",
+            "/snapshotMetadata/tls/caCert",
+        ),
+        (
+            "snapshotMetadata:\n  tls:\n    validityDays: 0\n",
+            "/snapshotMetadata/tls/validityDays",
+        ),
+        (
+            "snapshotMetadata:\n  service:\n    name: Backup_CBT\n",
+            "/snapshotMetadata/service/name",
+        ),
+        (
+            "snapshotMetadata:\n  readinessProbe:\n    path: health\n",
+            "/snapshotMetadata/readinessProbe/path",
+        ),
+        (
+            "snapshotMetadata:\n  enabled: true\n  tls:\n    existingSecret: backup-tls\n",
+            "snapshotMetadata.tls.caCert is required with snapshotMetadata.tls.existingSecret",
+        ),
         ("cosi:\n  driver:\n    enabled: true\n", "cosi.s3.endpoint"),
         (
             "cosi:\n  driver:\n    enabled: true\n  s3:\n    endpoint: http://s3:9000\n",
@@ -2008,6 +2052,9 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
         COSI_SAMPLE,
         VAP_SERVED,
         PDB_AND_METRICS,
+        SNAPSHOT_METADATA,
+        SNAPSHOT_METADATA_CRDS,
+        USERS_CERTIFICATE,
     ] {
         let extra = if values == VAP_SERVED {
             api_versions(VAP_V1)
@@ -2041,6 +2088,9 @@ fn every_rendered_object_is_a_valid_kubernetes_object() {
                 "BucketClass" => round_trip::<csi_kinds::objectstorage::BucketClass>(object),
                 "BucketAccessClass" => {
                     round_trip::<csi_kinds::objectstorage::BucketAccessClass>(object)
+                }
+                "SnapshotMetadataService" => {
+                    round_trip::<csi_kinds::cbt::SnapshotMetadataService>(object)
                 }
                 other => panic!("the chart renders a kind this test does not know: {other}"),
             };
@@ -2771,6 +2821,8 @@ const ALL_METRICS: &str = "snapshotter:
   enabled: true
 healthMonitor:
   enabled: true
+snapshotMetadata:
+  enabled: true
 inventory:
   serve:
     enabled: true
@@ -2837,6 +2889,7 @@ fn metrics_services_select_the_pods_and_their_metrics_ports() {
         "resizer",
         "snapshotter",
         "health-monitor",
+        "snapshot-meta",
         "podmon",
         "inventory",
         "healthz",
@@ -3326,4 +3379,464 @@ fn the_snapshot_controller_and_cosi_metrics_services_select_their_pods() {
         .collect();
     expected.sort();
     assert_eq!(selected, expected);
+}
+
+/// csi-snapshot-metadata with the snapshots it serves the metadata of.
+const SNAPSHOT_METADATA: &str =
+    "snapshotter:\n  enabled: true\nsnapshotMetadata:\n  enabled: true\n";
+
+/// csi-snapshot-metadata in the release that installs the SnapshotMetadataService CRD.
+const SNAPSHOT_METADATA_CRDS: &str = "snapshotMetadata:\n  enabled: true\n  installCRDs: true\n";
+
+/// Base64 of a Secret's data or of a `format: byte` field, decoded.
+fn decoded(value: &Value) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(str(value))
+        .unwrap_or_else(|e| panic!("{e}: {value}"))
+}
+
+/// A TLS handshake, in memory, of a client that trusts only `ca` and dials `name` with a
+/// server holding `cert` and `key` (PEM): it succeeds when the key is the certificate's, the
+/// certificate names `name` and `ca` signed it.
+fn handshake(ca: &[u8], cert: &[u8], key: &[u8], name: &str) -> anyhow::Result<()> {
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca) {
+        roots.add(ca?)?;
+    }
+    let client = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let chain = CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>()?;
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, PrivateKeyDer::from_pem_slice(key)?)?;
+    let mut client =
+        rustls::ClientConnection::new(Arc::new(client), ServerName::try_from(name.to_string())?)?;
+    let mut server = rustls::ServerConnection::new(Arc::new(server))?;
+    // A TLS 1.3 handshake takes two flights each way; a few more rounds cost nothing.
+    for _ in 0..8 {
+        if !client.is_handshaking() && !server.is_handshaking() {
+            return Ok(());
+        }
+        let mut flight = Vec::new();
+        client.write_tls(&mut flight)?;
+        server.read_tls(&mut flight.as_slice())?;
+        server.process_new_packets()?;
+        flight.clear();
+        server.write_tls(&mut flight)?;
+        client.read_tls(&mut flight.as_slice())?;
+        client.process_new_packets()?;
+    }
+    anyhow::bail!("the handshake did not finish")
+}
+
+/// The chart's TLS Secret of csi-snapshot-metadata and the SnapshotMetadataService agree: the
+/// Secret's ca.crt is the CR's caCert, and a client that trusts only that CA and dials the
+/// CR's address (and the Service's other names) completes a handshake with the Secret's
+/// certificate and key; nothing else it dials does.
+fn assert_tls_matches(rendering: &Rendering, secret: &str, driver: &str, names: &[&str]) {
+    let secret = rendering.get("Secret", secret);
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let data = &secret["data"];
+    let service = rendering.get("SnapshotMetadataService", driver);
+    assert_eq!(service["spec"]["caCert"], data["ca.crt"]);
+    let ca = decoded(&service["spec"]["caCert"]);
+    let (cert, key) = (decoded(&data["tls.crt"]), decoded(&data["tls.key"]));
+    let address = str(&service["spec"]["address"]);
+    let host = address.rsplit_once(':').expect("host:port").0;
+    assert!(names.contains(&host), "{address} is none of {names:?}");
+    for name in names {
+        handshake(&ca, &cert, &key, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert!(handshake(&ca, &cert, &key, "elsewhere.storage").is_err());
+    assert_eq!(
+        secret["metadata"]["annotations"]["csi-suite.io/dns-names"],
+        names.join(",")
+    );
+}
+
+/// csi-snapshot-metadata is off by default and leaves nothing behind then; on, it runs in
+/// the controller pod on the driver's socket with upstream's flags, its TLS Secret mounted,
+/// probed on /health, behind a Service (6443 to its gRPC port, as upstream's example) that
+/// selects the controller pods, which the SnapshotMetadataService of the driver names with the
+/// CA of the Secret's certificate; its RBAC is upstream's reads, and backup applications get
+/// a ClusterRole of their own to bind.
+#[test]
+fn csi_snapshot_metadata_serves_the_driver_behind_its_service() {
+    let Some(default) = Rendering::of("{}") else {
+        return;
+    };
+    for (kind, name) in [
+        ("SnapshotMetadataService", "hostpath.csi-suite.io"),
+        ("Secret", "csi-suite-snapshot-metadata-tls"),
+        ("Service", "csi-suite-snapshot-metadata"),
+        ("ClusterRole", SNAPSHOT_METADATA_RBAC),
+        ("ClusterRole", SNAPSHOT_METADATA_CLIENT_RBAC),
+    ] {
+        assert!(default.find(kind, name).is_none(), "{kind} {name}");
+    }
+
+    let rendering = Rendering::of(SNAPSHOT_METADATA).unwrap();
+    let controller = rendering.controller();
+    // In the controller pod (every_container_runs_with_least_privilege checks where).
+    let sidecar = container(controller, "csi-snapshot-metadata").unwrap();
+    assert_eq!(
+        sidecar["command"],
+        serde_json::json!(["csi-snapshot-metadata"])
+    );
+    assert_eq!(
+        args(sidecar),
+        [
+            "--csi-address=/csi/csi.sock",
+            "--port=50051",
+            "--http-endpoint=:8089",
+            "--tls-cert=/tls/tls.crt",
+            "--tls-key=/tls/tls.key",
+            "--v=2"
+        ]
+    );
+    // The driver's socket, in the directory both mount.
+    let driver = container(controller, "driver").unwrap();
+    assert!(
+        driver["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|var| var["name"] == "CSI_ENDPOINT" && var["value"] == "unix:///csi/csi.sock")
+    );
+    for container in [driver, sidecar] {
+        assert!(mounts(container).contains(&("socket-dir".into(), "/csi".into(), String::new())));
+    }
+    // The Secret's files where the flags look, read-only.
+    let tls = sidecar["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/tls")
+        .expect("the TLS mount");
+    assert_eq!(tls["readOnly"], true);
+    let volume = controller["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == tls["name"])
+        .unwrap();
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "csi-suite-snapshot-metadata-tls"
+    );
+    // A missing Secret stops the sidecar alone, not the pod.
+    assert_eq!(volume["secret"]["optional"], true);
+    // Alive and ready on /health of its --http-endpoint.
+    assert_eq!(probed_port(sidecar), 8089);
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(sidecar[probe]["httpGet"]["path"], "/health", "{probe}");
+        assert_eq!(
+            sidecar[probe]["httpGet"]["port"], "snapshot-meta",
+            "{probe}"
+        );
+    }
+
+    // The Service reaches the gRPC port of the controller pods, no other pods'.
+    let service = rendering.get("Service", "csi-suite-snapshot-metadata");
+    let spec = &service["spec"];
+    assert!(spec["clusterIP"].is_null() && spec["type"].is_null());
+    let selector = serde_json::json!({"matchLabels": spec["selector"]});
+    assert!(selects(
+        &selector,
+        pod_labels(&rendering, "Deployment", "csi-suite-controller")
+    ));
+    assert!(!selects(
+        &selector,
+        pod_labels(&rendering, "DaemonSet", "csi-suite-node")
+    ));
+    assert_eq!(
+        spec["ports"],
+        serde_json::json!([{"name": "snapshot-metadata", "port": 6443,
+                            "targetPort": "metadata-grpc", "protocol": "TCP"}])
+    );
+    assert_eq!(named_ports(controller)["metadata-grpc"], 50051);
+
+    // The CR: cluster-scoped, named after the driver, at the Service, with the Secret's CA.
+    let cr = rendering.get("SnapshotMetadataService", "hostpath.csi-suite.io");
+    assert_eq!(cr["apiVersion"], "cbt.storage.k8s.io/v1beta1");
+    assert!(cr["metadata"]["namespace"].is_null());
+    assert!(cr["metadata"]["annotations"].is_null(), "a plain object");
+    assert_eq!(
+        cr["spec"]["address"],
+        "csi-suite-snapshot-metadata.storage:6443"
+    );
+    assert_eq!(
+        cr["spec"]["audience"],
+        "snapshot-metadata.hostpath.csi-suite.io"
+    );
+    assert_tls_matches(
+        &rendering,
+        "csi-suite-snapshot-metadata-tls",
+        "hostpath.csi-suite.io",
+        &[
+            "csi-suite-snapshot-metadata",
+            "csi-suite-snapshot-metadata.storage",
+            "csi-suite-snapshot-metadata.storage.svc",
+        ],
+    );
+
+    // Upstream's external-snapshot-metadata-runner, reads only, and the classes its snapshotter
+    // secrets come from.
+    let own = |group: &str, resource: &str, verbs: &[&str]| {
+        (
+            group.to_string(),
+            resource.to_string(),
+            strings(&serde_json::json!(verbs)),
+        )
+    };
+    assert_eq!(
+        rendering.rules("ClusterRole", SNAPSHOT_METADATA_RBAC),
+        [
+            own("authentication.k8s.io", "tokenreviews", &["create", "get"]),
+            own(
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                &["create", "get"]
+            ),
+            own(
+                "cbt.storage.k8s.io",
+                "snapshotmetadataservices",
+                &["get", "list", "watch"]
+            ),
+            own(
+                "snapshot.storage.k8s.io",
+                "volumesnapshots",
+                &["get", "list"]
+            ),
+            own(
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents",
+                &["get", "list"]
+            ),
+            own(
+                "snapshot.storage.k8s.io",
+                "volumesnapshotclasses",
+                &["get", "list"]
+            ),
+        ]
+    );
+    assert_eq!(
+        bound_roles(&rendering, "csi-suite-controller")
+            .iter()
+            .filter(|(_, role)| role.contains("snapshot-metadata"))
+            .collect::<Vec<_>>(),
+        [&(
+            "ClusterRole".to_string(),
+            SNAPSHOT_METADATA_RBAC.to_string()
+        )]
+    );
+    assert_eq!(
+        rendering.rules("ClusterRole", SNAPSHOT_METADATA_CLIENT_RBAC),
+        [
+            own(
+                "snapshot.storage.k8s.io",
+                "volumesnapshots",
+                &["get", "list", "watch"]
+            ),
+            own(
+                "snapshot.storage.k8s.io",
+                "volumesnapshotcontents",
+                &["get", "list", "watch"]
+            ),
+            own(
+                "cbt.storage.k8s.io",
+                "snapshotmetadataservices",
+                &["get", "list"]
+            ),
+            own("", "serviceaccounts/token", &["create", "get"]),
+        ]
+    );
+    let with_secrets =
+        Rendering::of(&format!("{SNAPSHOT_METADATA}rbac:\n  secrets: true\n")).unwrap();
+    assert_eq!(
+        with_secrets.verbs("ClusterRole", SNAPSHOT_METADATA_RBAC, "", "secrets"),
+        ["get"]
+    );
+    assert_least_privilege(&rendering);
+    assert_least_privilege(&with_secrets);
+    assert_tokens(&rendering, true);
+}
+
+/// csi-snapshot-metadata with a certificate of the user's (a cert-manager Secret) and its CA.
+const USERS_CERTIFICATE: &str = "snapshotMetadata:
+  enabled: true
+  tls:
+    existingSecret: backup-tls
+    caCert: |
+      -----BEGIN CERTIFICATE-----
+      MIIBxDCCAWmgAwIBAgIUKKeOGoSSpKFolgbZB3MEt5aOCa8wCgYIKoZIzj0EAwIw
+      NzEYMBYGA1UECgwPRXhhbXBsZSBTdG9yYWdlMRswGQYDVQQDDBJFeGFtcGxlIFN0
+      b3JhZ2UgQ0EwHhcNMjYxMjA2MjIyNTQyWhcNMzYxMjAzMjIyNTQyWjA3MRgwFgYD
+      VQQKDA9FeGFtcGxlIFN0b3JhZ2UxGzAZBgNVBAMMEkV4YW1wbGUgU3RvcmFnZSBD
+      QTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABEUJTWKHmSKIPBGDas7k+Bg2OG5e
+      hyDPMfEQG3JrMF0tZlTjHNZPUtXNi0I8TtHb0SCtYbzJ488WpO8YXLBDurCjUzBR
+      MB0GA1UdDgQWBBTOXLCIw8NNJ1O7lZLlLe781zpF5DAfBgNVHSMEGDAWgBTOXLCI
+      w8NNJ1O7lZLlLe781zpF5DAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kA
+      MEYCIQDqzHNKOd1KvAezK7QXeKLvp0tH1AJgdNSglMMKwtTv9wIhAJ0pyjFxk/KP
+      T6TS+g8IYn75Yzvi1TB4PPJ0jMoGddX7
+      -----END CERTIFICATE-----
+";
+
+/// The Service's name and port, the audience and the certificate are the user's to choose: a
+/// renamed Service gets a certificate for its names and the CR its address; with a Secret of
+/// the user's (cert-manager's), the chart makes none, mounts that one, and the CR carries the
+/// CA the values give, as in the external-driver example.
+#[test]
+fn csi_snapshot_metadata_takes_the_users_names_and_certificate() {
+    let renamed = "snapshotMetadata:
+  enabled: true
+  audience: backup.example.com
+  service:
+    name: cbt
+    port: 443
+";
+    let Some(rendering) = Rendering::of(renamed) else {
+        return;
+    };
+    let cr = rendering.get("SnapshotMetadataService", "hostpath.csi-suite.io");
+    assert_eq!(cr["spec"]["address"], "cbt.storage:443");
+    assert_eq!(cr["spec"]["audience"], "backup.example.com");
+    assert_eq!(
+        rendering.get("Service", "cbt")["spec"]["ports"][0]["port"],
+        443
+    );
+    assert_tls_matches(
+        &rendering,
+        "csi-suite-snapshot-metadata-tls",
+        "hostpath.csi-suite.io",
+        &["cbt", "cbt.storage", "cbt.storage.svc"],
+    );
+
+    let users = Rendering::of(USERS_CERTIFICATE).unwrap();
+    let cr = users.get("SnapshotMetadataService", "hostpath.csi-suite.io");
+    let values: Value = serde_norway::from_str(USERS_CERTIFICATE).unwrap();
+    let ca = str(&values["snapshotMetadata"]["tls"]["caCert"]);
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"));
+    assert_eq!(decoded(&cr["spec"]["caCert"]), ca.as_bytes());
+    assert!(
+        users
+            .objects
+            .iter()
+            .all(|o| o["type"] != "kubernetes.io/tls"),
+        "the chart makes no certificate of its own: {:?}",
+        users.names()
+    );
+    let volume = users.controller()["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "snapshot-metadata-tls")
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "backup-tls");
+
+    // The external-driver example: cert-manager's Secret and its CA, for the vendor's driver.
+    let external = Rendering::of(&external_driver_values()).unwrap();
+    let values: Value = serde_norway::from_str(&external_driver_values()).unwrap();
+    let ca = str(&values["snapshotMetadata"]["tls"]["caCert"]);
+    let cr = external.get("SnapshotMetadataService", "block.csi.example.com");
+    assert_eq!(decoded(&cr["spec"]["caCert"]), ca.as_bytes());
+    assert_eq!(
+        cr["spec"]["audience"],
+        "snapshot-metadata.block.csi.example.com"
+    );
+    let sidecar = container(external.controller(), "csi-snapshot-metadata").unwrap();
+    assert!(has_arg(
+        sidecar,
+        "--csi-address=/var/lib/csi/sockets/pluginproxy/csi.sock"
+    ));
+}
+
+/// The notes tell where backup applications find the service and which ClusterRole they need,
+/// and how the certificate is kept.
+#[test]
+fn the_notes_tell_backup_applications_where_csi_snapshot_metadata_is() {
+    let Some(text) = notes(&["--set", "snapshotMetadata.enabled=true"]) else {
+        return;
+    };
+    assert_mentions(
+        &text,
+        &[
+            "csi-snapshot-metadata, podmon (controller)",
+            "Service csi-suite-snapshot-metadata (port 6443), SnapshotMetadataService hostpath.csi-suite.io\n",
+            "csi-suite-snapshot-metadata.storage:6443",
+            "snapshot-metadata.hostpath.csi-suite.io",
+            "--clusterrole=csi-suite-external-snapshot-metadata-client-runner",
+            "Secret csi-suite-snapshot-metadata-tls",
+            "snapshotter.enabled is off",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        format!("{USERS_CERTIFICATE}snapshotter:\n  enabled: true\n"),
+    )
+    .unwrap();
+    let users = notes(&["--values", values.to_str().unwrap()]).unwrap();
+    assert_mentions(&users, &["Secret backup-tls's"]);
+    assert!(!users.contains("snapshotter.enabled is off"), "{users}");
+}
+
+/// With installCRDs the release brings the SnapshotMetadataService CRD, csi-kinds' (the chart's
+/// copy is current), kept at uninstall, on old clusters too; the SnapshotMetadataService is then
+/// a post-install/post-upgrade hook, since helm could not map a plain object of a kind the
+/// release itself installs. Without csi-snapshot-metadata, no CRD.
+#[test]
+fn the_snapshot_metadata_crd_comes_with_install_crds_and_its_object_then_waits_for_it() {
+    let stale = csi_kinds::crd::stale_crds(
+        &workspace(),
+        &[&format!("{CHART}/files/cbt-crds")],
+        &csi_kinds::cbt::crds(),
+        csi_kinds::cbt::CRDS_COMMAND,
+    );
+    assert!(stale.is_empty(), "stale: {stale:?}: run `make crds`");
+    for version in [None, Some("1.19.16")] {
+        let Some(rendering) = Rendering::for_version(SNAPSHOT_METADATA_CRDS, version) else {
+            return;
+        };
+        let crd = rendering.get(
+            "CustomResourceDefinition",
+            "snapshotmetadataservices.cbt.storage.k8s.io",
+        );
+        let mut expected =
+            serde_json::to_value(csi_kinds::cbt::SnapshotMetadataService::crd()).unwrap();
+        expected["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
+        assert_eq!(crd, &expected, "{version:?}");
+        let service = rendering.get("SnapshotMetadataService", "hostpath.csi-suite.io");
+        assert_eq!(
+            service["metadata"]["annotations"],
+            serde_json::json!({
+                "helm.sh/hook": "post-install,post-upgrade",
+                "helm.sh/hook-delete-policy": "before-hook-creation",
+            })
+        );
+    }
+    for values in [
+        "snapshotMetadata:\n  installCRDs: true\n",
+        SNAPSHOT_METADATA,
+    ] {
+        let rendering = Rendering::of(values).unwrap();
+        assert!(
+            rendering
+                .objects
+                .iter()
+                .all(|o| o["kind"] != "CustomResourceDefinition"),
+            "{values}"
+        );
+    }
 }
