@@ -145,6 +145,20 @@ impl ApiError {
     /// `schema.GroupKind`'s String.
     pub fn invalid_fields(rt: &ResourceType, name: &str, errors: &[FieldError]) -> Self {
         let kind = crate::selectors::qualified_kind(&rt.group, &rt.kind);
+        let mut error = Self::invalid_causes(&kind, name, errors);
+        if let Some(details) = error.details.as_mut() {
+            details["name"] = json!(name);
+            details["kind"] = json!(rt.kind);
+            if !rt.group.is_empty() {
+                details["group"] = json!(rt.group);
+            }
+        }
+        error
+    }
+
+    /// [`Self::invalid_fields`]' message and causes, for a kind printed as `kind` (the review
+    /// APIs print an empty kind: `.authorization.k8s.io "" is invalid: …`).
+    pub fn invalid_causes(kind: &str, name: &str, errors: &[FieldError]) -> Self {
         let messages: Vec<String> = errors
             .iter()
             .map(|e| format!("{}: {}", e.field, e.detail))
@@ -153,20 +167,14 @@ impl ApiError {
             [one] => one.clone(),
             many => format!("[{}]", many.join(", ")),
         };
-        let mut error = Self::invalid(&kind, name, why);
-        let mut details = json!({
-            "name": name,
-            "kind": rt.kind,
+        let mut error = Self::invalid(kind, name, why);
+        error.details = Some(json!({
             "causes": errors.iter().map(|e| json!({
                 "reason": e.reason,
                 "message": e.detail,
                 "field": e.field,
             })).collect::<Vec<_>>(),
-        });
-        if !rt.group.is_empty() {
-            details["group"] = json!(rt.group);
-        }
-        error.details = Some(details);
+        }));
         error
     }
 
