@@ -312,9 +312,21 @@ impl Sidecar {
                 Ok(stream.map(|r| r.map(|r| (r.encoded_len(), entries(&r.block_metadata)))))
             })
             .await?;
+        // One tuple per message: the relay's cost per message, the driver's scan the same.
+        let delta_single = self
+            .call(setup, |mut client| async move {
+                let request = api::GetMetadataDeltaRequest {
+                    max_results: 1,
+                    ..delta_request(&setup.tokens.backup, &setup.base_handle, "snap-2")
+                };
+                let stream = client.get_metadata_delta(request).await?.into_inner();
+                Ok(stream.map(|r| r.map(|r| (r.encoded_len(), entries(&r.block_metadata)))))
+            })
+            .await?;
         Ok(RunResult {
             delta,
             allocated,
+            delta_single,
             peak_rss: None,
         })
     }
@@ -422,6 +434,7 @@ impl WithRss for Vec<Answer> {
 struct RunResult {
     delta: Call,
     allocated: Call,
+    delta_single: Call,
     peak_rss: Option<f64>,
 }
 
@@ -502,33 +515,35 @@ fn entries(blocks: &[api::BlockMetadata]) -> Vec<(i64, i64)> {
         .collect()
 }
 
-/// The same calls straight to the driver: its share of the wall time.
-async fn driver_share(setup: &Setup) -> anyhow::Result<(Duration, Duration)> {
+/// The same calls straight to the driver: its share of the wall time (delta, allocated,
+/// delta with `max_results=1`).
+async fn driver_share(setup: &Setup) -> anyhow::Result<[Duration; 3]> {
     let mut client = csi::snapshot_metadata_client::SnapshotMetadataClient::new(
         setup.driver.controller.csi.channel(),
     );
     let target = target_handle(setup).await?;
+    let delta = |max_results| csi::GetMetadataDeltaRequest {
+        base_snapshot_id: setup.base_handle.clone(),
+        target_snapshot_id: target.clone(),
+        max_results,
+        ..Default::default()
+    };
     let start = Instant::now();
-    let mut stream = client
-        .get_metadata_delta(csi::GetMetadataDeltaRequest {
-            base_snapshot_id: setup.base_handle.clone(),
-            target_snapshot_id: target.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let mut stream = client.get_metadata_delta(delta(0)).await?.into_inner();
     while stream.message().await?.is_some() {}
-    let delta = start.elapsed();
+    let whole = start.elapsed();
     let start = Instant::now();
-    let mut stream = client
-        .get_metadata_allocated(csi::GetMetadataAllocatedRequest {
-            snapshot_id: target,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let request = csi::GetMetadataAllocatedRequest {
+        snapshot_id: target.clone(),
+        ..Default::default()
+    };
+    let mut stream = client.get_metadata_allocated(request).await?.into_inner();
     while stream.message().await?.is_some() {}
-    Ok((delta, start.elapsed()))
+    let allocated = start.elapsed();
+    let start = Instant::now();
+    let mut stream = client.get_metadata_delta(delta(1)).await?.into_inner();
+    while stream.message().await?.is_some() {}
+    Ok([whole, allocated, start.elapsed()])
 }
 
 async fn target_handle(setup: &Setup) -> anyhow::Result<String> {
@@ -701,12 +716,12 @@ fn report(
     names: &[String],
     sizes: &[f64],
     measured: &[Vec<RunResult>],
-    driver_runs: &[(Duration, Duration)],
+    driver_runs: &[[Duration; 3]],
     answers: &[Vec<Answer>],
 ) -> String {
     let mib = |b: u64| b as f64 / 1048576.0;
     let mut out = format!(
-        "A {:.0} MiB block volume of the reference driver: {:.0} MiB written in scattered 64 KiB runs, snapshot 1, {:.0} MiB (a quarter) rewritten in scattered 64 KiB runs, snapshot 2 ({:.0} MiB allocated). Per run each binary is started afresh (`--audience`, `--port`, `--tls-cert`, `--tls-key`, `--csi-address`, `--kubeconfig`, `--http-endpoint`; defaults otherwise), answers one warm-up call, then GetMetadataDelta (snapshot 1 → 2) and GetMetadataAllocated (snapshot 2) are each read to the end by one client over TLS; binaries by turns, {runs} runs each; medians.\n\n",
+        "A {:.0} MiB block volume of the reference driver: {:.0} MiB written in scattered 64 KiB runs, snapshot 1, {:.0} MiB (a quarter) rewritten in scattered 64 KiB runs, snapshot 2 ({:.0} MiB allocated). Per run each binary is started afresh (`--audience`, `--port`, `--tls-cert`, `--tls-key`, `--csi-address`, `--kubeconfig`, `--http-endpoint`; defaults otherwise), answers one warm-up call, then GetMetadataDelta (snapshot 1 → 2), GetMetadataAllocated (snapshot 2) and GetMetadataDelta with `max_results=1` (one tuple per message) are each read to the end by one client over TLS; binaries by turns, {runs} runs each; medians.\n\n",
         mib(setup.volume_bytes),
         mib(setup.written),
         mib(setup.rewritten),
@@ -723,6 +738,7 @@ fn report(
                 (|r: &RunResult| &r.delta) as fn(&RunResult) -> &Call,
             ),
             ("allocated", |r: &RunResult| &r.allocated),
+            ("delta, max_results=1", |r: &RunResult| &r.delta_single),
         ] {
             let calls: Vec<&Call> = results.iter().map(pick).collect();
             let wall = median(calls.iter().map(|c| c.elapsed.as_secs_f64()).collect());
@@ -744,13 +760,16 @@ fn report(
             );
         }
     }
-    let delta = median(driver_runs.iter().map(|d| d.0.as_secs_f64()).collect());
-    let allocated = median(driver_runs.iter().map(|d| d.1.as_secs_f64()).collect());
+    let share = |i: usize| {
+        median(driver_runs.iter().map(|d| d[i].as_secs_f64()).collect())
+            .map_or("n/a".into(), |w| format!("{w:.3} s"))
+    };
     let _ = writeln!(
         out,
-        "\nThe driver alone (the same calls over its socket, no sidecar, medians of {runs}): delta {}, allocated {}.\n",
-        delta.map_or("n/a".into(), |w| format!("{w:.3} s")),
-        allocated.map_or("n/a".into(), |w| format!("{w:.3} s")),
+        "\nThe driver alone (the same calls over its socket, no sidecar, medians of {runs}): delta {}, allocated {}, delta with `max_results=1` {}.\n",
+        share(0),
+        share(1),
+        share(2),
     );
     let _ = writeln!(
         out,
