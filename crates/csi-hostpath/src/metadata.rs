@@ -17,7 +17,7 @@
 //!   nothing. `max_results` bounds every message (0: [`DEFAULT_MAX_RESULTS`]).
 //! - A stream always has a message, empty when nothing is allocated or changed, so the client
 //!   learns `volume_capacity_bytes`: the target snapshot's volume size.
-//! - The scan runs on the blocking pool, at most [`MESSAGES_AHEAD`] messages ahead of the
+//! - The scan runs on a thread of its own, at most [`MESSAGES_AHEAD`] messages ahead of the
 //!   client; a client that goes away stops it within a chunk.
 //! - The images are opened before the stream starts: a snapshot deleted meanwhile is unlinked
 //!   but still read, so the stream completes with the snapshot as it was; its space is freed
@@ -604,11 +604,17 @@ impl Driver {
     }
 }
 
-/// Streams what `images` hold, computed on the blocking pool.
-pub fn stream<T: MetadataResponse>(images: Images) -> ReceiverStream<Result<T, Status>> {
+/// Streams what `images` hold, computed on a thread of the stream's own: one waiting for a
+/// slow client holds no thread of the blocking pool the other RPCs need.
+pub fn stream<T: MetadataResponse>(
+    images: Images,
+) -> Result<ReceiverStream<Result<T, Status>>, DriverError> {
     let (client, messages) = mpsc::channel(MESSAGES_AHEAD);
-    tokio::task::spawn_blocking(move || serve::<T>(images, &client));
-    ReceiverStream::new(messages)
+    std::thread::Builder::new()
+        .name("snapshot-metadata".into())
+        .spawn(move || serve::<T>(images, &client))
+        .map_err(|error| DriverError::io(format!("starting a {} stream", T::RPC), error))?;
+    Ok(ReceiverStream::new(messages))
 }
 
 fn serve<T: MetadataResponse>(images: Images, client: &mpsc::Sender<Result<T, Status>>) {
@@ -676,8 +682,9 @@ impl SnapshotMetadataService {
                 let state = d.store.read()?;
                 d.open_images(plan(&state, &request)?)
             })
-            .await?;
-        Ok(images.map(stream))
+            .await?
+            .into_inner();
+        Ok(Response::new(stream(images)?))
     }
 }
 
@@ -757,22 +764,28 @@ mod tests {
         state
     }
 
-    fn allocated(id: &str, offset: i64, max: i32) -> csi::GetMetadataAllocatedRequest {
+    fn allocated(
+        snapshot_id: &str,
+        starting_offset: i64,
+        max_results: i32,
+    ) -> csi::GetMetadataAllocatedRequest {
+        let snapshot_id = snapshot_id.to_string();
         csi::GetMetadataAllocatedRequest {
-            snapshot_id: id.into(),
-            starting_offset: offset,
-            max_results: max,
-            secrets: [("token".to_string(), "hush".to_string())].into(),
+            snapshot_id,
+            starting_offset,
+            max_results,
+            ..Default::default()
         }
     }
 
     fn delta(base: &str, target: &str, offset: i64, max: i32) -> csi::GetMetadataDeltaRequest {
+        let (base_snapshot_id, target_snapshot_id) = (base.to_string(), target.to_string());
         csi::GetMetadataDeltaRequest {
-            base_snapshot_id: base.into(),
-            target_snapshot_id: target.into(),
+            base_snapshot_id,
+            target_snapshot_id,
             starting_offset: offset,
             max_results: max,
-            secrets: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -990,10 +1003,13 @@ mod tests {
         }
     }
 
-    /// A scan that yields prepared steps, or fails at the end when `fails`.
+    /// A scan that yields prepared steps, each reading `read_per_step` bytes, and fails at
+    /// the end when `fails`.
     struct Steps {
         steps: std::vec::IntoIter<Vec<Range<u64>>>,
         fails: bool,
+        read_per_step: u64,
+        read: u64,
     }
 
     impl Scan for Steps {
@@ -1001,6 +1017,7 @@ mod tests {
             match self.steps.next() {
                 Some(step) => {
                     found.extend(step);
+                    self.read += self.read_per_step;
                     Ok(true)
                 }
                 None if self.fails => Err(io::Error::other("disk on fire")),
@@ -1008,7 +1025,7 @@ mod tests {
             }
         }
         fn bytes_read(&self) -> u64 {
-            0
+            self.read
         }
     }
 
@@ -1016,6 +1033,8 @@ mod tests {
         Steps {
             steps: steps.into_iter(),
             fails,
+            read_per_step: 0,
+            read: 0,
         }
     }
 
@@ -1083,6 +1102,31 @@ mod tests {
         assert_eq!(only.len(), 1);
         assert!(only[0].block_metadata.is_empty());
         assert_eq!(only[0].volume_capacity_bytes, 5 * MIB as i64);
+    }
+
+    #[test]
+    fn a_long_scan_sends_its_complete_ranges_as_it_goes() {
+        let found = (0..4).map(|i| vec![i * MIB..i * MIB + 4096]).collect();
+        let mut slow = Steps {
+            read_per_step: 32 * MIB,
+            ..steps(found, false)
+        };
+        let ((outcome, _), received) = pumped(&mut slow, 256);
+        assert_eq!(outcome, Outcome::Completed);
+        let sizes = |at: u64| (at as i64, 4096);
+        // After 64 MiB read: the range completed so far; after 128: the next two; then the
+        // last, completed by the end of the scan.
+        assert_eq!(
+            received
+                .iter()
+                .map(|m| tuples(m.as_ref().unwrap()))
+                .collect::<Vec<_>>(),
+            [
+                vec![sizes(0)],
+                vec![sizes(MIB), sizes(2 * MIB)],
+                vec![sizes(3 * MIB)]
+            ]
+        );
     }
 
     #[test]
@@ -1345,5 +1389,10 @@ mod tests {
                 scan.bytes_read()
             );
         }
+        // A resumed delta reads nothing before its offset: here the 4 KiB each image holds
+        // at 5 MiB, of the 3 MiB and more they hold before.
+        let mut resumed = DeltaScan::new((&base, SIZE), (&target, SIZE), SIZE, 5 * MIB);
+        run(&mut resumed);
+        assert_eq!(resumed.bytes_read(), 8 * KIB);
     }
 }
