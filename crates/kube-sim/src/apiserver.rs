@@ -1,5 +1,6 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
+mod access_review;
 pub(crate) mod admission;
 mod cel;
 mod create;
@@ -11,15 +12,14 @@ mod list;
 pub(crate) mod objects;
 mod openapi;
 mod patch;
+mod rbac_objects;
 pub(crate) mod schema;
-mod update;
-mod validation;
-mod watch;
-
-mod access_review;
 mod token_request;
 mod token_review;
 mod tokens;
+mod update;
+mod validation;
+mod watch;
 
 pub(crate) use watch::too_old as too_old_watch;
 

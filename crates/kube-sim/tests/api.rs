@@ -3193,15 +3193,9 @@ impl Cluster {
     }
 
     async fn review_token(&self, token: &str, audiences: &[&str]) -> TokenReviewStatus {
-        let reviews: Api<TokenReview> = Api::all(self.client.clone());
         let review = json!({"spec": {"token": token, "audiences": audiences}});
-        reviews
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(review).unwrap(),
-            )
+        answer::<TokenReview>(&self.client, review)
             .await
-            .unwrap()
             .status
             .unwrap()
     }
@@ -3433,17 +3427,31 @@ async fn access(
     groups: &[&str],
     attributes: serde_json::Value,
 ) -> SubjectAccessReviewStatus {
-    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
     let review =
         json!({"spec": {"user": user, "groups": groups, "resourceAttributes": attributes}});
+    answer::<SubjectAccessReview>(client, review)
+        .await
+        .status
+        .unwrap()
+}
+
+/// The server's answer to a review (a cluster-scoped create-only kind).
+async fn answer<K>(client: &Client, review: serde_json::Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let reviews: Api<K> = Api::all(client.clone());
     reviews
         .create(
             &PostParams::default(),
             &serde_json::from_value(review).unwrap(),
         )
         .await
-        .unwrap()
-        .status
         .unwrap()
 }
 
@@ -3641,4 +3649,235 @@ async fn subject_access_reviews_need_attributes_and_a_subject() {
     );
     let fields: Vec<&str> = causes.iter().map(|(f, _, _)| f.as_str()).collect();
     assert_eq!(fields, ["spec.resourceAttributes", "spec.user"]);
+}
+
+// The RBAC objects: a binding's roleRef and User subjects default to the RBAC group, its
+// roleRef never changes, and a rule needs verbs and API groups and resources (or non-resource
+// URLs, never in a Role) (pkg/apis/rbac/v1/defaults.go, pkg/apis/rbac/validation).
+#[tokio::test]
+async fn rbac_objects_are_defaulted_and_validated() {
+    let c = cluster("rbac-objects").await;
+    let roles: Api<rbac_v1::Role> = c.api();
+    let bindings: Api<rbac_v1::RoleBinding> = c.api();
+    let binding = serde_json::from_value(json!({"metadata": {"name": "readers"},
+        "roleRef": {"kind": "Role", "name": "pod-reader"},
+        "subjects": [{"kind": "User", "name": "alice"}, {"kind": "ServiceAccount", "name": "backup"}]}))
+    .unwrap();
+    let created = bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    assert_eq!(created.role_ref.api_group, "rbac.authorization.k8s.io");
+    let subjects = created.subjects.unwrap();
+    assert_eq!(
+        subjects[0].api_group.as_deref(),
+        Some("rbac.authorization.k8s.io")
+    );
+    assert_eq!(subjects[1].api_group.as_deref().unwrap_or_default(), "");
+    let changed = bindings
+        .patch(
+            "readers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"roleRef": {"name": "other"}})),
+        )
+        .await;
+    let (code, reason, message, _) = refusal(changed);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            422,
+            "Invalid",
+            r#"RoleBinding.rbac.authorization.k8s.io "readers" is invalid: roleRef: Invalid value: rbac.RoleRef{APIGroup:"rbac.authorization.k8s.io", Kind:"Role", Name:"other"}: cannot change roleRef"#
+        )
+    );
+    let role = serde_json::from_value(json!({"metadata": {"name": "bad"}, "rules": [
+        {"nonResourceURLs": ["/healthz"], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""]}]}))
+    .unwrap();
+    let (code, _, message, causes) = refusal(roles.create(&PostParams::default(), &role).await);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            r#"Role.rbac.authorization.k8s.io "bad" is invalid: [rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: namespaced rules cannot apply to non-resource URLs, rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: rules cannot apply to both regular resources and non-resource URLs, rules[1].verbs: Required value: verbs must contain at least one value, rules[1].resources: Required value: resource rules must supply at least one resource]"#
+        )
+    );
+    assert_eq!(causes.len(), 4);
+}
+
+// A token bound to a Pod or a Secret: the Pod runs as the ServiceAccount, a pod-bound token's
+// user carries the pod's name and uid, and either token stops authenticating once its object
+// is gone (pkg/serviceaccount/claims.go; v1.19 words it "Token has been invalidated").
+#[tokio::test]
+async fn bound_tokens_live_as_long_as_their_object() {
+    use k8s_openapi::api::core::v1::Secret;
+    let c = cluster("bound-token").await;
+    if !c
+        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .await
+    {
+        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
+        skip(
+            "bound_tokens_live_as_long_as_their_object",
+            "serviceaccounts/token not served",
+        );
+        return;
+    }
+    c.service_account("backup").await;
+    let pods: Api<Pod> = c.api();
+    let runner: Pod = serde_json::from_value(json!({"metadata": {"name": "runner"}, "spec": {
+        "serviceAccountName": "backup", "containers": [{"name": "c", "image": "busybox"}]}}))
+    .unwrap();
+    // Before 1.24 a pod waits for its ServiceAccount's token Secret (a 500 meanwhile).
+    let pod = eventually("the pod admitted", || async {
+        pods.create(&PostParams::default(), &runner).await.ok()
+    })
+    .await;
+    let secrets: Api<Secret> = c.api();
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anchor"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bound = |kind: &str, name: &str| {
+        json!({"audiences": ["aud-a", "aud-b"],
+            "boundObjectRef": {"apiVersion": "v1", "kind": kind, "name": name}})
+    };
+    let token = |request: TokenRequest| request.status.unwrap().token;
+    let of_pod = token(c.token("backup", bound("Pod", "runner")).await.unwrap());
+    let of_secret = token(c.token("backup", bound("Secret", "anchor")).await.unwrap());
+
+    let reviewed = c.review_token(&of_pod, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    let extra = reviewed.user.unwrap().extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec!["runner".to_string()])
+    );
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![pod.uid().unwrap()])
+    );
+    let reviewed = c.review_token(&of_secret, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    assert!(reviewed.user.unwrap().extra.unwrap_or_default().is_empty());
+
+    let refused = c
+        .token(
+            "default",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "runner"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(refused);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            r#"cannot bind token for serviceaccount "default" to pod running with different serviceaccount name."#
+        )
+    );
+    let unbindable = c
+        .token(
+            "backup",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(unbindable);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            "cannot bind token to object of type /v1, Kind=ConfigMap"
+        )
+    );
+
+    pods.delete("runner", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    secrets
+        .delete("anchor", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Reviewed for other audiences than before: a real server caches answers for a while.
+    for token in [&of_pod, &of_secret] {
+        let gone = c.review_token(token, &["aud-b"]).await;
+        assert_ne!(gone.authenticated, Some(true));
+        let error = gone.error.unwrap_or_default();
+        assert!(
+            error.starts_with("[invalid bearer token, ")
+                && error.ends_with("has been invalidated]"),
+            "{error}"
+        );
+    }
+}
+
+// An aggregated ClusterRole: kube-controller-manager's aggregation controller (kube-sim's
+// `clusterrole-aggregation` role) copies in the rules of the ClusterRoles its selector matches,
+// and RBAC grants them through it (pkg/controller/clusterroleaggregation).
+#[tokio::test]
+async fn aggregated_cluster_roles_grant_their_parts_rules() {
+    let c = cluster("aggregation").await;
+    let _aggregation = c.sim.as_ref().map(|_| {
+        kube_sim::roles::start_control_plane(
+            c.client.clone(),
+            &[Role::ClusterRoleAggregation],
+            Timing::fast(),
+            CancellationToken::new(),
+        )
+    });
+    let ns = c.namespace.clone();
+    let label = format!("example.com/aggregate-to-{ns}");
+    let mut objects = RbacObjects {
+        client: c.client.clone(),
+        cluster_roles: Vec::new(),
+        cluster_role_bindings: Vec::new(),
+    };
+    let cluster_roles: Api<rbac_v1::ClusterRole> = Api::all(c.client.clone());
+    let part = format!("{ns}-part");
+    let snapshots = json!({"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": ["get"]});
+    objects
+        .create(
+            &cluster_roles,
+            json!({"metadata": {"name": part, "labels": {&label: "true"}}, "rules": [snapshots]}),
+        )
+        .await;
+    let aggregate = format!("{ns}-aggregate");
+    objects
+        .create(
+            &cluster_roles,
+            json!({"metadata": {"name": aggregate},
+                "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {&label: "true"}}]}}),
+        )
+        .await;
+    let bindings: Api<rbac_v1::RoleBinding> = c.api();
+    objects
+        .create(
+            &bindings,
+            json!({"metadata": {"name": "aggregated"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": aggregate},
+                "subjects": [{"kind": "User", "name": "carol"}]}),
+        )
+        .await;
+    let rules = eventually("the aggregated rules", || async {
+        let role = cluster_roles.get(&aggregate).await.unwrap();
+        role.rules.filter(|r| !r.is_empty())
+    })
+    .await;
+    assert_eq!(serde_json::to_value(&rules).unwrap(), json!([snapshots]));
+    let attributes = json!({"namespace": ns, "verb": "get", "group": "snapshot.storage.k8s.io",
+        "resource": "volumesnapshots"});
+    let allowed = eventually("the aggregated role in force", || async {
+        let status = access(&c.client, "carol", &[], attributes.clone()).await;
+        status.allowed.then_some(status)
+    })
+    .await;
+    assert_eq!(
+        allowed.reason,
+        Some(format!(
+            r#"RBAC: allowed by RoleBinding "aggregated/{ns}" of ClusterRole "{aggregate}" to User "carol""#
+        ))
+    );
+    objects.delete().await;
 }

@@ -77,7 +77,7 @@ fn validate(
 ) -> Vec<FieldError> {
     let mut errors = Vec::new();
     match (&spec.resource_attributes, &spec.non_resource_attributes) {
-        (Some(_), Some(n)) => errors.push(invalid_struct(
+        (Some(_), Some(n)) => errors.push(FieldError::invalid_printed(
             "spec.nonResourceAttributes",
             &go_non_resource(n),
             "cannot be specified in combination with resourceAttributes",
@@ -107,7 +107,7 @@ fn validate(
         } else {
             "must be empty"
         };
-        errors.push(invalid_struct(
+        errors.push(FieldError::invalid_printed(
             "metadata",
             &Value::Object(metadata).to_string(),
             what,
@@ -125,7 +125,7 @@ fn validate(
             }
         }
         if let Some(n) = &spec.non_resource_attributes {
-            errors.push(invalid_struct(
+            errors.push(FieldError::invalid_printed(
                 "spec.nonResourceAttributes",
                 &go_non_resource(n),
                 "disallowed on this kind of request",
@@ -133,16 +133,6 @@ fn validate(
         }
     }
     errors
-}
-
-/// `Invalid value: <printed>: <why>` for a value Go prints unquoted (a struct's `%#v`; kube-sim
-/// prints an ObjectMeta as its JSON instead).
-fn invalid_struct(field: &str, printed: &str, why: &str) -> FieldError {
-    FieldError {
-        field: field.into(),
-        reason: "FieldValueInvalid",
-        detail: format!("Invalid value: {printed}: {why}"),
-    }
 }
 
 /// The attributes as Go's `%#v` prints the internal type.
