@@ -23,7 +23,6 @@
 use std::fmt::Write as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -42,8 +41,6 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use prost::Message as _;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject as _;
 use serde_json::json;
 
 const HEADING: &str = "## csi-snapshot-metadata";
@@ -60,6 +57,9 @@ const INTRUDER: &str = "intruder";
 const RUN: u64 = 64 << 10;
 /// The longest wait for one call (the whole stream).
 const CALL_LIMIT: Duration = Duration::from_secs(600);
+
+type MetadataClient =
+    api::snapshot_metadata_client::SnapshotMetadataClient<tonic::transport::Channel>;
 
 fn main() -> anyhow::Result<()> {
     main_with_count("BENCH_CBT_MIB", 1024, run)
@@ -236,7 +236,7 @@ async fn measure(
 /// One sidecar process, and a client connected to it over TLS.
 struct Sidecar {
     process: SidecarProcess,
-    client: api::snapshot_metadata_client::SnapshotMetadataClient<tonic::transport::Channel>,
+    client: MetadataClient,
 }
 
 impl Sidecar {
@@ -334,9 +334,7 @@ impl Sidecar {
     /// Times one call read to its end, with the sidecar's CPU seconds and API requests.
     async fn call<F, Fut, S>(&self, setup: &Setup, call: F) -> anyhow::Result<Call>
     where
-        F: FnOnce(
-            api::snapshot_metadata_client::SnapshotMetadataClient<tonic::transport::Channel>,
-        ) -> Fut,
+        F: FnOnce(MetadataClient) -> Fut,
         Fut: Future<Output = Result<S, tonic::Status>>,
         S: Stream<Item = Result<(usize, Vec<(i64, i64)>), tonic::Status>>,
     {
@@ -1088,33 +1086,9 @@ impl Tls {
     }
 
     /// A client of the sidecar on `port` that trusts only this CA.
-    async fn connect(
-        &self,
-        port: u16,
-    ) -> anyhow::Result<
-        api::snapshot_metadata_client::SnapshotMetadataClient<tonic::transport::Channel>,
-    > {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(&self.ca)? {
-            roots.add(cert?)?;
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_only()
-            .enable_http2()
-            .build();
-        let channel = tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))?
-            .connect_with_connector(connector)
-            .await?;
-        Ok(
-            api::snapshot_metadata_client::SnapshotMetadataClient::new(channel)
-                .max_decoding_message_size(usize::MAX),
-        )
+    async fn connect(&self, port: u16) -> anyhow::Result<MetadataClient> {
+        let channel =
+            csi_grpc::tls::connect(&format!("localhost:{port}"), &std::fs::read(&self.ca)?).await?;
+        Ok(MetadataClient::new(channel).max_decoding_message_size(usize::MAX))
     }
 }
