@@ -55,6 +55,12 @@ const BACKUP: &str = "backup";
 const INTRUDER: &str = "intruder";
 /// The unit of writes: the base data and the rewrite are scattered runs of this size.
 const RUN: u64 = 64 << 10;
+/// Calls of each kind per run (the sidecar's CPU time is counted in 10 ms ticks).
+const CALLS: usize = 10;
+/// The measured calls: GetMetadataDelta (snapshot 1 → 2), GetMetadataAllocated (snapshot 2),
+/// and the delta again with one tuple per message (the relay's cost per message; the driver's
+/// scan is the same).
+const KINDS: [&str; 3] = ["delta", "allocated", "delta, max_results=1"];
 /// The longest wait for one call (the whole stream).
 const CALL_LIMIT: Duration = Duration::from_secs(600);
 
@@ -103,6 +109,7 @@ async fn run(mib: usize) -> anyhow::Result<()> {
     let result = measure(&setup, &binaries, runs).await;
     let Setup { api, driver, .. } = setup;
     driver.stop().await;
+    clean_up(&api.client).await?;
     let (report, swapped) = result?;
     record(
         &api,
@@ -200,7 +207,9 @@ async fn measure(
             let result = sidecar.finish(result)?;
             measured[which].push(result);
         }
-        driver_runs.push(driver_share(setup).await?);
+        for _ in 0..CALLS {
+            driver_runs.push(driver_share(setup).await?);
+        }
     }
     for binary in binaries {
         let sidecar = Sidecar::start(setup, binary.clone()).await?;
@@ -296,60 +305,33 @@ impl Sidecar {
         }
     }
 
-    /// One GetMetadataDelta and one GetMetadataAllocated of the whole volume.
+    /// `CALLS` times each of [`KINDS`], by turns.
     async fn measure(&self, setup: &Setup) -> anyhow::Result<RunResult> {
-        let delta = self
-            .call(setup, |mut client| async move {
-                let request = delta_request(&setup.tokens.backup, &setup.base_handle, "snap-2");
-                let stream = client.get_metadata_delta(request).await?.into_inner();
-                Ok(stream.map(|r| r.map(|r| (r.encoded_len(), entries(&r.block_metadata)))))
-            })
-            .await?;
-        let allocated = self
-            .call(setup, |mut client| async move {
-                let request = allocated_request(&setup.tokens.backup, "snap-2", 0, 0);
-                let stream = client.get_metadata_allocated(request).await?.into_inner();
-                Ok(stream.map(|r| r.map(|r| (r.encoded_len(), entries(&r.block_metadata)))))
-            })
-            .await?;
-        // One tuple per message: the relay's cost per message, the driver's scan the same.
-        let delta_single = self
-            .call(setup, |mut client| async move {
-                let request = api::GetMetadataDeltaRequest {
-                    max_results: 1,
-                    ..delta_request(&setup.tokens.backup, &setup.base_handle, "snap-2")
-                };
-                let stream = client.get_metadata_delta(request).await?.into_inner();
-                Ok(stream.map(|r| r.map(|r| (r.encoded_len(), entries(&r.block_metadata)))))
-            })
-            .await?;
+        let mut calls: [Vec<Call>; 3] = Default::default();
+        for _ in 0..CALLS {
+            for (kind, measured) in calls.iter_mut().enumerate() {
+                measured.push(self.call(setup, measured_request(setup, kind)).await?);
+            }
+        }
         Ok(RunResult {
-            delta,
-            allocated,
-            delta_single,
+            calls,
             peak_rss: None,
         })
     }
 
     /// Times one call read to its end, with the sidecar's CPU seconds and API requests.
-    async fn call<F, Fut, S>(&self, setup: &Setup, call: F) -> anyhow::Result<Call>
-    where
-        F: FnOnce(MetadataClient) -> Fut,
-        Fut: Future<Output = Result<S, tonic::Status>>,
-        S: Stream<Item = Result<(usize, Vec<(i64, i64)>), tonic::Status>>,
-    {
+    async fn call(&self, setup: &Setup, request: Request) -> anyhow::Result<Call> {
         let before = setup.api.counts().await;
         let cpu = self.process.cpu_seconds();
         let start = Instant::now();
-        let stream = call(self.client.clone()).await?;
-        let summary = tokio::time::timeout(CALL_LIMIT, summarise(stream))
+        let summary = tokio::time::timeout(CALL_LIMIT, send(self.client.clone(), request))
             .await
             .context("the call did not end")?;
         let elapsed = start.elapsed();
         let cpu = self.process.cpu_seconds().zip(cpu).map(|(a, b)| a - b);
         let after = setup.api.counts().await;
-        if let Some(status) = &summary.status {
-            bail!("the call failed: {:?}: {}", status.0, status.1);
+        if let Some((code, message)) = &summary.status {
+            bail!("the call failed: {code:?}: {message}");
         }
         Ok(Call {
             elapsed,
@@ -363,38 +345,9 @@ impl Sidecar {
     async fn answers(&self, setup: &Setup) -> anyhow::Result<Vec<Answer>> {
         let mut answers = Vec::new();
         for case in cases(setup) {
-            let mut client = self.client.clone();
-            let summary = match case.request {
-                Request::Allocated(request) => match client.get_metadata_allocated(request).await {
-                    Ok(stream) => {
-                        let stream = stream.into_inner();
-                        summarise(stream.map(|r| {
-                            r.map(|r| {
-                                let entries = entries(&r.block_metadata);
-                                (r.encoded_len(), entries)
-                            })
-                        }))
-                        .await
-                    }
-                    Err(status) => Summary::failed(status),
-                },
-                Request::Delta(request) => match client.get_metadata_delta(request).await {
-                    Ok(stream) => {
-                        let stream = stream.into_inner();
-                        summarise(stream.map(|r| {
-                            r.map(|r| {
-                                let entries = entries(&r.block_metadata);
-                                (r.encoded_len(), entries)
-                            })
-                        }))
-                        .await
-                    }
-                    Err(status) => Summary::failed(status),
-                },
-            };
             answers.push(Answer {
                 case: case.name,
-                summary,
+                summary: send(self.client.clone(), case.request).await,
             });
         }
         Ok(answers)
@@ -430,9 +383,8 @@ impl WithRss for Vec<Answer> {
 
 /// A measured run of one binary.
 struct RunResult {
-    delta: Call,
-    allocated: Call,
-    delta_single: Call,
+    /// The calls of each of [`KINDS`].
+    calls: [Vec<Call>; 3],
     peak_rss: Option<f64>,
 }
 
@@ -506,6 +458,29 @@ async fn summarise(
     summary
 }
 
+/// Sends `request` and reads its stream to the end.
+async fn send(mut client: MetadataClient, request: Request) -> Summary {
+    let sizes = |r: &[api::BlockMetadata], len: usize| (len, entries(r));
+    match request {
+        Request::Allocated(request) => match client.get_metadata_allocated(request).await {
+            Ok(stream) => {
+                let stream = stream.into_inner();
+                summarise(stream.map(|r| r.map(|r| sizes(&r.block_metadata, r.encoded_len()))))
+                    .await
+            }
+            Err(status) => Summary::failed(status),
+        },
+        Request::Delta(request) => match client.get_metadata_delta(request).await {
+            Ok(stream) => {
+                let stream = stream.into_inner();
+                summarise(stream.map(|r| r.map(|r| sizes(&r.block_metadata, r.encoded_len()))))
+                    .await
+            }
+            Err(status) => Summary::failed(status),
+        },
+    }
+}
+
 fn entries(blocks: &[api::BlockMetadata]) -> Vec<(i64, i64)> {
     blocks
         .iter()
@@ -567,6 +542,19 @@ struct Case {
 struct Answer {
     case: &'static str,
     summary: Summary,
+}
+
+/// The request of the measured call of `kind` ([`KINDS`]).
+fn measured_request(setup: &Setup, kind: usize) -> Request {
+    let token = &setup.tokens.backup;
+    match kind {
+        0 => Request::Delta(delta_request(token, &setup.base_handle, "snap-2")),
+        1 => Request::Allocated(allocated_request(token, "snap-2", 0, 0)),
+        _ => Request::Delta(api::GetMetadataDeltaRequest {
+            max_results: 1,
+            ..delta_request(token, &setup.base_handle, "snap-2")
+        }),
+    }
 }
 
 fn allocated_request(
@@ -719,7 +707,7 @@ fn report(
 ) -> String {
     let mib = |b: u64| b as f64 / 1048576.0;
     let mut out = format!(
-        "A {:.0} MiB block volume of the reference driver: {:.0} MiB written in scattered 64 KiB runs, snapshot 1, {:.0} MiB (a quarter) rewritten in scattered 64 KiB runs, snapshot 2 ({:.0} MiB allocated). Per run each binary is started afresh (`--audience`, `--port`, `--tls-cert`, `--tls-key`, `--csi-address`, `--kubeconfig`, `--http-endpoint`; defaults otherwise), answers one warm-up call, then GetMetadataDelta (snapshot 1 → 2), GetMetadataAllocated (snapshot 2) and GetMetadataDelta with `max_results=1` (one tuple per message) are each read to the end by one client over TLS; binaries by turns, {runs} runs each; medians.\n\n",
+        "A {:.0} MiB block volume of the reference driver: {:.0} MiB written in scattered 64 KiB runs, snapshot 1, {:.0} MiB (a quarter) rewritten in scattered 64 KiB runs, snapshot 2 ({:.0} MiB allocated). Per run each binary is started afresh (`--audience`, `--port`, `--tls-cert`, `--tls-key`, `--csi-address`, `--kubeconfig`, `--http-endpoint`; defaults otherwise), answers one warm-up call, then GetMetadataDelta (snapshot 1 → 2), GetMetadataAllocated (snapshot 2) and GetMetadataDelta with `max_results=1` (one tuple per message) are each read to the end by one client over TLS; {CALLS} calls of each by turns; binaries by turns, {runs} runs each; wall time: the median of all calls, sidecar CPU: the mean per call (`/proc`, 10 ms ticks).\n\n",
         mib(setup.volume_bytes),
         mib(setup.written),
         mib(setup.rewritten),
@@ -727,20 +715,14 @@ fn report(
     );
     let _ = writeln!(
         out,
-        "| binary | call | wall time | sidecar CPU | responses | entries | bytes listed | message bytes | API requests per call |\n|---|---|---:|---:|---:|---:|---:|---:|---|"
+        "| binary | call | wall time (median) | sidecar CPU (mean) | responses | entries | bytes listed | message bytes | API requests per call |\n|---|---|---:|---:|---:|---:|---:|---:|---|"
     );
     for (name, results) in names.iter().zip(measured) {
-        for (call, pick) in [
-            (
-                "delta",
-                (|r: &RunResult| &r.delta) as fn(&RunResult) -> &Call,
-            ),
-            ("allocated", |r: &RunResult| &r.allocated),
-            ("delta, max_results=1", |r: &RunResult| &r.delta_single),
-        ] {
-            let calls: Vec<&Call> = results.iter().map(pick).collect();
+        for (kind, call) in KINDS.iter().enumerate() {
+            let calls: Vec<&Call> = results.iter().flat_map(|r| &r.calls[kind]).collect();
             let wall = median(calls.iter().map(|c| c.elapsed.as_secs_f64()).collect());
-            let cpu = median(calls.iter().filter_map(|c| c.cpu).collect());
+            let cpu: Vec<f64> = calls.iter().filter_map(|c| c.cpu).collect();
+            let cpu = (!cpu.is_empty()).then(|| cpu.iter().sum::<f64>() / cpu.len() as f64);
             let last = calls.last().map(|c| &c.summary);
             let requests = calls
                 .last()
@@ -749,8 +731,8 @@ fn report(
             let _ = writeln!(
                 out,
                 "| {name} | {call} | {} | {} | {} | {} | {} | {} | {requests} |",
-                wall.map_or("n/a".into(), |w| format!("{w:.3} s")),
-                cpu.map_or("n/a".into(), |c| format!("{c:.3} s")),
+                wall.map_or("n/a".into(), |w| format!("{:.1} ms", w * 1e3)),
+                cpu.map_or("n/a".into(), |c| format!("{:.1} ms", c * 1e3)),
                 last.map_or(0, |s| s.responses),
                 last.map_or(0, |s| s.entries),
                 last.map_or(0, |s| s.block_bytes),
@@ -764,7 +746,8 @@ fn report(
     };
     let _ = writeln!(
         out,
-        "\nThe driver alone (the same calls over its socket, no sidecar, medians of {runs}): delta {}, allocated {}, delta with `max_results=1` {}.\n",
+        "\nThe driver alone (the same calls over its socket, no sidecar, medians of {} calls each): delta {}, allocated {}, delta with `max_results=1` {}.\n",
+        driver_runs.len(),
         share(0),
         share(1),
         share(2),
@@ -939,6 +922,23 @@ async fn pre_provisioned(
             &Patch::Merge(json!({"status": {"boundVolumeSnapshotContentName": name,
                 "readyToUse": ready}})),
         )
+        .await?;
+    Ok(())
+}
+
+/// Deletes what the benchmark made in the API server (a real cluster keeps it otherwise): the
+/// namespace, the contents and the class.
+async fn clean_up(client: &Client) -> anyhow::Result<()> {
+    let params = kube::api::DeleteParams::default();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(NAMESPACE, &params)
+        .await?;
+    let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
+    for name in ["snap-1", "snap-2", "snap-other", "snap-unready"] {
+        contents.delete(name, &params).await?;
+    }
+    Api::<VolumeSnapshotClass>::all(client.clone())
+        .delete("bench-cbt", &params)
         .await?;
     Ok(())
 }
