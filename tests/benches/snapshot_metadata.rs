@@ -170,10 +170,15 @@ async fn prepare(volume_bytes: u64) -> anyhow::Result<Setup> {
     // Another volume's snapshot (a wrong base), and a snapshot whose object is not ready.
     let other = create_block_volume(csi_conn, "bench-cbt-other", 4 << 20).await?;
     let other_handle = create_snapshot(csi_conn, "bench-cbt-other", &other.volume_id).await?;
-    pre_provisioned(&client, "snap-1", &base_handle, true).await?;
-    pre_provisioned(&client, "snap-2", &target_handle, true).await?;
-    pre_provisioned(&client, "snap-other", &other_handle, true).await?;
-    pre_provisioned(&client, "snap-unready", &target_handle, false).await?;
+    for (name, handle, driver, ready) in [
+        ("snap-1", &base_handle, DRIVER, true),
+        ("snap-2", &target_handle, DRIVER, true),
+        ("snap-other", &other_handle, DRIVER, true),
+        ("snap-unready", &target_handle, DRIVER, false),
+        ("snap-foreign", &target_handle, "foreign.csi-suite.io", true),
+    ] {
+        pre_provisioned(&client, name, (handle, driver), ready).await?;
+    }
     Ok(Setup {
         root,
         api,
@@ -679,6 +684,14 @@ fn cases(setup: &Setup) -> Vec<Case> {
             "not-ready snapshot",
             allocated_request(&tokens.backup, "snap-unready", 0, 0),
         ),
+        allocated(
+            "snapshot of another driver",
+            allocated_request(&tokens.backup, "snap-foreign", 0, 0),
+        ),
+        delta(
+            "delta, target of another driver",
+            delta_request(&tokens.backup, &setup.base_handle, "snap-foreign"),
+        ),
         delta(
             "delta, base of another volume",
             delta_request(&tokens.backup, &setup.other_handle, "snap-2"),
@@ -884,19 +897,19 @@ async fn create_snapshot(
         .snapshot_id)
 }
 
-/// A pre-provisioned VolumeSnapshotContent of `handle` and its VolumeSnapshot `name`, both
-/// with the status snapshot-controller would give them (`ready` or not yet).
+/// A pre-provisioned VolumeSnapshotContent of `handle` at `driver` and its VolumeSnapshot
+/// `name`, both with the status snapshot-controller would give them (`ready` or not yet).
 async fn pre_provisioned(
     client: &Client,
     name: &str,
-    handle: &str,
+    (handle, driver): (&str, &str),
     ready: bool,
 ) -> anyhow::Result<()> {
     let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
     let snapshots: Api<VolumeSnapshot> = Api::namespaced(client.clone(), NAMESPACE);
     let content: VolumeSnapshotContent = serde_json::from_value(json!({
         "metadata": {"name": name},
-        "spec": {"deletionPolicy": "Retain", "driver": DRIVER,
+        "spec": {"deletionPolicy": "Retain", "driver": driver,
             "source": {"snapshotHandle": handle},
             "volumeSnapshotRef": {"name": name, "namespace": NAMESPACE}}}))?;
     contents.create(&PostParams::default(), &content).await?;
@@ -934,7 +947,13 @@ async fn clean_up(client: &Client) -> anyhow::Result<()> {
         .delete(NAMESPACE, &params)
         .await?;
     let contents: Api<VolumeSnapshotContent> = Api::all(client.clone());
-    for name in ["snap-1", "snap-2", "snap-other", "snap-unready"] {
+    for name in [
+        "snap-1",
+        "snap-2",
+        "snap-other",
+        "snap-unready",
+        "snap-foreign",
+    ] {
         contents.delete(name, &params).await?;
     }
     Api::<VolumeSnapshotClass>::all(client.clone())
