@@ -61,6 +61,8 @@ const CALLS: usize = 10;
 /// and the delta again with one tuple per message (the relay's cost per message; the driver's
 /// scan is the same).
 const KINDS: [&str; 3] = ["delta", "allocated", "delta, max_results=1"];
+/// Times each side-by-side request is sent (its answer's time is their median).
+const ANSWER_REPEATS: usize = 5;
 /// The longest wait for one call (the whole stream).
 const CALL_LIMIT: Duration = Duration::from_secs(600);
 
@@ -350,9 +352,18 @@ impl Sidecar {
     async fn answers(&self, setup: &Setup) -> anyhow::Result<Vec<Answer>> {
         let mut answers = Vec::new();
         for case in cases(setup) {
+            let mut times = Vec::new();
+            let mut summary = None;
+            for _ in 0..ANSWER_REPEATS {
+                let start = Instant::now();
+                let answer = send(self.client.clone(), case.request.clone()).await;
+                times.push(start.elapsed().as_secs_f64());
+                summary.get_or_insert(answer);
+            }
             answers.push(Answer {
                 case: case.name,
-                summary: send(self.client.clone(), case.request).await,
+                summary: summary.unwrap_or_default(),
+                seconds: median(times).unwrap_or_default(),
             });
         }
         Ok(answers)
@@ -534,6 +545,7 @@ async fn target_handle(setup: &Setup) -> anyhow::Result<String> {
         .context("snap-2 has no handle")
 }
 
+#[derive(Clone)]
 enum Request {
     Allocated(api::GetMetadataAllocatedRequest),
     Delta(api::GetMetadataDeltaRequest),
@@ -547,6 +559,8 @@ struct Case {
 struct Answer {
     case: &'static str,
     summary: Summary,
+    /// The median time to the stream's end.
+    seconds: f64,
 }
 
 /// The request of the measured call of `kind` ([`KINDS`]).
@@ -778,11 +792,20 @@ fn report(
         );
     }
     if answers.len() > 1 {
-        let _ = writeln!(out, "\nThe same requests, answered by each:\n");
+        let _ = writeln!(
+            out,
+            "\nThe same requests, answered by each (in brackets: the median time of {ANSWER_REPEATS}):\n"
+        );
         let _ = writeln!(out, "| request | {} | same |", names.join(" | "));
         let _ = writeln!(out, "|---|{}---|", "---|".repeat(names.len()));
         for (i, answer) in answers[0].iter().enumerate() {
-            let row: Vec<String> = answers.iter().map(|a| a[i].summary.describe()).collect();
+            let row: Vec<String> = answers
+                .iter()
+                .map(|a| {
+                    let a = &a[i];
+                    format!("{} ({:.1} ms)", a.summary.describe(), a.seconds * 1e3)
+                })
+                .collect();
             let same = answers.iter().all(|a| a[i].summary == answer.summary);
             let _ = writeln!(
                 out,
