@@ -6,8 +6,11 @@
 //! against kube-sim (or the cluster of `KUBECONFIG`), with the reference driver in this process.
 //! With `BENCH_SNAPSHOT_METADATA=/path/to/binary` (e.g. upstream's csi-snapshot-metadata) that
 //! binary runs too, by turns with ours, `BENCH_CBT_RUNS` times each (default 5), with the same
-//! flags; and both answer the same list of requests (allowed, denied, wrong audience, missing,
-//! not ready, ...), whose codes, messages and results are printed side by side.
+//! flags (`BENCH_SNAPSHOT_METADATA_ARGS` adds flags to both); and both answer the same list of
+//! requests (allowed, denied, wrong audience, missing, not ready, ...), whose codes, messages,
+//! results and times are printed side by side. The snapshots are pre-provisioned objects with
+//! the status snapshot-controller would write (no controller runs); what the benchmark made in
+//! the API server is deleted at its end.
 //!
 //! Reports medians of wall time, the sidecar's CPU seconds and peak RSS, responses, block
 //! entries and bytes relayed, the sidecar's API requests per call, binary sizes, and the
