@@ -618,7 +618,21 @@ fn cases(setup: &Setup) -> Vec<Case> {
         request: Request::Delta(request),
     };
     let past_end = setup.volume_bytes as i64 + (1 << 20);
-    vec![
+    // Whole-volume allocated calls that differ in the caller's token or the snapshot named.
+    let refused = [
+        ("token not a token", "not-a-token", "snap-2"),
+        (
+            "token for another audience",
+            &tokens.wrong_audience,
+            "snap-2",
+        ),
+        ("denied (no RBAC)", &tokens.intruder, "snap-2"),
+        ("missing snapshot", &tokens.backup, "absent"),
+        ("not-ready snapshot", &tokens.backup, "snap-unready"),
+        ("snapshot of another driver", &tokens.backup, "snap-foreign"),
+    ]
+    .map(|(name, token, snapshot)| allocated(name, allocated_request(token, snapshot, 0, 0)));
+    let mut cases = vec![
         allocated(
             "allocated",
             allocated_request(&tokens.backup, "snap-2", 0, 0),
@@ -681,30 +695,6 @@ fn cases(setup: &Setup) -> Vec<Case> {
             "delta, no target",
             delta_request(&tokens.backup, &setup.base_handle, ""),
         ),
-        allocated(
-            "token not a token",
-            allocated_request("not-a-token", "snap-2", 0, 0),
-        ),
-        allocated(
-            "token for another audience",
-            allocated_request(&tokens.wrong_audience, "snap-2", 0, 0),
-        ),
-        allocated(
-            "denied (no RBAC)",
-            allocated_request(&tokens.intruder, "snap-2", 0, 0),
-        ),
-        allocated(
-            "missing snapshot",
-            allocated_request(&tokens.backup, "absent", 0, 0),
-        ),
-        allocated(
-            "not-ready snapshot",
-            allocated_request(&tokens.backup, "snap-unready", 0, 0),
-        ),
-        allocated(
-            "snapshot of another driver",
-            allocated_request(&tokens.backup, "snap-foreign", 0, 0),
-        ),
         delta(
             "delta, target of another driver",
             delta_request(&tokens.backup, &setup.base_handle, "snap-foreign"),
@@ -721,7 +711,9 @@ fn cases(setup: &Setup) -> Vec<Case> {
             "delta, base = target",
             delta_request(&tokens.backup, &setup.base_handle, "snap-1"),
         ),
-    ]
+    ];
+    cases.extend(refused);
+    cases
 }
 
 /// The report: setup, the medians per binary, the driver's share, and the answers side by
