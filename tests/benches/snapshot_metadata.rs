@@ -764,7 +764,7 @@ fn report(
     }
     let share = |i: usize| {
         median(driver_runs.iter().map(|d| d[i].as_secs_f64()).collect())
-            .map_or("n/a".into(), |w| format!("{w:.3} s"))
+            .map_or("n/a".into(), |w| format!("{:.1} ms", w * 1e3))
     };
     let _ = writeln!(
         out,
