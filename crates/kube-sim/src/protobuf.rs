@@ -1,11 +1,14 @@
 //! Protobuf request bodies (`application/vnd.kubernetes.protobuf`). kubectl's typed clients
 //! send them for built-in kinds (`kubectl create namespace|configmap|secret|serviceaccount`,
-//! the evictions of `kubectl drain`), and client-go does not fall back to JSON after a 415 for
+//! the evictions of `kubectl drain`, the TokenReviews and SubjectAccessReviews of sidecars such
+//! as external-snapshot-metadata), and client-go does not fall back to JSON after a 415 for
 //! protobuf (it does so only for CBOR), so kube-apiserver's answer has to be decoding them.
 //! The body is the 4-byte magic `k8s\0` and a `runtime.Unknown` whose `raw` is the object
 //! (k8s.io/apimachinery/pkg/runtime/serializer/protobuf/protobuf.go). Decoded objects become
 //! the JSON the same object has in the API (k8s.io/api types' JSON names; empty optional
 //! fields omitted). Kinds not listed in [`DECODED`] answer 415 naming what is decoded.
+//! Answers stay JSON whatever the Accept header: client-go decodes a response by its
+//! Content-Type, and its clients accept JSON beside protobuf.
 
 mod auth;
 
@@ -25,7 +28,7 @@ use crate::errors::ApiError;
 const MAGIC: &[u8] = b"k8s\0";
 
 /// The kinds whose protobuf bodies are decoded.
-pub const DECODED: [&str; 11] = [
+pub const DECODED: [&str; 14] = [
     "Namespace",
     "ConfigMap",
     "Secret",
@@ -33,6 +36,9 @@ pub const DECODED: [&str; 11] = [
     "Eviction",
     "DeleteOptions",
     "TokenRequest",
+    "TokenReview",
+    "SubjectAccessReview",
+    "LocalSubjectAccessReview",
     "Role",
     "ClusterRole",
     "RoleBinding",
@@ -56,6 +62,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         "Eviction" => eviction(k8s_pb::api::policy::v1::Eviction::decode(&*raw).map_err(invalid)?),
         "DeleteOptions" => delete_options(meta::DeleteOptions::decode(&*raw).map_err(invalid)?),
         "TokenRequest" => auth::token_request(decoded(&raw)?),
+        "TokenReview" => auth::token_review(decoded(&raw)?),
+        "SubjectAccessReview" => auth::subject_access_review(decoded(&raw)?),
+        "LocalSubjectAccessReview" => auth::local_subject_access_review(decoded(&raw)?),
         "Role" => auth::role(decoded(&raw)?),
         "ClusterRole" => auth::cluster_role(decoded(&raw)?),
         "RoleBinding" => auth::role_binding(decoded(&raw)?),
@@ -100,6 +109,11 @@ impl Object {
     }
 }
 
+/// A string field Go marshals even when empty and its JSON omits then (`omitempty`).
+fn text(value: Option<String>) -> Option<Value> {
+    value.filter(|v| !v.is_empty()).map(Value::from)
+}
+
 fn strings(map: BTreeMap<String, String>) -> Value {
     json!(map)
 }
@@ -139,7 +153,6 @@ fn object_meta(m: Option<meta::ObjectMeta>) -> Value {
         .collect();
     // Go's protobuf marshals ObjectMeta's plain fields even when empty (kubectl sends
     // `generateName: ""`, `generation: 0`); its JSON omits them (`omitempty`), so do we.
-    let text = |value: Option<String>| value.filter(|v| !v.is_empty()).map(Value::from);
     Value::Object(
         Object::default()
             .set("name", text(m.name))
@@ -326,6 +339,68 @@ mod tests {
                 "apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": "s", "labels": {"a": "b"}, "creationTimestamp": "1970-01-01T00:00:00Z"},
                 "data": {"k": "dg=="}, "type": "Opaque",
+            })
+        );
+    }
+
+    #[test]
+    fn access_reviews_decode_to_their_json() {
+        use k8s_pb::api::authorization::v1 as authorization;
+        let spec = authorization::SubjectAccessReviewSpec {
+            resource_attributes: Some(authorization::ResourceAttributes {
+                namespace: Some("ns".into()),
+                verb: Some("get".into()),
+                group: Some("snapshot.storage.k8s.io".into()),
+                version: Some(String::new()),
+                resource: Some("volumesnapshots".into()),
+                subresource: Some(String::new()),
+                name: Some("snap".into()),
+                label_selector: Some(authorization::LabelSelectorAttributes {
+                    raw_selector: Some("a=b".into()),
+                    requirements: Vec::new(),
+                }),
+                field_selector: None,
+            }),
+            non_resource_attributes: None,
+            user: Some("system:serviceaccount:ns:backup".into()),
+            groups: vec!["system:authenticated".into()],
+            extra: [(
+                "scopes".to_string(),
+                authorization::ExtraValue {
+                    items: vec!["x".into()],
+                },
+            )]
+            .into(),
+            uid: Some(String::new()),
+        };
+        let review = authorization::SubjectAccessReview {
+            spec: Some(spec),
+            status: Some(authorization::SubjectAccessReviewStatus {
+                allowed: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let decoded = decode(&envelope(
+            "SubjectAccessReview",
+            "authorization.k8s.io/v1",
+            review.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(
+            decoded,
+            json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "namespace": "ns", "verb": "get", "group": "snapshot.storage.k8s.io",
+                        "resource": "volumesnapshots", "name": "snap",
+                        "labelSelector": {"rawSelector": "a=b"},
+                    },
+                    "user": "system:serviceaccount:ns:backup",
+                    "groups": ["system:authenticated"],
+                    "extra": {"scopes": ["x"]},
+                },
             })
         );
     }

@@ -3167,6 +3167,16 @@ async fn a_custom_resource_reads_through_every_served_version() {
 /// audiences asks for: the real control planes' `--api-audiences`, kube-sim's own.
 const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 
+/// The creates [`Cluster::serves_creates`] looks for: group version, plural, kind.
+const TOKEN_REQUESTS: (&str, &str, &str) = ("v1", "serviceaccounts/token", "TokenRequest");
+const TOKEN_REVIEWS: (&str, &str, &str) =
+    ("authentication.k8s.io/v1", "tokenreviews", "TokenReview");
+const SUBJECT_ACCESS_REVIEWS: (&str, &str, &str) = (
+    "authorization.k8s.io/v1",
+    "subjectaccessreviews",
+    "SubjectAccessReview",
+);
+
 impl Cluster {
     /// A new ServiceAccount of the test's namespace and its uid.
     async fn service_account(&self, name: &str) -> String {
@@ -3200,21 +3210,33 @@ impl Cluster {
             .unwrap()
     }
 
-    /// Whether the server lists `plural` with the verb `create` in `group_version` (and
-    /// `kind`), as kube-apiserver lists its review APIs and serviceaccounts/token.
-    async fn serves_create(&self, group_version: &str, plural: &str, kind: &str) -> bool {
-        let resources = if group_version == "v1" {
-            self.client.list_core_api_resources("v1").await
-        } else {
-            self.client.list_api_group_resources(group_version).await
-        };
-        let Ok(resources) = resources else {
-            return false;
-        };
-        resources
-            .resources
-            .iter()
-            .any(|r| r.name == plural && r.kind == kind && r.verbs.iter().any(|v| v == "create"))
+    /// Whether the server lists each `(group_version, plural, kind)` with the verb `create`,
+    /// as kube-apiserver lists its review APIs and serviceaccounts/token; if not, `test` is
+    /// skipped (a real server's lack: kube-sim serves them all).
+    async fn serves_creates(&self, test: &str, apis: &[(&str, &str, &str)]) -> bool {
+        let mut missing = Vec::new();
+        for (group_version, plural, kind) in apis {
+            let resources = if *group_version == "v1" {
+                self.client.list_core_api_resources("v1").await
+            } else {
+                self.client.list_api_group_resources(group_version).await
+            };
+            let served = resources.is_ok_and(|resources| {
+                resources.resources.iter().any(|r| {
+                    r.name == *plural && r.kind == *kind && r.verbs.iter().any(|v| v == "create")
+                })
+            });
+            if !served {
+                missing.push(format!("{group_version} {plural}"));
+            }
+        }
+        if missing.is_empty() {
+            return true;
+        }
+        let missing = missing.join(", ");
+        assert!(self.sim.is_none(), "kube-sim serves {missing}");
+        skip(test, &format!("{missing} not served"));
+        false
     }
 }
 
@@ -3235,14 +3257,12 @@ fn expiration(request: &TokenRequest) -> i64 {
 async fn token_requests_issue_tokens_of_service_accounts() {
     let c = cluster("token-request").await;
     if !c
-        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .serves_creates(
+            "token_requests_issue_tokens_of_service_accounts",
+            &[TOKEN_REQUESTS],
+        )
         .await
     {
-        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
-        skip(
-            "token_requests_issue_tokens_of_service_accounts",
-            "serviceaccounts/token not served",
-        );
         return;
     }
     c.service_account("backup").await;
@@ -3296,17 +3316,13 @@ async fn token_requests_issue_tokens_of_service_accounts() {
 #[tokio::test]
 async fn token_reviews_authenticate_service_account_tokens() {
     let c = cluster("token-review").await;
-    let served = c
-        .serves_create("authentication.k8s.io/v1", "tokenreviews", "TokenReview")
-        .await
-        && c.serves_create("v1", "serviceaccounts/token", "TokenRequest")
-            .await;
-    if !served {
-        assert!(c.sim.is_none(), "kube-sim serves tokenreviews");
-        skip(
+    if !c
+        .serves_creates(
             "token_reviews_authenticate_service_account_tokens",
-            "authentication.k8s.io/v1 tokenreviews or serviceaccounts/token not served",
-        );
+            &[TOKEN_REVIEWS, TOKEN_REQUESTS],
+        )
+        .await
+    {
         return;
     }
     let uid = c.service_account("backup").await;
@@ -3358,7 +3374,8 @@ async fn token_reviews_authenticate_service_account_tokens() {
     assert_eq!(garbage.error.as_deref(), Some("invalid bearer token"));
 
     // Reviewed for the first time once its ServiceAccount is gone (a real server caches a
-    // review's answer for a few seconds).
+    // review's answer for a few seconds, and finds ServiceAccounts in an informer's cache
+    // that follows the delete closely).
     let orphan = token(
         c.token("backup", json!({"audiences": ["aud-a"]}))
             .await
@@ -3369,8 +3386,11 @@ async fn token_reviews_authenticate_service_account_tokens() {
         .delete("backup", &DeleteParams::default())
         .await
         .unwrap();
-    let deleted = c.review_token(&orphan, &["aud-a"]).await;
-    assert_ne!(deleted.authenticated, Some(true));
+    let deleted = eventually("the deleted ServiceAccount out of the cache", || async {
+        let status = c.review_token(&orphan, &["aud-a"]).await;
+        (status.authenticated != Some(true)).then_some(status)
+    })
+    .await;
     assert_eq!(
         deleted.error.as_deref(),
         Some(r#"[invalid bearer token, serviceaccounts "backup" not found]"#)
@@ -3462,19 +3482,13 @@ where
 #[tokio::test]
 async fn subject_access_reviews_follow_rbac() {
     let c = cluster("access-review").await;
-    let served = c
-        .serves_create(
-            "authorization.k8s.io/v1",
-            "subjectaccessreviews",
-            "SubjectAccessReview",
-        )
-        .await;
-    if !served {
-        assert!(c.sim.is_none(), "kube-sim serves subjectaccessreviews");
-        skip(
+    if !c
+        .serves_creates(
             "subject_access_reviews_follow_rbac",
-            "authorization.k8s.io/v1 subjectaccessreviews not served",
-        );
+            &[SUBJECT_ACCESS_REVIEWS],
+        )
+        .await
+    {
         return;
     }
     let ns = c.namespace.clone();
@@ -3651,6 +3665,195 @@ async fn subject_access_reviews_need_attributes_and_a_subject() {
     assert_eq!(fields, ["spec.resourceAttributes", "spec.user"]);
 }
 
+/// `object` as a typed client sends it in protobuf: the magic `k8s\0` and a `runtime.Unknown`
+/// holding the object with its apiVersion and kind.
+fn protobuf_body(api_version: &str, kind: &str, object: &impl prost::Message) -> Vec<u8> {
+    use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+    use prost::Message;
+    let unknown = Unknown {
+        type_meta: Some(TypeMeta {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+        }),
+        raw: Some(object.encode_to_vec()),
+        content_encoding: Some(String::new()),
+        content_type: Some(String::new()),
+    };
+    [b"k8s\0".as_slice(), &unknown.encode_to_vec()].concat()
+}
+
+/// The JSON answer to `object` POSTed to `path` in protobuf, asserted to equal the answer to
+/// `json_object`, the same object in JSON.
+async fn answered_alike(
+    client: &Client,
+    path: &str,
+    (api_version, kind): (&str, &str),
+    object: &impl prost::Message,
+    mut json_object: serde_json::Value,
+) -> serde_json::Value {
+    json_object["apiVersion"] = json!(api_version);
+    json_object["kind"] = json!(kind);
+    let bodies = [
+        (
+            "application/vnd.kubernetes.protobuf",
+            protobuf_body(api_version, kind, object),
+        ),
+        (
+            "application/json",
+            serde_json::to_vec(&json_object).unwrap(),
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (content_type, body) in bodies {
+        let request = http::Request::post(path)
+            .header("content-type", content_type)
+            .header("accept", "application/json")
+            .body(body)
+            .unwrap();
+        let text = client.request_text(request).await.unwrap();
+        answers.push(serde_json::from_str::<serde_json::Value>(&text).unwrap());
+    }
+    assert_eq!(answers[0], answers[1], "{kind} in protobuf and in JSON");
+    answers.swap_remove(0)
+}
+
+// Typed clients (client-go's default, so external-snapshot-metadata's TokenReviews and
+// SubjectAccessReviews) send the reviews in protobuf: answered as the same review in JSON.
+#[tokio::test]
+async fn protobuf_reviews_are_answered_as_their_json() {
+    use k8s_pb::api::authentication::v1 as authentication;
+    use k8s_pb::api::authorization::v1 as authorization;
+    let c = cluster("protobuf-reviews").await;
+    if !c
+        .serves_creates(
+            "protobuf_reviews_are_answered_as_their_json",
+            &[TOKEN_REVIEWS, TOKEN_REQUESTS, SUBJECT_ACCESS_REVIEWS],
+        )
+        .await
+    {
+        return;
+    }
+    let ns = c.namespace.clone();
+    c.service_account("backup").await;
+    let token = c
+        .token("backup", json!({"audiences": ["aud-a"]}))
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+
+    let review = authentication::TokenReview {
+        spec: Some(authentication::TokenReviewSpec {
+            token: Some(token.clone()),
+            audiences: vec!["aud-a".into()],
+        }),
+        status: Some(Default::default()),
+        ..Default::default()
+    };
+    let answer = answered_alike(
+        &c.client,
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        ("authentication.k8s.io/v1", "TokenReview"),
+        &review,
+        json!({"spec": {"token": token, "audiences": ["aud-a"]}}),
+    )
+    .await;
+    assert_eq!(answer["status"]["authenticated"], true, "{answer}");
+
+    let version = "authorization.k8s.io/v1";
+    let backup = format!("system:serviceaccount:{ns}:backup");
+    // As external-snapshot-metadata asks: the reviewed token's user, groups, extra and uid.
+    let snapshot_get = authorization::SubjectAccessReviewSpec {
+        resource_attributes: Some(authorization::ResourceAttributes {
+            namespace: Some(ns.clone()),
+            verb: Some("get".into()),
+            group: Some("snapshot.storage.k8s.io".into()),
+            version: Some("v1".into()),
+            resource: Some("volumesnapshots".into()),
+            subresource: Some(String::new()),
+            name: Some("snap".into()),
+            ..Default::default()
+        }),
+        user: Some(backup.clone()),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:authenticated".into(),
+        ],
+        extra: [(
+            "authentication.kubernetes.io/pod-name".to_string(),
+            authorization::ExtraValue {
+                items: vec!["backup-0".into()],
+            },
+        )]
+        .into(),
+        uid: Some("1234".into()),
+        ..Default::default()
+    };
+    let snapshot_get_json = json!({
+        "resourceAttributes": {"namespace": ns, "verb": "get",
+            "group": "snapshot.storage.k8s.io", "version": "v1",
+            "resource": "volumesnapshots", "name": "snap"},
+        "user": backup,
+        "groups": ["system:serviceaccounts", "system:authenticated"],
+        "extra": {"authentication.kubernetes.io/pod-name": ["backup-0"]},
+        "uid": "1234",
+    });
+    let healthz = authorization::SubjectAccessReviewSpec {
+        non_resource_attributes: Some(authorization::NonResourceAttributes {
+            path: Some("/healthz".into()),
+            verb: Some("get".into()),
+        }),
+        user: Some("root".into()),
+        groups: vec!["system:masters".into()],
+        ..Default::default()
+    };
+    let healthz_json = json!({
+        "nonResourceAttributes": {"path": "/healthz", "verb": "get"},
+        "user": "root", "groups": ["system:masters"],
+    });
+    for (spec, json_spec, allowed) in [
+        (snapshot_get.clone(), snapshot_get_json.clone(), false),
+        (healthz, healthz_json, true),
+    ] {
+        let review = authorization::SubjectAccessReview {
+            spec: Some(spec),
+            status: Some(Default::default()),
+            ..Default::default()
+        };
+        let answer = answered_alike(
+            &c.client,
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            (version, "SubjectAccessReview"),
+            &review,
+            json!({"spec": json_spec}),
+        )
+        .await;
+        assert_eq!(answer["status"]["allowed"], allowed, "{answer}");
+    }
+
+    let review = authorization::LocalSubjectAccessReview {
+        metadata: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        }),
+        spec: Some(snapshot_get),
+        status: Some(Default::default()),
+    };
+    let answer = answered_alike(
+        &c.client,
+        &format!("/apis/authorization.k8s.io/v1/namespaces/{ns}/localsubjectaccessreviews"),
+        (version, "LocalSubjectAccessReview"),
+        &review,
+        json!({"metadata": {"namespace": ns}, "spec": snapshot_get_json}),
+    )
+    .await;
+    assert_eq!(
+        answer["spec"]["resourceAttributes"]["resource"],
+        "volumesnapshots"
+    );
+}
+
 // The RBAC objects: a binding's roleRef and User subjects default to the RBAC group, its
 // roleRef never changes, and a rule needs verbs and API groups and resources (or non-resource
 // URLs, never in a Role) (pkg/apis/rbac/v1/defaults.go, pkg/apis/rbac/validation).
@@ -3713,14 +3916,12 @@ async fn bound_tokens_live_as_long_as_their_object() {
     use k8s_openapi::api::core::v1::Secret;
     let c = cluster("bound-token").await;
     if !c
-        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .serves_creates(
+            "bound_tokens_live_as_long_as_their_object",
+            &[TOKEN_REQUESTS],
+        )
         .await
     {
-        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
-        skip(
-            "bound_tokens_live_as_long_as_their_object",
-            "serviceaccounts/token not served",
-        );
         return;
     }
     c.service_account("backup").await;

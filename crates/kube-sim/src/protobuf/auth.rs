@@ -1,11 +1,15 @@
-//! The protobuf bodies of the authentication and RBAC kinds kubectl writes: `kubectl create
-//! token` (TokenRequest) and `kubectl create role|clusterrole|rolebinding|clusterrolebinding`.
+//! The protobuf bodies of the authentication, authorization and RBAC kinds: those kubectl
+//! writes (`kubectl create token` (TokenRequest) and `kubectl create
+//! role|clusterrole|rolebinding|clusterrolebinding`) and the reviews typed clients create (the
+//! TokenReview and SubjectAccessReview of external-snapshot-metadata).
 
 use k8s_pb::api::authentication::v1 as authentication;
+use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::rbac::v1 as rbac;
+use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use serde_json::{Map, Value, json};
 
-use super::{Object, object_meta, strings};
+use super::{Object, object_meta, strings, text};
 
 pub(super) fn token_request(t: authentication::TokenRequest) -> Map<String, Value> {
     let spec = t.spec.unwrap_or_default();
@@ -37,6 +41,130 @@ pub(super) fn token_request(t: authentication::TokenRequest) -> Map<String, Valu
         .0
 }
 
+pub(super) fn token_review(t: authentication::TokenReview) -> Map<String, Value> {
+    let spec = t.spec.unwrap_or_default();
+    let spec = Object::default()
+        .set("token", text(spec.token))
+        .set("audiences", json!(spec.audiences));
+    Object::default()
+        .set("metadata", object_meta(t.metadata))
+        .set("spec", Value::Object(spec.0))
+        .0
+}
+
+/// A SubjectAccessReview; the server answers its status, so the request's is not read.
+pub(super) fn subject_access_review(r: authorization::SubjectAccessReview) -> Map<String, Value> {
+    access_review(r.metadata, r.spec)
+}
+
+pub(super) fn local_subject_access_review(
+    r: authorization::LocalSubjectAccessReview,
+) -> Map<String, Value> {
+    access_review(r.metadata, r.spec)
+}
+
+fn access_review(
+    metadata: Option<meta::ObjectMeta>,
+    spec: Option<authorization::SubjectAccessReviewSpec>,
+) -> Map<String, Value> {
+    let spec = spec.unwrap_or_default();
+    let extra: Map<String, Value> = spec
+        .extra
+        .into_iter()
+        .map(|(key, value)| (key, json!(value.items)))
+        .collect();
+    // Go marshals the attributes' empty strings; their JSON omits them.
+    let resource = spec.resource_attributes.map(|a| {
+        Value::Object(
+            Object::default()
+                .set("namespace", text(a.namespace))
+                .set("verb", text(a.verb))
+                .set("group", text(a.group))
+                .set("version", text(a.version))
+                .set("resource", text(a.resource))
+                .set("subresource", text(a.subresource))
+                .set("name", text(a.name))
+                .set(
+                    "fieldSelector",
+                    a.field_selector
+                        .map(|s| selector(s.raw_selector, requirements(s.requirements))),
+                )
+                .set(
+                    "labelSelector",
+                    a.label_selector
+                        .map(|s| selector(s.raw_selector, requirements(s.requirements))),
+                )
+                .0,
+        )
+    });
+    let non_resource = spec.non_resource_attributes.map(|a| {
+        Value::Object(
+            Object::default()
+                .set("path", text(a.path))
+                .set("verb", text(a.verb))
+                .0,
+        )
+    });
+    Object::default()
+        .set("metadata", object_meta(metadata))
+        .set(
+            "spec",
+            Value::Object(
+                Object::default()
+                    .set("resourceAttributes", resource)
+                    .set("nonResourceAttributes", non_resource)
+                    .set("user", text(spec.user))
+                    .set("groups", json!(spec.groups))
+                    .set("extra", Value::Object(extra))
+                    .set("uid", text(spec.uid))
+                    .0,
+            ),
+        )
+        .0
+}
+
+fn selector(raw: Option<String>, requirements: Value) -> Value {
+    Value::Object(
+        Object::default()
+            .set("rawSelector", text(raw))
+            .set("requirements", requirements)
+            .0,
+    )
+}
+
+/// Field and label selector requirements (of reviews and of label selectors).
+fn requirements<R: Requirement>(requirements: Vec<R>) -> Value {
+    requirements
+        .into_iter()
+        .map(|r| {
+            let (key, operator, values) = r.parts();
+            Value::Object(
+                Object::default()
+                    .set("key", key.map(Value::from))
+                    .set("operator", operator.map(Value::from))
+                    .set("values", json!(values))
+                    .0,
+            )
+        })
+        .collect()
+}
+
+trait Requirement {
+    fn parts(self) -> (Option<String>, Option<String>, Vec<String>);
+}
+
+impl Requirement for meta::FieldSelectorRequirement {
+    fn parts(self) -> (Option<String>, Option<String>, Vec<String>) {
+        (self.key, self.operator, self.values)
+    }
+}
+
+impl Requirement for meta::LabelSelectorRequirement {
+    fn parts(self) -> (Option<String>, Option<String>, Vec<String>) {
+        (self.key, self.operator, self.values)
+    }
+}
+
 pub(super) fn role(r: rbac::Role) -> Map<String, Value> {
     Object::default()
         .set("metadata", object_meta(r.metadata))
@@ -50,23 +178,10 @@ pub(super) fn cluster_role(r: rbac::ClusterRole) -> Map<String, Value> {
             .cluster_role_selectors
             .into_iter()
             .map(|s| {
-                let expressions: Vec<Value> = s
-                    .match_expressions
-                    .into_iter()
-                    .map(|e| {
-                        Value::Object(
-                            Object::default()
-                                .set("key", e.key.map(Value::from))
-                                .set("operator", e.operator.map(Value::from))
-                                .set("values", json!(e.values))
-                                .0,
-                        )
-                    })
-                    .collect();
                 Value::Object(
                     Object::default()
                         .set("matchLabels", strings(s.match_labels))
-                        .set("matchExpressions", json!(expressions))
+                        .set("matchExpressions", requirements(s.match_expressions))
                         .0,
                 )
             })
@@ -89,12 +204,11 @@ pub(super) fn cluster_role_binding(b: rbac::ClusterRoleBinding) -> Map<String, V
 }
 
 fn binding(
-    metadata: Option<k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+    metadata: Option<meta::ObjectMeta>,
     subjects: Vec<rbac::Subject>,
     role_ref: Option<rbac::RoleRef>,
 ) -> Map<String, Value> {
     // Go marshals a subject's empty apiGroup and namespace; its JSON omits them.
-    let text = |value: Option<String>| value.filter(|v| !v.is_empty()).map(Value::from);
     let subjects: Vec<Value> = subjects
         .into_iter()
         .map(|s| {
