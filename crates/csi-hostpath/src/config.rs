@@ -85,6 +85,14 @@ pub struct DriverArgs {
           default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_podmon_extension: bool,
 
+    /// Serve the CSI SnapshotMetadata service (GetMetadataAllocated, GetMetadataDelta) and
+    /// advertise SNAPSHOT_METADATA_SERVICE, on controller instances. On by default, unlike
+    /// upstream's hostpath driver: the reference driver serves what it implements, and nothing
+    /// but external-snapshot-metadata acts on the capability.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub enable_snapshot_metadata: bool,
+
     /// Mutable parameter names CreateVolume and ControllerModifyVolume accept (comma-separated);
     /// any other name is INVALID_ARGUMENT, as with upstream's hostpath driver. None by default.
     #[arg(long, value_delimiter = ',')]
@@ -144,6 +152,8 @@ pub struct Config {
     pub max_volumes_per_node: i64,
     pub enable_attach: bool,
     pub podmon_extension: bool,
+    /// The SnapshotMetadata service (controller instances).
+    pub snapshot_metadata: bool,
     pub accepted_mutable_parameters: BTreeSet<String>,
     pub allowed_path_roots: Vec<PathBuf>,
     pub volume_health: HealthApi,
@@ -162,6 +172,7 @@ impl Config {
             max_volumes_per_node: args.max_volumes_per_node,
             enable_attach: args.enable_attach,
             podmon_extension: args.enable_podmon_extension,
+            snapshot_metadata: args.enable_snapshot_metadata,
             accepted_mutable_parameters: args
                 .accepted_mutable_parameter_names
                 .iter()
@@ -238,6 +249,7 @@ mod tests {
         assert_eq!(args.mode, Mode::Both);
         assert_eq!(args.drivername, DEFAULT_DRIVER_NAME);
         assert!(args.enable_attach);
+        assert!(args.enable_snapshot_metadata);
         assert_eq!(args.max_volume_size, 1 << 40);
         assert_eq!(args.max_volumes_per_node, 0);
         assert_eq!(args.volume_health, HealthApi::V1_13);
@@ -249,11 +261,13 @@ mod tests {
             "--capacity=2Gi",
             "--accepted-mutable-parameter-names=iops,throughput",
             "--volume-health=v1.12",
+            "--enable-snapshot-metadata=false",
         ])
         .unwrap();
         let config = Config::from_args(&args);
         assert_eq!(config.mode, Mode::Node);
         assert!(!config.enable_attach);
+        assert!(!config.snapshot_metadata);
         assert_eq!(config.capacity.get("fast"), Some(&(1 << 30)));
         assert_eq!(config.capacity.get(""), Some(&(2 << 30)));
         assert_eq!(config.accepted_mutable_parameters.len(), 2);

@@ -68,6 +68,19 @@ pub enum DriverError {
     MutableParameterNotAccepted { name: String, accepted: Vec<String> },
     #[error("snapshot_ids do not match the members of group snapshot {group}")]
     GroupMembersMismatch { group: String },
+    #[error(
+        "base snapshot {base} (of volume {base_volume}) and target snapshot {target} (of volume {target_volume}) are not snapshots of the same volume"
+    )]
+    SnapshotsOfDifferentVolumes {
+        base: String,
+        base_volume: String,
+        target: String,
+        target_volume: String,
+    },
+    #[error(
+        "target snapshot {target} was taken before base snapshot {base}: the target is the later snapshot"
+    )]
+    TargetBeforeBase { base: String, target: String },
 
     // OUT_OF_RANGE: a size the request asks for cannot be given.
     #[error("required_bytes {required} exceeds limit_bytes {limit}")]
@@ -85,6 +98,10 @@ pub enum DriverError {
     },
     #[error("source {kind} holds more data than the volume's {capacity} bytes")]
     SourceDataAboveCapacity { kind: &'static str, capacity: u64 },
+    #[error("starting_offset {offset} is negative")]
+    NegativeStartingOffset { offset: i64 },
+    #[error("starting_offset {offset} is beyond the snapshot's volume of {capacity} bytes")]
+    StartingOffsetBeyondCapacity { offset: u64, capacity: u64 },
 
     // NOT_FOUND
     #[error("{kind} {id} not found")]
@@ -146,6 +163,10 @@ pub enum DriverError {
         action: &'static str,
         privilege: &'static str,
     },
+    #[error(
+        "snapshot {id} is of a directory volume (a tar archive, no blocks): snapshot metadata is served for block and ext4 volumes only; back it up in full"
+    )]
+    NoBlockMetadata { id: String },
 
     // RESOURCE_EXHAUSTED
     #[error("not enough capacity on node {node} for {size} bytes")]
@@ -229,13 +250,17 @@ impl DriverError {
             | InvalidEphemeralId { .. }
             | UnknownCapacityPool { .. }
             | MutableParameterNotAccepted { .. }
-            | GroupMembersMismatch { .. } => Code::InvalidArgument,
+            | GroupMembersMismatch { .. }
+            | SnapshotsOfDifferentVolumes { .. }
+            | TargetBeforeBase { .. } => Code::InvalidArgument,
             RequiredAboveLimit { .. }
             | AboveMaximumSize { .. }
             | LimitBelowSize { .. }
             | LimitBelowExt4Minimum { .. }
             | SmallerThanSource { .. }
-            | SourceDataAboveCapacity { .. } => Code::OutOfRange,
+            | SourceDataAboveCapacity { .. }
+            | NegativeStartingOffset { .. }
+            | StartingOffsetBeyondCapacity { .. } => Code::OutOfRange,
             NotFound { .. } | SourceNotFound { .. } | NotAtPath { .. } => Code::NotFound,
             ExistsWithOtherParameters { .. }
             | PublishedWithOtherReadonly { .. }
@@ -252,7 +277,8 @@ impl DriverError {
             | NotStaged { .. }
             | OtherMountAt { .. }
             | Ephemeral { .. }
-            | MissingPrivilege { .. } => Code::FailedPrecondition,
+            | MissingPrivilege { .. }
+            | NoBlockMetadata { .. } => Code::FailedPrecondition,
             NoCapacityOnNode { .. }
             | NoCapacityOnAnyNode { .. }
             | NoCapacityToGrow { .. }

@@ -56,6 +56,9 @@ impl Identity for IdentityService {
         if self.driver.config.mode.controller() {
             capabilities.push(service(service::Type::ControllerService));
             capabilities.push(service(service::Type::GroupControllerService));
+            if self.driver.config.snapshot_metadata {
+                capabilities.push(service(service::Type::SnapshotMetadataService));
+            }
         }
         capabilities.push(csi::PluginCapability {
             r#type: Some(Type::VolumeExpansion(VolumeExpansion {

@@ -4,7 +4,9 @@
 //! directories bind-mounted on nodes, block volumes are images on loop devices, snapshots are
 //! archives or copies. State changes are crash-safe transactions; operations on one volume
 //! never wait for another; a node ControllerUnpublished from a volume it still uses is fenced
-//! (its export cut; its writers stopped). It also serves the podmon connectivity extension.
+//! (its export cut; its writers stopped). Controllers serve the CSI SnapshotMetadata service
+//! (changed block tracking) for block and ext4 volumes. It also serves the podmon connectivity
+//! extension.
 
 pub mod beneath;
 pub mod config;
@@ -20,6 +22,7 @@ pub mod identity;
 pub mod journal;
 pub mod legacy;
 pub mod local;
+pub mod metadata;
 pub mod mounts;
 pub mod node;
 pub mod options;

@@ -67,6 +67,7 @@ pub fn base_config(root: &Path) -> Config {
         max_volumes_per_node: 0,
         enable_attach: true,
         podmon_extension: true,
+        snapshot_metadata: true,
         accepted_mutable_parameters: Default::default(),
         allowed_path_roots: vec![root.join("kubelet")],
         volume_health: HealthApi::V1_13,

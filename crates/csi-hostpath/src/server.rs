@@ -11,6 +11,7 @@ use csi_proto::csi::v1::controller_server::ControllerServer;
 use csi_proto::csi::v1::group_controller_server::GroupControllerServer;
 use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
+use csi_proto::csi::v1::snapshot_metadata_server::SnapshotMetadataServer;
 use csi_proto::podmon::v1::podmon_server::PodmonServer;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +21,7 @@ use crate::driver::Driver;
 use crate::group::GroupControllerService;
 use crate::identity::{IdentityService, PodmonService};
 use crate::legacy::LegacyHealth;
+use crate::metadata::SnapshotMetadataService;
 use crate::node::NodeService;
 use crate::recovery;
 use crate::state::{Store, StoreError};
@@ -93,9 +95,13 @@ pub async fn run(
         } else {
             router.add_service(controller)
         };
-        router = router.add_service(GroupControllerServer::new(GroupControllerService::new(
-            driver.clone(),
-        )));
+        router = router
+            .add_service(GroupControllerServer::new(GroupControllerService::new(
+                driver.clone(),
+            )))
+            .add_optional_service(driver.config.snapshot_metadata.then(|| {
+                SnapshotMetadataServer::new(SnapshotMetadataService::new(driver.clone()))
+            }));
     }
     if mode.node() {
         let node = NodeServer::new(NodeService::new(driver.clone()));

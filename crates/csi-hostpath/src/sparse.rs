@@ -47,21 +47,30 @@ impl Budget {
 pub fn data_extents(file: &File, length: u64) -> io::Result<Vec<Range<u64>>> {
     let mut extents = Vec::new();
     let mut offset = 0;
-    while offset < length {
-        let data = match rustix::fs::seek(file, SeekFrom::Data(offset)) {
-            Ok(data) => data,
-            // No data after `offset`: the rest is a hole.
-            Err(Errno::NXIO) => break,
-            Err(error) => return Err(error.into()),
-        };
-        if data >= length {
-            break;
-        }
-        let hole = rustix::fs::seek(file, SeekFrom::Hole(data))?.min(length);
-        extents.push(data..hole);
-        offset = hole;
+    while let Some(extent) = next_data_extent(file, offset, length)? {
+        offset = extent.end;
+        extents.push(extent);
     }
     Ok(extents)
+}
+
+/// The first range of `file` holding data at or after `offset`, cut at `length` (the part
+/// at `offset` when `offset` lies in data); `None` when only holes follow.
+pub fn next_data_extent(file: &File, offset: u64, length: u64) -> io::Result<Option<Range<u64>>> {
+    if offset >= length {
+        return Ok(None);
+    }
+    let data = match rustix::fs::seek(file, SeekFrom::Data(offset)) {
+        Ok(data) => data,
+        // No data after `offset`: the rest is a hole.
+        Err(Errno::NXIO) => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    if data >= length {
+        return Ok(None);
+    }
+    let hole = rustix::fs::seek(file, SeekFrom::Hole(data))?.min(length);
+    Ok(Some(data..hole))
 }
 
 /// Copies the first `length` bytes of `from` into `to` (sized to `length`), only the extents
