@@ -1,5 +1,6 @@
 //! The HTTP API server: kube-apiserver's REST paths, verbs and semantics over [`Store`].
 
+mod access_review;
 pub(crate) mod admission;
 mod cel;
 mod create;
@@ -11,7 +12,11 @@ mod list;
 pub(crate) mod objects;
 mod openapi;
 mod patch;
+mod rbac_objects;
 pub(crate) mod schema;
+mod token_request;
+mod token_review;
+mod tokens;
 mod update;
 mod validation;
 mod watch;
@@ -62,6 +67,8 @@ pub struct Server {
     /// Events a watcher may fall behind before it is disconnected.
     watch_buffer: Mutex<usize>,
     requests: RequestCounter,
+    /// The ServiceAccount tokens issued by TokenRequests.
+    tokens: tokens::Tokens,
 }
 
 /// A running server.
@@ -88,6 +95,7 @@ impl ApiServer {
             bookmark_interval: Mutex::new(watch::BOOKMARK_INTERVAL),
             watch_buffer: Mutex::new(crate::store::WATCH_BUFFER),
             requests: RequestCounter::default(),
+            tokens: tokens::Tokens::default(),
         });
         server
             .create_initial_namespaces()
@@ -392,7 +400,26 @@ async fn dispatch(
         decode::check_body(&served, &mut object)?;
         Ok::<_, ApiError>(conversion::to_storage(&served, object))
     };
+    if served.create_only {
+        return match *method {
+            Method::POST => {
+                let mut review = parse_body(body)?;
+                decode::check_body(&served, &mut review)?;
+                match served.kind.as_str() {
+                    "TokenReview" => token_review::create(server, review),
+                    kind => access_review::create(server, kind, ns, review),
+                }
+            }
+            _ => Err(method_not_allowed()),
+        };
+    }
     match (method.clone(), name) {
+        (_, Some(_)) if sub == Some("token") && *method != Method::POST => {
+            Err(method_not_allowed())
+        }
+        (Method::POST, Some(name)) if sub == Some("token") => {
+            token_request::create(server, ns.unwrap_or_default(), &name, body)
+        }
         (Method::GET, None) if is_watch(query) => {
             watch::serve(server.clone(), served, namespace, query)
         }
@@ -447,6 +474,15 @@ async fn dispatch(
             rt.plural
         ))),
     }
+}
+
+/// A verb the resource does not have (a review's or a TokenRequest's other than create).
+fn method_not_allowed() -> ApiError {
+    let mut error = ApiError::method_not_allowed(
+        "the server does not allow this method on the requested resource",
+    );
+    error.details = Some(json!({}));
+    error
 }
 
 /// Whether a GET with `query` is a watch (`watch=true` or `watch=1`).

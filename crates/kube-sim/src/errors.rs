@@ -42,6 +42,16 @@ impl FieldError {
         }
     }
 
+    /// `Invalid value: <printed>: <why>` for a value Go prints unquoted (`%#v` of a struct or
+    /// a slice), printed by the caller.
+    pub fn invalid_printed(field: impl Into<String>, printed: &str, why: &str) -> Self {
+        Self {
+            field: field.into(),
+            reason: "FieldValueInvalid",
+            detail: format!("Invalid value: {printed}: {why}"),
+        }
+    }
+
     /// `Unsupported value: <value>: supported values: "a", "b"`.
     pub fn not_supported(field: impl Into<String>, value: &Value, supported: &[&str]) -> Self {
         let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
@@ -62,6 +72,13 @@ impl FieldError {
             reason: "FieldValueForbidden",
             detail: format!("Forbidden: {}", why.into()),
         }
+    }
+}
+
+/// `<field>: <detail>`, as a Status message lists it.
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.detail)
     }
 }
 
@@ -145,28 +162,33 @@ impl ApiError {
     /// `schema.GroupKind`'s String.
     pub fn invalid_fields(rt: &ResourceType, name: &str, errors: &[FieldError]) -> Self {
         let kind = crate::selectors::qualified_kind(&rt.group, &rt.kind);
-        let messages: Vec<String> = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.detail))
-            .collect();
+        let mut error = Self::invalid_causes(&kind, name, errors);
+        if let Some(details) = error.details.as_mut() {
+            details["name"] = json!(name);
+            details["kind"] = json!(rt.kind);
+            if !rt.group.is_empty() {
+                details["group"] = json!(rt.group);
+            }
+        }
+        error
+    }
+
+    /// [`Self::invalid_fields`]' message and causes, for a kind printed as `kind` (the review
+    /// APIs print an empty kind: `.authorization.k8s.io "" is invalid: …`).
+    pub fn invalid_causes(kind: &str, name: &str, errors: &[FieldError]) -> Self {
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         let why = match messages.as_slice() {
             [one] => one.clone(),
             many => format!("[{}]", many.join(", ")),
         };
-        let mut error = Self::invalid(&kind, name, why);
-        let mut details = json!({
-            "name": name,
-            "kind": rt.kind,
+        let mut error = Self::invalid(kind, name, why);
+        error.details = Some(json!({
             "causes": errors.iter().map(|e| json!({
                 "reason": e.reason,
                 "message": e.detail,
                 "field": e.field,
             })).collect::<Vec<_>>(),
-        });
-        if !rt.group.is_empty() {
-            details["group"] = json!(rt.group);
-        }
-        error.details = Some(details);
+        }));
         error
     }
 

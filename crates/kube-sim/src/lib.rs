@@ -12,6 +12,7 @@ pub mod names;
 pub mod protobuf;
 pub mod proxy;
 pub mod quantity;
+pub mod rbac;
 pub mod resources;
 pub mod roles;
 pub mod selectors;

@@ -22,6 +22,9 @@ pub struct ResourceType {
     /// A custom resource version's `openAPIV3Schema`: its objects are pruned and validated
     /// against it (built-in resources have none here).
     pub schema: Option<Arc<Value>>,
+    /// A review API: its objects are answered, never stored, and `create` is its only verb
+    /// (TokenReview, SubjectAccessReview).
+    pub create_only: bool,
 }
 
 impl ResourceType {
@@ -44,6 +47,15 @@ impl ResourceType {
             subresources: subresources.iter().map(|s| (*s).to_string()).collect(),
             short_names: short_names.iter().map(|s| (*s).to_string()).collect(),
             schema: None,
+            create_only: false,
+        }
+    }
+
+    /// A review API of kube-apiserver (create only, nothing stored).
+    fn review(group: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        Self {
+            create_only: true,
+            ..Self::builtin(group, "v1", plural, kind, namespaced, &[], &[])
         }
     }
 
@@ -77,6 +89,15 @@ impl ResourceType {
 
     /// The APIResource entry of discovery.
     pub fn discovery(&self) -> Vec<Value> {
+        if self.create_only {
+            return vec![json!({
+                "name": self.plural,
+                "singularName": self.singular,
+                "namespaced": self.namespaced,
+                "kind": self.kind,
+                "verbs": ["create"],
+            })];
+        }
         let verbs = json!([
             "create",
             "delete",
@@ -99,15 +120,23 @@ impl ResourceType {
             let (kind, verbs) = match sub.as_str() {
                 "binding" => ("Binding", json!(["create"])),
                 "eviction" => ("Eviction", json!(["create"])),
+                "token" => ("TokenRequest", json!(["create"])),
                 _ => (self.kind.as_str(), json!(["get", "patch", "update"])),
             };
-            entries.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{sub}", self.plural),
                 "singularName": "",
                 "namespaced": self.namespaced,
                 "kind": kind,
                 "verbs": verbs,
-            }));
+            });
+            // A subresource of another group says so (kube-apiserver lists serviceaccounts/token
+            // with authentication.k8s.io/v1, the group of TokenRequest).
+            if sub == "token" {
+                entry["group"] = json!("authentication.k8s.io");
+                entry["version"] = json!("v1");
+            }
+            entries.push(entry);
         }
         entries
     }
@@ -163,7 +192,7 @@ pub fn builtin() -> Vec<ResourceType> {
             "serviceaccounts",
             "ServiceAccount",
             true,
-            &[],
+            &["token"],
             &["sa"],
         ),
         r(
@@ -232,6 +261,60 @@ pub fn builtin() -> Vec<ResourceType> {
             &[],
         ),
         r("events.k8s.io", "v1", "events", "Event", true, &[], &["ev"]),
+        r(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "roles",
+            "Role",
+            true,
+            &[],
+            &[],
+        ),
+        r(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+            &[],
+        ),
+        r(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
+            &[],
+        ),
+        r(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            &[],
+        ),
+        ResourceType::review(
+            "authentication.k8s.io",
+            "tokenreviews",
+            "TokenReview",
+            false,
+        ),
+        ResourceType::review(
+            "authorization.k8s.io",
+            "localsubjectaccessreviews",
+            "LocalSubjectAccessReview",
+            true,
+        ),
+        ResourceType::review(
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "SubjectAccessReview",
+            false,
+        ),
         r(
             "apiextensions.k8s.io",
             "v1",
@@ -308,6 +391,7 @@ impl Registry {
                 schema: version["schema"]["openAPIV3Schema"]
                     .is_object()
                     .then(|| Arc::new(version["schema"]["openAPIV3Schema"].clone())),
+                create_only: false,
             });
         }
         let mut types = self.types.write().unwrap_or_else(|p| p.into_inner());

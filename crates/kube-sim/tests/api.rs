@@ -6,9 +6,14 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewStatus};
+use k8s_openapi::api::authorization::v1::{
+    LocalSubjectAccessReview, SubjectAccessReview, SubjectAccessReviewStatus,
 };
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1 as rbac_v1;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -3156,4 +3161,654 @@ async fn a_custom_resource_reads_through_every_served_version() {
     crds.delete(&format!("widgets.{group}"), &Default::default())
         .await
         .unwrap();
+}
+
+/// The issuer a token requested without audiences is for, and the audience a review without
+/// audiences asks for: the real control planes' `--api-audiences`, kube-sim's own.
+const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+impl Cluster {
+    /// A new ServiceAccount of the test's namespace and its uid.
+    async fn service_account(&self, name: &str) -> String {
+        let accounts: Api<ServiceAccount> = self.api();
+        let created = accounts
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        created.uid().unwrap()
+    }
+
+    async fn token(&self, account: &str, spec: serde_json::Value) -> kube::Result<TokenRequest> {
+        let accounts: Api<ServiceAccount> = self.api();
+        accounts
+            .create_token_request(
+                account,
+                &PostParams::default(),
+                &serde_json::from_value(json!({"spec": spec})).unwrap(),
+            )
+            .await
+    }
+
+    async fn review_token(&self, token: &str, audiences: &[&str]) -> TokenReviewStatus {
+        let review = json!({"spec": {"token": token, "audiences": audiences}});
+        answer::<TokenReview>(&self.client, review)
+            .await
+            .status
+            .unwrap()
+    }
+
+    /// Whether the server lists `plural` with the verb `create` in `group_version` (and
+    /// `kind`), as kube-apiserver lists its review APIs and serviceaccounts/token.
+    async fn serves_create(&self, group_version: &str, plural: &str, kind: &str) -> bool {
+        let resources = if group_version == "v1" {
+            self.client.list_core_api_resources("v1").await
+        } else {
+            self.client.list_api_group_resources(group_version).await
+        };
+        let Ok(resources) = resources else {
+            return false;
+        };
+        resources
+            .resources
+            .iter()
+            .any(|r| r.name == plural && r.kind == kind && r.verbs.iter().any(|v| v == "create"))
+    }
+}
+
+fn expiration(request: &TokenRequest) -> i64 {
+    request
+        .status
+        .as_ref()
+        .unwrap()
+        .expiration_timestamp
+        .0
+        .as_second()
+}
+
+// TokenRequest (`serviceaccounts/<name>/token`): a token of an existing ServiceAccount, for the
+// API audience and an hour unless asked otherwise; a missing ServiceAccount is 404, a lifetime
+// under 10 minutes 422 (pkg/registry/core/serviceaccount/storage/token.go).
+#[tokio::test]
+async fn token_requests_issue_tokens_of_service_accounts() {
+    let c = cluster("token-request").await;
+    if !c
+        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .await
+    {
+        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
+        skip(
+            "token_requests_issue_tokens_of_service_accounts",
+            "serviceaccounts/token not served",
+        );
+        return;
+    }
+    c.service_account("backup").await;
+    let before = k8s_openapi::jiff::Timestamp::now().as_second();
+    let default = c.token("backup", json!({})).await.unwrap();
+    let after = k8s_openapi::jiff::Timestamp::now().as_second();
+    let spec = &default.spec;
+    assert_eq!(spec.audiences, [API_AUDIENCE]);
+    assert_eq!(spec.expiration_seconds, Some(3600));
+    assert!(!default.status.as_ref().unwrap().token.is_empty());
+    // The expiry is the request's time plus the lifetime (whole seconds on the server).
+    assert!((before + 3600..=after + 3601).contains(&expiration(&default)));
+    let short = c
+        .token(
+            "backup",
+            json!({"audiences": ["cbt.example.com"], "expirationSeconds": 600}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(short.spec.audiences, ["cbt.example.com"]);
+    assert!(
+        (before + 600..=k8s_openapi::jiff::Timestamp::now().as_second() + 601)
+            .contains(&expiration(&short))
+    );
+    assert_ne!(
+        short.status.as_ref().unwrap().token,
+        default.status.as_ref().unwrap().token
+    );
+    let (code, reason, message, _) = refusal(c.token("missing", json!({})).await);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (404, "NotFound", r#"serviceaccounts "missing" not found"#)
+    );
+    let (code, reason, message, causes) =
+        refusal(c.token("backup", json!({"expirationSeconds": 599})).await);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            422,
+            "Invalid",
+            r#"TokenRequest.authentication.k8s.io "" is invalid: spec.expirationSeconds: Invalid value: 599: may not specify a duration less than 10 minutes"#
+        )
+    );
+    assert_eq!(causes.len(), 1);
+}
+
+// TokenReview: a token authenticates as its ServiceAccount when the review asks for one of
+// its audiences (status.audiences: those both have); another audience, a string that is no
+// token, and a token whose ServiceAccount is gone do not, each with the real server's
+// status.error (pkg/registry/authentication/tokenreview/storage.go, pkg/serviceaccount).
+#[tokio::test]
+async fn token_reviews_authenticate_service_account_tokens() {
+    let c = cluster("token-review").await;
+    let served = c
+        .serves_create("authentication.k8s.io/v1", "tokenreviews", "TokenReview")
+        .await
+        && c.serves_create("v1", "serviceaccounts/token", "TokenRequest")
+            .await;
+    if !served {
+        assert!(c.sim.is_none(), "kube-sim serves tokenreviews");
+        skip(
+            "token_reviews_authenticate_service_account_tokens",
+            "authentication.k8s.io/v1 tokenreviews or serviceaccounts/token not served",
+        );
+        return;
+    }
+    let uid = c.service_account("backup").await;
+    let token = |request: TokenRequest| request.status.unwrap().token;
+    let issued = token(
+        c.token("backup", json!({"audiences": ["aud-a", "aud-b"]}))
+            .await
+            .unwrap(),
+    );
+
+    let good = c.review_token(&issued, &["aud-b", "aud-c"]).await;
+    assert_eq!(good.authenticated, Some(true), "{good:?}");
+    assert_eq!(good.audiences.as_deref(), Some(&["aud-b".to_string()][..]));
+    let user = good.user.unwrap();
+    let namespace = &c.namespace;
+    assert_eq!(
+        user.username.as_deref(),
+        Some(format!("system:serviceaccount:{namespace}:backup").as_str())
+    );
+    assert_eq!(user.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(
+        user.groups.unwrap(),
+        [
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated".to_string(),
+        ]
+    );
+
+    let wrong = c.review_token(&issued, &["aud-z"]).await;
+    assert_ne!(wrong.authenticated, Some(true));
+    assert_eq!(
+        wrong.error.as_deref(),
+        Some(
+            r#"[invalid bearer token, token audiences ["aud-a" "aud-b"] is invalid for the target audiences ["aud-z"]]"#
+        )
+    );
+    // Without audiences, the review asks for the API audience, which this token is not for.
+    let unasked = c.review_token(&issued, &[]).await;
+    assert_eq!(
+        unasked.error,
+        Some(format!(
+            r#"[invalid bearer token, token audiences ["aud-a" "aud-b"] is invalid for the target audiences ["{API_AUDIENCE}"]]"#
+        ))
+    );
+
+    let garbage = c.review_token("not-a-token", &["aud-a"]).await;
+    assert_ne!(garbage.authenticated, Some(true));
+    assert_eq!(garbage.error.as_deref(), Some("invalid bearer token"));
+
+    // Reviewed for the first time once its ServiceAccount is gone (a real server caches a
+    // review's answer for a few seconds).
+    let orphan = token(
+        c.token("backup", json!({"audiences": ["aud-a"]}))
+            .await
+            .unwrap(),
+    );
+    let accounts: Api<ServiceAccount> = c.api();
+    accounts
+        .delete("backup", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = c.review_token(&orphan, &["aud-a"]).await;
+    assert_ne!(deleted.authenticated, Some(true));
+    assert_eq!(
+        deleted.error.as_deref(),
+        Some(r#"[invalid bearer token, serviceaccounts "backup" not found]"#)
+    );
+}
+
+/// RBAC objects a test makes, the cluster-scoped ones deleted by [`RbacObjects::delete`].
+struct RbacObjects {
+    client: Client,
+    cluster_roles: Vec<String>,
+    cluster_role_bindings: Vec<String>,
+}
+
+impl RbacObjects {
+    async fn create<K>(&mut self, api: &Api<K>, object: serde_json::Value)
+    where
+        K: kube::Resource
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let object: K = serde_json::from_value(object).unwrap();
+        let name = object.meta().name.clone().unwrap();
+        match K::kind(&Default::default()).as_ref() {
+            "ClusterRole" => self.cluster_roles.push(name),
+            "ClusterRoleBinding" => self.cluster_role_bindings.push(name),
+            _ => {}
+        }
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
+
+    async fn delete(self) {
+        let roles: Api<rbac_v1::ClusterRole> = Api::all(self.client.clone());
+        for name in &self.cluster_roles {
+            roles.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        let bindings: Api<rbac_v1::ClusterRoleBinding> = Api::all(self.client.clone());
+        for name in &self.cluster_role_bindings {
+            bindings
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A SubjectAccessReview's answer for `user` (and `groups`) asking `verb` on
+/// `resource[/subresource]` of `group` in `namespace`, optionally by name.
+async fn access(
+    client: &Client,
+    user: &str,
+    groups: &[&str],
+    attributes: serde_json::Value,
+) -> SubjectAccessReviewStatus {
+    let review =
+        json!({"spec": {"user": user, "groups": groups, "resourceAttributes": attributes}});
+    answer::<SubjectAccessReview>(client, review)
+        .await
+        .status
+        .unwrap()
+}
+
+/// The server's answer to a review (a cluster-scoped create-only kind).
+async fn answer<K>(client: &Client, review: serde_json::Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let reviews: Api<K> = Api::all(client.clone());
+    reviews
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(review).unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
+// SubjectAccessReview under RBAC: allowed by a RoleBinding (its ServiceAccount subject of the
+// binding's namespace) or a ClusterRoleBinding, with the reason naming binding, role and
+// subject; a RoleBinding to a ClusterRole with a subresource and resourceNames; refused
+// otherwise, with no reason; system:masters always (plugin/pkg/auth/authorizer/rbac/rbac.go).
+#[tokio::test]
+async fn subject_access_reviews_follow_rbac() {
+    let c = cluster("access-review").await;
+    let served = c
+        .serves_create(
+            "authorization.k8s.io/v1",
+            "subjectaccessreviews",
+            "SubjectAccessReview",
+        )
+        .await;
+    if !served {
+        assert!(c.sim.is_none(), "kube-sim serves subjectaccessreviews");
+        skip(
+            "subject_access_reviews_follow_rbac",
+            "authorization.k8s.io/v1 subjectaccessreviews not served",
+        );
+        return;
+    }
+    let ns = c.namespace.clone();
+    let rbac = "rbac.authorization.k8s.io";
+    let mut objects = RbacObjects {
+        client: c.client.clone(),
+        cluster_roles: Vec::new(),
+        cluster_role_bindings: Vec::new(),
+    };
+    let roles: Api<rbac_v1::Role> = c.api();
+    let role_bindings: Api<rbac_v1::RoleBinding> = c.api();
+    let cluster_roles: Api<rbac_v1::ClusterRole> = Api::all(c.client.clone());
+    let cluster_role_bindings: Api<rbac_v1::ClusterRoleBinding> = Api::all(c.client.clone());
+    objects
+        .create(
+            &roles,
+            json!({"metadata": {"name": "pod-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]}),
+        )
+        .await;
+    objects
+        .create(
+            &role_bindings,
+            json!({"metadata": {"name": "backup-reads-pods"},
+        "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "pod-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "backup"}]}),
+        )
+        .await;
+    let snapshots = format!("{ns}-snapshots");
+    objects.create(&cluster_roles, json!({"metadata": {"name": snapshots},
+        "rules": [{"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": ["get"]}]})).await;
+    let alice = format!("{ns}-alice");
+    objects
+        .create(
+            &cluster_role_bindings,
+            json!({"metadata": {"name": snapshots},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": snapshots},
+        "subjects": [{"kind": "User", "apiGroup": rbac, "name": alice}]}),
+        )
+        .await;
+    let logs = format!("{ns}-logs-of-p1");
+    objects.create(&cluster_roles, json!({"metadata": {"name": logs},
+        "rules": [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"], "resourceNames": ["p1"]}]})).await;
+    let readers = format!("{ns}-readers");
+    objects
+        .create(
+            &role_bindings,
+            json!({"metadata": {"name": "log-readers"},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": logs},
+        "subjects": [{"kind": "Group", "apiGroup": rbac, "name": readers}]}),
+        )
+        .await;
+
+    let backup = format!("system:serviceaccount:{ns}:backup");
+    let pods = |verb: &str, namespace: &str| json!({"namespace": namespace, "verb": verb, "resource": "pods"});
+    // A real server's RBAC reads its bindings from a cache that follows the writes closely.
+    let allowed = eventually("the RoleBinding in force", || async {
+        let status = access(&c.client, &backup, &[], pods("get", &ns)).await;
+        status.allowed.then_some(status)
+    })
+    .await;
+    assert_eq!(
+        allowed.reason,
+        Some(format!(
+            r#"RBAC: allowed by RoleBinding "backup-reads-pods/{ns}" of Role "pod-reader" to ServiceAccount "backup/{ns}""#
+        ))
+    );
+    let other_namespace = access(&c.client, &backup, &[], pods("get", "default")).await;
+    assert!(!other_namespace.allowed);
+    assert_eq!(other_namespace.reason.unwrap_or_default(), "");
+    assert!(
+        !access(&c.client, &backup, &[], pods("delete", &ns))
+            .await
+            .allowed
+    );
+
+    let snapshot = |namespace: &str, verb: &str| {
+        json!({"namespace": namespace, "verb": verb,
+        "group": "snapshot.storage.k8s.io", "resource": "volumesnapshots", "name": "s"})
+    };
+    let allowed = eventually("the ClusterRoleBinding in force", || async {
+        let status = access(&c.client, &alice, &[], snapshot("elsewhere", "get")).await;
+        status.allowed.then_some(status)
+    })
+    .await;
+    assert_eq!(
+        allowed.reason,
+        Some(format!(
+            r#"RBAC: allowed by ClusterRoleBinding "{snapshots}" of ClusterRole "{snapshots}" to User "{alice}""#
+        ))
+    );
+    let denied = access(&c.client, &alice, &[], snapshot("elsewhere", "delete")).await;
+    assert!(!denied.allowed);
+    assert_ne!(
+        denied.denied,
+        Some(true),
+        "RBAC has no opinion, it never denies"
+    );
+    assert_eq!(denied.reason.unwrap_or_default(), "");
+
+    let log = |name: &str| {
+        json!({"namespace": ns, "verb": "get", "resource": "pods",
+        "subresource": "log", "name": name})
+    };
+    let allowed = eventually("the group's RoleBinding in force", || async {
+        let status = access(&c.client, "bob", &[&readers], log("p1")).await;
+        status.allowed.then_some(status)
+    })
+    .await;
+    assert_eq!(
+        allowed.reason,
+        Some(format!(
+            r#"RBAC: allowed by RoleBinding "log-readers/{ns}" of ClusterRole "{logs}" to Group "{readers}""#
+        ))
+    );
+    assert!(
+        !access(&c.client, "bob", &[&readers], log("p2"))
+            .await
+            .allowed
+    );
+    assert!(!access(&c.client, "bob", &[&readers], log("")).await.allowed);
+    let p1 = json!({"namespace": ns, "verb": "get", "resource": "pods", "name": "p1"});
+    assert!(!access(&c.client, "bob", &[&readers], p1).await.allowed);
+
+    let masters = access(&c.client, "root", &["system:masters"], pods("delete", &ns)).await;
+    assert!(masters.allowed);
+    assert_eq!(masters.reason.unwrap_or_default(), "");
+
+    // LocalSubjectAccessReview: the same, for its own namespace only.
+    let local: Api<LocalSubjectAccessReview> = c.api();
+    let review = |namespace: &str| {
+        serde_json::from_value::<LocalSubjectAccessReview>(json!({
+            "metadata": {"namespace": ns},
+            "spec": {"user": backup, "resourceAttributes": pods("get", namespace)}}))
+        .unwrap()
+    };
+    let answered = local
+        .create(&PostParams::default(), &review(&ns))
+        .await
+        .unwrap();
+    assert!(answered.status.unwrap().allowed);
+    let (code, _, message, _) = refusal(
+        local
+            .create(&PostParams::default(), &review("default"))
+            .await,
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            r#".authorization.k8s.io "" is invalid: spec.resourceAttributes.namespace: Invalid value: "default": must match metadata.namespace"#
+        )
+    );
+    objects.delete().await;
+}
+
+// A review without attributes or subject is refused with every reason at once.
+#[tokio::test]
+async fn subject_access_reviews_need_attributes_and_a_subject() {
+    let c = cluster("access-review-invalid").await;
+    let reviews: Api<SubjectAccessReview> = Api::all(c.client.clone());
+    let empty = serde_json::from_value(json!({"spec": {}})).unwrap();
+    let (code, reason, message, causes) =
+        refusal(reviews.create(&PostParams::default(), &empty).await);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            422,
+            "Invalid",
+            r#".authorization.k8s.io "" is invalid: [spec.resourceAttributes: Invalid value: "null": exactly one of nonResourceAttributes or resourceAttributes must be specified, spec.user: Invalid value: "": at least one of user or group must be specified]"#
+        )
+    );
+    let fields: Vec<&str> = causes.iter().map(|(f, _, _)| f.as_str()).collect();
+    assert_eq!(fields, ["spec.resourceAttributes", "spec.user"]);
+}
+
+// The RBAC objects: a binding's roleRef and User subjects default to the RBAC group, its
+// roleRef never changes, and a rule needs verbs and API groups and resources (or non-resource
+// URLs, never in a Role) (pkg/apis/rbac/v1/defaults.go, pkg/apis/rbac/validation).
+#[tokio::test]
+async fn rbac_objects_are_defaulted_and_validated() {
+    let c = cluster("rbac-objects").await;
+    let roles: Api<rbac_v1::Role> = c.api();
+    let bindings: Api<rbac_v1::RoleBinding> = c.api();
+    let binding = serde_json::from_value(json!({"metadata": {"name": "readers"},
+        "roleRef": {"kind": "Role", "name": "pod-reader"},
+        "subjects": [{"kind": "User", "name": "alice"}, {"kind": "ServiceAccount", "name": "backup"}]}))
+    .unwrap();
+    let created = bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    assert_eq!(created.role_ref.api_group, "rbac.authorization.k8s.io");
+    let subjects = created.subjects.unwrap();
+    assert_eq!(
+        subjects[0].api_group.as_deref(),
+        Some("rbac.authorization.k8s.io")
+    );
+    assert_eq!(subjects[1].api_group.as_deref().unwrap_or_default(), "");
+    let changed = bindings
+        .patch(
+            "readers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"roleRef": {"name": "other"}})),
+        )
+        .await;
+    let (code, reason, message, _) = refusal(changed);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            422,
+            "Invalid",
+            r#"RoleBinding.rbac.authorization.k8s.io "readers" is invalid: roleRef: Invalid value: rbac.RoleRef{APIGroup:"rbac.authorization.k8s.io", Kind:"Role", Name:"other"}: cannot change roleRef"#
+        )
+    );
+    let role = serde_json::from_value(json!({"metadata": {"name": "bad"}, "rules": [
+        {"nonResourceURLs": ["/healthz"], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""]}]}))
+    .unwrap();
+    let (code, _, message, causes) = refusal(roles.create(&PostParams::default(), &role).await);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            r#"Role.rbac.authorization.k8s.io "bad" is invalid: [rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: namespaced rules cannot apply to non-resource URLs, rules[0].nonResourceURLs: Invalid value: []string{"/healthz"}: rules cannot apply to both regular resources and non-resource URLs, rules[1].verbs: Required value: verbs must contain at least one value, rules[1].resources: Required value: resource rules must supply at least one resource]"#
+        )
+    );
+    assert_eq!(causes.len(), 4);
+}
+
+// A token bound to a Pod or a Secret: the Pod runs as the ServiceAccount, a pod-bound token's
+// user carries the pod's name and uid, and either token stops authenticating once its object
+// is gone (pkg/serviceaccount/claims.go; v1.19 words it "Token has been invalidated").
+#[tokio::test]
+async fn bound_tokens_live_as_long_as_their_object() {
+    use k8s_openapi::api::core::v1::Secret;
+    let c = cluster("bound-token").await;
+    if !c
+        .serves_create("v1", "serviceaccounts/token", "TokenRequest")
+        .await
+    {
+        assert!(c.sim.is_none(), "kube-sim serves serviceaccounts/token");
+        skip(
+            "bound_tokens_live_as_long_as_their_object",
+            "serviceaccounts/token not served",
+        );
+        return;
+    }
+    c.service_account("backup").await;
+    let pods: Api<Pod> = c.api();
+    let runner: Pod = serde_json::from_value(json!({"metadata": {"name": "runner"}, "spec": {
+        "serviceAccountName": "backup", "containers": [{"name": "c", "image": "busybox"}]}}))
+    .unwrap();
+    // Before 1.24 a pod waits for its ServiceAccount's token Secret (a 500 meanwhile).
+    let pod = eventually("the pod admitted", || async {
+        pods.create(&PostParams::default(), &runner).await.ok()
+    })
+    .await;
+    let secrets: Api<Secret> = c.api();
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anchor"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bound = |kind: &str, name: &str| {
+        json!({"audiences": ["aud-a", "aud-b"],
+            "boundObjectRef": {"apiVersion": "v1", "kind": kind, "name": name}})
+    };
+    let token = |request: TokenRequest| request.status.unwrap().token;
+    let of_pod = token(c.token("backup", bound("Pod", "runner")).await.unwrap());
+    let of_secret = token(c.token("backup", bound("Secret", "anchor")).await.unwrap());
+
+    let reviewed = c.review_token(&of_pod, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    let extra = reviewed.user.unwrap().extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec!["runner".to_string()])
+    );
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![pod.uid().unwrap()])
+    );
+    let reviewed = c.review_token(&of_secret, &["aud-a"]).await;
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    assert!(reviewed.user.unwrap().extra.unwrap_or_default().is_empty());
+
+    let refused = c
+        .token(
+            "default",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "runner"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(refused);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            r#"cannot bind token for serviceaccount "default" to pod running with different serviceaccount name."#
+        )
+    );
+    let unbindable = c
+        .token(
+            "backup",
+            json!({"boundObjectRef": {"apiVersion": "v1", "kind": "ConfigMap", "name": "x"}}),
+        )
+        .await;
+    let (code, _, message, _) = refusal(unbindable);
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            400,
+            "cannot bind token to object of type /v1, Kind=ConfigMap"
+        )
+    );
+
+    pods.delete("runner", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    secrets
+        .delete("anchor", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Reviewed for other audiences than before: a real server caches answers for a while.
+    for token in [&of_pod, &of_secret] {
+        let gone = c.review_token(token, &["aud-b"]).await;
+        assert_ne!(gone.authenticated, Some(true));
+        let error = gone.error.unwrap_or_default();
+        assert!(
+            error.starts_with("[invalid bearer token, ")
+                && error.ends_with("has been invalidated]"),
+            "{error}"
+        );
+    }
 }

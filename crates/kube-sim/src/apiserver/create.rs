@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::{
-    Server, admission, is_custom_resource, json_response, key, now_rfc3339, objects,
+    Server, admission, is_custom_resource, json_response, key, now_rfc3339, objects, rbac_objects,
     require_custom_resource_kind, schema, validation,
 };
 use crate::errors::ApiError;
@@ -41,6 +41,7 @@ pub(super) fn create(
             .map(|classes| server.store.list(&classes.storage_key(), None).0)
             .unwrap_or_default()
     });
+    rbac_objects::default(rt, &mut object);
     validation::on_create(rt, &object)?;
     schema::apply(rt, &mut object, None)?;
     if let Some(ns) = ns {

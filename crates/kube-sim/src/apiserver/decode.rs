@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 
 use axum::http::StatusCode;
 use base64::Engine;
-use k8s_openapi::api::{coordination, core, events, storage};
+use k8s_openapi::api::{authentication, authorization, coordination, core, events, rbac, storage};
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 
@@ -49,11 +49,19 @@ impl std::fmt::Display for DecodeError {
 
 /// A create or update body that does not decode: 400, as the request's decoder answers.
 pub(super) fn check_body(served: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
-    decode(served, object).map_err(|e| {
+    check_kind_body(&served.group, &served.version, &served.kind, object)
+}
+
+/// [`check_body`] for a kind without a resource of its own (a subresource's, as TokenRequest).
+pub(super) fn check_kind_body(
+    group: &str,
+    version: &str,
+    kind: &str,
+    object: &mut Value,
+) -> Result<(), ApiError> {
+    decode_kind(group, kind, object).map_err(|e| {
         ApiError::bad_request(format!(
-            "{kind} in version \"{version}\" cannot be handled as a {kind}: {e}",
-            kind = served.kind,
-            version = served.version
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: {e}"
         ))
     })
 }
@@ -80,7 +88,11 @@ pub(super) fn check_patched(served: &ResourceType, patched: &mut Value) -> Resul
 /// `object` as its served type holds it: the fields the type does not have are dropped; the
 /// first field the type cannot hold refuses it.
 pub(super) fn decode(served: &ResourceType, object: &mut Value) -> Result<(), DecodeError> {
-    let Some(schema) = SCHEMAS.get(&(served.group.as_str(), served.kind.as_str())) else {
+    decode_kind(&served.group, &served.kind, object)
+}
+
+fn decode_kind(group: &str, kind: &str, object: &mut Value) -> Result<(), DecodeError> {
+    let Some(schema) = SCHEMAS.get(&(group, kind)) else {
         return Ok(());
     };
     Walk {
@@ -140,6 +152,38 @@ static SCHEMAS: LazyLock<HashMap<(&'static str, &'static str), Value>> = LazyLoc
         (
             ("coordination.k8s.io", "Lease"),
             root::<coordination::v1::Lease>(),
+        ),
+        (
+            ("rbac.authorization.k8s.io", "Role"),
+            root::<rbac::v1::Role>(),
+        ),
+        (
+            ("rbac.authorization.k8s.io", "ClusterRole"),
+            root::<rbac::v1::ClusterRole>(),
+        ),
+        (
+            ("rbac.authorization.k8s.io", "RoleBinding"),
+            root::<rbac::v1::RoleBinding>(),
+        ),
+        (
+            ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+            root::<rbac::v1::ClusterRoleBinding>(),
+        ),
+        (
+            ("authentication.k8s.io", "TokenRequest"),
+            root::<authentication::v1::TokenRequest>(),
+        ),
+        (
+            ("authentication.k8s.io", "TokenReview"),
+            root::<authentication::v1::TokenReview>(),
+        ),
+        (
+            ("authorization.k8s.io", "SubjectAccessReview"),
+            root::<authorization::v1::SubjectAccessReview>(),
+        ),
+        (
+            ("authorization.k8s.io", "LocalSubjectAccessReview"),
+            root::<authorization::v1::LocalSubjectAccessReview>(),
         ),
     ])
 });

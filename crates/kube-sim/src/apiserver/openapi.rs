@@ -61,6 +61,14 @@ fn group_version(types: &[&ResourceType]) -> Value {
         } else {
             format!("{prefix}/{}", rt.plural)
         };
+        if rt.create_only {
+            // A review API has one operation: create.
+            paths.insert(
+                collection,
+                json!({"post": operation(rt, "post", WRITE_PARAMETERS)}),
+            );
+            continue;
+        }
         let item = format!("{collection}/{{name}}");
         paths.insert(
             collection.clone(),
@@ -139,5 +147,12 @@ mod tests {
                 .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
         );
         assert!(document("/openapi/v3/apis/nothing.example.com/v1", &types).is_none());
+        let authorization = document("/openapi/v3/apis/authorization.k8s.io/v1", &types).unwrap();
+        let reviews = &authorization["paths"]["/apis/authorization.k8s.io/v1/subjectaccessreviews"];
+        assert_eq!(
+            reviews.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["post"],
+            "a review is only ever created"
+        );
     }
 }

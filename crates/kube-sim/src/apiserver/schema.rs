@@ -227,6 +227,7 @@ mod tests {
                     "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
                     "quantity": {"x-kubernetes-int-or-string": true, "anyOf": [{"type": "integer"}, {"type": "string"}]}}},
                 "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}}))),
+            create_only: false,
         }
     }
 

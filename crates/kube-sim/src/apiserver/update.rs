@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::delete::after_removal;
-use super::{Server, admission, key, objects, schema, validation};
+use super::{Server, admission, key, objects, rbac_objects, schema, validation};
 use crate::errors::ApiError;
 use crate::resources::ResourceType;
 
@@ -40,6 +40,7 @@ pub(super) fn update(
             return Err(ApiError::conflict(&rt.group, &rt.plural, name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
         let mut next = objects::prepare_update(rt, current, incoming, status_only)?;
+        rbac_objects::default(rt, &mut next);
         validation::on_update(rt, current, &next)?;
         schema::apply(rt, &mut next, Some(current))?;
         if resizes_claim {

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use super::{cel, objects};
+use super::{cel, objects, rbac_objects};
 use crate::errors::{ApiError, FieldError};
 use crate::quantity;
 use crate::resources::ResourceType;
@@ -80,6 +80,7 @@ fn kind_errors(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
         ("storage.k8s.io", "CSINode") => csi_node_errors(&object["spec"]),
         ("coordination.k8s.io", "Lease") => lease_errors(&object["spec"]),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => cel::crd_errors(object),
+        ("rbac.authorization.k8s.io", _) => rbac_objects::errors(rt, object),
         _ => Vec::new(),
     }
 }
@@ -93,6 +94,7 @@ pub fn on_update(rt: &ResourceType, current: &Value, next: &Value) -> Result<(),
     }
     errors.extend(finalizer_errors(rt, next));
     errors.extend(kind_errors(rt, next));
+    errors.extend(rbac_objects::update_errors(rt, current, next));
     if is_core(rt, "PersistentVolume") {
         errors.extend(volume_update_errors(&current["spec"], &next["spec"]));
     }
