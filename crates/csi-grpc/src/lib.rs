@@ -20,6 +20,8 @@
 //! - [`logging`] tracing from `-v` and `--logging-format`;
 //! - [`shutdown`] one cancellation token for every task;
 //! - [`http`] `/metrics` and `/healthz` on `--http-endpoint`;
+//! - [`tls`] gRPC over TLS on TCP: a server whose certificate follows its files, upstream's
+//!   `--tls-*` flags, and a client that trusts a CA bundle;
 //! - [`mounts`] the node's mount table;
 //! - [`durable`] replacing a small file atomically and durably.
 
@@ -34,3 +36,4 @@ pub mod logging;
 pub mod metrics;
 pub mod mounts;
 pub mod shutdown;
+pub mod tls;

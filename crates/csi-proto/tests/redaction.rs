@@ -523,18 +523,16 @@ fn service_paths() {
     );
 }
 
-/// COSI v1alpha1's wire contract as released (v0.2.2): every field number, and the enum values
-/// drivers send.
-#[test]
-fn cosi_wire_facts() {
+/// The package of a proto file of `FILE_DESCRIPTOR_SET`, and `Message.field=number` for each
+/// field of its top-level messages.
+fn top_level_fields(name: &str) -> (String, BTreeSet<String>) {
     let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
     let file = fds
         .file
         .iter()
-        .find(|f| f.name() == "cosi/v1alpha1/cosi.proto")
-        .expect("cosi.proto");
-    assert_eq!(file.package(), "cosi.v1alpha1");
-    let fields: BTreeSet<String> = file
+        .find(|f| f.name() == name)
+        .unwrap_or_else(|| panic!("{name} in FILE_DESCRIPTOR_SET"));
+    let fields = file
         .message_type
         .iter()
         .flat_map(|m| {
@@ -543,6 +541,15 @@ fn cosi_wire_facts() {
                 .map(move |f| format!("{}.{}={}", m.name(), f.name(), f.number()))
         })
         .collect();
+    (file.package().to_owned(), fields)
+}
+
+/// COSI v1alpha1's wire contract as released (v0.2.2): every field number, and the enum values
+/// drivers send.
+#[test]
+fn cosi_wire_facts() {
+    let (package, fields) = top_level_fields("cosi/v1alpha1/cosi.proto");
+    assert_eq!(package, "cosi.v1alpha1");
     let expected = [
         "S3.region=1",
         "S3.signature_version=2",
@@ -638,26 +645,18 @@ fn v1_12_and_v1_13_share_the_wire_format() {
 /// number and enum value, and the service's method paths.
 #[test]
 fn snapshot_metadata_wire_facts() {
+    let (package, fields) = top_level_fields("snapshotmetadata/schema.proto");
+    assert_eq!(package, "snapshotmetadata");
     let fds = prost_types::FileDescriptorSet::decode(csi_proto::FILE_DESCRIPTOR_SET).unwrap();
     let file = fds
         .file
         .iter()
         .find(|f| f.name() == "snapshotmetadata/schema.proto")
         .expect("schema.proto");
-    assert_eq!(file.package(), "snapshotmetadata");
     assert!(
         file.dependency.is_empty(),
         "the published proto imports nothing"
     );
-    let fields: BTreeSet<String> = file
-        .message_type
-        .iter()
-        .flat_map(|m| {
-            m.field
-                .iter()
-                .map(move |f| format!("{}.{}={}", m.name(), f.name(), f.number()))
-        })
-        .collect();
     let expected = [
         "BlockMetadata.byte_offset=1",
         "BlockMetadata.size_bytes=2",
