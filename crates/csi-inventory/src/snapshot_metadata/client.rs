@@ -58,7 +58,9 @@ pub enum ListerError {
         name: String,
         source: kube::Error,
     },
-    #[error("VolumeSnapshotContents.Get({content}) for VolumeSnapshot({namespace}/{name}): {source}")]
+    #[error(
+        "VolumeSnapshotContents.Get({content}) for VolumeSnapshot({namespace}/{name}): {source}"
+    )]
     GetContent {
         content: String,
         namespace: String,
@@ -140,6 +142,12 @@ pub struct Lister {
     client: Client,
 }
 
+impl std::fmt::Debug for Lister {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lister").finish_non_exhaustive()
+    }
+}
+
 impl Lister {
     pub fn new(client: Client) -> Self {
         Self { client }
@@ -181,7 +189,7 @@ impl Lister {
         let token = self
             .token(&account, &service.spec.audience, token_expiry_secs)
             .await?;
-        let client = connect(&service)?;
+        let client = connect(&service).await?;
         let base = match &query.previous {
             None => None,
             Some(Previous::Id(handle)) => Some(handle.clone()),
@@ -242,7 +250,11 @@ impl Lister {
     }
 
     /// The CSI snapshot handle of a previous VolumeSnapshot.
-    pub async fn previous_handle(&self, namespace: &str, name: &str) -> Result<String, ListerError> {
+    pub async fn previous_handle(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, ListerError> {
         let snapshot = self.snapshot(namespace, name).await?;
         let content = self
             .content(&snapshot, resolve::previous_content(&snapshot)?)
@@ -269,7 +281,8 @@ impl Lister {
         audience: &str,
         expiry_secs: i64,
     ) -> Result<SecurityToken, ListerError> {
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &account.namespace);
+        let accounts: Api<ServiceAccount> =
+            Api::namespaced(self.client.clone(), &account.namespace);
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: vec![audience.to_string()],
@@ -296,22 +309,22 @@ impl Lister {
     }
 }
 
-/// A client of the service at the object's address, trusting only the object's CA bundle
-/// (connected on the first call, as grpc-go's NewClient).
-pub fn connect(
+/// A client of the service at the object's address, trusting only the object's CA bundle.
+pub async fn connect(
     service: &SnapshotMetadataService,
 ) -> Result<SnapshotMetadataClient<Channel>, ListerError> {
+    use csi_grpc::tls::{ConnectError, TlsError};
     let address = &service.spec.address;
-    let channel = csi_grpc::tls::client_channel(address, &service.spec.ca_cert.0).map_err(
-        |error| match error {
-            csi_grpc::tls::TlsError::CaBundle(reason) => ListerError::CaCert(reason),
-            other => ListerError::Connect {
-                address: address.clone(),
-                reason: other.to_string(),
-            },
-        },
-    )?;
-    Ok(SnapshotMetadataClient::new(channel))
+    match csi_grpc::tls::connect(address, &service.spec.ca_cert.0).await {
+        Ok(channel) => Ok(SnapshotMetadataClient::new(channel)),
+        Err(ConnectError::Tls(error @ (TlsError::CaBundle(_) | TlsError::NoCaCertificate))) => {
+            Err(ListerError::CaCert(error.to_string()))
+        }
+        Err(error) => Err(ListerError::Connect {
+            address: address.clone(),
+            reason: error.to_string(),
+        }),
+    }
 }
 
 enum Messages {
@@ -325,6 +338,14 @@ pub struct MetadataStream {
     messages: Messages,
     /// The call as upstream's errors name it.
     call: String,
+}
+
+impl std::fmt::Debug for MetadataStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataStream")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MetadataStream {

@@ -6,8 +6,10 @@
 //! allocated or changed blocks stream back over TLS.
 //!
 //! `flags` (the command line), `resolve` (names to handles, pure), `emit` (table and JSON,
-//! pure).
+//! pure), `client` (the API server and the gRPC service; [`client::MetadataStream`] is the
+//! iterator a backup program reads blocks from).
 
+pub mod client;
 pub mod emit;
 pub mod flags;
 pub mod resolve;
