@@ -28,6 +28,8 @@
 //! - [`secrets`] StorageClass secret references (reserved keys, templates) and Secret data;
 //! - [`snapshot`] the snapshot.storage.k8s.io/v1 kinds (VolumeSnapshot, VolumeSnapshotContent,
 //!   VolumeSnapshotClass), their finalizers, annotations and CRDs;
+//! - [`snapshot_secrets`] the secrets a VolumeSnapshotClass or VolumeGroupSnapshotClass names
+//!   (snapshotter, list, group secrets) and the class parameters CreateSnapshot gets;
 //! - [`vac`] the VolumeAttributesClass (storage.k8s.io/v1) type and its gate;
 //! - [`fixed_resource!`] `kube_core::Resource` for a type of one fixed group, version and kind.
 
@@ -100,6 +102,8 @@ pub mod quantity;
 pub mod secrets;
 #[cfg(feature = "api")]
 pub mod snapshot;
+#[cfg(feature = "api")]
+pub mod snapshot_secrets;
 #[cfg(feature = "api")]
 pub mod vac;
 pub mod volume_attachment;

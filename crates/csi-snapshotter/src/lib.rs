@@ -19,6 +19,7 @@ pub mod group_content;
 pub mod group_sidecar;
 pub mod metrics;
 pub mod run;
-pub mod secrets;
+/// The class secrets, shared with csi-snapshot-metadata (which resolves the snapshotter secret too).
+pub use csi_kinds::snapshot_secrets as secrets;
 pub mod sidecar;
 pub mod snapshot;

@@ -8,10 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use csi_kinds::names::{is_dns1123_label, is_dns1123_subdomain};
-use csi_kinds::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
+use crate::names::{is_dns1123_label, is_dns1123_subdomain};
+use crate::secrets::{PARAMETER_PREFIX, SecretRef, resolve_template};
 
-use csi_kinds::snapshot::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
+use crate::snapshot::{DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE};
 
 /// One pair of class keys naming a secret, and the template variables they may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,8 +191,8 @@ pub const CONTENT_SECRET: SecretAnnotations = SecretAnnotations {
 /// On a VolumeGroupSnapshotContent.
 pub const GROUP_CONTENT_SECRET: SecretAnnotations = SecretAnnotations {
     kind: "group snapshot content",
-    name: csi_kinds::groupsnapshot::DELETION_SECRET_NAME,
-    namespace: csi_kinds::groupsnapshot::DELETION_SECRET_NAMESPACE,
+    name: crate::groupsnapshot::DELETION_SECRET_NAME,
+    namespace: crate::groupsnapshot::DELETION_SECRET_NAMESPACE,
 };
 
 /// The secret recorded on a content (upstream `GetCredentialsFromAnnotation`): both
