@@ -203,7 +203,8 @@ demo: $(MOTO_SERVER)
 ## csi-snapshotter and snapshot-controller with 1000 VolumeSnapshots and with 100 volume group
 ## snapshots of 3 claims each, csi-health-monitor with 100 volumes, csi-resizer with 1000
 ## expansions, podmon's failover time (1 and 10 pods per node, 20 runs), COSI's controller and
-## provisioner sidecar with bucket claims and accesses, the registrar's and livenessprobe's
+## provisioner sidecar with bucket claims and accesses, csi-snapshot-metadata relaying the
+## changed blocks of a 1 GiB volume, the registrar's and livenessprobe's
 ## footprint (the release binaries as their own processes); each rewrites its own sections of
 ## BENCHMARKS.md.
 bench: RELEASE_PROFILE = release
@@ -219,6 +220,7 @@ bench: $(MOTO_SERVER) build
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench expanding
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench failover
 	$(CARGO) bench --locked -p csi-suite-scenarios --bench object_storage
+	$(CARGO) bench --locked -p csi-suite-scenarios --bench snapshot_metadata
 	$(CARGO) bench --locked -p csi-node-driver-registrar --bench node_sidecars
 
 ## fuzz-build: every fuzz target (fuzz/, its own workspace) builds, as CI checks: cargo-fuzz

@@ -264,16 +264,30 @@ impl SidecarProcess {
         watches: usize,
         external_http: bool,
     ) -> anyhow::Result<Self> {
-        let variable = format!(
-            "BENCH_{}",
-            name.trim_start_matches("csi-")
-                .to_uppercase()
-                .replace('-', "_")
-        );
-        let (binary, external) = match std::env::var_os(&variable) {
+        let binary = match std::env::var_os(variable_of(name)) {
             Some(path) => (PathBuf::from(path), true),
-            None => (benchmarks::release_binary(name, package_of(name))?, false),
+            None => (Self::ours(name)?, false),
         };
+        Self::start_binary(name, binary, args, api, root, watches, external_http).await
+    }
+
+    /// This workspace's release build of `name`.
+    pub fn ours(name: &str) -> std::io::Result<PathBuf> {
+        benchmarks::release_binary(name, package_of(name))
+    }
+
+    /// [`SidecarProcess::start_with`] with the binary given (`external`: not this workspace's
+    /// build), for a benchmark that runs ours and another binary by turns.
+    pub async fn start_binary(
+        name: &str,
+        (binary, external): (PathBuf, bool),
+        args: &[String],
+        api: &ApiServerUnderTest,
+        root: &Path,
+        watches: usize,
+        external_http: bool,
+    ) -> anyhow::Result<Self> {
+        let variable = variable_of(name);
         let extra_args: Vec<String> = std::env::var(format!("{variable}_ARGS"))
             .unwrap_or_default()
             .split_whitespace()
@@ -907,6 +921,16 @@ apiserver_request_duration_seconds_count{verb="POST"} 99
         assert_eq!(get("watch", "csinodes"), Some(2));
         assert_eq!(counts.len(), 3);
     }
+}
+
+/// The environment variable naming another binary for the sidecar `name`: `BENCH_<SIDECAR>`.
+fn variable_of(name: &str) -> String {
+    format!(
+        "BENCH_{}",
+        name.trim_start_matches("csi-")
+            .to_uppercase()
+            .replace('-', "_")
+    )
 }
 
 /// The package that builds the binary `name`.

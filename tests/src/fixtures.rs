@@ -210,6 +210,14 @@ pub async fn install_cosi_crds(client: &Client) {
     }
 }
 
+/// Serves cbt.storage.k8s.io/v1beta1 SnapshotMetadataServices with the CRD csi-kinds generates
+/// (`manifests/crds/`); a real cluster that has it keeps its own.
+pub async fn install_cbt_crds(client: &Client) {
+    for crd in csi_kinds::cbt::crds() {
+        create_crd(client, crd).await;
+    }
+}
+
 /// Serves gateway.networking.k8s.io/v1beta1 ReferenceGrants (a real cluster that has the
 /// Gateway API CRDs keeps its own).
 pub async fn install_reference_grant_crd(client: &Client) {

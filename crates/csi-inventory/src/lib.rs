@@ -6,6 +6,9 @@
 //! `report` (pure core), `objects` (both sides reduced to what the report reads), `import`
 //! (the PV for an existing volume), `render` (tables and JSON); `listing` pages through the
 //! driver, `run` connects and acts.
+//!
+//! Also the client of a driver's changed block tracking, `snapshot-metadata-lister`
+//! ([`snapshot_metadata`]): which blocks of a VolumeSnapshot a backup must read.
 
 pub mod flags;
 pub mod import;
@@ -14,3 +17,4 @@ pub mod objects;
 pub mod render;
 pub mod report;
 pub mod run;
+pub mod snapshot_metadata;
