@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One small image with every binary the chart deploys: csi-provisioner, csi-attacher,
-# csi-resizer, csi-snapshotter, snapshot-controller, csi-health-monitor,
+# csi-resizer, csi-snapshotter, snapshot-controller, csi-health-monitor, csi-snapshot-metadata,
 # csi-node-driver-registrar, livenessprobe, podmon, csi-inventory, the reference driver
 # csi-hostpath, and COSI's cosi-controller, cosi-provisioner and sample driver cosi-s3 (kube-sim
 # is a test tool and stays out). Each container of the chart picks its binary with `command:`.
@@ -30,10 +30,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     triple="$(rustc -vV | sed -n 's/^host: //p')" \
  && RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs" \
     cargo build --release --locked --target "$triple" \
-      -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-health-monitor -p csi-node-driver-registrar -p podmon \
+      -p csi-provisioner -p csi-attacher -p csi-resizer -p csi-snapshotter -p csi-health-monitor -p csi-snapshot-metadata -p csi-node-driver-registrar -p podmon \
       -p csi-inventory -p csi-hostpath -p cosi -p cosi-s3 \
  && mkdir -p /out/bin \
- && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-health-monitor csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath cosi-controller cosi-provisioner cosi-s3; do \
+ && for binary in csi-provisioner csi-attacher csi-resizer csi-snapshotter snapshot-controller csi-health-monitor csi-snapshot-metadata csi-node-driver-registrar livenessprobe podmon csi-inventory csi-hostpath cosi-controller cosi-provisioner cosi-s3; do \
       cp "target/$triple/release/$binary" /out/bin/; \
     done
 # csi-hostpath attaches loop devices with losetup (Debian's mount package) and formats ext4

@@ -48,7 +48,7 @@ lint:
 ## node sidecars build without the Kubernetes client crates, no component depends on another, and
 ## no binary's crate depends on kube-sim-harness (the test helpers; dev-dependencies only).
 COMPONENTS := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar \
-  podmon cosi csi-inventory csi-hostpath cosi-s3 csi-health-monitor
+  podmon cosi csi-inventory csi-hostpath cosi-s3 csi-health-monitor csi-snapshot-metadata
 layers:
 	@for package in csi-hostpath csi-node-driver-registrar cosi-s3; do \
 	  if $(CARGO) tree --locked -p $$package -e normal --prefix none | grep -E '^(kube|k8s-openapi|csi-sidecar) v'; then \
@@ -121,7 +121,7 @@ crds:
 ## make build fails if a binary came out dynamically linked (a program interpreter in its headers),
 ## or if readelf cannot read one (a missing readelf must not pass every binary).
 IMAGE_PACKAGES := csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-health-monitor \
-  csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi cosi-s3
+  csi-snapshot-metadata csi-node-driver-registrar podmon csi-inventory csi-hostpath cosi cosi-s3
 RELEASE_PACKAGES := $(IMAGE_PACKAGES) kube-sim
 ## RELEASE_PROFILE=ci-release (what .ci/run sets) builds them with Cargo.toml's CI profile
 ## instead: the same code generation without fat LTO.

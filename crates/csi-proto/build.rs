@@ -41,6 +41,7 @@ const PROTOS: &[&str] = &[
     "podmon/v1/podmon.proto",
     "cosi/v1alpha1/cosi.proto",
     "snapshotmetadata/schema.proto",
+    "grpc/health/v1/health.proto",
 ];
 
 /// Test-only protos, relative to this crate's `fixtures/` directory. They are compiled into the

@@ -18,13 +18,14 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 /// The binaries of the workspace the image carries (the Dockerfile's `for binary in …`).
-pub const BINARIES: [&str; 14] = [
+pub const BINARIES: [&str; 15] = [
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
     "csi-snapshotter",
     "snapshot-controller",
     "csi-health-monitor",
+    "csi-snapshot-metadata",
     "csi-node-driver-registrar",
     "livenessprobe",
     "podmon",

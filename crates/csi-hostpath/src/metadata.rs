@@ -1003,10 +1003,13 @@ mod tests {
         }
     }
 
-    /// A scan that yields prepared steps, or fails at the end when `fails`.
+    /// A scan that yields prepared steps, each reading `read_per_step` bytes, and fails at
+    /// the end when `fails`.
     struct Steps {
         steps: std::vec::IntoIter<Vec<Range<u64>>>,
         fails: bool,
+        read_per_step: u64,
+        read: u64,
     }
 
     impl Scan for Steps {
@@ -1014,6 +1017,7 @@ mod tests {
             match self.steps.next() {
                 Some(step) => {
                     found.extend(step);
+                    self.read += self.read_per_step;
                     Ok(true)
                 }
                 None if self.fails => Err(io::Error::other("disk on fire")),
@@ -1021,7 +1025,7 @@ mod tests {
             }
         }
         fn bytes_read(&self) -> u64 {
-            0
+            self.read
         }
     }
 
@@ -1029,6 +1033,8 @@ mod tests {
         Steps {
             steps: steps.into_iter(),
             fails,
+            read_per_step: 0,
+            read: 0,
         }
     }
 
@@ -1096,6 +1102,31 @@ mod tests {
         assert_eq!(only.len(), 1);
         assert!(only[0].block_metadata.is_empty());
         assert_eq!(only[0].volume_capacity_bytes, 5 * MIB as i64);
+    }
+
+    #[test]
+    fn a_long_scan_sends_its_complete_ranges_as_it_goes() {
+        let found = (0..4).map(|i| vec![i * MIB..i * MIB + 4096]).collect();
+        let mut slow = Steps {
+            read_per_step: 32 * MIB,
+            ..steps(found, false)
+        };
+        let ((outcome, _), received) = pumped(&mut slow, 256);
+        assert_eq!(outcome, Outcome::Completed);
+        let sizes = |at: u64| (at as i64, 4096);
+        // After 64 MiB read: the range completed so far; after 128: the next two; then the
+        // last, completed by the end of the scan.
+        assert_eq!(
+            received
+                .iter()
+                .map(|m| tuples(m.as_ref().unwrap()))
+                .collect::<Vec<_>>(),
+            [
+                vec![sizes(0)],
+                vec![sizes(MIB), sizes(2 * MIB)],
+                vec![sizes(3 * MIB)]
+            ]
+        );
     }
 
     #[test]
@@ -1358,5 +1389,10 @@ mod tests {
                 scan.bytes_read()
             );
         }
+        // A resumed delta reads nothing before its offset: here the 4 KiB each image holds
+        // at 5 MiB, of the 3 MiB and more they hold before.
+        let mut resumed = DeltaScan::new((&base, SIZE), (&target, SIZE), SIZE, 5 * MIB);
+        run(&mut resumed);
+        assert_eq!(resumed.bytes_read(), 8 * KIB);
     }
 }

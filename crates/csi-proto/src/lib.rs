@@ -13,6 +13,7 @@
 //!   `Provisioner`), as released in COSI v0.2.2.
 //! - [`snapshotmetadata`]: the Kubernetes SnapshotMetadata API (proto package
 //!   `snapshotmetadata`) that the csi-snapshot-metadata sidecar serves to backup applications.
+//! - [`grpc::health::v1`]: the gRPC health checking protocol, which that sidecar serves too.
 //!
 //! Code is generated at build time from `proto/` by protox and tonic-prost-build; no `protoc`
 //! is needed.
@@ -88,6 +89,18 @@ pub mod snapshotmetadata {
     generated_package!("snapshotmetadata");
 }
 
+/// gRPC's own protocols.
+pub mod grpc {
+    /// Health checking.
+    pub mod health {
+        /// `package grpc.health.v1`.
+        #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+        pub mod v1 {
+            generated_package!("grpc.health.v1");
+        }
+    }
+}
+
 /// Test fixture for the redacting `Debug` generator; not a wire API.
 #[doc(hidden)]
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -111,8 +124,8 @@ pub const SECRET_BEARING_MESSAGES: &[&str] =
 /// Full protobuf names (e.g. `"csi.v1.CreateVolumeRequest.secrets"`) of every secret field.
 pub const SECRET_FIELDS: &[&str] = include!(concat!(env!("OUT_DIR"), "/secret_fields.rs"));
 
-/// Encoded `google.protobuf.FileDescriptorSet` of the CSI, plugin-registration, podmon, COSI and
-/// SnapshotMetadata protos
+/// Encoded `google.protobuf.FileDescriptorSet` of the CSI, plugin-registration, podmon, COSI,
+/// SnapshotMetadata and gRPC health protos
 /// and everything they import, without source info. Useful for gRPC reflection or
 /// `prost-reflect`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -507,6 +507,7 @@ fn service_paths() {
         "cosi.v1alpha1.Identity",
         "cosi.v1alpha1.Provisioner",
         "snapshotmetadata.SnapshotMetadata",
+        "grpc.health.v1.Health",
     ] {
         assert!(
             services.contains(expected),
@@ -709,5 +710,29 @@ fn snapshot_metadata_empty_token_prints_as_empty() {
     assert_eq!(
         format!("{request:?}"),
         r#"GetMetadataAllocatedRequest { security_token: <empty>, namespace: "", snapshot_name: "", starting_offset: 0, max_results: 0 }"#
+    );
+}
+
+/// The gRPC health protocol as published (grpc/health/v1/health.proto).
+#[test]
+fn grpc_health_wire_facts() {
+    use csi_proto::grpc::health::v1::health_check_response::ServingStatus;
+    let (package, fields) = top_level_fields("grpc/health/v1/health.proto");
+    assert_eq!(package, "grpc.health.v1");
+    let expected: BTreeSet<String> = [
+        "HealthCheckRequest.service=1",
+        "HealthCheckResponse.status=1",
+    ]
+    .iter()
+    .map(|f| (*f).to_owned())
+    .collect();
+    assert_eq!(fields, expected);
+    assert_eq!(ServingStatus::Unknown as i32, 0);
+    assert_eq!(ServingStatus::Serving as i32, 1);
+    assert_eq!(ServingStatus::NotServing as i32, 2);
+    assert_eq!(ServingStatus::ServiceUnknown as i32, 3);
+    assert_eq!(
+        csi_proto::grpc::health::v1::health_server::SERVICE_NAME,
+        "grpc.health.v1.Health"
     );
 }

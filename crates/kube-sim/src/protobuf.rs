@@ -7,6 +7,8 @@
 //! the JSON the same object has in the API (k8s.io/api types' JSON names; empty optional
 //! fields omitted). Kinds not listed in [`DECODED`] answer 415 naming what is decoded.
 
+mod auth;
+
 use std::collections::BTreeMap;
 
 use base64::Engine;
@@ -23,13 +25,18 @@ use crate::errors::ApiError;
 const MAGIC: &[u8] = b"k8s\0";
 
 /// The kinds whose protobuf bodies are decoded.
-pub const DECODED: [&str; 6] = [
+pub const DECODED: [&str; 11] = [
     "Namespace",
     "ConfigMap",
     "Secret",
     "ServiceAccount",
     "Eviction",
     "DeleteOptions",
+    "TokenRequest",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
 ];
 
 /// The JSON object of a protobuf request body.
@@ -48,6 +55,11 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         "ServiceAccount" => service_account(core::ServiceAccount::decode(&*raw).map_err(invalid)?),
         "Eviction" => eviction(k8s_pb::api::policy::v1::Eviction::decode(&*raw).map_err(invalid)?),
         "DeleteOptions" => delete_options(meta::DeleteOptions::decode(&*raw).map_err(invalid)?),
+        "TokenRequest" => auth::token_request(decoded(&raw)?),
+        "Role" => auth::role(decoded(&raw)?),
+        "ClusterRole" => auth::cluster_role(decoded(&raw)?),
+        "RoleBinding" => auth::role_binding(decoded(&raw)?),
+        "ClusterRoleBinding" => auth::cluster_role_binding(decoded(&raw)?),
         other => {
             return Err(ApiError::unsupported_media_type(format!(
                 "kube-sim decodes application/vnd.kubernetes.protobuf bodies of {} only, not {other:?}: send it as application/json",
@@ -60,6 +72,10 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         object.insert("apiVersion".into(), json!(api_version));
     }
     Ok(Value::Object(object))
+}
+
+fn decoded<M: Message + Default>(raw: &[u8]) -> Result<M, ApiError> {
+    M::decode(raw).map_err(invalid)
 }
 
 fn invalid(error: prost::DecodeError) -> ApiError {

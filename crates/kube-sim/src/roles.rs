@@ -1,7 +1,8 @@
 //! The cluster parts that are not ours — PV controller, scheduler, attach/detach controller,
-//! node lifecycle controller and a kubelet per simulated node — each a task with a
-//! `kube::Client`, individually switchable. They only use the public API, so they run against
-//! kube-sim and against a real kube-apiserver alike (where only the kubelet role is needed).
+//! node lifecycle controller, service account and ClusterRole aggregation controllers, and a
+//! kubelet per simulated node — each a task with a `kube::Client`, individually switchable.
+//! They only use the public API, so they run against kube-sim and against a real
+//! kube-apiserver alike (where only the kubelet role is needed).
 //!
 //! Every role follows one pattern: reflectors keep local caches of the objects it reads, any
 //! change (or a periodic resync) wakes one reconcile pass over the whole cache, and the pass
@@ -26,6 +27,7 @@ pub(crate) use csi_sidecar::lock;
 use tokio_util::sync::CancellationToken;
 
 pub mod attach_detach;
+pub mod cluster_role_aggregation;
 pub mod kubelet;
 pub mod node_lifecycle;
 pub mod pv_binder;
@@ -53,16 +55,18 @@ pub enum Role {
     AttachDetach,
     NodeLifecycle,
     ServiceAccounts,
+    ClusterRoleAggregation,
 }
 
 impl Role {
-    pub const ALL: [Role; 6] = [
+    pub const ALL: [Role; 7] = [
         Role::Kubelet,
         Role::PvBinder,
         Role::Scheduler,
         Role::AttachDetach,
         Role::NodeLifecycle,
         Role::ServiceAccounts,
+        Role::ClusterRoleAggregation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,6 +77,7 @@ impl Role {
             Role::AttachDetach => "attach-detach",
             Role::NodeLifecycle => "node-lifecycle",
             Role::ServiceAccounts => "serviceaccounts",
+            Role::ClusterRoleAggregation => "clusterrole-aggregation",
         }
     }
 }
@@ -208,6 +213,9 @@ pub fn start_control_plane(
                     Role::AttachDetach => attach_detach::run(client, timing, token).await,
                     Role::NodeLifecycle => node_lifecycle::run(client, timing, token).await,
                     Role::ServiceAccounts => service_accounts::run(client, timing, token).await,
+                    Role::ClusterRoleAggregation => {
+                        cluster_role_aggregation::run(client, timing, token).await
+                    }
                     Role::Kubelet => Ok(()),
                 };
                 if let Err(error) = result {
@@ -245,6 +253,30 @@ pub(crate) async fn reconcile_loop<F, Fut>(
             () = tokio::time::sleep(resync) => {}
         }
     }
+}
+
+/// Runs a role whose passes read the caches `caches` sets up: once they have synced, `pass`
+/// runs on every change and resync until `shutdown`.
+pub(crate) async fn run_with_caches<C, F, Fut>(
+    role: &str,
+    client: &kube::Client,
+    timing: &Timing,
+    shutdown: CancellationToken,
+    caches: impl FnOnce(&mut Informers) -> C,
+    mut pass: F,
+) -> Result<(), RoleError>
+where
+    C: Clone,
+    F: FnMut(C) -> Fut,
+    Fut: Future<Output = Result<(), RoleError>>,
+{
+    let mut informers = Informers::new(client, &shutdown);
+    let caches = caches(&mut informers);
+    let Some(wake) = informers.synced().await else {
+        return Ok(());
+    };
+    reconcile_loop(role, wake, timing.resync, shutdown, || pass(caches.clone())).await;
+    Ok(())
 }
 
 /// A JSON merge patch by the kube-sim field manager.

@@ -3812,3 +3812,72 @@ async fn bound_tokens_live_as_long_as_their_object() {
         );
     }
 }
+
+// An aggregated ClusterRole: kube-controller-manager's aggregation controller (kube-sim's
+// `clusterrole-aggregation` role) copies in the rules of the ClusterRoles its selector matches,
+// and RBAC grants them through it (pkg/controller/clusterroleaggregation).
+#[tokio::test]
+async fn aggregated_cluster_roles_grant_their_parts_rules() {
+    let c = cluster("aggregation").await;
+    let _aggregation = c.sim.as_ref().map(|_| {
+        kube_sim::roles::start_control_plane(
+            c.client.clone(),
+            &[Role::ClusterRoleAggregation],
+            Timing::fast(),
+            CancellationToken::new(),
+        )
+    });
+    let ns = c.namespace.clone();
+    let label = format!("example.com/aggregate-to-{ns}");
+    let mut objects = RbacObjects {
+        client: c.client.clone(),
+        cluster_roles: Vec::new(),
+        cluster_role_bindings: Vec::new(),
+    };
+    let cluster_roles: Api<rbac_v1::ClusterRole> = Api::all(c.client.clone());
+    let part = format!("{ns}-part");
+    let snapshots = json!({"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": ["get"]});
+    objects
+        .create(
+            &cluster_roles,
+            json!({"metadata": {"name": part, "labels": {&label: "true"}}, "rules": [snapshots]}),
+        )
+        .await;
+    let aggregate = format!("{ns}-aggregate");
+    objects
+        .create(
+            &cluster_roles,
+            json!({"metadata": {"name": aggregate},
+                "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {&label: "true"}}]}}),
+        )
+        .await;
+    let bindings: Api<rbac_v1::RoleBinding> = c.api();
+    objects
+        .create(
+            &bindings,
+            json!({"metadata": {"name": "aggregated"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": aggregate},
+                "subjects": [{"kind": "User", "name": "carol"}]}),
+        )
+        .await;
+    let rules = eventually("the aggregated rules", || async {
+        let role = cluster_roles.get(&aggregate).await.unwrap();
+        role.rules.filter(|r| !r.is_empty())
+    })
+    .await;
+    assert_eq!(serde_json::to_value(&rules).unwrap(), json!([snapshots]));
+    let attributes = json!({"namespace": ns, "verb": "get", "group": "snapshot.storage.k8s.io",
+        "resource": "volumesnapshots"});
+    let allowed = eventually("the aggregated role in force", || async {
+        let status = access(&c.client, "carol", &[], attributes.clone()).await;
+        status.allowed.then_some(status)
+    })
+    .await;
+    assert_eq!(
+        allowed.reason,
+        Some(format!(
+            r#"RBAC: allowed by RoleBinding "aggregated/{ns}" of ClusterRole "{aggregate}" to User "carol""#
+        ))
+    );
+    objects.delete().await;
+}

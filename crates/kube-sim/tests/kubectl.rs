@@ -1,6 +1,6 @@
 //! kubectl against kube-sim: create a namespace, apply a ConfigMap from YAML (with kubectl's
 //! default field validation, which asks the server's OpenAPI v3 documents whether it validates
-//! fields itself), get it as JSON, patch it, delete it. Runs only when `kubectl` is on PATH; with
+//! fields itself), get it as JSON, patch it, delete it; create a token, a Role and a RoleBinding. Runs only when `kubectl` is on PATH; with
 //! `KUBE_SIM_COMPARE_KUBECONFIG=/path` it runs against that cluster instead.
 
 use std::path::{Path, PathBuf};
@@ -131,6 +131,72 @@ async fn kubectl_smoke() {
         let missing = kubectl(&kubeconfig, &get, None);
         assert!(!missing.status.success());
         assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"));
+        // kubectl writes these kinds as protobuf: a token, a Role and its RoleBinding.
+        ok(
+            &kubeconfig,
+            &["create", "serviceaccount", "backup", "-n", &namespace],
+            None,
+        );
+        let token = ok(
+            &kubeconfig,
+            &[
+                "create",
+                "token",
+                "backup",
+                "-n",
+                &namespace,
+                "--duration=20m",
+            ],
+            None,
+        );
+        assert!(!token.trim().is_empty());
+        ok(
+            &kubeconfig,
+            &[
+                "create",
+                "role",
+                "reader",
+                "-n",
+                &namespace,
+                "--verb=get",
+                "--resource=pods",
+            ],
+            None,
+        );
+        let account = format!("{namespace}:backup");
+        ok(
+            &kubeconfig,
+            &[
+                "create",
+                "rolebinding",
+                "reader",
+                "-n",
+                &namespace,
+                "--role=reader",
+            ]
+            .into_iter()
+            .chain(["--serviceaccount", &account])
+            .collect::<Vec<_>>(),
+            None,
+        );
+        let get = [
+            "get",
+            "rolebinding",
+            "reader",
+            "-n",
+            &namespace,
+            "-o",
+            "json",
+        ];
+        let binding: Value = serde_json::from_str(&ok(&kubeconfig, &get, None)).unwrap();
+        assert_eq!(
+            binding["roleRef"],
+            serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"})
+        );
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": "backup", "namespace": namespace}])
+        );
         ok(
             &kubeconfig,
             &["delete", "namespace", &namespace, "--wait=false"],

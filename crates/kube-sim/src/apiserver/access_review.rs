@@ -31,8 +31,13 @@ pub(super) fn create(
             _ => review["metadata"]["namespace"] = json!(namespace),
         }
     }
-    let spec: SubjectAccessReviewSpec = serde_json::from_value(review["spec"].clone())
-        .map_err(|e| ApiError::bad_request(format!("the review's spec: {e}")))?;
+    // Decoded already: what remains is of the spec's types (a missing spec is an empty one).
+    let spec: SubjectAccessReviewSpec = if review["spec"].is_null() {
+        SubjectAccessReviewSpec::default()
+    } else {
+        serde_json::from_value(review["spec"].clone())
+            .map_err(|e| ApiError::bad_request(format!("the review's spec: {e}")))?
+    };
     let errors = validate(&review, &spec, namespace);
     if !errors.is_empty() {
         return Err(invalid(&errors));

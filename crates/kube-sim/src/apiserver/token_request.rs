@@ -5,6 +5,7 @@
 //! least 10 minutes and at most 2^32 seconds, and a bound Pod or Secret must exist (a Pod must
 //! run as the ServiceAccount) and have the uid the reference names, if it names one.
 
+use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
@@ -21,9 +22,11 @@ pub(super) fn create(
     server: &Server,
     namespace: &str,
     account: &str,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<Response, ApiError> {
-    // The namespace lifecycle admission plugin answers first for a namespace that is not there.
+    let mut request = parse_body(body)?;
+    decode::check_kind_body("authentication.k8s.io", "v1", "TokenRequest", &mut request)?;
+    // The namespace lifecycle admission plugin answers before the REST handler.
     let namespaces = server.resource("", "v1", "namespaces")?;
     if server
         .store
@@ -32,8 +35,6 @@ pub(super) fn create(
     {
         return Err(ApiError::not_found("", "namespaces", namespace));
     }
-    let mut request = parse_body(&body.to_vec().into())?;
-    decode::check_kind_body("authentication.k8s.io", "v1", "TokenRequest", &mut request)?;
     let metadata_mismatch = |field: &str, given: &str, what: &str| {
         invalid(
             account,

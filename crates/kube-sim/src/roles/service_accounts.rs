@@ -21,7 +21,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{Informers, RoleError, Timing, is_benign, reconcile_loop};
+use super::{Informers, RoleError, Timing, is_benign, run_with_caches};
 
 /// The ServiceAccount every namespace gets.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -42,20 +42,22 @@ pub async fn run(
     timing: Timing,
     shutdown: CancellationToken,
 ) -> Result<(), RoleError> {
-    let mut informers = Informers::new(&client, &shutdown);
-    let caches = Arc::new(Caches {
-        namespaces: informers.all(),
-        accounts: informers.all(),
-        config_maps: informers.all(),
-    });
-    let Some(wake) = informers.synced().await else {
-        return Ok(());
+    let caches = |informers: &mut Informers| {
+        Arc::new(Caches {
+            namespaces: informers.all(),
+            accounts: informers.all(),
+            config_maps: informers.all(),
+        })
     };
-    reconcile_loop("serviceaccounts", wake, timing.resync, shutdown, || {
-        pass(client.clone(), caches.clone())
-    })
-    .await;
-    Ok(())
+    run_with_caches(
+        "serviceaccounts",
+        &client,
+        &timing,
+        shutdown,
+        caches,
+        |caches| pass(client.clone(), caches),
+    )
+    .await
 }
 
 /// The root CA ConfigMap as the publisher writes it.
