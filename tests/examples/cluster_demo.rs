@@ -6,7 +6,9 @@
 //! its pod is scheduled to, and deletes it with the claim; then csi-resizer grows a mounted
 //! volume, the snapshot-controller and csi-snapshotter snapshot it while its pod writes, and
 //! the snapshot is restored on another node with the data, and two claims of a database are
-//! snapshotted together as a volume group and a member restored; then csi-health-monitor tells a
+//! snapshotted together as a volume group and a member restored; then a block volume is backed
+//! up through csi-snapshot-metadata (changed block tracking), in full and then only its changed
+//! blocks, and restored from both backups with its checksum; then csi-health-monitor tells a
 //! claim, once, that its volume's data went missing behind the driver's back, and once that it
 //! came back; then podmon fails a protected pod
 //! of a failed node over — fence, taint, force delete, replacement on another node, no zombie
@@ -18,20 +20,27 @@
 
 #![allow(clippy::print_stdout, reason = "the demo narrates on stdout")]
 
+use std::ops::Range;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use csi_health_monitor::health::{ABNORMAL, NORMAL, RECOVERED};
+use csi_inventory::snapshot_metadata::client::Lister;
+use csi_inventory::snapshot_metadata::resolve::{Previous, Query, ServiceAccountRef};
 use csi_kinds::groupsnapshot::{VolumeGroupSnapshot, VolumeGroupSnapshotClass};
 use csi_kinds::objectstorage::{BucketAccess, BucketAccessClass, BucketClaim, BucketClass};
+use csi_kinds::quantity::binary_si;
 use csi_kinds::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use csi_suite_scenarios::fixtures::{
-    bound, claim, file_size, handle_of, install_cosi_crds, install_snapshot_crds, is_running, pod,
-    provision_static_volume, read_records, static_claim, static_pv, static_pvc, taint_effects,
-    write_records,
+    bound, claim, cut_snapshot, file_size, handle_of, install_cbt_crds, install_cosi_crds,
+    install_snapshot_crds, is_running, pod, provision_static_volume, read_records, static_claim,
+    static_pv, static_pvc, taint_effects, write_records,
 };
 use csi_suite_scenarios::object_storage::{CosiDriver, access_ready, bucket_id_of, claim_ready};
 use csi_suite_scenarios::podmon::{Narration, failover_story};
+use csi_suite_scenarios::snapshot_metadata::{
+    BACKUP, block_claim, block_device, joined, read_block, write_blocks,
+};
 use csi_suite_scenarios::{Cluster, can_mount};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -384,6 +393,7 @@ async fn story() {
 
     snapshot_chapter(&mut story, &cluster).await;
     group_snapshot_chapter(&mut story, &cluster).await;
+    backup_chapter(&mut story, &cluster).await;
     health_chapter(&mut story, &cluster).await;
     failover_chapter(&mut story, &cluster).await;
     object_storage_chapter(&mut story, &cluster).await;
@@ -655,6 +665,215 @@ async fn group_snapshot_chapter(story: &mut Story, cluster: &Cluster) {
     );
     snapshotter.stop().await;
     controller.stop().await;
+}
+/// Changed block tracking: csi-snapshot-metadata serves the driver's SnapshotMetadata over TLS;
+/// a backup application (a ServiceAccount allowed to read VolumeSnapshots, through
+/// snapshot-metadata-lister's library) backs a block volume up in full from its first snapshot
+/// (the allocated blocks, read from the snapshot restored as a volume), then incrementally from
+/// the second (only the blocks changed since); both backups restored into an empty volume give
+/// the volume's bytes back, checksum for checksum (the demo fails otherwise).
+async fn backup_chapter(story: &mut Story, cluster: &Cluster) {
+    println!("\nChapter: back a block volume up in full, then incrementally, and restore it.\n");
+    story.begin("csi-snapshot-metadata starts (TLS), with the driver's SnapshotMetadataService and a backup ServiceAccount");
+    install_cbt_crds(&cluster.client).await;
+    let controller = cluster.start_snapshot_controller();
+    let snapshotter = cluster.start_snapshotter().await;
+    let metadata = cluster.start_snapshot_metadata().await;
+    cluster.backup_accounts().await;
+    let lister = Lister::new(cluster.client.clone());
+    story.done(
+        "serving; backup may get VolumeSnapshots, its tokens are for the service's audience",
+        format!(
+            "SnapshotMetadataService {} → {}",
+            cluster.driver_name, metadata.service.spec.address
+        ),
+    );
+
+    story.begin("a pod on node-a writes 8 MiB across a 64Mi block volume");
+    let class = cluster
+        .storage_class("cbt", "Immediate", "Delete", json!({}))
+        .await;
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    cluster
+        .create(&claims, block_claim("disk", &class, "64Mi"))
+        .await;
+    let disk = block_device(cluster, "db", "node-a", "disk").await;
+    let writes: Vec<(u64, Vec<u8>)> = (0..8u8)
+        .map(|i| (u64::from(i) * 8 * MIB, pattern(i, MIB)))
+        .collect();
+    write_blocks(&disk, &writes);
+    story.done(
+        "written through its block device",
+        "PersistentVolumeClaim disk",
+    );
+
+    story.begin("VolumeSnapshot disk-1; the full backup reads the allocated blocks (GetMetadataAllocated) from it, restored");
+    cut_snapshot(cluster, &cluster.namespace, "disk-1", "disk").await;
+    let allocated = listed(&lister, cluster, "disk-1", None).await;
+    let full = read_from_restore(cluster, &class, "disk-1", &allocated).await;
+    story.done(
+        "full backup",
+        format!(
+            "{} ranges, {} of 64Mi",
+            allocated.len(),
+            binary_si(bytes(&allocated))
+        ),
+    );
+
+    story.begin("the pod writes again: 3 blocks of 4 KiB changed, one rewritten with the bytes it had; VolumeSnapshot disk-2");
+    let changes = vec![
+        (20 * KIB, pattern(101, 4 * KIB)),
+        (24 * MIB + 512 * KIB, pattern(102, 4 * KIB)),
+        (60 * MIB, pattern(103, 4 * KIB)),
+        (40 * MIB, writes[5].1[..4096].to_vec()),
+    ];
+    write_blocks(&disk, &changes);
+    cut_snapshot(cluster, &cluster.namespace, "disk-2", "disk").await;
+    story.done("snapshot ready", "VolumeSnapshot disk-2");
+
+    story.begin("the incremental backup reads only what changed since disk-1 (GetMetadataDelta), from disk-2 restored");
+    let changed = listed(&lister, cluster, "disk-2", Some("disk-1")).await;
+    let incremental = read_from_restore(cluster, &class, "disk-2", &changed).await;
+    story.done(
+        "incremental backup",
+        format!(
+            "{} ranges, {} read instead of {} (the full backup)",
+            changed.len(),
+            binary_si(bytes(&changed)),
+            binary_si(bytes(&allocated))
+        ),
+    );
+
+    story.begin("both backups restored into a new empty volume on node-c, checksums compared");
+    cluster
+        .create(&claims, block_claim("rebuilt", &class, "64Mi"))
+        .await;
+    let rebuilt = block_device(cluster, "restorer", "node-c", "rebuilt").await;
+    write_blocks(&rebuilt, &full);
+    write_blocks(&rebuilt, &incremental);
+    let (want, got) = (checksum(&disk), checksum(&rebuilt));
+    assert_eq!(
+        got, want,
+        "the volume rebuilt from the full and the incremental backup differs from the original"
+    );
+    story.done(
+        "the rebuilt volume is the volume at disk-2",
+        format!("sha256 {}", &got[..16]),
+    );
+
+    story.begin("snapshots, pods and claims deleted; csi-snapshot-metadata stops");
+    let snapshots = cluster.namespaced::<VolumeSnapshot>();
+    for name in ["disk-2", "disk-1"] {
+        cluster
+            .delete_and_wait(&snapshots, name, "the snapshot deleted")
+            .await;
+    }
+    let pods = cluster.namespaced::<Pod>();
+    for name in ["restorer", "db"] {
+        cluster.delete_and_wait(&pods, name, "the pod gone").await;
+    }
+    for name in ["rebuilt", "disk"] {
+        cluster
+            .delete_and_wait(&claims, name, "the claim deleted")
+            .await;
+    }
+    // The sidecar exits the process when its driver connection goes, as its binary does: the
+    // link it has to the driver stays up for the rest of the demo.
+    let _ = DRIVER_LINK.set(metadata.stop().await);
+    snapshotter.stop().await;
+    controller.stop().await;
+    story.done("cleaned up", format!("StorageClass {class}"));
+}
+
+/// csi-snapshot-metadata's link to the driver, kept until the process exits.
+static DRIVER_LINK: std::sync::OnceLock<csi_suite_scenarios::csi_proxy::CsiProxy> =
+    std::sync::OnceLock::new();
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// `len` bytes that differ from block to block and from `seed` to `seed`.
+fn pattern(seed: u8, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i / 4096) as u8 ^ (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// The byte ranges the backup application is told to read of `snapshot` (the allocated ones,
+/// or with `base` the changed ones), read as the ServiceAccount `backup`.
+async fn listed(
+    lister: &Lister,
+    cluster: &Cluster,
+    snapshot: &str,
+    base: Option<&str>,
+) -> Vec<Range<u64>> {
+    let query = Query {
+        namespace: cluster.namespace.clone(),
+        snapshot: snapshot.to_string(),
+        previous: base.map(|name| Previous::Name(name.to_string())),
+        starting_offset: 0,
+        max_results: 0,
+    };
+    let account = ServiceAccountRef {
+        namespace: cluster.namespace.clone(),
+        name: BACKUP.to_string(),
+    };
+    let mut stream = lister
+        .open(&query, Some(account), 600)
+        .await
+        .expect("the metadata stream");
+    let mut ranges = Vec::new();
+    while let Some(record) = stream.next().await.expect("a record") {
+        for block in record.block_metadata {
+            let start = u64::try_from(block.byte_offset).expect("an offset");
+            ranges.push(start..start + u64::try_from(block.size_bytes).expect("a size"));
+        }
+    }
+    joined(ranges)
+}
+
+fn bytes(ranges: &[Range<u64>]) -> i64 {
+    ranges.iter().map(|r| (r.end - r.start) as i64).sum()
+}
+
+/// Restores `snapshot` as a new claim, reads `ranges` from it on node-b, and deletes it again.
+async fn read_from_restore(
+    cluster: &Cluster,
+    class: &str,
+    snapshot: &str,
+    ranges: &[Range<u64>],
+) -> Vec<(u64, Vec<u8>)> {
+    let claims = cluster.namespaced::<PersistentVolumeClaim>();
+    let name = format!("{snapshot}-restore");
+    let mut restore = block_claim(&name, class, "64Mi");
+    restore["spec"]["dataSource"] = json!({"kind": "VolumeSnapshot",
+        "apiGroup": "snapshot.storage.k8s.io", "name": snapshot});
+    cluster.create(&claims, restore).await;
+    cluster
+        .wait_for(&claims, &name, "the restored claim Bound", bound)
+        .await;
+    let reader = format!("{snapshot}-reader");
+    let device = block_device(cluster, &reader, "node-b", &name).await;
+    let backup = ranges
+        .iter()
+        .map(|r| (r.start, read_block(&device, r.start, r.end - r.start)))
+        .collect();
+    cluster
+        .delete_and_wait(&cluster.namespaced::<Pod>(), &reader, "the reader gone")
+        .await;
+    cluster
+        .delete_and_wait(&claims, &name, "the restored claim deleted")
+        .await;
+    backup
+}
+
+/// The SHA-256 of a whole device, in hex.
+fn checksum(device: &std::path::Path) -> String {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(device).expect("the device");
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).expect("reading the device");
+    hex::encode(hasher.finalize())
 }
 
 /// csi-health-monitor: a volume's data moved away behind the driver's back, the claim's Event,

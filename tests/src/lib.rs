@@ -23,6 +23,7 @@ pub mod podmon;
 pub mod rbac;
 pub mod registration;
 pub mod service_accounts;
+pub mod snapshot_metadata;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

@@ -28,6 +28,7 @@ mod podmon;
 mod provisioning;
 mod registration;
 mod resize;
+mod snapshot_metadata;
 mod snapshots;
 mod static_pv;
 mod topology;
